@@ -1,0 +1,101 @@
+"""The Domain interface: one task family served to simulated users (training) and to people (studies).
+
+A conversation is a list of OpenAI-style chat messages:
+  {"role": "assistant", "content": str, "tool_calls": [{"id", "type": "function",
+                                                        "function": {"name", "arguments": str}}]}
+  {"role": "tool", "tool_call_id": str, "name": str, "content": str}
+  {"role": "user", "content": str}          # the simulated or human user
+The agent's system prompt is not part of the conversation; ask the Domain for it.
+Training and studies call these methods unchanged, so a study's Outcome and a training
+reward are the same function.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+Message = dict[str, Any]
+
+
+@dataclass
+class Scenario:
+    """One task of a Domain: a tau2 task, a P4G persona, ..."""
+
+    id: str
+    domain: str
+    payload: dict[str, Any]
+    title: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Outcome:
+    """The score of one finished conversation. `reward` is the training reward."""
+
+    reward: float
+    success: bool
+    components: dict[str, Any] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Domain(abc.ABC):
+    """What a task family must provide. State is domain-specific but JSON-serialisable
+    through `dump_state` / `load_state`, so a study can keep it between WebSocket reconnects."""
+
+    name: str = ""
+    max_turns: int = 30  # messages of the user and agent, tool messages excluded
+    max_tool_calls_per_turn: int = 10
+
+    @abc.abstractmethod
+    def scenarios(self, split: str | None = None) -> list[Scenario]:
+        """Bundled scenarios (split: 'train', 'test' or None for all)."""
+
+    @abc.abstractmethod
+    def agent_system_prompt(self, scenario: Scenario) -> str: ...
+
+    def tools(self, scenario: Scenario) -> list[dict[str, Any]]:
+        """OpenAI function-format tool schemas; none by default."""
+        return []
+
+    def greeting(self, scenario: Scenario) -> str | None:
+        """The agent's opening message, or None when the user speaks first."""
+        return None
+
+    @abc.abstractmethod
+    def new_state(self, scenario: Scenario) -> Any:
+        """A fresh per-conversation state (never shared between conversations)."""
+
+    def execute_tool(self, state: Any, name: str, arguments: dict[str, Any] | str) -> str:
+        """Run one tool call against `state`; errors come back as text, never raise."""
+        return f"Error: unknown tool {name!r}"
+
+    def dump_state(self, state: Any) -> Any:
+        return state
+
+    def load_state(self, scenario: Scenario, data: Any) -> Any:
+        return data
+
+    @abc.abstractmethod
+    def user_instructions(self, scenario: Scenario) -> str:
+        """What a human participant sees in the side panel."""
+
+    @abc.abstractmethod
+    def simulator_system_prompt(self, scenario: Scenario) -> str:
+        """The system prompt of a simulated user for this scenario."""
+
+    def is_done(self, conversation: list[Message]) -> str | None:
+        """Why the conversation is over (e.g. 'user_stop', 'max_turns'), or None."""
+        turns = sum(1 for m in conversation if m["role"] in ("user", "assistant") and m.get("content"))
+        return "max_turns" if turns >= self.max_turns else None
+
+    @abc.abstractmethod
+    def score(
+        self, conversation: list[Message], state: Any, end_reason: str | None = None
+    ) -> Outcome: ...

@@ -1,0 +1,96 @@
+"""Persuasion for Good: the agent persuades, the user (simulated or human) decides a donation."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from agents.domains.base import Domain, Message, Outcome, Scenario
+from agents.domains.p4g import prompts
+from agents.domains.p4g.donation import MAX_DONATION, conversation_donation
+from agents.domains.p4g.personas import load_bundled, load_full_info
+
+
+def donation_reward(amount: float | None) -> float:
+    """The agent's reward: min(amount / 2, 1); no donation is 0."""
+    return 0.0 if amount is None else min(amount / MAX_DONATION, 1.0)
+
+
+def human_outcome(intended_donation: float | None, conversation: list[Message]) -> Outcome:
+    """A human persuadee's Outcome: the donation answered in the questionnaire decides,
+    the amount stated in the chat (if any) is recorded beside it."""
+    if intended_donation is not None:
+        if isinstance(intended_donation, bool) or not isinstance(intended_donation, int | float):
+            raise ValueError(f"intended donation must be a number, got {intended_donation!r}")
+        if not (math.isfinite(intended_donation) and 0 <= intended_donation <= MAX_DONATION):
+            raise ValueError(
+                f"intended donation must be between 0 and {MAX_DONATION:g}, got {intended_donation}"
+            )
+        intended_donation = float(intended_donation)
+    return Outcome(
+        reward=donation_reward(intended_donation),
+        success=bool(intended_donation),
+        components={"donation": intended_donation},
+        details={
+            "source": "questionnaire",
+            "answered": intended_donation is not None,
+            "chat_donation": conversation_donation(conversation),
+        },
+    )
+
+
+class P4GDomain(Domain):
+    """Personas come from the bundled set, or from the official full_info.csv when `data_dir`
+    names it (the file, its folder, or a folder holding p4g/full_info.csv)."""
+
+    name = "p4g"
+    max_turns = 10  # messages; the persuader opens, so each side writes 5
+    max_tool_calls_per_turn = 0
+
+    def __init__(self, data_dir: Path | str | None = None):
+        self.data_dir = Path(data_dir) if data_dir is not None else None
+        self._scenarios: list[Scenario] | None = None
+
+    def scenarios(self, split: str | None = None) -> list[Scenario]:
+        if split not in (None, "train", "test"):
+            raise ValueError(f"split must be 'train', 'test' or None, got {split!r}")
+        if self._scenarios is None:
+            self._scenarios = (
+                load_full_info(self.data_dir) if self.data_dir is not None else load_bundled()
+            )
+        return [s for s in self._scenarios if split is None or s.payload["split"] == split]
+
+    def agent_system_prompt(self, scenario: Scenario) -> str:
+        return prompts.PERSUADER_PROMPT  # the persuader never sees the persona
+
+    def greeting(self, scenario: Scenario) -> str | None:
+        return prompts.GREETING
+
+    def new_state(self, scenario: Scenario) -> dict[str, Any]:
+        return {}  # no tools, nothing to keep: the conversation itself is the state
+
+    def user_instructions(self, scenario: Scenario) -> str:
+        return prompts.HUMAN_BRIEFING  # a person plays themselves, never the persona
+
+    def simulator_system_prompt(self, scenario: Scenario) -> str:
+        return prompts.persuadee_prompt(scenario.payload["persona"], self.max_turns // 2)
+
+    def is_done(self, conversation: list[Message]) -> str | None:
+        if conversation_donation(conversation) is not None:
+            return "donation"
+        return super().is_done(conversation)
+
+    def score(
+        self, conversation: list[Message], state: Any, end_reason: str | None = None
+    ) -> Outcome:
+        amount = conversation_donation(conversation)
+        return Outcome(
+            reward=donation_reward(amount),
+            success=bool(amount),
+            components={"donation": 0.0 if amount is None else amount},
+            details={"donation_stated": amount is not None, "end_reason": end_reason},
+        )
+
+    def human_outcome(self, intended_donation: float | None, conversation: list[Message]) -> Outcome:
+        return human_outcome(intended_donation, conversation)

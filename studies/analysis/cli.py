@@ -1,0 +1,113 @@
+"""Command-line analysis of any CSV: shared by ``manage.py analyze`` and ``python -m studies.analysis``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from .report import FAMILIES, PAIRS, Settings, build_report, empty_report
+from .table import TableError, read_csv
+from .text import format_report, to_json
+
+
+def _names(text: str | None) -> tuple[str, ...]:
+    return tuple(n.strip() for n in text.split(",") if n.strip()) if text else ()
+
+
+def _alphas(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(a) for a in _names(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--alpha takes numbers like 0.05,0.01: {exc}") from exc
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--csv", required=True, help="wide CSV: one row per participant")
+    parser.add_argument("--arm-column", required=True, help="column naming each row's arm")
+    parser.add_argument("--measures", required=True, help="comma-separated measure columns")
+    parser.add_argument(
+        "--control", help="control arm (default: the first arm in order of appearance)"
+    )
+    parser.add_argument(
+        "--pairs",
+        choices=PAIRS,
+        default="control",
+        help="compare each arm with the control (default) or all pairs of arms",
+    )
+    parser.add_argument("--reverse", default="", help="comma-separated reverse-coded items")
+    parser.add_argument(
+        "--scale-max", type=int, default=7, help="Likert points k (answers 1..k); default 7"
+    )
+    parser.add_argument(
+        "--likert", help="comma-separated Likert items (default: integer measures within 1..k)"
+    )
+    parser.add_argument(
+        "--family", choices=FAMILIES, default="measure", help="Holm family (default: measure)"
+    )
+    parser.add_argument(
+        "--alpha", type=_alphas, default=(0.05, 0.01), help="flag levels (default 0.05,0.01)"
+    )
+    parser.add_argument("--ci-level", type=float, default=0.95, help="default 0.95")
+    parser.add_argument("--attention-column", default="attention_passed")
+    parser.add_argument("--finished-column", default="finished")
+    parser.add_argument(
+        "--keep-failed-attention", action="store_true", help="do not exclude failed checks"
+    )
+    parser.add_argument(
+        "--keep-unfinished", action="store_true", help="do not exclude unfinished participants"
+    )
+    parser.add_argument("--delimiter", default=",", help="CSV field separator (default ',')")
+    parser.add_argument("--figures", help="folder to write the figures to (PNG and SVG)")
+    parser.add_argument("--json", action="store_true", help="print the JSON report")
+
+
+def settings_from(options: dict[str, Any]) -> Settings:
+    return Settings(
+        arm_column=options["arm_column"],
+        measures=_names(options["measures"]),
+        control=options.get("control"),
+        pairs=options.get("pairs", "control"),
+        reverse=_names(options.get("reverse")),
+        scale_max=options.get("scale_max", 7),
+        likert=_names(options["likert"]) if options.get("likert") else None,
+        family=options.get("family", "measure"),
+        alphas=tuple(options.get("alpha", (0.05, 0.01))),
+        ci_level=options.get("ci_level", 0.95),
+        attention_column=options.get("attention_column", "attention_passed"),
+        finished_column=options.get("finished_column", "finished"),
+        exclude_failed_attention=not options.get("keep_failed_attention", False),
+        exclude_unfinished=not options.get("keep_unfinished", False),
+    )
+
+
+def write_figures(report: dict[str, Any], folder: str) -> list[Path]:
+    from .plots import render_all  # matplotlib only when figures are asked for
+
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for fmt in ("png", "svg"):
+        for name, content in render_all(report, fmt).items():
+            path = out / f"{name}.{fmt}"
+            if isinstance(content, bytes):
+                path.write_bytes(content)
+            else:
+                path.write_text(content, encoding="utf-8")
+            written.append(path)
+    return written
+
+
+def run(options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The printed output and the report; every input problem, an unreadable CSV
+    included, is in ``report["errors"]``."""
+    settings = settings_from(options)
+    try:
+        table = read_csv(options["csv"], options.get("delimiter", ","))
+    except TableError as exc:
+        report = empty_report(settings, [str(exc)])
+    else:
+        report = build_report(table, settings)
+    if options.get("figures") and not report["errors"]:
+        write_figures(report, options["figures"])
+    return (to_json(report) + "\n" if options.get("json") else format_report(report)), report

@@ -1,0 +1,139 @@
+"""Figures of a report: means with CIs per arm, and Likert answer distributions.
+
+Drawn from the report dict alone (no raw data), with matplotlib's object API
+and the Agg canvas, so it works in a Celery worker without a display and
+never touches pyplot's global state.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from typing import Any
+
+import matplotlib
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+CONTROL_COLOR = "#4d4d4d"
+ARM_COLOR = "#2166ac"
+NEUTRAL_COLOR = "#cfcfcf"
+
+
+def _new_figure(width: float, height: float) -> Figure:
+    figure = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def means_figure(report: dict[str, Any]) -> Figure:
+    """One panel per measure: each arm's mean with its CI as an error bar."""
+    measures = report["measures"]
+    columns = min(4, max(1, len(measures)))
+    rows = max(1, math.ceil(len(measures) / columns))
+    figure = _new_figure(3.2 * columns, 2.8 * rows)
+    axes = figure.subplots(rows, columns, squeeze=False).ravel()
+    level = f"{report['settings']['ci_level']:.0%}"
+    for ax, measure in zip(axes, measures, strict=False):
+        name = measure["name"]
+        for x, arm in enumerate(report["arms"]):
+            d = arm["measures"][name]
+            if d["mean"] is None:
+                continue
+            low, high = d["ci"]
+            error = None if low is None else [[d["mean"] - low], [high - d["mean"]]]
+            color = CONTROL_COLOR if arm["control"] else ARM_COLOR
+            ax.errorbar([x], [d["mean"]], yerr=error, fmt="o", color=color, capsize=4)
+        ax.set_xticks(range(len(report["arms"])), [a["name"] for a in report["arms"]])
+        ax.set_xlim(-0.5, len(report["arms"]) - 0.5)
+        ax.set_title(name + (" (reverse-coded)" if measure["reverse"] else ""), fontsize=10)
+        ax.tick_params(axis="x", labelrotation=30, labelsize=8)
+    for ax in axes[len(measures) :]:
+        ax.set_visible(False)
+    figure.suptitle(f"Mean per arm with {level} CI", fontsize=11)
+    return figure
+
+
+def diverging_offsets(counts: np.ndarray) -> tuple[np.ndarray, float]:
+    """Shares of each answer 1..k and where the bar starts, so the neutral middle sits on 0.
+
+    For odd k the middle answer is split evenly around 0; for even k the lower
+    half of the scale lies left of 0 and the upper half right of it.
+    """
+    total = counts.sum()
+    shares = counts / total if total else np.zeros(counts.shape)
+    k = shares.size
+    left = shares[: k // 2].sum() + (shares[k // 2] / 2 if k % 2 else 0.0)
+    return shares, -float(left)
+
+
+def likert_figure(report: dict[str, Any], measure: str) -> Figure:
+    """Diverging stacked bars of the answers (as given) to one Likert item, one bar per arm."""
+    entry = next(m for m in report["measures"] if m["name"] == measure)
+    if entry["distribution"] is None:
+        raise ValueError(f"measure {measure!r} is not a Likert item; it has no distribution")
+    k = report["settings"]["scale_max"]
+    colors = list(matplotlib.colormaps["RdBu"](np.linspace(0.1, 0.9, k)))
+    if k % 2:
+        colors[k // 2] = NEUTRAL_COLOR  # the colormap's middle is white on white
+    arms = [a["name"] for a in report["arms"]]
+    figure = _new_figure(7, 0.6 * len(arms) + 1.6)
+    ax = figure.subplots()
+    for y, arm in enumerate(arms):
+        counts = np.array([entry["distribution"][arm][str(i)] for i in range(1, k + 1)], float)
+        shares, start = diverging_offsets(counts)
+        lefts = start + np.concatenate([[0.0], np.cumsum(shares)[:-1]])
+        for answer in range(k):
+            ax.barh(
+                y,
+                shares[answer],
+                left=lefts[answer],
+                color=colors[answer],
+                edgecolor="white",
+                linewidth=0.5,
+                label=str(answer + 1) if y == 0 else None,
+            )
+    ax.axvline(0, color="black", linewidth=0.8)
+    counts_by_arm = [sum(entry["distribution"][a].values()) for a in arms]
+    ax.set_yticks(range(len(arms)), [f"{a} (n={n})" for a, n in zip(arms, counts_by_arm, strict=True)])
+    ax.invert_yaxis()
+    ax.set_xlim(-1, 1)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{abs(v):.0%}"))
+    title = f"{measure}: answers 1..{k} by arm"
+    if entry["reverse"]:
+        title += " (as given; reverse-coded in the analysis)"
+    ax.set_title(title, fontsize=10)
+    ax.legend(ncols=k, loc="upper center", bbox_to_anchor=(0.5, -0.15), fontsize=8, frameon=False)
+    return figure
+
+
+def figures(report: dict[str, Any]) -> dict[str, Figure]:
+    """All figures of a report by name: "means" and "likert-<measure>" per Likert item."""
+    if report["errors"] or not report["measures"]:
+        return {}
+    found = {"means": means_figure(report)}
+    for measure in report["measures"]:
+        if measure["distribution"] is not None:
+            found[f"likert-{measure['name']}"] = likert_figure(report, measure["name"])
+    return found
+
+
+def render_png(figure: Figure, dpi: int = 110) -> bytes:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=dpi, metadata={"Software": None})
+    return buffer.getvalue()
+
+
+def render_svg(figure: Figure) -> str:
+    """SVG text; fixed hash salt and no date, so the same report gives the same file."""
+    buffer = io.StringIO()
+    with matplotlib.rc_context({"svg.hashsalt": "parley"}):
+        figure.savefig(buffer, format="svg", metadata={"Date": None})
+    return buffer.getvalue()
+
+
+def render_all(report: dict[str, Any], fmt: str = "png") -> dict[str, bytes | str]:
+    """Every figure rendered: PNG bytes or SVG strings by figure name."""
+    render = {"png": render_png, "svg": render_svg}[fmt]
+    return {name: render(figure) for name, figure in figures(report).items()}

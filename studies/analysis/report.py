@@ -1,0 +1,394 @@
+"""Build the analysis report of a study from a wide table (one row per participant).
+
+The report is a plain JSON-ready dict; the admin, the Celery task, the CLI and
+the plots all read it. Its keys (format ``parley.analysis/1``):
+
+- ``format``: "parley.analysis/1".
+- ``settings``: the Settings used (``dataclasses.asdict``), so a run can be redone.
+- ``software``: versions of numpy, scipy, statsmodels, pandas.
+- ``errors``: list of messages; when non-empty nothing was analysed (unknown
+  column or control arm, empty table, bad settings) and the lists below are empty.
+- ``notes``: list of data warnings (missing and non-numeric cells, out-of-range
+  answers in reverse-coded items, unreadable exclusion flags, arms with n < 2).
+- ``participants``: ``{total, included, excluded: {total, by_reason: {reason: count}}}``;
+  reasons are ``no_arm``, ``unfinished``, ``failed_attention_check`` and may overlap
+  (``total`` counts each excluded participant once).
+- ``arms``: list in analysis order (the study's order, or first appearance in the
+  table), each ``{name, control, participants, measures: {measure: descriptives}}``
+  where descriptives are ``{n, mean, sd, se, ci: [low, high], missing, non_numeric,
+  out_of_range, note}`` (SD with ddof=1, CI t-based at ``settings.ci_level``).
+- ``measures``: list of ``{name, reverse, likert, missing, non_numeric: {count, examples},
+  out_of_range: {count, examples}, distribution}``; ``distribution`` is null or, for
+  Likert items, ``{arm: {"1": count, ..., "k": count}}`` of the answers as given
+  (before reverse coding), included participants only.
+- ``comparisons``: list of ``{measure, arm, reference, n_arm, n_reference, mean_arm,
+  mean_reference, diff, diff_ci: [low, high], t, df, p, family, p_holm, hedges_g,
+  flags: {"0.05": bool, "0.01": bool}, stars, note}``. ``diff`` is mean(arm) -
+  mean(reference), as R's ``t.test(arm, reference)``. ``flags`` test ``p_holm < alpha``.
+
+Any statistic that is not finite is null, and the entry's ``note`` says why.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from itertools import combinations
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import scipy
+import statsmodels
+
+from . import stats
+from .table import arm_labels, examples, flag_column, numeric_column
+
+FORMAT = "parley.analysis/1"
+PAIRS = ("control", "all")
+FAMILIES = ("measure", "study")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What to analyse and how. ``control`` defaults to the first arm (study order or
+    first appearance in the table); ``pairs="all"`` compares every pair of arms instead."""
+
+    arm_column: str
+    measures: tuple[str, ...]
+    arms: tuple[str, ...] | None = None
+    control: str | None = None
+    pairs: str = "control"
+    reverse: tuple[str, ...] = ()
+    scale_max: int = 7
+    likert: tuple[str, ...] | None = None  # None: detect (integers within 1..scale_max)
+    family: str = "measure"
+    alphas: tuple[float, ...] = (0.05, 0.01)
+    ci_level: float = 0.95
+    attention_column: str = "attention_passed"
+    finished_column: str = "finished"
+    exclude_failed_attention: bool = True
+    exclude_unfinished: bool = True
+
+    def __post_init__(self):
+        # Lists from JSON or the CLI become tuples so the settings stay hashable and frozen.
+        for name in ("measures", "arms", "reverse", "likert", "alphas"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, tuple):
+                object.__setattr__(self, name, tuple(value))
+
+    def problems(self) -> list[str]:
+        found = []
+        if not self.measures:
+            found.append("no measures given")
+        if len(set(self.measures)) != len(self.measures):
+            found.append(f"measures repeat: {list(self.measures)}")
+        if self.pairs not in PAIRS:
+            found.append(f"pairs must be one of {PAIRS}, not {self.pairs!r}")
+        if self.family not in FAMILIES:
+            found.append(f"family must be one of {FAMILIES}, not {self.family!r}")
+        if not isinstance(self.scale_max, int) or self.scale_max < 2:
+            found.append(f"scale_max must be an integer >= 2, not {self.scale_max!r}")
+        if not self.alphas or not all(0 < a < 1 for a in self.alphas):
+            found.append(f"alphas must lie strictly between 0 and 1, not {list(self.alphas)}")
+        if not 0 < self.ci_level < 1:
+            found.append(f"ci_level must lie strictly between 0 and 1, not {self.ci_level}")
+        for name in ("reverse", "likert"):
+            unknown = [m for m in getattr(self, name) or () if m not in self.measures]
+            if unknown:
+                found.append(f"{name} items {unknown} are not among the measures")
+        return found
+
+
+def alpha_key(alpha: float) -> str:
+    return f"{alpha:g}"
+
+
+def finite(value: float) -> float | None:
+    return float(value) if value is not None and math.isfinite(value) else None
+
+
+def _pair(values) -> list[float | None]:
+    return [finite(v) for v in values]
+
+
+def _nulls_note(entry: dict, keys: Sequence[str]) -> None:
+    """Say which statistics are null when nothing more specific was said."""
+    nulls = [k for k in keys if entry[k] is None or entry[k] == [None, None]]
+    if nulls and not entry.get("note"):
+        entry["note"] = f"not finite, set to null: {', '.join(nulls)}"
+
+
+def _examples_text(examples: Sequence[str]) -> str:
+    return ", ".join(repr(e) for e in examples)
+
+
+def empty_report(settings: Settings, errors: list[str]) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "settings": asdict(settings),
+        "software": {
+            "numpy": np.__version__,
+            "scipy": scipy.__version__,
+            "statsmodels": statsmodels.__version__,
+            "pandas": pd.__version__,
+        },
+        "errors": errors,
+        "notes": [],
+        "participants": {"total": 0, "included": 0, "excluded": {"total": 0, "by_reason": {}}},
+        "arms": [],
+        "measures": [],
+        "comparisons": [],
+    }
+
+
+def _table_problems(table: pd.DataFrame, settings: Settings) -> list[str]:
+    columns = [str(c) for c in table.columns]
+    if not columns:
+        return ["the table has no columns (empty CSV?)"]
+    found = []
+    if settings.arm_column not in table.columns:
+        found.append(f"arm column {settings.arm_column!r} not found; columns are: {columns}")
+    unknown = [m for m in settings.measures if m not in table.columns]
+    if unknown:
+        found.append(f"measure columns {unknown} not found; columns are: {columns}")
+    if len(table) == 0:
+        found.append("the table has no rows")
+    return found
+
+
+def _exclusions(table: pd.DataFrame, labels: np.ndarray, settings: Settings, notes: list[str]):
+    """Boolean 'included' mask and the count of each exclusion reason (reasons may overlap)."""
+    reasons = {"no_arm": labels == ""}
+    checks = [
+        ("unfinished", settings.finished_column, settings.exclude_unfinished),
+        ("failed_attention_check", settings.attention_column, settings.exclude_failed_attention),
+    ]
+    for reason, column, enabled in checks:
+        if not enabled:
+            continue
+        if column not in table.columns:
+            notes.append(f"no {column!r} column: nobody excluded as {reason.replace('_', ' ')}")
+            continue
+        flag = flag_column(table[column])
+        if flag.unreadable:
+            notes.append(
+                f"column {column!r}: {flag.unreadable} unreadable cells treated as unknown "
+                f"(not excluded), e.g. {_examples_text(flag.unreadable_examples)}"
+            )
+        reasons[reason] = flag.false
+    excluded = np.logical_or.reduce(list(reasons.values()))
+    if reasons["no_arm"].any():
+        notes.append(f"{int(reasons['no_arm'].sum())} rows have no arm and are excluded")
+    return ~excluded, {k: int(v.sum()) for k, v in reasons.items() if v.any()}
+
+
+def _arm_order(labels: np.ndarray, settings: Settings, notes: list[str]) -> list[str]:
+    seen = [a for a in pd.unique(labels) if a != ""]
+    if settings.arms is None:
+        return seen
+    order = [str(a) for a in settings.arms]
+    extra = [a for a in seen if a not in order]
+    if extra:
+        notes.append(f"arms {extra} appear in the data but not in the study; analysed too")
+    return order + extra
+
+
+def _comparison_pairs(arms: list[str], control: str, pairs: str) -> list[tuple[str, str]]:
+    """(arm, reference) pairs; the difference is arm - reference."""
+    if pairs == "all":
+        return [(later, earlier) for earlier, later in combinations(arms, 2)]
+    return [(arm, control) for arm in arms if arm != control]
+
+
+def _is_likert(values: np.ndarray, scale_max: int) -> bool:
+    valid = values[np.isfinite(values)]
+    return bool(
+        valid.size
+        and np.all(valid == np.round(valid))
+        and valid.min() >= 1
+        and valid.max() <= scale_max
+    )
+
+
+def _measure(name, column, settings, selections, included, notes):
+    """Clean one measure; return its report entry, per-arm values and per-arm cell counts."""
+    data = numeric_column(column)
+    values = data.values
+    out_of_range = np.zeros(values.shape, dtype=bool)
+    out_examples: list[str] = []
+    reverse = name in settings.reverse
+    if reverse:
+        out_of_range = np.isfinite(values) & ((values < 1) | (values > settings.scale_max))
+        out_examples = examples(column, out_of_range & included)
+        values = np.where(out_of_range, np.nan, values)
+    likert = (
+        name in settings.likert
+        if settings.likert is not None
+        else _is_likert(values, settings.scale_max)
+    )
+    analysed = settings.scale_max + 1 - values if reverse else values
+
+    per_arm, cells, distribution = {}, {}, {} if likert else None
+    for arm, selected in selections.items():
+        raw = values[selected]
+        kept = ~np.isnan(raw)
+        per_arm[arm] = analysed[selected][kept]
+        cells[arm] = {
+            "missing": int(data.missing[selected].sum()),
+            "non_numeric": int(data.invalid[selected].sum()),
+            "out_of_range": int(out_of_range[selected].sum()),
+        }
+        if likert:
+            counts = np.bincount(raw[kept].astype(int), minlength=settings.scale_max + 1)
+            distribution[arm] = {str(k): int(counts[k]) for k in range(1, settings.scale_max + 1)}
+
+    missing = int(data.missing[included].sum())
+    invalid = int(data.invalid[included].sum())
+    bad_range = int(out_of_range[included].sum())
+    if missing:
+        notes.append(f"measure {name!r}: {missing} missing values dropped")
+    invalid_examples = examples(column, data.invalid & included)
+    if invalid:
+        notes.append(
+            f"measure {name!r}: {invalid} non-numeric cells dropped, "
+            f"e.g. {_examples_text(invalid_examples)}"
+        )
+    if bad_range:
+        notes.append(
+            f"measure {name!r}: {bad_range} answers outside 1..{settings.scale_max} in a "
+            f"reverse-coded item dropped, e.g. {_examples_text(out_examples)}"
+        )
+    entry = {
+        "name": name,
+        "reverse": reverse,
+        "likert": likert,
+        "missing": missing,
+        "non_numeric": {"count": invalid, "examples": invalid_examples},
+        "out_of_range": {"count": bad_range, "examples": out_examples},
+        "distribution": distribution,
+    }
+    return entry, per_arm, cells
+
+
+def _descriptives(summary: stats.Summary, cells: dict) -> dict:
+    entry = {
+        "n": summary.n,
+        "mean": finite(summary.mean),
+        "sd": finite(summary.sd),
+        "se": finite(summary.se),
+        "ci": _pair(summary.ci),
+        **cells,
+        "note": summary.note,
+    }
+    _nulls_note(entry, ("mean", "sd", "se", "ci"))
+    return entry
+
+
+def _compare(measure, arm, reference, x, y, sx, sy, settings) -> dict:
+    test = stats.welch(x, y, settings.ci_level)
+    entry = {
+        "measure": measure,
+        "arm": arm,
+        "reference": reference,
+        "n_arm": sx.n,
+        "n_reference": sy.n,
+        "mean_arm": finite(sx.mean),
+        "mean_reference": finite(sy.mean),
+        "diff": finite(test.diff),
+        "diff_ci": _pair(test.diff_ci),
+        "t": finite(test.t),
+        "df": finite(test.df),
+        "p": finite(test.p),
+        "family": measure if settings.family == "measure" else "study",
+        "p_holm": None,
+        "hedges_g": finite(stats.hedges_g(sx, sy)),
+        "flags": {},
+        "stars": "",
+        "note": test.note,
+    }
+    _nulls_note(entry, ("diff", "diff_ci", "t", "df", "p", "hedges_g"))
+    return entry
+
+
+def _adjust(comparisons: list[dict], alphas: Sequence[float]) -> None:
+    """Holm within each family; flags and stars from the adjusted p."""
+    families: dict[str, list[dict]] = {}
+    for entry in comparisons:
+        families.setdefault(entry["family"], []).append(entry)
+    for members in families.values():
+        adjusted = stats.holm([np.nan if e["p"] is None else e["p"] for e in members])
+        for entry, p_holm in zip(members, adjusted, strict=True):
+            entry["p_holm"] = finite(p_holm)
+            if entry["p_holm"] is None:
+                entry["flags"] = {alpha_key(a): None for a in alphas}
+                continue
+            entry["flags"] = {alpha_key(a): entry["p_holm"] < a for a in alphas}
+            entry["stars"] = "*" * sum(entry["flags"].values())
+
+
+def build_report(table: pd.DataFrame, settings: Settings) -> dict[str, Any]:
+    """The full report (see the module docstring) of ``table`` under ``settings``."""
+    errors = settings.problems() + _table_problems(table, settings)
+    notes: list[str] = []
+    if settings.arm_column in table.columns:
+        labels = arm_labels(table[settings.arm_column])
+        arms = _arm_order(labels, settings, notes)
+        control = settings.control if settings.control is not None else (arms[0] if arms else None)
+        if not arms:
+            errors.append(f"no arm names found in column {settings.arm_column!r}")
+        elif control not in arms:
+            errors.append(
+                f"control arm {control!r} is not among the arms: {', '.join(map(repr, arms))}"
+            )
+    if errors:
+        return empty_report(settings, errors)
+
+    report = empty_report(settings, [])
+    report["notes"] = notes
+    included, by_reason = _exclusions(table, labels, settings, notes)
+    if len(arms) < 2:
+        notes.append(f"only one arm ({control!r}): nothing to compare")
+
+    report["participants"] = {
+        "total": len(table),
+        "included": int(included.sum()),
+        "excluded": {"total": int((~included).sum()), "by_reason": by_reason},
+    }
+    selections = {arm: included & (labels == arm) for arm in arms}
+    report["arms"] = [
+        {"name": arm, "control": arm == control, "participants": int(selections[arm].sum())}
+        for arm in arms
+    ]
+    for entry in report["arms"]:
+        entry["measures"] = {}
+
+    pairs = _comparison_pairs(arms, control, settings.pairs)
+    for name in settings.measures:
+        entry, per_arm, cells = _measure(
+            name, table[name], settings, selections, included, notes
+        )
+        report["measures"].append(entry)
+        summaries = {arm: stats.describe(per_arm[arm], settings.ci_level) for arm in arms}
+        for arm_entry in report["arms"]:
+            arm = arm_entry["name"]
+            described = _descriptives(summaries[arm], cells[arm])
+            arm_entry["measures"][name] = described
+            if summaries[arm].n < 2:
+                notes.append(f"arm {arm!r}, measure {name!r}: n = {summaries[arm].n} (< 2)")
+        for arm, reference in pairs:
+            report["comparisons"].append(
+                _compare(
+                    name,
+                    arm,
+                    reference,
+                    per_arm[arm],
+                    per_arm[reference],
+                    summaries[arm],
+                    summaries[reference],
+                    settings,
+                )
+            )
+    _adjust(report["comparisons"], sorted(set(settings.alphas), reverse=True))
+    return report

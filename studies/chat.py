@@ -1,0 +1,174 @@
+"""One agent turn in a participant's chat, and the Domain hooks around the conversation.
+
+The consumer calls `agent_turn`; it streams the reply through agents/llm, runs the agent's
+tool calls on this conversation's own Domain state, and stores every message before the
+browser hears of it.
+"""
+
+import json
+import os
+from collections.abc import Awaitable, Callable
+from functools import lru_cache
+
+from channels.db import database_sync_to_async
+from django.conf import settings
+
+from agents.domains.base import Domain
+from agents.domains.base import Scenario as DomainScenario
+from agents.llm import LLMClient
+
+from . import flow
+from .models import Conversation, Message, Participant
+
+Send = Callable[[dict], Awaitable[None]]
+
+
+@lru_cache(maxsize=8)
+def get_domain(name: str) -> Domain | None:
+    if name == "chat":
+        return None
+    from agents.domains import get_domain as load
+
+    return load(name)
+
+
+def domain_scenario(participant: Participant) -> DomainScenario | None:
+    scenario = participant.scenario
+    if scenario is None:
+        return None
+    return DomainScenario(id=scenario.key, domain=scenario.domain, payload=scenario.payload, title=scenario.title)
+
+
+def domain_of(participant: Participant) -> tuple[Domain | None, DomainScenario | None]:
+    domain = get_domain(participant.study.domain)
+    scenario = domain_scenario(participant)
+    if domain is not None and scenario is None:
+        raise flow.FlowError("This study is not ready", "The study has no scenario for this task.", 503)
+    return domain, scenario
+
+
+def opening_messages(participant: Participant) -> tuple[object, str]:
+    """A fresh Domain state for this conversation and the agent's greeting (may be empty)."""
+    domain, scenario = domain_of(participant)
+    if domain is None:
+        return None, participant.arm.greeting
+    state = domain.dump_state(domain.new_state(scenario))
+    return state, participant.arm.greeting or domain.greeting(scenario) or ""
+
+
+def system_prompt(participant: Participant) -> str:
+    """The Domain's agent prompt, then the arm's own system prompt."""
+    domain, scenario = domain_of(participant)
+    parts = [domain.agent_system_prompt(scenario)] if domain else []
+    if participant.arm.system_prompt:
+        parts.append(participant.arm.system_prompt)
+    return "\n\n".join(parts)
+
+
+def history(conversation: Conversation) -> list[dict]:
+    return [m.to_chat() for m in conversation.messages.order_by("seq")]
+
+
+def score_conversation(participant: Participant, conversation: Conversation) -> dict | None:
+    domain, scenario = domain_of(participant)
+    if domain is None:
+        return None
+    state = domain.load_state(scenario, conversation.state)
+    return domain.score(history(conversation), state, conversation.end_reason).to_dict()
+
+
+def outcome_after_questionnaire(participant: Participant, answers: dict) -> dict | None:
+    """P4G: a person's outcome is the donation they intend, with the chat's amount beside it."""
+    if participant.study.domain == "p4g" and "intended_donation" in answers:
+        from agents.domains.p4g import human_outcome
+
+        conversation = history(participant.conversation)
+        return human_outcome(answers["intended_donation"], conversation).to_dict()
+    return participant.outcome
+
+
+def make_client(participant: Participant) -> LLMClient:
+    arm = participant.arm
+    api_key = os.environ.get(arm.api_key_env) if arm.api_key_env else None
+    return LLMClient(
+        arm.endpoint_url,
+        api_key=api_key,
+        timeout=settings.PARLEY_LLM_TIMEOUT,
+        tool_format=arm.tool_format,
+    )
+
+
+def metrics(result) -> dict:
+    usage = result.usage or {}
+    return {
+        "model": result.model or "",
+        "finish_reason": result.finish_reason or "",
+        "ttft_ms": round(result.ttft * 1000) if result.ttft is not None else None,
+        "latency_ms": round(result.latency * 1000),
+        "prompt_tokens": usage.get("prompt_tokens"),
+        "completion_tokens": usage.get("completion_tokens"),
+    }
+
+
+async def agent_turn(participant: Participant, user_message: Message, send: Send) -> Message:
+    """Stream the agent's answer to `user_message`; loop over tool calls up to the Domain's cap."""
+    conversation = await database_sync_to_async(lambda: participant.conversation)()
+    domain, scenario = await database_sync_to_async(domain_of)(participant)
+    system = await database_sync_to_async(system_prompt)(participant)
+    tools = domain.tools(scenario) if domain else []
+    budget = domain.max_tool_calls_per_turn if domain else 0
+    params = participant.arm.generation_params()
+    reply_to = user_message.client_id
+    async with make_client(participant) as client:
+        while True:
+            messages = await database_sync_to_async(history)(conversation)
+            if system:
+                messages.insert(0, {"role": "system", "content": system})
+            offer_tools = tools if budget > 0 else None  # out of budget: the agent must answer
+            await send({"type": "start", "reply_to": reply_to})
+            stream = client.stream_chat(participant.arm.model_name, messages, tools=offer_tools, **params)
+            async for delta in stream:
+                await send({"type": "delta", "reply_to": reply_to, "text": delta})
+            result = stream.result
+            calls = result.tool_calls[:budget] if offer_tools else []
+            stored = await database_sync_to_async(flow.store_agent_message)(
+                conversation,
+                role=Message.Role.ASSISTANT,
+                content=result.content,
+                tool_calls=calls or None,
+                reply_to=user_message,
+                **metrics(result),
+            )
+            if not calls:
+                await send({"type": "reply", "reply_to": reply_to, "message": stored.to_client()})
+                return stored
+            await send({"type": "tool_calls", "reply_to": reply_to, "message": stored.to_client()})
+            for call in calls:
+                result_message = await database_sync_to_async(run_tool)(conversation, domain, scenario, call, user_message)
+                await send({"type": "tool_result", "reply_to": reply_to, "message": result_message.to_client()})
+            budget -= len(calls)
+
+
+def run_tool(conversation: Conversation, domain: Domain, scenario: DomainScenario, call: dict, user_message: Message) -> Message:
+    """Run one tool call on this conversation's own state and store its result."""
+    from django.db import transaction
+
+    with transaction.atomic():
+        conversation = Conversation.objects.select_for_update().get(pk=conversation.pk)
+        state = domain.load_state(scenario, conversation.state)
+        function = call.get("function", {})
+        arguments = function.get("arguments") or "{}"
+        output = domain.execute_tool(state, function.get("name", ""), arguments)
+        if not isinstance(output, str):
+            output = json.dumps(output)
+        conversation.state = domain.dump_state(state)
+        conversation.save(update_fields=["state"])
+        return Message.objects.create(
+            conversation=conversation,
+            seq=flow.next_seq(conversation),
+            role=Message.Role.TOOL,
+            content=output,
+            tool_call_id=call.get("id", ""),
+            tool_name=function.get("name", ""),
+            reply_to=user_message,
+        )

@@ -1,0 +1,122 @@
+"""The participant's chat over a WebSocket.
+
+Client -> server: {"type": "message", "id": <client message id>, "text": ...}, {"type": "end"}.
+Server -> client: history, ack (after the message is stored), start, delta (streamed text),
+tool_calls / tool_result (cards), reply (the stored answer), status, error, redirect.
+A resent message id is acknowledged again and never stored twice; if it was already
+answered the stored reply is sent instead of a new one.
+"""
+
+import logging
+import re
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.urls import reverse
+
+from agents.llm import LLMError
+
+from . import chat, flow
+from .models import Participant
+
+log = logging.getLogger(__name__)
+CLIENT_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+class ChatConsumer(AsyncJsonWebsocketConsumer):
+    async def connect(self):
+        token = self.scope["url_route"]["kwargs"]["token"]
+        self.participant = await database_sync_to_async(load_participant)(token)
+        if self.participant is None:
+            await self.close(code=4404)
+            return
+        await self.accept()
+        if self.participant.status != Participant.Status.CHAT:
+            await self.redirect()
+            return
+        await self.send_json(await database_sync_to_async(snapshot)(self.participant))
+        pending = await database_sync_to_async(unanswered)(self.participant)
+        if pending is not None:  # the connection dropped while the agent was answering
+            await self.answer(pending)
+            await self.send_json(await database_sync_to_async(status)(self.participant))
+
+    async def receive_json(self, content, **kwargs):
+        kind = content.get("type") if isinstance(content, dict) else None
+        self.participant = await database_sync_to_async(load_participant)(self.participant.token)
+        if self.participant.status != Participant.Status.CHAT:
+            await self.redirect()
+        elif kind == "message":
+            await self.on_message(content)
+        elif kind == "end":
+            await self.on_end()
+        else:
+            await self.send_json({"type": "error", "message": f"Unknown message type {kind!r}."})
+
+    async def on_message(self, content):
+        client_id, text = content.get("id"), content.get("text")
+        if not isinstance(client_id, str) or not CLIENT_ID.match(client_id):
+            await self.send_json({"type": "error", "message": "Each message needs an id of 1-64 letters, digits, - or _."})
+            return
+        if not isinstance(text, str):
+            await self.send_json({"type": "error", "reply_to": client_id, "message": "The message needs text."})
+            return
+        try:
+            stored = await database_sync_to_async(flow.store_user_message)(self.participant, client_id, text)
+        except flow.FlowError as error:
+            await self.send_json({"type": "error", "reply_to": client_id, "message": error.detail})
+            return
+        await self.send_json(
+            {"type": "ack", "id": client_id, "seq": stored.message.seq, "duplicate": not stored.created}
+        )
+        if stored.reply is not None:
+            await self.send_json({"type": "reply", "reply_to": client_id, "message": stored.reply.to_client()})
+        else:
+            await self.answer(stored.message)
+        await self.send_json(await database_sync_to_async(status)(self.participant))
+
+    async def answer(self, message):
+        try:
+            await chat.agent_turn(self.participant, message, self.send_json)
+        except LLMError as error:
+            log.warning("agent reply failed for %s: %s", self.participant, error)
+            await self.send_json(
+                {
+                    "type": "error",
+                    "reply_to": message.client_id,
+                    "retry": True,
+                    "message": "The assistant could not answer just now. Your message is saved; press Retry.",
+                }
+            )
+
+    async def on_end(self):
+        try:
+            self.participant = await database_sync_to_async(flow.end_chat)(self.participant)
+        except flow.FlowError as error:
+            await self.send_json({"type": "error", "message": error.detail})
+            return
+        await self.redirect()
+
+    async def redirect(self):
+        url = reverse("studies:participant", args=[self.participant.token])
+        await self.send_json({"type": "redirect", "url": url})
+
+
+def load_participant(token) -> Participant | None:
+    participant = (
+        Participant.objects.select_related("study", "arm", "scenario").filter(token=token).first()
+    )
+    return flow.expire_if_overdue(participant) if participant else None
+
+
+def unanswered(participant: Participant):
+    last = participant.conversation.messages.order_by("-seq").first()
+    return last if last is not None and last.role == "user" else None
+
+
+def status(participant: Participant) -> dict:
+    return {"type": "status", **flow.chat_status(participant)}
+
+
+def snapshot(participant: Participant) -> dict:
+    messages = [m.to_client() for m in participant.conversation.messages.order_by("seq")]
+    return {"type": "history", "messages": messages, **flow.chat_status(participant)}

@@ -1,0 +1,329 @@
+"""The participant's path through a study: arrive, consent, chat, questionnaire, complete.
+
+Views and the chat consumer stay thin and call these functions; every write happens
+in a transaction so that nothing stored is lost or duplicated.
+"""
+
+import re
+from dataclasses import dataclass
+
+from django.db import IntegrityError, transaction
+from django.db.models import Count, Q
+from django.utils import timezone
+
+from .models import Arm, Conversation, Item, Message, Participant, Response, Scenario, Study
+
+PROLIFIC_PARAMS = ("PROLIFIC_PID", "STUDY_ID", "SESSION_ID")
+PROLIFIC_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+PROLIFIC_COMPLETE_URL = "https://app.prolific.com/submissions/complete?cc={code}"
+
+
+class FlowError(Exception):
+    """A problem the participant is shown, with a title and an explanation."""
+
+    def __init__(self, title: str, detail: str, status: int = 400):
+        super().__init__(detail)
+        self.title, self.detail, self.status = title, detail, status
+
+
+# --- arrival ---------------------------------------------------------------------------------
+
+
+def check_prolific_params(params) -> dict[str, str]:
+    """The three Prolific parameters, or a FlowError that names what is missing or malformed."""
+    missing = [name for name in PROLIFIC_PARAMS if not params.get(name, "").strip()]
+    if missing:
+        raise FlowError(
+            "This link is incomplete",
+            "The study link is missing " + ", ".join(missing) + ". Please open the study again "
+            "from Prolific so that the link carries your participant details.",
+        )
+    values = {name: params[name].strip() for name in PROLIFIC_PARAMS}
+    bad = [name for name, value in values.items() if not PROLIFIC_ID.match(value)]
+    if bad:
+        raise FlowError(
+            "This link is malformed",
+            "These parameters are not valid Prolific identifiers: " + ", ".join(bad) + ".",
+        )
+    return values
+
+
+def open_study(slug: str) -> Study:
+    study = Study.objects.filter(slug=slug).first()
+    if study is None:
+        raise FlowError("Study not found", "There is no study at this address.", status=404)
+    return study
+
+
+def arrive(study: Study, params) -> tuple[Participant, bool]:
+    """Find the participant of this PROLIFIC_PID or create one in the least-filled arm."""
+    values = check_prolific_params(params)
+    if study.prolific_study_id and values["STUDY_ID"] != study.prolific_study_id:
+        raise FlowError("Wrong study", "This link's STUDY_ID does not belong to this study.")
+    existing = Participant.objects.filter(study=study, prolific_pid=values["PROLIFIC_PID"]).first()
+    if existing:
+        return existing, False
+    if study.status != Study.Status.LIVE:
+        raise FlowError("This study is not open", "The study is not accepting participants now.", 403)
+    try:
+        return _assign(study, values), True
+    except IntegrityError:  # the same PID arrived twice at once: the other request created it
+        return Participant.objects.get(study=study, prolific_pid=values["PROLIFIC_PID"]), False
+
+
+@transaction.atomic
+def _assign(study: Study, values: dict[str, str]) -> Participant:
+    # One arrival at a time per study: the lock makes the arm counts exact under concurrency.
+    Study.objects.select_for_update().get(pk=study.pk)
+    existing = Participant.objects.filter(study=study, prolific_pid=values["PROLIFIC_PID"]).first()
+    if existing:
+        return existing
+    arm = least_filled_arm(study)
+    participant = Participant.objects.create(
+        study=study,
+        arm=arm,
+        scenario=least_used_scenario(study, arm),
+        prolific_pid=values["PROLIFIC_PID"],
+        prolific_study_id=values["STUDY_ID"],
+        prolific_session_id=values["SESSION_ID"],
+    )
+    return participant
+
+
+def least_filled_arm(study: Study) -> Arm:
+    """Fewest active plus completed participants; ties go to the lower (order, id)."""
+    arms = list(
+        study.arms.filter(active=True).annotate(
+            filled=Count("participants", filter=Q(participants__status__in=Participant.ACTIVE))
+        )
+    )
+    if not arms:
+        raise FlowError("This study is not ready", "The study has no active arm yet.", 503)
+    return min(arms, key=lambda arm: (arm.filled, arm.order, arm.id))
+
+
+def least_used_scenario(study: Study, arm: Arm) -> Scenario | None:
+    """Within the arm, the scenario used least often, so every scenario is used about equally."""
+    scenarios = study.scenarios.filter(active=True).annotate(
+        used=Count(
+            "participants",
+            filter=Q(participants__arm=arm, participants__status__in=Participant.ACTIVE),
+        )
+    )
+    return min(scenarios, key=lambda s: (s.used, s.id), default=None)
+
+
+# --- steps -------------------------------------------------------------------------------------
+
+
+def expire_if_overdue(participant: Participant) -> Participant:
+    if participant.is_overdue():
+        participant.status = Participant.Status.TIMED_OUT
+        participant.save(update_fields=["status"])
+    return participant
+
+
+@transaction.atomic
+def give_consent(participant: Participant, accepted: bool) -> Participant:
+    participant = Participant.objects.select_for_update().get(pk=participant.pk)
+    if participant.status != Participant.Status.CONSENT:
+        return participant  # a double submit changes nothing
+    if accepted:
+        participant.status = Participant.Status.CHAT
+        participant.consented_at = timezone.now()
+        start_conversation(participant)
+    else:
+        participant.status = Participant.Status.NO_CONSENT
+    participant.save()
+    return participant
+
+
+def start_conversation(participant: Participant) -> Conversation:
+    conversation, created = Conversation.objects.get_or_create(participant=participant)
+    if created:
+        from .chat import opening_messages  # the Domain decides the state and the greeting
+
+        state, greeting = opening_messages(participant)
+        conversation.state = state
+        conversation.save(update_fields=["state"])
+        if greeting:
+            Message.objects.create(conversation=conversation, seq=1, role="assistant", content=greeting)
+    return conversation
+
+
+@dataclass
+class Stored:
+    message: Message
+    created: bool
+    reply: Message | None  # the stored agent reply, when this message was already answered
+
+
+@transaction.atomic
+def store_user_message(participant: Participant, client_id: str, text: str) -> Stored:
+    """Store the participant's message before it is acknowledged; a resent client id is a no-op."""
+    conversation = Conversation.objects.select_for_update().get(participant=participant)
+    existing = conversation.messages.filter(client_id=client_id).first()
+    if existing:
+        reply = existing.replies.filter(role="assistant").exclude(tool_calls__isnull=False).last()
+        return Stored(existing, False, reply)
+    check_can_send(participant, conversation, text)
+    message = Message.objects.create(
+        conversation=conversation,
+        seq=next_seq(conversation),
+        role=Message.Role.USER,
+        content=text,
+        client_id=client_id,
+    )
+    return Stored(message, True, None)
+
+
+def check_can_send(participant: Participant, conversation: Conversation, text: str) -> None:
+    study = participant.study
+    if participant.status != Participant.Status.CHAT or conversation.ended_at:
+        raise FlowError("The chat has ended", "This conversation is over.")
+    if not text.strip():
+        raise FlowError("Empty message", "Please type a message first.")
+    if len(text) > study.max_message_chars:
+        raise FlowError("Message too long", f"Please keep messages under {study.max_message_chars} characters.")
+    if user_message_count(conversation) >= study.max_exchanges:
+        raise FlowError("Message limit reached", "You have sent the maximum number of messages; please end the chat.")
+
+
+def next_seq(conversation: Conversation) -> int:
+    last = conversation.messages.order_by("-seq").values_list("seq", flat=True).first()
+    return (last or 0) + 1
+
+
+def user_message_count(conversation: Conversation) -> int:
+    return conversation.messages.filter(role=Message.Role.USER).count()
+
+
+@transaction.atomic
+def store_agent_message(conversation: Conversation, **fields) -> Message:
+    conversation = Conversation.objects.select_for_update().get(pk=conversation.pk)
+    return Message.objects.create(conversation=conversation, seq=next_seq(conversation), **fields)
+
+
+def chat_status(participant: Participant) -> dict:
+    conversation = participant.conversation
+    sent = user_message_count(conversation)
+    study = participant.study
+    return {
+        "sent": sent,
+        "can_end": sent >= study.min_exchanges,
+        "can_send": participant.status == Participant.Status.CHAT and sent < study.max_exchanges,
+        "min_exchanges": study.min_exchanges,
+        "max_exchanges": study.max_exchanges,
+    }
+
+
+@transaction.atomic
+def end_chat(participant: Participant, reason: str = "participant") -> Participant:
+    participant = Participant.objects.select_for_update().get(pk=participant.pk)
+    if participant.status != Participant.Status.CHAT:
+        return participant
+    conversation = participant.conversation
+    if reason == "participant" and user_message_count(conversation) < participant.study.min_exchanges:
+        raise FlowError(
+            "Too early to end", f"Please send at least {participant.study.min_exchanges} message(s) first."
+        )
+    conversation.ended_at = timezone.now()
+    conversation.end_reason = reason
+    conversation.save(update_fields=["ended_at", "end_reason"])
+    from .chat import score_conversation
+
+    participant.outcome = score_conversation(participant, conversation)
+    participant.status = Participant.Status.QUESTIONNAIRE
+    participant.chat_ended_at = conversation.ended_at
+    participant.save()
+    return participant
+
+
+# --- questionnaire ------------------------------------------------------------------------------
+
+
+def validate_answers(items: list[Item], data) -> tuple[dict[int, float | str], dict[str, str]]:
+    """Check every answer on the server: (values by item id, errors by item key)."""
+    values, errors = {}, {}
+    for item in items:
+        raw = (data.get(item.key) or "").strip()
+        if not raw:
+            if item.required or item.kind == Item.Kind.ATTENTION:
+                errors[item.key] = "Please answer this question."
+            continue
+        if item.kind == Item.Kind.TEXT:
+            if len(raw) > 5000:
+                errors[item.key] = "Please keep this answer under 5000 characters."
+            else:
+                values[item.id] = raw
+            continue
+        try:
+            number = float(raw)
+        except ValueError:
+            errors[item.key] = "Please enter a number."
+            continue
+        if item.is_scale:
+            if not number.is_integer() or not 1 <= number <= item.scale_points:
+                errors[item.key] = f"Please choose one of the points 1 to {item.scale_points}."
+                continue
+        else:
+            if number != number or number in (float("inf"), float("-inf")):
+                errors[item.key] = "Please enter a number."
+                continue
+            if item.min_value is not None and number < item.min_value:
+                errors[item.key] = f"Please enter a number of at least {item.min_value:g}."
+                continue
+            if item.max_value is not None and number > item.max_value:
+                errors[item.key] = f"Please enter a number of at most {item.max_value:g}."
+                continue
+        values[item.id] = number
+    return values, errors
+
+
+@transaction.atomic
+def submit_questionnaire(participant: Participant, data) -> dict[str, str]:
+    """Store the answers and complete the participant; returns errors (nothing stored) if any."""
+    participant = Participant.objects.select_for_update().get(pk=participant.pk)
+    if participant.status != Participant.Status.QUESTIONNAIRE:
+        return {}
+    items = list(questionnaire_items(participant.study))
+    values, errors = validate_answers(items, data)
+    if errors:
+        return errors
+    by_id = {item.id: item for item in items}
+    for item_id, value in values.items():
+        field = "value_text" if isinstance(value, str) else "value_number"
+        Response.objects.update_or_create(participant=participant, item_id=item_id, defaults={field: value})
+    checks = [item for item in items if item.kind == Item.Kind.ATTENTION]
+    if checks:
+        participant.attention_passed = all(
+            values.get(item.id) == float(item.expected_answer) for item in checks
+        )
+    from .chat import outcome_after_questionnaire
+
+    participant.outcome = outcome_after_questionnaire(participant, {by_id[i].key: v for i, v in values.items()})
+    participant.status = Participant.Status.COMPLETED
+    participant.completed_at = timezone.now()
+    participant.save()
+    transaction.on_commit(lambda: study_progress(participant.study_id))
+    return {}
+
+
+def questionnaire_items(study: Study):
+    if not hasattr(study, "questionnaire"):
+        return Item.objects.none()
+    return study.questionnaire.items.all()
+
+
+def study_progress(study_id: int) -> None:
+    """Hook for when a participant completes (issue 4 runs the analysis at the target)."""
+
+
+def completion_url(participant: Participant) -> str | None:
+    study = participant.study
+    code = {
+        Participant.Status.COMPLETED: study.completion_code,
+        Participant.Status.NO_CONSENT: study.no_consent_code,
+        Participant.Status.TIMED_OUT: study.timeout_code,
+    }.get(participant.status)
+    return PROLIFIC_COMPLETE_URL.format(code=code) if code else None

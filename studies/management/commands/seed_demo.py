@@ -1,0 +1,38 @@
+import os
+import secrets
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand
+
+from studies.demo import seed_demo_study
+
+
+class Command(BaseCommand):
+    help = "Create (or refresh) the demo study and the demo admin user; print their details."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--engine-url", default=None, help="OpenAI-compatible base URL for the arms.")
+        parser.add_argument("--admin-user", default=os.environ.get("PARLEY_ADMIN_USER", "admin"))
+
+    def handle(self, *args, **options):
+        study = seed_demo_study(options["engine_url"])
+        username, password = options["admin_user"], admin_password()
+        User = get_user_model()
+        user, _ = User.objects.get_or_create(username=username, defaults={"email": ""})
+        user.is_staff = user.is_superuser = True
+        user.set_password(password)
+        user.save()
+        self.stdout.write(f"study={study.slug} arms={','.join(study.arms.values_list('name', flat=True))}")
+        self.stdout.write(f"admin_user={username}")
+
+
+def admin_password() -> str:
+    """PARLEY_ADMIN_PASSWORD, or one made once for this data folder and kept beside it."""
+    if os.environ.get("PARLEY_ADMIN_PASSWORD"):
+        return os.environ["PARLEY_ADMIN_PASSWORD"]
+    path = settings.DATA_DIR / "demo-admin-password"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(12))
+        path.chmod(0o600)
+    return path.read_text().strip()

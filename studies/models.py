@@ -1,0 +1,364 @@
+"""A study is data: arms, a scenario pool and a questionnaire, configured in the admin."""
+
+import uuid
+from datetime import timedelta
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.utils import timezone
+
+DOMAIN_CHOICES = [
+    ("chat", "Open chat (no task)"),
+    ("retail", "tau2 retail"),
+    ("airline", "tau2 airline"),
+    ("p4g", "Persuasion for Good"),
+]
+
+
+def default_engine_url() -> str:
+    return settings.PARLEY_ENGINE_URL
+
+
+class Study(models.Model):
+    class Status(models.TextChoices):
+        DRAFT = "draft", "Draft"
+        LIVE = "live", "Live"
+        PAUSED = "paused", "Paused"
+        CLOSED = "closed", "Closed"
+
+    class Comparisons(models.TextChoices):
+        CONTROL = "control", "Every arm against the control arm"
+        ALL = "all", "All pairs of arms"
+
+    class Family(models.TextChoices):
+        MEASURE = "measure", "One measure"
+        STUDY = "study", "The whole study"
+
+    slug = models.SlugField(unique=True, help_text="Part of the participant link: /s/<slug>/")
+    title = models.CharField(max_length=200)
+    domain = models.CharField(max_length=20, choices=DOMAIN_CHOICES, default="chat")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.DRAFT)
+    target_per_arm = models.PositiveIntegerField(default=20, validators=[MinValueValidator(1)])
+    prolific_study_id = models.CharField(
+        max_length=64, blank=True, help_text="If set, links whose STUDY_ID differs are refused."
+    )
+    consent_text = models.TextField(default="You are invited to take part in a short research study.")
+    instructions = models.TextField(blank=True, help_text="Shown beside the chat.")
+    debrief_text = models.TextField(default="Thank you for taking part.")
+    completion_code = models.CharField(max_length=64)
+    no_consent_code = models.CharField(max_length=64, blank=True)
+    timeout_code = models.CharField(max_length=64, blank=True)
+    time_limit_minutes = models.PositiveIntegerField(default=30, validators=[MinValueValidator(1)])
+    min_exchanges = models.PositiveIntegerField(
+        default=1, help_text="Messages the participant sends before they may end the chat."
+    )
+    max_exchanges = models.PositiveIntegerField(
+        default=20, validators=[MinValueValidator(1)], help_text="The chat ends after this many."
+    )
+    max_message_chars = models.PositiveIntegerField(default=2000, validators=[MinValueValidator(1)])
+    control_arm = models.ForeignKey(
+        "Arm", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    comparisons = models.CharField(max_length=10, choices=Comparisons.choices, default="control")
+    holm_family = models.CharField(max_length=10, choices=Family.choices, default="measure")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name_plural = "studies"
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return self.title
+
+    def clean(self):
+        if self.min_exchanges > self.max_exchanges:
+            raise ValidationError({"min_exchanges": "Must not exceed max_exchanges."})
+        if self.control_arm_id and self.pk and self.control_arm.study_id != self.pk:
+            raise ValidationError({"control_arm": "The control arm must belong to this study."})
+
+    def participant_link(self, base_url: str | None = None) -> str:
+        base = (base_url or settings.PUBLIC_URL).rstrip("/")
+        return f"{base}/s/{self.slug}/"
+
+
+class Arm(models.Model):
+    study = models.ForeignKey(Study, on_delete=models.CASCADE, related_name="arms")
+    name = models.CharField(max_length=64)
+    order = models.PositiveSmallIntegerField(default=0)
+    active = models.BooleanField(default=True, help_text="Inactive arms get no new participants.")
+    endpoint_url = models.URLField(
+        default=default_engine_url, help_text="OpenAI-compatible base URL, e.g. http://host:8001/v1"
+    )
+    model_name = models.CharField(max_length=200, help_text="Base model or LoRA adapter name.")
+    api_key_env = models.CharField(
+        max_length=100, blank=True, help_text="Name of the environment variable holding the API key."
+    )
+    system_prompt = models.TextField(blank=True)
+    greeting = models.TextField(blank=True, help_text="Optional fixed opening message of the agent.")
+    temperature = models.FloatField(default=0.7, validators=[MinValueValidator(0), MaxValueValidator(2)])
+    top_p = models.FloatField(default=1.0, validators=[MinValueValidator(0.01), MaxValueValidator(1)])
+    max_tokens = models.PositiveIntegerField(default=256, validators=[MinValueValidator(1)])
+    extra_params = models.JSONField(default=dict, blank=True, help_text="More request parameters.")
+    tool_format = models.CharField(
+        max_length=10,
+        choices=[("native", "Native OpenAI tools"), ("json", "JSON tool calls in the prompt")],
+        default="json",
+        help_text="Models without native tool calling (e.g. SmolLM2) use the JSON format.",
+    )
+
+    class Meta:
+        ordering = ["study", "order", "id"]
+        constraints = [models.UniqueConstraint(fields=["study", "name"], name="unique_arm_name")]
+
+    def __str__(self) -> str:
+        return f"{self.study.slug}/{self.name}"
+
+    def clean(self):
+        if not isinstance(self.extra_params, dict):
+            raise ValidationError({"extra_params": "Must be a JSON object."})
+
+    def generation_params(self) -> dict:
+        return {
+            **self.extra_params,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_tokens": self.max_tokens,
+        }
+
+
+class Scenario(models.Model):
+    """One task of the study's pool: a tau2 task, a P4G persona, or a free-chat topic."""
+
+    study = models.ForeignKey(Study, on_delete=models.CASCADE, related_name="scenarios")
+    key = models.CharField(max_length=100)
+    title = models.CharField(max_length=200, blank=True)
+    domain = models.CharField(max_length=20, choices=DOMAIN_CHOICES, default="chat")
+    payload = models.JSONField(default=dict, blank=True)
+    instructions = models.TextField(blank=True, help_text="Shown to the participant in the side panel.")
+    active = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["study", "id"]
+        constraints = [models.UniqueConstraint(fields=["study", "key"], name="unique_scenario_key")]
+
+    def __str__(self) -> str:
+        return self.title or self.key
+
+
+class Questionnaire(models.Model):
+    study = models.OneToOneField(Study, on_delete=models.CASCADE, related_name="questionnaire")
+    title = models.CharField(max_length=200, default="A few questions about the conversation")
+    intro = models.TextField(blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.study.slug}: {self.title}"
+
+
+class Item(models.Model):
+    class Kind(models.TextChoices):
+        LIKERT = "likert", "Likert scale"
+        NUMBER = "number", "Number"
+        TEXT = "text", "Free text"
+        ATTENTION = "attention", "Attention check"
+
+    questionnaire = models.ForeignKey(Questionnaire, on_delete=models.CASCADE, related_name="items")
+    order = models.PositiveSmallIntegerField(default=0)
+    key = models.SlugField(max_length=64, help_text="Column name in exports and analysis.")
+    kind = models.CharField(max_length=10, choices=Kind.choices, default=Kind.LIKERT)
+    prompt = models.TextField()
+    scale_points = models.PositiveSmallIntegerField(
+        default=7, validators=[MinValueValidator(2), MaxValueValidator(11)]
+    )
+    anchor_low = models.CharField(max_length=100, blank=True, default="Strongly disagree")
+    anchor_high = models.CharField(max_length=100, blank=True, default="Strongly agree")
+    anchor_labels = models.JSONField(
+        default=list, blank=True, help_text="Optional label for every point, low to high."
+    )
+    reverse_coded = models.BooleanField(default=False)
+    min_value = models.FloatField(null=True, blank=True)
+    max_value = models.FloatField(null=True, blank=True)
+    required = models.BooleanField(default=True)
+    expected_answer = models.CharField(
+        max_length=100, blank=True, help_text="Attention check: the point (1..k) to choose."
+    )
+
+    class Meta:
+        ordering = ["questionnaire", "order", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["questionnaire", "key"], name="unique_item_key")
+        ]
+
+    def __str__(self) -> str:
+        return self.key
+
+    @property
+    def is_scale(self) -> bool:
+        return self.kind in (self.Kind.LIKERT, self.Kind.ATTENTION)
+
+    def clean(self):
+        errors = {}
+        if self.anchor_labels and (
+            not isinstance(self.anchor_labels, list) or len(self.anchor_labels) != self.scale_points
+        ):
+            errors["anchor_labels"] = f"Give a list of exactly {self.scale_points} labels, or none."
+        if self.kind == self.Kind.ATTENTION:
+            try:
+                expected = int(self.expected_answer)
+            except ValueError:
+                expected = 0
+            if not 1 <= expected <= self.scale_points:
+                errors["expected_answer"] = f"An attention check needs a point from 1 to {self.scale_points}."
+        if self.min_value is not None and self.max_value is not None and self.min_value > self.max_value:
+            errors["min_value"] = "Must not exceed max_value."
+        if errors:
+            raise ValidationError(errors)
+
+    def labels(self) -> list[str]:
+        """One label per point: the full list if given, else the anchors at the ends."""
+        if self.anchor_labels:
+            return list(self.anchor_labels)
+        labels = [""] * self.scale_points
+        labels[0], labels[-1] = self.anchor_low, self.anchor_high
+        return labels
+
+
+class Participant(models.Model):
+    class Status(models.TextChoices):
+        CONSENT = "consent", "Reading consent"
+        CHAT = "chat", "Chatting"
+        QUESTIONNAIRE = "questionnaire", "Answering questionnaire"
+        COMPLETED = "completed", "Completed"
+        NO_CONSENT = "no_consent", "Declined consent"
+        TIMED_OUT = "timed_out", "Timed out"
+
+    # Those who hold a place in their arm (the least-filled assignment counts them).
+    ACTIVE = (Status.CONSENT, Status.CHAT, Status.QUESTIONNAIRE, Status.COMPLETED)
+
+    study = models.ForeignKey(Study, on_delete=models.CASCADE, related_name="participants")
+    arm = models.ForeignKey(Arm, on_delete=models.PROTECT, related_name="participants")
+    scenario = models.ForeignKey(
+        Scenario, null=True, blank=True, on_delete=models.PROTECT, related_name="participants"
+    )
+    token = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    prolific_pid = models.CharField("PROLIFIC_PID", max_length=64)
+    prolific_study_id = models.CharField("STUDY_ID", max_length=64)
+    prolific_session_id = models.CharField("SESSION_ID", max_length=64)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.CONSENT)
+    attention_passed = models.BooleanField(null=True, blank=True)
+    outcome = models.JSONField(null=True, blank=True, help_text="The Domain's Outcome.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    consented_at = models.DateTimeField(null=True, blank=True)
+    chat_ended_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["study", "prolific_pid"], name="one_participant_per_pid")
+        ]
+        indexes = [models.Index(fields=["study", "arm", "status"])]
+
+    def __str__(self) -> str:
+        return self.prolific_pid
+
+    @property
+    def deadline(self):
+        return self.created_at + timedelta(minutes=self.study.time_limit_minutes)
+
+    def is_overdue(self) -> bool:
+        unfinished = self.status in (self.Status.CONSENT, self.Status.CHAT, self.Status.QUESTIONNAIRE)
+        return unfinished and timezone.now() > self.deadline
+
+
+class Conversation(models.Model):
+    participant = models.OneToOneField(Participant, on_delete=models.CASCADE, related_name="conversation")
+    state = models.JSONField(null=True, blank=True, help_text="This conversation's own Domain state.")
+    started_at = models.DateTimeField(auto_now_add=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    end_reason = models.CharField(max_length=32, blank=True)
+
+    def __str__(self) -> str:
+        return f"conversation of {self.participant}"
+
+
+class Message(models.Model):
+    class Role(models.TextChoices):
+        USER = "user", "Participant"
+        ASSISTANT = "assistant", "Agent"
+        TOOL = "tool", "Tool result"
+
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="messages")
+    seq = models.PositiveIntegerField()
+    role = models.CharField(max_length=10, choices=Role.choices)
+    content = models.TextField(blank=True)
+    client_id = models.CharField(max_length=64, null=True, blank=True)
+    reply_to = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="replies"
+    )
+    tool_calls = models.JSONField(null=True, blank=True)
+    tool_call_id = models.CharField(max_length=100, blank=True)
+    tool_name = models.CharField(max_length=100, blank=True)
+    model = models.CharField(max_length=200, blank=True)
+    finish_reason = models.CharField(max_length=32, blank=True)
+    ttft_ms = models.PositiveIntegerField(null=True, blank=True)
+    latency_ms = models.PositiveIntegerField(null=True, blank=True)
+    prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
+    completion_tokens = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["conversation", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["conversation", "seq"], name="unique_message_seq"),
+            models.UniqueConstraint(
+                fields=["conversation", "client_id"],
+                condition=models.Q(client_id__isnull=False),
+                name="unique_client_message",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.role} #{self.seq}"
+
+    def to_chat(self) -> dict:
+        """The OpenAI-style message the Domain and the model see."""
+        message = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            message["tool_calls"] = self.tool_calls
+        if self.role == self.Role.TOOL:
+            message.update(tool_call_id=self.tool_call_id, name=self.tool_name)
+        return message
+
+    def to_client(self) -> dict:
+        """What the participant's browser receives."""
+        return {
+            "seq": self.seq,
+            "role": self.role,
+            "content": self.content,
+            "client_id": self.client_id,
+            "tool_calls": self.tool_calls or [],
+            "tool_name": self.tool_name,
+        }
+
+
+class Response(models.Model):
+    participant = models.ForeignKey(Participant, on_delete=models.CASCADE, related_name="responses")
+    item = models.ForeignKey(Item, on_delete=models.PROTECT, related_name="responses")
+    value_number = models.FloatField(null=True, blank=True)
+    value_text = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["participant", "item"], name="one_response_per_item")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.participant} {self.item.key}"
+
+    @property
+    def value(self):
+        return self.value_text if self.item.kind == Item.Kind.TEXT else self.value_number

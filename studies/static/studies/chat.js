@@ -1,0 +1,187 @@
+// The participant's chat: stream the agent's reply, resend unacknowledged messages after a
+// reconnect (same id, so the server never stores them twice), show tool calls as cards.
+(function () {
+  "use strict";
+  const cfg = window.PARLEY;
+  const $ = (id) => document.getElementById(id);
+  const list = $("messages"), text = $("text"), send = $("send"), end = $("end"), notice = $("notice");
+  const pendingKey = "parley-pending-" + cfg.token;
+  let socket = null, retries = 0, busy = false, redirecting = false, streaming = null, lastStatus = {};
+
+  const pending = () => JSON.parse(localStorage.getItem(pendingKey) || "{}");
+  const savePending = (p) => localStorage.setItem(pendingKey, JSON.stringify(p));
+  const newId = () => "m-" + Array.from(crypto.getRandomValues(new Uint8Array(12)), (b) => b.toString(16).padStart(2, "0")).join("");
+
+  function bubble(role, content, extra) {
+    const div = document.createElement("div");
+    div.className = "msg " + role + (extra ? " " + extra : "");
+    div.textContent = content;
+    list.appendChild(div);
+    list.scrollTop = list.scrollHeight;
+    return div;
+  }
+
+  function toolCard(call) {
+    const card = document.createElement("div");
+    card.className = "tool-card";
+    card.dataset.callId = call.id || "";
+    const name = document.createElement("div");
+    name.className = "tool-name";
+    name.textContent = "⚙ " + ((call.function && call.function.name) || "tool");
+    const args = document.createElement("div");
+    args.className = "tool-args";
+    args.textContent = (call.function && call.function.arguments) || "";
+    card.append(name, args);
+    list.appendChild(card);
+    return card;
+  }
+
+  function toolResult(message) {
+    const cards = list.querySelectorAll(".tool-card");
+    let card = Array.from(cards).find((c) => !c.querySelector(".tool-result"));
+    if (!card) card = toolCard({ function: { name: message.tool_name } });
+    const result = document.createElement("details");
+    result.className = "tool-result";
+    const summary = document.createElement("summary");
+    summary.textContent = message.content.startsWith("Error") ? "error" : "result";
+    const body = document.createElement("pre");
+    body.textContent = message.content;
+    result.append(summary, body);
+    card.appendChild(result);
+  }
+
+  function render(message) {
+    if (message.role === "tool") return toolResult(message);
+    if (message.content) bubble(message.role, message.content).dataset.clientId = message.client_id || "";
+    (message.tool_calls || []).forEach(toolCard);
+  }
+
+  function setBusy(value) {
+    busy = value;
+    updateControls();
+  }
+
+  function updateControls() {
+    const open = socket && socket.readyState === WebSocket.OPEN;
+    const canSend = open && !busy && lastStatus.can_send !== false;
+    text.disabled = send.disabled = !canSend;
+    end.disabled = !open || busy || !lastStatus.can_end;
+    if (lastStatus.max_exchanges) {
+      $("exchange-count").textContent = "Messages sent: " + (lastStatus.sent || 0) + " of at most " + lastStatus.max_exchanges +
+        (lastStatus.can_end ? "" : " (send at least " + lastStatus.min_exchanges + " before ending)");
+    }
+  }
+
+  function showNotice(message, retryId) {
+    notice.hidden = false;
+    notice.textContent = message + " ";
+    if (retryId) {
+      const button = document.createElement("button");
+      button.textContent = "Retry";
+      button.id = "retry";
+      button.onclick = () => { notice.hidden = true; transmit(retryId, pending()[retryId] || button.dataset.text); };
+      button.dataset.text = (list.querySelector('[data-client-id="' + retryId + '"]') || {}).textContent || "";
+      notice.appendChild(button);
+    }
+  }
+
+  function transmit(id, body) {
+    setBusy(true);
+    socket.send(JSON.stringify({ type: "message", id: id, text: body }));
+  }
+
+  function onEvent(event) {
+    switch (event.type) {
+      case "history": {
+        list.textContent = "";
+        event.messages.forEach(render);
+        lastStatus = event;
+        const known = new Set(event.messages.map((m) => m.client_id));
+        const unsent = Object.entries(pending()).filter(([id]) => !known.has(id));
+        const p = pending();
+        Object.keys(p).forEach((id) => { if (known.has(id)) delete p[id]; });
+        savePending(p);
+        setBusy(false);
+        unsent.forEach(([id, body]) => { bubble("user", body, "unconfirmed").dataset.clientId = id; transmit(id, body); });
+        break;
+      }
+      case "ack": {
+        const p = pending(); delete p[event.id]; savePending(p);
+        const el = list.querySelector('[data-client-id="' + event.id + '"]');
+        if (el) el.classList.remove("unconfirmed");
+        break;
+      }
+      case "start":
+        streaming = bubble("assistant", "", "streaming");
+        setBusy(true);
+        break;
+      case "delta":
+        if (!streaming) streaming = bubble("assistant", "", "streaming");
+        streaming.textContent += event.text;
+        list.scrollTop = list.scrollHeight;
+        break;
+      case "tool_calls":
+        if (streaming) { if (event.message.content) { streaming.textContent = event.message.content; streaming.classList.remove("streaming"); } else streaming.remove(); }
+        streaming = null;
+        (event.message.tool_calls || []).forEach(toolCard);
+        break;
+      case "tool_result":
+        toolResult(event.message);
+        break;
+      case "reply":
+        if (!streaming) streaming = bubble("assistant", "");
+        streaming.textContent = event.message.content;
+        streaming.classList.remove("streaming");
+        streaming = null;
+        setBusy(false);
+        break;
+      case "status":
+        lastStatus = event;
+        setBusy(false);
+        break;
+      case "error":
+        if (streaming) { streaming.remove(); streaming = null; }
+        setBusy(false);
+        showNotice(event.message, event.retry ? event.reply_to : null);
+        break;
+      case "redirect":
+        redirecting = true;
+        window.location.href = event.url;
+        break;
+    }
+  }
+
+  function connect() {
+    const scheme = location.protocol === "https:" ? "wss://" : "ws://";
+    socket = new WebSocket(scheme + location.host + cfg.socket);
+    socket.onopen = () => { retries = 0; notice.hidden = true; updateControls(); };
+    socket.onmessage = (m) => onEvent(JSON.parse(m.data));
+    socket.onclose = () => {
+      updateControls();
+      if (redirecting) return;
+      streaming = null;
+      retries += 1;
+      showNotice("Connection lost; reconnecting…");
+      setTimeout(connect, Math.min(1000 * retries, 10000));
+    };
+  }
+
+  $("composer").addEventListener("submit", (e) => {
+    e.preventDefault();
+    const body = text.value.trim();
+    if (!body || busy) return;
+    const id = newId();
+    const p = pending(); p[id] = body; savePending(p);
+    bubble("user", body, "unconfirmed").dataset.clientId = id;
+    text.value = "";
+    notice.hidden = true;
+    transmit(id, body);
+  });
+  text.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); $("composer").requestSubmit(); }
+  });
+  end.addEventListener("click", () => {
+    if (confirm("End the conversation and go on to the questions?")) socket.send(JSON.stringify({ type: "end" }));
+  });
+  connect();
+})();

@@ -1,0 +1,93 @@
+"""Participant pages. Thin: the flow module holds the rules, templates the words."""
+
+from django.http import HttpResponseRedirect
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from . import flow
+from .models import Participant
+
+
+def problem(request, error: flow.FlowError):
+    return render(request, "studies/problem.html", {"error": error}, status=error.status)
+
+
+@require_GET
+def arrive(request, slug):
+    """The Prolific link: /s/<slug>/?PROLIFIC_PID=...&STUDY_ID=...&SESSION_ID=..."""
+    try:
+        study = flow.open_study(slug)
+        participant, _ = flow.arrive(study, request.GET)
+    except flow.FlowError as error:
+        return problem(request, error)
+    return redirect("studies:participant", token=participant.token)
+
+
+def load(token) -> Participant:
+    participant = get_object_or_404(
+        Participant.objects.select_related("study", "arm", "scenario"), token=token
+    )
+    return flow.expire_if_overdue(participant)
+
+
+@require_GET
+def participant(request, token):
+    """Whatever step the participant is at: re-opening the link resumes here."""
+    p = load(token)
+    study = p.study
+    context = {"participant": p, "study": study}
+    match p.status:
+        case Participant.Status.CONSENT:
+            return render(request, "studies/consent.html", context)
+        case Participant.Status.CHAT:
+            context["scenario"] = p.scenario
+            return render(request, "studies/chat.html", context)
+        case Participant.Status.QUESTIONNAIRE:
+            return render_questionnaire(request, p, {}, request.GET)
+        case Participant.Status.COMPLETED:
+            context["completion_url"] = flow.completion_url(p)
+            return render(request, "studies/debrief.html", context)
+        case _:  # declined consent or timed out
+            context["completion_url"] = flow.completion_url(p)
+            return render(request, "studies/ended.html", context)
+
+
+def render_questionnaire(request, p, errors, data, status=200):
+    context = {
+        "participant": p,
+        "study": p.study,
+        "questionnaire": getattr(p.study, "questionnaire", None),
+        "fields": [
+            {"item": item, "value": data.get(item.key, ""), "error": errors.get(item.key)}
+            for item in flow.questionnaire_items(p.study)
+        ],
+        "errors": errors,
+    }
+    return render(request, "studies/questionnaire.html", context, status=status)
+
+
+@require_POST
+def consent(request, token):
+    p = load(token)
+    accepted = request.POST.get("decision") == "accept"
+    flow.give_consent(p, accepted)
+    return redirect("studies:participant", token=p.token)
+
+
+@require_POST
+def questionnaire(request, token):
+    p = load(token)
+    errors = flow.submit_questionnaire(p, request.POST)
+    if errors:
+        return render_questionnaire(request, p, errors, request.POST, status=400)
+    return redirect("studies:participant", token=p.token)
+
+
+@require_GET
+def done(request, token):
+    """Back to Prolific with the code that fits how the participant finished."""
+    p = load(token)
+    url = flow.completion_url(p)
+    if url is None:
+        return redirect("studies:participant", token=p.token)
+    return HttpResponseRedirect(url)

@@ -1,0 +1,114 @@
+"""Shared fixtures: real services (PostgreSQL, Redis) and a real model engine.
+
+Under CI (PARLEY_CI=1) a test whose service is missing fails; on a laptop it is skipped.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+IN_CI = os.environ.get("PARLEY_CI") == "1"
+
+
+def need(condition: bool, why: str) -> None:
+    if not condition:
+        if IN_CI:
+            pytest.fail(f"CI requires it: {why}")
+        pytest.skip(why)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def postgres(db):
+    from django.db import connection
+
+    need(connection.vendor == "postgresql", "needs DATABASE_URL pointing at PostgreSQL")
+    return connection
+
+
+@pytest.fixture
+def redis_url():
+    url = os.environ.get("REDIS_URL")
+    need(bool(url), "needs REDIS_URL")
+    import redis
+
+    try:
+        redis.Redis.from_url(url).ping()
+    except redis.RedisError as error:
+        need(False, f"Redis at {url} does not answer: {error}")
+    return url
+
+
+@pytest.fixture(scope="session")
+def base_model():
+    from agents.serving.prepare import ensure_base_model
+
+    return ensure_base_model()
+
+
+@pytest.fixture(scope="session")
+def engine_url(base_model):
+    """The embedded engine serving SmolLM2 in its own process, as in production."""
+    from tests.engine_server import start_engine
+
+    url, process = start_engine(base_model)
+    yield url
+    process.terminate()
+    process.wait(timeout=20)
+
+
+def test_env(**extra) -> dict:
+    """The environment for a child process (server, worker) that must see the test database."""
+    from django.db import connection
+
+    env = dict(os.environ, **extra)
+    settings = connection.settings_dict
+    if connection.vendor == "postgresql":
+        user = settings.get("USER") or "postgres"
+        host = settings.get("HOST") or "127.0.0.1"
+        port = settings.get("PORT") or 5432
+        env["DATABASE_URL"] = f"postgres://{user}@{host}:{port}/{settings['NAME']}"
+    else:
+        env["DATABASE_URL"] = f"sqlite:///{settings['NAME']}"
+    return env
+
+
+def python(*args, env=None, **kwargs):
+    return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def celery_worker(django_db_setup, django_db_blocker):
+    """A real Celery worker process on the configured broker, using the test database."""
+    import time
+
+    log = open(REPO / "data" / "test-worker.log", "wb")  # noqa: SIM115
+    with django_db_blocker.unblock():
+        env = test_env()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "parley", "worker", "-Q", "default,analysis,training",
+         "--pool", "solo", "--loglevel", "INFO", "-n", f"test-{os.getpid()}@%h"],
+        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 60
+    while b"ready." not in (REPO / "data" / "test-worker.log").read_bytes():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail("the Celery worker did not start: " + (REPO / "data" / "test-worker.log").read_text()[-2000:])
+        time.sleep(0.3)
+    yield process
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()

@@ -1,0 +1,184 @@
+"""GRPO: group-relative advantages, the clipped token-level loss, and one policy update.
+
+Shapes: B sequences of T tokens. `mask[b, t]` is 1 where token t of sequence b was sampled by the
+model being trained (see training/tokens.py), so every sum below runs over those tokens only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+STD_EPS = 1e-4
+
+
+def group_advantages(rewards: torch.Tensor, scale_std: bool = True) -> torch.Tensor:
+    """A_i = (r_i - mean(r)) / (std(r) + 1e-4) within each group (rows of `rewards`, [groups, G]).
+
+    std is the unbiased sample std, as in DeepSeekMath and TRL. scale_std=False gives r_i - mean(r)
+    (Dr. GRPO), which does not up-weight groups whose rewards barely differ.
+    """
+    rewards = rewards.float()
+    adv = rewards - rewards.mean(dim=-1, keepdim=True)
+    if scale_std:
+        adv = adv / (rewards.std(dim=-1, keepdim=True) + STD_EPS)
+    return adv
+
+
+def grpo_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    ref_logp: torch.Tensor | None,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    eps: float = 0.2,
+    eps_high: float | None = None,
+    beta: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The GRPO loss, a token-level mean over the policy's own tokens:
+
+        ratio_t = exp(logp_t - old_logp_t)
+        L_t     = -min(ratio_t * A, clip(ratio_t, 1 - eps, 1 + eps_high) * A) + beta * KL_t
+        KL_t    = exp(ref_t - logp_t) - (ref_t - logp_t) - 1          (k3 estimator, >= 0)
+        loss    = sum_t mask_t * L_t / sum_t mask_t
+
+    logp/old_logp/ref_logp/mask: [B, T]; adv: [B] (one advantage per sequence).
+    Returns the loss and stats: kl, clip_frac (tokens whose gradient the clip removed), tokens.
+    """
+    eps_high = eps if eps_high is None else eps_high
+    mask = mask.to(logp.dtype)
+    tokens = mask.sum().clamp(min=1.0)
+    adv = adv.to(logp.dtype).unsqueeze(-1)
+    ratio = torch.exp(logp - old_logp)
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1.0 - eps, 1.0 + eps_high) * adv
+    per_token = -torch.minimum(unclipped, clipped)
+    kl = torch.zeros_like(logp)
+    if ref_logp is not None and beta > 0:
+        delta = ref_logp - logp
+        kl = torch.exp(delta) - delta - 1.0
+        per_token = per_token + beta * kl
+    loss = (per_token * mask).sum() / tokens
+    with torch.no_grad():
+        clip_frac = ((clipped < unclipped).to(logp.dtype) * mask).sum() / tokens
+        stats = {
+            "kl": float((kl * mask).sum() / tokens),
+            "clip_frac": float(clip_frac),
+            "tokens": float(mask.sum()),
+        }
+    return loss, stats
+
+
+@dataclass
+class TokenBatch:
+    """Right-padded training sequences. mask marks the tokens to train on (policy tokens)."""
+
+    ids: torch.Tensor  # [B, T] long
+    attention: torch.Tensor  # [B, T] long
+    mask: torch.Tensor  # [B, T] float
+
+    @classmethod
+    def from_lists(cls, ids: list[list[int]], masks: list[list[int]], pad_id: int) -> TokenBatch:
+        width = max(len(x) for x in ids)
+        out_ids = torch.full((len(ids), width), pad_id, dtype=torch.long)
+        attention = torch.zeros((len(ids), width), dtype=torch.long)
+        out_mask = torch.zeros((len(ids), width))
+        for i, (seq, m) in enumerate(zip(ids, masks, strict=True)):
+            out_ids[i, : len(seq)] = torch.tensor(seq)
+            attention[i, : len(seq)] = 1
+            out_mask[i, : len(m)] = torch.tensor(m, dtype=torch.float)
+        return cls(out_ids, attention, out_mask)
+
+    def __len__(self) -> int:
+        return self.ids.shape[0]
+
+    def rows(self, start: int, stop: int) -> TokenBatch:
+        return TokenBatch(self.ids[start:stop], self.attention[start:stop], self.mask[start:stop])
+
+
+def token_logprobs(
+    model: torch.nn.Module, batch: TokenBatch, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log p(token_t | tokens_<t) for every t >= 1, as a [B, T] tensor (column 0 is 0).
+
+    Logits are computed only at positions whose next token is a policy token (`logits_to_keep`),
+    which keeps memory at [B, policy tokens, vocab] instead of [B, T, vocab].
+    """
+    b, t = batch.ids.shape
+    target_mask = batch.mask[:, 1:] > 0  # token t+1 is predicted at position t
+    positions = target_mask.any(dim=0).nonzero().squeeze(-1)  # positions any row needs
+    logp = torch.zeros((b, t), device=batch.ids.device)
+    entropy = torch.zeros((b, t), device=batch.ids.device) if with_entropy else None
+    if positions.numel() == 0:
+        return logp, entropy
+    out = model(input_ids=batch.ids, attention_mask=batch.attention, logits_to_keep=positions)
+    logits = out.logits.float()  # [B, P, V]
+    targets = batch.ids[:, positions + 1]
+    log_probs = F.log_softmax(logits, dim=-1)
+    logp[:, positions + 1] = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    if entropy is not None:
+        with torch.no_grad():
+            entropy[:, positions + 1] = -(log_probs.exp() * log_probs).sum(-1)
+    return logp, entropy
+
+
+def update(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: TokenBatch,
+    adv: torch.Tensor,
+    *,
+    eps: float,
+    eps_high: float,
+    beta: float,
+    micro_batch: int,
+    epochs: int = 1,
+    grad_clip: float = 1.0,
+    reference: Callable[[], object] | None = None,
+) -> dict[str, float]:
+    """One GRPO step on `batch`: old and reference log-probs, then `epochs` optimizer steps.
+
+    `reference()` returns a context manager under which `model` is the reference policy (LoRA:
+    the adapter disabled); None with beta > 0 is an error. With epochs == 1 the old log-probs are
+    the current ones detached (ratio 1), which saves a forward pass, as in TRL.
+    """
+    if beta > 0 and reference is None:
+        raise ValueError("beta > 0 needs a reference model")
+    chunks = [(i, min(i + micro_batch, len(batch))) for i in range(0, len(batch), micro_batch)]
+    total_tokens = float(batch.mask.sum().clamp(min=1.0))
+    old, ref = {}, {}
+    with torch.no_grad():
+        for c in chunks:
+            if epochs > 1:
+                old[c] = token_logprobs(model, batch.rows(*c))[0]
+            if beta > 0:
+                with reference():
+                    ref[c] = token_logprobs(model, batch.rows(*c))[0]
+
+    model.train()
+    totals = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "entropy": 0.0, "grad_norm": 0.0}
+    for _ in range(epochs):
+        optimizer.zero_grad(set_to_none=True)
+        for c in chunks:
+            rows = batch.rows(*c)
+            logp, entropy = token_logprobs(model, rows, with_entropy=True)
+            old_logp = old[c] if epochs > 1 else logp.detach()
+            loss, stats = grpo_loss(
+                logp, old_logp, ref.get(c), adv[c[0] : c[1]], rows.mask, eps, eps_high, beta
+            )
+            weight = stats["tokens"] / total_tokens  # token-level mean over the whole batch
+            (loss * weight).backward()
+            totals["loss"] += float(loss) * weight / epochs
+            totals["kl"] += stats["kl"] * weight / epochs
+            totals["clip_frac"] += stats["clip_frac"] * weight / epochs
+            totals["entropy"] += float((entropy * rows.mask).sum()) / total_tokens / epochs
+        params = [p for p in model.parameters() if p.requires_grad]
+        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
+        totals["grad_norm"] += float(norm) / epochs
+        optimizer.step()
+    model.eval()
+    totals["tokens"] = float(batch.mask.sum())
+    return totals

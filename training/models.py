@@ -1,0 +1,1 @@
+"""Django models of this app (none yet)."""
