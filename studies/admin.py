@@ -62,11 +62,11 @@ class StudyAdmin(admin.ModelAdmin):
             return "-"
         arms = study.arms.annotate(
             done=Count("participants", filter=Q(participants__status="completed")),
-            active=Count("participants", filter=Q(participants__status__in=Participant.ACTIVE)),
+            holding=Count("participants", filter=Q(participants__status__in=Participant.ACTIVE)),
         )
         return format_html_join(
             ", ", "{}: {} / {} (target {})",
-            ((a.name, a.done, a.active, study.target_per_arm) for a in arms),
+            ((a.name, a.done, a.holding, study.target_per_arm) for a in arms),
         ) or "no arms"
 
     @admin.display(description="Downloads")

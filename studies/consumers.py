@@ -31,6 +31,10 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=4404)
             return
         await self.accept()
+        # One live window per participant: an older one (on any server) is told to stop.
+        self.group = f"participant-{self.participant.pk}"
+        await self.channel_layer.group_send(self.group, {"type": "chat.superseded", "by": self.channel_name})
+        await self.channel_layer.group_add(self.group, self.channel_name)
         if self.participant.status != Participant.Status.CHAT:
             await self.redirect()
             return
@@ -39,6 +43,15 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if pending is not None:  # the connection dropped while the agent was answering
             await self.answer(pending)
             await self.send_json(await database_sync_to_async(status)(self.participant))
+
+    async def disconnect(self, code):
+        if getattr(self, "group", None):
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def chat_superseded(self, event):
+        if event["by"] != self.channel_name:
+            await self.send_json({"type": "superseded", "message": "This chat continues in another window."})
+            await self.close(code=4409)
 
     async def receive_json(self, content, **kwargs):
         kind = content.get("type") if isinstance(content, dict) else None

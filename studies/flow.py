@@ -162,6 +162,7 @@ class Stored:
 def store_user_message(participant: Participant, client_id: str, text: str) -> Stored:
     """Store the participant's message before it is acknowledged; a resent client id is a no-op."""
     conversation = Conversation.objects.select_for_update().get(participant=participant)
+    participant = Participant.objects.select_related("study").get(pk=participant.pk)
     existing = conversation.messages.filter(client_id=client_id).first()
     if existing:
         reply = existing.replies.filter(role="assistant").exclude(tool_calls__isnull=False).last()

@@ -1,0 +1,22 @@
+"""Every model call in parley goes through here: one async OpenAI-compatible client.
+
+See agents.llm.client for timeouts, retries and timing, and agents.llm.tool_format for the
+JSON tool-call format used with models that have no native tool calling.
+"""
+
+from agents.llm.client import ChatResult, ChatStream, LLMClient
+from agents.llm.errors import LLMConnectionError, LLMError, LLMHTTPError, LLMTimeout
+from agents.llm.tool_format import parse_tool_calls, render_tool_calls, tool_prompt
+
+__all__ = [
+    "ChatResult",
+    "ChatStream",
+    "LLMClient",
+    "LLMConnectionError",
+    "LLMError",
+    "LLMHTTPError",
+    "LLMTimeout",
+    "parse_tool_calls",
+    "render_tool_calls",
+    "tool_prompt",
+]

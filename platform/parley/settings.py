@@ -168,3 +168,4 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "stream": sys.stderr}},
     "root": {"handlers": ["console"], "level": os.environ.get("PARLEY_LOG_LEVEL", "INFO")},
 }
+FORMS_URLFIELD_ASSUME_HTTPS = True

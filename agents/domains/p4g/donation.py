@@ -37,12 +37,12 @@ _AMOUNT = re.compile(
     r"\$\s*" + _NUM.replace("(", "(?P<dollar_sign>", 1) + r"(?!\d)"
     r"|" + _NUM.replace("(", "(?P<cents>", 1) + r"\s*(?:cents?\b|¢)"
     r"|" + _NUM.replace("(", "(?P<percent>", 1) + r"\s*(?:%|percent\b)"
-    r"|" + _NUM.replace("(", "(?P<dollars>", 1) + r"\s*(?:dollars?|bucks?|usd)\b"
+    r"|" + _NUM.replace("(", "(?P<dollars>", 1) + r"\s*(?:(?:dollars?|bucks?|usd)\b|\$)"
     r"|\b(?P<half_dollar>half a dollar)\b"
     r"|\b(?P<word_cents>" + "|".join(sorted(_WORD_CENTS, key=len, reverse=True)) + r")\s+cents?\b"
     r"|\b(?P<word_dollars>zero|a|one|two)\s+(?:dollars?|bucks?)\b"
     r"|\b(?P<whole>" + _WHOLE + r")\b"
-    r"|\b(?P<half>half)\b"
+    r"|(?P<half>\bhalf\b|(?<![\d.])1/2(?![\d/]))"
     # A bare number is read as dollars unless a word other than these follows ("5 stars").
     r"|(?<![\w.$])" + _NUM.replace("(", "(?P<bare>", 1) + r"(?![\w%¢.])"
     r"(?!\s*(?!(?:to|for|towards|now|today|please|and|of|then|instead|usd)\b)[a-z])"
@@ -54,7 +54,7 @@ _AMOUNT = re.compile(
 _VERB = re.compile(
     r"\b(?:donat(?:e|ing)|giv(?:e|ing)|contribut(?:e|ing)|pledg(?:e|ing)|spar(?:e|ing)|"
     r"chip(?:ping)? in|put(?:ting)? in|count me in(?: for)?|put me down(?: for)?|"
-    r"sign me up(?: for)?|make it|go with)\b",
+    r"sign me up(?: for)?|make it|go with|donation)\b",
     re.IGNORECASE,
 )
 
@@ -66,6 +66,10 @@ _NEGATION = re.compile(
     r"\b(?:not|never|no|nor|neither|nope|nah|cannot|refuse|refusing|unable|"
     r"wont|cant|dont|doesnt|didnt|wouldnt|shouldnt|couldnt|isnt|arent)\b|n't\b",
     re.IGNORECASE,
+)
+# A limit is not a decision: "we can donate up to $2".
+_BOUND = re.compile(
+    r"\b(?:up to|as much as|more than|less than|at most|at least|maximum|max|limit)\b", re.IGNORECASE
 )
 _FIRST_PERSON = re.compile(
     r"\b(?:i|i'm|i'll|i'd|i've|im|ill|id|ive|me|my|we|we'll|we're|let's|lets|us)\b", re.IGNORECASE
@@ -92,7 +96,8 @@ def _amount_value(match: re.Match[str]) -> float:
     if kind in ("dollar_sign", "dollars", "bare"):
         return float(text)
     if kind == "cents":
-        return float(text) / 100
+        # "0.30 cents" is a slip for 30 cents: nobody gives a fraction of a cent.
+        return float(text) if float(text) < 1 else float(text) / 100
     if kind == "percent":
         return float(text) / 100 * MAX_DONATION
     if kind == "word_dollars":
@@ -138,8 +143,9 @@ def _statements(text: str) -> Iterable[tuple[int, float]]:
             continue  # a question is not a decision
         window_end = min(clause_end, verb.end() + _AMOUNT_WINDOW)
         amount = _AMOUNT.search(text, verb.end(), window_end)
-        if amount is None or _NEGATION.search(text, verb.end(), amount.start()):
-            continue  # "I'll give nothing, not even $1"
+        between = (verb.end(), amount.start()) if amount else None
+        if amount is None or _NEGATION.search(text, *between) or _BOUND.search(text, *between):
+            continue  # "I'll give nothing, not even $1", "we can donate up to $2"
         yield amount.start(), _amount_value(amount)
 
 

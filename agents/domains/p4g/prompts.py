@@ -71,11 +71,11 @@ _EDUCATION = {
 
 
 def _level(score: float | None, top: int) -> str | None:
-    """'low' / 'high' for the outer thirds of a 1..top scale, None in the middle or if blank."""
+    """'low' / 'high' for the outer 3/8 of a 1..top scale (2.5 and 3.5 of 1..5), else None."""
     if score is None:
         return None
     position = (score - 1) / (top - 1)
-    return "low" if position < 1 / 3 else "high" if position > 2 / 3 else None
+    return "low" if position <= 0.375 else "high" if position >= 0.625 else None
 
 
 def _join(items: list[str]) -> str:

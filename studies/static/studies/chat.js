@@ -144,6 +144,11 @@
         setBusy(false);
         showNotice(event.message, event.retry ? event.reply_to : null);
         break;
+      case "superseded":
+        redirecting = true;  // do not reconnect: the newer window owns the chat
+        setBusy(true);
+        showNotice(event.message);
+        break;
       case "redirect":
         redirecting = true;
         window.location.href = event.url;

@@ -1,0 +1,65 @@
+"""Which LoRA adapters an engine serves, by model name.
+
+An adapter is a folder holding `adapter_config.json` (peft's format, which vLLM loads too).
+Under an adapters root every such folder is served, named by the `name` field of a
+`manifest.json` beside it (parley's checkpoints carry one) or else by its path below the root
+(`run-1/step-200`, or just the folder name at the top level). Adapters given explicitly as
+NAME=PATH (like vLLM's --lora-modules) are served under that name. The root is scanned again on
+every lookup, so checkpoints written while the engine runs are served without a restart.
+"""
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+ADAPTER_CONFIG = "adapter_config.json"
+MANIFEST = "manifest.json"
+
+
+@dataclass(frozen=True)
+class Adapter:
+    name: str
+    path: Path
+
+
+def parse_lora_option(value: str) -> Adapter:
+    """`NAME=PATH` from the command line."""
+    name, sep, path = value.partition("=")
+    if not sep or not name.strip() or not path.strip():
+        raise ValueError(f"expected NAME=PATH, got {value!r}")
+    return check_adapter(Adapter(name.strip(), Path(path.strip()).expanduser()))
+
+
+def check_adapter(adapter: Adapter) -> Adapter:
+    if not (adapter.path / ADAPTER_CONFIG).is_file():
+        raise ValueError(f"{adapter.path} has no {ADAPTER_CONFIG}: not a LoRA adapter folder")
+    return adapter
+
+
+def find_adapters(root: Path | None, explicit: list[Adapter] = ()) -> dict[str, Adapter]:
+    """Served name -> Adapter; explicit adapters win over scanned ones with the same name."""
+    found: dict[str, Adapter] = {}
+    if root is not None and root.is_dir():
+        for config in sorted(root.rglob(ADAPTER_CONFIG)):
+            folder = config.parent
+            name = _manifest_name(folder) or (
+                folder.name if folder == root else folder.relative_to(root).as_posix()
+            )
+            if name in found:
+                log.warning("Adapter name %r is used by %s and %s; serving the first.",
+                            name, found[name].path, folder)
+                continue
+            found[name] = Adapter(name, folder)
+    for adapter in explicit:
+        found[adapter.name] = adapter
+    return found
+
+
+def _manifest_name(folder: Path) -> str | None:
+    try:
+        name = json.loads((folder / MANIFEST).read_text()).get("name")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return name.strip() if isinstance(name, str) and name.strip() else None

@@ -1,0 +1,78 @@
+"""Assignment on arrival: the least-filled arm, deterministic ties, exact under concurrency."""
+
+import threading
+from collections import Counter
+
+import pytest
+from django.db import connection
+
+from studies import flow
+from studies.models import Participant, Scenario
+from tests.studies.conftest import make_study, prolific
+
+
+@pytest.mark.django_db
+def test_least_filled_with_deterministic_tie_break():
+    study = make_study(arms=("a", "b", "c"))
+    arms = [flow.arrive(study, prolific(pid=f"p{i}"))[0].arm.name for i in range(7)]
+    assert arms == ["a", "b", "c", "a", "b", "c", "a"]
+
+
+@pytest.mark.django_db
+def test_only_active_and_completed_participants_hold_a_place():
+    study = make_study(arms=("a", "b"))
+    first, _ = flow.arrive(study, prolific(pid="p1"))
+    second, _ = flow.arrive(study, prolific(pid="p2"))
+    assert (first.arm.name, second.arm.name) == ("a", "b")
+    flow.give_consent(first, accepted=False)  # a's place is free again
+    assert flow.arrive(study, prolific(pid="p3"))[0].arm.name == "a"
+    Participant.objects.filter(pk=second.pk).update(status="timed_out")
+    assert flow.arrive(study, prolific(pid="p4"))[0].arm.name == "b"
+
+
+@pytest.mark.django_db
+def test_inactive_arms_get_nobody_and_no_arm_is_a_clear_error():
+    study = make_study(arms=("a", "b"))
+    study.arms.filter(name="a").update(active=False)
+    assert {flow.arrive(study, prolific(pid=f"p{i}"))[0].arm.name for i in range(3)} == {"b"}
+    study.arms.update(active=False)
+    with pytest.raises(flow.FlowError, match="no active arm"):
+        flow.arrive(study, prolific(pid="late"))
+
+
+@pytest.mark.django_db
+def test_scenarios_used_equally_within_each_arm():
+    study = make_study(arms=("a", "b"))
+    for i in range(3):
+        Scenario.objects.create(study=study, key=f"t{i}")
+    people = [flow.arrive(study, prolific(pid=f"p{i}"))[0] for i in range(12)]
+    per_arm = Counter((p.arm.name, p.scenario.key) for p in people)
+    assert set(per_arm.values()) == {2}  # 6 per arm spread over 3 scenarios
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_arrivals_on_postgresql(postgres):
+    study = make_study(arms=("a", "b", "c"))
+    start = threading.Barrier(24)
+    errors = []
+
+    def arrive(i):
+        try:
+            start.wait()
+            flow.arrive(study, prolific(pid=f"concurrent{i}"))
+            # Also the same person twice at once: one participant, not two.
+            flow.arrive(study, prolific(pid="twice"))
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=arrive, args=(i,)) for i in range(24)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    counts = Counter(Participant.objects.filter(study=study).values_list("arm__name", flat=True))
+    assert sum(counts.values()) == 25
+    assert max(counts.values()) - min(counts.values()) <= 1, counts

@@ -1,0 +1,193 @@
+"""Models in this process: a frozen LocalModel that samples, and a trainable Policy.
+
+A Policy is the base model with a LoRA adapter (peft) or, with finetune = "full", every weight
+trainable. Its reference for the KL term is the same model with the adapter disabled (LoRA) or
+a frozen copy of the base (full), so LoRA runs never hold a second model.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    LogitsProcessorList,
+)
+
+from training.config import LoraSpec
+from training.grpo import TokenBatch, token_logprobs
+from training.tokens import ChatFormat
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def load_base(path: str | Path, dtype: str = "float32", device: str = "cpu") -> tuple[Any, Any]:
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"no Hugging Face model folder at {path} (for SmolLM2 run `python -m agents.serving.prepare`)"
+        )
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype]).to(device)
+    model.eval()
+    return model, tokenizer
+
+
+class LocalModel:
+    """A causal LM with its tokenizer and chat format, sampling batches of token-id prompts."""
+
+    def __init__(self, model: Any, tokenizer: Any):
+        self.model, self.tokenizer = model, tokenizer
+        self.fmt = ChatFormat(tokenizer)
+        eos = model.generation_config.eos_token_id
+        stops = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        stops.add(tokenizer.eos_token_id)
+        if self.fmt.turn_end and self.fmt.turn_end[0] in tokenizer.all_special_ids:
+            stops.add(self.fmt.turn_end[0])  # ChatML's <|im_end|> ends a turn even if eos differs
+        self.stop_ids = sorted(s for s in stops if s is not None)
+        pad = tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else self.stop_ids[0]
+
+    @classmethod
+    def load(cls, path: str | Path, dtype: str = "float32", device: str = "cpu", adapter: str = ""):
+        model, tokenizer = load_base(path, dtype, device)
+        if adapter:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, adapter).merge_and_unload().eval()
+        return cls(model, tokenizer)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @torch.no_grad()
+    def sample(
+        self,
+        prompts: list[list[int]],
+        temperature: float,
+        max_new_tokens: int,
+        logits_processor: Any = None,
+    ) -> list[list[int]]:
+        """One sampled continuation per prompt (left-padded into one batch), cut after the first
+        stop token, which is kept: the model produced it and is trained on it."""
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros_like(ids)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p) :] = torch.tensor(p)
+            attention[i, width - len(p) :] = 1
+        config = GenerationConfig(
+            do_sample=True,
+            temperature=temperature,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=self.stop_ids,
+            pad_token_id=self.pad_id,
+        )
+        processors = LogitsProcessorList([logits_processor] if logits_processor else [])
+        out = self.model.generate(
+            input_ids=ids.to(self.device),
+            attention_mask=attention.to(self.device),
+            generation_config=config,
+            logits_processor=processors,
+        )
+        samples = []
+        for row in out[:, width:].tolist():
+            cut = next((i + 1 for i, t in enumerate(row) if t in self.stop_ids), len(row))
+            samples.append(row[:cut])
+        return samples
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+class Policy(LocalModel):
+    """A trainable LocalModel with its optimizer and reference log-probs."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        finetune: str = "lora",
+        lora: LoraSpec | None = None,
+        lr: float = 1e-5,
+        weight_decay: float = 0.0,
+        beta: float = 0.0,
+        dtype: str = "float32",
+        device: str = "cpu",
+    ):
+        model, tokenizer = load_base(path, dtype, device)
+        self.base_path = str(path)
+        self.finetune = finetune
+        self.reference_model = None
+        if finetune == "lora":
+            from peft import LoraConfig, get_peft_model
+
+            lora = lora or LoraSpec()
+            config = LoraConfig(
+                r=lora.r,
+                lora_alpha=lora.alpha,
+                lora_dropout=lora.dropout,
+                target_modules=list(lora.targets),
+                task_type="CAUSAL_LM",
+            )
+            model = get_peft_model(model, config)
+        elif beta > 0:
+            self.reference_model = copy.deepcopy(model).eval().requires_grad_(False)
+        super().__init__(model, tokenizer)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+
+    def reference_logprobs(self, batch: TokenBatch) -> torch.Tensor:
+        with torch.no_grad():
+            if self.finetune == "lora":
+                with self.model.disable_adapter():
+                    return token_logprobs(self.model, batch)[0]
+            if self.reference_model is None:
+                raise ValueError("full fine-tuning with beta > 0 needs the reference model")
+            return token_logprobs(self.reference_model, batch)[0]
+
+    # -- weights on disk ---------------------------------------------------------------------
+
+    def save(self, folder: Path) -> None:
+        """LoRA: the adapter (peft layout, what vLLM --lora-modules loads); full: the model
+        folder with its tokenizer."""
+        folder.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(folder)
+        if self.finetune == "full":
+            self.tokenizer.save_pretrained(folder)
+
+    def load_weights(self, folder: Path) -> None:
+        from safetensors.torch import load_file
+
+        if self.finetune == "lora":
+            from peft import set_peft_model_state_dict
+
+            result = set_peft_model_state_dict(self.model, load_file(folder / ADAPTER_WEIGHTS))
+            if getattr(result, "unexpected_keys", None):
+                raise ValueError(f"{folder} is not an adapter of this model: {result.unexpected_keys[:3]}")
+        else:
+            state = {}
+            for shard in sorted(folder.glob("*.safetensors")):
+                state.update(load_file(shard))
+            self.model.load_state_dict(state, strict=False)
+
+    def adapter_state(self) -> dict[str, torch.Tensor]:
+        """The trainable weights, copied (to swap pool snapshots in and out)."""
+        return {
+            n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad
+        }
+
+    def load_adapter_state(self, state: dict[str, torch.Tensor]) -> None:
+        params = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, value in state.items():
+                params[name].copy_(value)

@@ -1,0 +1,92 @@
+"""Token bookkeeping: a conversation as one speaker's model sees it, grown by exact token ids.
+
+A Transcript is the token sequence of one side of one conversation. Other messages enter it as
+chat-template text (mask 0); the speaker's own turns enter as the very ids it sampled (mask 1),
+followed by the template's end-of-turn scaffolding (mask 0). The model generates from these ids
+and is trained on them, so nothing is re-tokenized between sampling and the loss.
+
+New messages are rendered as the difference between the template applied to
+[system, anchor, *new] and to [system, anchor] (the anchor is a stand-in assistant turn): the
+template's own formatting of a continuation, whatever the template is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+_ANCHOR = [{"role": "system", "content": "S"}, {"role": "assistant", "content": "A"}]
+_MARK = "\u2063MARK\u2063"  # text no reply contains, to find where a turn's content ends
+
+
+class ChatFormat:
+    """One tokenizer's chat template, split into the pieces a growing Transcript needs."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        anchor = self.render(_ANCHOR)
+        self._anchor_text = anchor
+        self.generation_prompt = self.encode(self.render(_ANCHOR, True)[len(anchor) :])
+        marked = self.render([_ANCHOR[0], {"role": "assistant", "content": _MARK}])
+        self.turn_end = self.encode(marked[marked.index(_MARK) + len(_MARK) :])
+
+    def render(self, messages: list[dict], generation_prompt: bool = False) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=generation_prompt
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def opening(self, messages: list[dict]) -> list[int]:
+        """The first messages of a conversation (system prompt included)."""
+        return self.encode(self.render(messages))
+
+    def continuation(self, messages: list[dict]) -> list[int]:
+        """Messages that follow an assistant turn, formatted as the template would."""
+        full = self.render(_ANCHOR + list(messages))
+        if not full.startswith(self._anchor_text):
+            raise ValueError("this chat template does not render conversations by appending turns")
+        return self.encode(full[len(self._anchor_text) :])
+
+    def close_turn(self, sampled: list[int]) -> list[int]:
+        """What the template puts after a turn's content, minus the stop token already sampled."""
+        if sampled and self.turn_end and sampled[-1] == self.turn_end[0]:
+            return self.turn_end[1:]
+        return self.turn_end
+
+
+@dataclass
+class Transcript:
+    """One speaker's token view of one conversation. `consumed` counts the conversation's
+    messages already in `ids`; `_prompt_tail` is the generation prompt left dangling by an
+    untracked turn (one whose sampled ids were not recorded)."""
+
+    ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    consumed: int = 0
+    _prompt_tail: int = 0
+
+    def prompt(self, fmt: ChatFormat, messages: list[dict]) -> list[int]:
+        """Append `messages` (mask 0) and the generation prompt; return the ids to sample from.
+        The first call gets the opening messages, system prompt included."""
+        if self._prompt_tail:
+            del self.ids[-self._prompt_tail :], self.mask[-self._prompt_tail :]
+        body = fmt.continuation(messages) if self.ids else fmt.opening(messages)
+        self._extend(body + fmt.generation_prompt, 0)
+        self._prompt_tail = len(fmt.generation_prompt)
+        return list(self.ids)
+
+    def record(self, fmt: ChatFormat, sampled: list[int]) -> None:
+        """The speaker's own turn: its exact sampled ids (mask 1), then the turn's closing."""
+        self._extend(list(sampled), 1)
+        self._extend(fmt.close_turn(sampled), 0)
+        self._prompt_tail = 0
+
+    @property
+    def policy_tokens(self) -> int:
+        return sum(self.mask)
+
+    def _extend(self, ids: list[int], value: int) -> None:
+        self.ids.extend(ids)
+        self.mask.extend([value] * len(ids))
