@@ -56,15 +56,21 @@ def main() -> None:
     all_pairs = Settings("arm", tuple(MEASURES), reverse=("item3",), pairs="all", family="study")
     print(f"{len(ARMS)} arms x {len(MEASURES)} measures x {PARTICIPANTS:,} participants")
     report = timed(
-        "table -> report, each arm vs control, measure families", lambda: build_report(table, settings)
+        "table -> report, each arm vs control, measure families",
+        lambda: build_report(table, settings),
     )
     timed("table -> report, all pairs, one study family", lambda: build_report(table, all_pairs))
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "study.csv"
         table.to_csv(path, index=False)
-        timed("CSV file -> report, each arm vs control", lambda: build_report(read_csv(path), settings))
+        timed(
+            "CSV file -> report, each arm vs control",
+            lambda: build_report(read_csv(path), settings),
+        )
     timed("figures as PNG (means + 10 Likert items)", lambda: render_all(report, "png"), repeat=1)
-    print(f"comparisons: {len(report['comparisons'])}, excluded: {report['participants']['excluded']}")
+    print(
+        f"comparisons: {len(report['comparisons'])}, excluded: {report['participants']['excluded']}"
+    )
 
 
 if __name__ == "__main__":

@@ -1,13 +1,19 @@
 """The researcher's side: set up a study as data, watch it fill, read and export what it gathered."""
 
-from django.contrib import admin
+import json
+
+from django.contrib import admin, messages
 from django.db.models import Count, Q
+from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
+from django.template.loader import render_to_string
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
+from django.views.decorators.http import require_POST
 
-from . import exports
-from .models import Arm, Item, Participant, Questionnaire, Response, Scenario, Study
+from . import exports, reports
+from .models import AnalysisRun, Arm, Item, Participant, Questionnaire, Response, Scenario, Study
 
 
 class ArmInline(admin.StackedInline):
@@ -37,10 +43,11 @@ class StudyAdmin(admin.ModelAdmin):
     search_fields = ["title", "slug"]
     prepopulated_fields = {"slug": ["title"]}
     inlines = [ArmInline, ScenarioInline]
-    actions = ["export_responses", "export_transcripts"]
-    readonly_fields = ["participant_link", "progress", "downloads"]
+    actions = ["run_analysis", "export_responses", "export_transcripts"]
+    readonly_fields = ["participant_link", "progress", "downloads", "analysis"]
     fieldsets = [
-        (None, {"fields": ["title", "slug", "domain", "status", "participant_link", "progress", "downloads"]}),
+        (None, {"fields": ["title", "slug", "domain", "status", "participant_link", "progress", "downloads",
+                           "analysis"]}),
         ("Recruitment", {"fields": ["prolific_study_id", "target_per_arm", "time_limit_minutes",
                                     "completion_code", "no_consent_code", "timeout_code"]}),
         ("Participant texts", {"fields": ["consent_text", "instructions", "debrief_text"]}),
@@ -79,8 +86,43 @@ class StudyAdmin(admin.ModelAdmin):
             reverse("admin:studies_study_transcripts", args=[study.pk]),
         )
 
+    @admin.display(description="Analysis")
+    def analysis(self, study):
+        if not study.pk:
+            return "-"
+        latest = study.analysis_runs.first()
+        button = format_html(
+            '<button type="submit" form="run-analysis" class="button">Run analysis now</button>'
+            '<form id="run-analysis" method="post" action="{}" style="display:none">'
+            '<input type="hidden" name="csrfmiddlewaretoken" value="{}"></form>',
+            reverse("admin:studies_study_analyse", args=[study.pk]), self._csrf_token,
+        )
+        if latest is None:
+            return format_html("{} no run yet", button)
+        url = reverse("admin:studies_analysisrun_change", args=[latest.pk])
+        return format_html('{} latest: <a href="{}">{}</a> ({})', button, url, latest, latest.get_status_display())
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        from django.middleware.csrf import get_token
+
+        self._csrf_token = get_token(request)
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    def analyse(self, request, pk):
+        study = get_object_or_404(Study, pk=pk)
+        run = reports.start(study)
+        self.message_user(request, f"Analysis #{run.pk} queued.", messages.SUCCESS)
+        return HttpResponseRedirect(reverse("admin:studies_study_change", args=[study.pk]))
+
+    @admin.action(description="Run the analysis (Welch + Holm) in the background")
+    def run_analysis(self, request, queryset):
+        runs = [reports.start(study) for study in queryset]
+        self.message_user(request, f"{len(runs)} analysis run(s) queued.", messages.SUCCESS)
+
     def get_urls(self):
         own = [
+            path("<int:pk>/analyse/", self.admin_site.admin_view(require_POST(self.analyse)),
+                 name="studies_study_analyse"),
             path("<int:pk>/responses.csv", self.admin_site.admin_view(self.responses_csv),
                  name="studies_study_responses"),
             path("<int:pk>/transcripts.csv", self.admin_site.admin_view(self.transcripts_csv),
@@ -184,3 +226,64 @@ class ParticipantAdmin(admin.ModelAdmin):
             "opts": self.model._meta,
         }
         return render(request, "admin/studies/transcript.html", context)
+
+
+@admin.register(AnalysisRun)
+class AnalysisRunAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "study", "status", "trigger", "created_at", "finished_at", "included"]
+    list_filter = ["status", "trigger", "study"]
+    readonly_fields = ["study", "status", "trigger", "created_at", "started_at", "finished_at",
+                       "downloads", "summary", "figures_view", "settings", "error"]
+    fields = readonly_fields
+
+    def has_add_permission(self, request):
+        return False  # runs start from a study (action or button)
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="Included")
+    def included(self, run):
+        return (run.results or {}).get("participants", {}).get("included", "-")
+
+    @admin.display(description="Downloads")
+    def downloads(self, run):
+        if run.results is None:
+            return "-"
+        return format_html(
+            '<a href="{}">results.csv</a> · <a href="{}">report.json</a> · <a href="{}">input.csv</a>',
+            reverse("admin:studies_analysisrun_download", args=[run.pk, "csv"]),
+            reverse("admin:studies_analysisrun_download", args=[run.pk, "json"]),
+            reverse("admin:studies_analysisrun_download", args=[run.pk, "input"]),
+        )
+
+    @admin.display(description="Results")
+    def summary(self, run):
+        if run.results is None:
+            return "Not computed yet." if run.status != "failed" else "The run failed; see the error below."
+        return render_to_string("admin/studies/analysis_results.html", {"report": run.results})
+
+    @admin.display(description="Figures")
+    def figures_view(self, run):
+        return format_html_join("", '<div class="figure" style="margin:1em 0">{}</div>',
+                                ((mark_safe(svg),) for svg in (run.figures or {}).values())) or "-"
+
+    def get_urls(self):
+        own = [path("<int:pk>/download/<str:kind>/", self.admin_site.admin_view(self.download),
+                    name="studies_analysisrun_download")]
+        return own + super().get_urls()
+
+    def download(self, request, pk, kind):
+        run = get_object_or_404(AnalysisRun, pk=pk)
+        name = f"{run.study.slug}-analysis-{run.pk}"
+        if kind == "json":
+            body, ctype, ext = json.dumps(run.results, indent=2), "application/json", "json"
+        elif kind == "csv":
+            body, ctype, ext = reports.comparisons_csv(run.results or {}), "text/csv", "csv"
+        elif kind == "input":
+            body, ctype, ext, name = run.inputs.get("csv", ""), "text/csv", "csv", name + "-input"
+        else:
+            raise Http404("Unknown download.")
+        response = HttpResponse(body, content_type=ctype)
+        response["Content-Disposition"] = f'attachment; filename="{name}.{ext}"'
+        return response

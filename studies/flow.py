@@ -4,6 +4,7 @@ Views and the chat consumer stay thin and call these functions; every write happ
 in a transaction so that nothing stored is lost or duplicated.
 """
 
+import logging
 import re
 from dataclasses import dataclass
 
@@ -317,7 +318,13 @@ def questionnaire_items(study: Study):
 
 
 def study_progress(study_id: int) -> None:
-    """Hook for when a participant completes (issue 4 runs the analysis at the target)."""
+    """After a completion: analyse once every arm has reached the target."""
+    from .reports import on_participant_completed
+
+    try:
+        on_participant_completed(study_id)
+    except Exception:  # the participant's completion is stored; a broker hiccup must not undo it
+        logging.getLogger(__name__).exception("could not start the analysis of study %s", study_id)
 
 
 def completion_url(participant: Participant) -> str | None:

@@ -362,3 +362,35 @@ class Response(models.Model):
     @property
     def value(self):
         return self.value_text if self.item.kind == Item.Kind.TEXT else self.value_number
+
+
+class AnalysisRun(models.Model):
+    """One computation of a study's analysis, kept with its inputs so it can be redone."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued", "Queued"
+        RUNNING = "running", "Running"
+        DONE = "done", "Done"
+        FAILED = "failed", "Failed"
+
+    class Trigger(models.TextChoices):
+        MANUAL = "manual", "Started by a researcher"
+        TARGET = "target", "Study reached its target"
+
+    study = models.ForeignKey(Study, on_delete=models.CASCADE, related_name="analysis_runs")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)
+    trigger = models.CharField(max_length=10, choices=Trigger.choices, default=Trigger.MANUAL)
+    settings = models.JSONField(default=dict, blank=True)
+    inputs = models.JSONField(default=dict, blank=True, help_text="The participant table analysed.")
+    results = models.JSONField(null=True, blank=True)
+    figures = models.JSONField(default=dict, blank=True, help_text="SVG figures by name.")
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"analysis #{self.pk} of {self.study.slug}"

@@ -137,13 +137,13 @@ def update(
     micro_batch: int,
     epochs: int = 1,
     grad_clip: float = 1.0,
-    reference: Callable[[], object] | None = None,
+    reference: Callable[[TokenBatch], torch.Tensor] | None = None,
 ) -> dict[str, float]:
     """One GRPO step on `batch`: old and reference log-probs, then `epochs` optimizer steps.
 
-    `reference()` returns a context manager under which `model` is the reference policy (LoRA:
-    the adapter disabled); None with beta > 0 is an error. With epochs == 1 the old log-probs are
-    the current ones detached (ratio 1), which saves a forward pass, as in TRL.
+    `reference(rows)` gives the reference policy's log-probs (Policy.reference_logprobs); it is
+    needed when beta > 0. With epochs == 1 the old log-probs are the current ones detached
+    (ratio 1), which saves a forward pass, as in TRL.
     """
     if beta > 0 and reference is None:
         raise ValueError("beta > 0 needs a reference model")
@@ -155,8 +155,7 @@ def update(
             if epochs > 1:
                 old[c] = token_logprobs(model, batch.rows(*c))[0]
             if beta > 0:
-                with reference():
-                    ref[c] = token_logprobs(model, batch.rows(*c))[0]
+                ref[c] = reference(batch.rows(*c))
 
     model.train()
     totals = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "entropy": 0.0, "grad_norm": 0.0}

@@ -92,7 +92,9 @@ class Domain(abc.ABC):
 
     def is_done(self, conversation: list[Message]) -> str | None:
         """Why the conversation is over (e.g. 'user_stop', 'max_turns'), or None."""
-        turns = sum(1 for m in conversation if m["role"] in ("user", "assistant") and m.get("content"))
+        turns = sum(
+            1 for m in conversation if m["role"] in ("user", "assistant") and m.get("content")
+        )
         return "max_turns" if turns >= self.max_turns else None
 
     @abc.abstractmethod

@@ -145,7 +145,9 @@ class LLMClient:
         json_tools = tool_format == "json"
         if json_tools:
             messages = messages_for_json_tools(messages, tools)
-            params = {k: v for k, v in params.items() if k not in ("tool_choice", "parallel_tool_calls")}
+            params = {
+                k: v for k, v in params.items() if k not in ("tool_choice", "parallel_tool_calls")
+            }
         body = {"model": model, "messages": messages}
         if tools and not json_tools:
             body["tools"] = tools
@@ -231,7 +233,9 @@ class ChatStream:
                     "POST", "/chat/completions", json=self._body
                 ) as response:
                     if response.status_code >= 400:
-                        raise _http_error(response, (await response.aread()).decode(errors="replace"))
+                        raise _http_error(
+                            response, (await response.aread()).decode(errors="replace")
+                        )
                     async for chunk in _sse_chunks(response):
                         piece = reply.add(chunk, started)
                         if piece:

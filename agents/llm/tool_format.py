@@ -98,7 +98,7 @@ class ToolCallFilter:
                     out.append(self._content(self._buffer[:start]))
                     self._buffer, self._inside = self._buffer[start:], True
                     continue
-                keep = _partial_suffix(self._buffer, OPEN)
+                keep = partial_suffix(self._buffer, OPEN)
                 cut = len(self._buffer) - keep
                 out.append(self._content(self._buffer[:cut]))
                 self._buffer = self._buffer[cut:]
@@ -167,7 +167,7 @@ def _calls_from_json(body: str) -> list[dict] | None:
     return calls or None
 
 
-def _partial_suffix(text: str, marker: str) -> int:
+def partial_suffix(text: str, marker: str) -> int:
     """Length of the longest end of `text` that is a proper start of `marker`."""
     for size in range(min(len(marker) - 1, len(text)), 0, -1):
         if text.endswith(marker[:size]):

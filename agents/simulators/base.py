@@ -68,7 +68,9 @@ class Simulator(abc.ABC):
     def system_prompt(self, domain: Domain, scenario: Scenario) -> str:
         return domain.simulator_system_prompt(scenario)
 
-    def messages(self, domain: Domain, scenario: Scenario, conversation: list[Message]) -> list[Message]:
+    def messages(
+        self, domain: Domain, scenario: Scenario, conversation: list[Message]
+    ) -> list[Message]:
         """The chat the simulator's model is asked to continue."""
         system = {"role": "system", "content": self.system_prompt(domain, scenario)}
         return [system, *user_view(conversation)]

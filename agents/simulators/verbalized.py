@@ -54,7 +54,11 @@ def response_format(k: int = K) -> dict[str, Any]:
     """The OpenAI `response_format` asking the engine to enforce `verbalized_schema(k)`."""
     return {
         "type": "json_schema",
-        "json_schema": {"name": "verbalized_sampling", "strict": True, "schema": verbalized_schema(k)},
+        "json_schema": {
+            "name": "verbalized_sampling",
+            "strict": True,
+            "schema": verbalized_schema(k),
+        },
     }
 
 
@@ -73,6 +77,10 @@ def _find_object(text: str) -> dict[str, Any]:
             if isinstance(value, dict) and "responses" in value:
                 return value
         start = text.find("{", start + 1)
+    if '"responses"' in text:
+        raise ValueError(
+            f'simulator output has "responses" but not as valid JSON (cut off?): {text[:80]!r}'
+        )
     if found_json:
         raise ValueError('simulator output has no JSON object with a "responses" key')
     raise ValueError(f"simulator output is not JSON: {text[:80]!r}")

@@ -168,4 +168,3 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "stream": sys.stderr}},
     "root": {"handlers": ["console"], "level": os.environ.get("PARLEY_LOG_LEVEL", "INFO")},
 }
-FORMS_URLFIELD_ASSUME_HTTPS = True

@@ -96,7 +96,9 @@ def likert_figure(report: dict[str, Any], measure: str) -> Figure:
             )
     ax.axvline(0, color="black", linewidth=0.8)
     counts_by_arm = [sum(entry["distribution"][a].values()) for a in arms]
-    ax.set_yticks(range(len(arms)), [f"{a} (n={n})" for a, n in zip(arms, counts_by_arm, strict=True)])
+    ax.set_yticks(
+        range(len(arms)), [f"{a} (n={n})" for a, n in zip(arms, counts_by_arm, strict=True)]
+    )
     ax.invert_yaxis()
     ax.set_xlim(-1, 1)
     ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{abs(v):.0%}"))

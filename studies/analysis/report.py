@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from itertools import combinations
 from typing import Any
 
@@ -82,8 +82,10 @@ class Settings:
         found = []
         if not self.measures:
             found.append("no measures given")
-        if len(set(self.measures)) != len(self.measures):
-            found.append(f"measures repeat: {list(self.measures)}")
+        for name in ("measures", "arms"):
+            names = getattr(self, name) or ()
+            if len(set(names)) != len(names):
+                found.append(f"{name} repeat: {list(names)}")
         if self.pairs not in PAIRS:
             found.append(f"pairs must be one of {PAIRS}, not {self.pairs!r}")
         if self.family not in FAMILIES:
@@ -153,6 +155,9 @@ def _table_problems(table: pd.DataFrame, settings: Settings) -> list[str]:
     unknown = [m for m in settings.measures if m not in table.columns]
     if unknown:
         found.append(f"measure columns {unknown} not found; columns are: {columns}")
+    repeated = sorted({str(c) for c in table.columns[table.columns.duplicated()]})
+    if repeated:
+        found.append(f"columns appear more than once: {repeated}")
     if len(table) == 0:
         found.append("the table has no rows")
     return found
@@ -212,6 +217,13 @@ def _is_likert(values: np.ndarray, scale_max: int) -> bool:
     )
 
 
+def _answer_counts(answers: np.ndarray, scale_max: int) -> dict[str, int]:
+    """How many answered each point 1..k; answers off the scale are not counted."""
+    on_scale = answers[(answers == np.round(answers)) & (answers >= 1) & (answers <= scale_max)]
+    counts = np.bincount(on_scale.astype(int), minlength=scale_max + 1)
+    return {str(k): int(counts[k]) for k in range(1, scale_max + 1)}
+
+
 def _measure(name, column, settings, selections, included, notes):
     """Clean one measure; return its report entry, per-arm values and per-arm cell counts."""
     data = numeric_column(column)
@@ -241,9 +253,15 @@ def _measure(name, column, settings, selections, included, notes):
             "out_of_range": int(out_of_range[selected].sum()),
         }
         if likert:
-            counts = np.bincount(raw[kept].astype(int), minlength=settings.scale_max + 1)
-            distribution[arm] = {str(k): int(counts[k]) for k in range(1, settings.scale_max + 1)}
+            distribution[arm] = _answer_counts(raw[kept], settings.scale_max)
 
+    if likert:
+        off_scale = sum(len(per_arm[a]) - sum(distribution[a].values()) for a in selections)
+        if off_scale:
+            notes.append(
+                f"measure {name!r}: {off_scale} answers not on the 1..{settings.scale_max} "
+                "scale are left out of its distribution"
+            )
     missing = int(data.missing[included].sum())
     invalid = int(data.invalid[included].sum())
     bad_range = int(out_of_range[included].sum())
@@ -366,17 +384,12 @@ def build_report(table: pd.DataFrame, settings: Settings) -> dict[str, Any]:
 
     pairs = _comparison_pairs(arms, control, settings.pairs)
     for name in settings.measures:
-        entry, per_arm, cells = _measure(
-            name, table[name], settings, selections, included, notes
-        )
+        entry, per_arm, cells = _measure(name, table[name], settings, selections, included, notes)
         report["measures"].append(entry)
         summaries = {arm: stats.describe(per_arm[arm], settings.ci_level) for arm in arms}
         for arm_entry in report["arms"]:
             arm = arm_entry["name"]
-            described = _descriptives(summaries[arm], cells[arm])
-            arm_entry["measures"][name] = described
-            if summaries[arm].n < 2:
-                notes.append(f"arm {arm!r}, measure {name!r}: n = {summaries[arm].n} (< 2)")
+            arm_entry["measures"][name] = _descriptives(summaries[arm], cells[arm])
         for arm, reference in pairs:
             report["comparisons"].append(
                 _compare(
@@ -391,4 +404,9 @@ def build_report(table: pd.DataFrame, settings: Settings) -> dict[str, Any]:
                 )
             )
     _adjust(report["comparisons"], sorted(set(settings.alphas), reverse=True))
+    for arm_entry in report["arms"]:
+        small = {m: d["n"] for m, d in arm_entry["measures"].items() if d["n"] < 2}
+        if small:
+            listed = ", ".join(f"{m} (n = {n})" for m, n in small.items())
+            notes.append(f"arm {arm_entry['name']!r} has fewer than 2 values for: {listed}")
     return report

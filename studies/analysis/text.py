@@ -63,8 +63,10 @@ def format_report(report: dict[str, Any]) -> str:
             ]
             header = ["measure", "arm - reference", "diff", f"{level} CI", "t", "df", "p"]
             lines += _table(header + ["p_holm", "", "g", "note"], rows)
-            alphas = ", ".join(f"{'*' * (i + 1)} p_holm < {a:g}" for i, a in enumerate(
-                sorted(set(settings["alphas"]), reverse=True)))
+            alphas = ", ".join(
+                f"{'*' * (i + 1)} p_holm < {a:g}"
+                for i, a in enumerate(sorted(set(settings["alphas"]), reverse=True))
+            )
             lines.append(alphas)
     for title, items in (("Notes", report["notes"]), ("Errors", report["errors"])):
         if items:

@@ -109,9 +109,7 @@ WORDS = (
     "$1 $0.50 $ 2 1.5 .5 50 cents dollar a half all of it [DONATE $1] [DONATE [donate $ ] , . ? ! ; "
     "but sure happy to should can make it the kids charity 5 stars \n ’"
 ).split(" ")
-CHAT = st.one_of(
-    st.text(max_size=200), st.lists(st.sampled_from(WORDS), max_size=40).map(" ".join)
-)
+CHAT = st.one_of(st.text(max_size=200), st.lists(st.sampled_from(WORDS), max_size=40).map(" ".join))
 
 
 @settings(max_examples=400, deadline=None)
@@ -132,8 +130,19 @@ NEGATED = st.builds(
     "{} {} {} {}".format,
     st.sampled_from(["I", "Honestly I", "Sorry, I", "we"]),
     st.sampled_from(
-        ["won't", "will not", "don't want to", "can't", "cannot", "am not going to",
-         "would rather not", "refuse to", "never", "do not plan to", "wouldn't"]
+        [
+            "won't",
+            "will not",
+            "don't want to",
+            "can't",
+            "cannot",
+            "am not going to",
+            "would rather not",
+            "refuse to",
+            "never",
+            "do not plan to",
+            "wouldn't",
+        ]
     ),  # fmt: skip
     st.sampled_from(["donate", "give", "contribute", "pledge", "chip in", "spare"]),
     st.sampled_from(["$1", "$0.50", "2 dollars", "50 cents", "a dollar", "1.5", "half"]),

@@ -92,5 +92,7 @@ class P4GDomain(Domain):
             details={"donation_stated": amount is not None, "end_reason": end_reason},
         )
 
-    def human_outcome(self, intended_donation: float | None, conversation: list[Message]) -> Outcome:
+    def human_outcome(
+        self, intended_donation: float | None, conversation: list[Message]
+    ) -> Outcome:
         return human_outcome(intended_donation, conversation)

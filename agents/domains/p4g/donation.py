@@ -69,7 +69,8 @@ _NEGATION = re.compile(
 )
 # A limit is not a decision: "we can donate up to $2".
 _BOUND = re.compile(
-    r"\b(?:up to|as much as|more than|less than|at most|at least|maximum|max|limit)\b", re.IGNORECASE
+    r"\b(?:up to|as much as|more than|less than|at most|at least|maximum|max|limit)\b",
+    re.IGNORECASE,
 )
 _FIRST_PERSON = re.compile(
     r"\b(?:i|i'm|i'll|i'd|i've|im|ill|id|ive|me|my|we|we'll|we're|let's|lets|us)\b", re.IGNORECASE
@@ -131,7 +132,9 @@ def _speaker_is_persuadee(lead: str, verb: str) -> bool:
 def _statements(text: str) -> Iterable[tuple[int, float]]:
     """(position, amount) of each plain first-person giving statement."""
     for verb in _VERB.finditer(text):
-        clause_start = max((m.end() for m in _CLAUSE_END.finditer(text, 0, verb.start())), default=0)
+        clause_start = max(
+            (m.end() for m in _CLAUSE_END.finditer(text, 0, verb.start())), default=0
+        )
         lead = text[clause_start : verb.start()]
         if _NEGATION.search(lead) or _INVERTED_QUESTION.search(lead):
             continue

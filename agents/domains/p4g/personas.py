@@ -26,14 +26,33 @@ TRAIT_GROUPS: dict[str, tuple[tuple[str, ...], int]] = {
     "moral_foundations": (("care", "fairness", "loyalty", "authority", "purity"), 6),
     "values": (
         (
-            "freedom", "conform", "tradition", "benevolence", "universalism", "self_direction",
-            "stimulation", "hedonism", "achievement", "power", "security",
+            "freedom",
+            "conform",
+            "tradition",
+            "benevolence",
+            "universalism",
+            "self_direction",
+            "stimulation",
+            "hedonism",
+            "achievement",
+            "power",
+            "security",
         ),
         6,
     ),  # fmt: skip
     "decision_style": (("rational", "intuitive"), 5),
 }
-DEMOGRAPHICS = ("age", "sex", "race", "edu", "marital", "employment", "income", "religion", "ideology")
+DEMOGRAPHICS = (
+    "age",
+    "sex",
+    "race",
+    "edu",
+    "marital",
+    "employment",
+    "income",
+    "religion",
+    "ideology",
+)
 NUMERIC_DEMOGRAPHICS = ("age", "income")
 SPLITS = ("train", "test")
 

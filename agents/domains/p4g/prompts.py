@@ -101,7 +101,11 @@ def _who(demo: dict[str, Any]) -> str:
     if demo.get("income"):
         income = demo["income"]
         facts.append(
-            "on a low income" if income <= 4 else "on a middle income" if income <= 8 else "well off"
+            "on a low income"
+            if income <= 4
+            else "on a middle income"
+            if income <= 8
+            else "well off"
         )
     if facts:
         sentence += "; you are " + _join(facts)
@@ -154,7 +158,9 @@ def describe_persona(persona: dict[str, Any]) -> str:
     if values and max(values.values()) > min(values.values()):
         top = _extreme(values, most=True, limit=3)
         bottom = _extreme(values, most=False, limit=2)
-        lines.append("What matters most to you in life: " + "; ".join(_VALUES[k] for k in top) + ".")
+        lines.append(
+            "What matters most to you in life: " + "; ".join(_VALUES[k] for k in top) + "."
+        )
         lines.append("What matters least: " + "; ".join(_VALUES[k] for k in bottom) + ".")
     style = persona.get("decision_style", {})
     rational, intuitive = style.get("rational"), style.get("intuitive")

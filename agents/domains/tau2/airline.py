@@ -59,16 +59,29 @@ FLIGHT_DATE = Tagged(
     "status",
     {
         "available": Record(
-            "FlightDateStatusAvailable", ("status", STR), ("available_seats", PER_CABIN), ("prices", PER_CABIN)
+            "FlightDateStatusAvailable",
+            ("status", STR),
+            ("available_seats", PER_CABIN),
+            ("prices", PER_CABIN),
         ),
-        "landed": Record("FlightDateStatusLanded", ("status", STR), (DEPARTED, STR), (ARRIVED, STR)),
+        "landed": Record(
+            "FlightDateStatusLanded", ("status", STR), (DEPARTED, STR), (ARRIVED, STR)
+        ),
         "cancelled": Record("FlightDateStatusCancelled", ("status", STR)),
         "delayed": Record(
-            "FlightDateStatusDelayed", ("status", STR), (EXPECTED_DEPARTURE, STR), (EXPECTED_ARRIVAL, STR)
+            "FlightDateStatusDelayed",
+            ("status", STR),
+            (EXPECTED_DEPARTURE, STR),
+            (EXPECTED_ARRIVAL, STR),
         ),
-        "flying": Record("FlightDataStatusFlying", ("status", STR), (DEPARTED, STR), (EXPECTED_ARRIVAL, STR)),
+        "flying": Record(
+            "FlightDataStatusFlying", ("status", STR), (DEPARTED, STR), (EXPECTED_ARRIVAL, STR)
+        ),
         "on time": Record(
-            "FlightDataStatusOnTime", ("status", STR), (EXPECTED_DEPARTURE, STR), (EXPECTED_ARRIVAL, STR)
+            "FlightDataStatusOnTime",
+            ("status", STR),
+            (EXPECTED_DEPARTURE, STR),
+            (EXPECTED_ARRIVAL, STR),
         ),
     },
 )
@@ -224,7 +237,9 @@ class AirlineTools(Toolkit):
             raise ValueError("each flight must be an object with flight_number and date")
         return infos
 
-    def _search(self, date, origin=None, destination=None, leave_after=None, stamp=False) -> list[dict]:
+    def _search(
+        self, date, origin=None, destination=None, leave_after=None, stamp=False
+    ) -> list[dict]:
         found = []
         for flight in self.db.tables["flights"].values():
             if (
@@ -253,11 +268,19 @@ class AirlineTools(Toolkit):
 
     # -- read tools ---------------------------------------------------------------------------
 
-    @tool(READ, "A user's profile: name, address, payment methods, membership, saved passengers, reservations.", user_id=USER_ID)
+    @tool(
+        READ,
+        "A user's profile: name, address, payment methods, membership, saved passengers, reservations.",
+        user_id=USER_ID,
+    )
     def get_user_details(self, user_id: str) -> dict:
         return self._user(user_id)
 
-    @tool(READ, "Details of a reservation: flights, passengers, payments, baggage, insurance.", reservation_id=RESERVATION_ID)
+    @tool(
+        READ,
+        "Details of a reservation: flights, passengers, payments, baggage, insurance.",
+        reservation_id=RESERVATION_ID,
+    )
     def get_reservation_details(self, reservation_id: str) -> dict:
         return self._reservation(reservation_id)
 
@@ -279,7 +302,13 @@ class AirlineTools(Toolkit):
         for first in self._search(date, origin=origin, stamp=True):
             arrival = first["scheduled_arrival_time_est"]
             next_date = f"2024-05-{int(date[-2:]) + 1}" if "+1" in arrival else date
-            for second in self._search(next_date, origin=first["destination"], destination=destination, leave_after=arrival, stamp=True):
+            for second in self._search(
+                next_date,
+                origin=first["destination"],
+                destination=destination,
+                leave_after=arrival,
+                stamp=True,
+            ):
                 pairs.append([first, second])
         return pairs
 
@@ -331,7 +360,9 @@ class AirlineTools(Toolkit):
         people = each_record(passengers, PASSENGER)
         payments = each_record(payment_methods, PAYMENT)
         user = self._user(user_id)
-        reservation_id = next((r for r in NEW_RESERVATION_IDS if r not in self.db.tables["reservations"]), None)
+        reservation_id = next(
+            (r for r in NEW_RESERVATION_IDS if r not in self.db.tables["reservations"]), None
+        )
         if reservation_id is None:
             raise ValueError("Too many reservations")
         if people is None:
@@ -362,7 +393,14 @@ class AirlineTools(Toolkit):
             day = self._bookable_day(info, cabin, len(people))
             price = day["prices"][cabin]
             reservation["flights"].append(
-                RESERVATION_FLIGHT({**info, "origin": flight["origin"], "destination": flight["destination"], "price": price})
+                RESERVATION_FLIGHT(
+                    {
+                        **info,
+                        "origin": flight["origin"],
+                        "destination": flight["destination"],
+                        "price": price,
+                    }
+                )
             )
             days.append(info)
             total += price * len(people)
@@ -375,11 +413,16 @@ class AirlineTools(Toolkit):
             if paid["payment_id"] not in methods:
                 raise ValueError(f"Payment method {paid['payment_id']} not found")
             method = methods[paid["payment_id"]]
-            if method["source"] in ("gift_card", "certificate") and method["amount"] < paid["amount"]:
+            if (
+                method["source"] in ("gift_card", "certificate")
+                and method["amount"] < paid["amount"]
+            ):
                 raise ValueError(f"Not enough balance in payment method {paid['payment_id']}")
         paid_total = sum(paid["amount"] for paid in payments)
         if paid_total != total:
-            raise ValueError(f"Payment amount does not add up, total price is {total}, but paid {paid_total}")
+            raise ValueError(
+                f"Payment amount does not add up, total price is {total}, but paid {paid_total}"
+            )
 
         user = self._user(user_id, edit=True)
         for paid in payments:
@@ -403,7 +446,10 @@ class AirlineTools(Toolkit):
     )
     def cancel_reservation(self, reservation_id: str) -> dict:
         reservation = self._reservation(reservation_id, edit=True)
-        refunds = [PAYMENT({"payment_id": p["payment_id"], "amount": -p["amount"]}) for p in reservation["payment_history"]]
+        refunds = [
+            PAYMENT({"payment_id": p["payment_id"], "amount": -p["amount"]})
+            for p in reservation["payment_history"]
+        ]
         reservation["payment_history"].extend(refunds)
         reservation["status"] = "cancelled"
         return reservation
@@ -440,7 +486,9 @@ class AirlineTools(Toolkit):
         flights=FLIGHTS,
         payment_id=PAYMENT_ID,
     )
-    def update_reservation_flights(self, reservation_id: str, cabin: str, flights: list, payment_id: str) -> dict:
+    def update_reservation_flights(
+        self, reservation_id: str, cabin: str, flights: list, payment_id: str
+    ) -> dict:
         infos = self._infos(flights)
         reservation = self._reservation(reservation_id)
         self._user(reservation["user_id"])
@@ -452,7 +500,9 @@ class AirlineTools(Toolkit):
                 (
                     seg
                     for seg in reservation["flights"]
-                    if seg["flight_number"] == info["flight_number"] and seg["date"] == info["date"] and cabin == reservation["cabin"]
+                    if seg["flight_number"] == info["flight_number"]
+                    and seg["date"] == info["date"]
+                    and cabin == reservation["cabin"]
                 ),
                 None,
             )
@@ -463,7 +513,12 @@ class AirlineTools(Toolkit):
             flight = self._flight(info["flight_number"])
             day = self._bookable_day(info, cabin, travellers)
             segment = RESERVATION_FLIGHT(
-                {**info, "origin": flight["origin"], "destination": flight["destination"], "price": day["prices"][cabin]}
+                {
+                    **info,
+                    "origin": flight["origin"],
+                    "destination": flight["destination"],
+                    "price": day["prices"][cabin],
+                }
             )
             total += segment["price"] * travellers
             segments.append(segment)
@@ -504,7 +559,9 @@ class AirlineTools(Toolkit):
         user = self._user(user_id)
         for certificate_id in NEW_CERTIFICATE_IDS:
             if certificate_id not in user["payment_methods"]:
-                certificate = PAYMENT_METHOD({"source": "certificate", "id": certificate_id, "amount": amount})
+                certificate = PAYMENT_METHOD(
+                    {"source": "certificate", "id": certificate_id, "amount": amount}
+                )
                 self._user(user_id, edit=True)["payment_methods"][certificate_id] = certificate
                 return f"Certificate {certificate_id} added to user {user_id} with amount {amount}."
         raise ValueError("Too many certificates")

@@ -23,7 +23,9 @@ ADDRESS = Record(
     ("state", STR),
     ("zip", STR),
 )
-VARIANT = Record("Variant", ("item_id", STR), ("options", DictOf(STR)), ("available", BOOL), ("price", FLOAT))
+VARIANT = Record(
+    "Variant", ("item_id", STR), ("options", DictOf(STR)), ("available", BOOL), ("price", FLOAT)
+)
 PRODUCT = Record("Product", ("name", STR), ("product_id", STR), ("variants", DictOf(VARIANT)))
 PAYMENT_METHOD = Tagged(
     "source",
@@ -73,8 +75,21 @@ ORDER = Record(
         ),
     ),
     ("status", OneOf(*ORDER_STATUSES)),
-    ("fulfillments", ListOf(Record("OrderFullfilment", ("tracking_id", ListOf(STR)), ("item_ids", ListOf(STR))))),
-    ("payment_history", ListOf(Record("OrderPayment", ("transaction_type", OneOf("payment", "refund")), ("amount", FLOAT), ("payment_method_id", STR)))),
+    (
+        "fulfillments",
+        ListOf(Record("OrderFullfilment", ("tracking_id", ListOf(STR)), ("item_ids", ListOf(STR)))),
+    ),
+    (
+        "payment_history",
+        ListOf(
+            Record(
+                "OrderPayment",
+                ("transaction_type", OneOf("payment", "refund")),
+                ("amount", FLOAT),
+                ("payment_method_id", STR),
+            )
+        ),
+    ),
     ("cancel_reason", Maybe(OneOf(*CANCEL_REASONS)), None),
     ("exchange_items", Maybe(ListOf(STR)), None),
     ("exchange_new_items", Maybe(ListOf(STR)), None),
@@ -208,13 +223,20 @@ class RetailTools(Toolkit):
     def get_product_details(self, product_id: str) -> dict:
         return self._product(product_id)
 
-    @tool(READ, "A customer's profile: name, address, email, payment methods and orders.", user_id=USER_ID)
+    @tool(
+        READ,
+        "A customer's profile: name, address, email, payment methods and orders.",
+        user_id=USER_ID,
+    )
     def get_user_details(self, user_id: str) -> dict:
         return self._user(user_id)
 
     @tool(READ, "All product types in the store as a JSON object mapping name to product id.")
     def list_all_product_types(self) -> str:
-        names = {product["name"]: product["product_id"] for product in self.db.tables["products"].values()}
+        names = {
+            product["name"]: product["product_id"]
+            for product in self.db.tables["products"].values()
+        }
         return json.dumps(names, sort_keys=True)
 
     # -- write tools (explain the change and get an explicit yes first) ------------------------
@@ -251,13 +273,27 @@ class RetailTools(Toolkit):
         **ADDRESS_PARAMS,
     )
     def modify_pending_order_address(
-        self, order_id: str, address1: str, address2: str, city: str, state: str, country: str, zip: str
+        self,
+        order_id: str,
+        address1: str,
+        address2: str,
+        city: str,
+        state: str,
+        country: str,
+        zip: str,
     ) -> dict:
         order = self._order(order_id)
         if "pending" not in order["status"]:
             raise ValueError("Non-pending order cannot be modified")
         address = ADDRESS(
-            dict(address1=address1, address2=address2, city=city, state=state, country=country, zip=zip)
+            dict(
+                address1=address1,
+                address2=address2,
+                city=city,
+                state=state,
+                country=country,
+                zip=zip,
+            )
         )
         order = self._order(order_id, edit=True)
         order["address"] = address
@@ -270,7 +306,8 @@ class RetailTools(Toolkit):
         order_id=ORDER_ID,
         item_ids=ITEM_IDS,
         new_item_ids=array(
-            "The new item ids, position by position, each a variant of the same product.", {"type": "string"}
+            "The new item ids, position by position, each a variant of the same product.",
+            {"type": "string"},
         ),
         payment_method_id=PAYMENT_METHOD_ID,
     )
@@ -329,7 +366,10 @@ class RetailTools(Toolkit):
 
         order = self._order(order_id, edit=True)
         order["payment_history"].extend(
-            [payment("payment", amount, payment_method_id), payment("refund", amount, old_method_id)]
+            [
+                payment("payment", amount, payment_method_id),
+                payment("refund", amount, old_method_id),
+            ]
         )
         if method["source"] == "gift_card":
             method = self._payment_method(order["user_id"], payment_method_id, edit=True)
@@ -347,11 +387,25 @@ class RetailTools(Toolkit):
         **ADDRESS_PARAMS,
     )
     def modify_user_address(
-        self, user_id: str, address1: str, address2: str, city: str, state: str, country: str, zip: str
+        self,
+        user_id: str,
+        address1: str,
+        address2: str,
+        city: str,
+        state: str,
+        country: str,
+        zip: str,
     ) -> dict:
         self._user(user_id)
         address = ADDRESS(
-            dict(address1=address1, address2=address2, city=city, state=state, country=country, zip=zip)
+            dict(
+                address1=address1,
+                address2=address2,
+                city=city,
+                state=state,
+                country=country,
+                zip=zip,
+            )
         )
         user = self._user(user_id, edit=True)
         user["address"] = address
@@ -366,13 +420,18 @@ class RetailTools(Toolkit):
         item_ids=ITEM_IDS,
         payment_method_id=PAYMENT_METHOD_ID,
     )
-    def return_delivered_order_items(self, order_id: str, item_ids: list, payment_method_id: str) -> dict:
+    def return_delivered_order_items(
+        self, order_id: str, item_ids: list, payment_method_id: str
+    ) -> dict:
         order = self._order(order_id)
         if order["status"] != "delivered":
             raise ValueError("Non-delivered order cannot be returned")
         user = self._user(order["user_id"])
         method = self._payment_method(user["user_id"], payment_method_id)
-        if method["source"] != "gift_card" and payment_method_id != order["payment_history"][0]["payment_method_id"]:
+        if (
+            method["source"] != "gift_card"
+            and payment_method_id != order["payment_history"][0]["payment_method_id"]
+        ):
             raise ValueError("Payment method should be the original payment method")
         self._check_items_in_order(order, item_ids, lambda item_id: "Some item not found")
         order = self._order(order_id, edit=True)
@@ -389,7 +448,8 @@ class RetailTools(Toolkit):
         order_id=ORDER_ID,
         item_ids=ITEM_IDS,
         new_item_ids=array(
-            "The new item ids, position by position, each a variant of the same product.", {"type": "string"}
+            "The new item ids, position by position, each a variant of the same product.",
+            {"type": "string"},
         ),
         payment_method_id=PAYMENT_METHOD_ID,
     )
@@ -399,7 +459,9 @@ class RetailTools(Toolkit):
         order = self._order(order_id)
         if order["status"] != "delivered":
             raise ValueError("Non-delivered order cannot be exchanged")
-        self._check_items_in_order(order, item_ids, lambda item_id: f"Number of {item_id} not found.")
+        self._check_items_in_order(
+            order, item_ids, lambda item_id: f"Number of {item_id} not found."
+        )
         if len(item_ids) != len(new_item_ids):
             raise ValueError("The number of items to be exchanged should match.")
         diff, _ = self._price_difference(order, item_ids, new_item_ids)

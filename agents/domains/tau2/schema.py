@@ -87,7 +87,9 @@ class OneOf(Shape):
     def __call__(self, value, path="value"):
         if isinstance(value, str) and value in self.choices:
             return value
-        raise ValueError(f"{path}: expected one of {', '.join(map(repr, self.choices))}, got {value!r:.60}")
+        raise ValueError(
+            f"{path}: expected one of {', '.join(map(repr, self.choices))}, got {value!r:.60}"
+        )
 
 
 class Maybe(Shape):
@@ -158,7 +160,9 @@ class Tagged(Shape):
     def __call__(self, value, path="value"):
         tag = value.get(self.tag) if isinstance(value, dict) else None
         if tag not in self.variants:
-            raise ValueError(f"{path}: {self.tag} must be one of {', '.join(self.variants)}, got {tag!r:.40}")
+            raise ValueError(
+                f"{path}: {self.tag} must be one of {', '.join(self.variants)}, got {tag!r:.40}"
+            )
         return self.variants[tag](value, path)
 
 

@@ -68,7 +68,9 @@ class Store:
     def digest(self, cache: dict | None = None) -> str:
         """sha256 of the canonical JSON of the whole DB: the hash tau2's DB check compares.
         `cache` (kept beside the base) holds the JSON of shared records so only copies are dumped."""
-        if not all(isinstance(t, dict) and all(isinstance(k, str) for k in t) for t in self.tables.values()):
+        if not all(
+            isinstance(t, dict) and all(isinstance(k, str) for k in t) for t in self.tables.values()
+        ):
             return hashlib.sha256(canonical_json(self.tables).encode()).hexdigest()
         parts = []
         for name in sorted(self.tables):

@@ -164,7 +164,9 @@ def arithmetic(expression: str) -> float | int:
             return _UNARY[type(node.op)](walk(node.operand))
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
             left, right = walk(node.left), walk(node.right)
-            if isinstance(node.op, ast.Pow) and (abs(right) > 1000 or abs(left) > 1e6 and abs(right) > 10):
+            if isinstance(node.op, ast.Pow) and (
+                abs(right) > 1000 or abs(left) > 1e6 and abs(right) > 10
+            ):
                 raise ValueError("Exponent too large")
             return _OPS[type(node.op)](left, right)
         raise ValueError("Invalid expression")

@@ -12,7 +12,9 @@ class Command(BaseCommand):
     help = "Create (or refresh) the demo study and the demo admin user; print their details."
 
     def add_arguments(self, parser):
-        parser.add_argument("--engine-url", default=None, help="OpenAI-compatible base URL for the arms.")
+        parser.add_argument(
+            "--engine-url", default=None, help="OpenAI-compatible base URL for the arms."
+        )
         parser.add_argument("--admin-user", default=os.environ.get("PARLEY_ADMIN_USER", "admin"))
 
     def handle(self, *args, **options):
@@ -23,7 +25,9 @@ class Command(BaseCommand):
         user.is_staff = user.is_superuser = True
         user.set_password(password)
         user.save()
-        self.stdout.write(f"study={study.slug} arms={','.join(study.arms.values_list('name', flat=True))}")
+        self.stdout.write(
+            f"study={study.slug} arms={','.join(study.arms.values_list('name', flat=True))}"
+        )
         self.stdout.write(f"admin_user={username}")
 
 

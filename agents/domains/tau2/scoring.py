@@ -1,0 +1,130 @@
+"""tau2 scoring: the reward is the product of the task's reward basis (default DB x COMMUNICATE).
+
+- DB: the gold actions replayed on a fresh DB (tool errors ignored, as in tau2) must leave the
+  same whole DB as the agent's conversation: equal sha256 of the canonical JSON.
+- COMMUNICATE: each communicate_info string occurs in some assistant message, compared in lower
+  case with the message's commas removed.
+- NL_ASSERTION needs an LLM judge; without one it is "not evaluated" and never a success.
+- A conversation cut off by the step or error limit scores 0.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from ..base import Message, Outcome
+from .store import Store
+
+PREMATURE_ENDS = {"max_steps", "max_turns", "too_many_errors"}
+DEFAULT_BASIS = ["DB", "COMMUNICATE"]
+NOT_EVALUATED = "not evaluated"
+
+# A judge gets the assertions and the conversation and says which hold.
+NLJudge = Callable[[list[str], list[Message]], list[bool]]
+
+
+def text_of(message: Message) -> str:
+    content = message.get("content")
+    if isinstance(content, list):  # OpenAI content parts
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return content or ""
+
+
+def tool_calls_of(conversation: list[Message]) -> list[tuple[str, Any]]:
+    """(name, arguments) of every agent tool call, in order."""
+    calls = []
+    for message in conversation:
+        if message.get("role") == "assistant":
+            for call in message.get("tool_calls") or []:
+                function = call.get("function") or {}
+                calls.append((function.get("name", ""), function.get("arguments") or {}))
+    return calls
+
+
+def communicate_checks(conversation: list[Message], infos: list[str]) -> list[dict[str, Any]]:
+    said = [text_of(m).lower().replace(",", "") for m in conversation if m.get("role") == "assistant"]
+    return [{"info": info, "met": any(info.lower() in text for text in said)} for info in infos]
+
+
+def action_checks(conversation: list[Message], actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """tau2's ACTION basis: each gold action matches some agent call on its compare_args."""
+    calls = []
+    for name, arguments in tool_calls_of(conversation):
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError:
+                arguments = {}
+        calls.append((name, arguments if isinstance(arguments, dict) else {}))
+    checks = []
+    for action in actions:
+        keys = action.get("compare_args")
+        met = False
+        for name, arguments in calls:
+            if name != action["name"]:
+                continue
+            compared = keys if keys is not None else list(arguments)
+            gold = action.get("arguments") or {}
+            if not compared or {k: arguments[k] for k in compared if k in arguments} == {k: gold[k] for k in compared if k in gold}:
+                met = True
+                break
+        checks.append({"action": action.get("action_id", action["name"]), "met": met})
+    return checks
+
+
+def score(
+    task: dict[str, Any],
+    conversation: list[Message],
+    agent_db: Store,
+    gold_db: Callable[[], Store],
+    digest: Callable[[Store], str],
+    end_reason: str | None = None,
+    judge: NLJudge | None = None,
+) -> Outcome:
+    if end_reason in PREMATURE_ENDS:
+        note = f"conversation ended prematurely ({end_reason})"
+        return Outcome(0.0, False, {}, {"note": note, "end_reason": end_reason})
+    criteria = task.get("evaluation_criteria")
+    if not criteria:
+        return Outcome(1.0, True, {}, {"note": "no evaluation criteria", "end_reason": end_reason})
+
+    basis = criteria.get("reward_basis") or DEFAULT_BASIS
+    components: dict[str, Any] = {}
+    details: dict[str, Any] = {"reward_basis": basis, "end_reason": end_reason}
+
+    if criteria.get("actions") is None and criteria.get("env_assertions") is None:
+        components["DB"] = 1.0
+        details["db"] = {"note": "no expected actions"}
+    else:
+        agent_hash, gold_hash = digest(agent_db), digest(gold_db())
+        components["DB"] = 1.0 if agent_hash == gold_hash else 0.0
+        details["db"] = {"match": agent_hash == gold_hash, "agent_hash": agent_hash, "gold_hash": gold_hash}
+
+    checks = communicate_checks(conversation, criteria.get("communicate_info") or [])
+    components["COMMUNICATE"] = 1.0 if all(c["met"] for c in checks) else 0.0
+    details["communicate"] = checks
+
+    assertions = criteria.get("nl_assertions") or []
+    if not assertions:
+        components["NL_ASSERTION"] = 1.0
+    elif judge is None:
+        components["NL_ASSERTION"] = NOT_EVALUATED
+    else:
+        verdicts = list(judge(assertions, conversation))
+        details["nl_assertions"] = [{"assertion": a, "met": bool(v)} for a, v in zip(assertions, verdicts, strict=True)]
+        components["NL_ASSERTION"] = 1.0 if all(verdicts) else 0.0
+
+    if "ACTION" in basis:
+        checks = action_checks(conversation, criteria.get("actions") or [])
+        components["ACTION"] = 1.0 if all(c["met"] for c in checks) else 0.0
+        details["actions"] = checks
+    if "ENV_ASSERTION" in basis:
+        components["ENV_ASSERTION"] = NOT_EVALUATED  # retail/airline v0.2.0 tasks have none
+
+    reward = 1.0
+    for part in basis:
+        value = components.get(part, NOT_EVALUATED)
+        reward *= value if isinstance(value, float) else 0.0  # not evaluated never counts as success
+    return Outcome(reward, reward == 1.0, components, details)

@@ -1,0 +1,302 @@
+"""The embedded engine: an OpenAI-compatible server over transformers, a drop-in for vLLM's.
+
+    python -m agents.serving.embedded --model DIR [--adapters DIR] [--lora NAME=PATH ...]
+        [--host 127.0.0.1] [--port 8001] [--served-name NAME]
+
+Routes: `GET /health`, `GET /v1/models` (the base model, then every LoRA adapter),
+`POST /v1/chat/completions` (streamed as server-sent events, or whole). Errors are OpenAI
+shaped, `{"error": {"message", "type", "param", "code"}}`: 400 for a bad body or parameter,
+404 for an unknown model.
+
+Requests are served one at a time behind a lock: on a CPU two generations in parallel are
+each slower than one after the other, and the model's active adapter is shared state. Each
+generation runs on its own thread; the event loop relays its pieces and watches the client,
+so a client that disconnects stops its generation within one token. When the engine is
+listening it prints `parley engine ready: http://HOST:PORT/v1` (with --port 0 it picks a free
+port; agents.serving.launch reads that line).
+"""
+
+import argparse
+import asyncio
+import json
+import logging
+import socket
+import sys
+import threading
+from pathlib import Path
+
+import anyio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from agents.serving import protocol
+from agents.serving.adapters import Adapter, parse_lora_option
+from agents.serving.engine import Engine, Generation
+from agents.serving.protocol import ChatRequest, OpenAIError
+
+log = logging.getLogger("agents.serving.embedded")
+READY = "parley engine ready:"
+_STARTED, _END = object(), object()  # markers on a generation's queue
+
+
+def create_app(engine: Engine) -> Starlette:
+    lock = asyncio.Lock()  # one generation at a time (see module docstring)
+
+    async def health(request: Request):
+        return JSONResponse({"status": "ok"})
+
+    async def models(request: Request):
+        entry = {"object": "model", "created": 0, "owned_by": "parley"}
+        data = [
+            {
+                **entry,
+                "id": engine.name,
+                "root": str(engine.model_dir),
+                "parent": None,
+                "max_model_len": engine.max_model_len,
+            }
+        ]
+        for adapter in engine.adapters().values():
+            data.append(
+                {**entry, "id": adapter.name, "root": str(adapter.path), "parent": engine.name}
+            )
+        return JSONResponse({"object": "list", "data": data})
+
+    async def chat_completions(request: Request):
+        chat = protocol.parse_chat_request(await request.body())
+        adapter = engine.resolve(chat.model)
+        job = await anyio.to_thread.run_sync(engine.prepare, chat)
+        return Completion(engine, lock, chat, adapter, job)
+
+    return Starlette(
+        routes=[
+            Route("/health", health),
+            Route("/v1/models", models),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        ],
+        exception_handlers={OpenAIError: _openai_error, HTTPException: _http_error},
+    )
+
+
+class Completion:
+    """The ASGI response for one chat completion: waits its turn, generates, answers.
+
+    The HTTP status is decided only once the generation has started (the adapter loaded), so
+    a failure before the first token is still an ordinary error response.
+    """
+
+    def __init__(self, engine, lock, chat: ChatRequest, adapter: Adapter | None, job: Generation):
+        self.engine, self.lock = engine, lock
+        self.chat, self.adapter, self.job = chat, adapter, job
+        self.cancel = threading.Event()
+        self.id = protocol.completion_id()
+
+    async def __call__(self, scope, receive, send):
+        failure = None
+        async with anyio.create_task_group() as group:
+
+            async def watch_client():
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                self.cancel.set()
+                group.cancel_scope.cancel()
+
+            group.start_soon(watch_client)
+            try:
+                async with self.lock:
+                    await self._generate(send)
+            except OpenAIError as error:  # nothing sent yet: an ordinary error response
+                failure = error
+            except OSError:  # the client went away while we were sending
+                self.cancel.set()
+            finally:
+                group.cancel_scope.cancel()
+        if failure is not None:
+            await _send_json(send, failure.body(), failure.status)
+
+    async def _generate(self, send):
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+
+        def emit(item):
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # the event loop is gone: stop generating
+                self.cancel.set()
+
+        def work():
+            try:
+                with self.engine.serving(self.adapter):
+                    emit(_STARTED)
+                    for piece in self.engine.decode(self.job, self.cancel):
+                        emit(piece)
+            except BaseException as error:
+                emit(error)
+            else:
+                emit(_END)
+
+        thread = threading.Thread(target=work, name=f"generation-{self.id}", daemon=True)
+        thread.start()
+        try:
+            _raise_if_failed(await queue.get())
+            if self.chat.stream:
+                await self._stream(send, queue)
+            else:
+                await self._whole(send, queue)
+        finally:
+            self.cancel.set()
+            with anyio.CancelScope(shield=True):  # the model is free only when the thread is done
+                await anyio.to_thread.run_sync(thread.join)
+
+    async def _whole(self, send, queue):
+        pieces = []
+        while (item := await queue.get()) is not _END:
+            pieces.append(_raise_if_failed(item))
+        body = protocol.completion(
+            self.id, self.chat.model, "".join(pieces), self.job.finish_reason, self._usage()
+        )
+        await _send_json(send, body, 200)
+
+    async def _stream(self, send, queue):
+        headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+
+        async def event(data):
+            await send(
+                {"type": "http.response.body", "body": protocol.sse(data), "more_body": True}
+            )
+
+        model = self.chat.model
+        await event(protocol.chunk(self.id, model, {"role": "assistant", "content": ""}))
+        try:
+            while (item := await queue.get()) is not _END:
+                await event(protocol.chunk(self.id, model, {"content": _raise_if_failed(item)}))
+        except OpenAIError as error:  # headers are sent: report in the stream, as vLLM does
+            await event(error.body())
+        else:
+            await event(protocol.chunk(self.id, model, {}, self.job.finish_reason))
+            if self.chat.include_usage:
+                await event(protocol.chunk(self.id, model, None, usage=self._usage()))
+        await event("[DONE]")
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def _usage(self) -> dict:
+        return protocol.usage(len(self.job.prompt_ids), self.job.completion_tokens)
+
+
+def _raise_if_failed(item):
+    """Queue items are pieces, markers, or the generation thread's exception."""
+    if isinstance(item, OpenAIError):
+        raise item
+    if isinstance(item, BaseException):
+        log.error("Generation failed", exc_info=item)
+        raise OpenAIError(500, f"Generation failed: {item!r}") from item
+    return item
+
+
+async def _send_json(send, body: dict, status: int):
+    payload = json.dumps(body, ensure_ascii=False).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(payload)).encode()),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
+
+
+async def _openai_error(request: Request, error: OpenAIError):
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+async def _http_error(request: Request, error: HTTPException):
+    body = OpenAIError(error.status_code, error.detail).body()
+    return JSONResponse(body, status_code=error.status_code, headers=error.headers)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from agents.paths import base_model_dir
+
+    parser = argparse.ArgumentParser(
+        prog="python -m agents.serving.embedded",
+        description="Serve a Hugging Face model and its LoRA adapters with an OpenAI-compatible API.",
+    )
+    parser.add_argument(
+        "--model", type=Path, default=None, help="model folder (default: the base model)"
+    )
+    parser.add_argument("--adapters", type=Path, help="folder scanned for LoRA adapter folders")
+    parser.add_argument(
+        "--lora", action="append", default=[], metavar="NAME=PATH", help="serve one adapter as NAME"
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8001, help="0 picks a free port")
+    parser.add_argument("--served-name", help="name of the base model (default: its folder name)")
+    parser.add_argument("--max-loras", type=int, default=4, help="adapters kept loaded at once")
+    parser.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
+    parser.add_argument(
+        "--default-max-tokens", type=int, default=1024, help="reply budget when a request sets none"
+    )
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+
+    try:
+        loras = [parse_lora_option(value) for value in args.lora]
+    except ValueError as error:
+        parser.error(f"--lora: {error}")
+    if args.adapters and not args.adapters.is_dir():
+        parser.error(f"--adapters: {args.adapters} is not a folder")
+    model_dir = args.model or base_model_dir()
+    if not (model_dir / "config.json").is_file():
+        hint = "" if args.model else " Run `python -m agents.serving.prepare` first."
+        parser.error(f"--model: {model_dir} is not a Hugging Face model folder.{hint}")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+
+    engine = Engine(
+        model_dir,
+        served_name=args.served_name,
+        adapters_root=args.adapters,
+        loras=loras,
+        max_loras=args.max_loras,
+        max_model_len=args.max_model_len,
+        default_max_tokens=args.default_max_tokens,
+    )
+    return serve(create_app(engine), args.host, args.port, args.log_level)
+
+
+def serve(app, host: str, port: int, log_level: str = "info") -> int:
+    import uvicorn
+
+    # Bind first so the ready line can name the real port (with --port 0) and early clients
+    # simply wait in the listen backlog.
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        print(f"error: cannot listen on {host}:{port}: {error}", file=sys.stderr)
+        return 1
+    sock.listen(128)
+    bound_port = sock.getsockname()[1]
+    url_host = f"[{host}]" if family == socket.AF_INET6 else host
+    print(f"{READY} http://{url_host}:{bound_port}/v1", flush=True)
+    config = uvicorn.Config(app, log_level=log_level, lifespan="off", timeout_graceful_shutdown=5)
+    uvicorn.Server(config).run(sockets=[sock])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Figures drawn from a report: diverging Likert bars and means with CIs."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from studies.analysis import Settings, build_report
+from studies.analysis.plots import (
+    diverging_offsets,
+    figures,
+    likert_figure,
+    means_figure,
+    render_png,
+    render_svg,
+)
+
+
+@pytest.fixture(scope="module")
+def report():
+    rng = np.random.default_rng(3)
+    table = pd.DataFrame(
+        {
+            "arm": ["base"] * 30 + ["vs"] * 25 + ["none"] * 1,
+            "calm": rng.integers(1, 8, 56),
+            "score": rng.normal(0, 1, 56),
+        }
+    )
+    return build_report(table, Settings("arm", ("calm", "score"), reverse=("calm",)))
+
+
+def test_diverging_offsets_put_the_middle_on_zero():
+    shares, start = diverging_offsets(np.array([1, 1, 2, 1, 1.0]))
+    assert shares == pytest.approx([1 / 6, 1 / 6, 2 / 6, 1 / 6, 1 / 6]) and start == pytest.approx(
+        -0.5
+    )
+    shares, start = diverging_offsets(np.array([2, 2, 1, 3.0]))  # even k: no neutral answer
+    assert start == pytest.approx(-0.5)
+    shares, start = diverging_offsets(np.array([0, 0, 0.0]))
+    assert (shares == 0).all() and start == 0
+
+
+def test_likert_bars_cover_each_arm_and_centre_the_neutral_answer(report):
+    figure = likert_figure(report, "calm")
+    bars = figure.axes[0].patches
+    distribution = report["measures"][0]["distribution"]
+    for y, arm in enumerate(["base", "vs"]):
+        row = sorted((b for b in bars if abs(b.get_y() + b.get_height() / 2 - y) < 1e-9),
+                     key=lambda b: b.get_x())  # fmt: skip
+        widths = [b.get_width() for b in row]
+        counts = np.array([distribution[arm][str(k)] for k in range(1, 8)], float)
+        assert widths == pytest.approx(counts / counts.sum())
+        neutral = row[3]
+        assert neutral.get_x() + neutral.get_width() / 2 == pytest.approx(0)
+    assert "reverse-coded" in figure.axes[0].get_title()
+
+
+def test_means_figure_draws_each_arm_mean(report):
+    figure = means_figure(report)
+    visible = [ax for ax in figure.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in visible] == ["calm (reverse-coded)", "score"]
+    plotted = [bar.lines[0].get_ydata()[0] for bar in visible[1].containers]
+    means = [a["measures"]["score"]["mean"] for a in report["arms"]]
+    assert plotted == pytest.approx(means)  # "none" (n = 1) has a mean but no error bar
+
+
+def test_rendering_and_the_figure_set(report):
+    found = figures(report)
+    assert sorted(found) == ["likert-calm", "means"]
+    assert render_png(found["means"]).startswith(b"\x89PNG\r\n\x1a\n")
+    svg = render_svg(found["likert-calm"])
+    assert "<svg" in svg and svg == render_svg(figures(report)["likert-calm"])  # reproducible
+    with pytest.raises(ValueError, match="not a Likert item"):
+        likert_figure(report, "score")
+    assert figures({**report, "errors": ["bad"]}) == {}

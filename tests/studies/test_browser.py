@@ -1,0 +1,106 @@
+"""A participant completes the study in a real browser (Debian's chromium) against the real
+ASGI server, a real Celery-free flow and the embedded engine serving SmolLM2."""
+
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from studies.models import Message, Participant
+from tests.conftest import IN_CI, REPO, free_port, need, test_env
+from tests.studies.conftest import make_study
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+
+
+@pytest.fixture
+def web_server(transactional_db):
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "parley.asgi:application", "--port", str(port)],
+        cwd=REPO, env=test_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(150):
+        try:
+            urllib.request.urlopen(url + "/healthz", timeout=2)
+            break
+        except OSError:
+            time.sleep(0.2)
+    yield url
+    process.terminate()
+    process.wait(timeout=10)
+
+
+@pytest.fixture
+def browser():
+    import os
+
+    need(os.path.exists(CHROMIUM) or IN_CI, "needs Debian's chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield browser
+        browser.close()
+
+
+def test_participant_completes_the_study_in_a_browser(web_server, engine_url, browser, monkeypatch, tmp_path):
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API keeps a loop
+    study = make_study(slug="web", engine=engine_url, min_exchanges=1)
+    study.arms.update(max_tokens=24)
+    page = browser.new_page()
+    # Prolific is outside this machine: answer its completion URL locally and record it.
+    reached = []
+    page.route("https://app.prolific.com/**", lambda route: (reached.append(route.request.url),
+                                                            route.fulfill(body="Prolific", status=200)))
+    link = f"{web_server}/s/web/?PROLIFIC_PID=5f0c0ffee0ddba11c0ffee01&STUDY_ID=st1&SESSION_ID=se1"
+    page.goto(link)
+    page.click("#consent-accept")
+    page.wait_for_selector("#text:not([disabled])")
+    page.screenshot(path=str(tmp_path / "chat-empty.png"))
+
+    # Watch the agent's bubble grow while it streams.
+    page.evaluate("""() => { window.seen = []; new MutationObserver(() => {
+        const b = document.querySelector('.msg.assistant.streaming');
+        if (b) window.seen.push(b.textContent.length); }).observe(document.getElementById('messages'),
+        {subtree: true, childList: true, characterData: true}); }""")
+    page.fill("#text", "Hello! What is a good name for a cat?")
+    page.press("#text", "Enter")
+    page.wait_for_selector(".msg.assistant:not(.streaming)", timeout=90_000)
+    lengths = page.evaluate("window.seen")
+    assert len(set(lengths)) >= 3, f"the reply did not stream: {lengths}"
+    reply = page.inner_text(".msg.assistant")
+    participant = Participant.objects.get(prolific_pid="5f0c0ffee0ddba11c0ffee01")
+    stored = list(Message.objects.filter(conversation__participant=participant).values_list("role", "content"))
+    assert stored[0] == ("user", "Hello! What is a good name for a cat?")
+    assert stored[1][0] == "assistant" and stored[1][1].strip() == reply.strip()
+    page.screenshot(path=str(tmp_path / "chat.png"))
+
+    # Reload: the chat resumes with its history.
+    page.goto(link)
+    page.wait_for_selector(".msg.assistant")
+    assert page.inner_text(".msg.user") == "Hello! What is a good name for a cat?"
+
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("#end")
+    page.wait_for_selector("#submit-questionnaire")
+    page.click("#submit-questionnaire")  # nothing chosen: the server says what is missing
+    assert page.locator(".error").count() >= 3
+    page.check("#item-helpful input[value='6']")
+    page.check("#item-frustration input[value='3']")
+    page.check("#item-attn input[value='2']")
+    page.fill("#item-donation input", "0.5")
+    page.click("#submit-questionnaire")
+    page.wait_for_selector("#return-to-prolific")
+    page.screenshot(path=str(tmp_path / "debrief.png"))
+    page.click("#return-to-prolific")
+    page.wait_for_load_state()
+    assert reached == ["https://app.prolific.com/submissions/complete?cc=DONE123"]
+    participant.refresh_from_db()
+    assert participant.status == "completed" and participant.attention_passed is True

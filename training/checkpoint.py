@@ -1,0 +1,118 @@
+"""Checkpoints: one folder per saved step, servable as it is.
+
+    <run>/checkpoints/step-000008/
+        adapter_config.json, adapter_model.safetensors   the agent's LoRA adapter (peft layout:
+                                                         vLLM --lora-modules NAME=<folder>, the
+                                                         embedded engine); full fine-tuning
+                                                         writes a whole model folder instead
+        manifest.json        name, kind, base model, regime, domain, step, metrics, config
+        trainer_state.pt     optimizer(s) and RNG state, for resuming
+        simulator/           co-training: the simulator's adapter at this step (+ manifest.json)
+
+A folder is written under a temporary name and renamed when complete, so a run killed while
+saving never leaves a half checkpoint that a resume would pick up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CHECKPOINTS = "checkpoints"
+MANIFEST = "manifest.json"
+STATE = "trainer_state.pt"
+# a resumed run must train the same thing; steps, intervals and eval settings may change
+SAME_RUN_KEYS = ("domain", "regime", "base_model", "finetune", "lora", "simulator", "group_size")
+
+
+class ResumeError(RuntimeError):
+    pass
+
+
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    return run_dir / CHECKPOINTS / f"step-{step:06d}"
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder} is not a checkpoint (no {MANIFEST})")
+    return json.loads(path.read_text())
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints of a run, oldest first."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    done = [p for p in root.glob("step-*") if (p / MANIFEST).is_file() and (p / STATE).is_file()]
+    return sorted(done, key=lambda p: read_manifest(p)["step"])
+
+
+def save(
+    run_dir: Path,
+    step: int,
+    config: Any,
+    agent: Any,
+    regime: Any,
+    metrics: dict[str, Any],
+) -> Path:
+    final = checkpoint_dir(run_dir, step)
+    temp = final.with_name(final.name + ".partial")
+    shutil.rmtree(temp, ignore_errors=True)
+    agent.save(temp)
+    state = {"step": step, "optimizer": agent.optimizer.state_dict(), "torch_rng": torch.get_rng_state()}
+    state.update(regime.save(temp))
+    torch.save(state, temp / STATE)
+    manifest = {
+        "name": f"{config.name}-step{step}",
+        "kind": "agent",
+        "adapter": config.finetune == "lora",
+        "base_model": str(config.base_model_path()),
+        "domain": config.domain,
+        "regime": config.regime,
+        "step": step,
+        "metrics": metrics,
+        "config": config.to_dict(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    _write_json(temp / MANIFEST, manifest)
+    if (temp / "simulator").is_dir():
+        sim = {**manifest, "name": f"{config.name}-simulator-step{step}", "kind": "simulator"}
+        _write_json(temp / "simulator" / MANIFEST, sim)
+    if final.exists():
+        shutil.rmtree(final)  # the same step saved again (a replayed step after a resume)
+    os.replace(temp, final)
+    return final
+
+
+def resume(run_dir: Path, config: Any, agent: Any, regime: Any) -> int:
+    """Load the last complete checkpoint into `agent` and `regime`; returns its step (0: none)."""
+    found = list_checkpoints(run_dir)
+    if not found:
+        return 0
+    folder = found[-1]
+    manifest = read_manifest(folder)
+    saved, current = manifest["config"], config.to_dict()
+    changed = [k for k in SAME_RUN_KEYS if saved.get(k) != current.get(k)]
+    if changed:
+        raise ResumeError(
+            f"{run_dir} holds a run with different {', '.join(changed)}; "
+            "use another output_dir (or name) for a new run"
+        )
+    state = torch.load(folder / STATE, weights_only=False)
+    agent.load_weights(folder)
+    agent.optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["torch_rng"])
+    regime.load(folder, state, manifest["step"])
+    return int(manifest["step"])
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2, default=str))

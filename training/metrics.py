@@ -1,0 +1,90 @@
+"""The run's metrics.jsonl (one JSON row per step) and the plots drawn from it.
+
+On resume, rows from steps after the checkpoint are moved to metrics.discarded.jsonl (those
+steps are trained again), so metrics.jsonl stays one row per step and nothing is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+PLOTS = ("train_reward.png", "heldout_success.png", "entropy.png")
+
+
+class MetricsLog:
+    def __init__(self, path: Path, resume_step: int = 0):
+        self.path = Path(path)
+        rows = self.rows()
+        stale = [r for r in rows if r.get("step", 0) > resume_step]
+        if stale:
+            with open(self.path.with_name("metrics.discarded.jsonl"), "a") as f:
+                for row in stale:
+                    f.write(json.dumps(row) + "\n")
+            kept = [r for r in rows if r.get("step", 0) <= resume_step]
+            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+
+    def rows(self) -> list[dict[str, Any]]:
+        if not self.path.is_file():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+    def write(self, row: dict[str, Any]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row, default=_plain) + "\n")
+
+
+def _plain(value: Any) -> Any:
+    return float(value) if hasattr(value, "__float__") else str(value)
+
+
+def plot(rows: list[dict[str, Any]], folder: Path) -> list[Path]:
+    """train_reward.png, heldout_success.png (one line per held-out simulator), entropy.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def series(key: str) -> tuple[list[int], list[float]]:
+        points = [(r["step"], r[key]) for r in rows if _finite(r.get(key))]
+        return [p[0] for p in points], [p[1] for p in points]
+
+    panels = {
+        "train_reward.png": ("train reward", {"mean reward": "reward_mean"}),
+        "heldout_success.png": (
+            "held-out success rate",
+            {
+                k.split("/")[1]: k
+                for k in sorted({k for r in rows for k in r})
+                if k.startswith("heldout/") and k.endswith("/success") and k.count("/") == 2
+            },
+        ),
+        "entropy.png": (
+            "policy entropy (nats/token)",
+            {"train": "entropy", "held-out": "heldout/entropy"},
+        ),
+    }
+    written = []
+    folder.mkdir(parents=True, exist_ok=True)
+    for filename, (title, lines) in panels.items():
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for label, key in lines.items():
+            x, y = series(key)
+            if x:
+                ax.plot(x, y, marker="o", markersize=3, label=label)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        if ax.lines:
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(folder / filename, dpi=100)
+        plt.close(fig)
+        written.append(folder / filename)
+    return written
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
