@@ -59,12 +59,11 @@ def base_model():
 @pytest.fixture(scope="session")
 def engine_url(base_model):
     """The embedded engine serving SmolLM2 in its own process, as in production."""
-    from tests.engine_server import start_engine
+    from agents.serving.launch import start_engine, stop_engine
 
     url, process = start_engine(base_model)
     yield url
-    process.terminate()
-    process.wait(timeout=20)
+    stop_engine(process)
 
 
 def test_env(**extra) -> dict:

@@ -76,6 +76,7 @@ class RunConfig:
     name: str
     domain: str
     regime: str = "single"
+    domain_data: str = ""  # official data folder for the Domain ("" = its bundled data)
     base_model: str = ""  # a Hugging Face model folder; "" = agents.paths.base_model_dir()
     tasks: TaskSpec = field(default_factory=TaskSpec)
     simulator: SimulatorSpec = field(default_factory=SimulatorSpec)
@@ -200,6 +201,12 @@ class RunConfig:
         ]
         for where, spec in specs:
             _validate_simulator(where, spec)
+        for i, spec in enumerate(self.heldout):
+            if dataclasses.replace(spec, name=self.simulator.name) == self.simulator:
+                raise ConfigError(
+                    f"heldout[{i}] ({spec.name!r}) is the training simulator: a held-out panel "
+                    "must differ in model, endpoint, adapter, persona, kind or settings"
+                )
         names = [s.name for s in self.heldout]
         if len(set(names)) != len(names):
             raise ConfigError(f"heldout simulators need distinct names (got {names})")

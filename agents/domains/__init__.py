@@ -1,0 +1,30 @@
+"""Task families served to simulated users and to people: `get_domain(name, data_dir=None)`.
+
+The registry maps a name to "module:Class" and imports on first use, so importing
+agents.domains stays cheap and each family lives in its own package.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from .base import Domain, Message, Outcome, Scenario
+
+DOMAINS: dict[str, str] = {
+    "retail": "agents.domains.tau2:RetailDomain",
+    "airline": "agents.domains.tau2:AirlineDomain",
+    "p4g": "agents.domains.p4g:P4GDomain",
+}
+
+
+def get_domain(name: str, data_dir: str | Path | None = None) -> Domain:
+    """A fresh Domain; data_dir points at official data (None: the project's bundled data)."""
+    if name not in DOMAINS:
+        raise ValueError(f"unknown domain {name!r}: expected one of {', '.join(DOMAINS)}")
+    module, _, cls_name = DOMAINS[name].partition(":")
+    cls = getattr(importlib.import_module(module), cls_name)
+    return cls(data_dir=data_dir) if data_dir is not None else cls()
+
+
+__all__ = ["DOMAINS", "Domain", "Message", "Outcome", "Scenario", "get_domain"]

@@ -20,9 +20,11 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 
 import anyio
@@ -139,6 +141,7 @@ class Completion:
                 emit(_END)
 
         thread = threading.Thread(target=work, name=f"generation-{self.id}", daemon=True)
+        started = time.monotonic()
         thread.start()
         try:
             _raise_if_failed(await queue.get())
@@ -150,6 +153,16 @@ class Completion:
             self.cancel.set()
             with anyio.CancelScope(shield=True):  # the model is free only when the thread is done
                 await anyio.to_thread.run_sync(thread.join)
+            job = self.job
+            log.info(
+                "%s %s: %d prompt + %d completion tokens in %.1fs, finish_reason=%s",
+                self.id,
+                self.chat.model,
+                len(job.prompt_ids),
+                job.completion_tokens,
+                time.monotonic() - started,
+                job.finish_reason,
+            )
 
     async def _whole(self, send, queue):
         pieces = []
@@ -242,7 +255,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--default-max-tokens", type=int, default=1024, help="reply budget when a request sets none"
     )
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=max(1, min(4, (os.cpu_count() or 2) // 2)),
+        help="torch CPU threads (default: half the cores, at most 4; more threads on a busy "
+        "machine make decoding slower, not faster)",
+    )
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
@@ -259,10 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     if not (model_dir / "config.json").is_file():
         hint = "" if args.model else " Run `python -m agents.serving.prepare` first."
         parser.error(f"--model: {model_dir} is not a Hugging Face model folder.{hint}")
-    if args.threads:
-        import torch
+    import torch
 
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(max(1, args.threads))
 
     engine = Engine(
         model_dir,

@@ -6,6 +6,7 @@ sequences are checked on the decoded text. Callers serialise requests (one at a 
 model and its active adapter are shared state.
 """
 
+import inspect
 import logging
 import threading
 from collections import OrderedDict
@@ -63,6 +64,12 @@ class Engine:
         config = self.model.config
         self.max_model_len = min(max_model_len or 10**9, config.max_position_embeddings)
         self.end_ids = _end_ids(self.tokenizer, self.model)
+        # transformers 5 renamed past_key_values to cache; logits for the last position only
+        # keep a long prompt's prefill from materialising prompt_len x vocab logits.
+        parameters = inspect.signature(self.model.forward).parameters
+        self._cache_kw = "cache" if "cache" in parameters else "past_key_values"
+        self._last_logits = {"logits_to_keep": 1} if "logits_to_keep" in parameters else {}
+        self._warm_up()
         self._loaded: OrderedDict[str, tuple[str, tuple]] = OrderedDict()  # name -> (key, stamp)
         self._keys = 0
 
@@ -102,6 +109,7 @@ class Engine:
                 f"you requested {len(prompt_ids) + (request.max_tokens or 1)} tokens "
                 f"({len(prompt_ids)} in the messages, {request.max_tokens or 1} in the completion).",
                 "messages",
+                code="context_length_exceeded",
             )
         return Generation(
             prompt_ids=prompt_ids,
@@ -157,8 +165,17 @@ class Engine:
 
     @torch.inference_mode()
     def _step(self, inputs, cache, job: Generation, generator) -> int:
-        logits = self.model(input_ids=inputs, past_key_values=cache, use_cache=True).logits[0, -1]
+        kwargs = {self._cache_kw: cache, "use_cache": True, **self._last_logits}
+        logits = self.model(input_ids=inputs, **kwargs).logits[0, -1]
         return sample(logits, job.temperature, job.top_p, generator)
+
+    def _warm_up(self):
+        """One short decode at start-up, so the first request does not pay for lazy set-up."""
+        job = Generation(
+            prompt_ids=self.tokenizer("Hello").input_ids, max_new_tokens=2, temperature=0
+        )
+        for _ in self.decode(job, threading.Event()):
+            pass
 
     # Adapters ------------------------------------------------------------------------------
 

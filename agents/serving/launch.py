@@ -110,7 +110,10 @@ def _wait_ready(process: subprocess.Popen, log_path: Path, timeout: float) -> st
                     base_url = line[len(READY) :].strip()
         if base_url is not None:
             try:
-                if httpx.get(base_url.removesuffix("/v1") + "/health", timeout=2).status_code == 200:
+                if (
+                    httpx.get(base_url.removesuffix("/v1") + "/health", timeout=2).status_code
+                    == 200
+                ):
                     return base_url
             except httpx.HTTPError:
                 pass

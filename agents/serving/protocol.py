@@ -43,8 +43,8 @@ class OpenAIError(Exception):
         }
 
 
-def invalid(message: str, param: str | None = None) -> OpenAIError:
-    return OpenAIError(400, message, code="invalid_request_error", param=param)
+def invalid(message: str, param: str | None = None, code: str = "invalid_value") -> OpenAIError:
+    return OpenAIError(400, message, code=code, param=param)
 
 
 @dataclass
@@ -65,9 +65,10 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as error:
-        raise invalid(f"We could not parse the JSON body of your request: {error}") from error
+        message = f"We could not parse the JSON body of your request: {error}"
+        raise invalid(message, code="invalid_json") from error
     if not isinstance(body, dict):
-        raise invalid("The request body must be a JSON object.")
+        raise invalid("The request body must be a JSON object.", code="invalid_json")
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise invalid("`model` is required and must be a string.", "model")
@@ -221,5 +222,5 @@ def completion(cid: str, model: str, text: str, finish_reason: str | None, usage
 
 
 def sse(data) -> bytes:
-    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
     return f"data: {payload}\n\n".encode()

@@ -22,6 +22,13 @@ def _alphas(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"--alpha takes numbers like 0.05,0.01: {exc}") from exc
 
 
+def _scales(text: str) -> dict[str, int]:
+    try:
+        return {name.strip(): int(k) for name, k in (pair.split("=") for pair in _names(text))}
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--scales takes item=points pairs: {exc}") from exc
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--csv", required=True, help="wide CSV: one row per participant")
     parser.add_argument("--arm-column", required=True, help="column naming each row's arm")
@@ -38,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reverse", default="", help="comma-separated reverse-coded items")
     parser.add_argument(
         "--scale-max", type=int, default=7, help="Likert points k (answers 1..k); default 7"
+    )
+    parser.add_argument(
+        "--scales", type=_scales, help="points of items whose scale differs, e.g. calm=5,trust=9"
     )
     parser.add_argument(
         "--likert", help="comma-separated Likert items (default: integer measures within 1..k)"
@@ -70,6 +80,7 @@ def settings_from(options: dict[str, Any]) -> Settings:
         pairs=options.get("pairs", "control"),
         reverse=_names(options.get("reverse")),
         scale_max=options.get("scale_max", 7),
+        scales=options.get("scales"),
         likert=_names(options["likert"]) if options.get("likert") else None,
         family=options.get("family", "measure"),
         alphas=tuple(options.get("alpha", (0.05, 0.01))),

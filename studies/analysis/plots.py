@@ -73,7 +73,7 @@ def likert_figure(report: dict[str, Any], measure: str) -> Figure:
     entry = next(m for m in report["measures"] if m["name"] == measure)
     if entry["distribution"] is None:
         raise ValueError(f"measure {measure!r} is not a Likert item; it has no distribution")
-    k = report["settings"]["scale_max"]
+    k = entry["scale_max"]
     colors = list(matplotlib.colormaps["RdBu"](np.linspace(0.1, 0.9, k)))
     if k % 2:
         colors[k // 2] = NEUTRAL_COLOR  # the colormap's middle is white on white

@@ -17,8 +17,8 @@ the plots all read it. Its keys (format ``parley.analysis/1``):
   table), each ``{name, control, participants, measures: {measure: descriptives}}``
   where descriptives are ``{n, mean, sd, se, ci: [low, high], missing, non_numeric,
   out_of_range, note}`` (SD with ddof=1, CI t-based at ``settings.ci_level``).
-- ``measures``: list of ``{name, reverse, likert, missing, non_numeric: {count, examples},
-  out_of_range: {count, examples}, distribution}``; ``distribution`` is null or, for
+- ``measures``: list of ``{name, reverse, likert, scale_max, missing, non_numeric: {count,
+  examples}, out_of_range: {count, examples}, distribution}``; ``distribution`` is null or, for
   Likert items, ``{arm: {"1": count, ..., "k": count}}`` of the answers as given
   (before reverse coding), included participants only.
 - ``comparisons``: list of ``{measure, arm, reference, n_arm, n_reference, mean_arm,
@@ -62,6 +62,7 @@ class Settings:
     pairs: str = "control"
     reverse: tuple[str, ...] = ()
     scale_max: int = 7
+    scales: dict[str, int] | None = None  # points per item where items differ from scale_max
     likert: tuple[str, ...] | None = None  # None: detect (integers within 1..scale_max)
     family: str = "measure"
     alphas: tuple[float, ...] = (0.05, 0.01)
@@ -75,8 +76,16 @@ class Settings:
         # Lists from JSON or the CLI become tuples so the settings stay hashable and frozen.
         for name in ("measures", "arms", "reverse", "likert", "alphas"):
             value = getattr(self, name)
-            if value is not None and not isinstance(value, tuple):
+            if isinstance(value, str):  # "helpful" means one measure, not seven letters
+                object.__setattr__(self, name, (value,))
+            elif value is not None and not isinstance(value, tuple):
                 object.__setattr__(self, name, tuple(value))
+        if self.scales is not None:
+            object.__setattr__(self, "scales", dict(self.scales))
+
+    def scale_of(self, measure: str) -> int:
+        """Likert points k of a measure (answers 1..k)."""
+        return (self.scales or {}).get(measure, self.scale_max)
 
     def problems(self) -> list[str]:
         found = []
@@ -90,13 +99,14 @@ class Settings:
             found.append(f"pairs must be one of {PAIRS}, not {self.pairs!r}")
         if self.family not in FAMILIES:
             found.append(f"family must be one of {FAMILIES}, not {self.family!r}")
-        if not isinstance(self.scale_max, int) or self.scale_max < 2:
-            found.append(f"scale_max must be an integer >= 2, not {self.scale_max!r}")
+        for name, k in [("scale_max", self.scale_max), *(self.scales or {}).items()]:
+            if not isinstance(k, int) or isinstance(k, bool) or k < 2:
+                found.append(f"the scale of {name} must be an integer >= 2, not {k!r}")
         if not self.alphas or not all(0 < a < 1 for a in self.alphas):
             found.append(f"alphas must lie strictly between 0 and 1, not {list(self.alphas)}")
         if not 0 < self.ci_level < 1:
             found.append(f"ci_level must lie strictly between 0 and 1, not {self.ci_level}")
-        for name in ("reverse", "likert"):
+        for name in ("reverse", "likert", "scales"):
             unknown = [m for m in getattr(self, name) or () if m not in self.measures]
             if unknown:
                 found.append(f"{name} items {unknown} are not among the measures")
@@ -129,7 +139,9 @@ def _examples_text(examples: Sequence[str]) -> str:
 def empty_report(settings: Settings, errors: list[str]) -> dict[str, Any]:
     return {
         "format": FORMAT,
-        "settings": asdict(settings),
+        "settings": {
+            k: list(v) if isinstance(v, tuple) else v for k, v in asdict(settings).items()
+        },
         "software": {
             "numpy": np.__version__,
             "scipy": scipy.__version__,
@@ -231,16 +243,13 @@ def _measure(name, column, settings, selections, included, notes):
     out_of_range = np.zeros(values.shape, dtype=bool)
     out_examples: list[str] = []
     reverse = name in settings.reverse
+    k = settings.scale_of(name)
     if reverse:
-        out_of_range = np.isfinite(values) & ((values < 1) | (values > settings.scale_max))
+        out_of_range = np.isfinite(values) & ((values < 1) | (values > k))
         out_examples = examples(column, out_of_range & included)
         values = np.where(out_of_range, np.nan, values)
-    likert = (
-        name in settings.likert
-        if settings.likert is not None
-        else _is_likert(values, settings.scale_max)
-    )
-    analysed = settings.scale_max + 1 - values if reverse else values
+    likert = name in settings.likert if settings.likert is not None else _is_likert(values, k)
+    analysed = k + 1 - values if reverse else values
 
     per_arm, cells, distribution = {}, {}, {} if likert else None
     for arm, selected in selections.items():
@@ -253,13 +262,13 @@ def _measure(name, column, settings, selections, included, notes):
             "out_of_range": int(out_of_range[selected].sum()),
         }
         if likert:
-            distribution[arm] = _answer_counts(raw[kept], settings.scale_max)
+            distribution[arm] = _answer_counts(raw[kept], k)
 
     if likert:
         off_scale = sum(len(per_arm[a]) - sum(distribution[a].values()) for a in selections)
         if off_scale:
             notes.append(
-                f"measure {name!r}: {off_scale} answers not on the 1..{settings.scale_max} "
+                f"measure {name!r}: {off_scale} answers not on the 1..{k} "
                 "scale are left out of its distribution"
             )
     missing = int(data.missing[included].sum())
@@ -275,13 +284,14 @@ def _measure(name, column, settings, selections, included, notes):
         )
     if bad_range:
         notes.append(
-            f"measure {name!r}: {bad_range} answers outside 1..{settings.scale_max} in a "
+            f"measure {name!r}: {bad_range} answers outside 1..{k} in a "
             f"reverse-coded item dropped, e.g. {_examples_text(out_examples)}"
         )
     entry = {
         "name": name,
         "reverse": reverse,
         "likert": likert,
+        "scale_max": k,
         "missing": missing,
         "non_numeric": {"count": invalid, "examples": invalid_examples},
         "out_of_range": {"count": bad_range, "examples": out_examples},
@@ -350,7 +360,7 @@ def build_report(table: pd.DataFrame, settings: Settings) -> dict[str, Any]:
     """The full report (see the module docstring) of ``table`` under ``settings``."""
     errors = settings.problems() + _table_problems(table, settings)
     notes: list[str] = []
-    if settings.arm_column in table.columns:
+    if list(table.columns).count(settings.arm_column) == 1:
         labels = arm_labels(table[settings.arm_column])
         arms = _arm_order(labels, settings, notes)
         control = settings.control if settings.control is not None else (arms[0] if arms else None)

@@ -20,7 +20,7 @@ MAX_EXAMPLES = 5
 
 
 class TableError(ValueError):
-    """The table cannot be analysed at all (unreadable, empty, unknown column)."""
+    """The table cannot be read at all (unreadable or empty file, a long table missing a column)."""
 
 
 def read_csv(path, delimiter: str = ",") -> pd.DataFrame:

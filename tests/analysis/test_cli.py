@@ -34,7 +34,7 @@ def analyze(*args):
 
 def test_manage_py_analyze_json(sleep_csv):
     out = analyze("--csv", sleep_csv, "--arm-column", "group", "--measures", "extra,calm",
-                  "--control", "g2", "--reverse", "calm", "--json")  # fmt: skip
+                  "--control", "g2", "--reverse", "calm", "--scales", "calm=9", "--json")  # fmt: skip
     report = json.loads(out)
     extra = next(c for c in report["comparisons"] if c["measure"] == "extra")
     assert (extra["arm"], extra["reference"]) == ("g1", "g2")
@@ -47,7 +47,7 @@ def test_manage_py_analyze_json(sleep_csv):
     }
     assert report["settings"]["reverse"] == ["calm"]
     g1_calm = report["arms"][0]["measures"]["calm"]
-    assert g1_calm["mean"] == pytest.approx(8 - sum(1 + i % 7 for i in range(10)) / 10)
+    assert g1_calm["mean"] == pytest.approx(10 - sum(1 + i % 7 for i in range(10)) / 10)
 
 
 def test_manage_py_analyze_table_and_options(sleep_csv):

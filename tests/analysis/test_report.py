@@ -135,6 +135,22 @@ def test_reverse_coding_uses_the_scale_and_drops_out_of_range_answers():
     assert any("outside 1..5" in n for n in report["notes"])
 
 
+def test_items_can_have_their_own_scale():
+    data = {"a": {"x": [1, 5, 6], "y": [1, 5, 6]}, "b": {"x": [2, 2, 3], "y": [2, 2, 3]}}
+    settings = Settings("arm", ("x", "y"), reverse=("x", "y"), scales={"x": 5})
+    report = build_report(table_of(data), settings)
+    x, y = report["measures"]
+    assert (x["scale_max"], y["scale_max"]) == (5, 7)
+    assert descriptives(report, "a", "x")["mean"] == pytest.approx(np.mean([5, 1]))  # 6 dropped
+    assert descriptives(report, "a", "y")["mean"] == pytest.approx(np.mean([7, 3, 2]))
+    assert list(x["distribution"]["a"]) == ["1", "2", "3", "4", "5"]
+    bad = build_report(table_of(data), Settings("arm", ("x",), scales={"z": 5, "x": 1}))
+    assert bad["errors"] == [
+        "the scale of x must be an integer >= 2, not 1",
+        "scales items ['z'] are not among the measures",
+    ]
+
+
 def test_exclusions_by_default_counted_by_reason():
     data = {"a": {"x": [1, 2, 3, 4, 5, 6]}, "b": {"x": [2, 3, 4, 5, 6, 7]}}
     attention = ["yes", "no", "", "1", "FALSE", "maybe", "1", "1", "0", "1", "1", "1"]
@@ -157,6 +173,24 @@ def test_exclusions_by_default_counted_by_reason():
     )
     assert kept["participants"]["included"] == 12
     assert descriptives(kept, "a", "x")["n"] == 6
+
+
+def test_flags_from_the_database_with_unknowns():
+    table = pd.DataFrame(
+        {
+            "arm": ["a", "a", "a", "b", "b", "b"],
+            "x": [1, 2, 3, 4, 5, 6],
+            "attention_passed": [True, None, False, True, True, None],  # None: no check
+            "finished": pd.array([True, True, True, pd.NA, True, False], dtype="boolean"),
+        }
+    )
+    report = build_report(table, Settings("arm", "x"))
+    assert report["settings"]["measures"] == ["x"]
+    assert report["participants"]["excluded"]["by_reason"] == {
+        "unfinished": 1,
+        "failed_attention_check": 1,
+    }
+    assert descriptives(report, "a", "x")["n"] == 2 and descriptives(report, "b", "x")["n"] == 2
 
 
 def test_rows_without_arm_are_excluded():
@@ -237,6 +271,9 @@ def test_repeated_columns_are_an_error():
     table = pd.DataFrame([["a", 1, 2], ["b", 3, 4]], columns=["arm", "x", "x"])
     report = build_report(table, Settings("arm", ("x",)))
     assert report["errors"] == ["columns appear more than once: ['x']"]
+    table.columns = ["arm", "arm", "x"]
+    report = build_report(table, Settings("arm", ("x",), control="nope"))
+    assert report["errors"] == ["columns appear more than once: ['arm']"]
 
 
 def test_empty_tables():
@@ -287,7 +324,7 @@ def test_wide_from_long_keeps_the_last_answer():
 
 
 def test_report_is_strict_json_with_the_documented_keys():
-    settings = Settings("arm", ("helpful",), reverse=("helpful",), alphas=(0.05,))
+    settings = Settings("arm", ("helpful",), reverse=("helpful",), scales={"helpful": 7})
     report = build_report(table_of(LIKERT), settings)
     decoded = json.loads(to_json(report))
     assert set(decoded) == {

@@ -131,3 +131,10 @@ def test_human_outcome_uses_the_questionnaire_and_records_the_chat():
 def test_human_outcome_rejects_bad_answers(bad):
     with pytest.raises(ValueError, match="intended donation"):
         human_outcome(bad, [])
+
+
+def test_registry_serves_the_bundled_personas():
+    from agents.domains import get_domain
+
+    domain = get_domain("p4g")
+    assert isinstance(domain, P4GDomain) and len(domain.scenarios()) == 30

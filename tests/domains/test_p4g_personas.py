@@ -95,6 +95,9 @@ def test_full_info_found_from_file_folder_or_reference_root(reference, official)
     direct = load_full_info(reference / "p4g" / "full_info.csv")
     assert [s.id for s in direct] == [s.id for s in official]
     assert len(load_full_info(reference / "p4g")) == len(official)
+    from agents.domains import get_domain
+
+    assert len(get_domain("p4g", data_dir=reference).scenarios()) == len(official)
 
 
 def test_missing_or_malformed_full_info_is_reported(tmp_path):

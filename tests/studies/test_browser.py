@@ -55,10 +55,8 @@ def test_participant_completes_the_study_in_a_browser(web_server, engine_url, br
     study = make_study(slug="web", engine=engine_url, min_exchanges=1)
     study.arms.update(max_tokens=24)
     page = browser.new_page()
-    # Prolific is outside this machine: answer its completion URL locally and record it.
-    reached = []
-    page.route("https://app.prolific.com/**", lambda route: (reached.append(route.request.url),
-                                                            route.fulfill(body="Prolific", status=200)))
+    # Prolific is outside this machine: answer it locally so nothing leaves the machine.
+    page.route("https://app.prolific.com/**", lambda route: route.fulfill(body="Prolific", status=200))
     link = f"{web_server}/s/web/?PROLIFIC_PID=5f0c0ffee0ddba11c0ffee01&STUDY_ID=st1&SESSION_ID=se1"
     page.goto(link)
     page.click("#consent-accept")
@@ -99,8 +97,9 @@ def test_participant_completes_the_study_in_a_browser(web_server, engine_url, br
     page.click("#submit-questionnaire")
     page.wait_for_selector("#return-to-prolific")
     page.screenshot(path=str(tmp_path / "debrief.png"))
-    page.click("#return-to-prolific")
-    page.wait_for_load_state()
-    assert reached == ["https://app.prolific.com/submissions/complete?cc=DONE123"]
+    with page.expect_request(lambda request: "prolific.com" in request.url) as followed:
+        page.click("#return-to-prolific")
+    assert followed.value.url == "https://app.prolific.com/submissions/complete?cc=DONE123"
+    assert followed.value.redirected_from.url.endswith(f"/p/{participant.token}/done/")
     participant.refresh_from_db()
     assert participant.status == "completed" and participant.attention_passed is True

@@ -24,7 +24,7 @@ def chatting_participant(engine_url, pid="p1", **study_fields):
 
 async def connect(participant):
     communicator = WebsocketCommunicator(app, f"/ws/p/{participant.token}/")
-    connected, _ = await communicator.connect(timeout=10)
+    connected, _ = await communicator.connect(timeout=30)
     assert connected
     return communicator
 
@@ -51,7 +51,7 @@ async def test_reply_streams_and_everything_is_stored(engine_url):
     assert history["type"] == "history" and history["messages"] == [] and not history["can_end"]
 
     await chat.send_json_to({"type": "message", "id": "m-1", "text": "Tell me about the sea."})
-    ack = await chat.receive_json_from(timeout=10)
+    ack = await chat.receive_json_from(timeout=30)
     assert ack == {"type": "ack", "id": "m-1", "seq": 1, "duplicate": False}
     stored = await messages_of(participant)  # stored before the acknowledgement arrived
     assert [(m.role, m.content, m.client_id) for m in stored] == [("user", "Tell me about the sea.", "m-1")]
@@ -63,7 +63,7 @@ async def test_reply_streams_and_everything_is_stored(engine_url):
     reply = events[-1]["message"]
     assert reply["role"] == "assistant"
     assert reply["content"].strip() == "".join(deltas).strip() != ""
-    status = await chat.receive_json_from(timeout=10)
+    status = await chat.receive_json_from(timeout=30)
     assert status["type"] == "status" and status["can_end"] and status["sent"] == 1
 
     stored = await messages_of(participant)
@@ -82,12 +82,12 @@ async def test_resent_message_is_idempotent(engine_url):
     await chat.receive_json_from()
     await chat.send_json_to({"type": "message", "id": "same-id", "text": "Hi"})
     first = await receive_until(chat, "reply")
-    await chat.receive_json_from(timeout=10)  # status
+    await chat.receive_json_from(timeout=30)  # status
 
     await chat.send_json_to({"type": "message", "id": "same-id", "text": "Hi"})
-    ack = await chat.receive_json_from(timeout=10)
+    ack = await chat.receive_json_from(timeout=30)
     assert ack["duplicate"] is True and ack["seq"] == 1
-    again = await chat.receive_json_from(timeout=10)
+    again = await chat.receive_json_from(timeout=30)
     assert again["type"] == "reply"  # the stored answer, not a new generation
     assert again["message"] == first[-1]["message"]
     assert len(await messages_of(participant)) == 2
@@ -128,7 +128,7 @@ async def test_engine_down_keeps_the_message_and_retry_answers_it(engine_url):
     chat = await connect(participant)
     await chat.receive_json_from()
     await chat.send_json_to({"type": "message", "id": "r1", "text": "Hello?"})
-    assert (await chat.receive_json_from(timeout=10))["type"] == "ack"
+    assert (await chat.receive_json_from(timeout=30))["type"] == "ack"
     events = await receive_until(chat, "error", timeout=60)
     assert events[-1]["retry"] is True and events[-1]["reply_to"] == "r1"
     assert [m.role for m in await messages_of(participant)] == ["user"]
@@ -136,7 +136,7 @@ async def test_engine_down_keeps_the_message_and_retry_answers_it(engine_url):
     await database_sync_to_async(Arm.objects.filter(pk=participant.arm_id).update)(endpoint_url=engine_url)
     await receive_until(chat, "status")
     await chat.send_json_to({"type": "message", "id": "r1", "text": "Hello?"})
-    assert (await chat.receive_json_from(timeout=10))["duplicate"] is True
+    assert (await chat.receive_json_from(timeout=30))["duplicate"] is True
     await receive_until(chat, "reply")
     assert [m.role for m in await messages_of(participant)] == ["user", "assistant"]
     await chat.disconnect()
@@ -158,7 +158,7 @@ async def test_bad_input_gets_a_clear_error_and_stores_nothing(engine_url, paylo
     chat = await connect(participant)
     await chat.receive_json_from()
     await chat.send_json_to(payload)
-    error = await chat.receive_json_from(timeout=10)
+    error = await chat.receive_json_from(timeout=30)
     assert error["type"] == "error" and words in error["message"]
     assert await messages_of(participant) == []
     await chat.disconnect()
@@ -171,7 +171,7 @@ async def test_ending_the_chat_moves_to_the_questionnaire(engine_url):
     await chat.send_json_to({"type": "message", "id": "e1", "text": "Bye"})
     await receive_until(chat, "status")
     await chat.send_json_to({"type": "end"})
-    redirect = await chat.receive_json_from(timeout=10)
+    redirect = await chat.receive_json_from(timeout=30)
     assert redirect == {"type": "redirect", "url": f"/p/{participant.token}/"}
     refreshed = await database_sync_to_async(Participant.objects.get)(pk=participant.pk)
     assert refreshed.status == "questionnaire" and refreshed.chat_ended_at
@@ -184,7 +184,7 @@ async def test_ending_the_chat_moves_to_the_questionnaire(engine_url):
 
 async def test_unknown_participant_is_refused(engine_url):
     communicator = WebsocketCommunicator(app, "/ws/p/00000000-0000-0000-0000-000000000000/")
-    connected, code = await communicator.connect(timeout=10)
+    connected, code = await communicator.connect(timeout=30)
     assert not connected and code == 4404
 
 
@@ -202,9 +202,9 @@ async def test_second_window_supersedes_the_first_over_redis(engine_url, redis_u
         await first.receive_json_from()
         second = await connect(participant)
         await second.receive_json_from()
-        notice = await first.receive_json_from(timeout=10)
+        notice = await first.receive_json_from(timeout=30)
         assert notice["type"] == "superseded"
-        assert (await first.receive_output(timeout=10))["type"] == "websocket.close"
+        assert (await first.receive_output(timeout=30))["type"] == "websocket.close"
         await second.disconnect()
     finally:
         channel_layers.backends.clear()

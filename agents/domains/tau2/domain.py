@@ -11,7 +11,7 @@ from typing import Any
 from ..base import Domain, Message, Outcome, Scenario
 from . import prompts
 from .airline import AirlineTools
-from .data import TaskSet, load_task_set
+from .taskset import TaskSet, load_task_set
 from .retail import RetailTools
 from .scoring import NLJudge, score, text_of, tool_calls_of
 from .state import Tau2State, fresh_tools, rebuild

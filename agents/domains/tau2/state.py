@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .data import DB_SHAPES, TaskSet
+from .taskset import DB_SHAPES, TaskSet
 from .store import Store
 from .toolkit import Toolkit
 

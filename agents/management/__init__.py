@@ -1,0 +1,1 @@
+"""Django management commands of the agents app (thin wrappers over agents/ code)."""

@@ -1,0 +1,64 @@
+"""Held-out evaluation: the agent against each simulator of a panel none of which it trained
+against, on held-out tasks. Reports per simulator the success rate and mean reward, and the
+policy's entropy on its own held-out tokens (a collapsing policy's entropy falls)."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import torch
+
+from agents.domains.base import Domain, Scenario
+from training.config import RunConfig
+from training.grpo import TokenBatch, token_logprobs
+from training.policy import LocalModel
+from training.regimes import ModelCache, frozen_simulator
+from training.rollout import LocalAgent, Rollout, play
+
+
+class HeldOutPanel:
+    def __init__(self, config: RunConfig, domain: Domain, tasks: list[Scenario], models: ModelCache):
+        self.config, self.domain, self.tasks = config, domain, tasks
+        self.simulators = {
+            spec.name: frozen_simulator(spec, models, config.seed) for spec in config.heldout
+        }
+
+    def __bool__(self) -> bool:
+        return bool(self.simulators and self.tasks)
+
+    def evaluate(self, agent: LocalModel, step: int) -> dict[str, Any]:
+        cfg = self.config
+        scenarios = [t for t in self.tasks for _ in range(cfg.eval_samples)]
+        speaker = LocalAgent(agent, cfg.temperature, cfg.max_new_tokens)
+        row: dict[str, Any] = {}
+        every: list[Rollout] = []
+        for name, user in self.simulators.items():
+            user.rng.seed(f"{cfg.seed}-{step}-eval-{name}")
+            rollouts = play(
+                self.domain, scenarios, speaker, user,
+                max_turns=cfg.max_turns, max_tool_rounds=cfg.max_tool_rounds,
+            )  # fmt: skip
+            row[f"heldout/{name}/success"] = statistics.fmean(bool(r.outcome.success) for r in rollouts)
+            row[f"heldout/{name}/reward"] = statistics.fmean(r.reward for r in rollouts)
+            every += rollouts
+        row["heldout/success"] = statistics.fmean(
+            row[f"heldout/{n}/success"] for n in self.simulators
+        )
+        row["heldout/entropy"] = mean_entropy(agent, every, cfg.micro_batch)
+        return row
+
+
+@torch.no_grad()
+def mean_entropy(agent: LocalModel, rollouts: list[Rollout], micro_batch: int) -> float:
+    """Mean per-token entropy of the agent's distribution at the tokens it sampled."""
+    total, tokens = 0.0, 0.0
+    for i in range(0, len(rollouts), micro_batch):
+        chunk = rollouts[i : i + micro_batch]
+        batch = TokenBatch.from_lists(
+            [r.agent.ids for r in chunk], [r.agent.mask for r in chunk], agent.pad_id
+        )
+        _, entropy = token_logprobs(agent.model, batch, with_entropy=True)
+        total += float((entropy * batch.mask).sum())
+        tokens += float(batch.mask.sum())
+    return total / tokens if tokens else 0.0

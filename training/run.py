@@ -1,0 +1,213 @@
+"""The trainer, top to bottom: rollouts, GRPO step, the regime's own step, evaluation, checkpoint.
+
+    from training.config import load_config
+    from training.run import train
+    checkpoints = train(load_config("training/configs/p4g-single-cpu.toml"), progress_callback=print)
+
+Running it again with the same output folder resumes from the last checkpoint.
+`progress_callback` gets a dict after every step:
+    {"step", "total_steps", "reward", "heldout_success", "eta_seconds", "metrics", "checkpoint"}
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from agents.domains.base import Domain, Scenario
+from training import checkpoint
+from training.config import RunConfig, TaskSpec
+from training.eval import HeldOutPanel
+from training.grpo import TokenBatch, group_advantages, update
+from training.metrics import MetricsLog, plot
+from training.policy import Policy
+from training.regimes import ModelCache, make_regime
+from training.rollout import LocalAgent, play
+
+Progress = Callable[[dict[str, Any]], None]
+
+
+def train(
+    config: RunConfig,
+    progress_callback: Progress | None = None,
+    *,
+    domain: Domain | None = None,
+    show_progress: bool = True,
+) -> list[Path]:
+    """Train (or resume) the run `config` describes; returns its checkpoint folders, oldest
+    first. `domain` overrides the registry lookup of config.domain (tests use a toy Domain)."""
+    if config.rollout_endpoint:
+        raise NotImplementedError(
+            "rollouts through a vLLM endpoint are not wired yet; leave rollout_endpoint empty "
+            "(see training/README.md)"
+        )
+    run_dir = config.run_dir()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    domain = domain or _domain(config.domain, config.domain_data)
+    train_tasks = select_tasks(domain, config.tasks, "train")
+    eval_tasks = select_tasks(domain, config.tasks, "eval")
+    torch.manual_seed(config.seed)
+
+    models = ModelCache(config)
+    agent = Policy(
+        config.base_model_path(),
+        finetune=config.finetune,
+        lora=config.lora,
+        lr=config.lr,
+        weight_decay=config.weight_decay,
+        beta=config.beta,
+        dtype=config.dtype,
+        device=config.device,
+    )
+    regime = make_regime(config, run_dir, models)
+    panel = HeldOutPanel(config, domain, eval_tasks, models)
+    start = checkpoint.resume(run_dir, config, agent, regime)
+    log = MetricsLog(run_dir / "metrics.jsonl", resume_step=start)
+    (run_dir / "config.json").write_text(_json(config.to_dict()))
+
+    speaker = LocalAgent(agent, config.temperature, config.max_new_tokens)
+    heldout: dict[str, float] | None = _last_heldout(log.rows())
+    started, saved = time.monotonic(), checkpoint.list_checkpoints(run_dir)
+    bar = tqdm(total=config.steps, initial=start, desc=config.name, disable=not show_progress)
+    for step in range(start + 1, config.steps + 1):
+        t0 = time.monotonic()
+        # 1. rollouts: G conversations for each of this step's tasks
+        tasks = draw_tasks(train_tasks, config.batch_tasks, random.Random(f"{config.seed}-{step}"))
+        scenarios = [t for t in tasks for _ in range(config.group_size)]
+        with regime.simulator(step) as user:
+            rollouts = play(
+                domain, scenarios, speaker, user,
+                max_turns=config.max_turns, max_tool_rounds=config.max_tool_rounds,
+            )  # fmt: skip
+        rewards = torch.tensor([r.reward for r in rollouts]).view(len(tasks), config.group_size)
+        t_rollout = time.monotonic() - t0
+
+        # 2. the agent's GRPO step on its own tokens
+        adv = group_advantages(rewards, config.scale_std).flatten()
+        batch = TokenBatch.from_lists(
+            [r.agent.ids for r in rollouts], [r.agent.mask for r in rollouts], agent.pad_id
+        )
+        stats = update(
+            agent.model,
+            agent.optimizer,
+            batch,
+            adv,
+            eps=config.eps,
+            eps_high=config.clip_high,
+            beta=config.beta,
+            micro_batch=config.micro_batch,
+            epochs=config.ppo_epochs,
+            grad_clip=config.grad_clip,
+            reference=agent.reference_logprobs if config.beta > 0 else None,
+        )
+
+        # 3. the regime's own step (co-training: the simulator learns; population: the pool)
+        stats.update(regime.learn(step, rollouts))
+        row = {
+            "step": step,
+            "reward_mean": float(rewards.mean()),
+            "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+            "success": statistics.fmean(bool(r.outcome.success) for r in rollouts),
+            "turns": statistics.fmean(len(r.conversation) for r in rollouts),
+            "fallbacks": sum(r.fallbacks for r in rollouts),
+            **stats,
+            "time_rollout": t_rollout,
+        }
+
+        # 4. held-out evaluation every eval_every steps and at the end
+        if panel and _due(step, config.eval_every, config.steps):
+            heldout = panel.evaluate(agent, step)
+            row.update(heldout)
+        row["time_step"] = time.monotonic() - t0
+        log.write(row)
+
+        # 5. checkpoint every save_every steps and at the end, with the plots beside it
+        folder = None
+        if _due(step, config.save_every, config.steps):
+            folder = checkpoint.save(run_dir, step, config, agent, regime, row)
+            saved = checkpoint.list_checkpoints(run_dir)
+            plot(log.rows(), run_dir)
+
+        bar.update(1)
+        bar.set_postfix(reward=f"{row['reward_mean']:.3f}", entropy=f"{row['entropy']:.2f}")
+        if progress_callback is not None:
+            done = step - start
+            eta = (time.monotonic() - started) / done * (config.steps - step)
+            progress_callback(
+                {
+                    "step": step,
+                    "total_steps": config.steps,
+                    "reward": row["reward_mean"],
+                    "heldout_success": _heldout_summary(heldout),
+                    "eta_seconds": eta,
+                    "metrics": row,
+                    "checkpoint": str(folder) if folder else None,
+                }
+            )
+    bar.close()
+    return saved
+
+
+def select_tasks(domain: Domain, spec: TaskSpec, which: str) -> list[Scenario]:
+    """The scenarios of the train or eval side: explicit ids, else the split, capped."""
+    split = spec.train_split if which == "train" else spec.eval_split
+    ids = spec.train_ids if which == "train" else spec.eval_ids
+    cap = spec.max_train if which == "train" else spec.max_eval
+    if ids:
+        by_id = {s.id: s for s in domain.scenarios(None)}
+        unknown = [i for i in ids if i not in by_id]
+        if unknown:
+            raise ValueError(f"tasks.{which}_ids: unknown scenario ids {unknown[:5]} in {domain.name}")
+        tasks = [by_id[i] for i in ids]
+    else:
+        tasks = domain.scenarios(split)
+    tasks = tasks[:cap] if cap else tasks
+    if which == "train" and not tasks:
+        raise ValueError(f"no training scenarios in domain {domain.name!r} split {split!r}")
+    return tasks
+
+
+def draw_tasks(tasks: list[Scenario], n: int, rng: random.Random) -> list[Scenario]:
+    """n distinct tasks when there are enough, else with repeats."""
+    return rng.sample(tasks, n) if n <= len(tasks) else [rng.choice(tasks) for _ in range(n)]
+
+
+def _domain(name: str, data_dir: str) -> Domain:
+    from agents.domains import get_domain
+
+    return get_domain(name, data_dir or None)
+
+
+def _due(step: int, every: int, last: int) -> bool:
+    return step == last or (every > 0 and step % every == 0)
+
+
+def _last_heldout(rows: list[dict[str, Any]]) -> dict[str, float] | None:
+    for row in reversed(rows):
+        if "heldout/success" in row:
+            return {k: v for k, v in row.items() if k.startswith("heldout/")}
+    return None
+
+
+def _heldout_summary(heldout: dict[str, Any] | None) -> dict[str, float] | None:
+    """{simulator name: success rate} from the last evaluation."""
+    if not heldout:
+        return None
+    return {
+        k.split("/")[1]: v
+        for k, v in heldout.items()
+        if k.endswith("/success") and k.count("/") == 2
+    }
+
+
+def _json(data: Any) -> str:
+    import json
+
+    return json.dumps(data, indent=2, default=str)
