@@ -13,6 +13,8 @@ from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_POST
 
 from . import exports, reports
+from .forms import ImportPoolForm
+from .pools import PoolError, import_pool
 from .models import AnalysisRun, Arm, Item, Participant, Questionnaire, Response, Scenario, Study
 
 
@@ -44,10 +46,10 @@ class StudyAdmin(admin.ModelAdmin):
     prepopulated_fields = {"slug": ["title"]}
     inlines = [ArmInline, ScenarioInline]
     actions = ["run_analysis", "export_responses", "export_transcripts"]
-    readonly_fields = ["participant_link", "progress", "downloads", "analysis"]
+    readonly_fields = ["participant_link", "progress", "pool", "downloads", "analysis"]
     fieldsets = [
-        (None, {"fields": ["title", "slug", "domain", "status", "participant_link", "progress", "downloads",
-                           "analysis"]}),
+        (None, {"fields": ["title", "slug", "domain", "status", "participant_link", "progress", "pool",
+                           "downloads", "analysis"]}),
         ("Recruitment", {"fields": ["prolific_study_id", "target_per_arm", "time_limit_minutes",
                                     "completion_code", "no_consent_code", "timeout_code"]}),
         ("Participant texts", {"fields": ["consent_text", "instructions", "debrief_text"]}),
@@ -75,6 +77,31 @@ class StudyAdmin(admin.ModelAdmin):
             ", ", "{}: {} / {} (target {})",
             ((a.name, a.done, a.holding, study.target_per_arm) for a in arms),
         ) or "no arms"
+
+    @admin.display(description="Scenario pool")
+    def pool(self, study):
+        if not study.pk:
+            return "-"
+        url = reverse("admin:studies_study_import", args=[study.pk])
+        return format_html('{} scenario(s) · <a href="{}">import from a domain</a>', study.scenarios.count(), url)
+
+    def import_scenarios(self, request, pk):
+        study = get_object_or_404(Study, pk=pk)
+        form = ImportPoolForm(request.POST or None, initial={"domain": study.domain if study.domain != "chat" else "retail"})
+        if request.method == "POST" and form.is_valid():
+            data = form.cleaned_data
+            try:
+                added, existing = import_pool(study, data["domain"], data["count"], data["split"] or None,
+                                              data["source"], data["seed"])
+            except PoolError as error:
+                form.add_error(None, str(error))
+            else:
+                self.message_user(request, f"{added} scenario(s) added, {existing} already in the pool.",
+                                  messages.SUCCESS)
+                return HttpResponseRedirect(reverse("admin:studies_study_change", args=[study.pk]))
+        context = {**self.admin_site.each_context(request), "title": f"Import scenarios into {study}",
+                   "form": form, "study": study, "opts": self.model._meta}
+        return render(request, "admin/studies/import_pool.html", context)
 
     @admin.display(description="Downloads")
     def downloads(self, study):
@@ -121,6 +148,8 @@ class StudyAdmin(admin.ModelAdmin):
 
     def get_urls(self):
         own = [
+            path("<int:pk>/import/", self.admin_site.admin_view(self.import_scenarios),
+                 name="studies_study_import"),
             path("<int:pk>/analyse/", self.admin_site.admin_view(require_POST(self.analyse)),
                  name="studies_study_analyse"),
             path("<int:pk>/responses.csv", self.admin_site.admin_view(self.responses_csv),

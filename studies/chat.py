@@ -24,12 +24,13 @@ Send = Callable[[dict], Awaitable[None]]
 
 
 @lru_cache(maxsize=8)
-def get_domain(name: str) -> Domain | None:
+def get_domain(name: str, source: str = "") -> Domain | None:
+    """The Domain by name; `source` is the official data folder a scenario came from."""
     if name == "chat":
         return None
     from agents.domains import get_domain as load
 
-    return load(name)
+    return load(name, data_dir=source or None)
 
 
 def domain_scenario(participant: Participant) -> DomainScenario | None:
@@ -40,7 +41,9 @@ def domain_scenario(participant: Participant) -> DomainScenario | None:
 
 
 def domain_of(participant: Participant) -> tuple[Domain | None, DomainScenario | None]:
-    domain = get_domain(participant.study.domain)
+    """The scenario's own Domain (a pool may mix retail and airline), else the study's."""
+    row = participant.scenario
+    domain = get_domain(row.domain, row.source) if row else get_domain(participant.study.domain)
     scenario = domain_scenario(participant)
     if domain is not None and scenario is None:
         raise flow.FlowError("This study is not ready", "The study has no scenario for this task.", 503)
@@ -67,6 +70,12 @@ def system_prompt(participant: Participant) -> str:
 
 def history(conversation: Conversation) -> list[dict]:
     return [m.to_chat() for m in conversation.messages.order_by("seq")]
+
+
+def end_reason(participant: Participant) -> str | None:
+    """The Domain's reason the conversation is over (a stated donation, a transfer, ...), or None."""
+    domain, _ = domain_of(participant)
+    return domain.is_done(history(participant.conversation)) if domain else None
 
 
 def score_conversation(participant: Participant, conversation: Conversation) -> dict | None:

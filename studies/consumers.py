@@ -83,9 +83,20 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         )
         if stored.reply is not None:
             await self.send_json({"type": "reply", "reply_to": client_id, "message": stored.reply.to_client()})
-        else:
+        elif not await self.ended_by_domain():
             await self.answer(stored.message)
-        await self.send_json(await database_sync_to_async(status)(self.participant))
+        if not await self.ended_by_domain():
+            await self.send_json(await database_sync_to_async(status)(self.participant))
+
+    async def ended_by_domain(self) -> bool:
+        """End the chat when the Domain says it is over (e.g. a donation was stated)."""
+        reason = await database_sync_to_async(chat.end_reason)(self.participant)
+        if reason is None:
+            return False
+        self.participant = await database_sync_to_async(flow.end_chat)(self.participant, reason)
+        await self.send_json({"type": "ended", "reason": reason})
+        await self.redirect()
+        return True
 
     async def answer(self, message):
         try:

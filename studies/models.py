@@ -137,6 +137,9 @@ class Scenario(models.Model):
     title = models.CharField(max_length=200, blank=True)
     domain = models.CharField(max_length=20, choices=DOMAIN_CHOICES, default="chat")
     payload = models.JSONField(default=dict, blank=True)
+    source = models.CharField(
+        max_length=500, blank=True, help_text="Folder of the official data it came from; blank: bundled."
+    )
     instructions = models.TextField(blank=True, help_text="Shown to the participant in the side panel.")
     active = models.BooleanField(default=True)
 

@@ -1,0 +1,369 @@
+"""LLMClient against small real TCP peers that misbehave on cue: refused connections, late
+starts, 5xx/429, dropped streams, silence, and OpenAI-shaped tool-call deltas (which the
+embedded engine never emits)."""
+
+import asyncio
+import json
+import socket
+import time
+
+import pytest
+
+from agents.llm import LLMClient, LLMConnectionError, LLMError, LLMHTTPError, LLMTimeout
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_order",
+            "description": "Look an order up.",
+            "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}},
+        },
+    }
+]
+
+
+def chunk(delta=None, finish=None, usage=None) -> dict:
+    body = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0, "model": "m"}
+    body["choices"] = (
+        [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
+    )
+    if usage:
+        body["usage"] = usage
+    return body
+
+
+def text_chunks(*pieces, finish="stop") -> list[dict]:
+    usage = {"prompt_tokens": 3, "completion_tokens": len(pieces), "total_tokens": 3 + len(pieces)}
+    return (
+        [chunk({"role": "assistant", "content": ""})]
+        + [chunk({"content": piece}) for piece in pieces]
+        + [chunk({}, finish), chunk(usage=usage)]
+    )
+
+
+class Peer:
+    """An HTTP/1.1 server on 127.0.0.1; connection n is answered by replies[n] (the last one
+    repeats). A reply is a coroutine function (reader, writer) -> None. Requests are recorded."""
+
+    def __init__(self, *replies):
+        self.replies = list(replies)
+        self.requests: list[dict] = []
+        self.server = None
+
+    async def start(self, port: int = 0) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", port)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/v1"
+
+    async def stop(self):
+        self.server.close()
+
+    async def _serve(self, reader, writer):
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = 0
+        for line in head.decode().split("\r\n"):
+            if line.lower().startswith("content-length:"):
+                length = int(line.split(":")[1])
+        body = await reader.readexactly(length) if length else b""
+        self.requests.append(
+            {"line": head.split(b"\r\n")[0].decode(), "body": json.loads(body or b"null")}
+        )
+        reply = self.replies[min(len(self.requests), len(self.replies)) - 1]
+        try:
+            await reply(reader, writer)
+        finally:
+            writer.close()
+
+
+def sse(chunks, done=True, status=200):
+    async def reply(reader, writer):
+        writer.write(f"HTTP/1.1 {status} OK\r\ncontent-type: text/event-stream\r\n\r\n".encode())
+        for item in chunks:
+            writer.write(f"data: {json.dumps(item)}\n\n".encode())
+            await writer.drain()
+        if done:
+            writer.write(b"data: [DONE]\n\n")
+        await writer.drain()
+
+    return reply
+
+
+def answer(status: int, body: dict, headers: dict | None = None):
+    async def reply(reader, writer):
+        payload = json.dumps(body).encode()
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        writer.write(
+            f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n{extra}"
+            f"content-length: {len(payload)}\r\n\r\n".encode()
+            + payload
+        )
+        await writer.drain()
+
+    return reply
+
+
+async def silent(reader, writer):
+    await reader.read()  # say nothing until the client hangs up
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+async def peer():
+    peers = []
+
+    async def make(*replies, port=0):
+        server = Peer(*replies)
+        peers.append(server)
+        return server, await server.start(port)
+
+    yield make
+    for server in peers:
+        await server.stop()
+
+
+async def drain(stream) -> list[str]:
+    return [piece async for piece in stream]
+
+
+async def test_refused_connection_is_retried_then_raises():
+    async with LLMClient(
+        f"http://127.0.0.1:{closed_port()}/v1", max_retries=2, backoff=0.1
+    ) as client:
+        started = time.monotonic()
+        with pytest.raises(LLMConnectionError) as info:
+            await drain(client.stream_chat("m", MESSAGES))
+        assert info.value.attempts == 3
+        assert time.monotonic() - started >= 0.1 + 0.2  # backoff doubles
+        with pytest.raises(LLMConnectionError) as info:
+            await client.chat("m", MESSAGES)
+        assert info.value.attempts == 3 and info.value.retryable
+
+
+async def test_retries_reach_a_server_that_starts_late(peer):
+    port = closed_port()
+
+    async def start_late():
+        await asyncio.sleep(0.3)
+        return await peer(sse(text_chunks("Hel", "lo")), port=port)
+
+    late = asyncio.create_task(start_late())
+    async with LLMClient(f"http://127.0.0.1:{port}/v1", max_retries=6, backoff=0.1) as client:
+        stream = client.stream_chat("m", MESSAGES)
+        assert await drain(stream) == ["Hel", "lo"]
+    server, _ = await late
+    assert stream.result.attempts >= 2
+    assert stream.result.content == "Hello"
+    assert len(server.requests) == 1
+
+
+async def test_5xx_and_429_are_retried_before_the_first_token(peer):
+    server, url = await peer(
+        answer(503, {"error": {"message": "overloaded"}}),
+        answer(429, {"error": {"message": "slow down"}}, {"retry-after": "0"}),
+        sse(text_chunks("ok")),
+    )
+    async with LLMClient(url, max_retries=2, backoff=0.05) as client:
+        stream = client.stream_chat("m", MESSAGES)
+        assert await drain(stream) == ["ok"]
+    assert stream.result.attempts == 3 and len(server.requests) == 3
+
+
+async def test_4xx_is_not_retried(peer):
+    server, url = await peer(answer(400, {"error": {"message": "bad temperature"}}))
+    async with LLMClient(url, max_retries=3, backoff=0.01) as client:
+        with pytest.raises(LLMHTTPError) as info:
+            await drain(client.stream_chat("m", MESSAGES))
+    assert info.value.status == 400 and not info.value.retryable
+    assert info.value.attempts == 1 and len(server.requests) == 1
+    assert "bad temperature" in str(info.value)
+
+
+async def test_a_stream_dropped_after_a_token_is_not_retried(peer):
+    server, url = await peer(sse(text_chunks("Hel", "lo")[:2], done=False))
+    async with LLMClient(url, max_retries=3, backoff=0.01) as client:
+        pieces = []
+        with pytest.raises(LLMError) as info:
+            async for piece in client.stream_chat("m", MESSAGES):
+                pieces.append(piece)
+    assert pieces == ["Hel"]  # never duplicated by a retry
+    assert info.value.partial == "Hel" and info.value.attempts == 1
+    assert len(server.requests) == 1
+
+
+async def test_a_stream_dropped_before_any_token_is_retried(peer):
+    server, url = await peer(sse(text_chunks("Hel")[:1], done=False), sse(text_chunks("Hi")))
+    async with LLMClient(url, max_retries=1, backoff=0.01) as client:
+        stream = client.stream_chat("m", MESSAGES)
+        assert await drain(stream) == ["Hi"]
+    assert stream.result.attempts == 2 and len(server.requests) == 2
+
+
+async def test_silence_is_a_read_timeout_and_not_retried(peer):
+    server, url = await peer(silent)
+    async with LLMClient(url, timeout=0.4, max_retries=2, backoff=0.01) as client:
+        started = time.monotonic()
+        with pytest.raises(LLMTimeout) as info:
+            await drain(client.stream_chat("m", MESSAGES))
+        assert 0.35 < time.monotonic() - started < 5
+        assert info.value.attempts == 1 and not info.value.retryable
+        with pytest.raises(LLMTimeout):
+            await client.chat("m", MESSAGES)
+    assert len(server.requests) == 2
+    assert "Timed out waiting" in str(info.value)
+
+
+async def test_connect_timeout_is_retried():
+    # A listening socket whose backlog is full drops new connection attempts: a real peer
+    # that never completes the TCP handshake.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    for _ in range(3):
+        filler = socket.socket()
+        filler.setblocking(False)
+        filler.connect_ex(("127.0.0.1", port))
+        fillers.append(filler)
+    await asyncio.sleep(0.1)
+    try:
+        url = f"http://127.0.0.1:{port}/v1"
+        async with LLMClient(url, connect_timeout=0.2, max_retries=1, backoff=0.01) as client:
+            with pytest.raises(LLMTimeout) as info:
+                await client.chat("m", MESSAGES)
+        assert info.value.retryable and info.value.attempts == 2
+        assert "connecting" in str(info.value)
+    finally:
+        for sock in [listener, *fillers]:
+            sock.close()
+
+
+async def test_stream_ending_early_is_an_error(peer):
+    server, url = await peer(sse([chunk({"role": "assistant", "content": ""})], done=False))
+    async with LLMClient(url, max_retries=0) as client:
+        with pytest.raises(LLMConnectionError, match="ended before"):
+            await drain(client.stream_chat("m", MESSAGES))
+
+
+async def test_native_tool_call_deltas_are_assembled(peer):
+    def calls(*deltas):
+        return chunk({"tool_calls": list(deltas)})
+
+    server, url = await peer(
+        sse(
+            [
+                chunk({"role": "assistant", "content": None}),
+                calls(
+                    {
+                        "index": 0,
+                        "id": "call_a",
+                        "type": "function",
+                        "function": {"name": "get_order", "arguments": ""},
+                    }
+                ),
+                calls({"index": 0, "function": {"arguments": '{"order'}}),
+                calls(
+                    {
+                        "index": 1,
+                        "id": "call_b",
+                        "type": "function",
+                        "function": {"name": "calculate", "arguments": '{"expr'},
+                    }
+                ),
+                calls({"index": 0, "function": {"arguments": '_id": "#W1"}'}}),
+                calls({"index": 1, "function": {"arguments": 'ession": "2+2"}'}}),
+                chunk({}, "tool_calls"),
+                chunk(usage={"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14}),
+            ]
+        )
+    )
+    async with LLMClient(url) as client:
+        stream = client.stream_chat("m", MESSAGES, tools=TOOLS, tool_choice="auto")
+        assert await drain(stream) == []
+    result = stream.result
+    assert server.requests[0]["body"]["tools"] == TOOLS
+    assert server.requests[0]["body"]["tool_choice"] == "auto"
+    assert server.requests[0]["body"]["stream_options"] == {"include_usage": True}
+    assert [call["id"] for call in result.tool_calls] == ["call_a", "call_b"]
+    assert [call["function"]["name"] for call in result.tool_calls] == ["get_order", "calculate"]
+    arguments = [json.loads(call["function"]["arguments"]) for call in result.tool_calls]
+    assert arguments == [{"order_id": "#W1"}, {"expression": "2+2"}]
+    assert result.finish_reason == "tool_calls" and result.content == ""
+    assert result.usage["total_tokens"] == 14
+    assert result.ttft is not None and result.ttft <= result.latency
+
+
+async def test_json_tool_format_in_a_stream(peer):
+    pieces = [
+        "Let me check",
+        " that. <tool",
+        '_call>{"name": "get_order", "argu',
+        'ments": {"order_id": "#W1"}}</tool',
+        "_call>\n",
+    ]
+    server, url = await peer(sse(text_chunks(*pieces)))
+    system = {"role": "system", "content": "You are a shop assistant."}
+    async with LLMClient(url, tool_format="json") as client:
+        stream = client.stream_chat("m", [system, *MESSAGES], tools=TOOLS, tool_choice="auto")
+        streamed = await drain(stream)
+    result = stream.result
+    assert "".join(streamed) == result.content == "Let me check that."
+    assert not any("<" in piece for piece in streamed)
+    (call,) = result.tool_calls
+    assert call["function"]["name"] == "get_order"
+    assert json.loads(call["function"]["arguments"]) == {"order_id": "#W1"}
+    assert result.finish_reason == "tool_calls"
+    sent = server.requests[0]["body"]
+    assert "tools" not in sent and "tool_choice" not in sent
+    prompt = sent["messages"][0]["content"]
+    assert prompt.startswith("You are a shop assistant.") and '"name": "get_order"' in prompt
+    assert "<tool_call>" in prompt
+
+
+async def test_json_tool_format_without_streaming(peer):
+    content = (
+        'Sure.\n<tool_call>{"name": "get_order", "arguments": {"order_id": "#W2"}}</tool_call>'
+    )
+    body = {
+        "id": "chatcmpl-2",
+        "object": "chat.completion",
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 4, "completion_tokens": 20, "total_tokens": 24},
+    }
+    server, url = await peer(answer(200, body))
+    async with LLMClient(url) as client:
+        history = [
+            *MESSAGES,
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "get_order", "arguments": '{"order_id": "#W1"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "not found"},
+        ]
+        result = await client.chat("m", history, tools=TOOLS, tool_format="json")
+    assert result.content == "Sure."
+    assert json.loads(result.tool_calls[0]["function"]["arguments"]) == {"order_id": "#W2"}
+    assert result.finish_reason == "tool_calls" and result.usage["completion_tokens"] == 20
+    sent = server.requests[0]["body"]["messages"]
+    assert sent[0]["role"] == "system" and "get_order" in sent[0]["content"]
+    assert "tool_calls" not in sent[2] and '"#W1"' in sent[2]["content"]

@@ -1,0 +1,62 @@
+"""A scripted OpenAI-compatible server for tests about the code around the model (tool loops,
+scoring), where a real model's choices cannot be controlled. Each request pops the next reply."""
+
+import json
+import threading
+import time
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from tests.conftest import free_port
+
+
+class ScriptedServer:
+    def __init__(self, replies: list[dict]):
+        """replies: {"content": str} or {"tool_calls": [(name, arguments_dict), ...]}."""
+        self.replies = list(replies)
+        self.requests: list[dict] = []
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        app = Starlette(routes=[Route("/v1/chat/completions", self.complete, methods=["POST"])])
+        self.server = uvicorn.Server(uvicorn.Config(app, port=self.port, log_level="warning"))
+
+    async def complete(self, request: Request):
+        body = await request.json()
+        self.requests.append(body)
+        if not self.replies:
+            return JSONResponse({"error": {"message": "script exhausted"}}, status_code=500)
+        reply = self.replies.pop(0)
+        return StreamingResponse(self.chunks(body["model"], reply), media_type="text/event-stream")
+
+    @staticmethod
+    async def chunks(model, reply):
+        def chunk(delta, finish=None):
+            data = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": model,
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+            return f"data: {json.dumps(data)}\n\n"
+
+        yield chunk({"role": "assistant"})
+        for word in reply.get("content", "").split(" "):
+            if word:
+                yield chunk({"content": word + " "})
+        for i, (name, arguments) in enumerate(reply.get("tool_calls", [])):
+            yield chunk({"tool_calls": [{"index": i, "id": f"call_{i}", "type": "function",
+                                         "function": {"name": name, "arguments": ""}}]})
+            yield chunk({"tool_calls": [{"index": i, "function": {"arguments": json.dumps(arguments)}}]})
+        yield chunk({}, "tool_calls" if reply.get("tool_calls") else "stop")
+        yield "data: [DONE]\n\n"
+
+    def __enter__(self):
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
