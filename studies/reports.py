@@ -49,7 +49,7 @@ def analysis_settings(study: Study, table: pd.DataFrame) -> Settings:
     measures = [item.key for item in items]
     if table[OUTCOME].notna().any():
         measures.append(OUTCOME)
-    scales = {item.scale_points for item in items if item.kind == "likert"}
+    scales = {item.key: item.scale_points for item in items if item.kind == "likert"}
     return Settings(
         arm_column="arm",
         measures=tuple(measures),
@@ -57,7 +57,8 @@ def analysis_settings(study: Study, table: pd.DataFrame) -> Settings:
         control=study.control_arm.name if study.control_arm_id else None,
         pairs=study.comparisons,
         reverse=tuple(item.key for item in items if item.reverse_coded),
-        scale_max=max(scales) if scales else 7,
+        scale_max=max(scales.values(), default=7),
+        scales=scales,
         likert=tuple(item.key for item in items if item.kind == "likert"),
         family=study.holm_family,
     )

@@ -28,6 +28,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def close_connection_pool(django_db_setup, django_db_blocker):
+    """Close psycopg's pool before the test database is dropped (it keeps connections open)."""
+    yield
+    from django.db import connections
+
+    with django_db_blocker.unblock():
+        for connection in connections.all():
+            if hasattr(connection, "close_pool"):
+                connection.close_pool()
+
+
 @pytest.fixture
 def postgres(db):
     from django.db import connection
@@ -66,7 +78,7 @@ def engine_url(base_model):
     stop_engine(process)
 
 
-def test_env(**extra) -> dict:
+def child_env(**extra) -> dict:
     """The environment for a child process (server, worker) that must see the test database."""
     from django.db import connection
 
@@ -93,7 +105,7 @@ def celery_worker(django_db_setup, django_db_blocker):
 
     log = open(REPO / "data" / "test-worker.log", "wb")  # noqa: SIM115
     with django_db_blocker.unblock():
-        env = test_env()
+        env = child_env()
     process = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "parley", "worker", "-Q", "default,analysis,training",
          "--pool", "solo", "--loglevel", "INFO", "-n", f"test-{os.getpid()}@%h"],

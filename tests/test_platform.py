@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, free_port, python, test_env
+from tests.conftest import REPO, free_port, python, child_env
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"]).resolve()
 
@@ -51,7 +51,7 @@ def test_platform_in_asgi_server():
 
     process = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "parley.asgi:application", "--port", str(port)],
-        cwd=REPO, env=test_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        cwd=REPO, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
     try:
         body = None
@@ -85,7 +85,7 @@ SETTINGS_PROBE = (
 
 
 def probe(**env):
-    clean = {k: v for k, v in test_env().items() if k not in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL")}
+    clean = {k: v for k, v in child_env().items() if k not in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL")}
     result = python("-c", SETTINGS_PROBE, env={**clean, "DJANGO_SETTINGS_MODULE": "parley.settings", **env})
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -108,7 +108,7 @@ def test_production_settings_from_environment():
 @pytest.mark.django_db
 def test_production_refuses_missing_secret():
     result = python("-c", "import django; django.setup()",
-                    env={**test_env(), "DJANGO_SETTINGS_MODULE": "parley.settings", "DJANGO_DEBUG": "0",
+                    env={**child_env(), "DJANGO_SETTINGS_MODULE": "parley.settings", "DJANGO_DEBUG": "0",
                          "DJANGO_SECRET_KEY": ""})
     assert result.returncode != 0
     assert "DJANGO_SECRET_KEY must be set" in result.stderr

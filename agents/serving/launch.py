@@ -53,7 +53,8 @@ def start_engine(
         command += ["--served-name", served_name]
     command += list(extra_args)
 
-    if log_path is None:
+    own_log = log_path is None
+    if own_log:
         handle, log_path = tempfile.mkstemp(prefix="parley-engine-", suffix=".log")
         os.close(handle)
     log_path = Path(log_path)
@@ -68,6 +69,7 @@ def start_engine(
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
     process.log_path = log_path
+    process.own_log = own_log
     try:
         base_url = _wait_ready(process, log_path, startup_timeout)
     except BaseException:
@@ -85,6 +87,8 @@ def stop_engine(process: subprocess.Popen, timeout: float = 10.0) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+    if getattr(process, "own_log", False):  # a temporary log we made: gone with the engine
+        Path(process.log_path).unlink(missing_ok=True)
 
 
 @contextlib.contextmanager

@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 
 from studies.models import Message, Participant
-from tests.conftest import IN_CI, REPO, free_port, need, test_env
+from tests.conftest import IN_CI, REPO, free_port, need, child_env
 from tests.studies.conftest import make_study
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -23,7 +23,7 @@ def web_server(transactional_db):
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "parley.asgi:application", "--port", str(port)],
-        cwd=REPO, env=test_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        cwd=REPO, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
     for _ in range(150):

@@ -20,7 +20,8 @@ from agents.domains.base import Domain, Message, Outcome, Scenario
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
-def build_tiny_model(folder: Path, tokenizer_dir: Path, seed: int = 0, layers: int = 2) -> Path:
+def build_tiny_model(folder: Path, tokenizer_dir: Path, seed: int = 0, layers: int = 2, init_range: float = 0.5
+) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -36,6 +37,7 @@ def build_tiny_model(folder: Path, tokenizer_dir: Path, seed: int = 0, layers: i
         bos_token_id=1,
         eos_token_id=2,
         pad_token_id=2,
+        initializer_range=init_range,
     )
     LlamaForCausalLM(config).save_pretrained(folder)
     for name in TOKENIZER_FILES:

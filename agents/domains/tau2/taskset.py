@@ -64,14 +64,11 @@ def load_task_set(domain: str, data_dir: str | Path | None = None) -> TaskSet:
     )
     key = (domain, str(folder))
     if key not in _loaded:
-        _loaded[key] = TaskSet(
-            domain=domain,
-            source=source,
-            db=read_db(domain, folder),
-            tasks=read_tasks(folder / "tasks.json"),
-            policy=read_text(folder / "policy.md"),
-            splits=read_splits(folder / "split_tasks.json"),
-        )
+        tasks = read_tasks(folder / "tasks.json")
+        policy = read_text(folder / "policy.md")
+        splits = read_splits(folder / "split_tasks.json")
+        db = read_db(domain, folder)
+        _loaded[key] = TaskSet(domain, source, db, tasks, policy, splits)
     return _loaded[key]
 
 

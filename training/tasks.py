@@ -1,0 +1,70 @@
+"""The Celery task that runs a TrainingRun on the `training` queue and registers its checkpoints."""
+
+import time
+import traceback
+
+from celery import shared_task
+from django.utils import timezone
+
+from .models import TrainingRun
+
+
+class RunCancelled(Exception):
+    pass
+
+
+def progress_writer(run: TrainingRun, every: float = 1.0):
+    """A progress callback that stores the latest figures (at most once a second) and stops
+    the run when a researcher cancelled it."""
+    last = [0.0]
+
+    def write(progress: dict) -> None:
+        if progress.get("checkpoint"):  # servable (and attachable to an arm) as soon as it exists
+            from agents.models import Checkpoint
+
+            Checkpoint.register(progress["checkpoint"], training_run=run)
+        now = time.monotonic()
+        final = progress.get("step") == progress.get("total_steps")
+        if now - last[0] < every and not final:
+            return
+        last[0] = now
+        TrainingRun.objects.filter(pk=run.pk).update(progress=progress)
+        if TrainingRun.objects.filter(pk=run.pk, status=TrainingRun.Status.CANCELLING).exists():
+            raise RunCancelled()
+
+    return write
+
+
+@shared_task(name="training.tasks.run_training")
+def run_training(run_id: int) -> str:
+    from agents.models import Checkpoint
+    from training.run import train
+
+    run = TrainingRun.objects.get(pk=run_id)
+    if run.status != TrainingRun.Status.QUEUED:
+        return run.status
+    config = run.config()
+    run.status, run.started_at, run.output_dir = TrainingRun.Status.RUNNING, timezone.now(), str(config.run_dir())
+    run.save(update_fields=["status", "started_at", "output_dir"])
+    try:
+        folders = train(config, progress_callback=progress_writer(run), show_progress=False)
+        for folder in folders:
+            Checkpoint.register(folder, training_run=run)
+        run.status = TrainingRun.Status.DONE
+    except RunCancelled:
+        run.status = TrainingRun.Status.CANCELLED
+    except Exception:  # noqa: BLE001 - stored for the researcher; the checkpoints so far stay on disk
+        run.status, run.error = TrainingRun.Status.FAILED, traceback.format_exc()
+    run.finished_at = timezone.now()
+    run.save(update_fields=["status", "error", "finished_at"])
+    return run.status
+
+
+def start(run: TrainingRun) -> None:
+    from django.db import transaction
+
+    def send():
+        result = run_training.delay(run.pk)
+        TrainingRun.objects.filter(pk=run.pk).update(task_id=result.id)
+
+    transaction.on_commit(send)
