@@ -118,22 +118,16 @@ class StudyAdmin(admin.ModelAdmin):
         if not study.pk:
             return "-"
         latest = study.analysis_runs.first()
+        # A button of the change form itself (forms cannot nest); it posts to the analyse view.
         button = format_html(
-            '<button type="submit" form="run-analysis" class="button">Run analysis now</button>'
-            '<form id="run-analysis" method="post" action="{}" style="display:none">'
-            '<input type="hidden" name="csrfmiddlewaretoken" value="{}"></form>',
-            reverse("admin:studies_study_analyse", args=[study.pk]), self._csrf_token,
+            '<button type="submit" formaction="{}" formmethod="post" class="button" id="run-analysis">'
+            "Run analysis now</button>",
+            reverse("admin:studies_study_analyse", args=[study.pk]),
         )
         if latest is None:
             return format_html("{} no run yet", button)
         url = reverse("admin:studies_analysisrun_change", args=[latest.pk])
         return format_html('{} latest: <a href="{}">{}</a> ({})', button, url, latest, latest.get_status_display())
-
-    def change_view(self, request, object_id, form_url="", extra_context=None):
-        from django.middleware.csrf import get_token
-
-        self._csrf_token = get_token(request)
-        return super().change_view(request, object_id, form_url, extra_context)
 
     def analyse(self, request, pk):
         study = get_object_or_404(Study, pk=pk)
@@ -250,7 +244,7 @@ class ParticipantAdmin(admin.ModelAdmin):
             "title": f"Transcript of {participant.prolific_pid}",
             "participant": participant,
             "conversation": conversation,
-            "messages": conversation.messages.order_by("seq") if conversation else [],
+            "transcript": conversation.messages.order_by("seq") if conversation else [],
             "responses": participant.responses.select_related("item").order_by("item__order"),
             "opts": self.model._meta,
         }

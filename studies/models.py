@@ -36,7 +36,7 @@ class Study(models.Model):
         MEASURE = "measure", "One measure"
         STUDY = "study", "The whole study"
 
-    slug = models.SlugField(unique=True, help_text="Part of the participant link: /s/<slug>/")
+    slug = models.SlugField(unique=True, help_text="Part of the participant link: /s/SLUG/")
     title = models.CharField(max_length=200)
     domain = models.CharField(max_length=20, choices=DOMAIN_CHOICES, default="chat")
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.DRAFT)

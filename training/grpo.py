@@ -119,10 +119,12 @@ def token_logprobs(
     targets = batch.ids[:, positions + 1]
     log_probs = F.log_softmax(logits, dim=-1)
     logp[:, positions + 1] = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    policy = batch.mask > 0  # positions kept for another row of the batch stay 0 here
     if entropy is not None:
         with torch.no_grad():
             entropy[:, positions + 1] = -(log_probs.exp() * log_probs).sum(-1)
-    return logp, entropy
+        entropy = entropy * policy
+    return logp * policy, entropy
 
 
 def update(
@@ -144,11 +146,21 @@ def update(
     `reference(rows)` gives the reference policy's log-probs (Policy.reference_logprobs); it is
     needed when beta > 0. With epochs == 1 the old log-probs are the current ones detached
     (ratio 1), which saves a forward pass, as in TRL.
+
+    With beta = 0 a sequence whose advantage is 0 adds exactly 0 to the loss and its gradient,
+    so it is not back-propagated (its entropy is still measured); a batch with no signal at all
+    (every group's rewards equal) takes no optimizer step, since Adam's momentum alone would
+    still move the weights.
     """
     if beta > 0 and reference is None:
         raise ValueError("beta > 0 needs a reference model")
-    chunks = [(i, min(i + micro_batch, len(batch))) for i in range(0, len(batch), micro_batch)]
+    live = (adv != 0) | (beta > 0)
+    order = torch.cat([live.nonzero().squeeze(-1), (~live).nonzero().squeeze(-1)])
+    batch = TokenBatch(batch.ids[order], batch.attention[order], batch.mask[order])
+    adv, n_live = adv[order], int(live.sum())
+    chunks = [(i, min(i + micro_batch, n_live)) for i in range(0, n_live, micro_batch)]
     total_tokens = float(batch.mask.sum().clamp(min=1.0))
+    totals = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "entropy": 0.0, "grad_norm": 0.0}
     old, ref = {}, {}
     with torch.no_grad():
         for c in chunks:
@@ -156,10 +168,13 @@ def update(
                 old[c] = token_logprobs(model, batch.rows(*c))[0]
             if beta > 0:
                 ref[c] = reference(batch.rows(*c))
+        for i in range(n_live, len(batch), micro_batch):  # idle rows: entropy only
+            rows = batch.rows(i, min(i + micro_batch, len(batch)))
+            entropy = token_logprobs(model, rows, with_entropy=True)[1]
+            totals["entropy"] += float((entropy * rows.mask).sum()) / total_tokens
 
     model.train()
-    totals = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "entropy": 0.0, "grad_norm": 0.0}
-    for _ in range(epochs):
+    for _ in range(epochs if chunks else 0):
         optimizer.zero_grad(set_to_none=True)
         for c in chunks:
             rows = batch.rows(*c)
@@ -170,7 +185,7 @@ def update(
             )
             weight = stats["tokens"] / total_tokens  # token-level mean over the whole batch
             (loss * weight).backward()
-            totals["loss"] += float(loss) * weight / epochs
+            totals["loss"] += loss.item() * weight / epochs
             totals["kl"] += stats["kl"] * weight / epochs
             totals["clip_frac"] += stats["clip_frac"] * weight / epochs
             totals["entropy"] += float((entropy * rows.mask).sum()) / total_tokens / epochs
@@ -180,4 +195,5 @@ def update(
         optimizer.step()
     model.eval()
     totals["tokens"] = float(batch.mask.sum())
+    totals["trained_sequences"] = float(n_live)
     return totals

@@ -59,6 +59,8 @@ class Engine:
         self.max_loras = max(1, max_loras)
         self.default_max_tokens = default_max_tokens
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        # prepare() runs beside a generation; the Rust tokenizer must not be used by both at once
+        self._tokenizer_lock = threading.Lock()
         self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
         self.model.eval()
         config = self.model.config
@@ -69,9 +71,9 @@ class Engine:
         parameters = inspect.signature(self.model.forward).parameters
         self._cache_kw = "cache" if "cache" in parameters else "past_key_values"
         self._last_logits = {"logits_to_keep": 1} if "logits_to_keep" in parameters else {}
-        self._warm_up()
         self._loaded: OrderedDict[str, tuple[str, tuple]] = OrderedDict()  # name -> (key, stamp)
         self._keys = 0
+        self._warm_up()
 
     # Names ---------------------------------------------------------------------------------
 
@@ -101,7 +103,8 @@ class Engine:
             )
         except Exception as error:  # a template that rejects the conversation
             raise invalid(f"The chat template could not render these messages: {error}") from error
-        prompt_ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        with self._tokenizer_lock:
+            prompt_ids = self.tokenizer(text, add_special_tokens=False).input_ids
         room = self.max_model_len - len(prompt_ids)
         if request.max_tokens is not None and request.max_tokens > room or room < 1:
             raise invalid(
@@ -149,7 +152,9 @@ class Engine:
                 job.finish_reason = "stop"
                 break
             tokens.append(token)
-            piece, stopped = stops.advance(self.tokenizer.decode(tokens, skip_special_tokens=True))
+            with self._tokenizer_lock:
+                text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            piece, stopped = stops.advance(text)
             if piece:
                 yield piece
             if stopped:
@@ -201,6 +206,8 @@ class Engine:
                 )
             self.model.eval()
         except Exception as error:
+            if isinstance(self.model, PeftModel) and key in self.model.peft_config:
+                self.model.delete_adapter(key)  # drop what was half loaded
             raise invalid(
                 f"Could not load the LoRA adapter `{adapter.name}` from {adapter.path}: {error}",
                 "model",

@@ -225,6 +225,8 @@ class _StageBar:
     def __exit__(self, *exc):
         self._stop.set()
         self._ticker.join()
+        if exc[0] is None:
+            self.bar.set_postfix_str(f"done in {self.bar.format_dict['elapsed']:.0f}s")
         self.bar.close()
 
     @contextmanager
@@ -255,10 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     target = args.out or base_model_dir()
     try:
-        if not args.force and (is_complete(target) or is_model_folder(target)):
-            print(f"Base model already prepared, reused: {target}")
-        else:
-            prepare(target, force=args.force)
+        prepare(target, force=args.force)
     except PrepareError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

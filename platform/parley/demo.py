@@ -75,28 +75,32 @@ def main() -> None:
         "web": start("web", "-m", "uvicorn", "parley.asgi:application", "--host", HOST, "--port", str(WEB_PORT)),
     }
 
-    def stop(*_):
-        for process in processes.values():
-            if process.poll() is None:
-                process.terminate()
-        for process in processes.values():
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-        sys.exit(0)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        serve(processes, engine_url)
+    except KeyboardInterrupt:
+        print("\nStopping...", flush=True)
+    finally:  # whatever happens, no server is left behind
+        stop(processes)
 
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
+
+def stop(processes: dict) -> None:
+    for process in processes.values():
+        if process.poll() is None:
+            process.terminate()
+    for process in processes.values():
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def serve(processes: dict, engine_url: str) -> None:
     print("Waiting for the model engine and the web server...", flush=True)
     wait_for(f"http://{HOST}:{ENGINE_PORT}/health", "engine", processes["engine"])
     wait_for(f"http://{HOST}:{WEB_PORT}/healthz", "web", processes["web"])
-    from studies.management.commands.seed_demo import admin_password
+    from parley.credentials import admin_password
 
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "parley.settings")
-    import django
-
-    django.setup()
     pid, study_id, session_id = (secrets.token_hex(12) for _ in range(3))
     base = f"http://{HOST}:{WEB_PORT}"
     print(
@@ -116,7 +120,7 @@ Press Ctrl-C to stop.""",
         for name, process in processes.items():
             if process.poll() is not None:
                 print(f"{name} stopped (code {process.returncode}); see {log_path(name)}", flush=True)
-                stop()
+                return
         time.sleep(1)
 
 

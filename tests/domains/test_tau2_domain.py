@@ -29,7 +29,10 @@ def task_with(domain, test):
 
 
 def writes_something(criteria):
-    return any(a["name"].startswith(("cancel", "modify", "return", "exchange", "book", "update", "send")) for a in criteria["actions"])
+    return any(
+        a["name"].startswith(("cancel", "modify", "return", "exchange", "book", "update", "send"))
+        for a in criteria["actions"]
+    )
 
 
 def played(domain, scenario):
@@ -41,12 +44,21 @@ def played(domain, scenario):
 
 def without_last_write(conversation):
     """The conversation minus its last tool call that changes the DB (and its result)."""
-    index = max(i for i, m in enumerate(conversation) if m.get("tool_calls") and m["tool_calls"][0]["function"]["name"].startswith(("cancel", "modify", "return", "exchange", "book", "update", "send")))
+    index = max(
+        i
+        for i, m in enumerate(conversation)
+        if m.get("tool_calls")
+        and m["tool_calls"][0]["function"]["name"].startswith(
+            ("cancel", "modify", "return", "exchange", "book", "update", "send")
+        )
+    )
     return conversation[:index] + conversation[index + 2 :]
 
 
 def test_registry_and_interface():
-    assert isinstance(get_domain("retail"), RetailDomain) and isinstance(get_domain("airline"), AirlineDomain)
+    assert isinstance(get_domain("retail"), RetailDomain) and isinstance(
+        get_domain("airline"), AirlineDomain
+    )
     assert isinstance(get_domain("retail"), Domain)
     with pytest.raises(ValueError, match="unknown domain 'shop'"):
         get_domain("shop")
@@ -62,7 +74,9 @@ def test_bundled_scenarios_and_splits(retail, airline):
         assert train and test and {s.id for s in train}.isdisjoint({s.id for s in test})
         assert {s.id for s in train} | {s.id for s in test} == {s.id for s in scenarios}
         assert all(s.domain == domain.name and s.title for s in scenarios)
-        assert sum(bool(s.payload["evaluation_criteria"]["communicate_info"]) for s in scenarios) >= 3
+        assert (
+            sum(bool(s.payload["evaluation_criteria"]["communicate_info"]) for s in scenarios) >= 3
+        )
         json.dumps([s.to_dict() for s in scenarios])
         with pytest.raises(ValueError, match="no split 'dev'"):
             domain.scenarios("dev")
@@ -88,8 +102,14 @@ def test_prompts(retail, airline):
 def test_tools_run_on_the_state_and_errors_are_text(retail):
     scenario = retail.scenarios()[0]
     state = retail.new_state(scenario)
-    assert {t["function"]["name"] for t in retail.tools(scenario)} >= {"cancel_pending_order", "calculate"}
-    assert retail.execute_tool(state, "get_order_details", {"order_id": "nope"}) == "Error: Order not found"
+    assert {t["function"]["name"] for t in retail.tools(scenario)} >= {
+        "cancel_pending_order",
+        "calculate",
+    }
+    assert (
+        retail.execute_tool(state, "get_order_details", {"order_id": "nope"})
+        == "Error: Order not found"
+    )
     assert retail.execute_tool(state, "get_order_details", "not json").startswith("Error:")
     assert retail.execute_tool(state, "no_such_tool", {}).startswith("Error:")
 
@@ -113,8 +133,14 @@ def test_state_survives_a_json_round_trip(retail, airline):
         restored = domain.load_state(scenario, stored)
         assert restored.db.digest() == state.db.digest()
         assert domain.score(conversation, restored, "user_stop").reward == 1.0
-        assert domain.state_from_conversation(scenario, conversation).db.digest() == state.db.digest()
-        other = domain.scenarios()[-1] if domain.scenarios()[-1].id != scenario.id else domain.scenarios()[0]
+        assert (
+            domain.state_from_conversation(scenario, conversation).db.digest() == state.db.digest()
+        )
+        other = (
+            domain.scenarios()[-1]
+            if domain.scenarios()[-1].id != scenario.id
+            else domain.scenarios()[0]
+        )
         with pytest.raises(ValueError, match="belongs to task"):
             domain.load_state(other, stored)
         with pytest.raises(ValueError, match="not a dumped"):
@@ -123,7 +149,9 @@ def test_state_survives_a_json_round_trip(retail, airline):
 
 def test_scenario_from_other_data_is_refused(retail):
     scenario = retail.scenarios()[0]
-    foreign = Scenario(scenario.id, "retail", {**scenario.payload, "data_source": "/elsewhere/tau2/retail"})
+    foreign = Scenario(
+        scenario.id, "retail", {**scenario.payload, "data_source": "/elsewhere/tau2/retail"}
+    )
     with pytest.raises(ValueError, match="create the domain with that data_dir"):
         retail.new_state(foreign)
 
@@ -133,7 +161,11 @@ def test_gold_conversation_scores_one(retail, airline):
         for scenario in domain.scenarios():
             conversation, state = played(domain, scenario)
             outcome = domain.score(conversation, state, domain.is_done(conversation))
-            assert (outcome.reward, outcome.success) == (1.0, True), (domain.name, scenario.id, outcome)
+            assert (outcome.reward, outcome.success) == (1.0, True), (
+                domain.name,
+                scenario.id,
+                outcome,
+            )
             assert outcome.components["DB"] == 1.0 and outcome.components["COMMUNICATE"] == 1.0
             assert outcome.details["db"].get("match", True)
 
@@ -151,12 +183,23 @@ def test_db_mismatch_scores_zero(retail, airline):
 
 
 def test_a_different_change_scores_zero(retail):
-    scenario = task_with(retail, lambda c: any(a["name"] == "cancel_pending_order" for a in c["actions"]))
+    scenario = task_with(
+        retail, lambda c: any(a["name"] == "cancel_pending_order" for a in c["actions"])
+    )
     conversation, state = played(retail, scenario)
-    cancel = next(a for a in scenario.payload["evaluation_criteria"]["actions"] if a["name"] == "cancel_pending_order")
-    other_reason = {"no longer needed": "ordered by mistake", "ordered by mistake": "no longer needed"}[cancel["arguments"]["reason"]]
+    cancel = next(
+        a
+        for a in scenario.payload["evaluation_criteria"]["actions"]
+        if a["name"] == "cancel_pending_order"
+    )
+    other_reason = {
+        "no longer needed": "ordered by mistake",
+        "ordered by mistake": "no longer needed",
+    }[cancel["arguments"]["reason"]]
     wrong = retail.new_state(scenario)
-    retail.execute_tool(wrong, "cancel_pending_order", {**cancel["arguments"], "reason": other_reason})
+    retail.execute_tool(
+        wrong, "cancel_pending_order", {**cancel["arguments"], "reason": other_reason}
+    )
     assert retail.score(conversation, wrong, "user_stop").components["DB"] == 0.0
     assert retail.score(conversation, state, "user_stop").components["DB"] == 1.0
 
@@ -165,14 +208,30 @@ def test_missing_communicate_info_scores_zero(airline):
     scenario = task_with(airline, lambda c: c["communicate_info"])
     conversation, state = played(airline, scenario)
     info = scenario.payload["evaluation_criteria"]["communicate_info"][0]
-    silent = [m for m in conversation if not (m["role"] == "assistant" and m.get("content") and info in m["content"])]
+    silent = [
+        m
+        for m in conversation
+        if not (m["role"] == "assistant" and m.get("content") and info in m["content"])
+    ]
     outcome = airline.score(silent, state, "user_stop")
-    assert outcome.reward == 0.0 and outcome.components == {**outcome.components, "DB": 1.0, "COMMUNICATE": 0.0}
+    assert outcome.reward == 0.0 and outcome.components == {
+        **outcome.components,
+        "DB": 1.0,
+        "COMMUNICATE": 0.0,
+    }
     assert {"info": info, "met": False} in outcome.details["communicate"]
     # Case and commas do not matter; the tool results (role "tool") do not count.
-    spoken = silent[:-1] + [{"role": "assistant", "content": f"That comes to ${info[:1]},{info[1:]}.".upper()}] + silent[-1:]
+    spoken = (
+        silent[:-1]
+        + [{"role": "assistant", "content": f"That comes to ${info[:1]},{info[1:]}.".upper()}]
+        + silent[-1:]
+    )
     assert airline.score(spoken, state, "user_stop").components["COMMUNICATE"] == 1.0
-    heard = silent[:-1] + [{"role": "tool", "tool_call_id": "x", "name": "calculate", "content": info}] + silent[-1:]
+    heard = (
+        silent[:-1]
+        + [{"role": "tool", "tool_call_id": "x", "name": "calculate", "content": info}]
+        + silent[-1:]
+    )
     assert airline.score(heard, state, "user_stop").components["COMMUNICATE"] == 0.0
 
 
@@ -181,14 +240,18 @@ def test_step_and_error_limits_score_zero(retail):
     conversation, state = played(retail, scenario)
     for reason in ("max_steps", "too_many_errors", "max_turns"):
         outcome = retail.score(conversation, state, reason)
-        assert (outcome.reward, outcome.success) == (0.0, False) and reason in outcome.details["note"]
+        assert (outcome.reward, outcome.success) == (0.0, False) and reason in outcome.details[
+            "note"
+        ]
 
 
 def test_nl_assertions_need_a_judge(retail):
     scenario = task_with(retail, lambda c: c.get("nl_assertions"))
     conversation, state = played(retail, scenario)
     outcome = retail.score(conversation, state, "user_stop")
-    assert outcome.components["NL_ASSERTION"] == "not evaluated" and outcome.reward == 1.0  # not in the basis
+    assert (
+        outcome.components["NL_ASSERTION"] == "not evaluated" and outcome.reward == 1.0
+    )  # not in the basis
     payload = copy.deepcopy(scenario.payload)
     payload["evaluation_criteria"]["reward_basis"] = ["DB", "NL_ASSERTION"]
     judged = Scenario(scenario.id, "retail", payload)
@@ -203,7 +266,12 @@ def test_nl_assertions_need_a_judge(retail):
 
     assert RetailDomain(nl_judge=judge).score(conversation, state, "user_stop").reward == 1.0
     assert seen == [(payload["evaluation_criteria"]["nl_assertions"], len(conversation))]
-    assert RetailDomain(nl_judge=lambda a, m: [False] * len(a)).score(conversation, state, "user_stop").reward == 0.0
+    assert (
+        RetailDomain(nl_judge=lambda a, m: [False] * len(a))
+        .score(conversation, state, "user_stop")
+        .reward
+        == 0.0
+    )
 
 
 def test_action_basis(retail):
@@ -217,10 +285,18 @@ def test_action_basis(retail):
 
 
 def test_initial_state_changes_the_start_and_the_gold_db(retail):
-    scenario = task_with(retail, lambda c: any(a["name"] == "cancel_pending_order" for a in c["actions"]))
-    order_id = next(a["arguments"]["order_id"] for a in scenario.payload["evaluation_criteria"]["actions"] if a["name"] == "cancel_pending_order")
+    scenario = task_with(
+        retail, lambda c: any(a["name"] == "cancel_pending_order" for a in c["actions"])
+    )
+    order_id = next(
+        a["arguments"]["order_id"]
+        for a in scenario.payload["evaluation_criteria"]["actions"]
+        if a["name"] == "cancel_pending_order"
+    )
     payload = copy.deepcopy(scenario.payload)
-    payload["initial_state"] = {"initialization_data": {"agent_data": {"orders": {order_id: {"status": "processed"}}}}}
+    payload["initial_state"] = {
+        "initialization_data": {"agent_data": {"orders": {order_id: {"status": "processed"}}}}
+    }
     started = Scenario(scenario.id, "retail", payload)
     state = retail.new_state(started)
     assert state.db.get("orders", order_id)["status"] == "processed"
@@ -236,18 +312,50 @@ def test_initial_state_changes_the_start_and_the_gold_db(retail):
 def test_is_done(retail):
     greeting = {"role": "assistant", "content": "Hi! How can I help you today?"}
     assert retail.is_done([greeting, {"role": "user", "content": "Cancel my order."}]) is None
-    assert retail.is_done([greeting, {"role": "user", "content": "Thanks! ###STOP###"}]) == "user_stop"
-    assert retail.is_done([greeting, {"role": "user", "content": "###TRANSFER###"}]) == "user_transfer"
-    assert retail.is_done([greeting, {"role": "user", "content": "###OUT-OF-SCOPE###"}]) == "user_out_of_scope"
-    call = {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "transfer_to_human_agents", "arguments": "{}"}}]}
-    result = {"role": "tool", "tool_call_id": "c1", "name": "transfer_to_human_agents", "content": "Transfer successful"}
+    assert (
+        retail.is_done([greeting, {"role": "user", "content": "Thanks! ###STOP###"}]) == "user_stop"
+    )
+    assert (
+        retail.is_done([greeting, {"role": "user", "content": "###TRANSFER###"}]) == "user_transfer"
+    )
+    assert (
+        retail.is_done([greeting, {"role": "user", "content": "###OUT-OF-SCOPE###"}])
+        == "user_out_of_scope"
+    )
+    call = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "transfer_to_human_agents", "arguments": "{}"},
+            }
+        ],
+    }
+    result = {
+        "role": "tool",
+        "tool_call_id": "c1",
+        "name": "transfer_to_human_agents",
+        "content": "Transfer successful",
+    }
     assert retail.is_done([greeting, call, result]) is None
-    bye = {"role": "assistant", "content": "YOU ARE BEING TRANSFERRED TO A HUMAN AGENT. PLEASE HOLD ON."}
+    bye = {
+        "role": "assistant",
+        "content": "YOU ARE BEING TRANSFERRED TO A HUMAN AGENT. PLEASE HOLD ON.",
+    }
     assert retail.is_done([greeting, call, result, bye]) == "agent_transfer"
-    error = {"role": "tool", "tool_call_id": "c", "name": "get_order_details", "content": "Error: Order not found"}
+    error = {
+        "role": "tool",
+        "tool_call_id": "c",
+        "name": "get_order_details",
+        "content": "Error: Order not found",
+    }
     assert retail.is_done([greeting] + [error] * 9) is None
     assert retail.is_done([greeting] + [error] * 10) == "too_many_errors"
-    chatter = [greeting] + [{"role": "tool", "tool_call_id": "c", "name": "calculate", "content": "2.0"}] * 99
+    chatter = [greeting] + [
+        {"role": "tool", "tool_call_id": "c", "name": "calculate", "content": "2.0"}
+    ] * 99
     assert retail.is_done(chatter) == "max_steps"
     talk = [{"role": r, "content": "hm"} for _ in range(30) for r in ("user", "assistant")]
     assert retail.is_done(talk) == "max_turns"
@@ -259,5 +367,10 @@ def test_digest_is_the_hash_of_the_canonical_json(retail):
     full = hashlib.sha256(canonical_json(state.db.tables).encode()).hexdigest()
     assert state.db.digest() == full == state.db.digest(load_task_set("retail").json_cache)
     fresh = retail.new_state(scenario).db
-    assert fresh.digest() == hashlib.sha256(canonical_json(load_task_set("retail").db).encode()).hexdigest()
-    assert not state.db.same_as(fresh) and fresh.same_as(retail.new_state(scenario).db)
+    assert (
+        fresh.digest()
+        == hashlib.sha256(canonical_json(load_task_set("retail").db).encode()).hexdigest()
+    )
+    assert state.db.digest() != fresh.digest()
+    state.db.edit("users", next(iter(state.db.tables["users"])))["email"] = "changed@example.com"
+    assert state.db.digest() == hashlib.sha256(canonical_json(state.db.tables).encode()).hexdigest() != full

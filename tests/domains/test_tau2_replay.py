@@ -82,7 +82,9 @@ def test_management_command(tmp_path):
     from django.core.management import call_command
 
     out = io.StringIO()
-    call_command("domain_replay", "--domain", "airline", "--json", "--dump-db", str(tmp_path), stdout=out)
+    call_command(
+        "domain_replay", "--domain", "airline", "--json", "--dump-db", str(tmp_path), stdout=out
+    )
     lines = out.getvalue().splitlines()
     assert lines[-1].endswith("passed, 0 failed") and json.loads(lines[0])["reward"] == 1.0
     assert (tmp_path / "0.json").is_file()

@@ -255,27 +255,17 @@ async def test_native_tool_call_deltas_are_assembled(peer):
     def calls(*deltas):
         return chunk({"tool_calls": list(deltas)})
 
+    def opening(index, call_id, name, arguments):
+        function = {"name": name, "arguments": arguments}
+        return calls({"index": index, "id": call_id, "type": "function", "function": function})
+
     server, url = await peer(
         sse(
             [
                 chunk({"role": "assistant", "content": None}),
-                calls(
-                    {
-                        "index": 0,
-                        "id": "call_a",
-                        "type": "function",
-                        "function": {"name": "get_order", "arguments": ""},
-                    }
-                ),
+                opening(0, "call_a", "get_order", ""),
                 calls({"index": 0, "function": {"arguments": '{"order'}}),
-                calls(
-                    {
-                        "index": 1,
-                        "id": "call_b",
-                        "type": "function",
-                        "function": {"name": "calculate", "arguments": '{"expr'},
-                    }
-                ),
+                opening(1, "call_b", "calculate", '{"expr'),
                 calls({"index": 0, "function": {"arguments": '_id": "#W1"}'}}),
                 calls({"index": 1, "function": {"arguments": 'ession": "2+2"}'}}),
                 chunk({}, "tool_calls"),

@@ -281,3 +281,21 @@ def test_client_disconnect_stops_generation(served):
     assert int(match.group(1)) < 300
     # and the engine is free for the next request
     assert served.chat("hi", max_tokens=1)["usage"]["completion_tokens"] == 1
+
+
+def test_a_broken_adapter_is_a_clear_400_and_harms_nothing(served, adapters_root, greedy):
+    import shutil
+
+    target = adapters_root / "broken"
+    shutil.copytree(adapters_root / "plain", target)
+    (target / "adapter_model.safetensors").write_bytes(b"not a tensor file")
+    try:
+        response = served.post(
+            {"model": "broken", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+        )
+    finally:
+        shutil.rmtree(target)
+    assert response.status_code == 400
+    assert "Could not load the LoRA adapter `broken`" in response.json()["error"]["message"]
+    again = served.chat(QUESTION, max_tokens=12)
+    assert again["choices"][0]["message"]["content"] == greedy["choices"][0]["message"]["content"]

@@ -39,6 +39,8 @@ def test_study_pages_render_with_inlines(admin_client, finished):
     assert "arms-0-endpoint_url" in page and "scenarios-TOTAL_FORMS" in page
     assert "/s/s1/?PROLIFIC_PID=" in page
     assert "a: 1 / 1" in page  # completed / active in arm a
+    analyse = reverse("admin:studies_study_analyse", args=[finished.pk])
+    assert f'formaction="{analyse}"' in page  # a button of the change form, not a nested form
     assert admin_client.get(reverse("admin:studies_study_changelist")).status_code == 200
     q = admin_client.get(reverse("admin:studies_questionnaire_change", args=[finished.questionnaire.pk]))
     assert "items-0-reverse_coded" in q.content.decode()
@@ -58,6 +60,7 @@ def test_transcript_view_reads_in_order(admin_client, finished):
     page = admin_client.get(reverse("admin:studies_participant_transcript", args=[participant.pk])).content.decode()
     assert page.index("Hello, agent") < page.index("Hi, how can I help?")
     assert "120 ms" in page and "frustration (reverse-coded)" in page
+    assert 'class="success"' not in page  # the transcript is not shown as flash messages
 
 
 def test_responses_csv_has_one_row_per_participant(admin_client, finished):

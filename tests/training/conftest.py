@@ -117,3 +117,8 @@ class LetterDomain(Domain):
 @pytest.fixture
 def letters() -> LetterDomain:
     return LetterDomain()
+
+
+@pytest.fixture
+def tool_letters() -> LetterDomain:
+    return LetterDomain(tools=True)

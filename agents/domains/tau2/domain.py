@@ -11,11 +11,11 @@ from typing import Any
 from ..base import Domain, Message, Outcome, Scenario
 from . import prompts
 from .airline import AirlineTools
-from .taskset import TaskSet, load_task_set
 from .retail import RetailTools
 from .scoring import NLJudge, score, text_of, tool_calls_of
 from .state import Tau2State, fresh_tools, rebuild
 from .store import Store
+from .taskset import TaskSet, load_task_set
 from .toolkit import Toolkit
 
 
@@ -56,7 +56,11 @@ class Tau2Domain(Domain):
     def scenario(self, task: dict[str, Any]) -> Scenario:
         """A Scenario for one task; the payload is the task plus where its DB comes from."""
         instructions = (task.get("user_scenario") or {}).get("instructions")
-        reason = instructions.get("reason_for_call", "") if isinstance(instructions, dict) else str(instructions or "")
+        reason = (
+            instructions.get("reason_for_call", "")
+            if isinstance(instructions, dict)
+            else str(instructions or "")
+        )
         title = " ".join(reason.split())
         title = title if len(title) <= 80 else title[:77] + "..."
         payload = {**copy.deepcopy(task), "data_source": self.task_set.source}
@@ -108,11 +112,15 @@ class Tau2Domain(Domain):
                 f"stored state belongs to task {data.get('task_id')!r} of {data.get('data_source')}, "
                 f"not to task {task['id']!r} of {self.task_set.source}"
             )
-        return rebuild(self.task_set, self.toolkit, task, [(w["name"], w["arguments"]) for w in data["writes"]])
+        return rebuild(
+            self.task_set, self.toolkit, task, [(w["name"], w["arguments"]) for w in data["writes"]]
+        )
 
     def state_from_conversation(self, scenario: Scenario, conversation: list[Message]) -> Tau2State:
         """The state a conversation's own tool calls produce (e.g. when the stored state is lost)."""
-        return rebuild(self.task_set, self.toolkit, self._task(scenario), tool_calls_of(conversation))
+        return rebuild(
+            self.task_set, self.toolkit, self._task(scenario), tool_calls_of(conversation)
+        )
 
     # -- ending and scoring -------------------------------------------------------------------
 
@@ -129,18 +137,27 @@ class Tau2Domain(Domain):
                     return reason
         if last.get("role") == "assistant" and text_of(last) and not last.get("tool_calls"):
             # After a transfer the agent says goodbye once; that message closes the chat.
-            if any(m.get("role") == "tool" and m.get("name") == "transfer_to_human_agents" for m in conversation):
+            if any(
+                m.get("role") == "tool" and m.get("name") == "transfer_to_human_agents"
+                for m in conversation
+            ):
                 return "agent_transfer"
-        errors = sum(1 for m in conversation if m.get("role") == "tool" and text_of(m).startswith("Error:"))
+        errors = sum(
+            1 for m in conversation if m.get("role") == "tool" and text_of(m).startswith("Error:")
+        )
         if errors >= self.max_errors:
             return "too_many_errors"
         if len(conversation) >= self.max_steps:
             return "max_steps"
         return super().is_done(conversation)
 
-    def score(self, conversation: list[Message], state: Tau2State, end_reason: str | None = None) -> Outcome:
+    def score(
+        self, conversation: list[Message], state: Tau2State, end_reason: str | None = None
+    ) -> Outcome:
         if not isinstance(state, Tau2State):
-            raise TypeError(f"{self.name} scores a Tau2State (from new_state or load_state), not {type(state).__name__}")
+            raise TypeError(
+                f"{self.name} scores a Tau2State (from new_state or load_state), not {type(state).__name__}"
+            )
         return score(
             state.task,
             conversation,
@@ -154,7 +171,11 @@ class Tau2Domain(Domain):
     def gold_db(self, task: dict[str, Any]) -> Store:
         """The DB the gold actions leave (tool errors ignored, as in tau2), cached per task."""
         criteria = task.get("evaluation_criteria") or {}
-        key = json.dumps([task["id"], task.get("initial_state"), criteria.get("actions")], sort_keys=True, default=str)
+        key = json.dumps(
+            [task["id"], task.get("initial_state"), criteria.get("actions")],
+            sort_keys=True,
+            default=str,
+        )
         if key in self._gold:
             self._gold.move_to_end(key)
             return self._gold[key]

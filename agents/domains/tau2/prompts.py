@@ -50,7 +50,9 @@ def _scenario(task: dict[str, Any]) -> tuple[str | None, Any]:
 
 
 def _indent(text: str) -> str:
-    return "\n".join("    " + line if line.strip() else "" for line in str(text).strip().splitlines())
+    return "\n".join(
+        "    " + line if line.strip() else "" for line in str(text).strip().splitlines()
+    )
 
 
 def simulator_prompt(task: dict[str, Any]) -> str:
@@ -71,7 +73,9 @@ def simulator_prompt(task: dict[str, Any]) -> str:
 def human_instructions(task: dict[str, Any]) -> str:
     """Plain text for the side panel of a study participant."""
     persona, instructions = _scenario(task)
-    blocks = ["Please play the customer described below, in your own words. Share details only when the agent asks for them."]
+    blocks = [
+        "Please play the customer described below, in your own words. Share details only when the agent asks for them."
+    ]
     if persona:
         blocks.append(f"About you\n{persona.strip()}")
     if isinstance(instructions, dict):
@@ -81,5 +85,7 @@ def human_instructions(task: dict[str, Any]) -> str:
                 blocks.append(f"{heading}\n{str(text).strip()}")
     elif instructions:
         blocks.append(f"Your situation\n{str(instructions).strip()}")
-    blocks.append("When your request is handled, or the agent cannot help further, end the conversation.")
+    blocks.append(
+        "When your request is handled, or the agent cannot help further, end the conversation."
+    )
     return "\n\n".join(blocks)

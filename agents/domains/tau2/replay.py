@@ -52,14 +52,26 @@ def gold_conversation(domain: Tau2Domain, scenario: Scenario, state) -> tuple[li
             {
                 "role": "assistant",
                 "content": None,
-                "tool_calls": [{"id": call_id, "type": "function", "function": {"name": action["name"], "arguments": arguments}}],
+                "tool_calls": [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {"name": action["name"], "arguments": arguments},
+                    }
+                ],
             }
         )
         result = domain.execute_tool(state, action["name"], arguments)
         errors += result.startswith("Error:")
-        conversation.append({"role": "tool", "tool_call_id": call_id, "name": action["name"], "content": result})
+        conversation.append(
+            {"role": "tool", "tool_call_id": call_id, "name": action["name"], "content": result}
+        )
     infos = criteria.get("communicate_info") or []
-    closing = "Here is what you asked about: " + "; ".join(infos) + "." if infos else "Is there anything else?"
+    closing = (
+        "Here is what you asked about: " + "; ".join(infos) + "."
+        if infos
+        else "Is there anything else?"
+    )
     conversation.append({"role": "assistant", "content": closing})
     conversation.append({"role": "user", "content": prompts.STOP})
     return conversation, errors
@@ -75,12 +87,18 @@ def replay_task(domain: Tau2Domain, scenario: Scenario, dump_dir: Path | None = 
         with open(dump_dir / f"{name}.json", "w", encoding="utf-8") as handle:
             json.dump(state.db.tables, handle, indent=4)
     actions = (scenario.payload.get("evaluation_criteria") or {}).get("actions") or []
-    return TaskReplay(scenario.id, outcome.reward, len(actions), errors, end_reason, outcome.components)
+    return TaskReplay(
+        scenario.id, outcome.reward, len(actions), errors, end_reason, outcome.components
+    )
 
 
-def replay(domain_name: str, data_dir: str | Path | None = None, dump_dir: str | Path | None = None) -> Iterator[TaskReplay]:
+def replay(
+    domain_name: str, data_dir: str | Path | None = None, dump_dir: str | Path | None = None
+) -> Iterator[TaskReplay]:
     if domain_name not in DOMAINS:
-        raise ValueError(f"unknown tau2 domain {domain_name!r}: expected one of {', '.join(DOMAINS)}")
+        raise ValueError(
+            f"unknown tau2 domain {domain_name!r}: expected one of {', '.join(DOMAINS)}"
+        )
     domain = DOMAINS[domain_name](data_dir=data_dir)
     folder = None
     if dump_dir is not None:
@@ -116,9 +134,13 @@ def run(
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--domain", required=True, choices=sorted(DOMAINS))
-    parser.add_argument("--data-dir", default=None, help="official-layout folder (default: bundled data)")
+    parser.add_argument(
+        "--data-dir", default=None, help="official-layout folder (default: bundled data)"
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object per task")
-    parser.add_argument("--dump-db", default=None, metavar="DIR", help="write each task's final DB to DIR/<id>.json")
+    parser.add_argument(
+        "--dump-db", default=None, metavar="DIR", help="write each task's final DB to DIR/<id>.json"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

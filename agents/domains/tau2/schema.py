@@ -111,8 +111,8 @@ class ListOf(Shape):
 
 
 class DictOf(Shape):
-    def __init__(self, shape: Shape, key: Shape = Str()):
-        self.shape, self.key = shape, key
+    def __init__(self, shape: Shape, key: Shape | None = None):
+        self.shape, self.key = shape, key or Str()
 
     def __call__(self, value, path="value"):
         if not isinstance(value, dict):

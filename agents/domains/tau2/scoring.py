@@ -44,11 +44,15 @@ def tool_calls_of(conversation: list[Message]) -> list[tuple[str, Any]]:
 
 
 def communicate_checks(conversation: list[Message], infos: list[str]) -> list[dict[str, Any]]:
-    said = [text_of(m).lower().replace(",", "") for m in conversation if m.get("role") == "assistant"]
+    said = [
+        text_of(m).lower().replace(",", "") for m in conversation if m.get("role") == "assistant"
+    ]
     return [{"info": info, "met": any(info.lower() in text for text in said)} for info in infos]
 
 
-def action_checks(conversation: list[Message], actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def action_checks(
+    conversation: list[Message], actions: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     """tau2's ACTION basis: each gold action matches some agent call on its compare_args."""
     calls = []
     for name, arguments in tool_calls_of(conversation):
@@ -67,7 +71,9 @@ def action_checks(conversation: list[Message], actions: list[dict[str, Any]]) ->
                 continue
             compared = keys if keys is not None else list(arguments)
             gold = action.get("arguments") or {}
-            if not compared or {k: arguments[k] for k in compared if k in arguments} == {k: gold[k] for k in compared if k in gold}:
+            if not compared or {k: arguments[k] for k in compared if k in arguments} == {
+                k: gold[k] for k in compared if k in gold
+            }:
                 met = True
                 break
         checks.append({"action": action.get("action_id", action["name"]), "met": met})
@@ -100,7 +106,11 @@ def score(
     else:
         agent_hash, gold_hash = digest(agent_db), digest(gold_db())
         components["DB"] = 1.0 if agent_hash == gold_hash else 0.0
-        details["db"] = {"match": agent_hash == gold_hash, "agent_hash": agent_hash, "gold_hash": gold_hash}
+        details["db"] = {
+            "match": agent_hash == gold_hash,
+            "agent_hash": agent_hash,
+            "gold_hash": gold_hash,
+        }
 
     checks = communicate_checks(conversation, criteria.get("communicate_info") or [])
     components["COMMUNICATE"] = 1.0 if all(c["met"] for c in checks) else 0.0
@@ -113,7 +123,9 @@ def score(
         components["NL_ASSERTION"] = NOT_EVALUATED
     else:
         verdicts = list(judge(assertions, conversation))
-        details["nl_assertions"] = [{"assertion": a, "met": bool(v)} for a, v in zip(assertions, verdicts, strict=True)]
+        details["nl_assertions"] = [
+            {"assertion": a, "met": bool(v)} for a, v in zip(assertions, verdicts, strict=True)
+        ]
         components["NL_ASSERTION"] = 1.0 if all(verdicts) else 0.0
 
     if "ACTION" in basis:
@@ -126,5 +138,7 @@ def score(
     reward = 1.0
     for part in basis:
         value = components.get(part, NOT_EVALUATED)
-        reward *= value if isinstance(value, float) else 0.0  # not evaluated never counts as success
+        reward *= (
+            value if isinstance(value, float) else 0.0
+        )  # not evaluated never counts as success
     return Outcome(reward, reward == 1.0, components, details)

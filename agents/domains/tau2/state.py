@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .taskset import DB_SHAPES, TaskSet
 from .store import Store
+from .taskset import DB_SHAPES, TaskSet
 from .toolkit import Toolkit
 
 
@@ -49,10 +49,14 @@ def fresh_tools(task_set: TaskSet, toolkit: type[Toolkit], task: dict[str, Any])
         merge_into(tools.db, data, task_set.domain)
     for call in initial.get("initialization_actions") or []:
         if call.get("env_type", "assistant") != "assistant":
-            raise ValueError(f"task {task['id']!r}: only assistant-side initialization actions exist in {task_set.domain}")
+            raise ValueError(
+                f"task {task['id']!r}: only assistant-side initialization actions exist in {task_set.domain}"
+            )
         content, error = tools.run(call.get("func_name", ""), call.get("arguments") or {})
         if error:
-            raise ValueError(f"task {task['id']!r}: initialization action {call.get('func_name')!r} failed: {content}")
+            raise ValueError(
+                f"task {task['id']!r}: initialization action {call.get('func_name')!r} failed: {content}"
+            )
     for message in initial.get("message_history") or []:
         for call in message.get("tool_calls") or []:  # tau2's ToolCall: {id, name, arguments}
             tools.run(call.get("name", ""), call.get("arguments") or {})
@@ -79,7 +83,9 @@ def deep_merge(into: Any, patch: Any) -> Any:
     return patch
 
 
-def rebuild(task_set: TaskSet, toolkit: type[Toolkit], task: dict[str, Any], calls: list[tuple[str, Any]]) -> Tau2State:
+def rebuild(
+    task_set: TaskSet, toolkit: type[Toolkit], task: dict[str, Any], calls: list[tuple[str, Any]]
+) -> Tau2State:
     """A fresh state with these (name, arguments) tool calls run on it."""
     state = Tau2State(task, fresh_tools(task_set, toolkit, task))
     for name, arguments in calls:

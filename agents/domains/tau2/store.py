@@ -26,6 +26,7 @@ class Store:
         self.base = base
         self.tables: Tables = {name: dict(table) for name, table in base.items()}
         self._owned: set[tuple[str, str]] = set()
+        self._digest: str | None = None  # forgotten whenever a record is taken for editing
 
     def get(self, table: str, key: Any) -> Any:
         """A record to read (KeyError if absent). Never change it: take it through `edit`."""
@@ -34,6 +35,7 @@ class Store:
     def edit(self, table: str, key: Any) -> Any:
         """This conversation's own copy of a record, safe to change."""
         record = self.tables[table][key]
+        self._digest = None
         if (table, key) not in self._owned:
             record = self.tables[table][key] = copy.deepcopy(record)
             self._owned.add((table, key))
@@ -42,49 +44,27 @@ class Store:
     def put(self, table: str, key: Any, record: Any) -> None:
         self.tables[table][key] = record
         self._owned.add((table, key))
-
-    def changed(self) -> dict[str, list]:
-        """Keys of the records this conversation copied or added, per table."""
-        out: dict[str, list] = {}
-        for table, key in sorted(self._owned, key=str):
-            out.setdefault(table, []).append(key)
-        return out
-
-    def same_as(self, other: Store) -> bool:
-        """Whole-DB equality in canonical form (what equal hashes mean), comparing only records
-        that are not the very same shared object."""
-        if self.tables.keys() != other.tables.keys():
-            return False
-        for name, mine in self.tables.items():
-            theirs = other.tables[name]
-            if mine.keys() != theirs.keys():
-                return False
-            for key in {k for t, k in self._owned | other._owned if t == name}:
-                a, b = mine.get(key), theirs.get(key)
-                if a is not b and canonical_json(a) != canonical_json(b):
-                    return False
-        return True
+        self._digest = None
 
     def digest(self, cache: dict | None = None) -> str:
         """sha256 of the canonical JSON of the whole DB: the hash tau2's DB check compares.
-        `cache` (kept beside the base) holds the JSON of shared records so only copies are dumped."""
-        if not all(
-            isinstance(t, dict) and all(isinstance(k, str) for k in t) for t in self.tables.values()
-        ):
-            return hashlib.sha256(canonical_json(self.tables).encode()).hexdigest()
+        It is assembled row by row; `cache` (kept beside the base) holds the text of shared rows,
+        so only this conversation's own records are dumped again."""
+        if self._digest is not None:
+            return self._digest
+        cache = {} if cache is None else cache
         parts = []
         for name in sorted(self.tables):
-            table = self.tables[name]
-            shared = cache.setdefault(name, {}) if cache is not None else {}
+            table, shared = self.tables[name], cache.setdefault(name, {})
             rows = []
             for key in sorted(table):
-                record = table[key]
                 if (name, key) in self._owned:
-                    text = canonical_json(record)
+                    rows.append(f"{json.dumps(key)}: {canonical_json(table[key])}")
                 else:
-                    text = shared.get(key)
-                    if text is None:
-                        text = shared[key] = canonical_json(record)
-                rows.append(f"{json.dumps(key)}: {text}")
+                    row = shared.get(key)
+                    if row is None:
+                        row = shared[key] = f"{json.dumps(key)}: {canonical_json(table[key])}"
+                    rows.append(row)
             parts.append(f"{json.dumps(name)}: {{{', '.join(rows)}}}")
-        return hashlib.sha256(f"{{{', '.join(parts)}}}".encode()).hexdigest()
+        self._digest = hashlib.sha256(f"{{{', '.join(parts)}}}".encode()).hexdigest()
+        return self._digest

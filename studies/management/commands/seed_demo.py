@@ -1,10 +1,9 @@
 import os
-import secrets
 
-from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 
+from parley.credentials import admin_password
 from studies.demo import seed_demo_study
 
 
@@ -29,14 +28,3 @@ class Command(BaseCommand):
             f"study={study.slug} arms={','.join(study.arms.values_list('name', flat=True))}"
         )
         self.stdout.write(f"admin_user={username}")
-
-
-def admin_password() -> str:
-    """PARLEY_ADMIN_PASSWORD, or one made once for this data folder and kept beside it."""
-    if os.environ.get("PARLEY_ADMIN_PASSWORD"):
-        return os.environ["PARLEY_ADMIN_PASSWORD"]
-    path = settings.DATA_DIR / "demo-admin-password"
-    if not path.exists():
-        path.write_text(secrets.token_urlsafe(12))
-        path.chmod(0o600)
-    return path.read_text().strip()

@@ -1,0 +1,73 @@
+from pathlib import Path
+
+import pytest
+
+from training.__main__ import main
+from training.config import ConfigError, RunConfig, load_config
+
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "training" / "configs").glob("*.toml"))
+MINIMAL = 'name = "r"\ndomain = "p4g"\n'
+
+
+def write(tmp_path, text):
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    return path
+
+
+def test_every_shipped_config_loads():
+    assert {c.stem for c in CONFIGS} >= {
+        f"{d}-{r}-cpu" for d in ("p4g", "retail") for r in ("single", "verbalized", "cotrain", "population")
+    }
+    for path in CONFIGS:
+        config = load_config(path)
+        assert config.base_model == ""  # the prepared SmolLM2 folder
+        assert config.heldout, f"{path.name} has no held-out panel"
+
+
+def test_minimal_config_gets_defaults(tmp_path):
+    config = load_config(write(tmp_path, MINIMAL + "[simulator]\ntemperature = 1\n"))
+    assert config.regime == "single" and config.group_size == 4
+    assert config.simulator.temperature == 1.0 and isinstance(config.simulator.temperature, float)
+    assert config.clip_high == config.eps  # eps_high 0 means symmetric
+    assert config.run_dir().parts[-2:] == ("runs", "r")
+    assert config.adversarial_simulator  # p4g: the persuadee resists
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (MINIMAL + "stepz = 3\n", "unknown key 'stepz'; did you mean 'steps'?"),
+        (MINIMAL + "[simulator]\ntemprature = 0.5\n", "unknown key 'simulator.temprature'"),
+        (MINIMAL + 'steps = "ten"\n', "steps must be int"),
+        (MINIMAL + "scale_std = 1\n", "scale_std must be bool"),
+        (MINIMAL + 'regime = "duo"\n', "regime must be one of single, verbalized, cotrain, population"),
+        (MINIMAL + "group_size = 1\n", "group_size must be at least 2"),
+        (MINIMAL + "eps = 1.5\n", "eps must be in (0, 1)"),
+        ('domain = "p4g"\n', "missing required key(s): name"),
+        (MINIMAL + "[[heldout]]\nname = 'same'\n", "is the training simulator"),
+        (MINIMAL + 'regime = "verbalized"\n', 'needs simulator.kind = "verbalized"'),
+        (MINIMAL + 'regime = "cotrain"\n[simulator]\nendpoint = "http://x/v1"\nmodel = "m"\n', "trains the simulator in-process"),
+        (MINIMAL + "[simulator]\nendpoint = 'http://x/v1'\n", "needs `model`"),
+        (MINIMAL + "steps = [\n", "not valid TOML"),
+    ],
+)
+def test_bad_config_is_a_clear_error(tmp_path, text, message):
+    with pytest.raises(ConfigError) as error:
+        load_config(write(tmp_path, text))
+    assert message in str(error.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="no config file"):
+        load_config(tmp_path / "nope.toml")
+
+
+def test_cli_reports_config_errors(tmp_path, capsys):
+    assert main(["run", str(write(tmp_path, MINIMAL + "lr = -1.0\n"))]) == 2
+    assert "lr must be positive" in capsys.readouterr().err
+
+
+def test_round_trip_through_dict():
+    config = load_config(CONFIGS[0])
+    assert RunConfig.from_dict(config.to_dict()) == config

@@ -1,0 +1,87 @@
+import math
+
+import torch
+
+from training.grpo import TokenBatch, grpo_loss, group_advantages, token_logprobs
+
+LN = math.log
+
+
+def fixed_batch():
+    """Two sequences, three tokens each; the last token of each is not the policy's (mask 0)
+    and carries absurd values that must not leak into the loss."""
+    old = torch.zeros(2, 3)
+    logp = torch.tensor([[LN(1.5), LN(0.5), 50.0], [LN(1.5), LN(0.5), -50.0]])
+    adv = torch.tensor([1.0, -2.0])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    return logp, old, adv, mask
+
+
+def test_loss_equals_hand_computed_value():
+    logp, old, adv, mask = fixed_batch()
+    # ratios 1.5 and 0.5, clip range [0.8, 1.2]:
+    #   A=+1: -min(1.5, 1.2) = -1.2     -min(0.5, 0.8) = -0.5
+    #   A=-2: -min(-3.0, -2.4) = 3.0    -min(-1.0, -1.6) = 1.6
+    # mean over the 4 policy tokens: (-1.2 - 0.5 + 3.0 + 1.6) / 4 = 0.725
+    loss, stats = grpo_loss(logp, old, None, adv, mask, eps=0.2)
+    assert math.isclose(float(loss), 0.725, rel_tol=1e-6)
+    # the clip removed the gradient of tokens 1 (A>0, ratio>1.2) and 4 (A<0, ratio<0.8)
+    assert stats["clip_frac"] == 0.5
+    assert stats["tokens"] == 4
+    assert stats["kl"] == 0.0
+
+
+def test_kl_term_is_k3_times_beta():
+    logp, old, adv, mask = fixed_batch()
+    ref = logp + LN(2.0)  # ref - logp = ln 2 everywhere: k3 = 2 - ln 2 - 1
+    k3 = 1.0 - LN(2.0)
+    loss, stats = grpo_loss(logp, old, ref, adv, mask, eps=0.2, beta=0.1)
+    assert math.isclose(float(loss), 0.725 + 0.1 * k3, rel_tol=1e-6)
+    assert math.isclose(stats["kl"], k3, rel_tol=1e-6)
+
+
+def test_asymmetric_clip_uses_eps_high():
+    logp, old, adv, mask = fixed_batch()
+    # eps_high = 0.6: the A=+1, ratio 1.5 token is no longer clipped: -1.5 instead of -1.2
+    loss, _ = grpo_loss(logp, old, None, adv, mask, eps=0.2, eps_high=0.6)
+    assert math.isclose(float(loss), (-1.5 - 0.5 + 3.0 + 1.6) / 4, rel_tol=1e-6)
+
+
+def test_masked_tokens_get_no_gradient():
+    logp, old, adv, mask = fixed_batch()
+    logp.requires_grad_(True)
+    loss, _ = grpo_loss(logp, old, logp.detach() + 1.0, adv, mask, eps=0.2, beta=0.5)
+    loss.backward()
+    assert torch.all(logp.grad[:, 2] == 0)  # not the policy's tokens
+    assert torch.all(logp.grad[mask > 0] != 0)
+
+
+def test_group_advantages():
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.5, 0.5, 0.5, 0.5]])
+    std = math.sqrt(1 / 3)  # unbiased std of (1, 0, 0, 1)
+    adv = group_advantages(rewards)
+    expected = 0.5 / (std + 1e-4)
+    assert torch.allclose(adv[0], torch.tensor([expected, -expected, -expected, expected]))
+    assert torch.all(adv[1] == 0)  # no spread, no signal
+    assert torch.equal(group_advantages(rewards, scale_std=False)[0], torch.tensor([0.5, -0.5, -0.5, 0.5]))
+
+
+def test_token_logprobs_match_full_softmax(tiny_model):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
+    ids = [[5, 17, 300, 42, 9, 2], [7, 8, 1000, 2]]
+    masks = [[0, 0, 1, 1, 0, 1], [0, 1, 1, 0]]
+    batch = TokenBatch.from_lists(ids, masks, pad_id=2)
+    with torch.no_grad():
+        logp, entropy = token_logprobs(model, batch, with_entropy=True)
+        full = torch.log_softmax(model(batch.ids, attention_mask=batch.attention).logits, -1)
+    for b, (seq, m) in enumerate(zip(ids, masks, strict=True)):
+        for t in range(1, len(seq)):
+            if m[t]:
+                expected = full[b, t - 1, seq[t]]
+                assert torch.isclose(logp[b, t], expected, atol=1e-5)
+                h = -(full[b, t - 1].exp() * full[b, t - 1]).sum()
+                assert torch.isclose(entropy[b, t], h, atol=1e-4)
+            else:
+                assert logp[b, t] == 0
