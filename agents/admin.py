@@ -9,8 +9,12 @@ from .models import Checkpoint
 
 
 class AttachForm(forms.Form):
-    arms = forms.ModelMultipleChoiceField(queryset=None, help_text="Each arm will ask for this checkpoint.")
-    endpoint_url = forms.URLField(assume_scheme="http", help_text="The engine that serves the checkpoint.")
+    arms = forms.ModelMultipleChoiceField(
+        queryset=None, help_text="Each arm will ask for this checkpoint."
+    )
+    endpoint_url = forms.URLField(
+        assume_scheme="http", help_text="The engine that serves the checkpoint."
+    )
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -25,8 +29,18 @@ class CheckpointAdmin(admin.ModelAdmin):
     list_filter = ["domain", "regime"]
     search_fields = ["name"]
     actions = ["attach_to_arm"]
-    readonly_fields = ["name", "path", "base_model", "domain", "regime", "step", "metrics", "manifest",
-                       "training_run", "created_at"]
+    readonly_fields = [
+        "name",
+        "path",
+        "base_model",
+        "domain",
+        "regime",
+        "step",
+        "metrics",
+        "manifest",
+        "training_run",
+        "created_at",
+    ]
 
     def has_add_permission(self, request):
         return False  # checkpoints are registered by training runs
@@ -47,9 +61,16 @@ class CheckpointAdmin(admin.ModelAdmin):
                 arm.model_name = checkpoint.name
                 arm.endpoint_url = form.cleaned_data["endpoint_url"]
                 arm.save(update_fields=["model_name", "endpoint_url"])
-            self.message_user(request, f"{checkpoint} attached to {', '.join(map(str, arms))}.", messages.SUCCESS)
+            self.message_user(
+                request, f"{checkpoint} attached to {', '.join(map(str, arms))}.", messages.SUCCESS
+            )
             return HttpResponseRedirect(reverse("admin:agents_checkpoint_changelist"))
-        context = {**self.admin_site.each_context(request), "title": f"Attach {checkpoint} to arms",
-                   "form": form, "checkpoint": checkpoint, "opts": self.model._meta,
-                   "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME}
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Attach {checkpoint} to arms",
+            "form": form,
+            "checkpoint": checkpoint,
+            "opts": self.model._meta,
+            "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+        }
         return render(request, "admin/agents/attach.html", context)

@@ -25,7 +25,11 @@ class Checkpoint(models.Model):
     metrics = models.JSONField(default=dict, blank=True)
     manifest = models.JSONField(default=dict, blank=True)
     training_run = models.ForeignKey(
-        "training.TrainingRun", null=True, blank=True, on_delete=models.SET_NULL, related_name="checkpoints"
+        "training.TrainingRun",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="checkpoints",
     )
     created_at = models.DateTimeField(auto_now_add=True)
 

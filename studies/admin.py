@@ -14,8 +14,8 @@ from django.views.decorators.http import require_POST
 
 from . import exports, reports
 from .forms import ImportPoolForm
-from .pools import PoolError, import_pool
 from .models import AnalysisRun, Arm, Item, Participant, Questionnaire, Response, Scenario, Study
+from .pools import PoolError, import_pool
 
 
 class ArmInline(admin.StackedInline):
@@ -48,10 +48,35 @@ class StudyAdmin(admin.ModelAdmin):
     actions = ["run_analysis", "export_responses", "export_transcripts"]
     readonly_fields = ["participant_link", "progress", "pool", "downloads", "analysis"]
     fieldsets = [
-        (None, {"fields": ["title", "slug", "domain", "status", "participant_link", "progress", "pool",
-                           "downloads", "analysis"]}),
-        ("Recruitment", {"fields": ["prolific_study_id", "target_per_arm", "time_limit_minutes",
-                                    "completion_code", "no_consent_code", "timeout_code"]}),
+        (
+            None,
+            {
+                "fields": [
+                    "title",
+                    "slug",
+                    "domain",
+                    "status",
+                    "participant_link",
+                    "progress",
+                    "pool",
+                    "downloads",
+                    "analysis",
+                ]
+            },
+        ),
+        (
+            "Recruitment",
+            {
+                "fields": [
+                    "prolific_study_id",
+                    "target_per_arm",
+                    "time_limit_minutes",
+                    "completion_code",
+                    "no_consent_code",
+                    "timeout_code",
+                ]
+            },
+        ),
         ("Participant texts", {"fields": ["consent_text", "instructions", "debrief_text"]}),
         ("Chat", {"fields": ["min_exchanges", "max_exchanges", "max_message_chars"]}),
         ("Analysis", {"fields": ["control_arm", "comparisons", "holm_family"]}),
@@ -62,7 +87,9 @@ class StudyAdmin(admin.ModelAdmin):
         if not study.pk:
             return "-"
         link = study.participant_link()
-        sample = "?PROLIFIC_PID={{%PROLIFIC_PID%}}&STUDY_ID={{%STUDY_ID%}}&SESSION_ID={{%SESSION_ID%}}"
+        sample = (
+            "?PROLIFIC_PID={{%PROLIFIC_PID%}}&STUDY_ID={{%STUDY_ID%}}&SESSION_ID={{%SESSION_ID%}}"
+        )
         return format_html("<code>{}{}</code>", link, sample)
 
     @admin.display(description="Completed / active per arm")
@@ -73,34 +100,57 @@ class StudyAdmin(admin.ModelAdmin):
             done=Count("participants", filter=Q(participants__status="completed")),
             holding=Count("participants", filter=Q(participants__status__in=Participant.ACTIVE)),
         )
-        return format_html_join(
-            ", ", "{}: {} / {} (target {})",
-            ((a.name, a.done, a.holding, study.target_per_arm) for a in arms),
-        ) or "no arms"
+        return (
+            format_html_join(
+                ", ",
+                "{}: {} / {} (target {})",
+                ((a.name, a.done, a.holding, study.target_per_arm) for a in arms),
+            )
+            or "no arms"
+        )
 
     @admin.display(description="Scenario pool")
     def pool(self, study):
         if not study.pk:
             return "-"
         url = reverse("admin:studies_study_import", args=[study.pk])
-        return format_html('{} scenario(s) · <a href="{}">import from a domain</a>', study.scenarios.count(), url)
+        return format_html(
+            '{} scenario(s) · <a href="{}">import from a domain</a>', study.scenarios.count(), url
+        )
 
     def import_scenarios(self, request, pk):
         study = get_object_or_404(Study, pk=pk)
-        form = ImportPoolForm(request.POST or None, initial={"domain": study.domain if study.domain != "chat" else "retail"})
+        form = ImportPoolForm(
+            request.POST or None,
+            initial={"domain": study.domain if study.domain != "chat" else "retail"},
+        )
         if request.method == "POST" and form.is_valid():
             data = form.cleaned_data
             try:
-                added, existing = import_pool(study, data["domain"], data["count"], data["split"] or None,
-                                              data["source"], data["seed"])
+                added, existing = import_pool(
+                    study,
+                    data["domain"],
+                    data["count"],
+                    data["split"] or None,
+                    data["source"],
+                    data["seed"],
+                )
             except PoolError as error:
                 form.add_error(None, str(error))
             else:
-                self.message_user(request, f"{added} scenario(s) added, {existing} already in the pool.",
-                                  messages.SUCCESS)
+                self.message_user(
+                    request,
+                    f"{added} scenario(s) added, {existing} already in the pool.",
+                    messages.SUCCESS,
+                )
                 return HttpResponseRedirect(reverse("admin:studies_study_change", args=[study.pk]))
-        context = {**self.admin_site.each_context(request), "title": f"Import scenarios into {study}",
-                   "form": form, "study": study, "opts": self.model._meta}
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Import scenarios into {study}",
+            "form": form,
+            "study": study,
+            "opts": self.model._meta,
+        }
         return render(request, "admin/studies/import_pool.html", context)
 
     @admin.display(description="Downloads")
@@ -127,7 +177,9 @@ class StudyAdmin(admin.ModelAdmin):
         if latest is None:
             return format_html("{} no run yet", button)
         url = reverse("admin:studies_analysisrun_change", args=[latest.pk])
-        return format_html('{} latest: <a href="{}">{}</a> ({})', button, url, latest, latest.get_status_display())
+        return format_html(
+            '{} latest: <a href="{}">{}</a> ({})', button, url, latest, latest.get_status_display()
+        )
 
     def analyse(self, request, pk):
         study = get_object_or_404(Study, pk=pk)
@@ -142,14 +194,26 @@ class StudyAdmin(admin.ModelAdmin):
 
     def get_urls(self):
         own = [
-            path("<int:pk>/import/", self.admin_site.admin_view(self.import_scenarios),
-                 name="studies_study_import"),
-            path("<int:pk>/analyse/", self.admin_site.admin_view(require_POST(self.analyse)),
-                 name="studies_study_analyse"),
-            path("<int:pk>/responses.csv", self.admin_site.admin_view(self.responses_csv),
-                 name="studies_study_responses"),
-            path("<int:pk>/transcripts.csv", self.admin_site.admin_view(self.transcripts_csv),
-                 name="studies_study_transcripts"),
+            path(
+                "<int:pk>/import/",
+                self.admin_site.admin_view(self.import_scenarios),
+                name="studies_study_import",
+            ),
+            path(
+                "<int:pk>/analyse/",
+                self.admin_site.admin_view(require_POST(self.analyse)),
+                name="studies_study_analyse",
+            ),
+            path(
+                "<int:pk>/responses.csv",
+                self.admin_site.admin_view(self.responses_csv),
+                name="studies_study_responses",
+            ),
+            path(
+                "<int:pk>/transcripts.csv",
+                self.admin_site.admin_view(self.transcripts_csv),
+                name="studies_study_transcripts",
+            ),
         ]
         return own + super().get_urls()
 
@@ -179,8 +243,20 @@ class StudyAdmin(admin.ModelAdmin):
 class ItemInline(admin.TabularInline):
     model = Item
     extra = 0
-    fields = ["order", "key", "kind", "prompt", "scale_points", "anchor_low", "anchor_high",
-              "reverse_coded", "min_value", "max_value", "required", "expected_answer"]
+    fields = [
+        "order",
+        "key",
+        "kind",
+        "prompt",
+        "scale_points",
+        "anchor_low",
+        "anchor_high",
+        "reverse_coded",
+        "min_value",
+        "max_value",
+        "required",
+        "expected_answer",
+    ]
 
 
 @admin.register(Questionnaire)
@@ -210,13 +286,34 @@ class ResponseInline(admin.TabularInline):
 
 @admin.register(Participant)
 class ParticipantAdmin(admin.ModelAdmin):
-    list_display = ["prolific_pid", "study", "arm", "scenario", "status", "attention_passed",
-                    "created_at", "transcript_link"]
+    list_display = [
+        "prolific_pid",
+        "study",
+        "arm",
+        "scenario",
+        "status",
+        "attention_passed",
+        "created_at",
+        "transcript_link",
+    ]
     list_filter = ["status", "arm", "study", "attention_passed"]
     search_fields = ["prolific_pid", "prolific_session_id"]
-    readonly_fields = ["study", "arm", "scenario", "token", "prolific_pid", "prolific_study_id",
-                       "prolific_session_id", "attention_passed", "outcome", "created_at",
-                       "consented_at", "chat_ended_at", "completed_at", "transcript_link"]
+    readonly_fields = [
+        "study",
+        "arm",
+        "scenario",
+        "token",
+        "prolific_pid",
+        "prolific_study_id",
+        "prolific_session_id",
+        "attention_passed",
+        "outcome",
+        "created_at",
+        "consented_at",
+        "chat_ended_at",
+        "completed_at",
+        "transcript_link",
+    ]
     fields = ["status"] + readonly_fields
     inlines = [ResponseInline]
     list_select_related = ["study", "arm", "scenario"]
@@ -232,12 +329,19 @@ class ParticipantAdmin(admin.ModelAdmin):
         return format_html('<a href="{}">read</a>', url)
 
     def get_urls(self):
-        own = [path("<int:pk>/transcript/", self.admin_site.admin_view(self.transcript),
-                    name="studies_participant_transcript")]
+        own = [
+            path(
+                "<int:pk>/transcript/",
+                self.admin_site.admin_view(self.transcript),
+                name="studies_participant_transcript",
+            )
+        ]
         return own + super().get_urls()
 
     def transcript(self, request, pk):
-        participant = get_object_or_404(Participant.objects.select_related("study", "arm", "scenario"), pk=pk)
+        participant = get_object_or_404(
+            Participant.objects.select_related("study", "arm", "scenario"), pk=pk
+        )
         conversation = getattr(participant, "conversation", None)
         context = {
             **self.admin_site.each_context(request),
@@ -253,10 +357,29 @@ class ParticipantAdmin(admin.ModelAdmin):
 
 @admin.register(AnalysisRun)
 class AnalysisRunAdmin(admin.ModelAdmin):
-    list_display = ["__str__", "study", "status", "trigger", "created_at", "finished_at", "included"]
+    list_display = [
+        "__str__",
+        "study",
+        "status",
+        "trigger",
+        "created_at",
+        "finished_at",
+        "included",
+    ]
     list_filter = ["status", "trigger", "study"]
-    readonly_fields = ["study", "status", "trigger", "created_at", "started_at", "finished_at",
-                       "downloads", "summary", "figures_view", "settings", "error"]
+    readonly_fields = [
+        "study",
+        "status",
+        "trigger",
+        "created_at",
+        "started_at",
+        "finished_at",
+        "downloads",
+        "summary",
+        "figures_view",
+        "settings",
+        "error",
+    ]
     fields = readonly_fields
 
     def has_add_permission(self, request):
@@ -283,17 +406,32 @@ class AnalysisRunAdmin(admin.ModelAdmin):
     @admin.display(description="Results")
     def summary(self, run):
         if run.results is None:
-            return "Not computed yet." if run.status != "failed" else "The run failed; see the error below."
+            return (
+                "Not computed yet."
+                if run.status != "failed"
+                else "The run failed; see the error below."
+            )
         return render_to_string("admin/studies/analysis_results.html", {"report": run.results})
 
     @admin.display(description="Figures")
     def figures_view(self, run):
-        return format_html_join("", '<div class="figure" style="margin:1em 0">{}</div>',
-                                ((mark_safe(svg),) for svg in (run.figures or {}).values())) or "-"
+        return (
+            format_html_join(
+                "",
+                '<div class="figure" style="margin:1em 0">{}</div>',
+                ((mark_safe(svg),) for svg in (run.figures or {}).values()),
+            )
+            or "-"
+        )
 
     def get_urls(self):
-        own = [path("<int:pk>/download/<str:kind>/", self.admin_site.admin_view(self.download),
-                    name="studies_analysisrun_download")]
+        own = [
+            path(
+                "<int:pk>/download/<str:kind>/",
+                self.admin_site.admin_view(self.download),
+                name="studies_analysisrun_download",
+            )
+        ]
         return own + super().get_urls()
 
     def download(self, request, pk, kind):

@@ -37,7 +37,9 @@ def domain_scenario(participant: Participant) -> DomainScenario | None:
     scenario = participant.scenario
     if scenario is None:
         return None
-    return DomainScenario(id=scenario.key, domain=scenario.domain, payload=scenario.payload, title=scenario.title)
+    return DomainScenario(
+        id=scenario.key, domain=scenario.domain, payload=scenario.payload, title=scenario.title
+    )
 
 
 def domain_of(participant: Participant) -> tuple[Domain | None, DomainScenario | None]:
@@ -46,7 +48,9 @@ def domain_of(participant: Participant) -> tuple[Domain | None, DomainScenario |
     domain = get_domain(row.domain, row.source) if row else get_domain(participant.study.domain)
     scenario = domain_scenario(participant)
     if domain is not None and scenario is None:
-        raise flow.FlowError("This study is not ready", "The study has no scenario for this task.", 503)
+        raise flow.FlowError(
+            "This study is not ready", "The study has no scenario for this task.", 503
+        )
     return domain, scenario
 
 
@@ -135,7 +139,9 @@ async def agent_turn(participant: Participant, user_message: Message, send: Send
                 messages.insert(0, {"role": "system", "content": system})
             offer_tools = tools if budget > 0 else None  # out of budget: the agent must answer
             await send({"type": "start", "reply_to": reply_to})
-            stream = client.stream_chat(participant.arm.model_name, messages, tools=offer_tools, **params)
+            stream = client.stream_chat(
+                participant.arm.model_name, messages, tools=offer_tools, **params
+            )
             async for delta in stream:
                 await send({"type": "delta", "reply_to": reply_to, "text": delta})
             result = stream.result
@@ -153,12 +159,26 @@ async def agent_turn(participant: Participant, user_message: Message, send: Send
                 return stored
             await send({"type": "tool_calls", "reply_to": reply_to, "message": stored.to_client()})
             for call in calls:
-                result_message = await database_sync_to_async(run_tool)(conversation, domain, scenario, call, user_message)
-                await send({"type": "tool_result", "reply_to": reply_to, "message": result_message.to_client()})
+                result_message = await database_sync_to_async(run_tool)(
+                    conversation, domain, scenario, call, user_message
+                )
+                await send(
+                    {
+                        "type": "tool_result",
+                        "reply_to": reply_to,
+                        "message": result_message.to_client(),
+                    }
+                )
             budget -= len(calls)
 
 
-def run_tool(conversation: Conversation, domain: Domain, scenario: DomainScenario, call: dict, user_message: Message) -> Message:
+def run_tool(
+    conversation: Conversation,
+    domain: Domain,
+    scenario: DomainScenario,
+    call: dict,
+    user_message: Message,
+) -> Message:
     """Run one tool call on this conversation's own state and store its result."""
     from django.db import transaction
 

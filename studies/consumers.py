@@ -33,7 +33,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self.accept()
         # One live window per participant: an older one (on any server) is told to stop.
         self.group = f"participant-{self.participant.pk}"
-        await self.channel_layer.group_send(self.group, {"type": "chat.superseded", "by": self.channel_name})
+        await self.channel_layer.group_send(
+            self.group, {"type": "chat.superseded", "by": self.channel_name}
+        )
         await self.channel_layer.group_add(self.group, self.channel_name)
         if self.participant.status != Participant.Status.CHAT:
             await self.redirect()
@@ -50,7 +52,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def chat_superseded(self, event):
         if event["by"] != self.channel_name:
-            await self.send_json({"type": "superseded", "message": "This chat continues in another window."})
+            await self.send_json(
+                {"type": "superseded", "message": "This chat continues in another window."}
+            )
             await self.close(code=4409)
 
     async def receive_json(self, content, **kwargs):
@@ -68,21 +72,37 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def on_message(self, content):
         client_id, text = content.get("id"), content.get("text")
         if not isinstance(client_id, str) or not CLIENT_ID.match(client_id):
-            await self.send_json({"type": "error", "message": "Each message needs an id of 1-64 letters, digits, - or _."})
+            await self.send_json(
+                {
+                    "type": "error",
+                    "message": "Each message needs an id of 1-64 letters, digits, - or _.",
+                }
+            )
             return
         if not isinstance(text, str):
-            await self.send_json({"type": "error", "reply_to": client_id, "message": "The message needs text."})
+            await self.send_json(
+                {"type": "error", "reply_to": client_id, "message": "The message needs text."}
+            )
             return
         try:
-            stored = await database_sync_to_async(flow.store_user_message)(self.participant, client_id, text)
+            stored = await database_sync_to_async(flow.store_user_message)(
+                self.participant, client_id, text
+            )
         except flow.FlowError as error:
             await self.send_json({"type": "error", "reply_to": client_id, "message": error.detail})
             return
         await self.send_json(
-            {"type": "ack", "id": client_id, "seq": stored.message.seq, "duplicate": not stored.created}
+            {
+                "type": "ack",
+                "id": client_id,
+                "seq": stored.message.seq,
+                "duplicate": not stored.created,
+            }
         )
         if stored.reply is not None:
-            await self.send_json({"type": "reply", "reply_to": client_id, "message": stored.reply.to_client()})
+            await self.send_json(
+                {"type": "reply", "reply_to": client_id, "message": stored.reply.to_client()}
+            )
         elif not await self.ended_by_domain():
             await self.answer(stored.message)
         if not await self.ended_by_domain():

@@ -12,15 +12,43 @@ DEMO_SLUG = "demo"
 ITEMS = [
     dict(key="helpfulness", prompt="The assistant was helpful.", kind="likert"),
     dict(key="honesty", prompt="The assistant was honest with me.", kind="likert"),
-    dict(key="frustration", prompt="Talking to the assistant was frustrating.", kind="likert", reverse_coded=True),
-    dict(key="attention", prompt="To show you are reading, please choose 2 (Disagree).", kind="attention",
-         expected_answer="2"),
+    dict(
+        key="frustration",
+        prompt="Talking to the assistant was frustrating.",
+        kind="likert",
+        reverse_coded=True,
+    ),
+    dict(
+        key="attention",
+        prompt="To show you are reading, please choose 2 (Disagree).",
+        kind="attention",
+        expected_answer="2",
+    ),
     dict(key="overall", prompt="Overall, I would talk to this assistant again.", kind="likert"),
-    dict(key="age", prompt="Your age in years (optional).", kind="number", min_value=18, max_value=100, required=False),
-    dict(key="comments", prompt="Anything else you want to tell us? (optional)", kind="text", required=False),
+    dict(
+        key="age",
+        prompt="Your age in years (optional).",
+        kind="number",
+        min_value=18,
+        max_value=100,
+        required=False,
+    ),
+    dict(
+        key="comments",
+        prompt="Anything else you want to tell us? (optional)",
+        kind="text",
+        required=False,
+    ),
 ]
-SEVEN_POINTS = ["Strongly disagree", "Disagree", "Somewhat disagree", "Neither agree nor disagree",
-                "Somewhat agree", "Agree", "Strongly agree"]
+SEVEN_POINTS = [
+    "Strongly disagree",
+    "Disagree",
+    "Somewhat disagree",
+    "Neither agree nor disagree",
+    "Somewhat agree",
+    "Agree",
+    "Strongly agree",
+]
 
 
 @transaction.atomic
@@ -57,8 +85,14 @@ def seed_demo_study(engine_url: str | None = None, model_name: str = BASE_MODEL_
         Arm.objects.update_or_create(
             study=study,
             name=name,
-            defaults=dict(order=order, endpoint_url=engine_url, model_name=model_name,
-                          system_prompt=prompt, temperature=0.7, max_tokens=96),
+            defaults=dict(
+                order=order,
+                endpoint_url=engine_url,
+                model_name=model_name,
+                system_prompt=prompt,
+                temperature=0.7,
+                max_tokens=96,
+            ),
         )
     if study.control_arm_id is None:
         study.control_arm = study.arms.get(name="friendly")
@@ -68,5 +102,7 @@ def seed_demo_study(engine_url: str | None = None, model_name: str = BASE_MODEL_
         defaults = dict(order=order, **{k: v for k, v in item.items() if k != "key"})
         if defaults["kind"] in ("likert", "attention"):
             defaults["anchor_labels"] = SEVEN_POINTS
-        Item.objects.update_or_create(questionnaire=questionnaire, key=item["key"], defaults=defaults)
+        Item.objects.update_or_create(
+            questionnaire=questionnaire, key=item["key"], defaults=defaults
+        )
     return study

@@ -10,14 +10,44 @@ from django.http import StreamingHttpResponse
 from .models import Item, Message, Participant, Response
 
 PARTICIPANT_COLUMNS = [
-    "study", "participant", "prolific_pid", "study_id", "session_id", "arm", "scenario", "status",
-    "attention_passed", "created_at", "consented_at", "chat_ended_at", "completed_at",
-    "messages", "outcome_reward", "outcome_success", "outcome",
+    "study",
+    "participant",
+    "prolific_pid",
+    "study_id",
+    "session_id",
+    "arm",
+    "scenario",
+    "status",
+    "attention_passed",
+    "created_at",
+    "consented_at",
+    "chat_ended_at",
+    "completed_at",
+    "messages",
+    "outcome_reward",
+    "outcome_success",
+    "outcome",
 ]
 MESSAGE_COLUMNS = [
-    "study", "participant", "prolific_pid", "arm", "scenario", "seq", "role", "content",
-    "tool_calls", "tool_name", "tool_call_id", "client_id", "model", "finish_reason",
-    "ttft_ms", "latency_ms", "prompt_tokens", "completion_tokens", "created_at",
+    "study",
+    "participant",
+    "prolific_pid",
+    "arm",
+    "scenario",
+    "seq",
+    "role",
+    "content",
+    "tool_calls",
+    "tool_name",
+    "tool_call_id",
+    "client_id",
+    "model",
+    "finish_reason",
+    "ttft_ms",
+    "latency_ms",
+    "prompt_tokens",
+    "completion_tokens",
+    "created_at",
 ]
 
 
@@ -28,11 +58,14 @@ def iso(value) -> str:
 def response_rows(participants) -> Iterator[list]:
     """Header, then one row per participant; item columns hold the raw answers as given."""
     participants = list(
-        participants.select_related("study", "arm", "scenario").order_by("study_id", "created_at", "id")
+        participants.select_related("study", "arm", "scenario").order_by(
+            "study_id", "created_at", "id"
+        )
     )
     items = list(
-        Item.objects.filter(questionnaire__study__in={p.study_id for p in participants})
-        .order_by("questionnaire__study_id", "order", "id")
+        Item.objects.filter(questionnaire__study__in={p.study_id for p in participants}).order_by(
+            "questionnaire__study_id", "order", "id"
+        )
     )
     keys = list(dict.fromkeys(item.key for item in items))
     answers: dict[int, dict[str, object]] = {}
@@ -47,11 +80,22 @@ def response_rows(participants) -> Iterator[list]:
     for p in participants:
         outcome = p.outcome or {}
         row = [
-            p.study.slug, str(p.token), p.prolific_pid, p.prolific_study_id, p.prolific_session_id,
-            p.arm.name, p.scenario.key if p.scenario else "", p.status,
+            p.study.slug,
+            str(p.token),
+            p.prolific_pid,
+            p.prolific_study_id,
+            p.prolific_session_id,
+            p.arm.name,
+            p.scenario.key if p.scenario else "",
+            p.status,
             "" if p.attention_passed is None else p.attention_passed,
-            iso(p.created_at), iso(p.consented_at), iso(p.chat_ended_at), iso(p.completed_at),
-            counts.get(p.pk, 0), outcome.get("reward", ""), outcome.get("success", ""),
+            iso(p.created_at),
+            iso(p.consented_at),
+            iso(p.chat_ended_at),
+            iso(p.completed_at),
+            counts.get(p.pk, 0),
+            outcome.get("reward", ""),
+            outcome.get("success", ""),
             json.dumps(outcome) if outcome else "",
         ]
         mine = answers.get(p.pk, {})
@@ -62,18 +106,40 @@ def transcript_rows(participants) -> Iterator[list]:
     yield MESSAGE_COLUMNS
     messages = (
         Message.objects.filter(conversation__participant__in=participants)
-        .select_related("conversation__participant__study", "conversation__participant__arm",
-                        "conversation__participant__scenario")
-        .order_by("conversation__participant__study_id", "conversation__participant__created_at",
-                  "conversation_id", "seq")
+        .select_related(
+            "conversation__participant__study",
+            "conversation__participant__arm",
+            "conversation__participant__scenario",
+        )
+        .order_by(
+            "conversation__participant__study_id",
+            "conversation__participant__created_at",
+            "conversation_id",
+            "seq",
+        )
     )
     for m in messages.iterator(chunk_size=2000):
         p = m.conversation.participant
         yield [
-            p.study.slug, str(p.token), p.prolific_pid, p.arm.name, p.scenario.key if p.scenario else "",
-            m.seq, m.role, m.content, json.dumps(m.tool_calls) if m.tool_calls else "", m.tool_name,
-            m.tool_call_id, m.client_id or "", m.model, m.finish_reason, m.ttft_ms, m.latency_ms,
-            m.prompt_tokens, m.completion_tokens, iso(m.created_at),
+            p.study.slug,
+            str(p.token),
+            p.prolific_pid,
+            p.arm.name,
+            p.scenario.key if p.scenario else "",
+            m.seq,
+            m.role,
+            m.content,
+            json.dumps(m.tool_calls) if m.tool_calls else "",
+            m.tool_name,
+            m.tool_call_id,
+            m.client_id or "",
+            m.model,
+            m.finish_reason,
+            m.ttft_ms,
+            m.latency_ms,
+            m.prompt_tokens,
+            m.completion_tokens,
+            iso(m.created_at),
         ]
 
 
@@ -84,6 +150,8 @@ class Echo:
 
 def csv_response(rows: Iterable[list], filename: str) -> StreamingHttpResponse:
     writer = csv.writer(Echo())
-    response = StreamingHttpResponse((writer.writerow(row) for row in rows), content_type="text/csv")
+    response = StreamingHttpResponse(
+        (writer.writerow(row) for row in rows), content_type="text/csv"
+    )
     response["Content-Disposition"] = f'attachment; filename="{filename}"'
     return response

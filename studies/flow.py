@@ -65,7 +65,9 @@ def arrive(study: Study, params) -> tuple[Participant, bool]:
     if existing:
         return existing, False
     if study.status != Study.Status.LIVE:
-        raise FlowError("This study is not open", "The study is not accepting participants now.", 403)
+        raise FlowError(
+            "This study is not open", "The study is not accepting participants now.", 403
+        )
     try:
         return _assign(study, values), True
     except IntegrityError:  # the same PID arrived twice at once: the other request created it
@@ -148,7 +150,9 @@ def start_conversation(participant: Participant) -> Conversation:
         conversation.state = state
         conversation.save(update_fields=["state"])
         if greeting:
-            Message.objects.create(conversation=conversation, seq=1, role="assistant", content=greeting)
+            Message.objects.create(
+                conversation=conversation, seq=1, role="assistant", content=greeting
+            )
     return conversation
 
 
@@ -186,9 +190,14 @@ def check_can_send(participant: Participant, conversation: Conversation, text: s
     if not text.strip():
         raise FlowError("Empty message", "Please type a message first.")
     if len(text) > study.max_message_chars:
-        raise FlowError("Message too long", f"Please keep messages under {study.max_message_chars} characters.")
+        raise FlowError(
+            "Message too long", f"Please keep messages under {study.max_message_chars} characters."
+        )
     if user_message_count(conversation) >= study.max_exchanges:
-        raise FlowError("Message limit reached", "You have sent the maximum number of messages; please end the chat.")
+        raise FlowError(
+            "Message limit reached",
+            "You have sent the maximum number of messages; please end the chat.",
+        )
 
 
 def next_seq(conversation: Conversation) -> int:
@@ -225,9 +234,13 @@ def end_chat(participant: Participant, reason: str = "participant") -> Participa
     if participant.status != Participant.Status.CHAT:
         return participant
     conversation = participant.conversation
-    if reason == "participant" and user_message_count(conversation) < participant.study.min_exchanges:
+    if (
+        reason == "participant"
+        and user_message_count(conversation) < participant.study.min_exchanges
+    ):
         raise FlowError(
-            "Too early to end", f"Please send at least {participant.study.min_exchanges} message(s) first."
+            "Too early to end",
+            f"Please send at least {participant.study.min_exchanges} message(s) first.",
         )
     conversation.ended_at = timezone.now()
     conversation.end_reason = reason
@@ -295,7 +308,9 @@ def submit_questionnaire(participant: Participant, data) -> dict[str, str]:
     by_id = {item.id: item for item in items}
     for item_id, value in values.items():
         field = "value_text" if isinstance(value, str) else "value_number"
-        Response.objects.update_or_create(participant=participant, item_id=item_id, defaults={field: value})
+        Response.objects.update_or_create(
+            participant=participant, item_id=item_id, defaults={field: value}
+        )
     checks = [item for item in items if item.kind == Item.Kind.ATTENTION]
     if checks:
         participant.attention_passed = all(
@@ -303,7 +318,9 @@ def submit_questionnaire(participant: Participant, data) -> dict[str, str]:
         )
     from .chat import outcome_after_questionnaire
 
-    participant.outcome = outcome_after_questionnaire(participant, {by_id[i].key: v for i, v in values.items()})
+    participant.outcome = outcome_after_questionnaire(
+        participant, {by_id[i].key: v for i, v in values.items()}
+    )
     participant.status = Participant.Status.COMPLETED
     participant.completed_at = timezone.now()
     participant.save()

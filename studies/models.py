@@ -44,7 +44,9 @@ class Study(models.Model):
     prolific_study_id = models.CharField(
         max_length=64, blank=True, help_text="If set, links whose STUDY_ID differs are refused."
     )
-    consent_text = models.TextField(default="You are invited to take part in a short research study.")
+    consent_text = models.TextField(
+        default="You are invited to take part in a short research study."
+    )
     instructions = models.TextField(blank=True, help_text="Shown beside the chat.")
     debrief_text = models.TextField(default="Thank you for taking part.")
     completion_code = models.CharField(max_length=64)
@@ -94,12 +96,20 @@ class Arm(models.Model):
     )
     model_name = models.CharField(max_length=200, help_text="Base model or LoRA adapter name.")
     api_key_env = models.CharField(
-        max_length=100, blank=True, help_text="Name of the environment variable holding the API key."
+        max_length=100,
+        blank=True,
+        help_text="Name of the environment variable holding the API key.",
     )
     system_prompt = models.TextField(blank=True)
-    greeting = models.TextField(blank=True, help_text="Optional fixed opening message of the agent.")
-    temperature = models.FloatField(default=0.7, validators=[MinValueValidator(0), MaxValueValidator(2)])
-    top_p = models.FloatField(default=1.0, validators=[MinValueValidator(0.01), MaxValueValidator(1)])
+    greeting = models.TextField(
+        blank=True, help_text="Optional fixed opening message of the agent."
+    )
+    temperature = models.FloatField(
+        default=0.7, validators=[MinValueValidator(0), MaxValueValidator(2)]
+    )
+    top_p = models.FloatField(
+        default=1.0, validators=[MinValueValidator(0.01), MaxValueValidator(1)]
+    )
     max_tokens = models.PositiveIntegerField(default=256, validators=[MinValueValidator(1)])
     extra_params = models.JSONField(default=dict, blank=True, help_text="More request parameters.")
     tool_format = models.CharField(
@@ -138,9 +148,13 @@ class Scenario(models.Model):
     domain = models.CharField(max_length=20, choices=DOMAIN_CHOICES, default="chat")
     payload = models.JSONField(default=dict, blank=True)
     source = models.CharField(
-        max_length=500, blank=True, help_text="Folder of the official data it came from; blank: bundled."
+        max_length=500,
+        blank=True,
+        help_text="Folder of the official data it came from; blank: bundled.",
     )
-    instructions = models.TextField(blank=True, help_text="Shown to the participant in the side panel.")
+    instructions = models.TextField(
+        blank=True, help_text="Shown to the participant in the side panel."
+    )
     active = models.BooleanField(default=True)
 
     class Meta:
@@ -213,8 +227,14 @@ class Item(models.Model):
             except ValueError:
                 expected = 0
             if not 1 <= expected <= self.scale_points:
-                errors["expected_answer"] = f"An attention check needs a point from 1 to {self.scale_points}."
-        if self.min_value is not None and self.max_value is not None and self.min_value > self.max_value:
+                errors["expected_answer"] = (
+                    f"An attention check needs a point from 1 to {self.scale_points}."
+                )
+        if (
+            self.min_value is not None
+            and self.max_value is not None
+            and self.min_value > self.max_value
+        ):
             errors["min_value"] = "Must not exceed max_value."
         if errors:
             raise ValidationError(errors)
@@ -260,7 +280,9 @@ class Participant(models.Model):
     class Meta:
         ordering = ["-created_at"]
         constraints = [
-            models.UniqueConstraint(fields=["study", "prolific_pid"], name="one_participant_per_pid")
+            models.UniqueConstraint(
+                fields=["study", "prolific_pid"], name="one_participant_per_pid"
+            )
         ]
         indexes = [models.Index(fields=["study", "arm", "status"])]
 
@@ -272,13 +294,21 @@ class Participant(models.Model):
         return self.created_at + timedelta(minutes=self.study.time_limit_minutes)
 
     def is_overdue(self) -> bool:
-        unfinished = self.status in (self.Status.CONSENT, self.Status.CHAT, self.Status.QUESTIONNAIRE)
+        unfinished = self.status in (
+            self.Status.CONSENT,
+            self.Status.CHAT,
+            self.Status.QUESTIONNAIRE,
+        )
         return unfinished and timezone.now() > self.deadline
 
 
 class Conversation(models.Model):
-    participant = models.OneToOneField(Participant, on_delete=models.CASCADE, related_name="conversation")
-    state = models.JSONField(null=True, blank=True, help_text="This conversation's own Domain state.")
+    participant = models.OneToOneField(
+        Participant, on_delete=models.CASCADE, related_name="conversation"
+    )
+    state = models.JSONField(
+        null=True, blank=True, help_text="This conversation's own Domain state."
+    )
     started_at = models.DateTimeField(auto_now_add=True)
     ended_at = models.DateTimeField(null=True, blank=True)
     end_reason = models.CharField(max_length=32, blank=True)
@@ -293,7 +323,9 @@ class Message(models.Model):
         ASSISTANT = "assistant", "Agent"
         TOOL = "tool", "Tool result"
 
-    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="messages")
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.CASCADE, related_name="messages"
+    )
     seq = models.PositiveIntegerField()
     role = models.CharField(max_length=10, choices=Role.choices)
     content = models.TextField(blank=True)

@@ -16,8 +16,14 @@ class PoolError(ValueError):
 
 
 @transaction.atomic
-def import_pool(study: Study, domain: str, count: int | None = None, split: str | None = None,
-                source: str = "", seed: int = 0) -> tuple[int, int]:
+def import_pool(
+    study: Study,
+    domain: str,
+    count: int | None = None,
+    split: str | None = None,
+    source: str = "",
+    seed: int = 0,
+) -> tuple[int, int]:
     """Add `count` scenarios of `domain` (all if None) to the study; returns (added, already there).
 
     Scenarios already in the pool (same key) are left as they are: an import never loses data.
@@ -32,7 +38,9 @@ def import_pool(study: Study, domain: str, count: int | None = None, split: str 
         family = get_domain(domain, source)
         scenarios = family.scenarios(split or None)
     except (OSError, ValueError, KeyError) as error:
-        raise PoolError(f"Could not load {domain} scenarios from {source or 'the bundled data'}: {error}") from error
+        raise PoolError(
+            f"Could not load {domain} scenarios from {source or 'the bundled data'}: {error}"
+        ) from error
     if not scenarios:
         raise PoolError(f"No {domain} scenarios in split {split!r}.")
     if count is not None and count < len(scenarios):

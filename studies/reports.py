@@ -17,16 +17,20 @@ OUTCOME = "outcome"
 
 
 def measures_of(study: Study) -> list[Item]:
-    return [item for item in study.questionnaire.items.all() if item.kind in ("likert", "number")] if hasattr(
-        study, "questionnaire"
-    ) else []
+    return (
+        [item for item in study.questionnaire.items.all() if item.kind in ("likert", "number")]
+        if hasattr(study, "questionnaire")
+        else []
+    )
 
 
 def participant_table(study: Study) -> pd.DataFrame:
     """One row per participant who got past consent: arm, finished, attention, answers, outcome."""
     items = measures_of(study)
     rows = {}
-    participants = study.participants.exclude(status=Participant.Status.NO_CONSENT).select_related("arm")
+    participants = study.participants.exclude(status=Participant.Status.NO_CONSENT).select_related(
+        "arm"
+    )
     for p in participants.order_by("created_at", "id"):
         rows[p.pk] = {
             "participant": p.prolific_pid,
@@ -38,7 +42,9 @@ def participant_table(study: Study) -> pd.DataFrame:
         }
     keys = {item.id: item.key for item in items}
     responses = Response.objects.filter(participant__in=rows.keys(), item_id__in=keys)
-    for participant_id, item_id, value in responses.values_list("participant_id", "item_id", "value_number"):
+    for participant_id, item_id, value in responses.values_list(
+        "participant_id", "item_id", "value_number"
+    ):
         rows[participant_id][keys[item_id]] = value
     columns = ["participant", "arm", "finished", "attention_passed", *keys.values(), OUTCOME]
     return pd.DataFrame(list(rows.values()), columns=columns)
@@ -117,20 +123,69 @@ def comparisons_csv(report: dict) -> str:
     """The comparisons table and the descriptives, one CSV for a spreadsheet."""
     out = io.StringIO()
     writer = csv.writer(out)
-    writer.writerow(["measure", "arm", "reference", "n_arm", "n_reference", "mean_arm", "mean_reference",
-                     "diff", "diff_ci_low", "diff_ci_high", "t", "df", "p", "p_holm", "hedges_g",
-                     "p_holm<0.05", "p_holm<0.01", "note"])
+    writer.writerow(
+        [
+            "measure",
+            "arm",
+            "reference",
+            "n_arm",
+            "n_reference",
+            "mean_arm",
+            "mean_reference",
+            "diff",
+            "diff_ci_low",
+            "diff_ci_high",
+            "t",
+            "df",
+            "p",
+            "p_holm",
+            "hedges_g",
+            "p_holm<0.05",
+            "p_holm<0.01",
+            "note",
+        ]
+    )
     for c in report.get("comparisons", []):
         low, high = c.get("diff_ci") or (None, None)
         flags = c.get("flags") or {}
-        writer.writerow([c["measure"], c["arm"], c["reference"], c["n_arm"], c["n_reference"], c["mean_arm"],
-                         c["mean_reference"], c["diff"], low, high, c["t"], c["df"], c["p"], c["p_holm"],
-                         c["hedges_g"], flags.get("0.05"), flags.get("0.01"), c.get("note") or ""])
+        writer.writerow(
+            [
+                c["measure"],
+                c["arm"],
+                c["reference"],
+                c["n_arm"],
+                c["n_reference"],
+                c["mean_arm"],
+                c["mean_reference"],
+                c["diff"],
+                low,
+                high,
+                c["t"],
+                c["df"],
+                c["p"],
+                c["p_holm"],
+                c["hedges_g"],
+                flags.get("0.05"),
+                flags.get("0.01"),
+                c.get("note") or "",
+            ]
+        )
     writer.writerow([])
     writer.writerow(["arm", "measure", "n", "mean", "sd", "ci_low", "ci_high", "missing", "note"])
     for arm in report.get("arms", []):
         for measure, d in arm["measures"].items():
             low, high = d.get("ci") or (None, None)
-            writer.writerow([arm["name"], measure, d["n"], d["mean"], d["sd"], low, high, d.get("missing"),
-                             d.get("note") or ""])
+            writer.writerow(
+                [
+                    arm["name"],
+                    measure,
+                    d["n"],
+                    d["mean"],
+                    d["sd"],
+                    low,
+                    high,
+                    d.get("missing"),
+                    d.get("note") or "",
+                ]
+            )
     return out.getvalue()

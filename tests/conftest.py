@@ -95,7 +95,9 @@ def child_env(**extra) -> dict:
 
 
 def python(*args, env=None, **kwargs):
-    return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, **kwargs)
+    return subprocess.run(
+        [sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, **kwargs
+    )
 
 
 @pytest.fixture(scope="session")
@@ -107,15 +109,35 @@ def celery_worker(django_db_setup, django_db_blocker):
     with django_db_blocker.unblock():
         env = child_env()
     process = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "parley", "worker", "-Q", "default,analysis,training",
-         "--pool", "solo", "--loglevel", "INFO", "-n", f"test-{os.getpid()}@%h"],
-        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "parley",
+            "worker",
+            "-Q",
+            "default,analysis,training",
+            "--pool",
+            "solo",
+            "--loglevel",
+            "INFO",
+            "-n",
+            f"test-{os.getpid()}@%h",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     deadline = time.monotonic() + 60
     while b"ready." not in (REPO / "data" / "test-worker.log").read_bytes():
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
-            pytest.fail("the Celery worker did not start: " + (REPO / "data" / "test-worker.log").read_text()[-2000:])
+            pytest.fail(
+                "the Celery worker did not start: "
+                + (REPO / "data" / "test-worker.log").read_text()[-2000:]
+            )
         time.sleep(0.3)
     yield process
     process.terminate()
@@ -123,3 +145,35 @@ def celery_worker(django_db_setup, django_db_blocker):
         process.wait(timeout=20)
     except subprocess.TimeoutExpired:
         process.kill()
+
+
+@pytest.fixture
+def web_server(transactional_db):
+    """The real ASGI server (uvicorn) in its own process, on the test database."""
+    import time
+    import urllib.request
+
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "parley.asgi:application", "--port", str(port)],
+        cwd=REPO,
+        env=child_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(url + "/healthz", timeout=2)
+            break
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                pytest.fail(
+                    "the ASGI server did not start: " + process.stderr.read().decode()[-2000:]
+                )
+            time.sleep(0.2)
+    yield url
+    process.terminate()
+    process.wait(timeout=10)

@@ -35,8 +35,13 @@ class ScriptedServer:
     @staticmethod
     async def chunks(model, reply):
         def chunk(delta, finish=None):
-            data = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": model,
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+            data = {
+                "id": "x",
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            }
             return f"data: {json.dumps(data)}\n\n"
 
         yield chunk({"role": "assistant"})
@@ -44,9 +49,21 @@ class ScriptedServer:
             if word:
                 yield chunk({"content": word + " "})
         for i, (name, arguments) in enumerate(reply.get("tool_calls", [])):
-            yield chunk({"tool_calls": [{"index": i, "id": f"call_{i}", "type": "function",
-                                         "function": {"name": name, "arguments": ""}}]})
-            yield chunk({"tool_calls": [{"index": i, "function": {"arguments": json.dumps(arguments)}}]})
+            yield chunk(
+                {
+                    "tool_calls": [
+                        {
+                            "index": i,
+                            "id": f"call_{i}",
+                            "type": "function",
+                            "function": {"name": name, "arguments": ""},
+                        }
+                    ]
+                }
+            )
+            yield chunk(
+                {"tool_calls": [{"index": i, "function": {"arguments": json.dumps(arguments)}}]}
+            )
         yield chunk({}, "tool_calls" if reply.get("tool_calls") else "stop")
         yield "data: [DONE]\n\n"
 

@@ -1,15 +1,13 @@
 """The project layout and settings: `platform` stays the standard library everywhere."""
 
 import json
-import sys
 import sysconfig
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, free_port, python, child_env
+from tests.conftest import REPO, child_env, python
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"]).resolve()
 
@@ -19,8 +17,18 @@ def is_stdlib(path: str) -> bool:
 
 
 def test_layout():
-    for name in ["platform/parley/settings.py", "agents", "training", "studies", "tests",
-                 "manage.py", "pyproject.toml", "Makefile", "README.md", ".ci/run"]:
+    for name in [
+        "platform/parley/settings.py",
+        "agents",
+        "training",
+        "studies",
+        "tests",
+        "manage.py",
+        "pyproject.toml",
+        "Makefile",
+        "README.md",
+        ".ci/run",
+    ]:
         assert (REPO / name).exists(), name
     assert not (REPO / "platform" / "__init__.py").exists()
 
@@ -44,30 +52,11 @@ def test_platform_from_manage_py():
     assert is_stdlib(result.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.django_db(transaction=True)
-def test_platform_in_asgi_server():
-    port = free_port()
-    import subprocess
-
-    process = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "parley.asgi:application", "--port", str(port)],
-        cwd=REPO, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
-    try:
-        body = None
-        for _ in range(100):
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
-                    body = json.load(response)
-                    break
-            except OSError:
-                time.sleep(0.2)
-        assert body is not None, process.stderr.read1().decode() if process.poll() is not None else "no answer"
-        assert body["ok"] is True
-        assert is_stdlib(body["platform_file"])
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
+def test_platform_in_asgi_server(web_server):
+    with urllib.request.urlopen(web_server + "/healthz", timeout=10) as response:
+        body = json.load(response)
+    assert body["ok"] is True
+    assert is_stdlib(body["platform_file"])
 
 
 def test_platform_in_celery_worker(celery_worker):
@@ -85,8 +74,14 @@ SETTINGS_PROBE = (
 
 
 def probe(**env):
-    clean = {k: v for k, v in child_env().items() if k not in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL")}
-    result = python("-c", SETTINGS_PROBE, env={**clean, "DJANGO_SETTINGS_MODULE": "parley.settings", **env})
+    clean = {
+        k: v
+        for k, v in child_env().items()
+        if k not in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL")
+    }
+    result = python(
+        "-c", SETTINGS_PROBE, env={**clean, "DJANGO_SETTINGS_MODULE": "parley.settings", **env}
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -94,21 +89,38 @@ def probe(**env):
 @pytest.mark.django_db
 def test_embedded_settings_need_no_server():
     got = probe()
-    assert got == {"db": "django.db.backends.sqlite3", "pool": False,
-                   "layer": "channels.layers.InMemoryChannelLayer", "broker": "filesystem://"}
+    assert got == {
+        "db": "django.db.backends.sqlite3",
+        "pool": False,
+        "layer": "channels.layers.InMemoryChannelLayer",
+        "broker": "filesystem://",
+    }
 
 
 @pytest.mark.django_db
 def test_production_settings_from_environment():
-    got = probe(DATABASE_URL="postgres://u@db.example:5432/parley", REDIS_URL="redis://cache:6379/1")
-    assert got == {"db": "django.db.backends.postgresql", "pool": True,
-                   "layer": "channels_redis.core.RedisChannelLayer", "broker": "redis://cache:6379/1"}
+    got = probe(
+        DATABASE_URL="postgres://u@db.example:5432/parley", REDIS_URL="redis://cache:6379/1"
+    )
+    assert got == {
+        "db": "django.db.backends.postgresql",
+        "pool": True,
+        "layer": "channels_redis.core.RedisChannelLayer",
+        "broker": "redis://cache:6379/1",
+    }
 
 
 @pytest.mark.django_db
 def test_production_refuses_missing_secret():
-    result = python("-c", "import django; django.setup()",
-                    env={**child_env(), "DJANGO_SETTINGS_MODULE": "parley.settings", "DJANGO_DEBUG": "0",
-                         "DJANGO_SECRET_KEY": ""})
+    result = python(
+        "-c",
+        "import django; django.setup()",
+        env={
+            **child_env(),
+            "DJANGO_SETTINGS_MODULE": "parley.settings",
+            "DJANGO_DEBUG": "0",
+            "DJANGO_SECRET_KEY": "",
+        },
+    )
     assert result.returncode != 0
     assert "DJANGO_SECRET_KEY must be set" in result.stderr

@@ -14,18 +14,47 @@ class TrainingRunForm(forms.ModelForm):
 
     class Meta:
         model = TrainingRun
-        fields = ["name", "preset", "domain", "regime", "base_model", "steps", "group_size", "lr", "beta",
-                  "temperature", "settings"]
+        fields = [
+            "name",
+            "preset",
+            "domain",
+            "regime",
+            "base_model",
+            "steps",
+            "group_size",
+            "lr",
+            "beta",
+            "temperature",
+            "settings",
+        ]
 
 
 @admin.register(TrainingRun)
 class TrainingRunAdmin(admin.ModelAdmin):
     form = TrainingRunForm
-    list_display = ["name", "domain", "regime", "status", "step", "reward", "heldout", "eta", "created_at"]
+    list_display = [
+        "name",
+        "domain",
+        "regime",
+        "status",
+        "step",
+        "reward",
+        "heldout",
+        "eta",
+        "created_at",
+    ]
     list_filter = ["status", "domain", "regime"]
     actions = ["cancel"]
-    readonly_fields = ["status", "live_progress", "checkpoint_list", "output_dir", "error", "created_at",
-                       "started_at", "finished_at"]
+    readonly_fields = [
+        "status",
+        "live_progress",
+        "checkpoint_list",
+        "output_dir",
+        "error",
+        "created_at",
+        "started_at",
+        "finished_at",
+    ]
 
     def get_fields(self, request, obj=None):
         if obj is None:  # starting a run: only what shapes it
@@ -58,7 +87,11 @@ class TrainingRunAdmin(admin.ModelAdmin):
         value = (run.progress or {}).get("heldout_success")
         if not value:
             return "-"
-        return ", ".join(f"{k}: {v:.2f}" for k, v in value.items()) if isinstance(value, dict) else value
+        return (
+            ", ".join(f"{k}: {v:.2f}" for k, v in value.items())
+            if isinstance(value, dict)
+            else value
+        )
 
     @admin.display(description="ETA")
     def eta(self, run):
@@ -75,31 +108,57 @@ class TrainingRunAdmin(admin.ModelAdmin):
             "<script>(function(){{const el=document.getElementById('run-progress');"
             "async function poll(){{const r=await fetch('{}');const d=await r.json();el.textContent=d.text;"
             "if(d.active)setTimeout(poll,2000);}}setTimeout(poll,2000);}})();</script>",
-            run.get_status_display(), self.step(run), self.reward(run), self.heldout(run), self.eta(run), url,
+            run.get_status_display(),
+            self.step(run),
+            self.reward(run),
+            self.heldout(run),
+            self.eta(run),
+            url,
         )
 
     @admin.display(description="Checkpoints")
     def checkpoint_list(self, run):
         items = [
-            format_html('<a href="{}">{}</a>', reverse("admin:agents_checkpoint_change", args=[c.pk]), c.name)
+            format_html(
+                '<a href="{}">{}</a>',
+                reverse("admin:agents_checkpoint_change", args=[c.pk]),
+                c.name,
+            )
             for c in run.checkpoints.order_by("step")
         ]
         return format_html(", ".join(["{}"] * len(items)), *items) if items else "-"
 
     def progress_json(self, request, pk):
         run = get_object_or_404(TrainingRun, pk=pk)
-        text = f"{run.get_status_display()} · step {self.step(run)} · reward {self.reward(run)} · " \
-               f"held-out {self.heldout(run)} · ETA {self.eta(run)}"
-        active = run.status in (TrainingRun.Status.QUEUED, TrainingRun.Status.RUNNING, TrainingRun.Status.CANCELLING)
-        return JsonResponse({"text": text, "active": active, "progress": run.progress, "status": run.status})
+        text = (
+            f"{run.get_status_display()} · step {self.step(run)} · reward {self.reward(run)} · "
+            f"held-out {self.heldout(run)} · ETA {self.eta(run)}"
+        )
+        active = run.status in (
+            TrainingRun.Status.QUEUED,
+            TrainingRun.Status.RUNNING,
+            TrainingRun.Status.CANCELLING,
+        )
+        return JsonResponse(
+            {"text": text, "active": active, "progress": run.progress, "status": run.status}
+        )
 
     def get_urls(self):
-        own = [path("<int:pk>/progress.json", self.admin_site.admin_view(self.progress_json),
-                    name="training_trainingrun_progress")]
+        own = [
+            path(
+                "<int:pk>/progress.json",
+                self.admin_site.admin_view(self.progress_json),
+                name="training_trainingrun_progress",
+            )
+        ]
         return own + super().get_urls()
 
     @admin.action(description="Cancel the selected runs (after their current step)")
     def cancel(self, request, queryset):
-        n = queryset.filter(status=TrainingRun.Status.RUNNING).update(status=TrainingRun.Status.CANCELLING)
-        n += queryset.filter(status=TrainingRun.Status.QUEUED).update(status=TrainingRun.Status.CANCELLED)
+        n = queryset.filter(status=TrainingRun.Status.RUNNING).update(
+            status=TrainingRun.Status.CANCELLING
+        )
+        n += queryset.filter(status=TrainingRun.Status.QUEUED).update(
+            status=TrainingRun.Status.CANCELLED
+        )
         self.message_user(request, f"{n} run(s) cancelled.")

@@ -30,16 +30,24 @@ class TrainingRun(models.Model):
         FAILED = "failed", "Failed"
 
     name = models.SlugField(max_length=100, unique=True, help_text="Also the output folder's name.")
-    preset = models.CharField(max_length=100, blank=True, help_text="A config under training/configs to start from.")
+    preset = models.CharField(
+        max_length=100, blank=True, help_text="A config under training/configs to start from."
+    )
     domain = models.CharField(max_length=20, choices=DOMAINS, default="p4g")
     regime = models.CharField(max_length=20, choices=REGIMES, default="single")
-    base_model = models.CharField(max_length=500, blank=True, help_text="Model folder; blank: SmolLM2 base.")
+    base_model = models.CharField(
+        max_length=500, blank=True, help_text="Model folder; blank: SmolLM2 base."
+    )
     steps = models.PositiveIntegerField(null=True, blank=True, help_text="Blank: the preset's.")
-    group_size = models.PositiveIntegerField(null=True, blank=True, help_text="G rollouts per task.")
+    group_size = models.PositiveIntegerField(
+        null=True, blank=True, help_text="G rollouts per task."
+    )
     lr = models.FloatField(null=True, blank=True)
     beta = models.FloatField(null=True, blank=True, help_text="KL weight (0: no reference model).")
     temperature = models.FloatField(null=True, blank=True)
-    settings = models.JSONField(default=dict, blank=True, help_text="Any other RunConfig keys (TOML names).")
+    settings = models.JSONField(
+        default=dict, blank=True, help_text="Any other RunConfig keys (TOML names)."
+    )
     status = models.CharField(max_length=12, choices=Status.choices, default=Status.QUEUED)
     progress = models.JSONField(default=dict, blank=True)
     error = models.TextField(blank=True)

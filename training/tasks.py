@@ -44,7 +44,11 @@ def run_training(run_id: int) -> str:
     if run.status != TrainingRun.Status.QUEUED:
         return run.status
     config = run.config()
-    run.status, run.started_at, run.output_dir = TrainingRun.Status.RUNNING, timezone.now(), str(config.run_dir())
+    run.status, run.started_at, run.output_dir = (
+        TrainingRun.Status.RUNNING,
+        timezone.now(),
+        str(config.run_dir()),
+    )
     run.save(update_fields=["status", "started_at", "output_dir"])
     try:
         folders = train(config, progress_callback=progress_writer(run), show_progress=False)

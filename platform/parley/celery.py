@@ -16,4 +16,7 @@ def health() -> dict:
     """Proof that a worker runs with the standard library's `platform`, not our folder."""
     import platform
 
-    return {"platform_file": getattr(platform, "__file__", None), "python": platform.python_version()}
+    return {
+        "platform_file": getattr(platform, "__file__", None),
+        "python": platform.python_version(),
+    }

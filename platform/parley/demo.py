@@ -58,7 +58,9 @@ def start(name: str, *args: str) -> subprocess.Popen:
 def main() -> None:
     for port in (WEB_PORT, ENGINE_PORT):
         if not port_free(port):
-            sys.exit(f"Port {port} on {HOST} is taken; stop what runs there or set PARLEY_PORT / PARLEY_ENGINE_PORT.")
+            sys.exit(
+                f"Port {port} on {HOST} is taken; stop what runs there or set PARLEY_PORT / PARLEY_ENGINE_PORT."
+            )
     engine_url = f"http://{HOST}:{ENGINE_PORT}/v1"
     os.environ.setdefault("PARLEY_ENGINE_URL", engine_url)
     os.environ.setdefault("PARLEY_PUBLIC_URL", f"http://{HOST}:{WEB_PORT}")
@@ -68,11 +70,43 @@ def main() -> None:
     checkpoints = data_dir() / "checkpoints"
     checkpoints.mkdir(parents=True, exist_ok=True)
     processes = {
-        "engine": start("engine", "-m", "agents.serving.embedded", "--model", str(base_model_dir()),
-                        "--adapters", str(checkpoints), "--host", HOST, "--port", str(ENGINE_PORT)),
-        "worker": start("worker", "-m", "celery", "-A", "parley", "worker", "-Q", "default,analysis,training",
-                        "--concurrency", "1", "--loglevel", "INFO"),
-        "web": start("web", "-m", "uvicorn", "parley.asgi:application", "--host", HOST, "--port", str(WEB_PORT)),
+        "engine": start(
+            "engine",
+            "-m",
+            "agents.serving.embedded",
+            "--model",
+            str(base_model_dir()),
+            "--adapters",
+            str(checkpoints),
+            "--host",
+            HOST,
+            "--port",
+            str(ENGINE_PORT),
+        ),
+        "worker": start(
+            "worker",
+            "-m",
+            "celery",
+            "-A",
+            "parley",
+            "worker",
+            "-Q",
+            "default,analysis,training",
+            "--concurrency",
+            "1",
+            "--loglevel",
+            "INFO",
+        ),
+        "web": start(
+            "web",
+            "-m",
+            "uvicorn",
+            "parley.asgi:application",
+            "--host",
+            HOST,
+            "--port",
+            str(WEB_PORT),
+        ),
     }
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -105,10 +139,10 @@ def serve(processes: dict, engine_url: str) -> None:
     base = f"http://{HOST}:{WEB_PORT}"
     print(
         f"""
-parley demo is running (logs in {log_path('web').parent}).
+parley demo is running (logs in {log_path("web").parent}).
 
   Admin:        {base}/admin/
-                user: {os.environ.get('PARLEY_ADMIN_USER', 'admin')}   password: {admin_password()}
+                user: {os.environ.get("PARLEY_ADMIN_USER", "admin")}   password: {admin_password()}
   Participant:  {base}/s/demo/?PROLIFIC_PID={pid}&STUDY_ID={study_id}&SESSION_ID={session_id}
                 (change PROLIFIC_PID for a new participant; the same one resumes)
   Model engine: {engine_url}  (OpenAI-compatible; serves {base_model_dir().name})
@@ -119,7 +153,9 @@ Press Ctrl-C to stop.""",
     while True:
         for name, process in processes.items():
             if process.poll() is not None:
-                print(f"{name} stopped (code {process.returncode}); see {log_path(name)}", flush=True)
+                print(
+                    f"{name} stopped (code {process.returncode}); see {log_path(name)}", flush=True
+                )
                 return
         time.sleep(1)
 

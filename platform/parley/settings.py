@@ -8,7 +8,6 @@ filesystem broker. Production/CI: DATABASE_URL (PostgreSQL, psycopg 3 pool), RED
 import os
 import secrets
 import sys
-from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -35,7 +34,9 @@ if not SECRET_KEY:
     # A development key that changes per process: fine for a laptop, never for production.
     SECRET_KEY = "dev-insecure-" + secrets.token_urlsafe(32)
 ALLOWED_HOSTS = [h for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "*").split(",") if h]
-CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+CSRF_TRUSTED_ORIGINS = [
+    o for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o
+]
 PUBLIC_URL = os.environ.get("PARLEY_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
 
 INSTALLED_APPS = [
@@ -112,7 +113,10 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "prefix": os.environ.get("PARLEY_CHANNEL_PREFIX", "parley")},
+            "CONFIG": {
+                "hosts": [REDIS_URL],
+                "prefix": os.environ.get("PARLEY_CHANNEL_PREFIX", "parley"),
+            },
         }
     }
 else:

@@ -9,5 +9,9 @@ def healthz(request):
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
     return JsonResponse(
-        {"ok": True, "database": connection.vendor, "platform_file": getattr(platform, "__file__", None)}
+        {
+            "ok": True,
+            "database": connection.vendor,
+            "platform_file": getattr(platform, "__file__", None),
+        }
     )

@@ -273,6 +273,13 @@ def test_nl_assertions_need_a_judge(retail):
         == 0.0
     )
 
+    def broken(assertions, messages):
+        raise ConnectionError("judge endpoint down")
+
+    outcome = RetailDomain(nl_judge=broken).score(conversation, state, "user_stop")
+    assert outcome.reward == 0.0 and outcome.components["NL_ASSERTION"] == "not evaluated"
+    assert "judge endpoint down" in outcome.details["nl_error"]
+
 
 def test_action_basis(retail):
     scenario = task_with(retail, writes_something)
@@ -373,4 +380,8 @@ def test_digest_is_the_hash_of_the_canonical_json(retail):
     )
     assert state.db.digest() != fresh.digest()
     state.db.edit("users", next(iter(state.db.tables["users"])))["email"] = "changed@example.com"
-    assert state.db.digest() == hashlib.sha256(canonical_json(state.db.tables).encode()).hexdigest() != full
+    assert (
+        state.db.digest()
+        == hashlib.sha256(canonical_json(state.db.tables).encode()).hexdigest()
+        != full
+    )

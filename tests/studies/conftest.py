@@ -4,23 +4,57 @@ from studies.models import Arm, Item, Questionnaire, Study
 
 
 def make_study(slug="s1", arms=("a", "b"), engine="http://127.0.0.1:9/v1", **fields):
-    defaults = dict(title="Test study", status=Study.Status.LIVE, completion_code="DONE123",
-                    no_consent_code="NOCONS", timeout_code="LATE", min_exchanges=1, max_exchanges=5)
+    defaults = dict(
+        title="Test study",
+        status=Study.Status.LIVE,
+        completion_code="DONE123",
+        no_consent_code="NOCONS",
+        timeout_code="LATE",
+        min_exchanges=1,
+        max_exchanges=5,
+    )
     study = Study.objects.create(slug=slug, **{**defaults, **fields})
     for order, name in enumerate(arms):
-        Arm.objects.create(study=study, name=name, order=order, endpoint_url=engine,
-                           model_name="SmolLM2-135M-Instruct", temperature=0, max_tokens=6,
-                           system_prompt=f"You are assistant {name}.")
+        Arm.objects.create(
+            study=study,
+            name=name,
+            order=order,
+            endpoint_url=engine,
+            model_name="SmolLM2-135M-Instruct",
+            temperature=0,
+            max_tokens=6,
+            system_prompt=f"You are assistant {name}.",
+        )
     q = Questionnaire.objects.create(study=study)
     Item.objects.create(questionnaire=q, order=0, key="helpful", prompt="Helpful?", kind="likert")
-    Item.objects.create(questionnaire=q, order=1, key="frustration", prompt="Frustrating?", kind="likert",
-                        reverse_coded=True)
-    Item.objects.create(questionnaire=q, order=2, key="attn", prompt="Choose 2", kind="attention",
-                        expected_answer="2")
-    Item.objects.create(questionnaire=q, order=3, key="donation", prompt="How much?", kind="number",
-                        min_value=0, max_value=2)
-    Item.objects.create(questionnaire=q, order=4, key="comment", prompt="Comments", kind="text",
-                        required=False)
+    Item.objects.create(
+        questionnaire=q,
+        order=1,
+        key="frustration",
+        prompt="Frustrating?",
+        kind="likert",
+        reverse_coded=True,
+    )
+    Item.objects.create(
+        questionnaire=q,
+        order=2,
+        key="attn",
+        prompt="Choose 2",
+        kind="attention",
+        expected_answer="2",
+    )
+    Item.objects.create(
+        questionnaire=q,
+        order=3,
+        key="donation",
+        prompt="How much?",
+        kind="number",
+        min_value=0,
+        max_value=2,
+    )
+    Item.objects.create(
+        questionnaire=q, order=4, key="comment", prompt="Comments", kind="text", required=False
+    )
     return study
 
 
@@ -28,7 +62,13 @@ def prolific(pid="5f0c0ffee0ddba11c0ffee01", study_id="study1", session_id="sess
     return {"PROLIFIC_PID": pid, "STUDY_ID": study_id, "SESSION_ID": session_id}
 
 
-GOOD_ANSWERS = {"helpful": "6", "frustration": "2", "attn": "2", "donation": "1.5", "comment": "fine"}
+GOOD_ANSWERS = {
+    "helpful": "6",
+    "frustration": "2",
+    "attn": "2",
+    "donation": "1.5",
+    "comment": "fine",
+}
 
 
 @pytest.fixture

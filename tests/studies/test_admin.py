@@ -20,8 +20,14 @@ def finished(db):
     done, _ = flow.arrive(study, prolific(pid="done1"))
     flow.give_consent(done, True)
     flow.store_user_message(done, "c1", "Hello, agent")
-    flow.store_agent_message(done.conversation, role="assistant", content="Hi, how can I help?",
-                             model="m", latency_ms=120, ttft_ms=30)
+    flow.store_agent_message(
+        done.conversation,
+        role="assistant",
+        content="Hi, how can I help?",
+        model="m",
+        latency_ms=120,
+        ttft_ms=30,
+    )
     flow.end_chat(done)
     assert flow.submit_questionnaire(done, GOOD_ANSWERS) == {}
     declined, _ = flow.arrive(study, prolific(pid="nope2"))
@@ -35,14 +41,18 @@ def read_csv(response):
 
 
 def test_study_pages_render_with_inlines(admin_client, finished):
-    page = admin_client.get(reverse("admin:studies_study_change", args=[finished.pk])).content.decode()
+    page = admin_client.get(
+        reverse("admin:studies_study_change", args=[finished.pk])
+    ).content.decode()
     assert "arms-0-endpoint_url" in page and "scenarios-TOTAL_FORMS" in page
     assert "/s/s1/?PROLIFIC_PID=" in page
     assert "a: 1 / 1" in page  # completed / active in arm a
     analyse = reverse("admin:studies_study_analyse", args=[finished.pk])
     assert f'formaction="{analyse}"' in page  # a button of the change form, not a nested form
     assert admin_client.get(reverse("admin:studies_study_changelist")).status_code == 200
-    q = admin_client.get(reverse("admin:studies_questionnaire_change", args=[finished.questionnaire.pk]))
+    q = admin_client.get(
+        reverse("admin:studies_questionnaire_change", args=[finished.questionnaire.pk])
+    )
     assert "items-0-reverse_coded" in q.content.decode()
 
 
@@ -57,7 +67,9 @@ def test_participants_filter_by_status_and_arm(admin_client, finished):
 
 def test_transcript_view_reads_in_order(admin_client, finished):
     participant = Participant.objects.get(prolific_pid="done1")
-    page = admin_client.get(reverse("admin:studies_participant_transcript", args=[participant.pk])).content.decode()
+    page = admin_client.get(
+        reverse("admin:studies_participant_transcript", args=[participant.pk])
+    ).content.decode()
     assert page.index("Hello, agent") < page.index("Hi, how can I help?")
     assert "120 ms" in page and "frustration (reverse-coded)" in page
     assert 'class="success"' not in page  # the transcript is not shown as flash messages
@@ -67,21 +79,39 @@ def test_responses_csv_has_one_row_per_participant(admin_client, finished):
     rows = read_csv(admin_client.get(reverse("admin:studies_study_responses", args=[finished.pk])))
     assert [r["prolific_pid"] for r in rows] == ["done1", "nope2"]
     done = rows[0]
-    assert (done["arm"], done["status"], done["attention_passed"], done["messages"]) == ("a", "completed", "True", "2")
-    assert (done["helpful"], done["frustration"], done["donation"], done["comment"]) == ("6.0", "2.0", "1.5", "fine")
+    assert (done["arm"], done["status"], done["attention_passed"], done["messages"]) == (
+        "a",
+        "completed",
+        "True",
+        "2",
+    )
+    assert (done["helpful"], done["frustration"], done["donation"], done["comment"]) == (
+        "6.0",
+        "2.0",
+        "1.5",
+        "fine",
+    )
     assert rows[1]["status"] == "no_consent" and rows[1]["helpful"] == ""
 
 
 def test_transcripts_csv_has_one_row_per_message(admin_client, finished):
-    rows = read_csv(admin_client.get(reverse("admin:studies_study_transcripts", args=[finished.pk])))
+    rows = read_csv(
+        admin_client.get(reverse("admin:studies_study_transcripts", args=[finished.pk]))
+    )
     assert [(r["seq"], r["role"], r["content"]) for r in rows] == [
-        ("1", "user", "Hello, agent"), ("2", "assistant", "Hi, how can I help?")]
+        ("1", "user", "Hello, agent"),
+        ("2", "assistant", "Hi, how can I help?"),
+    ]
     assert rows[0]["client_id"] == "c1" and rows[1]["latency_ms"] == "120"
 
 
 def test_export_actions_on_the_changelist(admin_client, finished):
     url = reverse("admin:studies_study_changelist")
-    response = admin_client.post(url, {"action": "export_transcripts", "_selected_action": [finished.pk]})
+    response = admin_client.post(
+        url, {"action": "export_transcripts", "_selected_action": [finished.pk]}
+    )
     assert len(read_csv(response)) == Message.objects.count() == 2
-    response = admin_client.post(url, {"action": "export_responses", "_selected_action": [finished.pk]})
+    response = admin_client.post(
+        url, {"action": "export_responses", "_selected_action": [finished.pk]}
+    )
     assert len(read_csv(response)) == 2

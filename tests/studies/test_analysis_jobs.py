@@ -28,8 +28,18 @@ def fill(study, answers_by_arm, attention="2"):
             flow.store_user_message(p, f"m{i}", "hi")
             flow.end_chat(p)
             value = answers_by_arm[arm][k]
-            assert flow.submit_questionnaire(p, {"helpful": str(value), "frustration": str(8 - value),
-                                                 "attn": attention, "donation": "1"}) == {}
+            assert (
+                flow.submit_questionnaire(
+                    p,
+                    {
+                        "helpful": str(value),
+                        "frustration": str(8 - value),
+                        "attn": attention,
+                        "donation": "1",
+                    },
+                )
+                == {}
+            )
 
 
 @pytest.mark.django_db
@@ -40,7 +50,11 @@ def test_participant_table_and_settings_follow_the_study():
     table = reports.participant_table(study)
     assert len(table) == 7 and table["finished"].sum() == 6
     settings = reports.analysis_settings(study, table)
-    assert settings.measures == ("helpful", "frustration", "donation")  # attention checks are not measures
+    assert settings.measures == (
+        "helpful",
+        "frustration",
+        "donation",
+    )  # attention checks are not measures
     assert settings.reverse == ("frustration",) and settings.pairs == "all"
     report = build_report(table, settings)
     assert report["participants"]["excluded"]["by_reason"].get("unfinished") == 1
@@ -60,14 +74,25 @@ def test_analysis_runs_on_a_real_worker_and_shows_in_the_admin(celery_worker, ad
     assert response.status_code == 302
     run = wait_for_run(study)
     assert run.status == "done", run.error
-    local = build_report(reports.participant_table(study), reports.analysis_settings(study, reports.participant_table(study)))
+    local = build_report(
+        reports.participant_table(study),
+        reports.analysis_settings(study, reports.participant_table(study)),
+    )
     assert run.results["comparisons"] == json.loads(json.dumps(local["comparisons"]))
     assert "means" in run.figures and run.figures["means"].lstrip().startswith("<?xml")
-    page = admin_client.get(reverse("admin:studies_analysisrun_change", args=[run.pk])).content.decode()
+    page = admin_client.get(
+        reverse("admin:studies_analysisrun_change", args=[run.pk])
+    ).content.decode()
     assert "Welch" in page and "<svg" in page
-    csv_body = admin_client.get(reverse("admin:studies_analysisrun_download", args=[run.pk, "csv"])).content.decode()
+    csv_body = admin_client.get(
+        reverse("admin:studies_analysisrun_download", args=[run.pk, "csv"])
+    ).content.decode()
     assert csv_body.startswith("measure,arm,reference") and "helpful,b,a" in csv_body
-    report = json.loads(admin_client.get(reverse("admin:studies_analysisrun_download", args=[run.pk, "json"])).content)
+    report = json.loads(
+        admin_client.get(
+            reverse("admin:studies_analysisrun_download", args=[run.pk, "json"])
+        ).content
+    )
     assert report["participants"]["included"] == 8
 
 
@@ -95,4 +120,6 @@ def wait_for_run(study, seconds=90):
         if run and run.status in ("done", "failed"):
             return run
         time.sleep(0.3)
-    pytest.fail(f"no finished analysis run within {seconds} s: {AnalysisRun.objects.filter(study=study).values()}")
+    pytest.fail(
+        f"no finished analysis run within {seconds} s: {AnalysisRun.objects.filter(study=study).values()}"
+    )

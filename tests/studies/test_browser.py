@@ -2,39 +2,24 @@
 ASGI server, a real Celery-free flow and the embedded engine serving SmolLM2."""
 
 import shutil
-import subprocess
-import sys
-import time
-import urllib.request
 
 import pytest
 
 from studies.models import Message, Participant
-from tests.conftest import IN_CI, REPO, free_port, need, child_env
+from tests.conftest import IN_CI, need
 from tests.studies.conftest import make_study
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
-
-
-@pytest.fixture
-def web_server(transactional_db):
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "parley.asgi:application", "--port", str(port)],
-        cwd=REPO, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(150):
-        try:
-            urllib.request.urlopen(url + "/healthz", timeout=2)
-            break
-        except OSError:
-            time.sleep(0.2)
-    yield url
-    process.terminate()
-    process.wait(timeout=10)
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
 
 
 @pytest.fixture
@@ -50,13 +35,17 @@ def browser():
         browser.close()
 
 
-def test_participant_completes_the_study_in_a_browser(web_server, engine_url, browser, monkeypatch, tmp_path):
+def test_participant_completes_the_study_in_a_browser(
+    web_server, engine_url, browser, monkeypatch, tmp_path
+):
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API keeps a loop
     study = make_study(slug="web", engine=engine_url, min_exchanges=1)
     study.arms.update(max_tokens=24)
     page = browser.new_page()
     # Prolific is outside this machine: answer it locally so nothing leaves the machine.
-    page.route("https://app.prolific.com/**", lambda route: route.fulfill(body="Prolific", status=200))
+    page.route(
+        "https://app.prolific.com/**", lambda route: route.fulfill(body="Prolific", status=200)
+    )
     link = f"{web_server}/s/web/?PROLIFIC_PID=5f0c0ffee0ddba11c0ffee01&STUDY_ID=st1&SESSION_ID=se1"
     page.goto(link)
     page.click("#consent-accept")
@@ -75,7 +64,9 @@ def test_participant_completes_the_study_in_a_browser(web_server, engine_url, br
     assert len(set(lengths)) >= 3, f"the reply did not stream: {lengths}"
     reply = page.inner_text(".msg.assistant")
     participant = Participant.objects.get(prolific_pid="5f0c0ffee0ddba11c0ffee01")
-    stored = list(Message.objects.filter(conversation__participant=participant).values_list("role", "content"))
+    stored = list(
+        Message.objects.filter(conversation__participant=participant).values_list("role", "content")
+    )
     assert stored[0] == ("user", "Hello! What is a good name for a cat?")
     assert stored[1][0] == "assistant" and stored[1][1].strip() == reply.strip()
     page.screenshot(path=str(tmp_path / "chat.png"))

@@ -54,7 +54,9 @@ async def test_reply_streams_and_everything_is_stored(engine_url):
     ack = await chat.receive_json_from(timeout=30)
     assert ack == {"type": "ack", "id": "m-1", "seq": 1, "duplicate": False}
     stored = await messages_of(participant)  # stored before the acknowledgement arrived
-    assert [(m.role, m.content, m.client_id) for m in stored] == [("user", "Tell me about the sea.", "m-1")]
+    assert [(m.role, m.content, m.client_id) for m in stored] == [
+        ("user", "Tell me about the sea.", "m-1")
+    ]
 
     events = await receive_until(chat, "reply")
     assert events[0]["type"] == "start"
@@ -104,7 +106,10 @@ async def test_reopening_resumes_with_history(engine_url):
 
     chat = await connect(participant)
     history = await chat.receive_json_from()
-    assert [(m["role"], m["client_id"]) for m in history["messages"]] == [("user", "a1"), ("assistant", None)]
+    assert [(m["role"], m["client_id"]) for m in history["messages"]] == [
+        ("user", "a1"),
+        ("assistant", None),
+    ]
     assert history["can_end"] and history["sent"] == 1
     await chat.disconnect()
 
@@ -124,7 +129,9 @@ async def test_unanswered_message_is_answered_on_reconnect(engine_url):
 async def test_engine_down_keeps_the_message_and_retry_answers_it(engine_url):
     participant = await chatting_participant(engine_url, pid="p5")
     dead = f"http://127.0.0.1:{free_port()}/v1"
-    await database_sync_to_async(Arm.objects.filter(pk=participant.arm_id).update)(endpoint_url=dead)
+    await database_sync_to_async(Arm.objects.filter(pk=participant.arm_id).update)(
+        endpoint_url=dead
+    )
     chat = await connect(participant)
     await chat.receive_json_from()
     await chat.send_json_to({"type": "message", "id": "r1", "text": "Hello?"})
@@ -133,7 +140,9 @@ async def test_engine_down_keeps_the_message_and_retry_answers_it(engine_url):
     assert events[-1]["retry"] is True and events[-1]["reply_to"] == "r1"
     assert [m.role for m in await messages_of(participant)] == ["user"]
 
-    await database_sync_to_async(Arm.objects.filter(pk=participant.arm_id).update)(endpoint_url=engine_url)
+    await database_sync_to_async(Arm.objects.filter(pk=participant.arm_id).update)(
+        endpoint_url=engine_url
+    )
     await receive_until(chat, "status")
     await chat.send_json_to({"type": "message", "id": "r1", "text": "Hello?"})
     assert (await chat.receive_json_from(timeout=30))["duplicate"] is True
@@ -190,8 +199,10 @@ async def test_unknown_participant_is_refused(engine_url):
 
 async def test_second_window_supersedes_the_first_over_redis(engine_url, redis_url, settings):
     settings.CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
-                    "CONFIG": {"hosts": [redis_url], "prefix": "parley-test"}}
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [redis_url], "prefix": "parley-test"},
+        }
     }
     from channels.layers import channel_layers
 

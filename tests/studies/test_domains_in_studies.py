@@ -38,11 +38,28 @@ def test_official_pools_import(capsys):
     reference = reference_dir()
     need(reference is not None, "needs ../shared/reference")
     study = make_study(domain="p4g")
-    call_command("import_scenarios", study=study.slug, domain="retail", count=15,
-                 data_dir=str(reference / "tau2" / "retail"), split="test")
-    call_command("import_scenarios", study=study.slug, domain="airline", count=15,
-                 data_dir=str(reference / "tau2" / "airline"))
-    call_command("import_scenarios", study=study.slug, domain="p4g", count=30, data_dir=str(reference / "p4g"))
+    call_command(
+        "import_scenarios",
+        study=study.slug,
+        domain="retail",
+        count=15,
+        data_dir=str(reference / "tau2" / "retail"),
+        split="test",
+    )
+    call_command(
+        "import_scenarios",
+        study=study.slug,
+        domain="airline",
+        count=15,
+        data_dir=str(reference / "tau2" / "airline"),
+    )
+    call_command(
+        "import_scenarios",
+        study=study.slug,
+        domain="p4g",
+        count=30,
+        data_dir=str(reference / "p4g"),
+    )
     counts = {d: study.scenarios.filter(domain=d).count() for d in ("retail", "airline", "p4g")}
     assert counts == {"retail": 15, "airline": 15, "p4g": 30}
     assert "15 scenario(s) added" in capsys.readouterr().out
@@ -53,9 +70,13 @@ def test_admin_import_page(admin_client):
     study = make_study()
     url = reverse("admin:studies_study_import", args=[study.pk])
     assert "Bundled data" in admin_client.get(url).content.decode()
-    response = admin_client.post(url, {"domain": "p4g", "source": "", "split": "", "count": "5", "seed": "0"})
+    response = admin_client.post(
+        url, {"domain": "p4g", "source": "", "split": "", "count": "5", "seed": "0"}
+    )
     assert response.status_code == 302 and study.scenarios.count() == 5
-    bad = admin_client.post(url, {"domain": "p4g", "source": "", "split": "", "count": "0", "seed": "0"})
+    bad = admin_client.post(
+        url, {"domain": "p4g", "source": "", "split": "", "count": "0", "seed": "0"}
+    )
     assert bad.status_code == 200 and "greater than or equal to 1" in bad.content.decode()
 
 
@@ -90,29 +111,52 @@ async def talk(participant, text, client_id):
 @pytest.mark.asyncio
 async def test_tool_calls_run_on_the_server_on_this_conversations_own_state():
     script = [
-        {"tool_calls": [("find_user_id_by_email", {"email": "ada.abara154@example.com"}),
-                        ("get_order_details", {"order_id": "#W5785065"})]},
-        {"tool_calls": [("cancel_pending_order", {"order_id": "#W5785065", "reason": "no longer needed"})]},
+        {
+            "tool_calls": [
+                ("find_user_id_by_email", {"email": "ada.abara154@example.com"}),
+                ("get_order_details", {"order_id": "#W5785065"}),
+            ]
+        },
+        {
+            "tool_calls": [
+                ("cancel_pending_order", {"order_id": "#W5785065", "reason": "no longer needed"})
+            ]
+        },
         {"content": "Your order #W5785065 is cancelled."},
     ]
     with ScriptedServer(script) as server:
         first, second = await retail_participants(server.url)
-        history, events = await talk(first, "Please cancel my order #W5785065, email ada.abara154@example.com", "c1")
+        history, events = await talk(
+            first, "Please cancel my order #W5785065, email ada.abara154@example.com", "c1"
+        )
     assert history["messages"][0]["content"] == "Hi! How can I help you today?"  # the agent opens
     kinds = [e["type"] for e in events]
-    assert kinds.count("tool_calls") == 2 and kinds.count("tool_result") == 3 and kinds[-2] == "reply"
+    assert (
+        kinds.count("tool_calls") == 2 and kinds.count("tool_result") == 3 and kinds[-2] == "reply"
+    )
     assert "tools" in server.requests[0] and server.requests[0]["tools"][0]["type"] == "function"
 
     roles = await database_sync_to_async(
-        lambda: list(Message.objects.filter(conversation__participant=first).values_list("role", "tool_name"))
+        lambda: list(
+            Message.objects.filter(conversation__participant=first).values_list("role", "tool_name")
+        )
     )()
-    assert roles == [("assistant", ""), ("user", ""), ("assistant", ""), ("tool", "find_user_id_by_email"),
-                     ("tool", "get_order_details"), ("assistant", ""), ("tool", "cancel_pending_order"),
-                     ("assistant", "")]
+    assert roles == [
+        ("assistant", ""),
+        ("user", ""),
+        ("assistant", ""),
+        ("tool", "find_user_id_by_email"),
+        ("tool", "get_order_details"),
+        ("assistant", ""),
+        ("tool", "cancel_pending_order"),
+        ("assistant", ""),
+    ]
 
     @database_sync_to_async
     def order_status(participant):
-        participant = Participant.objects.select_related("study", "arm", "scenario").get(pk=participant.pk)
+        participant = Participant.objects.select_related("study", "arm", "scenario").get(
+            pk=participant.pk
+        )
         domain, scenario = chat.domain_of(participant)
         state = domain.load_state(scenario, participant.conversation.state)
         return domain.execute_tool(state, "get_order_details", {"order_id": "#W5785065"})
@@ -144,8 +188,15 @@ async def test_tool_calls_per_turn_are_capped():
 def test_p4g_outcome_is_the_intended_donation_with_the_chat_amount_beside_it():
     study = make_study(slug="give", domain="p4g")
     import_pool(study, "p4g", count=3)
-    Item.objects.create(questionnaire=study.questionnaire, order=9, key="intended_donation",
-                        prompt="How much do you donate?", kind="number", min_value=0, max_value=2)
+    Item.objects.create(
+        questionnaire=study.questionnaire,
+        order=9,
+        key="intended_donation",
+        prompt="How much do you donate?",
+        kind="number",
+        min_value=0,
+        max_value=2,
+    )
     participant, _ = flow.arrive(study, prolific(pid="giver"))
     participant = flow.give_consent(participant, True)
     assert participant.conversation.messages.first().content  # the persuader opens
@@ -154,7 +205,13 @@ def test_p4g_outcome_is_the_intended_donation_with_the_chat_amount_beside_it():
     assert chat.end_reason(participant) == "donation"
     participant = flow.end_chat(participant, "donation")
     assert participant.outcome["components"]["donation"] == 0.5
-    answers = {"helpful": "5", "frustration": "3", "attn": "2", "donation": "1", "intended_donation": "1.5"}
+    answers = {
+        "helpful": "5",
+        "frustration": "3",
+        "attn": "2",
+        "donation": "1",
+        "intended_donation": "1.5",
+    }
     assert flow.submit_questionnaire(participant, answers) == {}
     participant.refresh_from_db()
     assert participant.outcome["reward"] == pytest.approx(0.75)

@@ -19,7 +19,10 @@ def arrive(client, slug="s1", **params):
     [
         ({}, "missing PROLIFIC_PID, STUDY_ID, SESSION_ID"),
         ({"PROLIFIC_PID": "abc", "STUDY_ID": "x"}, "missing SESSION_ID"),
-        ({"PROLIFIC_PID": "a b<c>", "STUDY_ID": "x", "SESSION_ID": "y"}, "not valid Prolific identifiers: PROLIFIC_PID"),
+        (
+            {"PROLIFIC_PID": "a b<c>", "STUDY_ID": "x", "SESSION_ID": "y"},
+            "not valid Prolific identifiers: PROLIFIC_PID",
+        ),
         ({"PROLIFIC_PID": "a" * 65, "STUDY_ID": "x", "SESSION_ID": "y"}, "PROLIFIC_PID"),
     ],
 )
@@ -70,7 +73,13 @@ def test_full_flow_to_prolific(client, study):
     participant.refresh_from_db()
     assert participant.status == "completed" and participant.attention_passed is True
     answers = {r.item.key: r.value for r in Response.objects.filter(participant=participant)}
-    assert answers == {"helpful": 6.0, "frustration": 2.0, "attn": 2.0, "donation": 1.5, "comment": "fine"}
+    assert answers == {
+        "helpful": 6.0,
+        "frustration": 2.0,
+        "attn": 2.0,
+        "donation": 1.5,
+        "comment": "fine",
+    }
     debrief = client.get(response.url).content.decode()
     assert "Thank you" in debrief and "DONE123" in debrief
     back = client.get(reverse("studies:done", args=[participant.token]))
@@ -117,7 +126,9 @@ def test_reopening_the_link_resumes_the_same_participant(client, study):
 )
 def test_questionnaire_is_validated_on_the_server(client, study, change, key, message):
     participant = questionnaire_participant(client)
-    response = client.post(reverse("studies:questionnaire", args=[participant.token]), {**GOOD_ANSWERS, **change})
+    response = client.post(
+        reverse("studies:questionnaire", args=[participant.token]), {**GOOD_ANSWERS, **change}
+    )
     assert response.status_code == 400
     assert message in response.content.decode()
     participant.refresh_from_db()
@@ -127,7 +138,9 @@ def test_questionnaire_is_validated_on_the_server(client, study, change, key, me
 
 def test_failed_attention_check_is_recorded(client, study):
     participant = questionnaire_participant(client)
-    client.post(reverse("studies:questionnaire", args=[participant.token]), {**GOOD_ANSWERS, "attn": "5"})
+    client.post(
+        reverse("studies:questionnaire", args=[participant.token]), {**GOOD_ANSWERS, "attn": "5"}
+    )
     participant.refresh_from_db()
     assert participant.status == "completed" and participant.attention_passed is False
 
@@ -136,7 +149,8 @@ def test_time_limit(client, study):
     arrive(client, **prolific())
     participant = Participant.objects.get()
     Participant.objects.filter(pk=participant.pk).update(
-        created_at=participant.created_at - __import__("datetime").timedelta(minutes=study.time_limit_minutes + 1)
+        created_at=participant.created_at
+        - __import__("datetime").timedelta(minutes=study.time_limit_minutes + 1)
     )
     page = client.get(reverse("studies:participant", args=[participant.token])).content.decode()
     assert "time limit" in page

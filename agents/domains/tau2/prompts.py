@@ -88,4 +88,4 @@ def human_instructions(task: dict[str, Any]) -> str:
     blocks.append(
         "When your request is handled, or the agent cannot help further, end the conversation."
     )
-    return "\n\n".join(blocks)
+    return "\n".join(line.rstrip() for line in "\n\n".join(blocks).splitlines())

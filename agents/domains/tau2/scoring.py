@@ -117,16 +117,20 @@ def score(
     details["communicate"] = checks
 
     assertions = criteria.get("nl_assertions") or []
-    if not assertions:
-        components["NL_ASSERTION"] = 1.0
-    elif judge is None:
+    if assertions:
         components["NL_ASSERTION"] = NOT_EVALUATED
-    else:
-        verdicts = list(judge(assertions, conversation))
-        details["nl_assertions"] = [
-            {"assertion": a, "met": bool(v)} for a, v in zip(assertions, verdicts, strict=True)
-        ]
-        components["NL_ASSERTION"] = 1.0 if all(verdicts) else 0.0
+    if assertions and judge is not None:
+        try:
+            verdicts = [bool(v) for v in judge(assertions, conversation)]
+            if len(verdicts) != len(assertions):
+                raise ValueError(f"{len(verdicts)} verdicts for {len(assertions)} assertions")
+        except Exception as exc:  # a judge outage must not lose the rest of the score
+            details["nl_error"] = f"{type(exc).__name__}: {exc}"
+        else:
+            details["nl_assertions"] = [
+                {"assertion": a, "met": v} for a, v in zip(assertions, verdicts, strict=True)
+            ]
+            components["NL_ASSERTION"] = 1.0 if all(verdicts) else 0.0
 
     if "ACTION" in basis:
         checks = action_checks(conversation, criteria.get("actions") or [])
@@ -137,8 +141,8 @@ def score(
 
     reward = 1.0
     for part in basis:
-        value = components.get(part, NOT_EVALUATED)
-        reward *= (
-            value if isinstance(value, float) else 0.0
-        )  # not evaluated never counts as success
+        # No assertions: nothing to judge, met. "not evaluated" never counts as a success.
+        vacuous = part == "NL_ASSERTION" and not assertions
+        value = components.get(part, 1.0 if vacuous else NOT_EVALUATED)
+        reward *= value if isinstance(value, float) else 0.0
     return Outcome(reward, reward == 1.0, components, details)

@@ -8,6 +8,7 @@ fresh copy rebuilds the DB exactly. That is a few hundred bytes instead of the 3
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +34,7 @@ class Tau2State:
     def run(self, name: str, arguments: Any) -> tuple[str, bool]:
         content, error = self.tools.run(name, arguments)
         if self.tools.is_write(name):
-            self.writes.append({"name": name, "arguments": arguments})
+            self.writes.append({"name": name, "arguments": copy.deepcopy(arguments)})
         return content, error
 
     def dump(self, source: str) -> dict[str, Any]:

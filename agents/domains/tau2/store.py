@@ -23,7 +23,6 @@ def canonical_json(value: Any) -> str:
 
 class Store:
     def __init__(self, base: Tables):
-        self.base = base
         self.tables: Tables = {name: dict(table) for name, table in base.items()}
         self._owned: set[tuple[str, str]] = set()
         self._digest: str | None = None  # forgotten whenever a record is taken for editing

@@ -10,9 +10,13 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--study", required=True, help="study slug")
         parser.add_argument("--domain", required=True, help="retail, airline or p4g")
-        parser.add_argument("--count", type=int, help="how many (a seeded random sample); default all")
+        parser.add_argument(
+            "--count", type=int, help="how many (a seeded random sample); default all"
+        )
         parser.add_argument("--split", choices=["train", "test"], help="only this split")
-        parser.add_argument("--data-dir", default="", help="official data folder; default bundled data")
+        parser.add_argument(
+            "--data-dir", default="", help="official data folder; default bundled data"
+        )
         parser.add_argument("--seed", type=int, default=0)
 
     def handle(self, *args, **o):
@@ -20,7 +24,11 @@ class Command(BaseCommand):
         if study is None:
             raise CommandError(f"No study with slug {o['study']!r}.")
         try:
-            added, existing = import_pool(study, o["domain"], o["count"], o["split"], o["data_dir"], o["seed"])
+            added, existing = import_pool(
+                study, o["domain"], o["count"], o["split"], o["data_dir"], o["seed"]
+            )
         except PoolError as error:
             raise CommandError(str(error)) from error
-        self.stdout.write(f"{added} scenario(s) added, {existing} already in the pool of {study.slug}")
+        self.stdout.write(
+            f"{added} scenario(s) added, {existing} already in the pool of {study.slug}"
+        )

@@ -2,8 +2,8 @@ import os
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
-
 from parley.credentials import admin_password
+
 from studies.demo import seed_demo_study
 
 
