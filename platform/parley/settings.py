@@ -172,3 +172,8 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "stream": sys.stderr}},
     "root": {"handlers": ["console"], "level": os.environ.get("PARLEY_LOG_LEVEL", "INFO")},
 }
+
+if not DEBUG:
+    # Behind the proxy of platform/deploy/nginx.conf, which terminates TLS.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
