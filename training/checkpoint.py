@@ -67,7 +67,11 @@ def save(
     temp = final.with_name(final.name + ".partial")
     shutil.rmtree(temp, ignore_errors=True)
     agent.save(temp)
-    state = {"step": step, "optimizer": agent.optimizer.state_dict(), "torch_rng": torch.get_rng_state()}
+    state = {
+        "step": step,
+        "optimizer": agent.optimizer.state_dict(),
+        "torch_rng": torch.get_rng_state(),
+    }
     state.update(regime.save(temp))
     torch.save(state, temp / STATE)
     manifest = {

@@ -168,7 +168,11 @@ class RunConfig:
                 "simulator_reward",
                 f"must be one of {', '.join(SIMULATOR_REWARDS)}",
             ),
-            (self.group_size >= 2, "group_size", "must be at least 2 (GRPO compares within a group)"),
+            (
+                self.group_size >= 2,
+                "group_size",
+                "must be at least 2 (GRPO compares within a group)",
+            ),
             (self.batch_tasks >= 1, "batch_tasks", "must be at least 1"),
             (self.steps >= 1, "steps", "must be at least 1"),
             (self.lr > 0, "lr", "must be positive"),
@@ -188,7 +192,11 @@ class RunConfig:
             (self.eval_every >= 0, "eval_every", "must be >= 0"),
             (self.eval_samples >= 1, "eval_samples", "must be at least 1"),
             (self.save_every >= 0, "save_every", "must be >= 0"),
-            (self.dtype in ("float32", "bfloat16", "float16"), "dtype", "must be float32, bfloat16 or float16"),
+            (
+                self.dtype in ("float32", "bfloat16", "float16"),
+                "dtype",
+                "must be float32, bfloat16 or float16",
+            ),
             (self.lora.r >= 1, "lora.r", "must be at least 1"),
             (self.lora.alpha > 0, "lora.alpha", "must be positive"),
             (bool(self.lora.targets), "lora.targets", "must name at least one module"),
@@ -210,6 +218,10 @@ class RunConfig:
         names = [s.name for s in self.heldout]
         if len(set(names)) != len(names):
             raise ConfigError(f"heldout simulators need distinct names (got {names})")
+        if self.rollout_endpoint and self.finetune != "lora":
+            raise ConfigError(
+                'rollout_endpoint needs finetune = "lora" (the server loads adapters)'
+            )
         if self.regime == "verbalized" and self.simulator.kind != "verbalized":
             raise ConfigError('regime "verbalized" needs simulator.kind = "verbalized"')
         if self.trains_simulator and (self.simulator.endpoint or self.simulator.kind != "plain"):
@@ -237,9 +249,13 @@ def load_config(path: str | Path) -> RunConfig:
 
 def _validate_simulator(where: str, spec: SimulatorSpec) -> None:
     if spec.kind not in SIMULATOR_KINDS:
-        raise ConfigError(f"{where}.kind must be one of {', '.join(SIMULATOR_KINDS)} (got {spec.kind!r})")
+        raise ConfigError(
+            f"{where}.kind must be one of {', '.join(SIMULATOR_KINDS)} (got {spec.kind!r})"
+        )
     if spec.draw not in DRAW_MODES:
-        raise ConfigError(f"{where}.draw must be one of {', '.join(DRAW_MODES)} (got {spec.draw!r})")
+        raise ConfigError(
+            f"{where}.draw must be one of {', '.join(DRAW_MODES)} (got {spec.draw!r})"
+        )
     if spec.endpoint and not spec.model:
         raise ConfigError(f"{where}: an endpoint simulator needs `model` (the served model name)")
     if not spec.name.strip():
@@ -272,7 +288,8 @@ def _build(cls: type, data: Any, where: str) -> Any:
     missing = [
         n
         for n, f in fields.items()
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
         and n not in kwargs
     ]
     if missing:

@@ -18,7 +18,9 @@ from training.rollout import LocalAgent, Rollout, play
 
 
 class HeldOutPanel:
-    def __init__(self, config: RunConfig, domain: Domain, tasks: list[Scenario], models: ModelCache):
+    def __init__(
+        self, config: RunConfig, domain: Domain, tasks: list[Scenario], models: ModelCache
+    ):
         self.config, self.domain, self.tasks = config, domain, tasks
         self.simulators = {
             spec.name: frozen_simulator(spec, models, config.seed) for spec in config.heldout
@@ -39,7 +41,9 @@ class HeldOutPanel:
                 self.domain, scenarios, speaker, user,
                 max_turns=cfg.max_turns, max_tool_rounds=cfg.max_tool_rounds,
             )  # fmt: skip
-            row[f"heldout/{name}/success"] = statistics.fmean(bool(r.outcome.success) for r in rollouts)
+            row[f"heldout/{name}/success"] = statistics.fmean(
+                bool(r.outcome.success) for r in rollouts
+            )
             row[f"heldout/{name}/reward"] = statistics.fmean(r.reward for r in rollouts)
             every += rollouts
         row["heldout/success"] = statistics.fmean(

@@ -173,7 +173,9 @@ class Policy(LocalModel):
 
             result = set_peft_model_state_dict(self.model, load_file(folder / ADAPTER_WEIGHTS))
             if getattr(result, "unexpected_keys", None):
-                raise ValueError(f"{folder} is not an adapter of this model: {result.unexpected_keys[:3]}")
+                raise ValueError(
+                    f"{folder} is not an adapter of this model: {result.unexpected_keys[:3]}"
+                )
         else:
             state = {}
             for shard in sorted(folder.glob("*.safetensors")):
@@ -182,9 +184,7 @@ class Policy(LocalModel):
 
     def adapter_state(self) -> dict[str, torch.Tensor]:
         """The trainable weights, copied (to swap pool snapshots in and out)."""
-        return {
-            n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad
-        }
+        return {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
 
     def load_adapter_state(self, state: dict[str, torch.Tensor]) -> None:
         params = dict(self.model.named_parameters())

@@ -39,7 +39,9 @@ class SimulatorPool:
             self.entries = [PoolEntry(**e) for e in data["entries"]]
             missing = [e.path for e in self.entries if not (self.folder / e.path).is_dir()]
             if missing:
-                raise FileNotFoundError(f"pool manifest {manifest} lists missing snapshots: {missing}")
+                raise FileNotFoundError(
+                    f"pool manifest {manifest} lists missing snapshots: {missing}"
+                )
             self._evict()  # a smaller pool_size on restart keeps the newest
 
     def __len__(self) -> int:

@@ -42,7 +42,9 @@ class ModelCache:
         path = str(Path(model).expanduser()) if model else str(self.config.base_model_path())
         key = (path, adapter)
         if key not in self._models:
-            self._models[key] = LocalModel.load(path, self.config.dtype, self.config.device, adapter)
+            self._models[key] = LocalModel.load(
+                path, self.config.dtype, self.config.device, adapter
+            )
         return self._models[key]
 
 
@@ -96,7 +98,9 @@ class CoTrain(Single):
             dtype=config.dtype,
             device=config.device,
         )
-        self.user = LocalUser(self.policy, config.simulator, tracked=True, rng=random.Random(config.seed))
+        self.user = LocalUser(
+            self.policy, config.simulator, tracked=True, rng=random.Random(config.seed)
+        )
         self.learning = True  # False while a pool snapshot plays
 
     def simulator_rewards(self, agent_rewards: torch.Tensor) -> torch.Tensor:

@@ -118,7 +118,9 @@ def play(
     rollouts = [Rollout.begin(domain, s) for s in scenarios]
     while any(r.end_reason is None for r in rollouts):
         for speaker in (user, agent):
-            waiting = [r for r in rollouts if r.end_reason is None and r.next_speaker() == speaker.role]
+            waiting = [
+                r for r in rollouts if r.end_reason is None and r.next_speaker() == speaker.role
+            ]
             if waiting:
                 speaker.respond(domain, waiting)
                 for r in waiting:
@@ -182,7 +184,11 @@ class LocalUser:
     role = USER
 
     def __init__(
-        self, lm: LocalModel, spec: SimulatorSpec, tracked: bool = False, rng: random.Random | None = None
+        self,
+        lm: LocalModel,
+        spec: SimulatorSpec,
+        tracked: bool = False,
+        rng: random.Random | None = None,
     ):
         self.lm, self.spec, self.tracked = lm, spec, tracked
         self.rng = rng or random.Random(0)
@@ -311,3 +317,72 @@ class EndpointUser:
             close = getattr(client, "aclose", None)
             if close is not None:
                 await close()
+
+
+# -- the agent on a vLLM server ----------------------------------------------------------------
+
+
+class EndpointAgent:
+    """The agent's turns sampled by a vLLM server from this process's token ids, so transcripts
+    keep the exact sampled ids: `/v1/completions` with a token-id prompt and `return_token_ids`.
+    After each update the trainer saves the LoRA adapter and `load(folder, name)` makes the
+    server sample from it (vLLM needs VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and the folder on a
+    filesystem it sees). Untested here: this machine has no vLLM (see training/README.md)."""
+
+    role = AGENT
+
+    def __init__(self, base_url: str, lm: LocalModel, temperature: float, max_new_tokens: int):
+        self.base_url, self.lm = base_url, lm
+        self.temperature, self.max_new_tokens = temperature, max_new_tokens
+        self.model = ""  # the served adapter's name; set by load()
+
+    def load(self, folder: str, name: str) -> None:
+        previous, self.model = self.model, name
+        asyncio.run(self._post("/load_lora_adapter", {"lora_name": name, "lora_path": str(folder)}))
+        if previous:
+            asyncio.run(self._post("/unload_lora_adapter", {"lora_name": previous}))
+
+    def respond(self, domain: Domain, rollouts: list[Rollout]) -> None:
+        if not self.model:
+            raise RuntimeError("EndpointAgent.load() must name the served adapter first")
+        prompts = [r.agent.prompt(self.lm.fmt, agent_messages(domain, r)) for r in rollouts]
+        samples = asyncio.run(self._complete_all(prompts))
+        for r, ids in zip(rollouts, samples, strict=True):
+            r.agent.record(self.lm.fmt, ids)
+            r.agent.consumed = len(r.conversation) + 1
+            r.add_agent_reply(domain, self.lm.decode(ids))
+
+    async def _complete_all(self, prompts: list[list[int]]) -> list[list[int]]:
+        from agents.llm import LLMClient
+
+        async with LLMClient(self.base_url, timeout=600) as client:
+            return await asyncio.gather(*(self._complete(client, p) for p in prompts))
+
+    async def _complete(self, client: Any, prompt: list[int]) -> list[int]:
+        body = {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "top_p": 1.0,
+            "top_k": -1,
+            "stop_token_ids": self.lm.stop_ids,
+            "skip_special_tokens": False,
+            "return_token_ids": True,
+        }
+        data, _ = await client._request("POST", "/completions", body)
+        choice = data["choices"][0]
+        ids = list(choice.get("token_ids") or [])
+        if choice.get("finish_reason") == "stop" and (not ids or ids[-1] not in self.lm.stop_ids):
+            reason = choice.get("stop_reason")  # the stop token id, or None for eos
+            ids.append(reason if isinstance(reason, int) else self.lm.stop_ids[0])
+        return ids
+
+    async def _post(self, path: str, body: dict) -> None:
+        from agents.llm import LLMClient
+
+        async with LLMClient(self.base_url, timeout=120) as client:
+            # vLLM answers these with plain text, so the JSON helper of LLMClient does not fit
+            response = await client._http.post(path, json=body)
+            if response.status_code >= 400:
+                raise RuntimeError(f"{self.base_url}{path}: {response.status_code} {response.text}")

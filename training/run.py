@@ -29,7 +29,7 @@ from training.grpo import TokenBatch, group_advantages, update
 from training.metrics import MetricsLog, plot
 from training.policy import Policy
 from training.regimes import ModelCache, make_regime
-from training.rollout import LocalAgent, play
+from training.rollout import EndpointAgent, LocalAgent, play
 
 Progress = Callable[[dict[str, Any]], None]
 
@@ -43,11 +43,6 @@ def train(
 ) -> list[Path]:
     """Train (or resume) the run `config` describes; returns its checkpoint folders, oldest
     first. `domain` overrides the registry lookup of config.domain (tests use a toy Domain)."""
-    if config.rollout_endpoint:
-        raise NotImplementedError(
-            "rollouts through a vLLM endpoint are not wired yet; leave rollout_endpoint empty "
-            "(see training/README.md)"
-        )
     run_dir = config.run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
     domain = domain or _domain(config.domain, config.domain_data)
@@ -73,6 +68,10 @@ def train(
     (run_dir / "config.json").write_text(_json(config.to_dict()))
 
     speaker = LocalAgent(agent, config.temperature, config.max_new_tokens)
+    if config.rollout_endpoint:
+        speaker = EndpointAgent(
+            config.rollout_endpoint, agent, config.temperature, config.max_new_tokens
+        )
     heldout: dict[str, float] | None = _last_heldout(log.rows())
     started, saved = time.monotonic(), checkpoint.list_checkpoints(run_dir)
     bar = tqdm(total=config.steps, initial=start, desc=config.name, disable=not show_progress)
@@ -81,6 +80,10 @@ def train(
         # 1. rollouts: G conversations for each of this step's tasks
         tasks = draw_tasks(train_tasks, config.batch_tasks, random.Random(f"{config.seed}-{step}"))
         scenarios = [t for t in tasks for _ in range(config.group_size)]
+        if config.rollout_endpoint:  # the server samples from the adapter as it is now
+            live = run_dir / "live" / f"step-{step - 1:06d}"
+            agent.save(live)
+            speaker.load(str(live), f"{config.name}-live-{step - 1}")
         with regime.simulator(step) as user:
             rollouts = play(
                 domain, scenarios, speaker, user,
@@ -164,7 +167,9 @@ def select_tasks(domain: Domain, spec: TaskSpec, which: str) -> list[Scenario]:
         by_id = {s.id: s for s in domain.scenarios(None)}
         unknown = [i for i in ids if i not in by_id]
         if unknown:
-            raise ValueError(f"tasks.{which}_ids: unknown scenario ids {unknown[:5]} in {domain.name}")
+            raise ValueError(
+                f"tasks.{which}_ids: unknown scenario ids {unknown[:5]} in {domain.name}"
+            )
         tasks = [by_id[i] for i in ids]
     else:
         tasks = domain.scenarios(split)

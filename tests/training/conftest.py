@@ -7,46 +7,13 @@ signal from the first step, and a short run must raise it.
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from agents.domains.base import Domain, Message, Outcome, Scenario
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
-
-
-def build_tiny_model(folder: Path, tokenizer_dir: Path, seed: int = 0, layers: int = 2, init_range: float = 0.5
-) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=49152,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
-        initializer_range=init_range,
-    )
-    LlamaForCausalLM(config).save_pretrained(folder)
-    for name in TOKENIZER_FILES:
-        if (tokenizer_dir / name).exists():
-            shutil.copy(tokenizer_dir / name, folder / name)
-    (folder / "generation_config.json").write_text(
-        json.dumps({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2})
-    )
-    return folder
+from training.tiny import build_tiny_model
 
 
 @pytest.fixture(scope="session")
@@ -108,7 +75,9 @@ class LetterDomain(Domain):
     def simulator_system_prompt(self, scenario: Scenario) -> str:
         return f"You want words about {scenario.payload['topic']}."
 
-    def score(self, conversation: list[Message], state: Any, end_reason: str | None = None) -> Outcome:
+    def score(
+        self, conversation: list[Message], state: Any, end_reason: str | None = None
+    ) -> Outcome:
         agent = " ".join(m.get("content") or "" for m in conversation if m["role"] == "assistant")
         share = letter_share(agent)
         return Outcome(reward=share, success=share > 0.2, details={"end_reason": end_reason})

@@ -17,7 +17,9 @@ def write(tmp_path, text):
 
 def test_every_shipped_config_loads():
     assert {c.stem for c in CONFIGS} >= {
-        f"{d}-{r}-cpu" for d in ("p4g", "retail") for r in ("single", "verbalized", "cotrain", "population")
+        f"{d}-{r}-cpu"
+        for d in ("p4g", "retail")
+        for r in ("single", "verbalized", "cotrain", "population")
     }
     for path in CONFIGS:
         config = load_config(path)
@@ -41,13 +43,19 @@ def test_minimal_config_gets_defaults(tmp_path):
         (MINIMAL + "[simulator]\ntemprature = 0.5\n", "unknown key 'simulator.temprature'"),
         (MINIMAL + 'steps = "ten"\n', "steps must be int"),
         (MINIMAL + "scale_std = 1\n", "scale_std must be bool"),
-        (MINIMAL + 'regime = "duo"\n', "regime must be one of single, verbalized, cotrain, population"),
+        (
+            MINIMAL + 'regime = "duo"\n',
+            "regime must be one of single, verbalized, cotrain, population",
+        ),
         (MINIMAL + "group_size = 1\n", "group_size must be at least 2"),
         (MINIMAL + "eps = 1.5\n", "eps must be in (0, 1)"),
         ('domain = "p4g"\n', "missing required key(s): name"),
         (MINIMAL + "[[heldout]]\nname = 'same'\n", "is the training simulator"),
         (MINIMAL + 'regime = "verbalized"\n', 'needs simulator.kind = "verbalized"'),
-        (MINIMAL + 'regime = "cotrain"\n[simulator]\nendpoint = "http://x/v1"\nmodel = "m"\n', "trains the simulator in-process"),
+        (
+            MINIMAL + 'regime = "cotrain"\n[simulator]\nendpoint = "http://x/v1"\nmodel = "m"\n',
+            "trains the simulator in-process",
+        ),
         (MINIMAL + "[simulator]\nendpoint = 'http://x/v1'\n", "needs `model`"),
         (MINIMAL + "steps = [\n", "not valid TOML"),
     ],

@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from training.grpo import TokenBatch, grpo_loss, group_advantages, token_logprobs
+from training.grpo import TokenBatch, group_advantages, grpo_loss, token_logprobs
 
 LN = math.log
 
@@ -63,7 +63,9 @@ def test_group_advantages():
     expected = 0.5 / (std + 1e-4)
     assert torch.allclose(adv[0], torch.tensor([expected, -expected, -expected, expected]))
     assert torch.all(adv[1] == 0)  # no spread, no signal
-    assert torch.equal(group_advantages(rewards, scale_std=False)[0], torch.tensor([0.5, -0.5, -0.5, 0.5]))
+    assert torch.equal(
+        group_advantages(rewards, scale_std=False)[0], torch.tensor([0.5, -0.5, -0.5, 0.5])
+    )
 
 
 def test_token_logprobs_match_full_softmax(tiny_model):

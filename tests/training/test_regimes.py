@@ -37,10 +37,14 @@ def one_step(cfg, regime, agent, domain, step=1):
     """What the trainer does in a step: rollouts, the agent's update, the regime's update."""
     scenarios = [domain.scenarios("train")[0]] * cfg.group_size
     with regime.simulator(step) as user:
-        rollouts = play(domain, scenarios, LocalAgent(agent, 1.0, cfg.max_new_tokens), user, max_turns=4)
+        rollouts = play(
+            domain, scenarios, LocalAgent(agent, 1.0, cfg.max_new_tokens), user, max_turns=4
+        )
     rewards = torch.tensor([r.reward for r in rollouts]).view(1, -1)
     assert rewards.std() > 0  # the step has a learning signal
-    batch = TokenBatch.from_lists([r.agent.ids for r in rollouts], [r.agent.mask for r in rollouts], 2)
+    batch = TokenBatch.from_lists(
+        [r.agent.ids for r in rollouts], [r.agent.mask for r in rollouts], 2
+    )
     update(agent.model, agent.optimizer, batch, group_advantages(rewards).flatten(),
            eps=0.2, eps_high=0.2, beta=0.0, micro_batch=4)  # fmt: skip
     return regime.learn(step, rollouts), rollouts

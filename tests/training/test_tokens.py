@@ -4,9 +4,9 @@ carry mask 1 (the user's turns, tool results and template scaffolding are 0)."""
 import pytest
 import torch
 
+from agents.llm.tool_format import CLOSE, OPEN
 from training.config import SimulatorSpec
 from training.policy import LocalModel
-from agents.llm.tool_format import CLOSE, OPEN
 from training.rollout import LocalAgent, LocalUser, Rollout, agent_messages, play
 from training.tokens import ChatFormat, Transcript
 
@@ -111,7 +111,9 @@ def test_tool_call_turn_and_results(recording, tool_letters):
     agent.respond(domain, [r])  # the agent's next turn sees the tool result
     runs = policy_runs(r.agent)
     assert runs[0] == sampled and len(runs) == 2
-    masked = fmt.tokenizer.decode([t for t, m in zip(r.agent.ids, r.agent.mask, strict=True) if not m])
+    masked = fmt.tokenizer.decode(
+        [t for t, m in zip(r.agent.ids, r.agent.mask, strict=True) if not m]
+    )
     assert "<|im_start|>tool\n7<|im_end|>" in masked
     assert "count_letters" in masked  # the tool schema in the system prompt
 

@@ -78,6 +78,12 @@ def test_checkpoint_is_a_servable_adapter_with_manifest(tiny_model, tmp_path, le
     assert adapter["r"] == cfg.lora.r and set(adapter["target_modules"]) == set(cfg.lora.targets)
     assert any("lora_B" in n and p.abs().sum() > 0 for n, p in model.named_parameters())
 
+    # the embedded engine serves every checkpoint under a runs folder by its manifest name
+    from agents.serving.adapters import find_adapters
+
+    served = find_adapters(tmp_path)
+    assert served["toy-step2"].path == saved[-1] and "toy-step1" in served
+
     for name in ("train_reward.png", "heldout_success.png", "entropy.png"):
         assert (cfg.run_dir() / name).stat().st_size > 1000
     assert [p["step"] for p in progress] == [1, 2]
@@ -90,7 +96,9 @@ def test_resume_after_interruption_continues_from_the_saved_step(tiny_model, tmp
     with pytest.raises(Interrupt):
         train(cfg, stop_at(3), domain=letters, show_progress=False)
     assert [p.name for p in checkpoint.list_checkpoints(cfg.run_dir())] == ["step-000002"]
-    saved_adapter = (cfg.run_dir() / "checkpoints/step-000002/adapter_model.safetensors").read_bytes()
+    saved_adapter = (
+        cfg.run_dir() / "checkpoints/step-000002/adapter_model.safetensors"
+    ).read_bytes()
 
     resumed = []
     train(cfg, resumed.append, domain=letters, show_progress=False)
@@ -99,9 +107,13 @@ def test_resume_after_interruption_continues_from_the_saved_step(tiny_model, tmp
     assert [r["step"] for r in rows] == [1, 2, 3, 4]  # step 3 once, from the resumed run
     discarded = (cfg.run_dir() / "metrics.discarded.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in discarded] == [3]
-    state = torch.load(cfg.run_dir() / "checkpoints/step-000004/trainer_state.pt", weights_only=False)
+    state = torch.load(
+        cfg.run_dir() / "checkpoints/step-000004/trainer_state.pt", weights_only=False
+    )
     assert state["step"] == 4 and state["optimizer"]["state"]  # Adam moments carried over
-    assert (cfg.run_dir() / "checkpoints/step-000002/adapter_model.safetensors").read_bytes() == saved_adapter
+    assert (
+        cfg.run_dir() / "checkpoints/step-000002/adapter_model.safetensors"
+    ).read_bytes() == saved_adapter
 
     # a finished run run again has nothing left to do; extending it resumes at the end
     assert train(cfg, resumed.append, domain=letters, show_progress=False)[-1].name == "step-000004"

@@ -4,39 +4,116 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='TrainingRun',
+            name="TrainingRun",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.SlugField(help_text="Also the output folder's name.", max_length=100, unique=True)),
-                ('preset', models.CharField(blank=True, help_text='A config under training/configs to start from.', max_length=100)),
-                ('domain', models.CharField(choices=[('p4g', 'Persuasion for Good'), ('retail', 'tau2 retail'), ('airline', 'tau2 airline')], default='p4g', max_length=20)),
-                ('regime', models.CharField(choices=[('single', 'Single simulator'), ('verbalized', 'Verbalized Sampling'), ('cotrain', 'Co-Training'), ('population', 'Population Co-Training')], default='single', max_length=20)),
-                ('base_model', models.CharField(blank=True, help_text='Model folder; blank: SmolLM2 base.', max_length=500)),
-                ('steps', models.PositiveIntegerField(blank=True, help_text="Blank: the preset's.", null=True)),
-                ('group_size', models.PositiveIntegerField(blank=True, help_text='G rollouts per task.', null=True)),
-                ('lr', models.FloatField(blank=True, null=True)),
-                ('beta', models.FloatField(blank=True, help_text='KL weight (0: no reference model).', null=True)),
-                ('temperature', models.FloatField(blank=True, null=True)),
-                ('settings', models.JSONField(blank=True, default=dict, help_text='Any other RunConfig keys (TOML names).')),
-                ('status', models.CharField(choices=[('queued', 'Queued'), ('running', 'Running'), ('cancelling', 'Cancelling'), ('cancelled', 'Cancelled'), ('done', 'Done'), ('failed', 'Failed')], default='queued', max_length=12)),
-                ('progress', models.JSONField(blank=True, default=dict)),
-                ('error', models.TextField(blank=True)),
-                ('output_dir', models.CharField(blank=True, max_length=500)),
-                ('task_id', models.CharField(blank=True, max_length=64)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "name",
+                    models.SlugField(
+                        help_text="Also the output folder's name.", max_length=100, unique=True
+                    ),
+                ),
+                (
+                    "preset",
+                    models.CharField(
+                        blank=True,
+                        help_text="A config under training/configs to start from.",
+                        max_length=100,
+                    ),
+                ),
+                (
+                    "domain",
+                    models.CharField(
+                        choices=[
+                            ("p4g", "Persuasion for Good"),
+                            ("retail", "tau2 retail"),
+                            ("airline", "tau2 airline"),
+                        ],
+                        default="p4g",
+                        max_length=20,
+                    ),
+                ),
+                (
+                    "regime",
+                    models.CharField(
+                        choices=[
+                            ("single", "Single simulator"),
+                            ("verbalized", "Verbalized Sampling"),
+                            ("cotrain", "Co-Training"),
+                            ("population", "Population Co-Training"),
+                        ],
+                        default="single",
+                        max_length=20,
+                    ),
+                ),
+                (
+                    "base_model",
+                    models.CharField(
+                        blank=True, help_text="Model folder; blank: SmolLM2 base.", max_length=500
+                    ),
+                ),
+                (
+                    "steps",
+                    models.PositiveIntegerField(
+                        blank=True, help_text="Blank: the preset's.", null=True
+                    ),
+                ),
+                (
+                    "group_size",
+                    models.PositiveIntegerField(
+                        blank=True, help_text="G rollouts per task.", null=True
+                    ),
+                ),
+                ("lr", models.FloatField(blank=True, null=True)),
+                (
+                    "beta",
+                    models.FloatField(
+                        blank=True, help_text="KL weight (0: no reference model).", null=True
+                    ),
+                ),
+                ("temperature", models.FloatField(blank=True, null=True)),
+                (
+                    "settings",
+                    models.JSONField(
+                        blank=True, default=dict, help_text="Any other RunConfig keys (TOML names)."
+                    ),
+                ),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("queued", "Queued"),
+                            ("running", "Running"),
+                            ("cancelling", "Cancelling"),
+                            ("cancelled", "Cancelled"),
+                            ("done", "Done"),
+                            ("failed", "Failed"),
+                        ],
+                        default="queued",
+                        max_length=12,
+                    ),
+                ),
+                ("progress", models.JSONField(blank=True, default=dict)),
+                ("error", models.TextField(blank=True)),
+                ("output_dir", models.CharField(blank=True, max_length=500)),
+                ("task_id", models.CharField(blank=True, max_length=64)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
             ],
             options={
-                'ordering': ['-created_at'],
+                "ordering": ["-created_at"],
             },
         ),
     ]

