@@ -10,6 +10,7 @@ every lookup, so checkpoints written while the engine runs are served without a 
 
 import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +43,13 @@ def find_adapters(root: Path | None, explicit: list[Adapter] = ()) -> dict[str, 
     """Served name -> Adapter; explicit adapters win over scanned ones with the same name."""
     found: dict[str, Adapter] = {}
     if root is not None and root.is_dir():
-        for config in sorted(root.rglob(ADAPTER_CONFIG)):
+        # os.walk follows links: checkpoints are registered as symlinks into the root.
+        configs = sorted(
+            Path(top) / ADAPTER_CONFIG
+            for top, _, files in os.walk(root, followlinks=True)
+            if ADAPTER_CONFIG in files
+        )
+        for config in configs:
             folder = config.parent
             name = _manifest_name(folder) or (
                 folder.name if folder == root else folder.relative_to(root).as_posix()

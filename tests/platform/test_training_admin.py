@@ -16,14 +16,30 @@ from studies.models import Arm
 from tests.studies.conftest import make_study
 from training.models import TrainingRun
 
-TINY = {"max_new_tokens": 4, "max_turns": 2, "eval_every": 0, "save_every": 0, "micro_batch": 2,
-        "tasks": {"train_split": "train", "eval_split": "test", "max_eval": 1}}
+TINY = {
+    "max_new_tokens": 4,
+    "max_turns": 2,
+    "eval_every": 0,
+    "save_every": 0,
+    "micro_batch": 2,
+    "tasks": {"train_split": "train", "eval_split": "test", "max_eval": 1},
+}
 
 
 def add_form(name, **fields):
-    data = {"name": name, "preset": "p4g-single-cpu", "domain": "p4g", "regime": "single", "base_model": "",
-            "steps": "1", "group_size": "2", "lr": "", "beta": "", "temperature": "",
-            "settings": json.dumps(TINY)}
+    data = {
+        "name": name,
+        "preset": "p4g-single-cpu",
+        "domain": "p4g",
+        "regime": "single",
+        "base_model": "",
+        "steps": "1",
+        "group_size": "2",
+        "lr": "",
+        "beta": "",
+        "temperature": "",
+        "settings": json.dumps(TINY),
+    }
     data.update(fields)
     return data
 
@@ -42,10 +58,14 @@ def test_bad_settings_are_refused_with_a_clear_message(admin_client):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_run_trains_registers_attaches_and_serves(admin_client, celery_worker, base_model, tmp_path):
+def test_run_trains_registers_attaches_and_serves(
+    admin_client, celery_worker, base_model, tmp_path
+):
     name = f"t-{uuid.uuid4().hex[:8]}"
     settings = {**TINY, "output_dir": str(tmp_path / name)}
-    response = admin_client.post(reverse("admin:training_trainingrun_add"), add_form(name, settings=json.dumps(settings)))
+    response = admin_client.post(
+        reverse("admin:training_trainingrun_add"), add_form(name, settings=json.dumps(settings))
+    )
     assert response.status_code == 302, response.content.decode()[:2000]
     run = TrainingRun.objects.get(name=name)
     deadline = time.monotonic() + 600
@@ -55,23 +75,39 @@ def test_run_trains_registers_attaches_and_serves(admin_client, celery_worker, b
     assert run.status == "done", run.error
     assert run.progress["step"] == run.progress["total_steps"] == 1
     assert "reward" in run.progress
-    page = admin_client.get(reverse("admin:training_trainingrun_change", args=[run.pk])).content.decode()
+    page = admin_client.get(
+        reverse("admin:training_trainingrun_change", args=[run.pk])
+    ).content.decode()
     assert f"{name}-step1" in page
-    progress = admin_client.get(reverse("admin:training_trainingrun_progress", args=[run.pk])).json()
+    progress = admin_client.get(
+        reverse("admin:training_trainingrun_progress", args=[run.pk])
+    ).json()
     assert progress["status"] == "done" and not progress["active"]
 
     checkpoint = Checkpoint.objects.get(training_run=run)
     link = adapters_dir() / checkpoint.name
     try:
-        assert checkpoint.name == f"{name}-step1" and checkpoint.regime == "single" and checkpoint.step == 1
-        assert link.is_symlink() and json.loads((link / "manifest.json").read_text())["name"] == checkpoint.name
+        assert (
+            checkpoint.name == f"{name}-step1"
+            and checkpoint.regime == "single"
+            and checkpoint.step == 1
+        )
+        assert (
+            link.is_symlink()
+            and json.loads((link / "manifest.json").read_text())["name"] == checkpoint.name
+        )
 
         study = make_study(slug="trained")
         arm = study.arms.get(name="b")
         response = admin_client.post(
             reverse("admin:agents_checkpoint_changelist"),
-            {"action": "attach_to_arm", "_selected_action": [checkpoint.pk], "apply": "1",
-             "arms": [arm.pk], "endpoint_url": "http://127.0.0.1:8001/v1"},
+            {
+                "action": "attach_to_arm",
+                "_selected_action": [checkpoint.pk],
+                "apply": "1",
+                "arms": [arm.pk],
+                "endpoint_url": "http://127.0.0.1:8001/v1",
+            },
         )
         assert response.status_code == 302
         arm = Arm.objects.get(pk=arm.pk)
@@ -89,4 +125,6 @@ def test_run_trains_registers_attaches_and_serves(admin_client, celery_worker, b
 
 async def ask(url, model):
     async with LLMClient(url) as client:
-        return await client.chat(model, [{"role": "user", "content": "Hello"}], max_tokens=4, temperature=0)
+        return await client.chat(
+            model, [{"role": "user", "content": "Hello"}], max_tokens=4, temperature=0
+        )
