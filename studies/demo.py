@@ -106,3 +106,112 @@ def seed_demo_study(engine_url: str | None = None, model_name: str = BASE_MODEL_
             questionnaire=questionnaire, key=item["key"], defaults=defaults
         )
     return study
+
+
+# --- studies of trained checkpoints (the paper's human-study questionnaires) --------------------
+
+PAPER_ITEMS = {
+    "p4g": [
+        dict(
+            key="intended_donation",
+            prompt="How much of your $2 bonus do you want to donate to Save the Children? (0 to 2)",
+            kind="number",
+            min_value=0,
+            max_value=2,
+        ),
+        dict(key="argument_quality", prompt="The other person's arguments were convincing."),
+        dict(key="empathy", prompt="The other person understood my point of view."),
+        dict(key="manipulation", prompt="I felt manipulated.", reverse_coded=True),
+        dict(key="engagement", prompt="The conversation was engaging."),
+        dict(key="future_likelihood", prompt="I would like to talk to this person again."),
+        dict(
+            key="attention",
+            prompt="To show you are reading, please choose 2 (Disagree).",
+            kind="attention",
+            expected_answer="2",
+        ),
+    ],
+    "retail": [
+        dict(key="task_success", prompt="The agent solved my problem."),
+        dict(key="helpfulness", prompt="The agent was helpful."),
+        dict(key="honesty", prompt="The agent was honest."),
+        dict(key="efficiency", prompt="The agent solved things efficiently."),
+        dict(key="instruction_following", prompt="The agent did what I asked."),
+        dict(key="safety", prompt="The agent followed the store's rules."),
+        dict(key="frustration", prompt="The conversation was frustrating.", reverse_coded=True),
+        dict(
+            key="attention",
+            prompt="To show you are reading, please choose 2 (Disagree).",
+            kind="attention",
+            expected_answer="2",
+        ),
+        dict(key="overall", prompt="Overall I was satisfied with the agent."),
+    ],
+}
+
+
+def trained_checkpoints() -> dict[str, dict[str, "Checkpoint"]]:
+    """Register every agent checkpoint under <data>/runs; the latest per domain and regime."""
+    from agents.models import Checkpoint
+    from agents.paths import data_dir
+
+    for manifest in sorted((data_dir() / "runs").glob("*/checkpoints/*/manifest.json")):
+        Checkpoint.register(manifest.parent)
+    latest: dict[str, dict[str, Checkpoint]] = {}
+    for checkpoint in Checkpoint.objects.filter(manifest__kind="agent").order_by(
+        "step", "created_at"
+    ):
+        latest.setdefault(checkpoint.domain, {})[checkpoint.regime] = checkpoint
+    return latest
+
+
+@transaction.atomic
+def seed_trained_studies(engine_url: str | None = None) -> list[Study]:
+    """One demo study per domain with trained checkpoints: the base model against each regime."""
+    from .pools import import_pool
+
+    engine_url = engine_url or settings.PARLEY_ENGINE_URL
+    studies = []
+    for domain, by_regime in trained_checkpoints().items():
+        if domain not in PAPER_ITEMS:
+            continue
+        study, created = Study.objects.get_or_create(
+            slug=f"demo-{domain}",
+            defaults=dict(
+                title=f"Trained agents: {domain}",
+                domain=domain,
+                status=Study.Status.LIVE,
+                target_per_arm=10,
+                consent_text="You will chat with an AI agent about a short task, then answer a few questions.",
+                instructions="Follow the task in this panel. End the conversation when you are done.",
+                debrief_text="The agents you met were trained with different user simulators. Thank you!",
+                completion_code="C1PARLEY",
+                no_consent_code="C0NOCONS",
+                timeout_code="C0TIMEOUT",
+                max_exchanges=10,
+            ),
+        )
+        arms = [("base", BASE_MODEL_NAME)] + [
+            (regime, c.name) for regime, c in sorted(by_regime.items())
+        ]
+        for order, (name, model) in enumerate(arms):
+            Arm.objects.update_or_create(
+                study=study,
+                name=name,
+                defaults=dict(
+                    order=order,
+                    endpoint_url=engine_url,
+                    model_name=model,
+                    temperature=0.7,
+                    max_tokens=96,
+                    tool_format="json",
+                ),
+            )
+        if study.control_arm_id is None:
+            study.control_arm = study.arms.get(name="base")
+            study.save(update_fields=["control_arm"])
+        if created:
+            import_pool(study, domain, count=10, split="test")
+        seed_questionnaire(study, PAPER_ITEMS[domain])
+        studies.append(study)
+    return studies

@@ -45,6 +45,12 @@ def wait_for(url: str, name: str, process: subprocess.Popen, seconds: float = 60
     sys.exit(f"{name} did not answer at {url} within {seconds:.0f} s; see {log_path(name)}")
 
 
+def participant_link(base: str, slug: str) -> str:
+    """A link with sample Prolific parameters, as Prolific would send a new participant."""
+    pid, study_id, session_id = (secrets.token_hex(12) for _ in range(3))
+    return f"{base}/s/{slug}/?PROLIFIC_PID={pid}&STUDY_ID={study_id}&SESSION_ID={session_id}"
+
+
 def log_path(name: str) -> Path:
     return data_dir() / "logs" / f"{name}.log"
 
@@ -66,7 +72,18 @@ def main() -> None:
     os.environ.setdefault("PARLEY_PUBLIC_URL", f"http://{HOST}:{WEB_PORT}")
     run("-m", "agents.serving.prepare")
     run("manage.py", "migrate", "--noinput", "-v", "0")
-    run("manage.py", "seed_demo", "--engine-url", engine_url)
+    seeded = subprocess.run(
+        [PY, "manage.py", "seed_demo", "--engine-url", engine_url],
+        cwd=REPO_DIR,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    slugs = [
+        line.split()[0].removeprefix("study=")
+        for line in seeded.splitlines()
+        if line.startswith("study=")
+    ]
     checkpoints = data_dir() / "checkpoints"
     checkpoints.mkdir(parents=True, exist_ok=True)
     processes = {
@@ -111,7 +128,7 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        serve(processes, engine_url)
+        serve(processes, engine_url, slugs)
     except KeyboardInterrupt:
         print("\nStopping...", flush=True)
     finally:  # whatever happens, no server is left behind
@@ -129,21 +146,21 @@ def stop(processes: dict) -> None:
             process.kill()
 
 
-def serve(processes: dict, engine_url: str) -> None:
+def serve(processes: dict, engine_url: str, slugs: list[str]) -> None:
     print("Waiting for the model engine and the web server...", flush=True)
     wait_for(f"http://{HOST}:{ENGINE_PORT}/health", "engine", processes["engine"])
     wait_for(f"http://{HOST}:{WEB_PORT}/healthz", "web", processes["web"])
     from parley.credentials import admin_password
 
-    pid, study_id, session_id = (secrets.token_hex(12) for _ in range(3))
     base = f"http://{HOST}:{WEB_PORT}"
+    links = "\n".join(f"  Participant:  {participant_link(base, slug)}" for slug in slugs)
     print(
         f"""
 parley demo is running (logs in {log_path("web").parent}).
 
   Admin:        {base}/admin/
                 user: {os.environ.get("PARLEY_ADMIN_USER", "admin")}   password: {admin_password()}
-  Participant:  {base}/s/demo/?PROLIFIC_PID={pid}&STUDY_ID={study_id}&SESSION_ID={session_id}
+{links}
                 (change PROLIFIC_PID for a new participant; the same one resumes)
   Model engine: {engine_url}  (OpenAI-compatible; serves {base_model_dir().name})
 

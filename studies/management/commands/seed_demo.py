@@ -4,7 +4,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from parley.credentials import admin_password
 
-from studies.demo import seed_demo_study
+from studies.demo import seed_demo_study, seed_trained_studies
 
 
 class Command(BaseCommand):
@@ -18,6 +18,9 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         study = seed_demo_study(options["engine_url"])
+        for trained in seed_trained_studies(options["engine_url"]):
+            arms = ",".join(trained.arms.values_list("name", flat=True))
+            self.stdout.write(f"study={trained.slug} arms={arms}")
         username, password = options["admin_user"], admin_password()
         User = get_user_model()
         user, _ = User.objects.get_or_create(username=username, defaults={"email": ""})
