@@ -97,15 +97,24 @@ def seed_demo_study(engine_url: str | None = None, model_name: str = BASE_MODEL_
     if study.control_arm_id is None:
         study.control_arm = study.arms.get(name="friendly")
         study.save(update_fields=["control_arm"])
+    seed_questionnaire(study, ITEMS)
+    return study
+
+
+def seed_questionnaire(study: Study, items: list[dict]) -> None:
+    """Items by key, Likert unless said otherwise, seven labelled points."""
     questionnaire, _ = Questionnaire.objects.get_or_create(study=study)
-    for order, item in enumerate(ITEMS):
-        defaults = dict(order=order, **{k: v for k, v in item.items() if k != "key"})
+    for order, item in enumerate(items):
+        defaults = {
+            "order": order,
+            "kind": "likert",
+            **{k: v for k, v in item.items() if k != "key"},
+        }
         if defaults["kind"] in ("likert", "attention"):
             defaults["anchor_labels"] = SEVEN_POINTS
         Item.objects.update_or_create(
             questionnaire=questionnaire, key=item["key"], defaults=defaults
         )
-    return study
 
 
 # --- studies of trained checkpoints (the paper's human-study questionnaires) --------------------
@@ -150,7 +159,7 @@ PAPER_ITEMS = {
 }
 
 
-def trained_checkpoints() -> dict[str, dict[str, "Checkpoint"]]:
+def trained_checkpoints() -> dict:
     """Register every agent checkpoint under <data>/runs; the latest per domain and regime."""
     from agents.models import Checkpoint
     from agents.paths import data_dir
