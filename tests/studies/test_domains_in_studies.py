@@ -185,7 +185,7 @@ async def test_tool_calls_per_turn_are_capped():
 
 
 @pytest.mark.django_db
-def test_p4g_outcome_is_the_intended_donation_with_the_chat_amount_beside_it():
+def test_p4g_outcome_is_the_intended_donation_with_the_chat_amount_beside_it(client):
     study = make_study(slug="give", domain="p4g")
     import_pool(study, "p4g", count=3)
     Item.objects.create(
@@ -216,3 +216,5 @@ def test_p4g_outcome_is_the_intended_donation_with_the_chat_amount_beside_it():
     participant.refresh_from_db()
     assert participant.outcome["reward"] == pytest.approx(0.75)
     assert participant.outcome["details"]["chat_donation"] == 0.5
+    debrief = client.get(reverse("studies:participant", args=[participant.token])).content.decode()
+    assert "How the task went" in debrief and "score 0.75" in debrief
