@@ -94,3 +94,38 @@ def test_participant_completes_the_study_in_a_browser(
     assert followed.value.redirected_from.url.endswith(f"/p/{participant.token}/done/")
     participant.refresh_from_db()
     assert participant.status == "completed" and participant.attention_passed is True
+
+
+def test_tool_calls_show_as_cards_beside_the_scenario(web_server, browser, monkeypatch, tmp_path):
+    """tau2 retail in the browser: the scenario in the side panel, the agent's tool calls as cards
+    (the replies come from a scripted server: this test is about the page, not the model)."""
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    from studies.pools import import_pool
+    from tests.scripted_server import ScriptedServer
+
+    script = [
+        {"tool_calls": [("get_order_details", {"order_id": "#W5785065"})]},
+        {"content": "Your order #W5785065 is pending."},
+    ]
+    with ScriptedServer(script) as server:
+        study = make_study(slug="shop", domain="retail", engine=server.url)
+        study.arms.update(tool_format="native")
+        import_pool(study, "retail")
+        study.scenarios.exclude(key="retail-0").update(active=False)
+        page = browser.new_page()
+        page.goto(f"{web_server}/s/shop/?PROLIFIC_PID=buyer1&STUDY_ID=st&SESSION_ID=se")
+        page.click("#consent-accept")
+        page.wait_for_selector("#text:not([disabled])")
+        assert "What you know" in page.inner_text("#scenario-panel")
+        assert page.inner_text(".msg.assistant") == "Hi! How can I help you today?"
+        page.fill("#text", "What is the status of order #W5785065?")
+        page.press("#text", "Enter")
+        page.wait_for_selector(".tool-card .tool-result")
+        page.wait_for_selector(".msg.assistant:not(.streaming) >> nth=1")
+        card = page.inner_text(".tool-card")
+        assert "get_order_details" in card and "#W5785065" in card
+        page.screenshot(path=str(tmp_path / "tool-card.png"))
+        assert (
+            page.locator(".msg.assistant").nth(1).inner_text().strip()
+            == "Your order #W5785065 is pending."
+        )
