@@ -56,4 +56,4 @@ $(VLLM_STAMP):
 vllm: $(VLLM_STAMP)
 
 clean:
-	rm -rf $(VENV) data/test.sqlite3 .pytest_cache
+	rm -rf $(VENV) .venv-vllm data/test.sqlite3 .pytest_cache

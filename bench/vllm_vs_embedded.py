@@ -1,0 +1,138 @@
+"""vLLM against the embedded engine: N concurrent streamed requests, figures side by side.
+
+    python bench/vllm_vs_embedded.py [--concurrency 1 8 32] [--max-tokens 64] [--lora NAME=PATH]
+        [--vllm-url URL] [--embedded-url URL]
+
+Each engine is started in turn on the prepared base model and stopped after its runs (unless
+its URL is given), so the two never compete for the CPU. Decoding is greedy on the same
+prompts, and both engines produce the same tokens, so they do the same work. With --lora the
+requests go to that adapter on both engines (vLLM then runs uncompiled: LoRA disables its
+torch.compile on CPU). Needs `make vllm`. Prints figures; asserts nothing.
+"""
+
+import argparse
+import asyncio
+import contextlib
+import statistics
+import time
+
+from agents.llm import LLMClient
+from agents.serving.adapters import parse_lora_option
+from agents.serving.launch import running_engine
+from agents.serving.prepare import ensure_base_model
+from agents.serving.vllm import VLLMNotInstalled, check_vllm, running_vllm, vllm_python
+
+PROMPTS = [
+    "Tell me a short story about a lighthouse keeper.",
+    "Explain how a bicycle stays upright.",
+    "Describe your ideal weekend in a few sentences.",
+    "What should I pack for a week of hiking?",
+    "Why do cats purr?",
+    "Give me three tips for a job interview.",
+    "How does a refrigerator keep food cold?",
+    "Write a friendly note asking a neighbour to water my plants.",
+]
+
+
+async def one(client: LLMClient, model: str, prompt: str, max_tokens: int) -> dict:
+    messages = [{"role": "user", "content": prompt}]
+    stream = client.stream_chat(model, messages, temperature=0, max_tokens=max_tokens)
+    async for _ in stream:
+        pass
+    result = stream.result
+    return {"tokens": result.usage["completion_tokens"], "ttft": result.ttft}
+
+
+async def level(url: str, model: str, n: int, max_tokens: int) -> dict:
+    """n requests at once; aggregate tokens/s over the wall time, and their times to first token."""
+    async with LLMClient(url, timeout=1800, max_retries=0) as client:
+        await one(client, model, PROMPTS[0], 4)  # warm-up, not counted
+        started = time.monotonic()
+        rows = await asyncio.gather(
+            *(one(client, model, PROMPTS[i % len(PROMPTS)], max_tokens) for i in range(n))
+        )
+        wall = time.monotonic() - started
+    tokens = sum(row["tokens"] for row in rows)
+    ttfts = sorted(row["ttft"] for row in rows)
+    return {
+        "n": n,
+        "tokens": tokens,
+        "wall": wall,
+        "tps": tokens / wall,
+        "per_request": tokens / wall / n,
+        "ttft_p50": statistics.median(ttfts),
+        "ttft_max": ttfts[-1],
+    }
+
+
+def measure(engine: str, starter, model: str, levels: list[int], max_tokens: int) -> list[dict]:
+    started = time.monotonic()
+    with starter() as url:
+        print(f"{engine}: ready in {time.monotonic() - started:.0f}s at {url}", flush=True)
+        rows = []
+        for n in levels:
+            row = {"engine": engine, **asyncio.run(level(url, model, n, max_tokens))}
+            show(row)
+            rows.append(row)
+    return rows
+
+
+HEADER = (
+    f"{'engine':<9} {'N':>3} {'tokens':>7} {'wall s':>7} {'tok/s':>7} "
+    f"{'tok/s/req':>9} {'ttft p50':>9} {'ttft max':>9}"
+)
+
+
+def show(row: dict):
+    print(
+        f"{row['engine']:<9} {row['n']:>3} {row['tokens']:>7} {row['wall']:>7.1f} "
+        f"{row['tps']:>7.1f} {row['per_request']:>9.2f} {row['ttft_p50']:>8.2f}s "
+        f"{row['ttft_max']:>8.2f}s",
+        flush=True,
+    )
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--lora", metavar="NAME=PATH", help="send the requests to this adapter")
+    parser.add_argument("--vllm-url", help="a running vLLM (default: start one)")
+    parser.add_argument("--embedded-url", help="a running embedded engine (default: start one)")
+    args = parser.parse_args()
+    if not args.vllm_url:
+        try:
+            check_vllm(vllm_python())
+        except VLLMNotInstalled as error:  # `make bench` goes on without it
+            print(f"skipped: {error}")
+            return
+
+    model_dir = ensure_base_model()
+    lora = parse_lora_option(args.lora) if args.lora else None
+    loras = {lora.name: lora.path} if lora else None
+    model = lora.name if lora else model_dir.name
+
+    def start_embedded():
+        if args.embedded_url:
+            return contextlib.nullcontext(args.embedded_url)
+        return running_engine(model_dir, loras=loras)
+
+    def start_vllm():
+        return (
+            contextlib.nullcontext(args.vllm_url)
+            if args.vllm_url
+            else running_vllm(model_dir, loras=loras)
+        )
+
+    print(f"model {model}, {args.max_tokens} tokens per request, greedy, streamed", flush=True)
+    rows = measure("embedded", start_embedded, model, args.concurrency, args.max_tokens)
+    rows += measure("vllm", start_vllm, model, args.concurrency, args.max_tokens)
+    print("\n" + HEADER)
+    for n in args.concurrency:
+        for row in rows:
+            if row["n"] == n:
+                show(row)
+
+
+if __name__ == "__main__":
+    main()
