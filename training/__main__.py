@@ -33,9 +33,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
+    from training.checkpoint import ResumeError
     from training.run import train  # torch and transformers load only for a valid config
 
-    checkpoints = train(config)
+    try:
+        checkpoints = train(config)
+    except (ResumeError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     run_dir = config.run_dir()
     print(f"run folder: {run_dir}")
     print(f"metrics:    {run_dir / 'metrics.jsonl'}")

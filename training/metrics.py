@@ -1,13 +1,15 @@
 """The run's metrics.jsonl (one JSON row per step) and the plots drawn from it.
 
-On resume, rows from steps after the checkpoint are moved to metrics.discarded.jsonl (those
-steps are trained again), so metrics.jsonl stays one row per step and nothing is lost.
+On resume, rows from steps after the checkpoint are moved to <name>.discarded.jsonl (those
+steps are trained again), so metrics.jsonl stays one row per step and nothing is lost. The same
+log keeps samples.jsonl, one sampled conversation per task and step.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,7 @@ class MetricsLog:
         rows = self.rows()
         stale = [r for r in rows if r.get("step", 0) > resume_step]
         if stale:
-            with open(self.path.with_name("metrics.discarded.jsonl"), "a") as f:
+            with open(self.path.with_suffix(".discarded.jsonl"), "a") as f:
                 for row in stale:
                     f.write(json.dumps(row) + "\n")
             kept = [r for r in rows if r.get("step", 0) <= resume_step]
@@ -32,9 +34,13 @@ class MetricsLog:
         return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
 
     def write(self, row: dict[str, Any]) -> None:
+        self.write_many([row])
+
+    def write_many(self, rows: Iterable[dict[str, Any]]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as f:
-            f.write(json.dumps(row, default=_plain) + "\n")
+            for row in rows:
+                f.write(json.dumps(row, default=_plain) + "\n")
 
 
 def _plain(value: Any) -> Any:
@@ -47,6 +53,7 @@ def plot(rows: list[dict[str, Any]], folder: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     def series(key: str) -> tuple[list[int], list[float]]:
         points = [(r["step"], r[key]) for r in rows if _finite(r.get(key))]
@@ -77,6 +84,7 @@ def plot(rows: list[dict[str, Any]], folder: Path) -> list[Path]:
                 ax.plot(x, y, marker="o", markersize=3, label=label)
         ax.set_title(title)
         ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         if ax.lines:
             ax.legend(fontsize=8)
         fig.tight_layout()

@@ -19,9 +19,9 @@ from transformers import (
     LogitsProcessorList,
 )
 
-from training.config import LoraSpec
-from training.grpo import TokenBatch, token_logprobs
-from training.tokens import ChatFormat
+from training.config import LoraSpec, RunConfig
+from training.grpo import TokenBatch, token_logprobs, update
+from training.tokens import ChatFormat, Transcript
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -145,6 +145,38 @@ class Policy(LocalModel):
         super().__init__(model, tokenizer)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+
+    @classmethod
+    def for_run(cls, config: RunConfig, *, lr: float, finetune: str = "lora") -> Policy:
+        return cls(
+            config.base_model_path(),
+            finetune=finetune,
+            lora=config.lora,
+            lr=lr,
+            weight_decay=config.weight_decay,
+            beta=config.beta,
+            dtype=config.dtype,
+            device=config.device,
+        )
+
+    def learn(self, transcripts: list[Transcript], adv: torch.Tensor, config: RunConfig) -> dict:
+        """One GRPO update on these transcripts' own tokens (mask 1), one advantage each."""
+        batch = TokenBatch.from_lists(
+            [t.ids for t in transcripts], [t.mask for t in transcripts], self.pad_id
+        )
+        return update(
+            self.model,
+            self.optimizer,
+            batch,
+            adv,
+            eps=config.eps,
+            eps_high=config.clip_high,
+            beta=config.beta,
+            micro_batch=config.micro_batch,
+            epochs=config.ppo_epochs,
+            grad_clip=config.grad_clip,
+            reference=self.reference_logprobs if config.beta > 0 else None,
+        )
 
     def reference_logprobs(self, batch: TokenBatch) -> torch.Tensor:
         with torch.no_grad():

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from training.config import RunConfig, SimulatorSpec
-from training.grpo import TokenBatch, group_advantages, update
+from training.grpo import group_advantages
 from training.policy import LocalModel, Policy
 from training.pool import SimulatorPool
 from training.rollout import EndpointUser, LocalUser, Rollout
@@ -88,16 +88,7 @@ class CoTrain(Single):
 
     def __init__(self, config: RunConfig, run_dir: Path, models: ModelCache):
         self.config = config
-        self.policy = Policy(
-            config.base_model_path(),
-            finetune="lora",
-            lora=config.lora,
-            lr=config.sim_lr,
-            weight_decay=config.weight_decay,
-            beta=config.beta,
-            dtype=config.dtype,
-            device=config.device,
-        )
+        self.policy = Policy.for_run(config, lr=config.sim_lr)
         self.user = LocalUser(
             self.policy, config.simulator, tracked=True, rng=random.Random(config.seed)
         )
@@ -114,22 +105,7 @@ class CoTrain(Single):
         rewards = torch.tensor([r.reward for r in rollouts]).view(-1, g)
         sim_rewards = self.simulator_rewards(rewards)
         adv = group_advantages(sim_rewards, self.config.scale_std).flatten()
-        batch = TokenBatch.from_lists(
-            [r.user.ids for r in rollouts], [r.user.mask for r in rollouts], self.policy.pad_id
-        )
-        stats = update(
-            self.policy.model,
-            self.policy.optimizer,
-            batch,
-            adv,
-            eps=self.config.eps,
-            eps_high=self.config.clip_high,
-            beta=self.config.beta,
-            micro_batch=self.config.micro_batch,
-            epochs=self.config.ppo_epochs,
-            grad_clip=self.config.grad_clip,
-            reference=self.policy.reference_logprobs if self.config.beta > 0 else None,
-        )
+        stats = self.policy.learn([r.user for r in rollouts], adv, self.config)
         out = {f"sim/{k}": v for k, v in stats.items()}
         out["sim/reward_mean"] = float(sim_rewards.mean())
         out["sim/learned"] = 1.0

@@ -13,6 +13,7 @@ simulator is untracked: its history is the text it said, as with a simulator on 
 from __future__ import annotations
 
 import asyncio
+import copy
 import random
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -152,9 +153,9 @@ def user_messages(system_prompt: str, rollout: Rollout) -> list[Message]:
     return [{"role": "system", "content": system_prompt}, *new]
 
 
-def simulator_prompt(domain: Domain, scenario: Scenario, spec: SimulatorSpec) -> str:
-    prompt = domain.simulator_system_prompt(scenario)
-    return f"{prompt}\n\n{spec.persona}" if spec.persona else prompt
+def with_persona(prompt: str, persona: str) -> str:
+    """A simulator's system prompt with the extra persona text of its SimulatorSpec."""
+    return f"{prompt}\n\n{persona}" if persona else prompt
 
 
 # -- speakers in this process ------------------------------------------------------------------
@@ -203,8 +204,9 @@ class LocalUser:
     def system_prompt(self, domain: Domain, scenario: Scenario) -> str:
         if self.verbalizer is not None:
             base = self.verbalizer.system_prompt(domain, scenario)
-            return f"{base}\n\n{self.spec.persona}" if self.spec.persona else base
-        return simulator_prompt(domain, scenario, self.spec)
+        else:
+            base = domain.simulator_system_prompt(scenario)
+        return with_persona(base, self.spec.persona)
 
     def respond(self, domain: Domain, rollouts: list[Rollout]) -> None:
         prompts = []
@@ -269,8 +271,22 @@ class LocalUser:
                 self.lm.tokenizer, vocab_size=self.lm.model.config.vocab_size
             )
             compiler = xgrammar.GrammarCompiler(info)
-            self._grammar = compiler.compile_json_schema(verbalized_schema(self.verbalizer.k))
+            # compact JSON and texts short enough that k of them fit in max_new_tokens: a small
+            # model otherwise spends its budget on indentation and is cut off mid-object
+            schema = copy.deepcopy(verbalized_schema(self.verbalizer.k))
+            item = schema["properties"]["responses"]["items"]["properties"]
+            item["text"]["maxLength"] = candidate_chars(self.spec.max_new_tokens, self.verbalizer.k)
+            item["probability"].update(minimum=0, maximum=1)
+            self._grammar = compiler.compile_json_schema(
+                schema, any_whitespace=False, separators=(",", ":")
+            )
         return LogitsProcessor(self._grammar)
+
+
+def candidate_chars(max_new_tokens: int, k: int) -> int:
+    """The longest candidate text (characters) such that k of them, with their JSON around them
+    (about 12 tokens each), fit in max_new_tokens at about 3 characters per token."""
+    return max(16, 3 * ((max_new_tokens - 8) // k - 12))
 
 
 # -- a simulator on an endpoint ----------------------------------------------------------------
@@ -307,9 +323,8 @@ class EndpointUser:
         client = LLMClient(self.spec.endpoint)
         try:
             simulator = self._simulator(client)
-            if self.spec.persona:
-                base = simulator.system_prompt
-                simulator.system_prompt = lambda d, s: f"{base(d, s)}\n\n{self.spec.persona}"
+            base = simulator.system_prompt  # the same prompt as in-process, persona included
+            simulator.system_prompt = lambda d, s: with_persona(base(d, s), self.spec.persona)
             return await asyncio.gather(
                 *(simulator.reply(domain, r.scenario, r.conversation) for r in rollouts)
             )

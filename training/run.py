@@ -25,7 +25,7 @@ from agents.domains.base import Domain, Scenario
 from training import checkpoint
 from training.config import RunConfig, TaskSpec
 from training.eval import HeldOutPanel
-from training.grpo import TokenBatch, group_advantages, update
+from training.grpo import group_advantages
 from training.metrics import MetricsLog, plot
 from training.policy import Policy
 from training.regimes import ModelCache, make_regime
@@ -43,6 +43,23 @@ def train(
 ) -> list[Path]:
     """Train (or resume) the run `config` describes; returns its checkpoint folders, oldest
     first. `domain` overrides the registry lookup of config.domain (tests use a toy Domain)."""
+    threads = torch.get_num_threads()
+    if config.threads:
+        # OpenMP threads spin-wait for each other: on a machine shared with other work, fewer
+        # threads than cores is several times faster
+        torch.set_num_threads(config.threads)
+    try:
+        return _train(config, progress_callback, domain, show_progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(
+    config: RunConfig,
+    progress_callback: Progress | None,
+    domain: Domain | None,
+    show_progress: bool,
+) -> list[Path]:
     run_dir = config.run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
     domain = domain or _domain(config.domain, config.domain_data)
@@ -51,20 +68,12 @@ def train(
     torch.manual_seed(config.seed)
 
     models = ModelCache(config)
-    agent = Policy(
-        config.base_model_path(),
-        finetune=config.finetune,
-        lora=config.lora,
-        lr=config.lr,
-        weight_decay=config.weight_decay,
-        beta=config.beta,
-        dtype=config.dtype,
-        device=config.device,
-    )
+    agent = Policy.for_run(config, lr=config.lr, finetune=config.finetune)
     regime = make_regime(config, run_dir, models)
     panel = HeldOutPanel(config, domain, eval_tasks, models)
     start = checkpoint.resume(run_dir, config, agent, regime)
     log = MetricsLog(run_dir / "metrics.jsonl", resume_step=start)
+    samples = MetricsLog(run_dir / "samples.jsonl", resume_step=start)  # one conversation per task
     (run_dir / "config.json").write_text(_json(config.to_dict()))
 
     speaker = LocalAgent(agent, config.temperature, config.max_new_tokens)
@@ -94,22 +103,7 @@ def train(
 
         # 2. the agent's GRPO step on its own tokens
         adv = group_advantages(rewards, config.scale_std).flatten()
-        batch = TokenBatch.from_lists(
-            [r.agent.ids for r in rollouts], [r.agent.mask for r in rollouts], agent.pad_id
-        )
-        stats = update(
-            agent.model,
-            agent.optimizer,
-            batch,
-            adv,
-            eps=config.eps,
-            eps_high=config.clip_high,
-            beta=config.beta,
-            micro_batch=config.micro_batch,
-            epochs=config.ppo_epochs,
-            grad_clip=config.grad_clip,
-            reference=agent.reference_logprobs if config.beta > 0 else None,
-        )
+        stats = agent.learn([r.agent for r in rollouts], adv, config)
 
         # 3. the regime's own step (co-training: the simulator learns; population: the pool)
         stats.update(regime.learn(step, rollouts))
@@ -130,6 +124,11 @@ def train(
             row.update(heldout)
         row["time_step"] = time.monotonic() - t0
         log.write(row)
+        samples.write_many(
+            {"step": step, "task": r.scenario.id, "reward": r.reward, "end_reason": r.end_reason,
+             "conversation": r.conversation}
+            for r in rollouts[:: config.group_size]
+        )  # fmt: skip
 
         # 5. checkpoint every save_every steps and at the end, with the plots beside it
         folder = None

@@ -91,3 +91,14 @@ def letters() -> LetterDomain:
 @pytest.fixture
 def tool_letters() -> LetterDomain:
     return LetterDomain(tools=True)
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """One thread: OpenMP's spinning threads make a shared 2-core machine several times slower."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

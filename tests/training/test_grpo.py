@@ -1,5 +1,6 @@
 import math
 
+import pytest
 import torch
 
 from training.grpo import TokenBatch, group_advantages, grpo_loss, token_logprobs
@@ -87,3 +88,33 @@ def test_token_logprobs_match_full_softmax(tiny_model):
                 assert torch.isclose(entropy[b, t], h, atol=1e-4)
             else:
                 assert logp[b, t] == 0
+
+
+def test_zero_advantage_rows_are_skipped_exactly(tiny_model):
+    from transformers import AutoModelForCausalLM
+
+    from training.grpo import update
+
+    ids = [[5, 17, 300, 42, 9, 2], [7, 8, 1000, 11, 12, 2]]
+    masks = [[0, 0, 1, 1, 1, 1], [0, 1, 1, 1, 0, 0]]
+    batch = TokenBatch.from_lists(ids, masks, pad_id=2)
+
+    def step(adv):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(tiny_model)
+        sgd = torch.optim.SGD(model.parameters(), lr=1.0)
+        stats = update(
+            model, sgd, batch, torch.tensor(adv), eps=0.2, eps_high=0.2, beta=0.0, micro_batch=1
+        )
+        return stats, dict(model.named_parameters())
+
+    skipped, a = step([1.0, 0.0])
+    computed, b = step([1.0, 1e-30])  # a non-zero advantage is back-propagated
+    assert skipped["trained_sequences"] == 1 and computed["trained_sequences"] == 2
+    assert all(torch.allclose(a[n], b[n], atol=1e-6) for n in a)
+    assert skipped["entropy"] == pytest.approx(computed["entropy"], rel=1e-5)
+
+    idle, c = step([0.0, 0.0])  # no signal at all: no optimizer step
+    fresh = AutoModelForCausalLM.from_pretrained(tiny_model)
+    assert idle["trained_sequences"] == 0 and idle["entropy"] > 0
+    assert all(torch.equal(p, c[n]) for n, p in fresh.named_parameters())

@@ -11,7 +11,7 @@ from training.grpo import TokenBatch, group_advantages, update
 from training.policy import LocalModel, Policy
 from training.pool import SimulatorPool
 from training.regimes import ModelCache, make_regime
-from training.rollout import LocalAgent, LocalUser, play
+from training.rollout import LocalAgent, LocalUser, Rollout, play
 
 
 def config(tiny_model, tmp_path, regime, **extra):
@@ -151,3 +151,55 @@ def test_verbalized_malformed_output_is_retried_then_falls_back(tiny_model, lett
         assert r.conversation[0] == {"role": "user", "content": raw.strip()}
     # xgrammar constrains the output to the schema's JSON: every attempt starts the object
     assert all(text.lstrip().startswith("{") for batch in calls[1::2] for text in batch)
+
+
+def test_heldout_simulator_on_an_endpoint(tiny_model, engine_url):
+    """A frozen simulator served over the OpenAI API (the embedded engine here, vLLM or a hosted
+    API in production) plays the user through agents.simulators and agents.llm."""
+    import httpx
+
+    from agents.domains import get_domain
+    from training.rollout import EndpointUser
+
+    served = httpx.get(f"{engine_url}/models", timeout=30).json()["data"][0]["id"]
+    spec = SimulatorSpec(name="engine", endpoint=engine_url, model=served, max_new_tokens=12,
+                         persona="You are in a hurry.")  # fmt: skip
+    p4g = get_domain("p4g")
+    agent = LocalAgent(LocalModel.load(tiny_model), 1.0, 4)
+    (rollout,) = play(p4g, p4g.scenarios("test")[:1], agent, EndpointUser(spec), max_turns=3)
+    greeting, user, reply = rollout.conversation
+    assert greeting["role"] == "assistant" and reply["role"] == "assistant"
+    assert user["role"] == "user" and user["content"].strip()
+    assert rollout.outcome is not None and rollout.end_reason == "max_turns"
+
+
+def test_verbalized_candidates_are_parsed_and_one_is_drawn(tiny_model, letters):
+    """Under the schema constraint (compact JSON, bounded texts, probabilities in [0, 1]) even a
+    random model's output parses; the user's message is one of its k candidates."""
+    from agents.simulators import parse_verbalized
+
+    torch.manual_seed(0)
+    lm = LocalModel.load(tiny_model)
+    raws = []
+    original = lm.sample
+
+    def recording(prompts, *args, **kwargs):
+        out = original(prompts, *args, **kwargs)
+        raws.extend(lm.decode(o) for o in out)
+        return out
+
+    lm.sample = recording
+    user = LocalUser(lm, SimulatorSpec(kind="verbalized", max_new_tokens=300, retries=1))
+    rollouts = [Rollout.begin(letters, s) for s in letters.scenarios("train")]
+    user.respond(letters, rollouts)
+    parsed = [r for r in rollouts if not r.fallbacks]
+    assert parsed, raws
+    candidates = {c.text for raw in raws for c in _maybe_parse(parse_verbalized, raw)}
+    assert all(r.conversation[-1]["content"] in candidates for r in parsed)
+
+
+def _maybe_parse(parse, raw):
+    try:
+        return parse(raw, 5)
+    except ValueError:
+        return []

@@ -26,6 +26,7 @@ def run_config(tiny_model, tmp_path, **extra):
         "heldout": [{"name": "hot", "temperature": 1.5, "max_new_tokens": 4}],
         "tasks": {"max_eval": 1},
         "output_dir": str(tmp_path / "run"),
+        "threads": 1,
     }
     data.update(extra)
     return RunConfig.from_dict(data)
@@ -86,6 +87,11 @@ def test_checkpoint_is_a_servable_adapter_with_manifest(tiny_model, tmp_path, le
 
     for name in ("train_reward.png", "heldout_success.png", "entropy.png"):
         assert (cfg.run_dir() / name).stat().st_size > 1000
+    samples = [json.loads(x) for x in (cfg.run_dir() / "samples.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in samples] == [1, 2]  # one conversation per task and step
+    assert samples[0]["conversation"][0]["role"] == "user" and samples[0]["task"].startswith(
+        "train-"
+    )
     assert [p["step"] for p in progress] == [1, 2]
     assert progress[-1]["heldout_success"] == {"hot": manifest["metrics"]["heldout/hot/success"]}
     assert progress[-1]["eta_seconds"] == 0 and progress[-1]["checkpoint"] == str(saved[-1])
