@@ -5,31 +5,49 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('training', '0001_initial'),
+        ("training", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Checkpoint',
+            name="Checkpoint",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(help_text='The model name arms ask for.', max_length=200, unique=True)),
-                ('path', models.CharField(max_length=500)),
-                ('base_model', models.CharField(blank=True, max_length=500)),
-                ('domain', models.CharField(blank=True, max_length=20)),
-                ('regime', models.CharField(blank=True, max_length=20)),
-                ('step', models.PositiveIntegerField(default=0)),
-                ('metrics', models.JSONField(blank=True, default=dict)),
-                ('manifest', models.JSONField(blank=True, default=dict)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('training_run', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='checkpoints', to='training.trainingrun')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "name",
+                    models.CharField(
+                        help_text="The model name arms ask for.", max_length=200, unique=True
+                    ),
+                ),
+                ("path", models.CharField(max_length=500)),
+                ("base_model", models.CharField(blank=True, max_length=500)),
+                ("domain", models.CharField(blank=True, max_length=20)),
+                ("regime", models.CharField(blank=True, max_length=20)),
+                ("step", models.PositiveIntegerField(default=0)),
+                ("metrics", models.JSONField(blank=True, default=dict)),
+                ("manifest", models.JSONField(blank=True, default=dict)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "training_run",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="checkpoints",
+                        to="training.trainingrun",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at'],
+                "ordering": ["-created_at"],
             },
         ),
     ]
