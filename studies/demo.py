@@ -81,24 +81,30 @@ def seed_demo_study(engine_url: str | None = None, model_name: str = BASE_MODEL_
         ("friendly", "You are a warm, friendly assistant. Answer in two or three sentences."),
         ("concise", "You are a concise assistant. Answer in one short sentence."),
     ]
-    for order, (name, prompt) in enumerate(arms):
+    seed_arms(study, engine_url, [(name, model_name, prompt) for name, prompt in arms])
+    seed_questionnaire(study, ITEMS)
+    return study
+
+
+def seed_arms(study: Study, engine_url: str, arms: list[tuple[str, str, str]]) -> None:
+    """(name, model, system prompt) arms in this order; the first is the control arm."""
+    for order, (name, model, prompt) in enumerate(arms):
         Arm.objects.update_or_create(
             study=study,
             name=name,
             defaults=dict(
                 order=order,
                 endpoint_url=engine_url,
-                model_name=model_name,
+                model_name=model,
                 system_prompt=prompt,
                 temperature=0.7,
                 max_tokens=96,
+                tool_format="json",
             ),
         )
     if study.control_arm_id is None:
-        study.control_arm = study.arms.get(name="friendly")
+        study.control_arm = study.arms.get(name=arms[0][0])
         study.save(update_fields=["control_arm"])
-    seed_questionnaire(study, ITEMS)
-    return study
 
 
 def seed_questionnaire(study: Study, items: list[dict]) -> None:
@@ -203,22 +209,7 @@ def seed_trained_studies(engine_url: str | None = None) -> list[Study]:
         arms = [("base", BASE_MODEL_NAME)] + [
             (regime, c.name) for regime, c in sorted(by_regime.items())
         ]
-        for order, (name, model) in enumerate(arms):
-            Arm.objects.update_or_create(
-                study=study,
-                name=name,
-                defaults=dict(
-                    order=order,
-                    endpoint_url=engine_url,
-                    model_name=model,
-                    temperature=0.7,
-                    max_tokens=96,
-                    tool_format="json",
-                ),
-            )
-        if study.control_arm_id is None:
-            study.control_arm = study.arms.get(name="base")
-            study.save(update_fields=["control_arm"])
+        seed_arms(study, engine_url, [(name, model, "") for name, model in arms])
         if created:
             import_pool(study, domain, count=10, split="test")
         seed_questionnaire(study, PAPER_ITEMS[domain])

@@ -74,3 +74,21 @@ def _manifest_name(folder: Path) -> str | None:
     except (OSError, ValueError, AttributeError):
         return None
     return name.strip() if isinstance(name, str) and name.strip() else None
+
+
+def serving_args(parser, args) -> tuple[list[Adapter], Path]:
+    """The explicit --lora adapters and the --model folder of an engine's command line, checked
+    the same way for the embedded engine and vLLM (argparse errors name the bad option)."""
+    from agents.paths import base_model_dir
+
+    try:
+        loras = [parse_lora_option(value) for value in args.lora]
+    except ValueError as error:
+        parser.error(f"--lora: {error}")
+    if args.adapters and not args.adapters.is_dir():
+        parser.error(f"--adapters: {args.adapters} is not a folder")
+    model_dir = args.model or base_model_dir()
+    if not (model_dir / "config.json").is_file():
+        hint = "" if args.model else " Run `python -m agents.serving.prepare` first."
+        parser.error(f"--model: {model_dir} is not a Hugging Face model folder.{hint}")
+    return loras, model_dir

@@ -35,7 +35,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from agents.serving import protocol
-from agents.serving.adapters import Adapter, parse_lora_option
+from agents.serving.adapters import Adapter, serving_args
 from agents.serving.engine import Engine, Generation
 from agents.serving.protocol import ChatRequest, OpenAIError
 
@@ -234,7 +234,6 @@ async def _http_error(request: Request, error: HTTPException):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from agents.paths import base_model_dir
 
     parser = argparse.ArgumentParser(
         prog="python -m agents.serving.embedded",
@@ -268,16 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
 
-    try:
-        loras = [parse_lora_option(value) for value in args.lora]
-    except ValueError as error:
-        parser.error(f"--lora: {error}")
-    if args.adapters and not args.adapters.is_dir():
-        parser.error(f"--adapters: {args.adapters} is not a folder")
-    model_dir = args.model or base_model_dir()
-    if not (model_dir / "config.json").is_file():
-        hint = "" if args.model else " Run `python -m agents.serving.prepare` first."
-        parser.error(f"--model: {model_dir} is not a Hugging Face model folder.{hint}")
+    loras, model_dir = serving_args(parser, args)
     import torch
 
     torch.set_num_threads(max(1, args.threads))

@@ -32,7 +32,7 @@ from pathlib import Path
 import httpx
 
 from agents.paths import REPO_DIR
-from agents.serving.adapters import ADAPTER_CONFIG, find_adapters, parse_lora_option
+from agents.serving.adapters import ADAPTER_CONFIG, find_adapters, serving_args
 
 # agents.serving.launch imports the embedded engine and so torch (seconds): it is imported
 # only where a server is started or stopped, so the command line answers at once.
@@ -232,7 +232,6 @@ def _free_port(host: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from agents.paths import base_model_dir
 
     parser = argparse.ArgumentParser(
         prog="python -m agents.serving.vllm",
@@ -258,16 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
 
-    try:
-        explicit = [parse_lora_option(value) for value in args.lora]
-    except ValueError as error:
-        parser.error(f"--lora: {error}")
-    if args.adapters and not args.adapters.is_dir():
-        parser.error(f"--adapters: {args.adapters} is not a folder")
-    model_dir = args.model or base_model_dir()
-    if not (model_dir / "config.json").is_file():
-        hint = "" if args.model else " Run `python -m agents.serving.prepare` first."
-        parser.error(f"--model: {model_dir} is not a Hugging Face model folder.{hint}")
+    explicit, model_dir = serving_args(parser, args)
     served_name = args.served_name or model_dir.name or model_dir.resolve().name
     adapters = find_adapters(args.adapters, explicit)
     adapters.pop(served_name, None)  # the base model's name is never an adapter
