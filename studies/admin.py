@@ -3,6 +3,7 @@
 import json
 
 from django.contrib import admin, messages
+from django.db import models
 from django.db.models import Count, Q
 from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
@@ -21,6 +22,8 @@ from .pools import PoolError, import_pool
 class ArmInline(admin.StackedInline):
     model = Arm
     extra = 0
+    # Engines on a lab network are usually plain http.
+    formfield_overrides = {models.URLField: {"assume_scheme": "http"}}
     fields = [
         ("name", "order", "active"),
         ("endpoint_url", "model_name", "api_key_env"),
