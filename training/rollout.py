@@ -339,10 +339,10 @@ class EndpointUser:
 
 class EndpointAgent:
     """The agent's turns sampled by a vLLM server from this process's token ids, so transcripts
-    keep the exact sampled ids: `/v1/completions` with a token-id prompt and `return_token_ids`.
-    After each update the trainer saves the LoRA adapter and `load(folder, name)` makes the
-    server sample from it (vLLM needs VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and the folder on a
-    filesystem it sees). Untested here: this machine has no vLLM (see training/README.md)."""
+    keep the exact sampled ids: `/v1/completions` with a token-id prompt and `return_token_ids`
+    (LLMClient.complete). After each update the trainer saves the LoRA adapter and
+    `load(folder, name)` makes the server sample from it (vLLM needs --enable-lora,
+    VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and the folder on a filesystem it sees)."""
 
     role = AGENT
 
@@ -352,10 +352,17 @@ class EndpointAgent:
         self.model = ""  # the served adapter's name; set by load()
 
     def load(self, folder: str, name: str) -> None:
-        previous, self.model = self.model, name
-        asyncio.run(self._post("/load_lora_adapter", {"lora_name": name, "lora_path": str(folder)}))
-        if previous:
-            asyncio.run(self._post("/unload_lora_adapter", {"lora_name": previous}))
+        asyncio.run(self._load(str(folder), name))
+
+    async def _load(self, folder: str, name: str) -> None:
+        from agents.llm import LLMClient
+
+        async with LLMClient(self.base_url, timeout=120) as client:
+            # replace: a resumed run may name an adapter its previous process already loaded
+            await client.load_lora_adapter(name, folder, replace=True)
+            previous, self.model = self.model, name
+            if previous and previous != name:
+                await client.unload_lora_adapter(previous)
 
     def respond(self, domain: Domain, rollouts: list[Rollout]) -> None:
         if not self.model:
@@ -374,30 +381,26 @@ class EndpointAgent:
             return await asyncio.gather(*(self._complete(client, p) for p in prompts))
 
     async def _complete(self, client: Any, prompt: list[int]) -> list[int]:
-        body = {
-            "model": self.model,
-            "prompt": prompt,
-            "max_tokens": self.max_new_tokens,
-            "temperature": self.temperature,
-            "top_p": 1.0,
-            "top_k": -1,
-            "stop_token_ids": self.lm.stop_ids,
-            "skip_special_tokens": False,
-            "return_token_ids": True,
-        }
-        data, _ = await client._request("POST", "/completions", body)
-        choice = data["choices"][0]
-        ids = list(choice.get("token_ids") or [])
-        if choice.get("finish_reason") == "stop" and (not ids or ids[-1] not in self.lm.stop_ids):
-            reason = choice.get("stop_reason")  # the stop token id, or None for eos
-            ids.append(reason if isinstance(reason, int) else self.lm.stop_ids[0])
-        return ids
+        result = await client.complete(
+            self.model,
+            prompt,
+            return_token_ids=True,
+            max_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_p=1.0,
+            top_k=-1,
+            stop_token_ids=self.lm.stop_ids,
+            skip_special_tokens=False,
+        )
+        return turn_ids(result, self.lm.stop_ids)
 
-    async def _post(self, path: str, body: dict) -> None:
-        from agents.llm import LLMClient
 
-        async with LLMClient(self.base_url, timeout=120) as client:
-            # vLLM answers these with plain text, so the JSON helper of LLMClient does not fit
-            response = await client._http.post(path, json=body)
-            if response.status_code >= 400:
-                raise RuntimeError(f"{self.base_url}{path}: {response.status_code} {response.text}")
+def turn_ids(result: Any, stop_ids: list[int]) -> list[int]:
+    """A completion's sampled ids ending with the stop token that ended the turn. vLLM 0.32
+    returns it in token_ids; should a server leave it out, it is added back (stop_reason names
+    it; None means eos), so the transcript closes the turn as in-process sampling does."""
+    ids = list(result.token_ids)
+    if result.finish_reason == "stop" and (not ids or ids[-1] not in stop_ids):
+        reason = result.stop_reason
+        ids.append(reason if isinstance(reason, int) else stop_ids[0])
+    return ids

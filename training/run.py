@@ -93,6 +93,7 @@ def _train(
             live = run_dir / "live" / f"step-{step - 1:06d}"
             agent.save(live)
             speaker.load(str(live), f"{config.name}-live-{step - 1}")
+            _prune_live(live)
         with regime.simulator(step) as user:
             rollouts = play(
                 domain, scenarios, speaker, user,
@@ -187,6 +188,16 @@ def _domain(name: str, data_dir: str) -> Domain:
     from agents.domains import get_domain
 
     return get_domain(name, data_dir or None)
+
+
+def _prune_live(current: Path) -> None:
+    """Delete the live adapters before `current`: the server has unloaded them, and a long run
+    would otherwise keep one adapter per step on disk."""
+    import shutil
+
+    for folder in current.parent.glob("step-*"):
+        if folder.name < current.name:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _due(step: int, every: int, last: int) -> bool:

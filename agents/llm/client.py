@@ -48,6 +48,21 @@ class ChatResult:
     attempts: int = 1
 
 
+@dataclass
+class CompletionResult:
+    """One /v1/completions choice. `token_ids` are the sampled ids when the engine returns them
+    (vLLM with `return_token_ids=True`), else None."""
+
+    text: str
+    token_ids: list[int] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None  # vLLM: the stop token id or string, None for eos
+    logprobs: dict | None = None  # the choice's `logprobs` as the engine sent it (`logprobs=N`)
+    model: str = ""
+    usage: dict | None = None
+    attempts: int = 1
+
+
 class LLMClient:
     def __init__(
         self,
@@ -131,6 +146,59 @@ class LLMClient:
             latency=latency,
             attempts=attempts,
         )
+
+    async def complete(
+        self, model: str, prompt: str | list[int], *, return_token_ids: bool = False, **params
+    ) -> CompletionResult:
+        """A raw completion of `prompt` (text, or token ids so that no chat template or
+        re-tokenization stands between the caller and the model), not streamed. With
+        `return_token_ids` vLLM also answers the sampled token ids (a trainer needs exactly those).
+        """
+        body = {"model": model, "prompt": prompt, "stream": False}
+        if return_token_ids:
+            body["return_token_ids"] = True
+        body.update({k: v for k, v in params.items() if v is not None})
+        data, attempts = await self._request("POST", "/completions", body)
+        try:
+            choice = data["choices"][0]
+        except (KeyError, IndexError, TypeError) as error:
+            raise LLMError(f"Malformed completion from {self.base_url}: {data!r}") from error
+        ids = choice.get("token_ids")
+        if return_token_ids and ids is None:
+            raise LLMError(f"{self.base_url} returned no token_ids (is it vLLM?)")
+        return CompletionResult(
+            text=choice.get("text") or "",
+            token_ids=list(ids) if ids is not None else None,
+            finish_reason=choice.get("finish_reason"),
+            stop_reason=choice.get("stop_reason"),
+            logprobs=choice.get("logprobs"),
+            model=data.get("model", model),
+            usage=data.get("usage"),
+            attempts=attempts,
+        )
+
+    async def load_lora_adapter(self, name: str, path: str, *, replace: bool = False) -> None:
+        """vLLM: serve the LoRA adapter folder `path` as model `name` from now on (the server
+        needs --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, and must see `path`).
+        `replace`: an adapter already loaded under `name` is replaced (else vLLM answers 400)."""
+        body = {"lora_name": name, "lora_path": path}
+        if replace:
+            body["load_inplace"] = True
+        await self._post_plain("/load_lora_adapter", body)
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        """vLLM: stop serving the runtime-loaded adapter `name`."""
+        await self._post_plain("/unload_lora_adapter", {"lora_name": name})
+
+    async def _post_plain(self, path: str, body: dict) -> None:
+        # vLLM answers these with plain text, not JSON, so _request does not fit; not retried
+        # (a load that timed out may have happened)
+        try:
+            response = await self._http.post(path, json=body)
+        except Exception as error:
+            raise _as_llm_error(error, self.base_url + path) from error
+        if response.status_code >= 400:
+            raise _http_error(response, response.text)
 
     async def list_models(self) -> list[str]:
         data, _ = await self._request("GET", "/models", None)

