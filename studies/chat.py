@@ -12,6 +12,7 @@ from functools import lru_cache
 
 from channels.db import database_sync_to_async
 from django.conf import settings
+from django.db import transaction
 
 from agents.domains.base import Domain
 from agents.domains.base import Scenario as DomainScenario
@@ -180,8 +181,6 @@ def run_tool(
     user_message: Message,
 ) -> Message:
     """Run one tool call on this conversation's own state and store its result."""
-    from django.db import transaction
-
     with transaction.atomic():
         conversation = Conversation.objects.select_for_update().get(pk=conversation.pk)
         state = domain.load_state(scenario, conversation.state)

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator
 from django.db.models import Count
 from django.http import StreamingHttpResponse
 
-from .models import Item, Message, Participant, Response
+from .models import Item, Message, Response
 
 PARTICIPANT_COLUMNS = [
     "study",
@@ -58,9 +58,9 @@ def iso(value) -> str:
 def response_rows(participants) -> Iterator[list]:
     """Header, then one row per participant; item columns hold the raw answers as given."""
     participants = list(
-        participants.select_related("study", "arm", "scenario").order_by(
-            "study_id", "created_at", "id"
-        )
+        participants.select_related("study", "arm", "scenario")
+        .annotate(n_messages=Count("conversation__messages"))
+        .order_by("study_id", "created_at", "id")
     )
     items = list(
         Item.objects.filter(questionnaire__study__in={p.study_id for p in participants}).order_by(
@@ -71,11 +71,6 @@ def response_rows(participants) -> Iterator[list]:
     answers: dict[int, dict[str, object]] = {}
     for response in Response.objects.filter(participant__in=participants).select_related("item"):
         answers.setdefault(response.participant_id, {})[response.item.key] = response.value
-    counts = dict(
-        Participant.objects.filter(pk__in=[p.pk for p in participants])
-        .values_list("pk")
-        .annotate(n=Count("conversation__messages"))
-    )
     yield PARTICIPANT_COLUMNS + keys
     for p in participants:
         outcome = p.outcome or {}
@@ -93,7 +88,7 @@ def response_rows(participants) -> Iterator[list]:
             iso(p.consented_at),
             iso(p.chat_ended_at),
             iso(p.completed_at),
-            counts.get(p.pk, 0),
+            p.n_messages,
             outcome.get("reward", ""),
             outcome.get("success", ""),
             json.dumps(outcome) if outcome else "",

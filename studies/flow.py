@@ -170,7 +170,7 @@ def store_user_message(participant: Participant, client_id: str, text: str) -> S
     participant = Participant.objects.select_related("study").get(pk=participant.pk)
     existing = conversation.messages.filter(client_id=client_id).first()
     if existing:
-        reply = existing.replies.filter(role="assistant").exclude(tool_calls__isnull=False).last()
+        reply = existing.replies.filter(role="assistant").filter(tool_calls__isnull=True).last()
         return Stored(existing, False, reply)
     check_can_send(participant, conversation, text)
     message = Message.objects.create(

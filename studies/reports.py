@@ -3,6 +3,7 @@
 import csv
 import io
 import traceback
+from dataclasses import asdict
 
 import pandas as pd
 from django.db import transaction
@@ -11,17 +12,15 @@ from django.utils import timezone
 
 from .analysis import Settings, build_report
 from .analysis.plots import render_all
+from .flow import questionnaire_items
 from .models import AnalysisRun, Item, Participant, Response, Study
 
 OUTCOME = "outcome"
 
 
 def measures_of(study: Study) -> list[Item]:
-    return (
-        [item for item in study.questionnaire.items.all() if item.kind in ("likert", "number")]
-        if hasattr(study, "questionnaire")
-        else []
-    )
+    """Likert and number items; attention checks and free text are not measures."""
+    return [item for item in questionnaire_items(study) if item.kind in ("likert", "number")]
 
 
 def participant_table(study: Study) -> pd.DataFrame:
@@ -85,7 +84,7 @@ def compute(run: AnalysisRun) -> AnalysisRun:
     try:
         table = participant_table(run.study)
         settings = analysis_settings(run.study, table)
-        run.settings = settings_dict(settings)
+        run.settings = asdict(settings)
         run.inputs = {"participants": len(table), "csv": table.to_csv(index=False)}
         run.results = build_report(table, settings)
         run.figures = render_all(run.results, "svg") if not run.results["errors"] else {}
@@ -95,12 +94,6 @@ def compute(run: AnalysisRun) -> AnalysisRun:
     run.finished_at = timezone.now()
     run.save()
     return run
-
-
-def settings_dict(settings: Settings) -> dict:
-    from dataclasses import asdict
-
-    return asdict(settings)
 
 
 def target_reached(study: Study) -> bool:
