@@ -3,7 +3,7 @@ from django.contrib import admin, messages
 from django.http import JsonResponse
 from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from . import tasks
 from .models import TrainingRun, preset_choices
@@ -118,15 +118,15 @@ class TrainingRunAdmin(admin.ModelAdmin):
 
     @admin.display(description="Checkpoints")
     def checkpoint_list(self, run):
-        items = [
-            format_html(
-                '<a href="{}">{}</a>',
-                reverse("admin:agents_checkpoint_change", args=[c.pk]),
-                c.name,
-            )
-            for c in run.checkpoints.order_by("step")
-        ]
-        return format_html(", ".join(["{}"] * len(items)), *items) if items else "-"
+        links = format_html_join(
+            ", ",
+            '<a href="{}">{}</a>',
+            (
+                (reverse("admin:agents_checkpoint_change", args=[c.pk]), c.name)
+                for c in run.checkpoints.order_by("step")
+            ),
+        )
+        return links or "-"
 
     def progress_json(self, request, pk):
         run = get_object_or_404(TrainingRun, pk=pk)
