@@ -15,6 +15,7 @@ DOMAINS: dict[str, str] = {
     "retail": "agents.domains.tau2:RetailDomain",
     "airline": "agents.domains.tau2:AirlineDomain",
     "p4g": "agents.domains.p4g:P4GDomain",
+    "p4g-decision": "agents.domains.p4g.decision:P4GDecisionDomain",
 }
 
 

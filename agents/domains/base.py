@@ -50,6 +50,7 @@ class Domain(abc.ABC):
     through `dump_state` / `load_state`, so a study can keep it between WebSocket reconnects."""
 
     name: str = ""
+    first_speaker: str = "user"  # "agent" when the agent opens without a fixed greeting
     max_turns: int = 30  # messages of the user and agent, tool messages excluded
     max_tool_calls_per_turn: int = 10
 
@@ -89,6 +90,18 @@ class Domain(abc.ABC):
     @abc.abstractmethod
     def simulator_system_prompt(self, scenario: Scenario) -> str:
         """The system prompt of a simulated user for this scenario."""
+
+    def agent_choices(self, scenario: Scenario, conversation: list[Message]) -> list[str] | None:
+        """The only messages a model agent may send next, when the task fixes them (a decision
+        episode); None for free text. People in studies are never constrained."""
+        return None
+
+    def user_choices(
+        self, scenario: Scenario, conversation: list[Message], final: bool
+    ) -> list[str] | None:
+        """The only messages a simulated user may send next (`final`: its last message before
+        the turn limit), e.g. the P4G donation markers; None for free text."""
+        return None
 
     def is_done(self, conversation: list[Message]) -> str | None:
         """Why the conversation is over (e.g. 'user_stop', 'max_turns'), or None."""

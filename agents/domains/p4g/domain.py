@@ -8,7 +8,12 @@ from typing import Any
 
 from agents.domains.base import Domain, Message, Outcome, Scenario
 from agents.domains.p4g import prompts
-from agents.domains.p4g.donation import MAX_DONATION, conversation_donation
+from agents.domains.p4g.donation import (
+    DECISION_AMOUNTS,
+    MAX_DONATION,
+    conversation_donation,
+    marker,
+)
 from agents.domains.p4g.personas import load_bundled, load_full_info
 
 
@@ -75,6 +80,15 @@ class P4GDomain(Domain):
 
     def simulator_system_prompt(self, scenario: Scenario) -> str:
         return prompts.persuadee_prompt(scenario.payload["persona"], self.max_turns // 2)
+
+    def user_choices(
+        self, scenario: Scenario, conversation: list[Message], final: bool
+    ) -> list[str] | None:
+        """A simulated persuadee's last reply is its decision, one of the five markers: its prompt
+        promises a decision there, and a small model otherwise rarely states one."""
+        if final and conversation_donation(conversation) is None:
+            return [marker(a) for a in DECISION_AMOUNTS]
+        return None
 
     def is_done(self, conversation: list[Message]) -> str | None:
         if conversation_donation(conversation) is not None:
