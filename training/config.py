@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agents.simulators.scripted import TYPES as SCRIPTED_TYPES
+from agents.simulators.verbalized import MODES as DRAW_MODES
+
 REGIMES = ("single", "verbalized", "cotrain", "population")
-SIMULATOR_KINDS = ("plain", "verbalized")
-DRAW_MODES = ("probability", "uniform")
+SIMULATOR_KINDS = ("plain", "verbalized", "scripted")
 SIMULATOR_REWARDS = ("auto", "adversarial", "cooperative")
 FINETUNE = ("lora", "full")
 
@@ -38,12 +41,15 @@ class ConfigError(ValueError):
 @dataclass
 class SimulatorSpec:
     """A user simulator. In-process (the base model or `model`, a local HF folder) unless `endpoint`
-    names an OpenAI-compatible server, in which case `model` is the served model name."""
+    names an OpenAI-compatible server, in which case `model` is the served model name. A
+    `scripted` simulator is one of the P4G persuadee types of agents/simulators/scripted.py."""
 
     name: str = "base"
-    kind: str = "plain"  # plain | verbalized (k candidates with probabilities, one drawn)
+    kind: str = "plain"  # plain | verbalized (k candidates, one drawn) | scripted (`script`)
     model: str = ""  # "" = the run's base model
     endpoint: str = ""  # base URL of an OpenAI-compatible server; "" = in-process
+    api_key_env: str = ""  # endpoint: the environment variable holding its API key (never the key)
+    script: str = ""  # kind = "scripted": the persuadee type
     adapter: str = ""  # a LoRA adapter folder put on the in-process model
     persona: str = ""  # extra text appended to the simulator's system prompt
     temperature: float = 0.7
@@ -51,6 +57,25 @@ class SimulatorSpec:
     k: int = 5
     draw: str = "probability"  # probability | uniform (the "random" VS variant)
     retries: int = 2  # verbalized: re-asks after a malformed reply before using the raw text
+
+    def api_key(self) -> str | None:
+        if not self.api_key_env:
+            return None
+        key = os.environ.get(self.api_key_env)
+        if not key:
+            raise ConfigError(
+                f"simulator {self.name!r}: environment variable {self.api_key_env} is not set"
+            )
+        return key
+
+    def weights(self, base_model: Path) -> tuple[str, ...] | None:
+        """What identifies this simulator's weights: the same tuple means the same model."""
+        if self.kind == "scripted":
+            return None
+        if self.endpoint:
+            return ("endpoint", self.endpoint.rstrip("/"), self.model)
+        model = Path(self.model).expanduser().resolve() if self.model else base_model.resolve()
+        return ("local", str(model))
 
 
 @dataclass
@@ -87,6 +112,7 @@ class RunConfig:
     steps: int = 10
     lr: float = 1e-5
     simulator_lr: float = 0.0  # 0 = lr
+    simulator_beta: float = 0.1  # co-trained simulator's k3 KL weight to its own base model
     eps: float = 0.2
     eps_high: float = 0.0  # 0 = eps (symmetric clipping)
     beta: float = 0.0  # k3 KL weight; 0 skips the reference model
@@ -135,7 +161,12 @@ class RunConfig:
     @property
     def adversarial_simulator(self) -> bool:
         if self.simulator_reward == "auto":
-            return self.domain == "p4g"
+            from agents.domains import domain_class
+
+            try:
+                return domain_class(self.domain).user_opposes_agent
+            except ValueError:  # a Domain handed to train() directly (tests' toy domains)
+                return False
         return self.simulator_reward == "adversarial"
 
     def run_dir(self) -> Path:
@@ -150,6 +181,11 @@ class RunConfig:
         from agents.paths import base_model_dir
 
         return Path(self.base_model).expanduser() if self.base_model else base_model_dir()
+
+    def simulator_model_path(self) -> Path:
+        """The training simulator's own model folder (a co-trained simulator's base)."""
+        model = self.simulator.model
+        return Path(model).expanduser() if model else self.base_model_path()
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -181,6 +217,7 @@ class RunConfig:
             (0 < self.eps < 1, "eps", "must be in (0, 1)"),
             (self.eps_high >= 0, "eps_high", "must be positive (or 0 for eps)"),
             (self.beta >= 0, "beta", "must be >= 0"),
+            (self.simulator_beta >= 0, "simulator_beta", "must be >= 0"),
             (self.ppo_epochs >= 1, "ppo_epochs", "must be at least 1"),
             (self.micro_batch >= 1, "micro_batch", "must be at least 1"),
             (self.grad_clip >= 0, "grad_clip", "must be >= 0 (0 = no clipping)"),
@@ -211,11 +248,14 @@ class RunConfig:
         ]
         for where, spec in specs:
             _validate_simulator(where, spec)
+        training = self.simulator.weights(self.base_model_path())
         for i, spec in enumerate(self.heldout):
-            if dataclasses.replace(spec, name=self.simulator.name) == self.simulator:
+            if training is not None and spec.weights(self.base_model_path()) == training:
                 raise ConfigError(
-                    f"heldout[{i}] ({spec.name!r}) is the training simulator: a held-out panel "
-                    "must differ in model, endpoint, adapter, persona, kind or settings"
+                    f"heldout[{i}] ({spec.name!r}) runs on the training simulator's weights "
+                    f"({training[-1]}): a held-out user must share no weights with the "
+                    "simulator the agent trains against (another model, an endpoint serving "
+                    'one, or kind = "scripted")'
                 )
         names = [s.name for s in self.heldout]
         if len(set(names)) != len(names):
@@ -226,6 +266,8 @@ class RunConfig:
             )
         if self.regime == "verbalized" and self.simulator.kind != "verbalized":
             raise ConfigError('regime "verbalized" needs simulator.kind = "verbalized"')
+        if self.simulator.kind == "scripted" and self.trains_simulator:
+            raise ConfigError(f'regime "{self.regime}" trains the simulator: it cannot be scripted')
         if self.trains_simulator and (self.simulator.endpoint or self.simulator.kind != "plain"):
             raise ConfigError(
                 f'regime "{self.regime}" trains the simulator in-process: '
@@ -260,6 +302,14 @@ def _validate_simulator(where: str, spec: SimulatorSpec) -> None:
         )
     if spec.endpoint and not spec.model:
         raise ConfigError(f"{where}: an endpoint simulator needs `model` (the served model name)")
+    if spec.kind == "scripted" and spec.script not in SCRIPTED_TYPES:
+        raise ConfigError(
+            f"{where}.script must be one of {', '.join(SCRIPTED_TYPES)} (got {spec.script!r})"
+        )
+    if spec.kind == "scripted" and (spec.endpoint or spec.model or spec.adapter):
+        raise ConfigError(f"{where}: a scripted simulator has no model, adapter or endpoint")
+    if spec.api_key_env and not spec.endpoint:
+        raise ConfigError(f"{where}.api_key_env is for an endpoint simulator (set `endpoint`)")
     if not spec.name.strip():
         raise ConfigError(f"{where}.name must not be empty")
     if spec.temperature <= 0 or spec.max_new_tokens < 1 or spec.k < 2 or spec.retries < 0:

@@ -49,20 +49,35 @@ class HeldOutPanel:
         row["heldout/success"] = statistics.fmean(
             row[f"heldout/{n}/success"] for n in self.simulators
         )
-        row["heldout/entropy"] = mean_entropy(agent, every, cfg.micro_batch)
+        row["heldout/reward"] = statistics.fmean(
+            row[f"heldout/{n}/reward"] for n in self.simulators
+        )
+        row["heldout/worst_reward"] = min(row[f"heldout/{n}/reward"] for n in self.simulators)
+        row["heldout/entropy"] = mean_entropy(agent, every, cfg.micro_batch, cfg.temperature)
         return row
 
 
+ENTROPY_ROLLOUTS = 32  # the token entropy is a mean: a sample of the panel's conversations
+
+
 @torch.no_grad()
-def mean_entropy(agent: LocalModel, rollouts: list[Rollout], micro_batch: int) -> float:
-    """Mean per-token entropy of the agent's distribution at the tokens it sampled."""
+def mean_entropy(
+    agent: LocalModel, rollouts: list[Rollout], micro_batch: int, temperature: float = 1.0
+) -> float:
+    """Mean per-token entropy of the agent's distribution at the tokens it sampled, at the
+    sampling temperature (on choice turns, of the restricted distribution)."""
     total, tokens = 0.0, 0.0
+    step = max(1, len(rollouts) // ENTROPY_ROLLOUTS)
+    rollouts = rollouts[::step][:ENTROPY_ROLLOUTS]
     for i in range(0, len(rollouts), micro_batch):
         chunk = rollouts[i : i + micro_batch]
         batch = TokenBatch.from_lists(
-            [r.agent.ids for r in chunk], [r.agent.mask for r in chunk], agent.pad_id
+            [r.agent.ids for r in chunk],
+            [r.agent.mask for r in chunk],
+            agent.pad_id,
+            [r.agent.allowed for r in chunk],
         )
-        _, entropy = token_logprobs(agent.model, batch, with_entropy=True)
+        _, entropy = token_logprobs(agent.model, batch, with_entropy=True, temperature=temperature)
         total += float((entropy * batch.mask).sum())
         tokens += float(batch.mask.sum())
     return total / tokens if tokens else 0.0

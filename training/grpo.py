@@ -74,14 +74,23 @@ def grpo_loss(
 
 @dataclass
 class TokenBatch:
-    """Right-padded training sequences. mask marks the tokens to train on (policy tokens)."""
+    """Right-padded training sequences. mask marks the tokens to train on (policy tokens);
+    `allowed[b]` maps a token index of row b to the token ids its sampling was restricted to
+    (choice turns, training/choices.py), so the loss uses the distribution that was sampled."""
 
     ids: torch.Tensor  # [B, T] long
     attention: torch.Tensor  # [B, T] long
     mask: torch.Tensor  # [B, T] float
+    allowed: list[dict[int, list[int]]] | None = None
 
     @classmethod
-    def from_lists(cls, ids: list[list[int]], masks: list[list[int]], pad_id: int) -> TokenBatch:
+    def from_lists(
+        cls,
+        ids: list[list[int]],
+        masks: list[list[int]],
+        pad_id: int,
+        allowed: list[dict[int, list[int]]] | None = None,
+    ) -> TokenBatch:
         width = max(len(x) for x in ids)
         out_ids = torch.full((len(ids), width), pad_id, dtype=torch.long)
         attention = torch.zeros((len(ids), width), dtype=torch.long)
@@ -90,22 +99,40 @@ class TokenBatch:
             out_ids[i, : len(seq)] = torch.tensor(seq)
             attention[i, : len(seq)] = 1
             out_mask[i, : len(m)] = torch.tensor(m, dtype=torch.float)
-        return cls(out_ids, attention, out_mask)
+        allowed = allowed if allowed and any(allowed) else None
+        return cls(out_ids, attention, out_mask, allowed)
 
     def __len__(self) -> int:
         return self.ids.shape[0]
 
     def rows(self, start: int, stop: int) -> TokenBatch:
-        return TokenBatch(self.ids[start:stop], self.attention[start:stop], self.mask[start:stop])
+        allowed = self.allowed[start:stop] if self.allowed else None
+        return TokenBatch(
+            self.ids[start:stop], self.attention[start:stop], self.mask[start:stop], allowed
+        )
+
+    def select(self, order: torch.Tensor) -> TokenBatch:
+        allowed = [self.allowed[i] for i in order.tolist()] if self.allowed else None
+        return TokenBatch(self.ids[order], self.attention[order], self.mask[order], allowed)
+
+
+SHARED_PREFIX_MIN = 16  # tokens: below this, running the rows' common prefix once saves little
 
 
 def token_logprobs(
-    model: torch.nn.Module, batch: TokenBatch, with_entropy: bool = False
+    model: torch.nn.Module,
+    batch: TokenBatch,
+    with_entropy: bool = False,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log p(token_t | tokens_<t) for every t >= 1, as a [B, T] tensor (column 0 is 0).
+    """log p(token_t | tokens_<t) for every t >= 1, as a [B, T] tensor (column 0 is 0), from
+    logits / temperature (the distribution that was sampled, as TRL does), restricted to
+    `batch.allowed` where a choice turn restricted the sampling.
 
     Logits are computed only at positions whose next token is a policy token (`logits_to_keep`),
-    which keeps memory at [B, policy tokens, vocab] instead of [B, T, vocab].
+    which keeps memory at [B, policy tokens, vocab] instead of [B, T, vocab]. The rows' common
+    prefix (a group's shared prompt) is run once and shared through the KV cache; gradients
+    flow through it as through separate copies.
     """
     b, t = batch.ids.shape
     target_mask = batch.mask[:, 1:] > 0  # token t+1 is predicted at position t
@@ -114,17 +141,60 @@ def token_logprobs(
     entropy = torch.zeros((b, t), device=batch.ids.device) if with_entropy else None
     if positions.numel() == 0:
         return logp, entropy
-    out = model(input_ids=batch.ids, attention_mask=batch.attention, logits_to_keep=positions)
-    logits = out.logits.float()  # [B, P, V]
+    logits = _logits_at(model, batch, positions).float() / temperature  # [B, P, V]
+    if batch.allowed:
+        column = {int(p) + 1: k for k, p in enumerate(positions)}
+        bias = torch.zeros_like(logits)
+        for row, restricted in enumerate(batch.allowed):
+            for index, ids in restricted.items():
+                bias[row, column[index]] = float("-inf")
+                bias[row, column[index], ids] = 0.0
+        logits = logits + bias
     targets = batch.ids[:, positions + 1]
     log_probs = F.log_softmax(logits, dim=-1)
     logp[:, positions + 1] = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     policy = batch.mask > 0  # positions kept for another row of the batch stay 0 here
     if entropy is not None:
         with torch.no_grad():
-            entropy[:, positions + 1] = -(log_probs.exp() * log_probs).sum(-1)
+            probs = log_probs.exp()
+            terms = torch.where(probs > 0, probs * log_probs, torch.zeros_like(probs))
+            entropy[:, positions + 1] = -terms.sum(-1)
         entropy = entropy * policy
     return logp * policy, entropy
+
+
+def _logits_at(model: torch.nn.Module, batch: TokenBatch, positions: torch.Tensor) -> torch.Tensor:
+    """The model's logits at `positions` for every row, [B, P, V]."""
+    b, t = batch.ids.shape
+    shared = _shared_prefix(batch) if b > 1 else 0
+    if shared < SHARED_PREFIX_MIN:
+        out = model(input_ids=batch.ids, attention_mask=batch.attention, logits_to_keep=positions)
+        return out.logits
+    early, late = positions[positions < shared], positions[positions >= shared]
+    prefix = model(
+        input_ids=batch.ids[:1, :shared],
+        use_cache=True,
+        logits_to_keep=early if early.numel() else 1,
+    )
+    cache = prefix.past_key_values
+    cache.batch_repeat_interleave(b)
+    parts = [prefix.logits.expand(b, -1, -1)] if early.numel() else []
+    if late.numel():
+        rest = model(
+            input_ids=batch.ids[:, shared:],
+            attention_mask=batch.attention,
+            past_key_values=cache,
+            logits_to_keep=late - shared,
+        )
+        parts.append(rest.logits)
+    return torch.cat(parts, dim=1)
+
+
+def _shared_prefix(batch: TokenBatch) -> int:
+    """Length of the prefix every row has in common (real tokens only)."""
+    same = (batch.ids == batch.ids[:1]) & (batch.attention > 0)
+    differs = (~same.all(dim=0)).nonzero()
+    return int(differs[0]) if differs.numel() else batch.ids.shape[1] - 1
 
 
 def update(
@@ -139,7 +209,8 @@ def update(
     micro_batch: int,
     epochs: int = 1,
     grad_clip: float = 1.0,
-    reference: Callable[[TokenBatch], torch.Tensor] | None = None,
+    reference: Callable[..., torch.Tensor] | None = None,
+    temperature: float = 1.0,
 ) -> dict[str, float]:
     """One GRPO step on `batch`: old and reference log-probs, then `epochs` optimizer steps.
 
@@ -156,7 +227,7 @@ def update(
         raise ValueError("beta > 0 needs a reference model")
     live = (adv != 0) | (beta > 0)
     order = torch.cat([live.nonzero().squeeze(-1), (~live).nonzero().squeeze(-1)])
-    batch = TokenBatch(batch.ids[order], batch.attention[order], batch.mask[order])
+    batch = batch.select(order)
     adv, n_live = adv[order], int(live.sum())
     chunks = [(i, min(i + micro_batch, n_live)) for i in range(0, n_live, micro_batch)]
     total_tokens = float(batch.mask.sum().clamp(min=1.0))
@@ -165,12 +236,12 @@ def update(
     with torch.no_grad():
         for c in chunks:
             if epochs > 1:
-                old[c] = token_logprobs(model, batch.rows(*c))[0]
+                old[c] = token_logprobs(model, batch.rows(*c), temperature=temperature)[0]
             if beta > 0:
-                ref[c] = reference(batch.rows(*c))
+                ref[c] = reference(batch.rows(*c), temperature)
         for i in range(n_live, len(batch), micro_batch):  # idle rows: entropy only
             rows = batch.rows(i, min(i + micro_batch, len(batch)))
-            entropy = token_logprobs(model, rows, with_entropy=True)[1]
+            entropy = token_logprobs(model, rows, with_entropy=True, temperature=temperature)[1]
             totals["entropy"] += float((entropy * rows.mask).sum()) / total_tokens
 
     model.train()
@@ -178,7 +249,7 @@ def update(
         optimizer.zero_grad(set_to_none=True)
         for c in chunks:
             rows = batch.rows(*c)
-            logp, entropy = token_logprobs(model, rows, with_entropy=True)
+            logp, entropy = token_logprobs(model, rows, with_entropy=True, temperature=temperature)
             old_logp = old[c] if epochs > 1 else logp.detach()
             loss, stats = grpo_loss(
                 logp, old_logp, ref.get(c), adv[c[0] : c[1]], rows.mask, eps, eps_high, beta

@@ -19,6 +19,7 @@ from transformers import (
     LogitsProcessorList,
 )
 
+from training.choices import Choices, choice_logprobs
 from training.config import LoraSpec, RunConfig
 from training.grpo import TokenBatch, token_logprobs, update
 from training.tokens import ChatFormat, Transcript
@@ -42,6 +43,8 @@ def load_base(path: str | Path, dtype: str = "float32", device: str = "cpu") -> 
 class LocalModel:
     """A causal LM with its tokenizer and chat format, sampling batches of token-id prompts."""
 
+    frozen = True  # its weights never change, so choice distributions can be remembered
+
     def __init__(self, model: Any, tokenizer: Any):
         self.model, self.tokenizer = model, tokenizer
         self.fmt = ChatFormat(tokenizer)
@@ -53,6 +56,10 @@ class LocalModel:
         self.stop_ids = sorted(s for s in stops if s is not None)
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.stop_ids[0]
+        end = self.fmt.turn_end[0] if self.fmt.turn_end else None
+        self.turn_stop = end if end in self.stop_ids else self.stop_ids[0]
+        self._choices: dict[tuple[str, ...], Choices] = {}
+        self._remembered: dict[tuple, list[float]] = {}
 
     @classmethod
     def load(cls, path: str | Path, dtype: str = "float32", device: str = "cpu", adapter: str = ""):
@@ -108,9 +115,37 @@ class LocalModel:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
+    def choices(self, texts: list[str]) -> Choices:
+        key = tuple(texts)
+        if key not in self._choices:
+            self._choices[key] = Choices.build(texts, self.fmt.encode, self.turn_stop)
+        return self._choices[key]
+
+    def choice_probs(
+        self, prompts: list[list[int]], texts: list[str], temperature: float
+    ) -> tuple[Choices, list[list[float]]]:
+        """Each prompt's exact distribution over the allowed texts (training/choices.py).
+        Identical prompts are computed once; a frozen model remembers what it computed."""
+        choices = self.choices(texts)
+        keys = [(tuple(p), choices.ids[0][-1], tuple(texts), temperature) for p in prompts]
+        todo = list(dict.fromkeys(k for k in keys if k not in self._remembered))
+        found: dict[tuple, list[float]] = {}
+        for start in range(0, len(todo), 8):  # 8 prompts x the texts per forward pass
+            chunk = todo[start : start + 8]
+            logp = choice_logprobs(
+                self.model, [list(k[0]) for k in chunk], choices, temperature, self.pad_id
+            )
+            for key, row in zip(chunk, torch.softmax(logp, -1).tolist(), strict=True):
+                found[key] = row
+        if self.frozen:
+            self._remembered.update(found)
+        return choices, [found.get(k) or self._remembered[k] for k in keys]
+
 
 class Policy(LocalModel):
     """A trainable LocalModel with its optimizer and reference log-probs."""
+
+    frozen = False
 
     def __init__(
         self,
@@ -147,22 +182,43 @@ class Policy(LocalModel):
         self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
 
     @classmethod
-    def for_run(cls, config: RunConfig, *, lr: float, finetune: str = "lora") -> Policy:
+    def for_run(
+        cls,
+        config: RunConfig,
+        *,
+        lr: float,
+        finetune: str = "lora",
+        model: Path | None = None,
+        beta: float | None = None,
+    ) -> Policy:
+        """The agent (defaults), or a co-trained simulator on its own `model` and `beta`."""
         return cls(
-            config.base_model_path(),
+            model or config.base_model_path(),
             finetune=finetune,
             lora=config.lora,
             lr=lr,
             weight_decay=config.weight_decay,
-            beta=config.beta,
+            beta=config.beta if beta is None else beta,
             dtype=config.dtype,
             device=config.device,
         )
 
-    def learn(self, transcripts: list[Transcript], adv: torch.Tensor, config: RunConfig) -> dict:
-        """One GRPO update on these transcripts' own tokens (mask 1), one advantage each."""
+    def learn(
+        self,
+        transcripts: list[Transcript],
+        adv: torch.Tensor,
+        config: RunConfig,
+        *,
+        temperature: float,
+        beta: float,
+    ) -> dict:
+        """One GRPO update on these transcripts' own tokens (mask 1), one advantage each, with
+        log-probs at the sampling `temperature` and the KL weight `beta` of this role."""
         batch = TokenBatch.from_lists(
-            [t.ids for t in transcripts], [t.mask for t in transcripts], self.pad_id
+            [t.ids for t in transcripts],
+            [t.mask for t in transcripts],
+            self.pad_id,
+            [t.allowed for t in transcripts],
         )
         return update(
             self.model,
@@ -171,21 +227,22 @@ class Policy(LocalModel):
             adv,
             eps=config.eps,
             eps_high=config.clip_high,
-            beta=config.beta,
+            beta=beta,
             micro_batch=config.micro_batch,
             epochs=config.ppo_epochs,
             grad_clip=config.grad_clip,
-            reference=self.reference_logprobs if config.beta > 0 else None,
+            reference=self.reference_logprobs if beta > 0 else None,
+            temperature=temperature,
         )
 
-    def reference_logprobs(self, batch: TokenBatch) -> torch.Tensor:
+    def reference_logprobs(self, batch: TokenBatch, temperature: float = 1.0) -> torch.Tensor:
         with torch.no_grad():
             if self.finetune == "lora":
                 with self.model.disable_adapter():
-                    return token_logprobs(self.model, batch)[0]
+                    return token_logprobs(self.model, batch, temperature=temperature)[0]
             if self.reference_model is None:
                 raise ValueError("full fine-tuning with beta > 0 needs the reference model")
-            return token_logprobs(self.reference_model, batch)[0]
+            return token_logprobs(self.reference_model, batch, temperature=temperature)[0]
 
     # -- weights on disk ---------------------------------------------------------------------
 

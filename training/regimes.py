@@ -2,12 +2,16 @@
 
     single       one frozen simulator
     verbalized   one frozen Verbalized Sampling simulator (k candidates, one drawn)
-    cotrain      the simulator is a second LoRA model taking its own GRPO step on its own tokens,
-                 rewarded 1 - agent reward (P4G: it resists persuasion) or the agent's reward (tau2)
-    population   cotrain, and each step the agent meets a simulator drawn uniformly from a FIFO
-                 pool of the simulator's last K snapshots (saved every S steps) plus its current
-                 self; the simulator only learns on steps where its current self was drawn, since
-                 the other steps' tokens came from a different policy
+    cotrain      the simulator is a LoRA on its own model (simulator.model, default the agent's
+                 base) taking its own GRPO step on its own tokens, with its own KL weight to that
+                 model (simulator_beta), rewarded 1 - agent reward where the user opposes the
+                 agent (P4G: it keeps its money) or the agent's reward (tau2)
+    population   cotrain, and the agent also meets a FIFO pool of the simulator's last K snapshots
+                 (saved every S steps). Draw per rollout: in each task's group, the first
+                 ceil(G/2) rollouts meet the current simulator and the others each a snapshot
+                 drawn uniformly (all meet the current one while the pool is empty). The current
+                 simulator so learns every step, on its own rollouts only (a snapshot's tokens
+                 came from another policy).
 
 A regime owns its simulator models; the trainer asks it for the simulator of a step (a context
 manager, so a pool snapshot can be swapped in and out) and lets it learn after the agent's step.
@@ -27,7 +31,7 @@ from training.config import RunConfig, SimulatorSpec
 from training.grpo import group_advantages
 from training.policy import LocalModel, Policy
 from training.pool import SimulatorPool
-from training.rollout import EndpointUser, LocalUser, Rollout
+from training.rollout import EndpointUser, LocalUser, Rollout, ScriptedUser
 
 
 class ModelCache:
@@ -51,6 +55,8 @@ class ModelCache:
 def frozen_simulator(spec: SimulatorSpec, models: ModelCache, seed: int) -> Any:
     """A Speaker for a simulator that does not learn: on its endpoint, or in this process."""
     rng = random.Random(seed)
+    if spec.kind == "scripted":
+        return ScriptedUser(spec, rng)
     if spec.endpoint:
         return EndpointUser(spec, rng)
     return LocalUser(models.get(spec.model, spec.adapter), spec, tracked=False, rng=rng)
@@ -88,27 +94,36 @@ class CoTrain(Single):
 
     def __init__(self, config: RunConfig, run_dir: Path, models: ModelCache):
         self.config = config
-        self.policy = Policy.for_run(config, lr=config.sim_lr)
+        self.policy = Policy.for_run(
+            config,
+            lr=config.sim_lr,
+            model=config.simulator_model_path(),
+            beta=config.simulator_beta,
+        )
         self.user = LocalUser(
             self.policy, config.simulator, tracked=True, rng=random.Random(config.seed)
         )
-        self.learning = True  # False while a pool snapshot plays
 
     def simulator_rewards(self, agent_rewards: torch.Tensor) -> torch.Tensor:
         return 1.0 - agent_rewards if self.config.adversarial_simulator else agent_rewards
 
     def learn(self, step: int, rollouts: list[Rollout]) -> dict[str, float]:
-        """The simulator's GRPO step on its own sampled tokens, grouped like the agent's."""
-        if not self.learning:
+        """The simulator's GRPO step on its own sampled tokens, grouped like the agent's (only
+        the rollouts its current self played)."""
+        own = [r for r in rollouts if r.member == "current"]
+        per_group = len(own) * self.config.group_size // len(rollouts)
+        if per_group < 2:
             return {"sim/learned": 0.0}
-        g = self.config.group_size
-        rewards = torch.tensor([r.reward for r in rollouts]).view(-1, g)
+        rewards = torch.tensor([r.reward for r in own]).view(-1, per_group)
         sim_rewards = self.simulator_rewards(rewards)
         adv = group_advantages(sim_rewards, self.config.scale_std).flatten()
-        stats = self.policy.learn([r.user for r in rollouts], adv, self.config)
+        stats = self.policy.learn(
+            [r.user for r in own], adv, self.config,
+            temperature=self.config.simulator.temperature, beta=self.config.simulator_beta,
+        )  # fmt: skip
         out = {f"sim/{k}": v for k, v in stats.items()}
         out["sim/reward_mean"] = float(sim_rewards.mean())
-        out["sim/learned"] = 1.0
+        out["sim/learned"] = float(stats.get("trained_sequences", 0) > 0)
         return out
 
     def save(self, folder: Path) -> dict[str, Any]:
@@ -126,37 +141,59 @@ class Population(CoTrain):
     def __init__(self, config: RunConfig, run_dir: Path, models: ModelCache):
         super().__init__(config, run_dir, models)
         self.pool = SimulatorPool(run_dir / "pool", config.pool_size)
-        self.drawn = "current"
+        self.members: list[str] = []
 
     @contextmanager
     def simulator(self, step: int) -> Iterator[Any]:
-        rng = random.Random(f"{self.config.seed}-{step}-pool")
         self.user.rng.seed(f"{self.config.seed}-{step}-user")
-        entry = self.pool.draw(rng)
-        self.drawn = entry.name if entry else "current"
-        if entry is None:
-            self.learning = True
-            yield self.user
-            return
-        current = self.policy.adapter_state()
-        self.policy.load_weights(self.pool.path(entry))
-        self.learning = False
-        try:
-            yield self.user
-        finally:
-            self.policy.load_adapter_state(current)
+        rng = random.Random(f"{self.config.seed}-{step}-pool")
+        g = self.config.group_size
+        current = (g + 1) // 2 if len(self.pool) else g
+        self.members = [
+            "current" if i % g < current else rng.choice(self.pool.entries).name
+            for i in range(g * self.config.batch_tasks)
+        ]
+        yield PoolUser(self)
 
     def learn(self, step: int, rollouts: list[Rollout]) -> dict[str, Any]:
         stats = super().learn(step, rollouts)
         if step % self.config.pool_every == 0:
             self.pool.add(step, self.policy.save)
         stats["pool/size"] = float(len(self.pool))
-        stats["pool/drawn"] = self.drawn
+        stats["pool/current_share"] = self.members.count("current") / len(self.members)
         return stats
 
     def load(self, folder: Path, state: dict[str, Any], step: int) -> None:
         super().load(folder, state, step)
         self.pool.drop_after(step)
+
+
+class PoolUser:
+    """The population as one Speaker: each rollout's user is the member assigned to its
+    position; a snapshot's weights are swapped into the simulator model for its turns."""
+
+    role = "user"
+
+    def __init__(self, regime: Population):
+        self.regime = regime
+
+    def respond(self, domain: Any, rollouts: list[Rollout]) -> None:
+        regime = self.regime
+        by_member: dict[str, list[Rollout]] = {}
+        for r in rollouts:
+            r.member = regime.members[r.index]
+            by_member.setdefault(r.member, []).append(r)
+        for member, group in by_member.items():
+            if member == "current":
+                regime.user.respond(domain, group)
+                continue
+            entry = next(e for e in regime.pool.entries if e.name == member)
+            current = regime.policy.adapter_state()
+            regime.policy.load_weights(regime.pool.path(entry))
+            try:
+                regime.user.respond(domain, group)
+            finally:
+                regime.policy.load_adapter_state(current)
 
 
 REGIMES = {r.name: r for r in (Single, Verbalized, CoTrain, Population)}

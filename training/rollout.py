@@ -18,7 +18,10 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from agents.domains.base import Domain, Message, Outcome, Scenario
+import torch
+
+from agents.domains.base import Domain, Message, Outcome, Scenario, count_turns
+from agents.domains.p4g.donation import marker
 from agents.llm.tool_format import messages_for_json_tools, parse_tool_calls
 from agents.simulators import (
     OPENING,
@@ -29,11 +32,38 @@ from agents.simulators import (
     user_view,
     verbalized_schema,
 )
+from agents.simulators.scripted import ScriptedPersuadee
+from training.choices import entropy
 from training.config import SimulatorSpec
 from training.policy import LocalModel
 from training.tokens import Transcript
 
 AGENT, USER = "agent", "user"
+
+
+@dataclass
+class Decision:
+    """A choice turn: the allowed texts, the speaker's exact distribution over them (for a
+    Verbalized Sampling simulator, the distribution it wrote down), and the one taken."""
+
+    role: str
+    texts: list[str]
+    probs: list[float]
+    index: int
+
+    @property
+    def entropy(self) -> float:
+        return entropy(self.probs)
+
+    def redraw(self, rng: random.Random) -> int:
+        return rng.choices(range(len(self.texts)), weights=self.probs)[0]
+
+
+def sample_index(probs: list[float], rng: random.Random | None) -> int:
+    """One index drawn from `probs`: with `rng`, or torch's generator (seeded by the run)."""
+    if rng is not None:
+        return rng.choices(range(len(probs)), weights=probs)[0]
+    return int(torch.multinomial(torch.tensor(probs), 1))
 
 
 @dataclass
@@ -50,14 +80,30 @@ class Rollout:
     outcome: Outcome | None = None
     tool_rounds: int = 0  # consecutive agent turns that called tools
     fallbacks: int = 0  # verbalized replies that fell back to raw text
+    agent_first: bool = False
+    max_turns: int = 0  # set by play(): the user's last message is its `final` one
+    decisions: list[Decision] = field(default_factory=list)
+    index: int = 0  # position in play()'s batch
+    member: str = "current"  # population: which simulator played the user
+    redraw_reward: float | None = None  # the reward had the user's last choice been redrawn
 
     @classmethod
     def begin(cls, domain: Domain, scenario: Scenario) -> Rollout:
         rollout = cls(scenario, domain.new_state(scenario), domain.tools(scenario))
+        rollout.agent_first = domain.first_speaker == AGENT
         greeting = domain.greeting(scenario)
         if greeting:
             rollout.conversation.append({"role": "assistant", "content": greeting})
         return rollout
+
+    def decision(self, role: str) -> Decision | None:
+        """The last choice turn of `role`, if any."""
+        return next((d for d in reversed(self.decisions) if d.role == role), None)
+
+    @property
+    def user_final(self) -> bool:
+        """The user's next message is its last before the turn limit."""
+        return count_turns(self.conversation) + 1 >= self.max_turns
 
     @property
     def reward(self) -> float:
@@ -65,7 +111,9 @@ class Rollout:
 
     def next_speaker(self) -> str:
         last = self.conversation[-1] if self.conversation else None
-        if last is None or (last["role"] == "assistant" and not last.get("tool_calls")):
+        if last is None:
+            return AGENT if self.agent_first else USER
+        if last["role"] == "assistant" and not last.get("tool_calls"):
             return USER
         return AGENT
 
@@ -88,12 +136,9 @@ class Rollout:
         self.conversation.append({"role": "user", "content": text})
 
     def check_end(self, domain: Domain, max_turns: int, max_tool_rounds: int) -> None:
-        turns = sum(
-            1 for m in self.conversation if m["role"] in ("user", "assistant") and m.get("content")
-        )
         self.end_reason = (
             domain.is_done(self.conversation)
-            or ("max_turns" if turns >= max_turns else None)
+            or ("max_turns" if count_turns(self.conversation) >= max_turns else None)
             or ("max_tool_rounds" if self.tool_rounds >= max_tool_rounds else None)
         )
 
@@ -113,10 +158,18 @@ def play(
     *,
     max_turns: int,
     max_tool_rounds: int = 4,
+    redraw: random.Random | None = None,
 ) -> list[Rollout]:
-    """Run one conversation per scenario to its end and score it with the Domain."""
+    """Run one conversation per scenario to its end and score it with the Domain.
+
+    With `redraw`, a conversation that ended on a user choice turn is also scored with that
+    choice drawn a second time from the same distribution (`redraw_reward`): two simulator
+    draws per agent message, which split the reward's variance into the simulator's part and
+    the agent's (training/collapse.py)."""
     max_turns = min(max_turns, domain.max_turns)
     rollouts = [Rollout.begin(domain, s) for s in scenarios]
+    for i, r in enumerate(rollouts):
+        r.max_turns, r.index = max_turns, i
     while any(r.end_reason is None for r in rollouts):
         for speaker in (user, agent):
             waiting = [
@@ -128,6 +181,15 @@ def play(
                     r.check_end(domain, max_turns, max_tool_rounds)
     for r in rollouts:
         r.outcome = domain.score(r.conversation, r.state, r.end_reason)
+        last = r.decision(USER)
+        if (
+            redraw is not None
+            and last
+            and r.conversation[-1].get("content") == last.texts[last.index]
+        ):
+            again = {"role": "user", "content": last.texts[last.redraw(redraw)]}
+            other = domain.score([*r.conversation[:-1], again], r.state, r.end_reason)
+            r.redraw_reward = other.reward
     return rollouts
 
 
@@ -171,12 +233,46 @@ class LocalAgent:
 
     def respond(self, domain: Domain, rollouts: list[Rollout]) -> None:
         prompts = [r.agent.prompt(self.lm.fmt, agent_messages(domain, r)) for r in rollouts]
-        samples = self.lm.sample(prompts, self.temperature, self.max_new_tokens)
-        for r, ids in zip(rollouts, samples, strict=True):
-            r.agent.record(self.lm.fmt, ids)
+        allowed = [domain.agent_choices(r.scenario, r.conversation) for r in rollouts]
+        turns = speak(self.lm, AGENT, rollouts, prompts, allowed, self.temperature,
+                      self.max_new_tokens, None)  # fmt: skip
+        for r, (ids, positions, text) in zip(rollouts, turns, strict=True):
+            r.agent.record(self.lm.fmt, ids, positions)
             # its own message is now in its ids; the tool results that follow it are not
             r.agent.consumed = len(r.conversation) + 1
-            r.add_agent_reply(domain, self.lm.decode(ids))
+            r.add_agent_reply(domain, text)
+
+
+def speak(
+    lm: LocalModel,
+    role: str,
+    rollouts: list[Rollout],
+    prompts: list[list[int]],
+    allowed: list[list[str] | None],
+    temperature: float,
+    max_new_tokens: int,
+    rng: random.Random | None,
+) -> list[tuple[list[int], list[list[int]] | None, str]]:
+    """Each rollout's next turn from `lm`: sampled text, or a choice among `allowed[i]` drawn
+    from its exact distribution (recorded on the rollout as a Decision). Returns (sampled ids,
+    per-position allowed ids for a choice, text)."""
+    turns: list[Any] = [None] * len(rollouts)
+    free = [i for i, texts in enumerate(allowed) if not texts]
+    if free:
+        samples = lm.sample([prompts[i] for i in free], temperature, max_new_tokens)
+        for i, ids in zip(free, samples, strict=True):
+            turns[i] = (ids, None, lm.decode(ids).strip())
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for i, texts in enumerate(allowed):
+        if texts:
+            groups.setdefault(tuple(texts), []).append(i)
+    for texts, members in groups.items():
+        choices, dists = lm.choice_probs([prompts[i] for i in members], list(texts), temperature)
+        for i, probs in zip(members, dists, strict=True):
+            n = sample_index(probs, rng)
+            rollouts[i].decisions.append(Decision(role, list(texts), probs, n))
+            turns[i] = (choices.ids[n], choices.allowed(n), texts[n])
+    return turns
 
 
 class LocalUser:
@@ -199,7 +295,7 @@ class LocalUser:
             self.verbalizer = VerbalizedSimulator(
                 None, "", k=spec.k, mode=spec.draw, retries=spec.retries, rng=self.rng
             )
-        self._grammar = None
+        self._grammars: dict[tuple[str, ...] | None, Any] = {}
 
     def system_prompt(self, domain: Domain, scenario: Scenario) -> str:
         if self.verbalizer is not None:
@@ -214,51 +310,75 @@ class LocalUser:
             messages = user_messages(self.system_prompt(domain, r.scenario), r)
             prompts.append(r.user.prompt(self.lm.fmt, messages))
             r.user.consumed = len(r.conversation)
+        allowed = [domain.user_choices(r.scenario, r.conversation, r.user_final) for r in rollouts]
         if self.verbalizer is not None:
-            texts = self._verbalized(rollouts, prompts)
+            texts = self._verbalized(rollouts, prompts, allowed)
         else:
-            samples = self.lm.sample(prompts, self.spec.temperature, self.spec.max_new_tokens)
+            turns = speak(self.lm, USER, rollouts, prompts, allowed, self.spec.temperature,
+                          self.spec.max_new_tokens, self.rng)  # fmt: skip
             texts = []
-            for r, ids in zip(rollouts, samples, strict=True):
+            for r, (ids, positions, text) in zip(rollouts, turns, strict=True):
                 if self.tracked:
-                    r.user.record(self.lm.fmt, ids)
-                texts.append(self.lm.decode(ids).strip())
+                    r.user.record(self.lm.fmt, ids, positions)
+                texts.append(text)
         for r, text in zip(rollouts, texts, strict=True):
             r.add_user_reply(text)
             if self.tracked:
                 r.user.consumed = len(r.conversation)
 
-    def _verbalized(self, rollouts: list[Rollout], prompts: list[list[int]]) -> list[str]:
+    def _verbalized(
+        self, rollouts: list[Rollout], prompts: list[list[int]], allowed: list[list[str] | None]
+    ) -> list[str]:
         """k candidates per reply, one drawn; malformed output is re-asked `retries` times, then
-        the raw text is used (the reference README's rule)."""
+        the raw text is used (the reference README's rule). On a choice turn every candidate's
+        text is constrained to the allowed texts (the P4G markers), and the distribution the
+        simulator wrote is recorded as its Decision."""
         texts: dict[int, str] = {}
         raw: dict[int, str] = {}
-        pending = list(range(len(prompts)))
-        for _ in range(self.verbalizer.retries + 1):
-            samples = self.lm.sample(
-                [prompts[i] for i in pending],
-                self.spec.temperature,
-                self.spec.max_new_tokens,
-                self._constraint(),
-            )
-            failed = []
-            for i, ids in zip(pending, samples, strict=True):
-                raw[i] = self.lm.decode(ids)
-                try:
-                    candidates = parse_verbalized(raw[i], self.verbalizer.k)
-                except ValueError:
-                    failed.append(i)
-                    continue
-                texts[i] = draw(candidates, self.rng, self.verbalizer.mode).text
-            pending = failed
-            if not pending:
-                break
-        for i in pending:
-            texts[i] = raw[i].strip()
-            rollouts[i].fallbacks += 1
+        groups: dict[tuple[str, ...] | None, list[int]] = {}
+        for i, options in enumerate(allowed):
+            groups.setdefault(tuple(options) if options else None, []).append(i)
+        for options, pending in groups.items():
+            for _ in range(self.verbalizer.retries + 1):
+                samples = self.lm.sample(
+                    [prompts[i] for i in pending],
+                    self.spec.temperature,
+                    self.spec.max_new_tokens,
+                    self._constraint(options),
+                )
+                failed = []
+                for i, ids in zip(pending, samples, strict=True):
+                    raw[i] = self.lm.decode(ids)
+                    try:
+                        candidates = parse_verbalized(raw[i], self.verbalizer.k)
+                    except ValueError:
+                        failed.append(i)
+                        continue
+                    if options and any(c.text not in options for c in candidates):
+                        failed.append(i)
+                        continue
+                    texts[i] = draw(candidates, self.rng, self.verbalizer.mode).text
+                    if options:
+                        probs = [
+                            sum(c.probability for c in candidates if c.text == o) for o in options
+                        ]
+                        if self.verbalizer.mode == "uniform":
+                            probs = [
+                                sum(c.text == o for c in candidates) / len(candidates)
+                                for o in options
+                            ]
+                        rollouts[i].decisions.append(
+                            Decision(USER, list(options), probs, options.index(texts[i]))
+                        )
+                pending = failed
+                if not pending:
+                    break
+            for i in pending:
+                texts[i] = raw[i].strip()
+                rollouts[i].fallbacks += 1
         return [texts[i] for i in range(len(prompts))]
 
-    def _constraint(self) -> Any:
+    def _constraint(self, options: tuple[str, ...] | None = None) -> Any:
         """xgrammar's logits processor for the k-candidate schema (one per generate call), or
         None when xgrammar is not installed (then only retries and the fallback apply)."""
         try:
@@ -266,21 +386,48 @@ class LocalUser:
             from xgrammar.contrib.hf import LogitsProcessor
         except ImportError:
             return None
-        if self._grammar is None:
+        if options not in self._grammars:
             info = xgrammar.TokenizerInfo.from_huggingface(
                 self.lm.tokenizer, vocab_size=self.lm.model.config.vocab_size
             )
             compiler = xgrammar.GrammarCompiler(info)
             # compact JSON and texts short enough that k of them fit in max_new_tokens: a small
             # model otherwise spends its budget on indentation and is cut off mid-object
-            schema = copy.deepcopy(verbalized_schema(self.verbalizer.k))
+            schema = copy.deepcopy(verbalized_schema(self.verbalizer.k, options))
             item = schema["properties"]["responses"]["items"]["properties"]
-            item["text"]["maxLength"] = candidate_chars(self.spec.max_new_tokens, self.verbalizer.k)
+            if not options:
+                item["text"]["maxLength"] = candidate_chars(
+                    self.spec.max_new_tokens, self.verbalizer.k
+                )
             item["probability"].update(minimum=0, maximum=1)
-            self._grammar = compiler.compile_json_schema(
+            self._grammars[options] = compiler.compile_json_schema(
                 schema, any_whitespace=False, separators=(",", ":")
             )
-        return LogitsProcessor(self._grammar)
+        return LogitsProcessor(self._grammars[options])
+
+
+class ScriptedUser:
+    """A scripted persuadee type (agents/simulators/scripted.py) as a Speaker: a held-out user
+    that shares no weights with anything trained. Its choice turns record their exact
+    distribution."""
+
+    role = USER
+
+    def __init__(self, spec: SimulatorSpec, rng: random.Random | None = None):
+        self.spec = spec
+        self.rng = rng or random.Random(0)
+        self.persuadee = ScriptedPersuadee(spec.script, self.rng)
+
+    def respond(self, domain: Domain, rollouts: list[Rollout]) -> None:
+        for r in rollouts:
+            options = domain.user_choices(r.scenario, r.conversation, r.user_final)
+            self.persuadee.rng = self.rng
+            text = self.persuadee.reply(r.conversation, options)
+            if options:
+                dist = self.persuadee.decision(r.conversation)
+                probs = [sum(p for a, p in dist.items() if marker(a) == o) for o in options]
+                r.decisions.append(Decision(USER, list(options), probs, options.index(text)))
+            r.add_user_reply(text)
 
 
 def candidate_chars(max_new_tokens: int, k: int) -> int:
@@ -320,14 +467,20 @@ class EndpointUser:
     async def _replies(self, domain: Domain, rollouts: list[Rollout]) -> list[Any]:
         from agents.llm import LLMClient
 
-        client = LLMClient(self.spec.endpoint)
+        client = LLMClient(self.spec.endpoint, api_key=self.spec.api_key())
         try:
             simulator = self._simulator(client)
             base = simulator.system_prompt  # the same prompt as in-process, persona included
             simulator.system_prompt = lambda d, s: with_persona(base(d, s), self.spec.persona)
             return await asyncio.gather(
-                *(simulator.reply(domain, r.scenario, r.conversation) for r in rollouts)
-            )
+                *(
+                    simulator.reply(
+                        domain, r.scenario, r.conversation,
+                        domain.user_choices(r.scenario, r.conversation, r.user_final),
+                    )
+                    for r in rollouts
+                )
+            )  # fmt: skip
         finally:
             close = getattr(client, "aclose", None)
             if close is not None:

@@ -11,6 +11,7 @@ Running it again with the same output folder resumes from the last checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import statistics
 import time
@@ -23,12 +24,13 @@ from tqdm import tqdm
 
 from agents.domains.base import Domain, Scenario
 from training import checkpoint
+from training.collapse import load_or_find_exploit, simulator_exploit, step_metrics
 from training.config import RunConfig, TaskSpec
 from training.eval import HeldOutPanel
 from training.grpo import group_advantages
 from training.metrics import MetricsLog, plot
 from training.policy import Policy
-from training.regimes import ModelCache, make_regime
+from training.regimes import ModelCache, frozen_simulator, make_regime
 from training.rollout import EndpointAgent, LocalAgent, play
 
 Progress = Callable[[dict[str, Any]], None]
@@ -75,6 +77,18 @@ def _train(
     log = MetricsLog(run_dir / "metrics.jsonl", resume_step=start)
     samples = MetricsLog(run_dir / "samples.jsonl", resume_step=start)  # one conversation per task
     (run_dir / "config.json").write_text(_json(config.to_dict()))
+    # the frozen simulator's dominant mode, where the task makes it exact (training/collapse.py):
+    # the training simulator as it starts, plain (a Verbalized one's underlying model)
+    base_user = dataclasses.replace(config.simulator, kind="plain") if (
+        config.simulator.kind == "verbalized") else config.simulator  # fmt: skip
+    exploit = None
+    if domain.first_speaker == "agent" and not base_user.endpoint:
+        exploit = load_or_find_exploit(
+            run_dir,
+            lambda: simulator_exploit(
+                domain, train_tasks, frozen_simulator(base_user, models, config.seed)
+            ),
+        )
 
     speaker = LocalAgent(agent, config.temperature, config.max_new_tokens)
     if config.rollout_endpoint:
@@ -98,13 +112,20 @@ def _train(
             rollouts = play(
                 domain, scenarios, speaker, user,
                 max_turns=config.max_turns, max_tool_rounds=config.max_tool_rounds,
+                redraw=random.Random(f"{config.seed}-{step}-redraw"),
             )  # fmt: skip
         rewards = torch.tensor([r.reward for r in rollouts]).view(len(tasks), config.group_size)
         t_rollout = time.monotonic() - t0
 
         # 2. the agent's GRPO step on its own tokens
         adv = group_advantages(rewards, config.scale_std).flatten()
-        stats = agent.learn([r.agent for r in rollouts], adv, config)
+        stats = agent.learn(
+            [r.agent for r in rollouts],
+            adv,
+            config,
+            temperature=config.temperature,
+            beta=config.beta,
+        )
 
         # 3. the regime's own step (co-training: the simulator learns; population: the pool)
         stats.update(regime.learn(step, rollouts))
@@ -115,7 +136,9 @@ def _train(
             "success": statistics.fmean(bool(r.outcome.success) for r in rollouts),
             "turns": statistics.fmean(len(r.conversation) for r in rollouts),
             "fallbacks": sum(r.fallbacks for r in rollouts),
+            "optimizer_step": float(stats.get("trained_sequences", 0) > 0),
             **stats,
+            **step_metrics(rollouts, exploit),
             "time_rollout": t_rollout,
         }
 

@@ -64,6 +64,7 @@ class Transcript:
 
     ids: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
+    allowed: dict[int, list[int]] = field(default_factory=dict)  # index -> ids a choice allowed
     consumed: int = 0
     _prompt_tail: int = 0
 
@@ -77,9 +78,19 @@ class Transcript:
         self._prompt_tail = len(fmt.generation_prompt)
         return list(self.ids)
 
-    def record(self, fmt: ChatFormat, sampled: list[int]) -> None:
-        """The speaker's own turn: its exact sampled ids (mask 1), then the turn's closing."""
-        self._extend(list(sampled), 1)
+    def record(
+        self, fmt: ChatFormat, sampled: list[int], allowed: list[list[int]] | None = None
+    ) -> None:
+        """The speaker's own turn: its exact sampled ids (mask 1), then the turn's closing. For a
+        choice turn, `allowed` gives each sampled position's allowed ids: a forced position
+        (one allowed id) was no choice of the model's and gets mask 0."""
+        if allowed is None:
+            self._extend(list(sampled), 1)
+        else:
+            for token, options in zip(sampled, allowed, strict=True):
+                if len(options) > 1:
+                    self.allowed[len(self.ids)] = list(options)
+                self._extend([token], int(len(options) > 1))
         self._extend(fmt.close_turn(sampled), 0)
         self._prompt_tail = 0
 

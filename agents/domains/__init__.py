@@ -19,13 +19,17 @@ DOMAINS: dict[str, str] = {
 }
 
 
-def get_domain(name: str, data_dir: str | Path | None = None) -> Domain:
-    """A fresh Domain; data_dir points at official data (None: the project's bundled data)."""
+def domain_class(name: str) -> type[Domain]:
     if name not in DOMAINS:
         raise ValueError(f"unknown domain {name!r}: expected one of {', '.join(DOMAINS)}")
     module, _, cls_name = DOMAINS[name].partition(":")
-    cls = getattr(importlib.import_module(module), cls_name)
+    return getattr(importlib.import_module(module), cls_name)
+
+
+def get_domain(name: str, data_dir: str | Path | None = None) -> Domain:
+    """A fresh Domain; data_dir points at official data (None: the project's bundled data)."""
+    cls = domain_class(name)
     return cls(data_dir=data_dir) if data_dir is not None else cls()
 
 
-__all__ = ["DOMAINS", "Domain", "Message", "Outcome", "Scenario", "get_domain"]
+__all__ = ["DOMAINS", "Domain", "Message", "Outcome", "Scenario", "domain_class", "get_domain"]

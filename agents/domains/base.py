@@ -19,6 +19,11 @@ from typing import Any
 Message = dict[str, Any]
 
 
+def count_turns(conversation: list[Message]) -> int:
+    """Messages of the user and the agent with visible text (tool traffic is not a turn)."""
+    return sum(1 for m in conversation if m["role"] in ("user", "assistant") and m.get("content"))
+
+
 @dataclass
 class Scenario:
     """One task of a Domain: a tau2 task, a P4G persona, ..."""
@@ -51,6 +56,9 @@ class Domain(abc.ABC):
 
     name: str = ""
     first_speaker: str = "user"  # "agent" when the agent opens without a fixed greeting
+    # the user's interest opposes the agent's (a persuadee keeps its money): a co-trained
+    # simulator's reward is then 1 - the agent's, else the agent's own
+    user_opposes_agent: bool = False
     max_turns: int = 30  # messages of the user and agent, tool messages excluded
     max_tool_calls_per_turn: int = 10
 
@@ -105,10 +113,7 @@ class Domain(abc.ABC):
 
     def is_done(self, conversation: list[Message]) -> str | None:
         """Why the conversation is over (e.g. 'user_stop', 'max_turns'), or None."""
-        turns = sum(
-            1 for m in conversation if m["role"] in ("user", "assistant") and m.get("content")
-        )
-        return "max_turns" if turns >= self.max_turns else None
+        return "max_turns" if count_turns(conversation) >= self.max_turns else None
 
     @abc.abstractmethod
     def score(

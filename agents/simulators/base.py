@@ -77,5 +77,10 @@ class Simulator(abc.ABC):
 
     @abc.abstractmethod
     async def reply(
-        self, domain: Domain, scenario: Scenario, conversation: list[Message]
-    ) -> UserTurn: ...
+        self,
+        domain: Domain,
+        scenario: Scenario,
+        conversation: list[Message],
+        choices: list[str] | None = None,
+    ) -> UserTurn:
+        """The next user message; `choices`: the texts it must be one of (a choice turn)."""

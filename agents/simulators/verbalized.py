@@ -17,7 +17,9 @@ from agents.simulators.base import Candidate, Simulator, UserTurn
 
 K = 5
 PROBABILITY_FLOOR = 1e-6
-MODES = ("probability", "random")
+# How one candidate is drawn: by its verbalized probability, or uniformly (the paper's "random"
+# variant). The one declaration of these names: training's config reads it from here.
+MODES = ("probability", "uniform")
 
 INSTRUCTIONS = """Output format: instead of a single reply, write {k} different replies you \
 might send next, each with the probability that you would send it. Each text is one complete \
@@ -32,13 +34,19 @@ class _Random(Protocol):
     def random(self) -> float: ...
 
 
-def verbalized_schema(k: int = K) -> dict[str, Any]:
-    """The JSON schema of exactly k {text, probability} items, for constrained decoding."""
+def verbalized_schema(
+    k: int = K, texts: list[str] | tuple[str, ...] | None = None
+) -> dict[str, Any]:
+    """The JSON schema of exactly k {text, probability} items, for constrained decoding; with
+    `texts`, every candidate's text must be one of them (a choice turn, e.g. the P4G markers)."""
     if not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive integer, got {k!r}")
+    text: dict[str, Any] = {"type": "string"}
+    if texts:
+        text["enum"] = list(texts)
     item = {
         "type": "object",
-        "properties": {"text": {"type": "string"}, "probability": {"type": "number"}},
+        "properties": {"text": text, "probability": {"type": "number"}},
         "required": ["text", "probability"],
         "additionalProperties": False,
     }
@@ -50,14 +58,14 @@ def verbalized_schema(k: int = K) -> dict[str, Any]:
     }
 
 
-def response_format(k: int = K) -> dict[str, Any]:
-    """The OpenAI `response_format` asking the engine to enforce `verbalized_schema(k)`."""
+def response_format(k: int = K, texts: list[str] | None = None) -> dict[str, Any]:
+    """The OpenAI `response_format` asking the engine to enforce `verbalized_schema(k, texts)`."""
     return {
         "type": "json_schema",
         "json_schema": {
             "name": "verbalized_sampling",
             "strict": True,
-            "schema": verbalized_schema(k),
+            "schema": verbalized_schema(k, texts),
         },
     }
 
@@ -124,11 +132,11 @@ def parse_verbalized(text: str, k: int = K) -> list[Candidate]:
 
 
 def draw(candidates: list[Candidate], rng: _Random, mode: str = "probability") -> Candidate:
-    """One candidate: weighted by probability, or uniformly in the "random" variant.
+    """One candidate: weighted by probability, or uniformly (the paper's "random" variant).
     `rng` is anything with .random() (random.Random, numpy Generator)."""
     if not candidates:
         raise ValueError("no candidates to draw from")
-    if mode == "random":
+    if mode == "uniform":
         return candidates[min(int(rng.random() * len(candidates)), len(candidates) - 1)]
     if mode != "probability":
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -169,12 +177,17 @@ class VerbalizedSimulator(Simulator):
         return super().system_prompt(domain, scenario) + "\n\n" + INSTRUCTIONS.format(k=self.k)
 
     async def reply(
-        self, domain: Domain, scenario: Scenario, conversation: list[Message]
+        self,
+        domain: Domain,
+        scenario: Scenario,
+        conversation: list[Message],
+        choices: list[str] | None = None,
     ) -> UserTurn:
+        """`choices`: the texts every candidate must be (a choice turn); needs `structured`."""
         messages = self.messages(domain, scenario, conversation)
         params = dict(self.params)
         if self.structured:
-            params["response_format"] = response_format(self.k)
+            params["response_format"] = response_format(self.k, choices)
         errors, usage, raw = [], [], ""
         for attempt in range(1, self.retries + 2):
             result = await self.client.chat(self.model, messages, **params)
@@ -182,6 +195,8 @@ class VerbalizedSimulator(Simulator):
             usage.append(result.usage)
             try:
                 candidates = parse_verbalized(raw, self.k)
+                if choices and any(c.text not in choices for c in candidates):
+                    raise ValueError(f"a candidate is not one of the allowed texts {choices}")
             except ValueError as exc:
                 errors.append(str(exc))
                 continue

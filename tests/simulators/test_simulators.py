@@ -147,7 +147,7 @@ async def test_seeded_simulators_draw_alike_and_random_mode_ignores_probabilitie
     by_probability = await draws("probability", 5)
     assert by_probability == await draws("probability", 5)
     assert by_probability.count("a") > 170
-    assert 20 < (await draws("random", 5)).count("a") < 70
+    assert 20 < (await draws("uniform", 5)).count("a") < 70
 
 
 def test_bad_settings_are_refused():

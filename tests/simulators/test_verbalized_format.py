@@ -122,7 +122,7 @@ def test_draw_follows_the_probabilities():
 def test_random_mode_draws_uniformly():
     candidates = parse_verbalized(answer(FIVE))
     rng = random.Random(99)
-    counts = Counter(draw(candidates, rng, mode="random").text for _ in range(20000))
+    counts = Counter(draw(candidates, rng, mode="uniform").text for _ in range(20000))
     assert all(counts[c.text] / 20000 == pytest.approx(0.2, abs=0.015) for c in candidates)
 
 

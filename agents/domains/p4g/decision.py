@@ -36,7 +36,9 @@ ${prompts.PAYMENT:.2f} for the task. Persuade them to donate part of it to the c
 
 
 def ask_text(appeal: str, amount: float) -> str:
-    return f"{APPEALS[appeal]} Would you give {dollars(amount)} of your payment to {prompts.CHARITY}?"
+    return (
+        f"{APPEALS[appeal]} Would you give {dollars(amount)} of your payment to {prompts.CHARITY}?"
+    )
 
 
 ASKS = {(appeal, amount): ask_text(appeal, amount) for appeal in APPEALS for amount in ASK_AMOUNTS}

@@ -50,6 +50,7 @@ class P4GDomain(Domain):
     names it (the file, its folder, or a folder holding p4g/full_info.csv)."""
 
     name = "p4g"
+    user_opposes_agent = True
     max_turns = 10  # messages; the persuader opens, so each side writes 5
     max_tool_calls_per_turn = 0
 

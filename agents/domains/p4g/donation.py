@@ -29,6 +29,7 @@ def marker(amount: float) -> str:
     """The decision marker a simulated persuadee writes, e.g. [DONATE $1.50]."""
     return f"[DONATE {dollars(amount)}]"
 
+
 _NUM = r"(\d+(?:\.\d+)?|\.\d+)"
 
 # The marker the simulated persuadee is asked to write; lenient about spacing and "$".
