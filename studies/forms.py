@@ -1,6 +1,6 @@
 from django import forms
 
-from agents.domains import DOMAINS
+from agents.domains import STUDY_DOMAINS
 from agents.paths import reference_dir
 
 
@@ -21,7 +21,7 @@ def source_choices():
 
 
 class ImportPoolForm(forms.Form):
-    domain = forms.ChoiceField(choices=[(name, name) for name in DOMAINS])
+    domain = forms.ChoiceField(choices=[(name, name) for name in STUDY_DOMAINS])
     source = forms.ChoiceField(choices=source_choices, required=False)
     split = forms.ChoiceField(
         choices=[("", "all"), ("train", "train"), ("test", "test")], required=False

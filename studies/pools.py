@@ -5,7 +5,7 @@ from pathlib import Path
 
 from django.db import transaction
 
-from agents.domains import DOMAINS
+from agents.domains import STUDY_DOMAINS
 
 from .chat import get_domain
 from .models import Scenario, Study
@@ -28,8 +28,8 @@ def import_pool(
 
     Scenarios already in the pool (same key) are left as they are: an import never loses data.
     """
-    if domain not in DOMAINS:
-        raise PoolError(f"Unknown domain {domain!r}; choose one of {', '.join(DOMAINS)}.")
+    if domain not in STUDY_DOMAINS:
+        raise PoolError(f"Unknown domain {domain!r}; choose one of {', '.join(STUDY_DOMAINS)}.")
     if source and not Path(source).exists():
         raise PoolError(f"No data folder at {source}.")
     if count is not None and count < 1:

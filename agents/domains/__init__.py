@@ -17,6 +17,9 @@ DOMAINS: dict[str, str] = {
     "p4g": "agents.domains.p4g:P4GDomain",
     "p4g-decision": "agents.domains.p4g.decision:P4GDecisionDomain",
 }
+# Domains people can take part in. The P4G decision episode is a training experiment: its agent
+# must choose from fixed asks, which a served chat model does not do.
+STUDY_DOMAINS = tuple(name for name in DOMAINS if name != "p4g-decision")
 
 
 def domain_class(name: str) -> type[Domain]:
@@ -32,4 +35,13 @@ def get_domain(name: str, data_dir: str | Path | None = None) -> Domain:
     return cls(data_dir=data_dir) if data_dir is not None else cls()
 
 
-__all__ = ["DOMAINS", "Domain", "Message", "Outcome", "Scenario", "domain_class", "get_domain"]
+__all__ = [
+    "DOMAINS",
+    "STUDY_DOMAINS",
+    "Domain",
+    "Message",
+    "Outcome",
+    "Scenario",
+    "domain_class",
+    "get_domain",
+]

@@ -21,6 +21,12 @@ def tiny_model(base_model, tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"), Path(base_model))
 
 
+@pytest.fixture(scope="session")
+def other_tiny_model(base_model, tmp_path_factory) -> Path:
+    """Another tiny model (other weights): a held-out user that shares none with the trained."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-other"), Path(base_model), seed=1)
+
+
 def letter_share(text: str, letter: str = "e") -> float:
     letters = [c for c in text.lower() if c.isalpha()]
     return sum(c == letter for c in letters) / len(letters) if letters else 0.0

@@ -24,16 +24,19 @@ max_eval = 1
 max_new_tokens = 6
 [[heldout]]
 name = "hot"
+model = "{other}"
 temperature = 1.3
 max_new_tokens = 6
 """
 
 
 @pytest.mark.parametrize("domain", ["p4g", "retail"])
-def test_cli_trains_and_resumes_on_a_real_domain(tiny_model, tmp_path, capsys, domain):
+def test_cli_trains_and_resumes_on_a_real_domain(
+    tiny_model, other_tiny_model, tmp_path, capsys, domain
+):
     path = tmp_path / "run.toml"
     out = tmp_path / "out"
-    path.write_text(CONFIG.format(domain=domain, model=tiny_model, out=out))
+    path.write_text(CONFIG.format(domain=domain, model=tiny_model, other=other_tiny_model, out=out))
     assert main(["run", str(path)]) == 0
     assert main(["run", str(path), "--steps", "2"]) == 0  # resumes at step 2
     printed = capsys.readouterr().out
@@ -45,9 +48,11 @@ def test_cli_trains_and_resumes_on_a_real_domain(tiny_model, tmp_path, capsys, d
     assert manifest["domain"] == domain and manifest["name"] == f"cli-{domain}-step2"
 
 
-def test_cli_refuses_to_resume_another_run(tiny_model, tmp_path, capsys):
+def test_cli_refuses_to_resume_another_run(tiny_model, other_tiny_model, tmp_path, capsys):
     path = tmp_path / "run.toml"
-    path.write_text(CONFIG.format(domain="p4g", model=tiny_model, out=tmp_path / "out"))
+    path.write_text(
+        CONFIG.format(domain="p4g", model=tiny_model, other=other_tiny_model, out=tmp_path / "out")
+    )
     assert main(["run", str(path)]) == 0
     path.write_text(path.read_text().replace('domain = "p4g"', 'domain = "retail"'))
     assert main(["run", str(path), "--steps", "2"]) == 2

@@ -109,21 +109,6 @@ def test_pool_is_fifo_and_survives_restart(tmp_path):
     assert draws == {4, 6, None}  # uniform over the pool and the current simulator
 
 
-def test_population_swaps_a_snapshot_in_and_back(tiny_model, tmp_path, letters):
-    torch.manual_seed(0)
-    cfg = config(tiny_model, tmp_path, "population", pool_size=2, pool_every=1)
-    regime = make_regime(cfg, cfg.run_dir(), ModelCache(cfg))
-    agent = Policy(tiny_model, lr=cfg.lr)
-    one_step(cfg, regime, agent, letters, step=1)  # pool empty: the current simulator plays
-    assert [e.step for e in regime.pool.entries] == [1]
-    current = regime.policy.adapter_state()
-    step = next(s for s in range(2, 100) if regime.pool.draw(random.Random(f"0-{s}-pool")))
-    stats, _ = one_step(cfg, regime, agent, letters, step=step)
-    assert stats["pool/drawn"] == "sim-step-000001" and stats["sim/learned"] == 0.0
-    after = regime.policy.adapter_state()
-    assert all(torch.equal(current[k], after[k]) for k in current)  # restored, not trained
-
-
 def test_verbalized_malformed_output_is_retried_then_falls_back(tiny_model, letters):
     """A random model's 8-token answers are never a whole k = 5 JSON object, even under the
     schema constraint: every reply is asked 1 + retries times, then the raw text is used."""

@@ -11,6 +11,13 @@ from training.config import RunConfig
 from training.run import train
 
 
+@pytest.fixture
+def heldout(other_tiny_model):
+    return [
+        {"name": "hot", "model": str(other_tiny_model), "temperature": 1.5, "max_new_tokens": 4}
+    ]
+
+
 def run_config(tiny_model, tmp_path, **extra):
     data = {
         "name": "toy",
@@ -23,7 +30,6 @@ def run_config(tiny_model, tmp_path, **extra):
         "max_turns": 2,  # the user asks, the agent answers once
         "micro_batch": 8,
         "simulator": {"max_new_tokens": 4},
-        "heldout": [{"name": "hot", "temperature": 1.5, "max_new_tokens": 4}],
         "tasks": {"max_eval": 1},
         "output_dir": str(tmp_path / "run"),
         "threads": 1,
@@ -58,9 +64,9 @@ def test_short_run_raises_the_reward(tiny_model, tmp_path, letters):
     assert rows[-1]["entropy"] < rows[0]["entropy"]  # the policy sharpened on what pays
 
 
-def test_checkpoint_is_a_servable_adapter_with_manifest(tiny_model, tmp_path, letters):
+def test_checkpoint_is_a_servable_adapter_with_manifest(tiny_model, tmp_path, letters, heldout):
     progress = []
-    cfg = run_config(tiny_model, tmp_path, steps=2, eval_every=1, save_every=1)
+    cfg = run_config(tiny_model, tmp_path, steps=2, eval_every=1, save_every=1, heldout=heldout)
     saved = train(cfg, progress.append, domain=letters, show_progress=False)
     assert [p.name for p in saved] == ["step-000001", "step-000002"]
     manifest = checkpoint.read_manifest(saved[-1])
