@@ -166,7 +166,10 @@ PAPER_ITEMS = {
 
 
 def trained_checkpoints() -> dict:
-    """Register every agent checkpoint under <data>/runs; the latest per domain and regime."""
+    """Register every agent checkpoint under <data>/runs; the latest per domain and regime among
+    those that differ from the base model (a run that took no optimizer step is the base model
+    under another name, so it would make a meaningless arm)."""
+    from agents.domains import STUDY_DOMAINS
     from agents.models import Checkpoint
     from agents.paths import data_dir
 
@@ -176,7 +179,10 @@ def trained_checkpoints() -> dict:
     for checkpoint in Checkpoint.objects.filter(manifest__kind="agent").order_by(
         "step", "created_at"
     ):
-        latest.setdefault(checkpoint.domain, {})[checkpoint.regime] = checkpoint
+        if checkpoint.manifest.get("metrics", {}).get("optimizer_steps", 1) == 0:
+            continue
+        if checkpoint.domain in STUDY_DOMAINS:
+            latest.setdefault(checkpoint.domain, {})[checkpoint.regime] = checkpoint
     return latest
 
 

@@ -19,6 +19,7 @@ class ScriptedServer:
         """replies: {"content": str} or {"tool_calls": [(name, arguments_dict), ...]}."""
         self.replies = list(replies)
         self.requests: list[dict] = []
+        self.headers: list[dict] = []
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
         app = Starlette(routes=[Route("/v1/chat/completions", self.complete, methods=["POST"])])
@@ -27,9 +28,21 @@ class ScriptedServer:
     async def complete(self, request: Request):
         body = await request.json()
         self.requests.append(body)
+        self.headers.append(dict(request.headers))
         if not self.replies:
             return JSONResponse({"error": {"message": "script exhausted"}}, status_code=500)
         reply = self.replies.pop(0)
+        if not body.get("stream"):  # a whole reply (content only), as client.chat asks for
+            message = {"role": "assistant", "content": reply.get("content", "")}
+            choice = {"index": 0, "message": message, "finish_reason": "stop"}
+            return JSONResponse(
+                {
+                    "id": "x",
+                    "object": "chat.completion",
+                    "model": body["model"],
+                    "choices": [choice],
+                }
+            )
         return StreamingResponse(self.chunks(body["model"], reply), media_type="text/event-stream")
 
     @staticmethod

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-PLOTS = ("train_reward.png", "heldout_success.png", "entropy.png")
+PLOTS = ("train_reward.png", "heldout_success.png", "entropy.png", "collapse.png")
 
 
 class MetricsLog:
@@ -48,7 +48,8 @@ def _plain(value: Any) -> Any:
 
 
 def plot(rows: list[dict[str, Any]], folder: Path) -> list[Path]:
-    """train_reward.png, heldout_success.png (one line per held-out simulator), entropy.png."""
+    """train_reward.png, heldout_success.png (one line per held-out simulator), entropy.png and
+    collapse.png (training/collapse.py's measures, where the task has them)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -72,6 +73,16 @@ def plot(rows: list[dict[str, Any]], folder: Path) -> list[Path]:
         "entropy.png": (
             "policy entropy (nats/token)",
             {"train": "entropy", "held-out": "heldout/entropy"},
+        ),
+        "collapse.png": (
+            "collapse: exploit probability, decision entropies (nats), reward variance",
+            {
+                "p(agent asks the exploit)": "agent/p_exploit",
+                "agent decision entropy": "agent/decision_entropy",
+                "simulator decision entropy": "sim/decision_entropy",
+                "reward variance: simulator": "reward_var/simulator",
+                "reward variance: agent": "reward_var/agent",
+            },
         ),
     }
     written = []

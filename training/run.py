@@ -96,6 +96,7 @@ def _train(
             config.rollout_endpoint, agent, config.temperature, config.max_new_tokens
         )
     heldout: dict[str, float] | None = _last_heldout(log.rows())
+    optimizer_steps = int(sum(r.get("optimizer_step", 0) for r in log.rows()))
     started, saved = time.monotonic(), checkpoint.list_checkpoints(run_dir)
     bar = tqdm(total=config.steps, initial=start, desc=config.name, disable=not show_progress)
     for step in range(start + 1, config.steps + 1):
@@ -141,6 +142,9 @@ def _train(
             **step_metrics(rollouts, exploit),
             "time_rollout": t_rollout,
         }
+
+        optimizer_steps += int(row["optimizer_step"])
+        row["optimizer_steps"] = optimizer_steps  # so far: 0 means the adapter is still the base
 
         # 4. held-out evaluation every eval_every steps and at the end
         if panel and _due(step, config.eval_every, config.steps):

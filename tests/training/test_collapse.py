@@ -199,6 +199,29 @@ def test_a_panel_on_the_training_simulators_weights_is_refused(tiny_model, tmp_p
             decision_config(tiny_model, tmp_path, heldout=[spec])
 
 
+def test_an_endpoint_simulator_decides_with_its_key_from_the_environment(decision, monkeypatch):
+    """A hosted held-out user: the key comes from the variable the config names, the choice turn
+    asks for one of the markers by JSON schema, and a missing key is a clear error."""
+    from tests.scripted_server import ScriptedServer
+    from training.config import ConfigError
+    from training.rollout import EndpointUser
+
+    task = decision.scenarios("test")[0]
+    spec = SimulatorSpec(name="hosted", endpoint="", model="m", api_key_env="PARLEY_TEST_KEY")
+    monkeypatch.setenv("PARLEY_TEST_KEY", "s3cret")
+    with ScriptedServer([{"content": '{"reply": "[DONATE $1.50]"}'}]) as server:
+        user = EndpointUser(dataclasses.replace(spec, endpoint=server.url))
+        rollout = asked(decision, task, next(iter(ASKS.values())))
+        user.respond(decision, [rollout])
+    assert rollout.conversation[-1] == {"role": "user", "content": "[DONATE $1.50]"}
+    assert server.headers[0]["authorization"] == "Bearer s3cret"
+    schema = server.requests[0]["response_format"]["json_schema"]["schema"]
+    assert schema["properties"]["reply"]["enum"] == decision.user_choices(task, [], True)
+    monkeypatch.delenv("PARLEY_TEST_KEY")
+    with pytest.raises(ConfigError, match="PARLEY_TEST_KEY is not set"):
+        EndpointUser(dataclasses.replace(spec, endpoint=server.url)).respond(decision, [rollout])
+
+
 class WrittenList(LocalModel):
     """A 'model' that always writes the same k = 5 verbalized candidates (probabilities given)."""
 

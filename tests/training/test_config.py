@@ -95,3 +95,15 @@ def test_cli_reports_config_errors(tmp_path, capsys):
 def test_round_trip_through_dict():
     config = load_config(CONFIGS[0])
     assert RunConfig.from_dict(config.to_dict()) == config
+
+
+def test_the_gpu_recipe_in_the_readme_is_a_valid_config_with_a_held_out_panel():
+    """The paper-scale recipe loads, and its panel shares no model with its training simulator."""
+    import tomllib
+
+    readme = (Path(__file__).resolve().parents[2] / "training" / "README.md").read_text()
+    block = readme.split("```toml\n", 1)[1].split("```", 1)[0]
+    config = RunConfig.from_dict(tomllib.loads(block))
+    assert len(config.heldout) == 3 and all(s.api_key_env for s in config.heldout)
+    models = {s.model for s in config.heldout} | {s.endpoint for s in config.heldout}
+    assert config.simulator.model not in models and "Qwen" not in " ".join(models)
