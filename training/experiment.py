@@ -104,6 +104,9 @@ def run(
         raise RuntimeError("runs failed:\n" + "\n".join(failures))
     runtime = _add_runtime(out, time.monotonic() - started)
     results = summarize(runs, base, runtime, command)
+    for regime, block in results["regimes"].items():
+        mine = sorted((c for c in runs if c.regime == regime), key=lambda c: c.seed)
+        block["final_simulator_reward_per_ask"] = [final_simulator(c) for c in mine]
     write(results, out)
     return results
 
@@ -155,6 +158,32 @@ def summarize(runs: list[RunConfig], base: RunConfig, runtime: float, command: s
     }
 
 
+def final_simulator(config: RunConfig) -> dict[str, float] | None:
+    """Each ask's exact expected reward against the simulator the agent ended up facing: the
+    co-trained simulator of the last checkpoint (a frozen one never changes: exploit.json).
+    Says whether co-training made the exploit less rewarding than the other asks."""
+    from agents.domains import get_domain
+    from training.checkpoint import list_checkpoints
+    from training.collapse import simulator_exploit
+    from training.policy import LocalModel
+    from training.rollout import LocalUser
+    from training.run import select_tasks
+
+    run_dir = config.run_dir()
+    if not config.trains_simulator:
+        path = run_dir / "exploit.json"
+        return json.loads(path.read_text())["expected_reward"] if path.is_file() else None
+    saved = list_checkpoints(run_dir)
+    if not saved or not (saved[-1] / "simulator").is_dir():
+        return None
+    lm = LocalModel.load(config.simulator_model_path(), config.dtype, config.device,
+                         str(saved[-1] / "simulator"))  # fmt: skip
+    domain = get_domain(config.domain, config.domain_data or None)
+    user = LocalUser(lm, dataclasses.replace(config.simulator, kind="plain"))
+    found = simulator_exploit(domain, select_tasks(domain, config.tasks, "train"), user)
+    return found["expected_reward"] if found else None
+
+
 def write(results: dict[str, Any], out: Path) -> None:
     (out / "results.json").write_text(json.dumps(results, indent=1))
     plot(results, out)
@@ -191,6 +220,23 @@ def markdown(results: dict[str, Any]) -> str:
     for regime, r in regimes.items():
         per = r["heldout_reward"]["per_type"]
         lines.append(f"| {regime} | " + " | ".join(_cell(per[t]) for t in types) + " |")
+    asks = [a for a in (results.get("exploit") or {}).get("expected_reward", {})]
+    if asks and all(r.get("final_simulator_reward_per_ask") for r in regimes.values()):
+        lines += [
+            "",
+            "Each ask's expected reward against the simulator the agent faced at the end (the "
+            "frozen one, or the co-trained one of the last checkpoint), mean over seeds:",
+            "",
+            "| regime | " + " | ".join(_short(a) for a in asks) + " |",
+            "|---" * (len(asks) + 1) + "|",
+        ]
+        for regime, r in regimes.items():
+            seeds = [x for x in r["final_simulator_reward_per_ask"] if x]
+            lines.append(
+                f"| {regime} | "
+                + " | ".join(f"{_mean([x[a] for x in seeds]):.2f}" for a in asks)
+                + " |"
+            )
     exploit = results.get("exploit")
     if exploit:
         lines += ["", "The frozen simulator's expected reward per ask (exact, at the start):", ""]
@@ -291,6 +337,16 @@ def _trend(series: list[list[float]]) -> str:
     if not seeds:
         return "n/a"
     return f"{_mean([s[0] for s in seeds]):.3f} -> {_cell([s[-1] for s in seeds])}"
+
+
+def _short(ask: str) -> str:
+    """'emotion $2' for an ask of the decision episode (its appeal and amount)."""
+    from agents.domains.p4g.decision import ASKS
+
+    for (appeal, amount), text in ASKS.items():
+        if text == ask:
+            return f"{appeal} ${amount:g}"
+    return ask[:20]
 
 
 def _add_runtime(out: Path, seconds: float) -> float:

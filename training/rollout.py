@@ -520,6 +520,11 @@ class EndpointAgent:
     def respond(self, domain: Domain, rollouts: list[Rollout]) -> None:
         if not self.model:
             raise RuntimeError("EndpointAgent.load() must name the served adapter first")
+        if any(domain.agent_choices(r.scenario, r.conversation) for r in rollouts):
+            raise ValueError(
+                f"{domain.name} constrains the agent's turns to fixed choices, which need the "
+                "agent in this process: leave rollout_endpoint empty"
+            )
         prompts = [r.agent.prompt(self.lm.fmt, agent_messages(domain, r)) for r in rollouts]
         samples = asyncio.run(self._complete_all(prompts))
         for r, ids in zip(rollouts, samples, strict=True):

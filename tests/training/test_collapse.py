@@ -247,12 +247,12 @@ def test_verbalized_sampling_draws_by_the_written_probabilities(tiny_model, deci
     probs = [0.05, 0.1, 0.15, 0.3, 0.4]
     lm = WrittenList(tiny_model, options, probs)
     user = LocalUser(lm, SimulatorSpec(kind="verbalized", draw=mode), rng=random.Random(0))
-    rollouts = [asked(decision, task, next(iter(ASKS.values()))) for _ in range(2000)]
+    rollouts = [asked(decision, task, next(iter(ASKS.values()))) for _ in range(1000)]
     user.respond(decision, rollouts)
     counts = Counter(r.conversation[-1]["content"] for r in rollouts)
     expected = probs if mode == "probability" else [0.2] * 5
     for text, p in zip(options, expected, strict=True):
-        assert counts[text] / len(rollouts) == pytest.approx(p, abs=0.04), (text, counts)
+        assert counts[text] / len(rollouts) == pytest.approx(p, abs=0.05), (text, counts)
     assert rollouts[0].decision(USER).probs == pytest.approx(expected)
 
 
@@ -348,6 +348,8 @@ def test_the_experiment_writes_its_results(tiny_model, other_tiny_model, tmp_pat
         assert len(r["train_reward"][0]) == len(r["agent_entropy"][0]) == 2
         assert set(r["heldout_reward"]["per_type"]) == {"anchored", "reactant", "steady"}
         assert len(r["heldout_success"]["final"]) == 1 and len(r["optimizer_steps"]) == 1
+        (per_ask,) = r["final_simulator_reward_per_ask"]
+        assert set(per_ask) == set(ASKS.values())
     assert results["steps"] == 2 and results["group_size"] == 2 and results["runtime_s"] > 0
     assert results["command"].startswith("python -m training experiment collapse")
     assert (out / "results.md").is_file() and (out / "collapse.png").is_file()
