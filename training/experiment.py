@@ -87,7 +87,8 @@ def run(
     failures: list[str] = []
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-        futures = {pool.submit(_train, c.to_dict()): c for c in runs}
+        todo = [c for c in runs if not _finished(c)]  # a finished run is only read
+        futures = {pool.submit(_train, c.to_dict()): c for c in todo}
         pending = set(futures)
         while pending:
             time.sleep(2)
@@ -170,6 +171,8 @@ def final_simulator(config: RunConfig) -> dict[str, float] | None:
     from training.run import select_tasks
 
     run_dir = config.run_dir()
+    if config.simulator.kind == "verbalized":
+        return None  # what a Verbalized Sampling simulator writes is sampled: nothing exact
     if not config.trains_simulator:
         path = run_dir / "exploit.json"
         return json.loads(path.read_text())["expected_reward"] if path.is_file() else None
@@ -221,22 +224,20 @@ def markdown(results: dict[str, Any]) -> str:
         per = r["heldout_reward"]["per_type"]
         lines.append(f"| {regime} | " + " | ".join(_cell(per[t]) for t in types) + " |")
     asks = [a for a in (results.get("exploit") or {}).get("expected_reward", {})]
-    if asks and all(r.get("final_simulator_reward_per_ask") for r in regimes.values()):
+    if asks and any(any(r.get("final_simulator_reward_per_ask") or []) for r in regimes.values()):
         lines += [
             "",
             "Each ask's expected reward against the simulator the agent faced at the end (the "
-            "frozen one, or the co-trained one of the last checkpoint), mean over seeds:",
+            "frozen one, or the co-trained one of the last checkpoint), mean over seeds; n/a for "
+            "Verbalized Sampling, whose written distribution is sampled, not exact:",
             "",
             "| regime | " + " | ".join(_short(a) for a in asks) + " |",
             "|---" * (len(asks) + 1) + "|",
         ]
         for regime, r in regimes.items():
-            seeds = [x for x in r["final_simulator_reward_per_ask"] if x]
-            lines.append(
-                f"| {regime} | "
-                + " | ".join(f"{_mean([x[a] for x in seeds]):.2f}" for a in asks)
-                + " |"
-            )
+            seeds = [x for x in r.get("final_simulator_reward_per_ask") or [] if x]
+            cells = [f"{_mean([x[a] for x in seeds]):.2f}" if seeds else "n/a" for a in asks]
+            lines.append(f"| {regime} | " + " | ".join(cells) + " |")
     exploit = results.get("exploit")
     if exploit:
         lines += ["", "The frozen simulator's expected reward per ask (exact, at the start):", ""]
@@ -303,6 +304,13 @@ def plot(results: dict[str, Any], out: Path) -> None:
 
 
 # -- helpers -----------------------------------------------------------------------------------
+
+
+def _finished(config: RunConfig) -> bool:
+    from training.checkpoint import list_checkpoints, read_manifest
+
+    saved = list_checkpoints(config.run_dir())
+    return bool(saved) and read_manifest(saved[-1])["step"] >= config.steps
 
 
 def _rows(run_dir: Path) -> list[dict[str, Any]]:
