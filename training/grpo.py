@@ -225,7 +225,8 @@ def update(
     """
     if beta > 0 and reference is None:
         raise ValueError("beta > 0 needs a reference model")
-    live = (adv != 0) | (beta > 0)
+    # a row without tokens of this policy (it never spoke) has nothing to train
+    live = ((adv != 0) | (beta > 0)) & (batch.mask.sum(dim=-1) > 0)
     order = torch.cat([live.nonzero().squeeze(-1), (~live).nonzero().squeeze(-1)])
     batch = batch.select(order)
     adv, n_live = adv[order], int(live.sum())

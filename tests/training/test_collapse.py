@@ -306,26 +306,30 @@ def metrics(cfg):
 def test_the_simulator_decides_what_the_agent_learns(base_model, tmp_path):
     """SmolLM2 agent, a few GRPO steps on the decision episode. Against the frozen SmolLM2
     persuadee (anchored: it gives what is asked) the agent's probability of that simulator's
-    exploit (ask $2) rises; against a scripted reactant persuadee (a large ask backfires) the
-    exploit is the $1 ask, and that is what rises instead."""
+    exploit (ask $2, either appeal) rises; against a scripted analytical persuadee (moved by
+    evidence, not by the amount) the exploit is the evidence appeal, and that is what rises."""
     common = dict(steps=4, lr=5e-4, simulator={"temperature": 0.7}, tasks={"max_train": 2})
     frozen = decision_config(base_model, tmp_path / "frozen", **common)
     train(frozen, show_progress=False)
-    reactant = decision_config(
-        base_model, tmp_path / "reactant",
-        **{**common, "simulator": {"name": "reactant", "kind": "scripted", "script": "reactant"}},
+    analytical = decision_config(
+        base_model, tmp_path / "analytical",
+        **{**common, "simulator": {"name": "analytical", "kind": "scripted", "script": "analytical"}},
     )  # fmt: skip
-    train(reactant, show_progress=False)
+    train(analytical, show_progress=False)
 
     exploits = {}
-    for cfg in (frozen, reactant):
+    for cfg in (frozen, analytical):
         rows = metrics(cfg)
         exploit = json.loads((cfg.run_dir() / "exploit.json").read_text())["exploit"]
         exploits[cfg.simulator.name] = exploit
         assert rows[-1]["agent/p_exploit"] > rows[0]["agent/p_exploit"] + 0.05, (exploit, rows)
         assert all(r["optimizer_step"] == 1.0 for r in rows[:2])
-    assert all("$2 " in ask for ask in exploits[frozen.simulator.name])
-    assert all("$1 " in ask for ask in exploits["reactant"])
+    assert sorted(exploits[frozen.simulator.name]) == sorted(
+        text for (_, amount), text in ASKS.items() if amount == 2
+    )
+    assert sorted(exploits["analytical"]) == sorted(
+        text for (appeal, _), text in ASKS.items() if appeal == "evidence"
+    )
 
 
 def test_the_experiment_writes_its_results(tiny_model, other_tiny_model, tmp_path):
@@ -348,8 +352,12 @@ def test_the_experiment_writes_its_results(tiny_model, other_tiny_model, tmp_pat
         assert len(r["train_reward"][0]) == len(r["agent_entropy"][0]) == 2
         assert set(r["heldout_reward"]["per_type"]) == {"anchored", "reactant", "steady"}
         assert len(r["heldout_success"]["final"]) == 1 and len(r["optimizer_steps"]) == 1
+    for regime, r in results["regimes"].items():
         (per_ask,) = r["final_simulator_reward_per_ask"]
-        assert set(per_ask) == set(ASKS.values())
+        if regime == "verbalized":  # what it writes is sampled: nothing exact to report
+            assert per_ask is None
+        else:
+            assert set(per_ask) == set(ASKS.values())
     assert results["steps"] == 2 and results["group_size"] == 2 and results["runtime_s"] > 0
     assert results["command"].startswith("python -m training experiment collapse")
     assert (out / "results.md").is_file() and (out / "collapse.png").is_file()

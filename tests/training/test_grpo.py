@@ -118,3 +118,18 @@ def test_zero_advantage_rows_are_skipped_exactly(tiny_model):
     fresh = AutoModelForCausalLM.from_pretrained(tiny_model)
     assert idle["trained_sequences"] == 0 and idle["entropy"] > 0
     assert all(torch.equal(p, c[n]) for n, p in fresh.named_parameters())
+
+
+def test_rows_without_policy_tokens_take_no_step(tiny_model):
+    """A conversation the policy never spoke in (its partner's decision ended it) has an
+    advantage but nothing to train: no step, no error."""
+    from transformers import AutoModelForCausalLM
+
+    from training.grpo import update
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    batch = TokenBatch.from_lists([[5, 17, 300], [7, 8, 1000]], [[0, 0, 0], [0, 0, 0]], pad_id=2)
+    sgd = torch.optim.SGD(model.parameters(), lr=1.0)
+    stats = update(model, sgd, batch, torch.tensor([1.0, -1.0]), eps=0.2, eps_high=0.2, beta=0.0,
+                   micro_batch=2)  # fmt: skip
+    assert stats["trained_sequences"] == 0 and stats["grad_norm"] == 0
