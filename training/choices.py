@@ -15,6 +15,7 @@ the gradient are those of the distribution that was sampled.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,7 +56,7 @@ class Choices:
 
 def entropy(probs: list[float]) -> float:
     """Shannon entropy (nats) of a discrete distribution."""
-    return float(-sum(p * torch.log(torch.tensor(p)).item() for p in probs if p > 0))
+    return -sum(p * math.log(p) for p in probs if p > 0)
 
 
 @torch.no_grad()

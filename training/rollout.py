@@ -56,7 +56,7 @@ class Decision:
         return entropy(self.probs)
 
     def redraw(self, rng: random.Random) -> int:
-        return rng.choices(range(len(self.texts)), weights=self.probs)[0]
+        return sample_index(self.probs, rng)
 
 
 def sample_index(probs: list[float], rng: random.Random | None) -> int:
@@ -359,14 +359,15 @@ class LocalUser:
                         continue
                     texts[i] = draw(candidates, self.rng, self.verbalizer.mode).text
                     if options:
-                        probs = [
-                            sum(c.probability for c in candidates if c.text == o) for o in options
+                        # the distribution the draw used: written probabilities, or uniform
+                        uniform = self.verbalizer.mode == "uniform"
+                        weight = [
+                            1 / len(candidates) if uniform else c.probability for c in candidates
                         ]
-                        if self.verbalizer.mode == "uniform":
-                            probs = [
-                                sum(c.text == o for c in candidates) / len(candidates)
-                                for o in options
-                            ]
+                        probs = [
+                            sum(w for c, w in zip(candidates, weight, strict=True) if c.text == o)
+                            for o in options
+                        ]
                         rollouts[i].decisions.append(
                             Decision(USER, list(options), probs, options.index(texts[i]))
                         )
@@ -421,7 +422,6 @@ class ScriptedUser:
     def respond(self, domain: Domain, rollouts: list[Rollout]) -> None:
         for r in rollouts:
             options = domain.user_choices(r.scenario, r.conversation, r.user_final)
-            self.persuadee.rng = self.rng
             text = self.persuadee.reply(r.conversation, options)
             if options:
                 dist = self.persuadee.decision(r.conversation)
