@@ -22,21 +22,13 @@ import argparse
 import contextlib
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
-
-import httpx
 
 from agents.paths import REPO_DIR
 from agents.serving.adapters import ADAPTER_CONFIG, find_adapters, serving_args
-
-# agents.serving.launch imports the embedded engine and so torch (seconds): it is imported
-# only where a server is started or stopped, so the command line answers at once.
+from agents.serving.process import free_port, spawn, stop, wait_healthy
 
 VLLM_VENV = REPO_DIR / ".venv-vllm"
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # the `vllm` command wants a `vllm` dist
@@ -155,93 +147,37 @@ def start_vllm(
     `options` go to build_command (served_name, dtype, max_model_len, max_loras,
     runtime_lora_rank: > 0 lets clients load adapters of up to that rank at run time, as the
     trainer's `rollout_endpoint` does). The process leads its own process group, so
-    stop_engine(process) also ends vLLM's engine-core child.
+    stop_engine(process) (agents.serving.process.stop) also ends vLLM's engine-core child.
     """
     python = check_vllm(python or vllm_python())
-    from agents.serving.launch import _die_with_parent, _on_main_linux_thread, stop_engine
-
-    port = port or _free_port(host)
+    port = port or free_port(host)
     command = build_command(
         model_dir, port, loras, python=python, host=host, extra_args=extra_args, **options
     )
-    own_log = log_path is None
-    if own_log:
-        handle, log_path = tempfile.mkstemp(prefix="parley-vllm-", suffix=".log")
-        os.close(handle)
-    log_path = Path(log_path)
-    with open(log_path, "wb") as log:
-        process = _ProcessGroup(
-            command,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            preexec_fn=_die_with_parent if _on_main_linux_thread() else None,
-            env=vllm_env(runtime_lora=bool(options.get("runtime_lora_rank"))),
-        )
-    process.log_path, process.own_log = log_path, own_log
+    process = spawn(
+        command,
+        log_path,
+        log_prefix="parley-vllm-",
+        own_group=True,
+        env=vllm_env(runtime_lora=bool(options.get("runtime_lora_rank"))),
+    )
     url_host = f"[{host}]" if ":" in host else host
     base_url = f"http://{url_host}:{port}/v1"
     try:
-        _wait_healthy(process, base_url, log_path, startup_timeout)
+        wait_healthy(process, f"http://{url_host}:{port}/health", startup_timeout, "vLLM", 1.0)
     except BaseException:
-        stop_engine(process, timeout=20)
+        stop(process, timeout=20)
         raise
     return base_url, process
 
 
 @contextlib.contextmanager
 def running_vllm(model_dir: Path | str, port: int | None = None, loras=None, **options):
-    from agents.serving.launch import stop_engine
-
     base_url, process = start_vllm(model_dir, port, loras, **options)
     try:
         yield base_url
     finally:
-        stop_engine(process, timeout=20)
-
-
-class _ProcessGroup(subprocess.Popen):
-    """A Popen whose signals go to its whole process group: vLLM runs its engine core in a
-    child process, which must not outlive the server when the server is stopped."""
-
-    def send_signal(self, sig):
-        self.poll()
-        if self.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pid, sig)
-
-    def wait(self, timeout=None):
-        code = super().wait(timeout)
-        with contextlib.suppress(ProcessLookupError):  # the leader is gone: end stragglers too
-            os.killpg(self.pid, signal.SIGKILL)
-        return code
-
-
-def _wait_healthy(process, base_url: str, log_path: Path, timeout: float) -> None:
-    from agents.serving.launch import EngineStartError, _tail
-
-    health = base_url.removesuffix("/v1") + "/health"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise EngineStartError(
-                f"vLLM exited with code {process.returncode} while starting:\n{_tail(log_path)}"
-            )
-        try:
-            if httpx.get(health, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise EngineStartError(f"vLLM did not become ready in {timeout:.0f}s:\n{_tail(log_path)}")
-
-
-def _free_port(host: str) -> int:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+        stop(process, timeout=20)
 
 
 def main(argv: list[str] | None = None) -> int:

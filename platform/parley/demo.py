@@ -6,15 +6,18 @@ Prints the admin URL with its credentials and a participant link; Ctrl-C stops e
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
-from agents.paths import REPO_DIR, base_model_dir, data_dir
+from django.conf import settings
 
+from agents.paths import REPO_DIR, base_model_dir, data_dir
+from parley.credentials import admin_password
+from agents.serving.process import StartError, port_is_free, spawn, stop, wait_healthy
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "parley.settings")  # read lazily, after main() sets URLs
 HOST = os.environ.get("PARLEY_HOST", "127.0.0.1")
 WEB_PORT = int(os.environ.get("PARLEY_PORT", "8000"))
 ENGINE_PORT = int(os.environ.get("PARLEY_ENGINE_PORT", "8001"))
@@ -25,24 +28,11 @@ def run(*args: str) -> None:
     subprocess.run([PY, *args], cwd=REPO_DIR, check=True)
 
 
-def port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex((HOST, port)) != 0
-
-
 def wait_for(url: str, name: str, process: subprocess.Popen, seconds: float = 600) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            sys.exit(f"{name} exited with code {process.returncode}; see {log_path(name)}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    sys.exit(f"{name} did not answer at {url} within {seconds:.0f} s; see {log_path(name)}")
+    try:
+        wait_healthy(process, url, seconds, name, interval=0.5)
+    except StartError as error:
+        sys.exit(f"{error}\n(whole log: {log_path(name)})")
 
 
 def participant_link(base: str, slug: str) -> str:
@@ -56,14 +46,13 @@ def log_path(name: str) -> Path:
 
 
 def start(name: str, *args: str) -> subprocess.Popen:
-    log_path(name).parent.mkdir(parents=True, exist_ok=True)
-    log = open(log_path(name), "ab")  # noqa: SIM115 - the child owns it until it exits
-    return subprocess.Popen([PY, *args], cwd=REPO_DIR, stdout=log, stderr=subprocess.STDOUT)
+    """A child that logs to data/logs/NAME.log and dies with the demo."""
+    return spawn([PY, *args], log_path(name), append=True, cwd=REPO_DIR)
 
 
 def main() -> None:
     for port in (WEB_PORT, ENGINE_PORT):
-        if not port_free(port):
+        if not port_is_free(HOST, port):
             sys.exit(
                 f"Port {port} on {HOST} is taken; stop what runs there or set PARLEY_PORT / PARLEY_ENGINE_PORT."
             )
@@ -74,6 +63,8 @@ def main() -> None:
     run("manage.py", "migrate", "--noinput", "-v", "0")
     seeded = subprocess.run(
         [PY, "manage.py", "seed_demo", "--engine-url", engine_url],
+        # the password travels in the environment, never on a command line others can read
+        env={**os.environ, "PARLEY_ADMIN_PASSWORD": admin_password()},
         cwd=REPO_DIR,
         check=True,
         capture_output=True,
@@ -132,26 +123,13 @@ def main() -> None:
     except KeyboardInterrupt:
         print("\nStopping...", flush=True)
     finally:  # whatever happens, no server is left behind
-        stop(processes)
-
-
-def stop(processes: dict) -> None:
-    for process in processes.values():
-        if process.poll() is None:
-            process.terminate()
-    for process in processes.values():
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stop(*processes.values())
 
 
 def serve(processes: dict, engine_url: str, slugs: list[str]) -> None:
     print("Waiting for the model engine and the web server...", flush=True)
     wait_for(f"http://{HOST}:{ENGINE_PORT}/health", "engine", processes["engine"])
     wait_for(f"http://{HOST}:{WEB_PORT}/healthz", "web", processes["web"])
-    from parley.credentials import admin_password
-
     base = f"http://{HOST}:{WEB_PORT}"
     links = "\n".join(f"  Participant:  {participant_link(base, slug)}" for slug in slugs)
     print(
@@ -159,7 +137,7 @@ def serve(processes: dict, engine_url: str, slugs: list[str]) -> None:
 parley demo is running (logs in {log_path("web").parent}).
 
   Admin:        {base}/admin/
-                user: {os.environ.get("PARLEY_ADMIN_USER", "admin")}   password: {admin_password()}
+                user: {settings.PARLEY_ADMIN_USER}   password: {admin_password()}
 {links}
                 (change PROLIFIC_PID for a new participant; the same one resumes)
   Model engine: {engine_url}  (OpenAI-compatible; serves {base_model_dir().name})

@@ -1,0 +1,160 @@
+"""Server child processes: the embedded engine, vLLM, and the demo's engine, worker and web server.
+
+    process = spawn(command, log_path)                 # output to a log file, dies with us
+    wait_healthy(process, "http://127.0.0.1:8001/health", timeout=180, name="The engine")
+    ...
+    stop(process)                                      # SIGTERM, then SIGKILL after a timeout
+
+A process started from the main thread on Linux is also sent SIGTERM when this one dies, so
+tests and `make demo` never leave servers behind. With `own_group` the child leads its own
+process group and every signal goes to the whole group (vLLM runs its engine core in a child
+process, which must not outlive the server). Imports nothing heavy: the demo and the vLLM
+command line use it before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+
+class StartError(RuntimeError):
+    """A server exited or did not answer its health URL while starting; says why, with the
+    tail of its log."""
+
+
+class ProcessGroup(subprocess.Popen):
+    """A Popen whose signals go to its whole process group (start it with start_new_session)."""
+
+    def send_signal(self, sig):
+        self.poll()
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, sig)
+
+    def wait(self, timeout=None):
+        code = super().wait(timeout)
+        with contextlib.suppress(ProcessLookupError):  # the leader is gone: end stragglers too
+            os.killpg(self.pid, signal.SIGKILL)
+        return code
+
+
+def spawn(
+    command: list[str],
+    log_path: Path | str | None = None,
+    *,
+    log_prefix: str = "parley-",
+    append: bool = False,
+    own_group: bool = False,
+    env: dict[str, str] | None = None,
+    cwd: Path | str | None = None,
+) -> subprocess.Popen:
+    """Start `command` with stdout and stderr in `log_path` (a temporary file, deleted by
+    stop(), when None). The process carries `log_path` and `own_log`."""
+    own_log = log_path is None
+    if own_log:
+        handle, log_path = tempfile.mkstemp(prefix=log_prefix, suffix=".log")
+        os.close(handle)
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab" if append else "wb") as log:  # the child keeps its own descriptor
+        process = (ProcessGroup if own_group else subprocess.Popen)(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=own_group,
+            # PR_SET_PDEATHSIG follows the launching *thread*: only tie to a long-lived one
+            preexec_fn=_die_with_parent if _on_main_linux_thread() else None,
+            env=env,
+            cwd=cwd,
+        )
+    process.log_path, process.own_log = log_path, own_log
+    return process
+
+
+def wait_healthy(
+    process: subprocess.Popen,
+    health: str | Callable[[], str | None],
+    timeout: float,
+    name: str = "The server",
+    interval: float = 0.2,
+) -> None:
+    """Return once `health` answers 200; raise StartError if the process exits first or the
+    timeout passes. `health` is the URL, or a function giving it once it is known (None before:
+    an engine on port 0 writes its address in its log)."""
+    deadline, url = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise StartError(
+                f"{name} exited with code {process.returncode} while starting:\n"
+                f"{tail(process.log_path)}"
+            )
+        url = health() if callable(health) else health
+        if url is not None:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url, timeout=2).status_code == 200:
+                    return
+        time.sleep(interval)
+    raise StartError(
+        f"{name} did not become ready in {timeout:.0f}s (health: {url}):\n{tail(process.log_path)}"
+    )
+
+
+def stop(*processes: subprocess.Popen, timeout: float = 10.0) -> None:
+    """Terminate every process (SIGTERM), then kill those still running after `timeout`; a
+    temporary log spawn() made goes with its process."""
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    for process in processes:
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        if getattr(process, "own_log", False):
+            Path(process.log_path).unlink(missing_ok=True)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now (the OS's pick)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """Nothing answers on host:port."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as sock:
+        return sock.connect_ex((host, port)) != 0
+
+
+def tail(path: Path | str, lines: int = 30) -> str:
+    return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+
+
+def _on_main_linux_thread() -> bool:
+    return sys.platform == "linux" and threading.current_thread() is threading.main_thread()
+
+
+def _die_with_parent():
+    """In the child: ask Linux to SIGTERM it when the parent exits (prctl PR_SET_PDEATHSIG)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+    except OSError:
+        pass
