@@ -26,11 +26,9 @@ from agents.llm.tool_format import messages_for_json_tools, parse_tool_calls
 from agents.simulators import (
     OPENING,
     PlainSimulator,
+    VerbalizedSampling,
     VerbalizedSimulator,
-    draw,
-    parse_verbalized,
     user_view,
-    verbalized_schema,
 )
 from agents.simulators.scripted import ScriptedPersuadee
 from training.choices import entropy
@@ -289,19 +287,17 @@ class LocalUser:
     ):
         self.lm, self.spec, self.tracked = lm, spec, tracked
         self.rng = rng or random.Random(0)
-        self.verbalizer = None
-        if spec.kind == "verbalized":
-            # used for its system prompt, k, draw mode and retries; the model call is ours
-            self.verbalizer = VerbalizedSimulator(
-                None, "", k=spec.k, mode=spec.draw, retries=spec.retries, rng=self.rng
-            )
+        self.sampling = (
+            VerbalizedSampling(spec.k, spec.draw, spec.retries)
+            if spec.kind == "verbalized"
+            else None
+        )
         self._grammars: dict[tuple[str, ...] | None, Any] = {}
 
     def system_prompt(self, domain: Domain, scenario: Scenario) -> str:
-        if self.verbalizer is not None:
-            base = self.verbalizer.system_prompt(domain, scenario)
-        else:
-            base = domain.simulator_system_prompt(scenario)
+        base = domain.simulator_system_prompt(scenario)
+        if self.sampling is not None:
+            base = self.sampling.system_prompt(base)
         return with_persona(base, self.spec.persona)
 
     def respond(self, domain: Domain, rollouts: list[Rollout]) -> None:
@@ -311,7 +307,7 @@ class LocalUser:
             prompts.append(r.user.prompt(self.lm.fmt, messages))
             r.user.consumed = len(r.conversation)
         allowed = [domain.user_choices(r.scenario, r.conversation, r.user_final) for r in rollouts]
-        if self.verbalizer is not None:
+        if self.sampling is not None:
             texts = self._verbalized(rollouts, prompts, allowed)
         else:
             turns = speak(self.lm, USER, rollouts, prompts, allowed, self.spec.temperature,
@@ -329,55 +325,33 @@ class LocalUser:
     def _verbalized(
         self, rollouts: list[Rollout], prompts: list[list[int]], allowed: list[list[str] | None]
     ) -> list[str]:
-        """k candidates per reply, one drawn; malformed output is re-asked `retries` times, then
-        the raw text is used (the reference README's rule). On a choice turn every candidate's
-        text is constrained to the allowed texts (the P4G markers), and the distribution the
-        simulator wrote is recorded as its Decision."""
-        texts: dict[int, str] = {}
-        raw: dict[int, str] = {}
+        """k candidates per reply, one drawn, by agents.simulators' VerbalizedSampling (its
+        retries and raw-text fallback too). On a choice turn every candidate's text is
+        constrained to the allowed texts (the P4G markers), and the distribution the simulator
+        wrote is recorded as its Decision."""
+        answers = [self.sampling.answer(self.rng, options) for options in allowed]
         groups: dict[tuple[str, ...] | None, list[int]] = {}
         for i, options in enumerate(allowed):
             groups.setdefault(tuple(options) if options else None, []).append(i)
         for options, pending in groups.items():
-            for _ in range(self.verbalizer.retries + 1):
+            while pending:  # one generate call per attempt, for every answer still unread
                 samples = self.lm.sample(
                     [prompts[i] for i in pending],
                     self.spec.temperature,
                     self.spec.max_new_tokens,
                     self._constraint(options),
                 )
-                failed = []
                 for i, ids in zip(pending, samples, strict=True):
-                    raw[i] = self.lm.decode(ids)
-                    try:
-                        candidates = parse_verbalized(raw[i], self.verbalizer.k)
-                    except ValueError:
-                        failed.append(i)
-                        continue
-                    if options and any(c.text not in options for c in candidates):
-                        failed.append(i)
-                        continue
-                    texts[i] = draw(candidates, self.rng, self.verbalizer.mode).text
-                    if options:
-                        # the distribution the draw used: written probabilities, or uniform
-                        uniform = self.verbalizer.mode == "uniform"
-                        weight = [
-                            1 / len(candidates) if uniform else c.probability for c in candidates
-                        ]
-                        probs = [
-                            sum(w for c, w in zip(candidates, weight, strict=True) if c.text == o)
-                            for o in options
-                        ]
-                        rollouts[i].decisions.append(
-                            Decision(USER, list(options), probs, options.index(texts[i]))
-                        )
-                pending = failed
-                if not pending:
-                    break
-            for i in pending:
-                texts[i] = raw[i].strip()
-                rollouts[i].fallbacks += 1
-        return [texts[i] for i in range(len(prompts))]
+                    answers[i].take(self.lm.decode(ids))
+                pending = [i for i in pending if not answers[i].done]
+        for r, answer, options in zip(rollouts, answers, allowed, strict=True):
+            turn = answer.turn
+            if turn.fell_back:
+                r.fallbacks += 1
+            elif options:
+                probs = self.sampling.distribution(turn.candidates, options)
+                r.decisions.append(Decision(USER, list(options), probs, options.index(turn.text)))
+        return [answer.turn.text for answer in answers]
 
     def _constraint(self, options: tuple[str, ...] | None = None) -> Any:
         """xgrammar's logits processor for the k-candidate schema (one per generate call), or
@@ -394,11 +368,11 @@ class LocalUser:
             compiler = xgrammar.GrammarCompiler(info)
             # compact JSON and texts short enough that k of them fit in max_new_tokens: a small
             # model otherwise spends its budget on indentation and is cut off mid-object
-            schema = copy.deepcopy(verbalized_schema(self.verbalizer.k, options))
+            schema = copy.deepcopy(self.sampling.schema(options))
             item = schema["properties"]["responses"]["items"]["properties"]
             if not options:
                 item["text"]["maxLength"] = candidate_chars(
-                    self.spec.max_new_tokens, self.verbalizer.k
+                    self.spec.max_new_tokens, self.sampling.k
                 )
             item["probability"].update(minimum=0, maximum=1)
             self._grammars[options] = compiler.compile_json_schema(

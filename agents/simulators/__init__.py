@@ -3,6 +3,7 @@
 from agents.simulators.base import OPENING, Candidate, Simulator, UserTurn, user_view
 from agents.simulators.plain import PlainSimulator
 from agents.simulators.verbalized import (
+    VerbalizedSampling,
     VerbalizedSimulator,
     draw,
     parse_verbalized,
@@ -16,6 +17,7 @@ __all__ = [
     "PlainSimulator",
     "Simulator",
     "UserTurn",
+    "VerbalizedSampling",
     "VerbalizedSimulator",
     "draw",
     "parse_verbalized",

@@ -1,8 +1,11 @@
 """Verbalized Sampling: the simulator writes k possible replies with probabilities and one
 is drawn, so training sees the simulator's spread of behaviour instead of its mode.
 
-The pure pieces (`parse_verbalized`, `draw`, `verbalized_schema`) need no client; the
-trainer and tests use them directly.
+`VerbalizedSampling` holds the settings (k, draw mode, retries) and the steps (system prompt,
+schema, reading an answer, the draw, the retry rule) and needs no client: VerbalizedSimulator
+asks a model over agents.llm with it, and the trainer (training's in-process simulator) asks
+its own model with it. The pure pieces (`parse_verbalized`, `draw`, `verbalized_schema`) are
+also used directly by tests.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agents.domains.base import Domain, Message, Scenario
@@ -131,6 +135,15 @@ def parse_verbalized(text: str, k: int = K) -> list[Candidate]:
     return [Candidate(t, p / total) for t, p in zip(texts, probabilities, strict=True)]
 
 
+def weights(candidates: list[Candidate], mode: str = "probability") -> list[float]:
+    """The weights a draw uses: the written probabilities (floored), or all alike."""
+    if mode == "uniform":
+        return [1 / len(candidates)] * len(candidates)
+    if mode != "probability":
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    return [max(c.probability, PROBABILITY_FLOOR) for c in candidates]
+
+
 def draw(candidates: list[Candidate], rng: _Random, mode: str = "probability") -> Candidate:
     """One candidate: weighted by probability, or uniformly (the paper's "random" variant).
     `rng` is anything with .random() (random.Random, numpy Generator)."""
@@ -138,15 +151,90 @@ def draw(candidates: list[Candidate], rng: _Random, mode: str = "probability") -
         raise ValueError("no candidates to draw from")
     if mode == "uniform":
         return candidates[min(int(rng.random() * len(candidates)), len(candidates) - 1)]
-    if mode != "probability":
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    weights = [max(c.probability, PROBABILITY_FLOOR) for c in candidates]
-    target, cumulative = rng.random() * sum(weights), 0.0
-    for candidate, weight in zip(candidates, weights, strict=True):
-        cumulative += weight
+    weight = weights(candidates, mode)
+    target, cumulative = rng.random() * sum(weight), 0.0
+    for candidate, w in zip(candidates, weight, strict=True):
+        cumulative += w
         if target < cumulative:
             return candidate
     return candidates[-1]  # rounding left target at the very top
+
+
+@dataclass(frozen=True)
+class VerbalizedSampling:
+    """k candidates per reply, one drawn by `mode`; an answer that does not parse is asked
+    again `retries` times, then its raw text is used (the reference README's rule)."""
+
+    k: int = K
+    mode: str = "probability"
+    retries: int = 2
+
+    def __post_init__(self):
+        verbalized_schema(self.k)  # validates k
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.retries < 0:
+            raise ValueError(f"retries must be >= 0, got {self.retries}")
+
+    def system_prompt(self, base: str) -> str:
+        """A simulator's system prompt with the instructions to answer with k candidates."""
+        return base + "\n\n" + INSTRUCTIONS.format(k=self.k)
+
+    def schema(self, choices: list[str] | tuple[str, ...] | None = None) -> dict[str, Any]:
+        return verbalized_schema(self.k, choices)
+
+    def response_format(self, choices: list[str] | None = None) -> dict[str, Any]:
+        return response_format(self.k, choices)
+
+    def read(self, raw: str, choices: list[str] | tuple[str, ...] | None = None) -> list[Candidate]:
+        """The candidates of one answer; ValueError when it does not parse or, on a choice
+        turn, a candidate is not one of the allowed texts."""
+        candidates = parse_verbalized(raw, self.k)
+        if choices and any(c.text not in choices for c in candidates):
+            raise ValueError(f"a candidate is not one of the allowed texts {list(choices)}")
+        return candidates
+
+    def distribution(self, candidates: list[Candidate], choices: list[str]) -> list[float]:
+        """The probability the draw gives each allowed text (a choice turn's Decision)."""
+        weight = weights(candidates, self.mode)
+        total = sum(weight)
+        return [
+            sum(w for c, w in zip(candidates, weight, strict=True) if c.text == text) / total
+            for text in choices
+        ]
+
+    def answer(self, rng: _Random, choices: list[str] | tuple[str, ...] | None = None) -> Answer:
+        return Answer(self, rng, choices)
+
+
+@dataclass
+class Answer:
+    """One reply asked of a Verbalized Sampling simulator, over its attempts: `take` each raw
+    output until `done`; the first that reads has one candidate drawn at once (so a seeded rng
+    draws in the order answers arrive), else after the last attempt its raw text stands."""
+
+    sampling: VerbalizedSampling
+    rng: _Random
+    choices: list[str] | tuple[str, ...] | None = None
+    attempts: int = 0
+    errors: list[str] = field(default_factory=list)
+    turn: UserTurn | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.turn is not None
+
+    def take(self, raw: str) -> None:
+        self.attempts += 1
+        try:
+            candidates = self.sampling.read(raw, self.choices)
+        except ValueError as exc:
+            self.errors.append(str(exc))
+            if self.attempts > self.sampling.retries:
+                self.turn = UserTurn(raw.strip(), raw, None, self.attempts, True, self.errors)
+            return
+        chosen = draw(candidates, self.rng, self.sampling.mode)
+        self.turn = UserTurn(chosen.text, raw, candidates, self.attempts, False, self.errors)
 
 
 class VerbalizedSimulator(Simulator):
@@ -165,16 +253,12 @@ class VerbalizedSimulator(Simulator):
         **params: Any,
     ):
         super().__init__(client, model, **params)
-        verbalized_schema(k)  # validates k
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        if retries < 0:
-            raise ValueError(f"retries must be >= 0, got {retries}")
-        self.k, self.mode, self.structured, self.retries = k, mode, structured, retries
+        self.sampling = VerbalizedSampling(k, mode, retries)
+        self.structured = structured
         self.rng = rng if hasattr(rng, "random") else random.Random(rng)
 
     def system_prompt(self, domain: Domain, scenario: Scenario) -> str:
-        return super().system_prompt(domain, scenario) + "\n\n" + INSTRUCTIONS.format(k=self.k)
+        return self.sampling.system_prompt(super().system_prompt(domain, scenario))
 
     async def reply(
         self,
@@ -187,19 +271,11 @@ class VerbalizedSimulator(Simulator):
         messages = self.messages(domain, scenario, conversation)
         params = dict(self.params)
         if self.structured:
-            params["response_format"] = response_format(self.k, choices)
-        errors, usage, raw = [], [], ""
-        for attempt in range(1, self.retries + 2):
+            params["response_format"] = self.sampling.response_format(choices)
+        answer, usage = self.sampling.answer(self.rng, choices), []
+        while not answer.done:
             result = await self.client.chat(self.model, messages, **params)
-            raw = result.content or ""
             usage.append(result.usage)
-            try:
-                candidates = parse_verbalized(raw, self.k)
-                if choices and any(c.text not in choices for c in candidates):
-                    raise ValueError(f"a candidate is not one of the allowed texts {choices}")
-            except ValueError as exc:
-                errors.append(str(exc))
-                continue
-            chosen = draw(candidates, self.rng, self.mode)
-            return UserTurn(chosen.text, raw, candidates, attempt, False, errors, usage)
-        return UserTurn(raw.strip(), raw, None, self.retries + 1, True, errors, usage)
+            answer.take(result.content or "")
+        answer.turn.usage = usage
+        return answer.turn

@@ -9,7 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agents.domains.p4g import parse_donation
-from agents.simulators import draw, parse_verbalized, response_format, verbalized_schema
+from agents.simulators import (
+    VerbalizedSampling,
+    draw,
+    parse_verbalized,
+    response_format,
+    verbalized_schema,
+)
 
 
 def answer(items, **wrap):
@@ -147,3 +153,35 @@ def test_schema_pins_exactly_k_items():
     assert wrapped["type"] == "json_schema" and wrapped["json_schema"]["schema"] == schema
     with pytest.raises(ValueError, match="positive integer"):
         verbalized_schema(0)
+
+
+def test_an_answer_is_read_until_it_parses_then_falls_back_to_the_raw_text():
+    """The retry rule both the endpoint simulator and the trainer's in-process one follow."""
+    sampling = VerbalizedSampling(k=5, retries=1)
+    answer_ = sampling.answer(random.Random(0), ["reply 0", "reply 1"])
+    answer_.take("not json")
+    assert not answer_.done and answer_.attempts == 1
+    answer_.take(answer(FIVE))  # reply 2..4 are not allowed on this choice turn: a failed read
+    assert answer_.done and answer_.turn.fell_back and answer_.turn.attempts == 2
+    assert answer_.turn.text == answer(FIVE).strip() and "allowed texts" in answer_.turn.errors[1]
+
+    allowed = [{"text": f"reply {i % 2}", "probability": 0.2} for i in range(5)]
+    read = sampling.answer(random.Random(0), ["reply 0", "reply 1"])
+    read.take(answer(allowed))
+    assert read.done and not read.turn.fell_back and read.turn.text in ("reply 0", "reply 1")
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"), [("probability", [0.7, 0.3]), ("uniform", [0.6, 0.4])]
+)
+def test_a_choice_turns_distribution_is_the_one_the_draw_uses(mode, expected):
+    texts = ["yes", "no", "yes", "no", "yes"]
+    items = [
+        {"text": t, "probability": p} for t, p in zip(texts, [0.4, 0.2, 0.2, 0.1, 0.1], strict=True)
+    ]
+    candidates = parse_verbalized(answer(items))
+    sampling = VerbalizedSampling(mode=mode)
+    assert sampling.distribution(candidates, ["yes", "no"]) == pytest.approx(expected)
+    rng = random.Random(1)
+    drawn = Counter(draw(candidates, rng, mode).text for _ in range(4000))
+    assert drawn["yes"] / 4000 == pytest.approx(expected[0], abs=0.03)
