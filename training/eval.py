@@ -10,11 +10,12 @@ from typing import Any
 import torch
 
 from agents.domains.base import Domain, Scenario
+from training.agent import LocalAgent
 from training.config import RunConfig
 from training.grpo import TokenBatch, token_logprobs
 from training.policy import LocalModel
 from training.regimes import ModelCache, frozen_simulator
-from training.rollout import LocalAgent, Rollout, play
+from training.rollout import Rollout, play
 
 
 class HeldOutPanel:

@@ -167,8 +167,8 @@ def final_simulator(config: RunConfig) -> dict[str, float] | None:
     from training.checkpoint import list_checkpoints
     from training.collapse import simulator_exploit
     from training.policy import LocalModel
-    from training.rollout import LocalUser
     from training.run import select_tasks
+    from training.simulator import LocalUser
 
     run_dir = config.run_dir()
     if config.simulator.kind == "verbalized":

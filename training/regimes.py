@@ -31,7 +31,8 @@ from training.config import RunConfig, SimulatorSpec
 from training.grpo import group_advantages
 from training.policy import LocalModel, Policy
 from training.pool import SimulatorPool
-from training.rollout import EndpointUser, LocalUser, Rollout, ScriptedUser
+from training.rollout import Rollout
+from training.simulator import EndpointUser, LocalUser, ScriptedUser
 
 
 class ModelCache:

@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from agents.domains.base import Domain, Scenario
 from training import checkpoint
+from training.agent import EndpointAgent, LocalAgent
 from training.collapse import load_or_find_exploit, simulator_exploit, step_metrics
 from training.config import RunConfig, TaskSpec
 from training.eval import HeldOutPanel
@@ -31,7 +32,7 @@ from training.grpo import group_advantages
 from training.metrics import MetricsLog, plot
 from training.policy import Policy
 from training.regimes import ModelCache, frozen_simulator, make_regime
-from training.rollout import EndpointAgent, LocalAgent, play
+from training.rollout import play
 
 Progress = Callable[[dict[str, Any]], None]
 

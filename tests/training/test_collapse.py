@@ -14,14 +14,16 @@ import torch
 from agents.domains import get_domain
 from agents.domains.p4g.decision import ASKS
 from agents.simulators.scripted import ScriptedPersuadee
+from training.agent import LocalAgent
 from training.collapse import variance_split
 from training.config import RunConfig, SimulatorSpec
 from training.eval import HeldOutPanel
 from training.grpo import TokenBatch, token_logprobs
 from training.policy import LocalModel, Policy
 from training.regimes import ModelCache, make_regime
-from training.rollout import USER, LocalAgent, LocalUser, Rollout, play, user_messages
+from training.rollout import USER, Rollout, play
 from training.run import train
+from training.simulator import LocalUser, user_messages
 
 PANEL = [{"name": t, "kind": "scripted", "script": t} for t in ("anchored", "reactant", "steady")]
 
@@ -204,7 +206,7 @@ def test_an_endpoint_simulator_decides_with_its_key_from_the_environment(decisio
     asks for one of the markers by JSON schema, and a missing key is a clear error."""
     from tests.scripted_server import ScriptedServer
     from training.config import ConfigError
-    from training.rollout import EndpointUser
+    from training.simulator import EndpointUser
 
     task = decision.scenarios("test")[0]
     spec = SimulatorSpec(name="hosted", endpoint="", model="m", api_key_env="PARLEY_TEST_KEY")

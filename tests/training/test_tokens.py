@@ -5,9 +5,11 @@ import pytest
 import torch
 
 from agents.llm.tool_format import CLOSE, OPEN
+from training.agent import LocalAgent, add_agent_reply, agent_messages
 from training.config import SimulatorSpec
 from training.policy import LocalModel
-from training.rollout import LocalAgent, LocalUser, Rollout, agent_messages, play
+from training.rollout import Rollout, play
+from training.simulator import LocalUser
 from training.tokens import ChatFormat, Transcript
 
 
@@ -100,7 +102,7 @@ def test_tool_call_turn_and_results(recording, tool_letters):
     sampled = fmt.encode(call) + [recording.stop_ids[0]]
     r.agent.record(fmt, sampled)
     r.agent.consumed = len(r.conversation) + 1
-    r.add_agent_reply(domain, recording.decode(sampled))
+    add_agent_reply(domain, r, recording.decode(sampled))
     assert r.conversation[-1] == {
         "role": "tool",
         "tool_call_id": r.conversation[-2]["tool_calls"][0]["id"],

@@ -21,9 +21,9 @@ from agents.llm import LLMClient
 from agents.llm.client import CompletionResult
 from agents.serving.vllm import VLLMNotInstalled, check_vllm, vllm_python
 from training import checkpoint, run
+from training.agent import EndpointAgent, turn_ids
 from training.config import RunConfig
 from training.policy import LocalModel
-from training.rollout import EndpointAgent, turn_ids
 
 
 @pytest.fixture(scope="module")

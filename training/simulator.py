@@ -1,0 +1,225 @@
+"""The user as a Speaker: a simulator in this process (plain or Verbalized Sampling; `tracked`
+when it is trained), a scripted held-out persuadee, or a frozen simulator on an endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import random
+from typing import Any
+
+from agents.domains.base import Domain, Message, Scenario
+from agents.domains.p4g.donation import marker
+from agents.simulators import (
+    OPENING,
+    PlainSimulator,
+    VerbalizedSampling,
+    VerbalizedSimulator,
+    user_view,
+)
+from agents.simulators.scripted import ScriptedPersuadee
+from training.config import SimulatorSpec
+from training.policy import LocalModel
+from training.rollout import USER, Decision, Rollout
+from training.turns import speak
+
+
+def user_messages(system_prompt: str, rollout: Rollout) -> list[Message]:
+    """The simulator's new messages (roles flipped by agents.simulators.user_view)."""
+    new = user_view(rollout.conversation[rollout.user.consumed :])
+    if rollout.user.ids:
+        if new == [{"role": "user", "content": OPENING}]:
+            new = [{"role": "user", "content": ""}]  # the agent said nothing visible
+        return new
+    return [{"role": "system", "content": system_prompt}, *new]
+
+
+def with_persona(prompt: str, persona: str) -> str:
+    """A simulator's system prompt with the extra persona text of its SimulatorSpec."""
+    return f"{prompt}\n\n{persona}" if persona else prompt
+
+
+class LocalUser:
+    """A simulator as a LocalModel: plain or Verbalized Sampling; `tracked` when it is trained."""
+
+    role = USER
+
+    def __init__(
+        self,
+        lm: LocalModel,
+        spec: SimulatorSpec,
+        tracked: bool = False,
+        rng: random.Random | None = None,
+    ):
+        self.lm, self.spec, self.tracked = lm, spec, tracked
+        self.rng = rng or random.Random(0)
+        self.sampling = (
+            VerbalizedSampling(spec.k, spec.draw, spec.retries)
+            if spec.kind == "verbalized"
+            else None
+        )
+        self._grammars: dict[tuple[str, ...] | None, Any] = {}
+
+    def system_prompt(self, domain: Domain, scenario: Scenario) -> str:
+        base = domain.simulator_system_prompt(scenario)
+        if self.sampling is not None:
+            base = self.sampling.system_prompt(base)
+        return with_persona(base, self.spec.persona)
+
+    def respond(self, domain: Domain, rollouts: list[Rollout]) -> None:
+        prompts = []
+        for r in rollouts:
+            messages = user_messages(self.system_prompt(domain, r.scenario), r)
+            prompts.append(r.user.prompt(self.lm.fmt, messages))
+            r.user.consumed = len(r.conversation)
+        allowed = [domain.user_choices(r.scenario, r.conversation, r.user_final) for r in rollouts]
+        if self.sampling is not None:
+            texts = self._verbalized(rollouts, prompts, allowed)
+        else:
+            turns = speak(self.lm, USER, rollouts, prompts, allowed, self.spec.temperature,
+                          self.spec.max_new_tokens, self.rng)  # fmt: skip
+            texts = []
+            for r, (ids, positions, text) in zip(rollouts, turns, strict=True):
+                if self.tracked:
+                    r.user.record(self.lm.fmt, ids, positions)
+                texts.append(text)
+        for r, text in zip(rollouts, texts, strict=True):
+            r.add_user_reply(text)
+            if self.tracked:
+                r.user.consumed = len(r.conversation)
+
+    def _verbalized(
+        self, rollouts: list[Rollout], prompts: list[list[int]], allowed: list[list[str] | None]
+    ) -> list[str]:
+        """k candidates per reply, one drawn, by agents.simulators' VerbalizedSampling (its
+        retries and raw-text fallback too). On a choice turn every candidate's text is
+        constrained to the allowed texts (the P4G markers), and the distribution the simulator
+        wrote is recorded as its Decision."""
+        answers = [self.sampling.answer(self.rng, options) for options in allowed]
+        groups: dict[tuple[str, ...] | None, list[int]] = {}
+        for i, options in enumerate(allowed):
+            groups.setdefault(tuple(options) if options else None, []).append(i)
+        for options, pending in groups.items():
+            while pending:  # one generate call per attempt, for every answer still unread
+                samples = self.lm.sample(
+                    [prompts[i] for i in pending],
+                    self.spec.temperature,
+                    self.spec.max_new_tokens,
+                    self._constraint(options),
+                )
+                for i, ids in zip(pending, samples, strict=True):
+                    answers[i].take(self.lm.decode(ids))
+                pending = [i for i in pending if not answers[i].done]
+        for r, answer, options in zip(rollouts, answers, allowed, strict=True):
+            turn = answer.turn
+            if turn.fell_back:
+                r.fallbacks += 1
+            elif options:
+                probs = self.sampling.distribution(turn.candidates, options)
+                r.decisions.append(Decision(USER, list(options), probs, options.index(turn.text)))
+        return [answer.turn.text for answer in answers]
+
+    def _constraint(self, options: tuple[str, ...] | None = None) -> Any:
+        """xgrammar's logits processor for the k-candidate schema (one per generate call), or
+        None when xgrammar is not installed (then only retries and the fallback apply)."""
+        try:
+            import xgrammar
+            from xgrammar.contrib.hf import LogitsProcessor
+        except ImportError:
+            return None
+        if options not in self._grammars:
+            info = xgrammar.TokenizerInfo.from_huggingface(
+                self.lm.tokenizer, vocab_size=self.lm.model.config.vocab_size
+            )
+            compiler = xgrammar.GrammarCompiler(info)
+            # compact JSON and texts short enough that k of them fit in max_new_tokens: a small
+            # model otherwise spends its budget on indentation and is cut off mid-object
+            schema = copy.deepcopy(self.sampling.schema(options))
+            item = schema["properties"]["responses"]["items"]["properties"]
+            if not options:
+                item["text"]["maxLength"] = candidate_chars(
+                    self.spec.max_new_tokens, self.sampling.k
+                )
+            item["probability"].update(minimum=0, maximum=1)
+            self._grammars[options] = compiler.compile_json_schema(
+                schema, any_whitespace=False, separators=(",", ":")
+            )
+        return LogitsProcessor(self._grammars[options])
+
+
+class ScriptedUser:
+    """A scripted persuadee type (agents/simulators/scripted.py) as a Speaker: a held-out user
+    that shares no weights with anything trained. Its choice turns record their exact
+    distribution."""
+
+    role = USER
+
+    def __init__(self, spec: SimulatorSpec, rng: random.Random | None = None):
+        self.spec = spec
+        self.rng = rng or random.Random(0)
+        self.persuadee = ScriptedPersuadee(spec.script, self.rng)
+
+    def respond(self, domain: Domain, rollouts: list[Rollout]) -> None:
+        for r in rollouts:
+            options = domain.user_choices(r.scenario, r.conversation, r.user_final)
+            text = self.persuadee.reply(r.conversation, options)
+            if options:
+                dist = self.persuadee.decision(r.conversation)
+                probs = [sum(p for a, p in dist.items() if marker(a) == o) for o in options]
+                r.decisions.append(Decision(USER, list(options), probs, options.index(text)))
+            r.add_user_reply(text)
+
+
+def candidate_chars(max_new_tokens: int, k: int) -> int:
+    """The longest candidate text (characters) such that k of them, with their JSON around them
+    (about 12 tokens each), fit in max_new_tokens at about 3 characters per token."""
+    return max(16, 3 * ((max_new_tokens - 8) // k - 12))
+
+
+class EndpointUser:
+    """A frozen simulator served over the OpenAI API (another model, a hosted API, vLLM), through
+    agents.simulators and agents.llm. Its turns are not trained, so only text comes back."""
+
+    role = USER
+
+    def __init__(self, spec: SimulatorSpec, rng: random.Random | None = None):
+        self.spec = spec
+        self.rng = rng or random.Random(0)
+
+    def _simulator(self, client: Any) -> Any:
+        params = {"temperature": self.spec.temperature, "max_tokens": self.spec.max_new_tokens}
+        if self.spec.kind == "verbalized":
+            return VerbalizedSimulator(
+                client, self.spec.model, k=self.spec.k, mode=self.spec.draw,
+                retries=self.spec.retries, rng=self.rng, **params,
+            )  # fmt: skip
+        return PlainSimulator(client, self.spec.model, **params)
+
+    def respond(self, domain: Domain, rollouts: list[Rollout]) -> None:
+        turns = asyncio.run(self._replies(domain, rollouts))
+        for r, turn in zip(rollouts, turns, strict=True):
+            r.fallbacks += int(turn.fell_back)
+            r.add_user_reply(turn.text)
+
+    async def _replies(self, domain: Domain, rollouts: list[Rollout]) -> list[Any]:
+        from agents.llm import LLMClient
+
+        client = LLMClient(self.spec.endpoint, api_key=self.spec.api_key())
+        try:
+            simulator = self._simulator(client)
+            base = simulator.system_prompt  # the same prompt as in-process, persona included
+            simulator.system_prompt = lambda d, s: with_persona(base(d, s), self.spec.persona)
+            return await asyncio.gather(
+                *(
+                    simulator.reply(
+                        domain, r.scenario, r.conversation,
+                        domain.user_choices(r.scenario, r.conversation, r.user_final),
+                    )
+                    for r in rollouts
+                )
+            )  # fmt: skip
+        finally:
+            close = getattr(client, "aclose", None)
+            if close is not None:
+                await close()
