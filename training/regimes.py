@@ -13,8 +13,9 @@
                  simulator so learns every step, on its own rollouts only (a snapshot's tokens
                  came from another policy).
 
-A regime owns its simulator models; the trainer asks it for the simulator of a step (a context
-manager, so a pool snapshot can be swapped in and out) and lets it learn after the agent's step.
+A regime (`Regime`) owns its simulator models; the trainer asks it for the simulator of a step
+(a context manager, so a pool snapshot can be swapped in and out) and lets it learn after the
+agent's step.
 """
 
 from __future__ import annotations
@@ -63,12 +64,16 @@ def frozen_simulator(spec: SimulatorSpec, models: ModelCache, seed: int) -> Any:
     return LocalUser(models.get(spec.model, spec.adapter), spec, tracked=False, rng=rng)
 
 
-class Single:
-    name = "single"
+class Regime:
+    """What every regime does: give the trainer the simulator of a step (reseeded per step)
+    and, after the agent's step, let it learn; save and load its state with a checkpoint.
+    A subclass sets `self.user`, the Speaker that plays the user."""
+
+    name: str
+    user: Any
 
     def __init__(self, config: RunConfig, run_dir: Path, models: ModelCache):
         self.config = config
-        self.user = frozen_simulator(config.simulator, models, config.seed)
 
     @contextmanager
     def simulator(self, step: int) -> Iterator[Any]:
@@ -86,15 +91,25 @@ class Single:
         pass
 
 
+class Single(Regime):
+    """One frozen simulator, the same every step."""
+
+    name = "single"
+
+    def __init__(self, config: RunConfig, run_dir: Path, models: ModelCache):
+        super().__init__(config, run_dir, models)
+        self.user = frozen_simulator(config.simulator, models, config.seed)
+
+
 class Verbalized(Single):
     name = "verbalized"
 
 
-class CoTrain(Single):
+class CoTrain(Regime):
     name = "cotrain"
 
     def __init__(self, config: RunConfig, run_dir: Path, models: ModelCache):
-        self.config = config
+        super().__init__(config, run_dir, models)
         self.policy = Policy.for_run(
             config,
             lr=config.sim_lr,
@@ -200,5 +215,5 @@ class PoolUser:
 REGIMES = {r.name: r for r in (Single, Verbalized, CoTrain, Population)}
 
 
-def make_regime(config: RunConfig, run_dir: Path, models: ModelCache) -> Single:
+def make_regime(config: RunConfig, run_dir: Path, models: ModelCache) -> Regime:
     return REGIMES[config.regime](config, run_dir, models)
