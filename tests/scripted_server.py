@@ -20,6 +20,7 @@ class ScriptedServer:
         self.replies = list(replies)
         self.requests: list[dict] = []
         self.headers: list[dict] = []
+        self.client_ports: list[int] = []  # one port per TCP connection the client opened
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
         app = Starlette(routes=[Route("/v1/chat/completions", self.complete, methods=["POST"])])
@@ -29,6 +30,7 @@ class ScriptedServer:
         body = await request.json()
         self.requests.append(body)
         self.headers.append(dict(request.headers))
+        self.client_ports.append(request.client.port)
         if not self.replies:
             return JSONResponse({"error": {"message": "script exhausted"}}, status_code=500)
         reply = self.replies.pop(0)

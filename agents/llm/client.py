@@ -7,14 +7,23 @@
         stream.result                       # ChatResult: content, tool_calls, usage, ttft, ...
         result = await client.chat(model, messages)
 
+The wire format is the `openai` package's (AsyncOpenAI: requests, server-sent events, error
+bodies). Parameters the OpenAI API does not name (vLLM's `top_k`, `skip_special_tokens`,
+`stop_token_ids`, `return_token_ids`, guided decoding, ...) go to the engine in `extra_body`.
+
+One client serves many calls: it keeps one connection pool, which belongs to the event loop
+it was first used on (use one client per loop; see `shared_client`).
+
 Timeouts: `connect_timeout` bounds opening a connection; `timeout` bounds every wait for the
 next byte (for a non-streamed reply that is the whole generation; for a stream, the wait for
 the first chunk and then between chunks).
 
-Retries: connection failures (refused, connect timeout, dropped before any token) and 5xx/429
-answers are retried up to `max_retries` times with exponential backoff (`backoff` * 2**n, or
-the server's Retry-After), but only before the first piece has been handed to the caller, so
-streamed text is never duplicated. Other 4xx answers and read timeouts are not retried.
+Retries (tenacity; openai's own are off because they retry read timeouts and cannot see a
+stream that drops before its first token): connection failures (refused, connect timeout,
+dropped before any token) and 5xx/429 answers are retried up to `max_retries` times with
+exponential backoff (`backoff` * 2**n, or the server's Retry-After), but only before the first
+piece has been handed to the caller, so streamed text is never duplicated. Other 4xx answers
+and read timeouts are not retried (the engine may still be working on the request).
 
 Tool calls: with tool_format="native" the `tools` go to the engine and streamed tool_call
 deltas are assembled by index. With tool_format="json" (models without native tool calling,
@@ -22,18 +31,24 @@ see agents.llm.tool_format) the tools are described in the system prompt and the
 `<tool_call>` blocks are parsed out of the text; callers see the same ChatResult either way.
 """
 
-import asyncio
+import inspect
 import json
 import time
 import uuid
 from dataclasses import dataclass, field
 
-import httpx
+import httpx2
+import openai
+from openai.resources.chat.completions import AsyncCompletions as _ChatCompletions
+from openai.resources.completions import AsyncCompletions as _Completions
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
 from agents.llm.errors import LLMConnectionError, LLMError, LLMHTTPError, LLMTimeout
 from agents.llm.tool_format import ToolCallFilter, messages_for_json_tools
 
 TOOL_FORMATS = ("native", "json")
+# vLLM's documented key for servers started without --api-key; never the caller's OPENAI_API_KEY
+NO_KEY = "EMPTY"
 
 
 @dataclass
@@ -79,11 +94,11 @@ class LLMClient:
         self.max_retries = max_retries
         self.backoff = backoff
         self.tool_format = tool_format
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.AsyncClient(
+        self.openai = openai.AsyncOpenAI(
             base_url=self.base_url,
-            headers=headers,
-            timeout=httpx.Timeout(timeout, connect=connect_timeout),
+            api_key=api_key or NO_KEY,
+            timeout=openai.Timeout(timeout, connect=connect_timeout),
+            max_retries=0,  # ours, below
         )
 
     async def __aenter__(self):
@@ -93,7 +108,7 @@ class LLMClient:
         await self.aclose()
 
     async def aclose(self):
-        await self._http.aclose()
+        await self.openai.close()
 
     def stream_chat(
         self,
@@ -105,10 +120,10 @@ class LLMClient:
         **params,
     ) -> "ChatStream":
         """A reply streamed piece by piece; `stream.result` holds the ChatResult afterwards."""
-        body, json_tools = self._body(model, messages, tools, tool_format, params)
-        body["stream"] = True
-        body["stream_options"] = {"include_usage": True, **(params.get("stream_options") or {})}
-        return ChatStream(self, body, json_tools)
+        stream_options = {"include_usage": True, **(params.pop("stream_options", None) or {})}
+        request, json_tools = self._chat_request(model, messages, tools, tool_format, params)
+        request.update(stream=True, stream_options=stream_options)
+        return ChatStream(self, request, json_tools)
 
     async def chat(
         self,
@@ -120,18 +135,22 @@ class LLMClient:
         **params,
     ) -> ChatResult:
         """A whole reply in one response."""
-        body, json_tools = self._body(model, messages, tools, tool_format, params)
-        body["stream"] = False
+        params.pop("stream_options", None)
+        request, json_tools = self._chat_request(model, messages, tools, tool_format, params)
         started = time.monotonic()
-        data, attempts = await self._request("POST", "/chat/completions", body)
+        data, attempts = await self._retried(
+            lambda: self.openai.chat.completions.create(**request, stream=False),
+            "/chat/completions",
+        )
         latency = time.monotonic() - started
         try:
-            choice = data["choices"][0]
-            message = choice.get("message") or {}
-        except (KeyError, IndexError, TypeError) as error:
+            choice = data.choices[0]
+            message = choice.message
+        except (AttributeError, IndexError, TypeError) as error:
             raise LLMError(f"Malformed chat completion from {self.base_url}: {data!r}") from error
-        content = message.get("content") or ""
-        tool_calls = [_complete_call(call) for call in message.get("tool_calls") or []]
+        content = (message and message.content) or ""
+        calls = (message and message.tool_calls) or []
+        tool_calls = [_complete_call(call.to_dict()) for call in calls]
         if json_tools:
             parser = ToolCallFilter()
             content = parser.feed(content) + parser.finish()
@@ -139,9 +158,9 @@ class LLMClient:
         return ChatResult(
             content=content,
             tool_calls=tool_calls,
-            finish_reason=_finish_reason(choice.get("finish_reason"), tool_calls),
-            model=data.get("model", model),
-            usage=data.get("usage"),
+            finish_reason=_finish_reason(choice.finish_reason, tool_calls),
+            model=data.model or model,
+            usage=_as_dict(data.usage),
             ttft=latency if content or tool_calls else None,
             latency=latency,
             attempts=attempts,
@@ -154,26 +173,30 @@ class LLMClient:
         re-tokenization stands between the caller and the model), not streamed. With
         `return_token_ids` vLLM also answers the sampled token ids (a trainer needs exactly those).
         """
-        body = {"model": model, "prompt": prompt, "stream": False}
         if return_token_ids:
-            body["return_token_ids"] = True
-        body.update({k: v for k, v in params.items() if v is not None})
-        data, attempts = await self._request("POST", "/completions", body)
+            params["return_token_ids"] = True
+        request = _request(_COMPLETION_PARAMS, params)
+        data, attempts = await self._retried(
+            lambda: self.openai.completions.create(
+                model=model, prompt=prompt, stream=False, **request
+            ),
+            "/completions",
+        )
         try:
-            choice = data["choices"][0]
-        except (KeyError, IndexError, TypeError) as error:
+            choice = data.choices[0]
+        except (AttributeError, IndexError, TypeError) as error:
             raise LLMError(f"Malformed completion from {self.base_url}: {data!r}") from error
-        ids = choice.get("token_ids")
+        ids = getattr(choice, "token_ids", None)  # vLLM's extra field
         if return_token_ids and ids is None:
             raise LLMError(f"{self.base_url} returned no token_ids (is it vLLM?)")
         return CompletionResult(
-            text=choice.get("text") or "",
+            text=choice.text or "",
             token_ids=list(ids) if ids is not None else None,
-            finish_reason=choice.get("finish_reason"),
-            stop_reason=choice.get("stop_reason"),
-            logprobs=choice.get("logprobs"),
-            model=data.get("model", model),
-            usage=data.get("usage"),
+            finish_reason=choice.finish_reason,
+            stop_reason=getattr(choice, "stop_reason", None),
+            logprobs=_as_dict(choice.logprobs),
+            model=data.model or model,
+            usage=_as_dict(data.usage),
             attempts=attempts,
         )
 
@@ -191,23 +214,21 @@ class LLMClient:
         await self._post_plain("/unload_lora_adapter", {"lora_name": name})
 
     async def _post_plain(self, path: str, body: dict) -> None:
-        # vLLM answers these with plain text, not JSON, so _request does not fit; not retried
+        # vLLM answers these with plain text, so the raw response is asked for; not retried
         # (a load that timed out may have happened)
         try:
-            response = await self._http.post(path, json=body)
+            await self.openai.post(path, cast_to=httpx2.Response, body=body)
         except Exception as error:
             raise _as_llm_error(error, self.base_url + path) from error
-        if response.status_code >= 400:
-            raise _http_error(response, response.text)
 
     async def list_models(self) -> list[str]:
-        data, _ = await self._request("GET", "/models", None)
+        page, _ = await self._retried(self.openai.models.list, "/models")
         try:
-            return [entry["id"] for entry in data["data"]]
-        except (KeyError, TypeError) as error:
-            raise LLMError(f"Malformed model list from {self.base_url}: {data!r}") from error
+            return [entry.id for entry in page.data]
+        except (AttributeError, TypeError) as error:
+            raise LLMError(f"Malformed model list from {self.base_url}: {page!r}") from error
 
-    def _body(self, model, messages, tools, tool_format, params) -> tuple[dict, bool]:
+    def _chat_request(self, model, messages, tools, tool_format, params) -> tuple[dict, bool]:
         tool_format = tool_format or self.tool_format
         _check_tool_format(tool_format)
         json_tools = tool_format == "json"
@@ -216,41 +237,43 @@ class LLMClient:
             params = {
                 k: v for k, v in params.items() if k not in ("tool_choice", "parallel_tool_calls")
             }
-        body = {"model": model, "messages": messages}
+        request = {"model": model, "messages": messages, **_request(_CHAT_PARAMS, params)}
         if tools and not json_tools:
-            body["tools"] = tools
-        body.update({k: v for k, v in params.items() if v is not None and k != "stream_options"})
-        return body, json_tools
+            request["tools"] = tools
+        return request, json_tools
 
-    async def _request(self, method: str, path: str, body: dict | None) -> tuple[dict, int]:
-        """One JSON request with retries; returns (decoded body, attempts)."""
-        attempts = 0
-        while True:
-            attempts += 1
-            try:
-                response = await self._http.request(method, path, json=body)
-                if response.status_code >= 400:
-                    raise _http_error(response, response.text)
-                try:
-                    return response.json(), attempts
-                except json.JSONDecodeError as error:
-                    raise LLMError(f"{self.base_url}{path} answered with invalid JSON") from error
-            except Exception as error:
-                error = _as_llm_error(error, self.base_url + path)
-                delay = self._retry_delay(error, attempts)
-                if delay is None:
-                    error.attempts = attempts
-                    raise error from error.__cause__
-                await asyncio.sleep(delay)
+    def _retrying(self) -> AsyncRetrying:
+        """Up to max_retries more attempts after a retryable LLMError (see the module docstring)."""
+        return AsyncRetrying(
+            stop=stop_after_attempt(self.max_retries + 1),
+            wait=self._retry_delay,
+            retry=retry_if_exception(lambda error: isinstance(error, LLMError) and error.retryable),
+            reraise=True,
+        )
 
-    def _retry_delay(self, error: LLMError, attempts: int) -> float | None:
-        """Seconds to wait before the next attempt, or None to give up."""
-        if not error.retryable or attempts > self.max_retries:
-            return None
-        retry_after = getattr(error, "retry_after", None)
+    def _retry_delay(self, state) -> float:
+        retry_after = getattr(state.outcome.exception(), "retry_after", None)
         if retry_after is not None:
             return min(retry_after, 30.0)
-        return self.backoff * 2 ** (attempts - 1)
+        return self.backoff * 2 ** (state.attempt_number - 1)
+
+    async def _retried(self, call, path: str):
+        """`await call()` with retries; returns (its result, attempts)."""
+        attempts = 0
+
+        async def attempt():
+            nonlocal attempts
+            attempts += 1
+            try:
+                return await call()
+            except Exception as error:
+                raise _as_llm_error(error, self.base_url + path) from error
+
+        try:
+            return await self._retrying()(attempt), attempts
+        except LLMError as error:
+            error.attempts = attempts
+            raise
 
 
 class ChatStream:
@@ -260,11 +283,13 @@ class ChatStream:
     `async with client.stream_chat(...) as stream:` to have it closed for you.
     """
 
-    def __init__(self, client: LLMClient, body: dict, json_tools: bool):
+    def __init__(self, client: LLMClient, request: dict, json_tools: bool):
         self._client = client
-        self._body = body
+        self._request = request
         self._json_tools = json_tools
+        self._url = client.base_url + "/chat/completions"
         self._result: ChatResult | None = None
+        self._attempts = 0
         self._pieces = self._run()
 
     @property
@@ -289,37 +314,29 @@ class ChatStream:
         await self.aclose()
 
     async def _run(self):
-        client, url = self._client, self._client.base_url + "/chat/completions"
         started = time.monotonic()
-        attempts = 0
-        streamed = []  # pieces handed to the caller: after the first one, no more retries
-        while True:
-            attempts += 1
-            reply = _Reply(self._json_tools)
-            try:
-                async with client._http.stream(
-                    "POST", "/chat/completions", json=self._body
-                ) as response:
-                    if response.status_code >= 400:
-                        raise _http_error(
-                            response, (await response.aread()).decode(errors="replace")
-                        )
-                    async for chunk in _sse_chunks(response):
-                        piece = reply.add(chunk, started)
-                        if piece:
-                            streamed.append(piece)
-                            yield piece
-                if not (reply.finished or reply.finish_reason):
-                    raise LLMConnectionError(f"The stream from {url} ended before the reply did.")
-                break
-            except Exception as error:
-                error = _as_llm_error(error, url)
-                delay = None if streamed else client._retry_delay(error, attempts)
-                if delay is None:
-                    error.attempts = attempts
-                    error.partial = "".join(streamed)
-                    raise error from error.__cause__
-                await asyncio.sleep(delay)
+        try:
+            # Retried as a whole: nothing has reached the caller until it returns.
+            reply, chunks, first = await self._client._retrying()(self._first_piece, started)
+        except LLMError as error:
+            error.attempts = self._attempts
+            raise
+        streamed = [first] if first else []
+        try:
+            if first:
+                yield first
+            async for chunk in chunks:  # from here on a failure is not retried
+                piece = reply.add(chunk, started)
+                if piece:
+                    streamed.append(piece)
+                    yield piece
+            reply.check_ended(self._url)
+        except Exception as error:
+            failure = _as_llm_error(error, self._url)
+            failure.attempts, failure.partial = self._attempts, "".join(streamed)
+            raise failure from error
+        finally:
+            await chunks.aclose()
         tail = reply.close()
         if tail:
             streamed.append(tail)
@@ -328,12 +345,32 @@ class ChatStream:
             content="".join(streamed),
             tool_calls=reply.tool_calls(),
             finish_reason=_finish_reason(reply.finish_reason, reply.tool_calls()),
-            model=reply.model or self._body["model"],
+            model=reply.model or self._request["model"],
             usage=reply.usage,
             ttft=reply.ttft,
             latency=time.monotonic() - started,
-            attempts=attempts,
+            attempts=self._attempts,
         )
+
+    async def _first_piece(self, started: float):
+        """One attempt: open the stream and read it up to the first piece of text for the
+        caller (or to its end, for a reply that is only tool calls)."""
+        self._attempts += 1
+        reply = _Reply(self._json_tools)
+        chunks = None
+        try:
+            stream = await self._client.openai.chat.completions.create(**self._request)
+            chunks = aiter(stream)
+            async for chunk in chunks:
+                piece = reply.add(chunk, started)
+                if piece:
+                    return reply, chunks, piece
+            reply.check_ended(self._url)
+            return reply, chunks, ""
+        except Exception as error:
+            if chunks is not None:
+                await chunks.aclose()
+            raise _as_llm_error(error, self._url) from error
 
 
 class _Reply:
@@ -343,35 +380,34 @@ class _Reply:
         self.parser = ToolCallFilter() if json_tools else None
         self.calls: dict[int, dict] = {}
         self.finish_reason = None
-        self.finished = False
         self.model = None
         self.usage = None
         self.ttft = None
 
     def add(self, chunk, started: float) -> str:
-        if chunk is None:  # [DONE]
-            self.finished = True
-            return ""
-        if "error" in chunk:
-            error = chunk["error"] if isinstance(chunk["error"], dict) else {}
-            raise LLMError(f"The engine failed mid-stream: {error.get('message', chunk)}")
-        self.model = chunk.get("model") or self.model
-        self.usage = chunk.get("usage") or self.usage
+        self.model = chunk.model or self.model
+        self.usage = _as_dict(chunk.usage) or self.usage
         piece = ""
-        for choice in chunk.get("choices") or []:
-            if choice.get("index", 0) != 0:
+        for choice in chunk.choices or []:
+            if (choice.index or 0) != 0:
                 continue
-            delta = choice.get("delta") or {}
-            content = delta.get("content")
-            if content or delta.get("tool_calls"):
+            delta = choice.delta
+            content = delta and delta.content
+            calls = (delta and delta.tool_calls) or []
+            if content or calls:
                 self.ttft = self.ttft if self.ttft is not None else time.monotonic() - started
             if content:
                 piece += self.parser.feed(content) if self.parser else content
-            for call in delta.get("tool_calls") or []:
-                self._add_call(call)
-            if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
+            for call in calls:
+                self._add_call(call.to_dict())
+            if choice.finish_reason:
+                self.finish_reason = choice.finish_reason
         return piece
+
+    def check_ended(self, url: str):
+        # The SSE layer hides `[DONE]`; a reply is whole once it has said why it finished.
+        if not self.finish_reason:
+            raise LLMConnectionError(f"The stream from {url} ended before the reply did.")
 
     def _add_call(self, delta: dict):
         slot = self.calls.setdefault(
@@ -392,23 +428,28 @@ class _Reply:
         return calls + (self.parser.tool_calls if self.parser else [])
 
 
-async def _sse_chunks(response: httpx.Response):
-    """Decoded `data:` payloads of a server-sent event stream; None for `[DONE]`."""
-    data = []
-    async for line in response.aiter_lines():
-        if line.startswith("data:"):
-            data.append(line[5:].lstrip())
-        elif not line.strip() and data:
-            payload, data = "\n".join(data), []
-            if payload == "[DONE]":
-                yield None
-                return
-            try:
-                yield json.loads(payload)
-            except json.JSONDecodeError as error:
-                raise LLMError(f"Unreadable stream chunk: {payload[:200]!r}") from error
-    if data and "\n".join(data) == "[DONE]":  # a last event without its blank line
-        yield None
+# The keyword arguments openai's create() names; any other parameter is an engine extra.
+_CHAT_PARAMS = frozenset(inspect.signature(_ChatCompletions.create).parameters)
+_COMPLETION_PARAMS = frozenset(inspect.signature(_Completions.create).parameters)
+_OWN_PARAMS = {"self", "model", "messages", "prompt", "stream", "extra_body"}
+
+
+def _request(named: frozenset, params: dict) -> dict:
+    """Keyword arguments for openai's create(): the parameters it names, the rest (vLLM's
+    extras) in `extra_body`. None means "not set", as it always has for this client."""
+    request, extra = {}, dict(params.get("extra_body") or {})
+    for key, value in params.items():
+        if value is None or key in _OWN_PARAMS:
+            continue
+        (request if key in named else extra)[key] = value
+    if extra:
+        request["extra_body"] = extra
+    return request
+
+
+def _as_dict(value) -> dict | None:
+    """An openai response object as the JSON the engine sent (None stays None)."""
+    return value.to_dict() if value is not None else None
 
 
 def _complete_call(call: dict) -> dict:
@@ -427,7 +468,28 @@ def _finish_reason(reason: str | None, tool_calls: list[dict]) -> str | None:
     return "tool_calls" if tool_calls and reason == "stop" else reason
 
 
-def _http_error(response: httpx.Response, text: str) -> LLMHTTPError:
+def _as_llm_error(error: Exception, url: str) -> LLMError:
+    """openai's exception as ours, with the same messages as before; anything else re-raised."""
+    if isinstance(error, LLMError):
+        return error
+    cause = error.__cause__
+    if isinstance(error, openai.APITimeoutError):
+        if isinstance(cause, httpx2.ConnectTimeout | httpx2.PoolTimeout):
+            return LLMTimeout(f"Timed out connecting to {url}.", connecting=True)
+        return LLMTimeout(f"Timed out waiting for {url} to answer.", connecting=False)
+    if isinstance(error, openai.APIConnectionError):
+        if isinstance(cause, httpx2.ConnectError):
+            return LLMConnectionError(f"Could not connect to {url}: {cause}")
+        return LLMConnectionError(f"The connection to {url} failed: {cause or error!r}")
+    if isinstance(error, openai.APIStatusError):
+        return _http_error(error.response)
+    if isinstance(error, openai.APIError):  # an error event inside a 200 stream
+        return LLMError(f"The engine failed mid-stream: {error.message}")
+    raise error
+
+
+def _http_error(response: httpx2.Response) -> LLMHTTPError:
+    text = response.text
     message = text.strip()[:500]
     try:
         message = json.loads(text)["error"]["message"]
@@ -444,23 +506,6 @@ def _http_error(response: httpx.Response, text: str) -> LLMHTTPError:
         status=response.status_code,
         retry_after=retry_after,
     )
-
-
-def _as_llm_error(error: Exception, url: str) -> LLMError:
-    if isinstance(error, LLMError):
-        return error
-    if isinstance(error, httpx.ConnectTimeout):
-        wrapped = LLMTimeout(f"Timed out connecting to {url}.", connecting=True)
-    elif isinstance(error, httpx.TimeoutException):
-        wrapped = LLMTimeout(f"Timed out waiting for {url} to answer.", connecting=False)
-    elif isinstance(error, httpx.ConnectError):
-        wrapped = LLMConnectionError(f"Could not connect to {url}: {error}")
-    elif isinstance(error, httpx.TransportError):  # dropped connection, protocol error
-        wrapped = LLMConnectionError(f"The connection to {url} failed: {error!r}")
-    else:
-        raise error
-    wrapped.__cause__ = error
-    return wrapped
 
 
 def _check_tool_format(tool_format: str):

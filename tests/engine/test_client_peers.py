@@ -10,6 +10,7 @@ import time
 import pytest
 
 from agents.llm import LLMClient, LLMConnectionError, LLMError, LLMHTTPError, LLMTimeout
+from tests.scripted_server import ScriptedServer
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 TOOLS = [
@@ -204,6 +205,35 @@ async def test_a_stream_dropped_before_any_token_is_retried(peer):
     assert stream.result.attempts == 2 and len(server.requests) == 2
 
 
+async def test_retries_stop_once_a_piece_has_reached_the_caller(peer):
+    # attempt 1 drops before any text (retried); attempt 2 drops after "Hel" (not retried)
+    server, url = await peer(
+        sse(text_chunks("Hel")[:1], done=False),
+        sse(text_chunks("Hel", "lo")[:2], done=False),
+        sse(text_chunks("Hi")),
+    )
+    async with LLMClient(url, max_retries=3, backoff=0.01) as client:
+        pieces = []
+        with pytest.raises(LLMConnectionError) as info:
+            async for piece in client.stream_chat("m", MESSAGES):
+                pieces.append(piece)
+    assert pieces == ["Hel"] and info.value.partial == "Hel"
+    assert info.value.attempts == 2 and len(server.requests) == 2
+
+
+async def test_a_tool_call_stream_dropped_before_its_end_is_retried(peer):
+    # tool-call deltas are not handed to the caller as text, so nothing was shown yet
+    opening = {"index": 0, "id": "c", "type": "function", "function": {"name": "get_order"}}
+    server, url = await peer(
+        sse([chunk({"role": "assistant"}), chunk({"tool_calls": [opening]})], done=False),
+        sse(text_chunks("Hi")),
+    )
+    async with LLMClient(url, max_retries=1, backoff=0.01) as client:
+        stream = client.stream_chat("m", MESSAGES, tools=TOOLS)
+        assert await drain(stream) == ["Hi"]
+    assert stream.result.attempts == 2 and stream.result.tool_calls == []
+
+
 async def test_silence_is_a_read_timeout_and_not_retried(peer):
     server, url = await peer(silent)
     async with LLMClient(url, timeout=0.4, max_retries=2, backoff=0.01) as client:
@@ -357,3 +387,60 @@ async def test_json_tool_format_without_streaming(peer):
     sent = server.requests[0]["body"]["messages"]
     assert sent[0]["role"] == "system" and "get_order" in sent[0]["content"]
     assert "tool_calls" not in sent[2] and '"#W1"' in sent[2]["content"]
+
+
+async def test_vllm_extras_travel_in_the_request_body(peer):
+    completion = {
+        "id": "cmpl-1",
+        "object": "text_completion",
+        "created": 0,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "text": "Hi",
+                "token_ids": [5, 6, 2],  # vLLM's extras in a completion choice
+                "stop_reason": 2,
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6},
+    }
+    server, url = await peer(sse(text_chunks("ok")), answer(200, completion))
+    schema = {"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "object"}}}
+    async with LLMClient(url) as client:
+        await drain(
+            client.stream_chat(
+                "m", MESSAGES, top_k=5, skip_special_tokens=False, response_format=schema, seed=3
+            )
+        )
+        result = await client.complete(
+            "m", [1, 2, 3], return_token_ids=True, stop_token_ids=[2], top_k=-1, max_tokens=None
+        )
+    chat_body, completion_body = (request["body"] for request in server.requests)
+    assert chat_body["top_k"] == 5 and chat_body["skip_special_tokens"] is False
+    assert chat_body["response_format"] == schema and chat_body["seed"] == 3
+    assert completion_body["prompt"] == [1, 2, 3] and completion_body["return_token_ids"] is True
+    assert completion_body["stop_token_ids"] == [2] and completion_body["top_k"] == -1
+    assert "max_tokens" not in completion_body  # None means "not set"
+    assert (result.text, result.token_ids, result.stop_reason) == ("Hi", [5, 6, 2], 2)
+    assert result.finish_reason == "stop" and result.usage["total_tokens"] == 6
+
+
+async def test_the_environments_openai_key_never_goes_to_an_engine(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-private")
+    with ScriptedServer([{"content": "a"}, {"content": "b"}]) as server:
+        async with LLMClient(server.url) as client:
+            await client.chat("m", MESSAGES)
+        async with LLMClient(server.url, api_key="s3cret") as client:
+            await client.chat("m", MESSAGES)
+    assert [h["authorization"] for h in server.headers] == ["Bearer EMPTY", "Bearer s3cret"]
+
+
+async def test_one_client_serves_many_calls_over_one_connection():
+    with ScriptedServer([{"content": f"reply {i}"} for i in range(4)]) as server:
+        async with LLMClient(server.url) as client:
+            for _ in range(2):
+                assert (await client.chat("m", MESSAGES)).content.startswith("reply")
+                assert "".join(await drain(client.stream_chat("m", MESSAGES))).startswith("reply")
+    assert len(server.client_ports) == 4 and len(set(server.client_ports)) == 1
