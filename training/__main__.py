@@ -1,7 +1,8 @@
-"""python -m training run CONFIG.toml [--steps N] [--output-dir DIR]
+"""python -m training run CONFIG.toml [--set KEY=VALUE ...] [--steps N] [--output-dir DIR]
 python -m training experiment collapse [--seeds N] [--steps N] [--out DIR] [--jobs J]
 
 `run` trains the run the TOML file describes, with a progress bar; run it again to resume.
+`--set` changes any key of the file (dotted into tables: `--set lora.r=4`), checked with it.
 `experiment collapse` trains every regime on the P4G decision episode for each seed and writes
 DIR/results.json, DIR/results.md and plots (training/experiment.py); run it again to resume.
 """
@@ -9,17 +10,39 @@ DIR/results.json, DIR/results.md and plots (training/experiment.py); run it agai
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 
-from training.config import ConfigError, load_config
+from agents.domains import DOMAINS
+from agents.simulators.verbalized import MODES
+from training.config import REGIMES, SIMULATOR_KINDS, ConfigError, load_config, parse_assignment
+
+
+def vocabularies() -> str:
+    """The names a config accepts, for the help text (read from where they are declared)."""
+    return (
+        f"domains: {', '.join(DOMAINS)}; regimes: {', '.join(REGIMES)}; "
+        f"simulator kinds: {', '.join(SIMULATOR_KINDS)}; draw modes: {', '.join(MODES)}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m training", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m training", description=__doc__, epilog=vocabularies()
+    )
     commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", help="train (or resume) the run a TOML config describes")
+    run = commands.add_parser(
+        "run", help="train (or resume) the run a TOML config describes", epilog=vocabularies()
+    )
     run.add_argument("config", help="path to the run's TOML file (see training/configs/)")
+    run.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a key of the file, e.g. regime=cotrain, simulator.draw=uniform, "
+        "lora.r=4 (values are TOML; a bare word is a string)",
+    )
     run.add_argument("--steps", type=int, help="override `steps` (extend a finished run)")
     run.add_argument("--output-dir", help="override `output_dir`")
     experiment = commands.add_parser(
@@ -38,13 +61,12 @@ def main(argv: list[str] | None = None) -> int:
         return _experiment(args, argv if argv is not None else sys.argv[1:])
 
     try:
-        config = load_config(args.config)
-        changes = {}
+        overrides = dict(parse_assignment(text) for text in args.overrides)
         if args.steps is not None:
-            changes["steps"] = args.steps
+            overrides["steps"] = args.steps
         if args.output_dir:
-            changes["output_dir"] = args.output_dir
-        config = dataclasses.replace(config, **changes).validate()
+            overrides["output_dir"] = args.output_dir
+        config = load_config(args.config, overrides)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -11,52 +11,171 @@
     [[heldout]] the held-out panel, one table per simulator
     [lora]     r / alpha / dropout / targets  (finetune = "full" trains every weight instead)
 
-Unknown keys and bad values raise ConfigError naming the key, so a typo never trains silently
-with a default.
+Each field is declared once, with its help and bounds beside it (pydantic dataclasses, so
+`dataclasses.replace` and `asdict` keep working). A config enters only through `parse_config`
+(the TOML loader `load_config`, the CLI's `--set` overrides and the admin's TrainingRun all call
+it); unknown keys and bad values raise ConfigError naming the key, the value and what is
+allowed, so a typo never trains silently with a default.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import os
+import re
 import tomllib
-from dataclasses import dataclass, field
+import typing
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
+from pydantic import (
+    AfterValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
+from pydantic.dataclasses import dataclass
+from pydantic_core import PydanticCustomError
+
+from agents.domains import DOMAINS
 from agents.simulators.scripted import TYPES as SCRIPTED_TYPES
 from agents.simulators.verbalized import MODES as DRAW_MODES
 
-REGIMES = ("single", "verbalized", "cotrain", "population")
+# -- the vocabularies: validation below, the admin's choices and filters and the CLI's help -----
+
+REGIMES = {
+    "single": "Single simulator",
+    "verbalized": "Verbalized Sampling",
+    "cotrain": "Co-Training",
+    "population": "Population Co-Training",
+}
 SIMULATOR_KINDS = ("plain", "verbalized", "scripted")
 SIMULATOR_REWARDS = ("auto", "adversarial", "cooperative")
 FINETUNE = ("lora", "full")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def regime_choices() -> list[tuple[str, str]]:
+    """(name, label) of every regime, for Django choices."""
+    return list(REGIMES.items())
 
 
 class ConfigError(ValueError):
-    """A run configuration that cannot be trained."""
+    """A run configuration that cannot be trained; `key` is the dotted key it names."""
+
+    def __init__(self, message: str, key: str = ""):
+        super().__init__(message)
+        self.key = key
 
 
-@dataclass
+def _not_blank(text: str) -> str:
+    if not text.strip():
+        raise PydanticCustomError("blank", "must not be empty")
+    return text
+
+
+def _known_domain(name: str) -> str:
+    # the registry is read at validation time: a Domain registered later (a test's) counts too
+    if name not in DOMAINS:
+        raise PydanticCustomError(
+            "domain", "must be one of {allowed}", {"allowed": _one_of(DOMAINS)}
+        )
+    return name
+
+
+Name = Annotated[StrictStr, AfterValidator(_not_blank)]
+DomainName = Annotated[StrictStr, AfterValidator(_known_domain)]
+Regime = Literal[tuple(REGIMES)]
+SimulatorKind = Literal[SIMULATOR_KINDS]
+DrawMode = Literal[DRAW_MODES]
+Script = Literal[(*SCRIPTED_TYPES, "")]
+SimulatorReward = Literal[SIMULATOR_REWARDS]
+Finetune = Literal[FINETUNE]
+Dtype = Literal[DTYPES]
+Strings = Annotated[list[StrictStr], Field(strict=True)]
+
+TABLE = ConfigDict(extra="forbid")
+
+
+def _refuse(key: str, value: Any, why: str) -> PydanticCustomError:
+    """A cross-field rule's error: `key` relative to the table that checks it."""
+    return PydanticCustomError("rule", "{key} {why}", {"key": key, "value": value, "why": why})
+
+
+@dataclass(config=TABLE)
 class SimulatorSpec:
     """A user simulator. In-process (the base model or `model`, a local HF folder) unless `endpoint`
     names an OpenAI-compatible server, in which case `model` is the served model name. A
     `scripted` simulator is one of the P4G persuadee types of agents/simulators/scripted.py."""
 
-    name: str = "base"
-    kind: str = "plain"  # plain | verbalized (k candidates, one drawn) | scripted (`script`)
-    model: str = ""  # "" = the run's base model
-    endpoint: str = ""  # base URL of an OpenAI-compatible server; "" = in-process
-    api_key_env: str = ""  # endpoint: the environment variable holding its API key (never the key)
-    script: str = ""  # kind = "scripted": the persuadee type
-    adapter: str = ""  # a LoRA adapter folder put on the in-process model
-    persona: str = ""  # extra text appended to the simulator's system prompt
-    temperature: float = 0.7
-    max_new_tokens: int = 64
-    k: int = 5
-    draw: str = "probability"  # probability | uniform (the "random" VS variant)
-    retries: int = 2  # verbalized: re-asks after a malformed reply before using the raw text
+    name: Name = Field("base", description="how metrics and the held-out panel name it")
+    kind: SimulatorKind = Field(
+        "plain",
+        description="plain: one reply | verbalized: k candidates with probabilities, one drawn"
+        " | scripted: a persuadee type (`script`)",
+    )
+    model: StrictStr = Field(
+        "", description='a local model folder, or the served model name; "" = the run\'s base model'
+    )
+    endpoint: StrictStr = Field(
+        "", description='base URL of an OpenAI-compatible server; "" = in-process'
+    )
+    api_key_env: StrictStr = Field(
+        "", description="endpoint: the environment variable holding its API key (never the key)"
+    )
+    script: Script = Field("", description='kind = "scripted": the persuadee type')
+    adapter: StrictStr = Field("", description="a LoRA adapter folder put on the in-process model")
+    persona: StrictStr = Field(
+        "", description="extra text appended to the simulator's system prompt"
+    )
+    temperature: StrictFloat = Field(0.7, gt=0, description="sampling temperature")
+    max_new_tokens: StrictInt = Field(64, ge=1, description="tokens per reply")
+    k: StrictInt = Field(5, ge=2, description="verbalized: candidates per reply")
+    draw: DrawMode = Field(
+        "probability",
+        description="verbalized: how one candidate is drawn (probability | uniform, the paper's"
+        ' "random" variant)',
+    )
+    retries: StrictInt = Field(
+        2, ge=0, description="verbalized: re-asks after a malformed reply before using the raw text"
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> SimulatorSpec:
+        if self.endpoint and not self.model:
+            raise _refuse(
+                "model",
+                self.model,
+                "must name the served model: an endpoint simulator needs `model`",
+            )
+        if self.kind == "scripted":
+            if self.script not in SCRIPTED_TYPES:
+                raise _refuse(
+                    "script",
+                    self.script,
+                    f'must be one of {_one_of(SCRIPTED_TYPES)} for kind = "scripted"',
+                )
+            for key in ("endpoint", "model", "adapter"):
+                if getattr(self, key):
+                    raise _refuse(
+                        key,
+                        getattr(self, key),
+                        "must be empty: a scripted simulator has no model, adapter or endpoint",
+                    )
+        if self.api_key_env and not self.endpoint:
+            raise _refuse(
+                "api_key_env", self.api_key_env, "is for an endpoint simulator (set `endpoint`)"
+            )
+        return self
 
     def api_key(self) -> str | None:
         if not self.api_key_env:
@@ -64,7 +183,8 @@ class SimulatorSpec:
         key = os.environ.get(self.api_key_env)
         if not key:
             raise ConfigError(
-                f"simulator {self.name!r}: environment variable {self.api_key_env} is not set"
+                f"simulator {self.name!r}: environment variable {self.api_key_env} is not set",
+                "api_key_env",
             )
         return key
 
@@ -78,71 +198,159 @@ class SimulatorSpec:
         return ("local", str(model))
 
 
-@dataclass
+@dataclass(config=TABLE)
 class TaskSpec:
-    train_split: str = "train"
-    eval_split: str = "test"
-    train_ids: list[str] = field(default_factory=list)  # explicit scenario ids; [] = the split
-    eval_ids: list[str] = field(default_factory=list)
-    max_train: int = 0  # keep the first N scenarios (0 = all)
-    max_eval: int = 0
+    train_split: StrictStr = Field("train", description="the Domain's split to train on")
+    eval_split: StrictStr = Field("test", description="the split the held-out panel is tested on")
+    train_ids: Strings = Field(
+        default_factory=list, description="explicit scenario ids; [] = the split"
+    )
+    eval_ids: Strings = Field(
+        default_factory=list, description="explicit scenario ids; [] = the split"
+    )
+    max_train: StrictInt = Field(0, ge=0, description="keep the first N scenarios (0 = all)")
+    max_eval: StrictInt = Field(0, ge=0, description="keep the first N scenarios (0 = all)")
 
 
-@dataclass
+@dataclass(config=TABLE)
 class LoraSpec:
-    r: int = 8
-    alpha: int = 16
-    dropout: float = 0.0
-    targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    r: StrictInt = Field(8, ge=1, description="LoRA rank")
+    alpha: StrictInt = Field(16, gt=0, description="LoRA scaling numerator (scale = alpha / r)")
+    dropout: StrictFloat = Field(0.0, ge=0, lt=1, description="dropout on the LoRA input")
+    targets: Strings = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        min_length=1,
+        description="the modules that get an adapter",
+    )
 
 
-@dataclass
+@dataclass(config=TABLE)
 class RunConfig:
-    name: str
-    domain: str
-    regime: str = "single"
-    domain_data: str = ""  # official data folder for the Domain ("" = its bundled data)
-    base_model: str = ""  # a Hugging Face model folder; "" = agents.paths.base_model_dir()
-    tasks: TaskSpec = field(default_factory=TaskSpec)
-    simulator: SimulatorSpec = field(default_factory=SimulatorSpec)
-    heldout: list[SimulatorSpec] = field(default_factory=list)
+    name: Name = Field(description="the run's name (its output folder, its checkpoints' prefix)")
+    domain: DomainName = Field(description="the task family (agents.domains)")
+    regime: Regime = Field(
+        "single", description="which simulator the agent meets, and whether it learns too"
+    )
+    domain_data: StrictStr = Field(
+        "", description='official data folder for the Domain ("" = its bundled data)'
+    )
+    base_model: StrictStr = Field(
+        "", description='a Hugging Face model folder; "" = agents.paths.base_model_dir()'
+    )
+    tasks: TaskSpec = Field(default_factory=TaskSpec, description="which scenarios")
+    simulator: SimulatorSpec = Field(
+        default_factory=SimulatorSpec, description="the simulator the agent trains against"
+    )
+    heldout: list[SimulatorSpec] = Field(
+        default_factory=list, description="the held-out panel: users the agent never trains on"
+    )
     # GRPO
-    group_size: int = 4
-    batch_tasks: int = 1
-    steps: int = 10
-    lr: float = 1e-5
-    simulator_lr: float = 0.0  # 0 = lr
-    simulator_beta: float = 0.1  # co-trained simulator's k3 KL weight to its own base model
-    eps: float = 0.2
-    eps_high: float = 0.0  # 0 = eps (symmetric clipping)
-    beta: float = 0.0  # k3 KL weight; 0 skips the reference model
-    scale_std: bool = True  # advantages (r - mean) / (std + 1e-4); False: r - mean
-    ppo_epochs: int = 1
-    micro_batch: int = 2
-    grad_clip: float = 1.0
-    weight_decay: float = 0.0
+    group_size: StrictInt = Field(
+        4, ge=2, description="G rollouts per task (GRPO compares within a group)"
+    )
+    batch_tasks: StrictInt = Field(1, ge=1, description="tasks per step")
+    steps: StrictInt = Field(10, ge=1, description="optimizer steps")
+    lr: StrictFloat = Field(1e-5, gt=0, description="the agent's learning rate")
+    simulator_lr: StrictFloat = Field(
+        0.0, ge=0, description="the co-trained simulator's learning rate (0 = lr)"
+    )
+    simulator_beta: StrictFloat = Field(
+        0.1, ge=0, description="co-trained simulator's k3 KL weight to its own base model"
+    )
+    eps: StrictFloat = Field(0.2, gt=0, lt=1, description="clip range of the ratio")
+    eps_high: StrictFloat = Field(
+        0.0, ge=0, description="upper clip range (0 = eps, symmetric clipping)"
+    )
+    beta: StrictFloat = Field(0.0, ge=0, description="k3 KL weight; 0 skips the reference model")
+    scale_std: StrictBool = Field(
+        True, description="advantages (r - mean) / (std + 1e-4); false: r - mean"
+    )
+    ppo_epochs: StrictInt = Field(1, ge=1, description="passes over each step's rollouts")
+    micro_batch: StrictInt = Field(2, ge=1, description="sequences per forward pass")
+    grad_clip: StrictFloat = Field(1.0, ge=0, description="gradient norm clip (0 = no clipping)")
+    weight_decay: StrictFloat = Field(0.0, ge=0, description="AdamW weight decay")
     # rollouts
-    temperature: float = 0.7
-    max_new_tokens: int = 48
-    max_turns: int = 10  # user + agent messages; also capped by the Domain's own max_turns
-    max_tool_rounds: int = 4  # consecutive tool-call turns of the agent before the turn is cut
-    rollout_endpoint: str = ""  # vLLM base URL for the agent's rollouts; "" = in-process
+    temperature: StrictFloat = Field(0.7, gt=0, description="the agent's sampling temperature")
+    max_new_tokens: StrictInt = Field(48, ge=1, description="tokens per agent turn")
+    max_turns: StrictInt = Field(
+        10, ge=1, description="user + agent messages; also capped by the Domain's own max_turns"
+    )
+    max_tool_rounds: StrictInt = Field(
+        4, ge=1, description="consecutive tool-call turns of the agent before the turn is cut"
+    )
+    rollout_endpoint: StrictStr = Field(
+        "", description='vLLM base URL for the agent\'s rollouts; "" = in-process'
+    )
     # population co-training
-    pool_size: int = 10
-    pool_every: int = 16
-    simulator_reward: str = "auto"  # auto: adversarial (1 - r) for p4g, cooperative (r) otherwise
+    pool_size: StrictInt = Field(10, ge=1, description="simulator snapshots kept (FIFO)")
+    pool_every: StrictInt = Field(16, ge=1, description="steps between snapshots")
+    simulator_reward: SimulatorReward = Field(
+        "auto",
+        description="auto: adversarial (1 - r) where the user opposes the agent (p4g), else"
+        " cooperative (r)",
+    )
     # evaluation and checkpoints
-    eval_every: int = 0  # 0 = only after the last step
-    eval_samples: int = 1  # conversations per held-out task and simulator
-    save_every: int = 0  # 0 = only after the last step
+    eval_every: StrictInt = Field(
+        0, ge=0, description="steps between evaluations (0 = only after the last step)"
+    )
+    eval_samples: StrictInt = Field(
+        1, ge=1, description="conversations per held-out task and simulator"
+    )
+    save_every: StrictInt = Field(
+        0, ge=0, description="steps between checkpoints (0 = only after the last step)"
+    )
     # model
-    finetune: str = "lora"
-    lora: LoraSpec = field(default_factory=LoraSpec)
-    dtype: str = "float32"
-    device: str = "cpu"
-    threads: int = 0  # torch CPU threads; 0 = torch's default. 1 is far faster on a busy machine
-    seed: int = 0
-    output_dir: str = ""  # "" = <data dir>/runs/<name>; relative paths are under the data dir
+    finetune: Finetune = Field("lora", description="lora: train an adapter | full: every weight")
+    lora: LoraSpec = Field(default_factory=LoraSpec, description="the adapter")
+    dtype: Dtype = Field("float32", description="weights' dtype")
+    device: StrictStr = Field("cpu", description="torch device")
+    threads: StrictInt = Field(
+        0,
+        ge=0,
+        description="torch CPU threads; 0 = torch's default. 1 is far faster on a busy machine",
+    )
+    seed: StrictInt = Field(0, description="seeds sampling, draws and initialisation")
+    output_dir: StrictStr = Field(
+        "", description='"" = <data dir>/runs/<name>; relative paths are under the data dir'
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> RunConfig:
+        training = self.simulator.weights(self.base_model_path())
+        for i, spec in enumerate(self.heldout):
+            if training is not None and spec.weights(self.base_model_path()) == training:
+                raise _refuse(
+                    f"heldout[{i}]",
+                    spec.name,
+                    f"runs on the training simulator's weights ({training[-1]}): a held-out user"
+                    " must share no weights with the simulator the agent trains against (another"
+                    ' model, an endpoint serving one, or kind = "scripted")',
+                )
+        names = [s.name for s in self.heldout]
+        if len(set(names)) != len(names):
+            raise _refuse("heldout", names, "need distinct names")
+        if self.rollout_endpoint and self.finetune != "lora":
+            raise _refuse(
+                "finetune",
+                self.finetune,
+                'must be "lora" with rollout_endpoint (the server loads adapters)',
+            )
+        kind = self.simulator.kind
+        if self.regime == "verbalized" and kind != "verbalized":
+            raise _refuse("simulator.kind", kind, 'must be "verbalized" for regime = "verbalized"')
+        if self.trains_simulator and kind != "plain":
+            raise _refuse(
+                "simulator.kind",
+                kind,
+                f'must be "plain": regime "{self.regime}" trains the simulator in-process',
+            )
+        if self.trains_simulator and self.simulator.endpoint:
+            raise _refuse(
+                "simulator.endpoint",
+                self.simulator.endpoint,
+                f'must be empty: regime "{self.regime}" trains the simulator in-process',
+            )
+        return self
 
     # -- derived values -------------------------------------------------------------------------
 
@@ -163,10 +371,7 @@ class RunConfig:
         if self.simulator_reward == "auto":
             from agents.domains import domain_class
 
-            try:
-                return domain_class(self.domain).user_opposes_agent
-            except ValueError:  # a Domain handed to train() directly (tests' toy domains)
-                return False
+            return domain_class(self.domain).user_opposes_agent
         return self.simulator_reward == "adversarial"
 
     def run_dir(self) -> Path:
@@ -191,93 +396,37 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
-        return _build(cls, data, "")
+    def from_dict(cls, data: Mapping[str, Any]) -> RunConfig:
+        return parse_config(data)
 
     def validate(self) -> RunConfig:
-        checks = [
-            (bool(self.name.strip()), "name", "must not be empty"),
-            (bool(self.domain.strip()), "domain", "must not be empty"),
-            (self.regime in REGIMES, "regime", f"must be one of {', '.join(REGIMES)}"),
-            (self.finetune in FINETUNE, "finetune", f"must be one of {', '.join(FINETUNE)}"),
-            (
-                self.simulator_reward in SIMULATOR_REWARDS,
-                "simulator_reward",
-                f"must be one of {', '.join(SIMULATOR_REWARDS)}",
-            ),
-            (
-                self.group_size >= 2,
-                "group_size",
-                "must be at least 2 (GRPO compares within a group)",
-            ),
-            (self.batch_tasks >= 1, "batch_tasks", "must be at least 1"),
-            (self.steps >= 1, "steps", "must be at least 1"),
-            (self.lr > 0, "lr", "must be positive"),
-            (self.simulator_lr >= 0, "simulator_lr", "must be positive (or 0 for lr)"),
-            (0 < self.eps < 1, "eps", "must be in (0, 1)"),
-            (self.eps_high >= 0, "eps_high", "must be positive (or 0 for eps)"),
-            (self.beta >= 0, "beta", "must be >= 0"),
-            (self.simulator_beta >= 0, "simulator_beta", "must be >= 0"),
-            (self.ppo_epochs >= 1, "ppo_epochs", "must be at least 1"),
-            (self.micro_batch >= 1, "micro_batch", "must be at least 1"),
-            (self.grad_clip >= 0, "grad_clip", "must be >= 0 (0 = no clipping)"),
-            (self.temperature > 0, "temperature", "must be positive"),
-            (self.max_new_tokens >= 1, "max_new_tokens", "must be at least 1"),
-            (self.max_turns >= 1, "max_turns", "must be at least 1"),
-            (self.max_tool_rounds >= 1, "max_tool_rounds", "must be at least 1"),
-            (self.pool_size >= 1, "pool_size", "must be at least 1"),
-            (self.pool_every >= 1, "pool_every", "must be at least 1"),
-            (self.eval_every >= 0, "eval_every", "must be >= 0"),
-            (self.eval_samples >= 1, "eval_samples", "must be at least 1"),
-            (self.save_every >= 0, "save_every", "must be >= 0"),
-            (self.threads >= 0, "threads", "must be >= 0 (0 = torch's default)"),
-            (
-                self.dtype in ("float32", "bfloat16", "float16"),
-                "dtype",
-                "must be float32, bfloat16 or float16",
-            ),
-            (self.lora.r >= 1, "lora.r", "must be at least 1"),
-            (self.lora.alpha > 0, "lora.alpha", "must be positive"),
-            (bool(self.lora.targets), "lora.targets", "must name at least one module"),
-        ]
-        for ok, key, why in checks:
-            if not ok:
-                raise ConfigError(f"{key} {why} (got {_get(self, key)!r})")
-        specs = [("simulator", self.simulator)] + [
-            (f"heldout[{i}]", s) for i, s in enumerate(self.heldout)
-        ]
-        for where, spec in specs:
-            _validate_simulator(where, spec)
-        training = self.simulator.weights(self.base_model_path())
-        for i, spec in enumerate(self.heldout):
-            if training is not None and spec.weights(self.base_model_path()) == training:
-                raise ConfigError(
-                    f"heldout[{i}] ({spec.name!r}) runs on the training simulator's weights "
-                    f"({training[-1]}): a held-out user must share no weights with the "
-                    "simulator the agent trains against (another model, an endpoint serving "
-                    'one, or kind = "scripted")'
-                )
-        names = [s.name for s in self.heldout]
-        if len(set(names)) != len(names):
-            raise ConfigError(f"heldout simulators need distinct names (got {names})")
-        if self.rollout_endpoint and self.finetune != "lora":
-            raise ConfigError(
-                'rollout_endpoint needs finetune = "lora" (the server loads adapters)'
-            )
-        if self.regime == "verbalized" and self.simulator.kind != "verbalized":
-            raise ConfigError('regime "verbalized" needs simulator.kind = "verbalized"')
-        if self.simulator.kind == "scripted" and self.trains_simulator:
-            raise ConfigError(f'regime "{self.regime}" trains the simulator: it cannot be scripted')
-        if self.trains_simulator and (self.simulator.endpoint or self.simulator.kind != "plain"):
-            raise ConfigError(
-                f'regime "{self.regime}" trains the simulator in-process: '
-                "simulator.kind must be plain and simulator.endpoint empty"
-            )
+        """Already valid: every construction (and dataclasses.replace) checks the fields and the
+        rules; kept so callers that changed a config can say so."""
         return self
 
 
-def load_config(path: str | Path) -> RunConfig:
-    """Read a TOML file into a validated RunConfig."""
+# -- the one loader -----------------------------------------------------------------------------
+
+_RUN = TypeAdapter(RunConfig)
+
+
+def parse_config(data: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> RunConfig:
+    """The one way a run config enters: a TOML table (a file, a preset, the admin's fields) with
+    `overrides` applied (keys dotted into tables, e.g. {"lora.r": 4, "heldout[0].draw": ...};
+    a plain key replaces its whole value), validated against the declared fields."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"config must be a table (got {data!r})")
+    data = copy.deepcopy(dict(data))
+    for key, value in (overrides or {}).items():
+        _assign(data, key, value)
+    try:
+        return _RUN.validate_python(data)
+    except ValidationError as error:
+        raise _config_error(error) from None
+
+
+def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> RunConfig:
+    """Read a TOML file into a validated RunConfig (see parse_config for `overrides`)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"no config file at {path}")
@@ -286,87 +435,161 @@ def load_config(path: str | Path) -> RunConfig:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
     try:
-        return RunConfig.from_dict(data)
+        return parse_config(data, overrides)
     except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from exc
+        if any(_overlap(exc.key, key) for key in overrides or {}):
+            raise  # the override is wrong, not the file
+        raise ConfigError(f"{path}: {exc}", exc.key) from exc
 
 
-def _validate_simulator(where: str, spec: SimulatorSpec) -> None:
-    if spec.kind not in SIMULATOR_KINDS:
-        raise ConfigError(
-            f"{where}.kind must be one of {', '.join(SIMULATOR_KINDS)} (got {spec.kind!r})"
-        )
-    if spec.draw not in DRAW_MODES:
-        raise ConfigError(
-            f"{where}.draw must be one of {', '.join(DRAW_MODES)} (got {spec.draw!r})"
-        )
-    if spec.endpoint and not spec.model:
-        raise ConfigError(f"{where}: an endpoint simulator needs `model` (the served model name)")
-    if spec.kind == "scripted" and spec.script not in SCRIPTED_TYPES:
-        raise ConfigError(
-            f"{where}.script must be one of {', '.join(SCRIPTED_TYPES)} (got {spec.script!r})"
-        )
-    if spec.kind == "scripted" and (spec.endpoint or spec.model or spec.adapter):
-        raise ConfigError(f"{where}: a scripted simulator has no model, adapter or endpoint")
-    if spec.api_key_env and not spec.endpoint:
-        raise ConfigError(f"{where}.api_key_env is for an endpoint simulator (set `endpoint`)")
-    if not spec.name.strip():
-        raise ConfigError(f"{where}.name must not be empty")
-    if spec.temperature <= 0 or spec.max_new_tokens < 1 or spec.k < 2 or spec.retries < 0:
-        raise ConfigError(
-            f"{where}: temperature must be positive, max_new_tokens >= 1, k >= 2, retries >= 0"
-        )
+def _overlap(a: str, b: str) -> bool:
+    """One dotted key is the other or inside it ("tasks" and "tasks.max_eval")."""
+    short, long = sorted((a, b), key=len)
+    return long == short or long.startswith((f"{short}.", f"{short}["))
 
 
-def _get(obj: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        obj = getattr(obj, part)
-    return obj
+def parse_assignment(text: str) -> tuple[str, Any]:
+    """`key=value` from a command line: the value is read as TOML (3, 0.5, true, "x", [..]),
+    and taken as a plain string when it is not one (`--set simulator.draw=uniform`)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"an override is KEY=VALUE (got {text!r})")
+    try:
+        value = tomllib.loads(f"value = {raw}")["value"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key.strip(), value
 
 
-def _build(cls: type, data: Any, where: str) -> Any:
-    """Build dataclass `cls` from a TOML table, checking every key and value type."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where or 'config'} must be a table")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    kwargs = {}
-    for key, value in data.items():
-        dotted = f"{where}.{key}" if where else key
-        if key not in fields:
-            close = difflib.get_close_matches(key, fields, n=1)
+_KEY = re.compile(r"[A-Za-z_]\w*(\[\d+\])*(\.[A-Za-z_]\w*(\[\d+\])*)*")
+_PART = re.compile(r"([A-Za-z_]\w*)|\[(\d+)\]")
+
+
+def _assign(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set `dotted` (e.g. "lora.r", "heldout[0].draw") in a TOML table, making tables on the way."""
+    if not _KEY.fullmatch(dotted):
+        raise ConfigError(f"not a config key: {dotted!r}", dotted)
+    parts = [name or int(index) for name, index in _PART.findall(dotted)]
+    node: Any = data
+    for i, part in enumerate(parts[:-1]):
+        where = _dotted(parts[: i + 1])
+        if isinstance(part, int):
+            if not isinstance(node, list) or part >= len(node):
+                raise ConfigError(f"{where} is not in this config", where)
+            node = node[part]
+        else:
+            node = node.setdefault(part, {})
+        if not isinstance(node, dict | list):
+            raise ConfigError(f"{where} is not a table or an array in this config", where)
+    last = parts[-1]
+    if isinstance(last, int):
+        if not isinstance(node, list) or last >= len(node):
+            raise ConfigError(f"{dotted} is not in this config", dotted)
+        node[last] = value
+    elif isinstance(node, dict):
+        node[last] = value
+    else:
+        raise ConfigError(f"{dotted} is not a key of a table", dotted)
+
+
+# -- errors that name the key, the value and what is allowed ------------------------------------
+
+
+def _dotted(loc: Sequence[str | int]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _one_of(values: Iterable[Any]) -> str:
+    return ", ".join('""' if v == "" else str(v) for v in values)
+
+
+def _table(annotation: Any) -> type | None:
+    """The config dataclass a field holds (itself, or the items of a list of them)."""
+    if dataclasses.is_dataclass(annotation):
+        return annotation
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is list and args and dataclasses.is_dataclass(args[0]):
+        return args[0]
+    return None
+
+
+def _field_at(loc: Sequence[str | int]) -> tuple[type | None, Any]:
+    """The table holding the last key of `loc`, and that key's FieldInfo (None if unknown)."""
+    table: type | None = RunConfig
+    info = None
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        info = table.__pydantic_fields__.get(part) if table is not None else None
+        if info is None:
+            return table, None
+        table = _table(info.annotation)
+    return table, info
+
+
+def _bounds(info: Any) -> str:
+    signs = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+    out = []
+    for item in info.metadata:
+        for attr, sign in signs.items():
+            if getattr(item, attr, None) is not None:
+                out.append(f"{sign} {getattr(item, attr)}")
+    return " and ".join(out)
+
+
+_TYPES = {
+    "int_type": "int",
+    "float_type": "float",
+    "bool_type": "bool",
+    "string_type": "str",
+    "dataclass_type": "a table",
+}
+
+
+def _why(error: dict[str, Any], info: Any) -> str:
+    kind = error["type"]
+    if kind == "literal_error" and info is not None:
+        return f"must be one of {_one_of(typing.get_args(info.annotation))}"
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        return f"must be {_bounds(info)}" if info is not None else error["msg"]
+    if kind in _TYPES:
+        return f"must be {_TYPES[kind]}"
+    if kind == "list_type":
+        holds = _table(info.annotation) if info is not None else None
+        return "must be an array of tables" if holds else "must be a list of strings"
+    if kind == "too_short":
+        return "must not be empty"
+    return error["msg"]
+
+
+def _config_error(error: ValidationError) -> ConfigError:
+    messages, keys, missing = [], [], []
+    for e in error.errors():
+        loc, kind = e["loc"], e["type"]
+        if kind == "missing":
+            missing.append(_dotted(loc))
+            continue
+        if kind == "unexpected_keyword_argument":
+            table, _ = _field_at(loc[:-1])
+            known = sorted(table.__pydantic_fields__) if table is not None else []
+            close = difflib.get_close_matches(str(loc[-1]), known, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"unknown key {dotted!r}{hint} (known: {', '.join(sorted(fields))})")
-        kwargs[key] = _coerce(fields[key].type, value, dotted)
-    missing = [
-        n
-        for n, f in fields.items()
-        if f.default is dataclasses.MISSING
-        and f.default_factory is dataclasses.MISSING
-        and n not in kwargs
-    ]
+            key = _dotted(loc)
+            messages.append(
+                f"unknown key {key!r}{hint} (got {e['input']!r}; known: {', '.join(known)})"
+            )
+        elif kind == "rule":
+            ctx = e["ctx"]
+            key = _dotted([*loc, ctx["key"]])
+            messages.append(f"{key} {ctx['why']} (got {ctx['value']!r})")
+        else:
+            key = _dotted(loc)
+            messages.append(f"{key} {_why(e, _field_at(loc)[1])} (got {e['input']!r})")
+        keys.append(key)
     if missing:
-        raise ConfigError(f"missing required key(s): {', '.join(missing)}")
-    obj = cls(**kwargs)
-    return obj.validate() if isinstance(obj, RunConfig) else obj
-
-
-_NESTED = {"TaskSpec": TaskSpec, "SimulatorSpec": SimulatorSpec, "LoraSpec": LoraSpec}
-
-
-def _coerce(annotation: str, value: Any, where: str) -> Any:
-    """Check a TOML value against the field's annotation (a string, as annotations are postponed)."""
-    if annotation in _NESTED:
-        return _build(_NESTED[annotation], value, where)
-    if annotation == "list[SimulatorSpec]":
-        if not isinstance(value, list):
-            raise ConfigError(f"{where} must be an array of tables ([[{where}]])")
-        return [_build(SimulatorSpec, v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if annotation == "list[str]":
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"{where} must be a list of strings (got {value!r})")
-        return list(value)
-    expected = {"str": str, "int": int, "float": (int, float), "bool": bool}[annotation]
-    # bool is an int in Python; refuse `steps = true` and `scale_std = 1`
-    if isinstance(value, bool) != (annotation == "bool") or not isinstance(value, expected):
-        raise ConfigError(f"{where} must be {annotation} (got {value!r})")
-    return float(value) if annotation == "float" else value
+        keys.append(missing[0])
+        messages.append(f"missing required key(s): {', '.join(missing)}")
+    return ConfigError("; ".join(messages), keys[0] if keys else "")

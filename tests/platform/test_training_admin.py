@@ -51,7 +51,7 @@ def test_bad_settings_are_refused_with_a_clear_message(admin_client):
     assert "p4g-single-cpu" in page
     response = admin_client.post(url, add_form("bad-run", group_size="1"))
     assert response.status_code == 200
-    assert "group_size must be at least 2" in response.content.decode()
+    assert "group_size must be &gt;= 2 (got 1)" in response.content.decode()
     response = admin_client.post(url, add_form("bad-json", settings="[1, 2]"))
     assert "Must be a JSON object" in response.content.decode()
     assert not TrainingRun.objects.exists()

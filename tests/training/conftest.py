@@ -89,6 +89,14 @@ class LetterDomain(Domain):
         return Outcome(reward=share, success=share > 0.2, details={"end_reason": end_reason})
 
 
+@pytest.fixture(autouse=True)
+def letters_registered(monkeypatch):
+    """The toy Domain in the registry, so a config naming it passes the domain check."""
+    from agents.domains import DOMAINS
+
+    monkeypatch.setitem(DOMAINS, LetterDomain.name, f"{__name__}:{LetterDomain.__name__}")
+
+
 @pytest.fixture
 def letters() -> LetterDomain:
     return LetterDomain()

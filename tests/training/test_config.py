@@ -42,16 +42,16 @@ def test_minimal_config_gets_defaults(tmp_path):
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        (MINIMAL + "stepz = 3\n", "unknown key 'stepz'; did you mean 'steps'?"),
+        (MINIMAL + "stepz = 3\n", "unknown key 'stepz'; did you mean 'steps'? (got 3;"),
         (MINIMAL + "[simulator]\ntemprature = 0.5\n", "unknown key 'simulator.temprature'"),
-        (MINIMAL + 'steps = "ten"\n', "steps must be int"),
-        (MINIMAL + "scale_std = 1\n", "scale_std must be bool"),
+        (MINIMAL + 'steps = "ten"\n', "steps must be int (got 'ten')"),
+        (MINIMAL + "scale_std = 1\n", "scale_std must be bool (got 1)"),
         (
             MINIMAL + 'regime = "duo"\n',
-            "regime must be one of single, verbalized, cotrain, population",
+            "regime must be one of single, verbalized, cotrain, population (got 'duo')",
         ),
-        (MINIMAL + "group_size = 1\n", "group_size must be at least 2"),
-        (MINIMAL + "eps = 1.5\n", "eps must be in (0, 1)"),
+        (MINIMAL + "group_size = 1\n", "group_size must be >= 2 (got 1)"),
+        (MINIMAL + "eps = 1.5\n", "eps must be > 0 and < 1 (got 1.5)"),
         ('domain = "p4g"\n', "missing required key(s): name"),
         (MINIMAL + "[[heldout]]\nname = 'same'\n", "runs on the training simulator's weights"),
         (
@@ -60,19 +60,25 @@ def test_minimal_config_gets_defaults(tmp_path):
         ),
         (
             MINIMAL + "[[heldout]]\nname = 'x'\nkind = 'scripted'\nscript = 'nobody'\n",
-            "script must be one of anchored, reactant",
+            "heldout[0].script must be one of anchored, reactant",
         ),
-        (MINIMAL + "simulator_beta = -1\n", "simulator_beta must be >= 0"),
+        (MINIMAL + "simulator_beta = -1\n", "simulator_beta must be >= 0 (got -1)"),
         (
             MINIMAL + "[[heldout]]\nname = 'x'\nmodel = 'm'\napi_key_env = 'K'\n",
-            "api_key_env is for an endpoint simulator",
+            "heldout[0].api_key_env is for an endpoint simulator (set `endpoint`) (got 'K')",
         ),
-        (MINIMAL + 'regime = "verbalized"\n', 'needs simulator.kind = "verbalized"'),
+        (
+            MINIMAL + 'regime = "verbalized"\n',
+            'simulator.kind must be "verbalized" for regime = "verbalized" (got \'plain\')',
+        ),
         (
             MINIMAL + 'regime = "cotrain"\n[simulator]\nendpoint = "http://x/v1"\nmodel = "m"\n',
-            "trains the simulator in-process",
+            'simulator.endpoint must be empty: regime "cotrain" trains the simulator in-process',
         ),
-        (MINIMAL + "[simulator]\nendpoint = 'http://x/v1'\n", "needs `model`"),
+        (
+            MINIMAL + "[simulator]\nendpoint = 'http://x/v1'\n",
+            "simulator.model must name the served",
+        ),
         (MINIMAL + "steps = [\n", "not valid TOML"),
     ],
 )
@@ -89,7 +95,7 @@ def test_missing_file(tmp_path):
 
 def test_cli_reports_config_errors(tmp_path, capsys):
     assert main(["run", str(write(tmp_path, MINIMAL + "lr = -1.0\n"))]) == 2
-    assert "lr must be positive" in capsys.readouterr().err
+    assert "lr must be > 0 (got -1.0)" in capsys.readouterr().err
 
 
 def test_round_trip_through_dict():
