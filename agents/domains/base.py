@@ -16,12 +16,9 @@ import abc
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-Message = dict[str, Any]
+from agents.messages import Message, count_turns, message_text
 
-
-def count_turns(conversation: list[Message]) -> int:
-    """Messages of the user and the agent with visible text (tool traffic is not a turn)."""
-    return sum(1 for m in conversation if m["role"] in ("user", "assistant") and m.get("content"))
+__all__ = ["Domain", "Message", "Outcome", "Scenario", "count_turns", "message_text"]
 
 
 @dataclass
@@ -55,6 +52,7 @@ class Domain(abc.ABC):
     through `dump_state` / `load_state`, so a study can keep it between WebSocket reconnects."""
 
     name: str = ""
+    title: str = ""  # what researchers read in the admin and in CLI help
     first_speaker: str = "user"  # "agent" when the agent opens without a fixed greeting
     # the user's interest opposes the agent's (a persuadee keeps its money): a co-trained
     # simulator's reward is then 1 - the agent's, else the agent's own
@@ -114,6 +112,13 @@ class Domain(abc.ABC):
     def is_done(self, conversation: list[Message]) -> str | None:
         """Why the conversation is over (e.g. 'user_stop', 'max_turns'), or None."""
         return "max_turns" if count_turns(conversation) >= self.max_turns else None
+
+    def outcome_from_answers(
+        self, answers: dict[str, Any], conversation: list[Message]
+    ) -> Outcome | None:
+        """A person's Outcome when the questionnaire decides it (answers by item key), or None to
+        keep the chat's own score. Only studies call this: simulated users answer no questions."""
+        return None
 
     @abc.abstractmethod
     def score(

@@ -20,6 +20,8 @@ import json
 import re
 import uuid
 
+from agents.messages import content_text
+
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _FENCE = re.compile(r"^```(?:json)?\s*|\s*```$")
 
@@ -182,22 +184,17 @@ def messages_for_json_tools(messages: list[dict], tools: list[dict] | None) -> l
     for message in messages:
         message = dict(message)
         if message.get("role") == "assistant" and message.get("tool_calls"):
-            text = _text(message.get("content"))
+            text = content_text(message.get("content"))
             blocks = render_tool_calls(message.pop("tool_calls"))
             message["content"] = f"{text}\n{blocks}" if text else blocks
         out.append(message)
     if tools:
         block = tool_prompt(tools)
         if out and out[0].get("role") == "system":
-            system = _text(out[0].get("content"))
+            system = content_text(out[0].get("content"))
             out[0] = {**out[0], "content": f"{system}\n\n{block}" if system else block}
         else:
             out.insert(0, {"role": "system", "content": block})
     return out
 
 
-def _text(content) -> str:
-    """Message content as text: a string, None, or OpenAI content parts."""
-    if isinstance(content, list):
-        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
-    return content or ""

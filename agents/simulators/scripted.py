@@ -23,7 +23,8 @@ import re
 from typing import Any
 
 from agents.domains.base import Message
-from agents.domains.p4g.donation import DECISION_AMOUNTS, MAX_DONATION, marker, message_text
+from agents.domains.p4g.donation import DECISION_AMOUNTS, MAX_DONATION, marker
+from agents.messages import message_text
 
 Distribution = dict[float, float]  # decision amount -> probability
 

@@ -124,7 +124,9 @@ def test_human_outcome_uses_the_questionnaire_and_records_the_chat():
     assert (silent.reward, silent.success, silent.details["chat_donation"]) == (0.0, False, None)
     unanswered = human_outcome(None, conversation)
     assert unanswered.reward == 0.0 and not unanswered.details["answered"]
-    assert P4GDomain().human_outcome(2, conversation).reward == 1.0
+    # through the Domain interface, as a study asks: the answer by the item's key decides
+    assert P4GDomain().outcome_from_answers({"intended_donation": 2}, conversation).reward == 1.0
+    assert P4GDomain().outcome_from_answers({"other": 2}, conversation) is None
 
 
 @pytest.mark.parametrize("bad", [-0.5, 2.5, float("nan"), "1", True])

@@ -60,6 +60,7 @@ class P4GDecisionDomain(P4GDomain):
     """P4G personas and scoring; the agent's one ask and the persuadee's one decision."""
 
     name = "p4g-decision"
+    title = "Persuasion for Good: one ask, one decision"
     first_speaker = "agent"
     max_turns = 2
 

@@ -16,6 +16,9 @@ from agents.domains.p4g.donation import (
 )
 from agents.domains.p4g.personas import load_bundled, load_full_info
 
+# The questionnaire item whose answer is a participant's outcome in a P4G study.
+INTENDED_DONATION = "intended_donation"
+
 
 def donation_reward(amount: float | None) -> float:
     """The agent's reward: min(amount / 2, 1); no donation is 0."""
@@ -50,6 +53,7 @@ class P4GDomain(Domain):
     names it (the file, its folder, or a folder holding p4g/full_info.csv)."""
 
     name = "p4g"
+    title = "Persuasion for Good"
     user_opposes_agent = True
     max_turns = 10  # messages; the persuader opens, so each side writes 5
     max_tool_calls_per_turn = 0
@@ -107,7 +111,10 @@ class P4GDomain(Domain):
             details={"donation_stated": amount is not None, "end_reason": end_reason},
         )
 
-    def human_outcome(
-        self, intended_donation: float | None, conversation: list[Message]
-    ) -> Outcome:
-        return human_outcome(intended_donation, conversation)
+    def outcome_from_answers(
+        self, answers: dict[str, Any], conversation: list[Message]
+    ) -> Outcome | None:
+        # A person's donation is what they intend, asked after the chat (the paper's measure).
+        if INTENDED_DONATION not in answers:
+            return None
+        return human_outcome(answers[INTENDED_DONATION], conversation)

@@ -15,6 +15,8 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from agents.messages import message_text
+
 MAX_DONATION = 2.0
 # The amounts a simulated persuadee decides between when its decision is constrained.
 DECISION_AMOUNTS = (0.0, 0.5, 1.0, 1.5, 2.0)
@@ -188,16 +190,6 @@ def parse_donation(text: str | None) -> float | None:
     if not found:
         return None
     return _clamp(max(found, key=lambda item: item[0])[1])
-
-
-def message_text(message: dict[str, Any]) -> str:
-    """The text of a chat message, whether `content` is a string or a list of parts."""
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return ""
 
 
 def conversation_donation(conversation: list[dict[str, Any]]) -> float | None:

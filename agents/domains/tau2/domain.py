@@ -8,11 +8,11 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from ..base import Domain, Message, Outcome, Scenario
+from ..base import Domain, Message, Outcome, Scenario, message_text
 from . import prompts
 from .airline import AirlineTools
 from .retail import RetailTools
-from .scoring import NLJudge, score, text_of, tool_calls_of
+from .scoring import NLJudge, score
 from .state import Tau2State, fresh_tools, rebuild
 from .store import Store
 from .taskset import TaskSet, load_task_set
@@ -116,18 +116,12 @@ class Tau2Domain(Domain):
             self.task_set, self.toolkit, task, [(w["name"], w["arguments"]) for w in data["writes"]]
         )
 
-    def state_from_conversation(self, scenario: Scenario, conversation: list[Message]) -> Tau2State:
-        """The state a conversation's own tool calls produce (e.g. when the stored state is lost)."""
-        return rebuild(
-            self.task_set, self.toolkit, self._task(scenario), tool_calls_of(conversation)
-        )
-
     # -- ending and scoring -------------------------------------------------------------------
 
     def is_done(self, conversation: list[Message]) -> str | None:
         last = conversation[-1] if conversation else {}
         if last.get("role") == "user":
-            text = text_of(last)
+            text = message_text(last)
             for marker, reason in (
                 (prompts.STOP, "user_stop"),
                 (prompts.TRANSFER, "user_transfer"),
@@ -135,7 +129,7 @@ class Tau2Domain(Domain):
             ):
                 if marker in text:
                     return reason
-        if last.get("role") == "assistant" and text_of(last) and not last.get("tool_calls"):
+        if last.get("role") == "assistant" and message_text(last) and not last.get("tool_calls"):
             # After a transfer the agent says goodbye once; that message closes the chat.
             if any(
                 m.get("role") == "tool" and m.get("name") == "transfer_to_human_agents"
@@ -143,7 +137,9 @@ class Tau2Domain(Domain):
             ):
                 return "agent_transfer"
         errors = sum(
-            1 for m in conversation if m.get("role") == "tool" and text_of(m).startswith("Error:")
+            1
+            for m in conversation
+            if m.get("role") == "tool" and message_text(m).startswith("Error:")
         )
         if errors >= self.max_errors:
             return "too_many_errors"
@@ -190,9 +186,11 @@ class Tau2Domain(Domain):
 
 class RetailDomain(Tau2Domain):
     name = "retail"
+    title = "tau2 retail"
     toolkit = RetailTools
 
 
 class AirlineDomain(Tau2Domain):
     name = "airline"
+    title = "tau2 airline"
     toolkit = AirlineTools

@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from ..base import Message, Outcome
+from ..base import Message, Outcome, message_text
 from .store import Store
 
 PREMATURE_ENDS = {"max_steps", "max_turns", "too_many_errors"}
@@ -23,13 +23,6 @@ NOT_EVALUATED = "not evaluated"
 
 # A judge gets the assertions and the conversation and says which hold.
 NLJudge = Callable[[list[str], list[Message]], list[bool]]
-
-
-def text_of(message: Message) -> str:
-    content = message.get("content")
-    if isinstance(content, list):  # OpenAI content parts
-        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
-    return content or ""
 
 
 def tool_calls_of(conversation: list[Message]) -> list[tuple[str, Any]]:
@@ -45,7 +38,9 @@ def tool_calls_of(conversation: list[Message]) -> list[tuple[str, Any]]:
 
 def communicate_checks(conversation: list[Message], infos: list[str]) -> list[dict[str, Any]]:
     said = [
-        text_of(m).lower().replace(",", "") for m in conversation if m.get("role") == "assistant"
+        message_text(m).lower().replace(",", "")
+        for m in conversation
+        if m.get("role") == "assistant"
     ]
     return [{"info": info, "met": any(info.lower() in text for text in said)} for info in infos]
 

@@ -34,11 +34,6 @@ class TaskSet:
         default_factory=dict
     )  # canonical JSON of shared records (Store.digest)
 
-    def task(self, task_id: str) -> dict[str, Any]:
-        for task in self.tasks:
-            if task["id"] == task_id:
-                return task
-        raise KeyError(f"{self.domain} has no task {task_id!r} in {self.source}")
 
 
 _loaded: dict[tuple[str, str], TaskSet] = {}
