@@ -16,10 +16,10 @@ from django.db import transaction
 
 from agents.domains.base import Domain
 from agents.domains.base import Scenario as DomainScenario
-from agents.llm import LLMClient
+from agents.llm import LLMClient, shared_client
 
 from . import flow
-from .models import Conversation, Message, Participant
+from .models import Arm, Conversation, Message, Participant
 
 Send = Callable[[dict], Awaitable[None]]
 
@@ -101,15 +101,11 @@ def outcome_after_questionnaire(participant: Participant, answers: dict) -> dict
     return participant.outcome
 
 
-def make_client(participant: Participant) -> LLMClient:
-    arm = participant.arm
+def arm_client(arm: Arm) -> LLMClient:
+    """The worker's one long-lived client for the arm's endpoint on this event loop, shared by
+    every turn and every arm on that endpoint (one connection pool, not one per turn)."""
     api_key = os.environ.get(arm.api_key_env) if arm.api_key_env else None
-    return LLMClient(
-        arm.endpoint_url,
-        api_key=api_key,
-        timeout=settings.PARLEY_LLM_TIMEOUT,
-        tool_format=arm.tool_format,
-    )
+    return shared_client(arm.endpoint_url, api_key=api_key, timeout=settings.PARLEY_LLM_TIMEOUT)
 
 
 def metrics(result) -> dict:
@@ -133,44 +129,49 @@ async def agent_turn(participant: Participant, user_message: Message, send: Send
     budget = domain.max_tool_calls_per_turn if domain else 0
     params = participant.arm.generation_params()
     reply_to = user_message.client_id
-    async with make_client(participant) as client:
-        while True:
-            messages = await database_sync_to_async(history)(conversation)
-            if system:
-                messages.insert(0, {"role": "system", "content": system})
-            offer_tools = tools if budget > 0 else None  # out of budget: the agent must answer
-            await send({"type": "start", "reply_to": reply_to})
-            stream = client.stream_chat(
-                participant.arm.model_name, messages, tools=offer_tools, **params
-            )
+    client = arm_client(participant.arm)
+    while True:
+        messages = await database_sync_to_async(history)(conversation)
+        if system:
+            messages.insert(0, {"role": "system", "content": system})
+        offer_tools = tools if budget > 0 else None  # out of budget: the agent must answer
+        await send({"type": "start", "reply_to": reply_to})
+        # `async with`: a turn cut short (the browser gone) frees its connection at once
+        async with client.stream_chat(
+            participant.arm.model_name,
+            messages,
+            tools=offer_tools,
+            tool_format=participant.arm.tool_format,
+            **params,
+        ) as stream:
             async for delta in stream:
                 await send({"type": "delta", "reply_to": reply_to, "text": delta})
-            result = stream.result
-            calls = result.tool_calls[:budget] if offer_tools else []
-            stored = await database_sync_to_async(flow.store_agent_message)(
-                conversation,
-                role=Message.Role.ASSISTANT,
-                content=result.content,
-                tool_calls=calls or None,
-                reply_to=user_message,
-                **metrics(result),
+        result = stream.result
+        calls = result.tool_calls[:budget] if offer_tools else []
+        stored = await database_sync_to_async(flow.store_agent_message)(
+            conversation,
+            role=Message.Role.ASSISTANT,
+            content=result.content,
+            tool_calls=calls or None,
+            reply_to=user_message,
+            **metrics(result),
+        )
+        if not calls:
+            await send({"type": "reply", "reply_to": reply_to, "message": stored.to_client()})
+            return stored
+        await send({"type": "tool_calls", "reply_to": reply_to, "message": stored.to_client()})
+        for call in calls:
+            result_message = await database_sync_to_async(run_tool)(
+                conversation, domain, scenario, call, user_message
             )
-            if not calls:
-                await send({"type": "reply", "reply_to": reply_to, "message": stored.to_client()})
-                return stored
-            await send({"type": "tool_calls", "reply_to": reply_to, "message": stored.to_client()})
-            for call in calls:
-                result_message = await database_sync_to_async(run_tool)(
-                    conversation, domain, scenario, call, user_message
-                )
-                await send(
-                    {
-                        "type": "tool_result",
-                        "reply_to": reply_to,
-                        "message": result_message.to_client(),
-                    }
-                )
-            budget -= len(calls)
+            await send(
+                {
+                    "type": "tool_result",
+                    "reply_to": reply_to,
+                    "message": result_message.to_client(),
+                }
+            )
+        budget -= len(calls)
 
 
 def run_tool(

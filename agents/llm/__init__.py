@@ -4,7 +4,7 @@ See agents.llm.client for timeouts, retries and timing, and agents.llm.tool_form
 JSON tool-call format used with models that have no native tool calling.
 """
 
-from agents.llm.client import ChatResult, ChatStream, CompletionResult, LLMClient
+from agents.llm.client import ChatResult, ChatStream, CompletionResult, LLMClient, shared_client
 from agents.llm.errors import LLMConnectionError, LLMError, LLMHTTPError, LLMTimeout
 from agents.llm.tool_format import parse_tool_calls, render_tool_calls, tool_prompt
 
@@ -19,5 +19,6 @@ __all__ = [
     "LLMTimeout",
     "parse_tool_calls",
     "render_tool_calls",
+    "shared_client",
     "tool_prompt",
 ]

@@ -12,7 +12,8 @@ bodies). Parameters the OpenAI API does not name (vLLM's `top_k`, `skip_special_
 `stop_token_ids`, `return_token_ids`, guided decoding, ...) go to the engine in `extra_body`.
 
 One client serves many calls: it keeps one connection pool, which belongs to the event loop
-it was first used on (use one client per loop; see `shared_client`).
+it was first used on. `shared_client` gives a process one long-lived client per endpoint and
+event loop (a study arm's chat turns).
 
 Timeouts: `connect_timeout` bounds opening a connection; `timeout` bounds every wait for the
 next byte (for a non-streamed reply that is the whole generation; for a stream, the wait for
@@ -31,8 +32,10 @@ see agents.llm.tool_format) the tools are described in the system prompt and the
 `<tool_call>` blocks are parsed out of the text; callers see the same ChatResult either way.
 """
 
+import asyncio
 import inspect
 import json
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -276,6 +279,29 @@ class LLMClient:
             raise
 
 
+_shared: dict[asyncio.AbstractEventLoop, dict[tuple, LLMClient]] = {}
+_shared_lock = threading.Lock()  # each thread runs its own loop; the dict is the process's
+
+
+def shared_client(base_url: str, api_key: str | None = None, **options) -> LLMClient:
+    """This process's long-lived client for `base_url` with this key and these LLMClient
+    options, on the running event loop: one connection pool per endpoint, not one per call.
+
+    A connection pool belongs to the loop it was opened on, so each loop gets its own client;
+    those of loops that have closed are dropped. Nobody closes a shared client: do not use it
+    in `async with` (one closed anyway is replaced on the next call)."""
+    loop = asyncio.get_running_loop()
+    key = (base_url.rstrip("/"), api_key, tuple(sorted(options.items())))
+    with _shared_lock:
+        for closed in [other for other in _shared if other.is_closed()]:
+            del _shared[closed]
+        clients = _shared.setdefault(loop, {})
+        client = clients.get(key)
+        if client is None or client.openai.is_closed():
+            client = clients[key] = LLMClient(base_url, api_key=api_key, **options)
+        return client
+
+
 class ChatStream:
     """Async iterator of assistant text pieces; `result` is set once the reply has ended.
 
@@ -317,7 +343,7 @@ class ChatStream:
         started = time.monotonic()
         try:
             # Retried as a whole: nothing has reached the caller until it returns.
-            reply, chunks, first = await self._client._retrying()(self._first_piece, started)
+            reply, opened, first = await self._client._retrying()(self._first_piece, started)
         except LLMError as error:
             error.attempts = self._attempts
             raise
@@ -325,7 +351,7 @@ class ChatStream:
         try:
             if first:
                 yield first
-            async for chunk in chunks:  # from here on a failure is not retried
+            async for chunk in opened.chunks:  # from here on a failure is not retried
                 piece = reply.add(chunk, started)
                 if piece:
                     streamed.append(piece)
@@ -336,7 +362,7 @@ class ChatStream:
             failure.attempts, failure.partial = self._attempts, "".join(streamed)
             raise failure from error
         finally:
-            await chunks.aclose()
+            await opened.close()
         tail = reply.close()
         if tail:
             streamed.append(tail)
@@ -357,20 +383,32 @@ class ChatStream:
         caller (or to its end, for a reply that is only tool calls)."""
         self._attempts += 1
         reply = _Reply(self._json_tools)
-        chunks = None
+        opened = None
         try:
-            stream = await self._client.openai.chat.completions.create(**self._request)
-            chunks = aiter(stream)
-            async for chunk in chunks:
+            opened = _Opened(await self._client.openai.chat.completions.create(**self._request))
+            async for chunk in opened.chunks:
                 piece = reply.add(chunk, started)
                 if piece:
-                    return reply, chunks, piece
+                    return reply, opened, piece
             reply.check_ended(self._url)
-            return reply, chunks, ""
+            return reply, opened, ""
         except Exception as error:
-            if chunks is not None:
-                await chunks.aclose()
+            if opened is not None:
+                await opened.close()
             raise _as_llm_error(error, self._url) from error
+
+
+class _Opened:
+    """One open SSE response: its chunks, read by one iterator across the first piece and the
+    rest, and the response itself, closed (its connection freed) however the reading ends."""
+
+    def __init__(self, stream: openai.AsyncStream):
+        self.stream = stream
+        self.chunks = aiter(stream)
+
+    async def close(self):
+        await self.chunks.aclose()
+        await self.stream.close()
 
 
 class _Reply:

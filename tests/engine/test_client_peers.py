@@ -9,7 +9,15 @@ import time
 
 import pytest
 
-from agents.llm import LLMClient, LLMConnectionError, LLMError, LLMHTTPError, LLMTimeout
+from agents.llm import (
+    LLMClient,
+    LLMConnectionError,
+    LLMError,
+    LLMHTTPError,
+    LLMTimeout,
+    shared_client,
+)
+from agents.llm import client as client_module
 from tests.scripted_server import ScriptedServer
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -444,3 +452,25 @@ async def test_one_client_serves_many_calls_over_one_connection():
                 assert (await client.chat("m", MESSAGES)).content.startswith("reply")
                 assert "".join(await drain(client.stream_chat("m", MESSAGES))).startswith("reply")
     assert len(server.client_ports) == 4 and len(set(server.client_ports)) == 1
+
+
+async def test_shared_client_is_one_per_endpoint_and_event_loop():
+    url = f"http://127.0.0.1:{closed_port()}/v1"
+    client = shared_client(url, timeout=5)
+    assert shared_client(url + "/", timeout=5) is client  # the same endpoint
+    assert shared_client(url, timeout=6) is not client  # other settings, another client
+    assert shared_client(url, api_key="k", timeout=5) is not client
+
+    def on_another_loop():
+        async def lookup():
+            return shared_client(url, timeout=5)
+
+        return asyncio.run(lookup())
+
+    other = await asyncio.to_thread(on_another_loop)
+    assert other is not client  # a pool belongs to the loop it was opened on
+    assert shared_client(url, timeout=5) is client
+    # the other loop has closed: its clients were dropped at that lookup
+    assert list(client_module._shared) == [asyncio.get_running_loop()]
+    await client.aclose()
+    assert shared_client(url, timeout=5) is not client  # a closed one is replaced
