@@ -2,8 +2,10 @@
 
 import json
 
+from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
-from django.db import models
+from django.db import models, transaction
 from django.db.models import Count, Q
 from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
@@ -13,7 +15,9 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_POST
 
-from . import exports, reports
+from agents.models import Checkpoint
+
+from . import exports, reports, tasks
 from .forms import ImportPoolForm
 from .models import AnalysisRun, Arm, Item, Participant, Questionnaire, Response, Scenario, Study
 from .pools import PoolError, import_pool
@@ -125,7 +129,7 @@ class StudyAdmin(admin.ModelAdmin):
         study = get_object_or_404(Study, pk=pk)
         form = ImportPoolForm(
             request.POST or None,
-            initial={"domain": study.domain if study.domain != "chat" else "retail"},
+            initial={"domain": study.domain if study.domain != Study.OPEN_CHAT else "retail"},
         )
         if request.method == "POST" and form.is_valid():
             data = form.cleaned_data
@@ -186,13 +190,13 @@ class StudyAdmin(admin.ModelAdmin):
 
     def analyse(self, request, pk):
         study = get_object_or_404(Study, pk=pk)
-        run = reports.start(study)
+        run = tasks.start_analysis(study)
         self.message_user(request, f"Analysis #{run.pk} queued.", messages.SUCCESS)
         return HttpResponseRedirect(reverse("admin:studies_study_change", args=[study.pk]))
 
     @admin.action(description="Run the analysis (Welch + Holm) in the background")
     def run_analysis(self, request, queryset):
-        runs = [reports.start(study) for study in queryset]
+        runs = [tasks.start_analysis(study) for study in queryset]
         self.message_user(request, f"{len(runs)} analysis run(s) queued.", messages.SUCCESS)
 
     def get_urls(self):
@@ -451,3 +455,59 @@ class AnalysisRunAdmin(admin.ModelAdmin):
         response = HttpResponse(body, content_type=ctype)
         response["Content-Disposition"] = f'attachment; filename="{name}.{ext}"'
         return response
+
+
+# --- checkpoints onto arms ------------------------------------------------------------------------
+# The registry of checkpoints belongs to agents; attaching one to an arm is a studies action, so
+# studies extends agents' admin (as projects extend django.contrib.auth's UserAdmin).
+
+
+class AttachCheckpointForm(forms.Form):
+    arms = forms.ModelMultipleChoiceField(
+        queryset=Arm.objects.select_related("study"),
+        help_text="Each arm will ask for this checkpoint.",
+    )
+    endpoint_url = forms.URLField(
+        assume_scheme="http", help_text="The engine that serves the checkpoint."
+    )
+
+
+# Whatever admin the apps below registered (agents', perhaps extended by training), plus this.
+_CheckpointAdmin = type(admin.site.get_model_admin(Checkpoint))
+admin.site.unregister(Checkpoint)
+
+
+@admin.register(Checkpoint)
+class StudyCheckpointAdmin(_CheckpointAdmin):
+    actions = ["attach_to_arm"]
+
+    @admin.action(description="Attach to study arm(s)")
+    def attach_to_arm(self, request, queryset):
+        if queryset.count() != 1:
+            self.message_user(request, "Choose exactly one checkpoint to attach.", messages.ERROR)
+            return None
+        checkpoint = queryset.get()
+        form = AttachCheckpointForm(
+            request.POST if "apply" in request.POST else None,
+            initial={"endpoint_url": settings.PARLEY_ENGINE_URL},
+        )
+        if form.is_valid():
+            arms = form.cleaned_data["arms"]
+            with transaction.atomic():
+                for arm in arms:
+                    arm.model_name = checkpoint.name
+                    arm.endpoint_url = form.cleaned_data["endpoint_url"]
+                    arm.save(update_fields=["model_name", "endpoint_url"])
+            self.message_user(
+                request, f"{checkpoint} attached to {', '.join(map(str, arms))}.", messages.SUCCESS
+            )
+            return HttpResponseRedirect(reverse("admin:agents_checkpoint_changelist"))
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Attach {checkpoint} to arms",
+            "form": form,
+            "checkpoint": checkpoint,
+            "opts": self.model._meta,
+            "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+        }
+        return render(request, "admin/studies/attach_checkpoint.html", context)

@@ -1,14 +1,13 @@
-"""One agent turn in a participant's chat, and the Domain hooks around the conversation.
+"""One agent turn in a participant's chat.
 
 The consumer calls `agent_turn`; it streams the reply through agents/llm, runs the agent's
-tool calls on this conversation's own Domain state, and stores every message before the
-browser hears of it.
+tool calls on this conversation's own Domain state (through studies/domains.py), and stores
+every message before the browser hears of it.
 """
 
 import json
 import os
 from collections.abc import Awaitable, Callable
-from functools import lru_cache
 
 from channels.db import database_sync_to_async
 from django.conf import settings
@@ -19,86 +18,10 @@ from agents.domains.base import Scenario as DomainScenario
 from agents.llm import LLMClient, shared_client
 
 from . import flow
+from .domains import domain_of, history, system_prompt
 from .models import Arm, Conversation, Message, Participant
 
 Send = Callable[[dict], Awaitable[None]]
-
-
-@lru_cache(maxsize=8)
-def get_domain(name: str, source: str = "") -> Domain | None:
-    """The Domain by name; `source` is the official data folder a scenario came from."""
-    if name == "chat":
-        return None
-    from agents.domains import get_domain as load
-
-    return load(name, data_dir=source or None)
-
-
-def domain_scenario(participant: Participant) -> DomainScenario | None:
-    scenario = participant.scenario
-    if scenario is None:
-        return None
-    return DomainScenario(
-        id=scenario.key, domain=scenario.domain, payload=scenario.payload, title=scenario.title
-    )
-
-
-def domain_of(participant: Participant) -> tuple[Domain | None, DomainScenario | None]:
-    """The scenario's own Domain (a pool may mix retail and airline), else the study's."""
-    row = participant.scenario
-    domain = get_domain(row.domain, row.source) if row else get_domain(participant.study.domain)
-    scenario = domain_scenario(participant)
-    if domain is not None and scenario is None:
-        raise flow.FlowError(
-            "This study is not ready", "The study has no scenario for this task.", 503
-        )
-    return domain, scenario
-
-
-def opening_messages(participant: Participant) -> tuple[object, str]:
-    """A fresh Domain state for this conversation and the agent's greeting (may be empty)."""
-    domain, scenario = domain_of(participant)
-    if domain is None:
-        return None, participant.arm.greeting
-    state = domain.dump_state(domain.new_state(scenario))
-    return state, participant.arm.greeting or domain.greeting(scenario) or ""
-
-
-def system_prompt(participant: Participant) -> str:
-    """The Domain's agent prompt, then the arm's own system prompt."""
-    domain, scenario = domain_of(participant)
-    parts = [domain.agent_system_prompt(scenario)] if domain else []
-    if participant.arm.system_prompt:
-        parts.append(participant.arm.system_prompt)
-    return "\n\n".join(parts)
-
-
-def history(conversation: Conversation) -> list[dict]:
-    return [m.to_chat() for m in conversation.messages.order_by("seq")]
-
-
-def end_reason(participant: Participant) -> str | None:
-    """The Domain's reason the conversation is over (a stated donation, a transfer, ...), or None."""
-    domain, _ = domain_of(participant)
-    return domain.is_done(history(participant.conversation)) if domain else None
-
-
-def score_conversation(participant: Participant, conversation: Conversation) -> dict | None:
-    domain, scenario = domain_of(participant)
-    if domain is None:
-        return None
-    state = domain.load_state(scenario, conversation.state)
-    return domain.score(history(conversation), state, conversation.end_reason).to_dict()
-
-
-def outcome_after_questionnaire(participant: Participant, answers: dict) -> dict | None:
-    """P4G: a person's outcome is the donation they intend, with the chat's amount beside it."""
-    if participant.study.domain == "p4g" and "intended_donation" in answers:
-        from agents.domains.p4g import human_outcome
-
-        conversation = history(participant.conversation)
-        return human_outcome(answers["intended_donation"], conversation).to_dict()
-    return participant.outcome
 
 
 def arm_client(arm: Arm) -> LLMClient:

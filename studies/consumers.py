@@ -16,7 +16,7 @@ from django.urls import reverse
 
 from agents.llm import LLMError
 
-from . import chat, flow
+from . import chat, domains, flow
 from .models import Participant
 
 log = logging.getLogger(__name__)
@@ -110,7 +110,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def ended_by_domain(self) -> bool:
         """End the chat when the Domain says it is over (e.g. a donation was stated)."""
-        reason = await database_sync_to_async(chat.end_reason)(self.participant)
+        reason = await database_sync_to_async(domains.end_reason)(self.participant)
         if reason is None:
             return False
         self.participant = await database_sync_to_async(flow.end_chat)(self.participant, reason)

@@ -3,6 +3,7 @@
 from django.conf import settings
 from django.db import transaction
 
+from agents.domains.p4g import INTENDED_DONATION
 from agents.paths import BASE_MODEL_NAME
 
 from .models import Arm, Item, Questionnaire, Study
@@ -128,7 +129,7 @@ def seed_questionnaire(study: Study, items: list[dict]) -> None:
 PAPER_ITEMS = {
     "p4g": [
         dict(
-            key="intended_donation",
+            key=INTENDED_DONATION,
             prompt="How much of your $2 bonus do you want to donate to Save the Children? (0 to 2)",
             kind="number",
             min_value=0,

@@ -12,19 +12,14 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
+from . import tasks
+from .domains import opening_messages, outcome_after_questionnaire, score_conversation
+from .errors import FlowError
 from .models import Arm, Conversation, Item, Message, Participant, Response, Scenario, Study
 
 PROLIFIC_PARAMS = ("PROLIFIC_PID", "STUDY_ID", "SESSION_ID")
 PROLIFIC_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 PROLIFIC_COMPLETE_URL = "https://app.prolific.com/submissions/complete?cc={code}"
-
-
-class FlowError(Exception):
-    """A problem the participant is shown, with a title and an explanation."""
-
-    def __init__(self, title: str, detail: str, status: int = 400):
-        super().__init__(detail)
-        self.title, self.detail, self.status = title, detail, status
 
 
 # --- arrival ---------------------------------------------------------------------------------
@@ -144,8 +139,6 @@ def give_consent(participant: Participant, accepted: bool) -> Participant:
 def start_conversation(participant: Participant) -> Conversation:
     conversation, created = Conversation.objects.get_or_create(participant=participant)
     if created:
-        from .chat import opening_messages  # the Domain decides the state and the greeting
-
         state, greeting = opening_messages(participant)
         conversation.state = state
         conversation.save(update_fields=["state"])
@@ -245,8 +238,6 @@ def end_chat(participant: Participant, reason: str = "participant") -> Participa
     conversation.ended_at = timezone.now()
     conversation.end_reason = reason
     conversation.save(update_fields=["ended_at", "end_reason"])
-    from .chat import score_conversation
-
     participant.outcome = score_conversation(participant, conversation)
     participant.status = Participant.Status.QUESTIONNAIRE
     participant.chat_ended_at = conversation.ended_at
@@ -301,7 +292,7 @@ def submit_questionnaire(participant: Participant, data) -> dict[str, str]:
     participant = Participant.objects.select_for_update().get(pk=participant.pk)
     if participant.status != Participant.Status.QUESTIONNAIRE:
         return {}
-    items = list(questionnaire_items(participant.study))
+    items = list(participant.study.questionnaire_items())
     values, errors = validate_answers(items, data)
     if errors:
         return errors
@@ -316,8 +307,6 @@ def submit_questionnaire(participant: Participant, data) -> dict[str, str]:
         participant.attention_passed = all(
             values.get(item.id) == float(item.expected_answer) for item in checks
         )
-    from .chat import outcome_after_questionnaire
-
     participant.outcome = outcome_after_questionnaire(
         participant, {by_id[i].key: v for i, v in values.items()}
     )
@@ -328,18 +317,10 @@ def submit_questionnaire(participant: Participant, data) -> dict[str, str]:
     return {}
 
 
-def questionnaire_items(study: Study):
-    if not hasattr(study, "questionnaire"):
-        return Item.objects.none()
-    return study.questionnaire.items.all()
-
-
 def study_progress(study_id: int) -> None:
     """After a completion: analyse once every arm has reached the target."""
-    from .reports import on_participant_completed
-
     try:
-        on_participant_completed(study_id)
+        tasks.analyse_if_target_reached(study_id)
     except Exception:  # the participant's completion is stored; a broker hiccup must not undo it
         logging.getLogger(__name__).exception("could not start the analysis of study %s", study_id)
 

@@ -9,12 +9,13 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
-DOMAIN_CHOICES = [
-    ("chat", "Open chat (no task)"),
-    ("retail", "tau2 retail"),
-    ("airline", "tau2 airline"),
-    ("p4g", "Persuasion for Good"),
-]
+from agents.domains import STUDY_DOMAINS
+from agents.domains import domain_choices as registered_domains
+
+
+def domain_choices() -> list[tuple[str, str]]:
+    """Open chat, then every Domain people can take part in, from the one registry."""
+    return [(Study.OPEN_CHAT, "Open chat (no task)"), *registered_domains(STUDY_DOMAINS)]
 
 
 def default_engine_url() -> str:
@@ -36,9 +37,11 @@ class Study(models.Model):
         MEASURE = "measure", "One measure"
         STUDY = "study", "The whole study"
 
+    OPEN_CHAT = "chat"  # the `domain` of a study with no task: free conversation
+
     slug = models.SlugField(unique=True, help_text="Part of the participant link: /s/SLUG/")
     title = models.CharField(max_length=200)
-    domain = models.CharField(max_length=20, choices=DOMAIN_CHOICES, default="chat")
+    domain = models.CharField(max_length=20, choices=domain_choices, default=OPEN_CHAT)
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.DRAFT)
     target_per_arm = models.PositiveIntegerField(default=20, validators=[MinValueValidator(1)])
     prolific_study_id = models.CharField(
@@ -80,6 +83,12 @@ class Study(models.Model):
             raise ValidationError({"min_exchanges": "Must not exceed max_exchanges."})
         if self.control_arm_id and self.pk and self.control_arm.study_id != self.pk:
             raise ValidationError({"control_arm": "The control arm must belong to this study."})
+
+    def questionnaire_items(self):
+        """The items participants answer, in order; none when the study has no questionnaire."""
+        if not hasattr(self, "questionnaire"):
+            return Item.objects.none()
+        return self.questionnaire.items.all()
 
     def participant_link(self, base_url: str | None = None) -> str:
         base = (base_url or settings.PUBLIC_URL).rstrip("/")
@@ -145,7 +154,7 @@ class Scenario(models.Model):
     study = models.ForeignKey(Study, on_delete=models.CASCADE, related_name="scenarios")
     key = models.CharField(max_length=100)
     title = models.CharField(max_length=200, blank=True)
-    domain = models.CharField(max_length=20, choices=DOMAIN_CHOICES, default="chat")
+    domain = models.CharField(max_length=20, choices=domain_choices, default=Study.OPEN_CHAT)
     payload = models.JSONField(default=dict, blank=True)
     source = models.CharField(
         max_length=500,

@@ -7,7 +7,7 @@ from django.db import transaction
 
 from agents.domains import STUDY_DOMAINS
 
-from .chat import get_domain
+from .domains import get_domain
 from .models import Scenario, Study
 
 

@@ -6,13 +6,11 @@ import traceback
 from dataclasses import asdict
 
 import pandas as pd
-from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
 from .analysis import Settings, build_report
 from .analysis.plots import render_all
-from .flow import questionnaire_items
 from .models import AnalysisRun, Item, Participant, Response, Study
 
 OUTCOME = "outcome"
@@ -20,7 +18,7 @@ OUTCOME = "outcome"
 
 def measures_of(study: Study) -> list[Item]:
     """Likert and number items; attention checks and free text are not measures."""
-    return [item for item in questionnaire_items(study) if item.kind in ("likert", "number")]
+    return [item for item in study.questionnaire_items() if item.kind in ("likert", "number")]
 
 
 def participant_table(study: Study) -> pd.DataFrame:
@@ -69,15 +67,6 @@ def analysis_settings(study: Study, table: pd.DataFrame) -> Settings:
     )
 
 
-def start(study: Study, trigger: str = AnalysisRun.Trigger.MANUAL) -> AnalysisRun:
-    """Create a run and hand it to the `analysis` queue once the row is committed."""
-    from .tasks import run_analysis
-
-    run = AnalysisRun.objects.create(study=study, trigger=trigger)
-    transaction.on_commit(lambda: run_analysis.delay(run.pk))
-    return run
-
-
 def compute(run: AnalysisRun) -> AnalysisRun:
     run.status, run.started_at = AnalysisRun.Status.RUNNING, timezone.now()
     run.save(update_fields=["status", "started_at"])
@@ -101,15 +90,6 @@ def target_reached(study: Study) -> bool:
         done=Count("participants", filter=Q(participants__status=Participant.Status.COMPLETED))
     )
     return bool(arms) and all(arm.done >= study.target_per_arm for arm in arms)
-
-
-def on_participant_completed(study_id: int) -> AnalysisRun | None:
-    """Analyse automatically, once, when every arm has reached the target."""
-    study = Study.objects.get(pk=study_id)
-    already = study.analysis_runs.filter(trigger=AnalysisRun.Trigger.TARGET).exists()
-    if already or not target_reached(study):
-        return None
-    return start(study, AnalysisRun.Trigger.TARGET)
 
 
 def comparisons_csv(report: dict) -> str:
