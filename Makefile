@@ -28,6 +28,8 @@ test: model
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	@# the layers and no-cycle contracts of pyproject.toml [tool.importlinter]
+	$(BIN)/lint-imports
 
 format: install
 	$(BIN)/ruff format .

@@ -14,10 +14,11 @@ from pathlib import Path
 from django.conf import settings
 
 from agents.paths import REPO_DIR, base_model_dir, data_dir
-from parley.credentials import admin_password
 from agents.serving.process import StartError, port_is_free, spawn, stop, wait_healthy
+from parley.credentials import admin_password
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "parley.settings")  # read lazily, after main() sets URLs
+# Settings are read lazily, after main() has set the URLs the children inherit.
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "parley.settings")
 HOST = os.environ.get("PARLEY_HOST", "127.0.0.1")
 WEB_PORT = int(os.environ.get("PARLEY_PORT", "8000"))
 ENGINE_PORT = int(os.environ.get("PARLEY_ENGINE_PORT", "8001"))

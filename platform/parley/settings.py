@@ -23,8 +23,7 @@ def env_bool(name: str, default: bool = False) -> bool:
 
 
 BASE_DIR = REPO_DIR
-DATA_DIR = data_dir()
-DATA_DIR.mkdir(parents=True, exist_ok=True)
+DATA_DIR = data_dir()  # its folders are made at start-up (parley/apps.py), not at import
 
 DEBUG = env_bool("DJANGO_DEBUG", default=True)
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "")
@@ -47,6 +46,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "parley",
     "agents",
     "training",
     "studies",
@@ -128,8 +128,6 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {}
 if CELERY_BROKER_URL.startswith("filesystem://"):
     # A broker that needs no server: messages are files in the data folder.
     _broker_dir = DATA_DIR / "celery-broker"
-    for sub in ("queue", "processed", "control"):
-        (_broker_dir / sub).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_broker_dir / "queue"),
         "data_folder_out": str(_broker_dir / "queue"),
@@ -140,8 +138,6 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
 CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND") or (
     REDIS_URL or f"file://{DATA_DIR / 'celery-results'}"
 )
-if CELERY_RESULT_BACKEND.startswith("file://"):
-    (DATA_DIR / "celery-results").mkdir(parents=True, exist_ok=True)
 CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_TASK_ROUTES = {
     "studies.tasks.run_analysis": {"queue": "analysis"},
@@ -156,6 +152,10 @@ CELERY_TASK_ACKS_LATE = True
 PARLEY_ENGINE_URL = os.environ.get("PARLEY_ENGINE_URL", "http://127.0.0.1:8001/v1")
 PARLEY_LLM_TIMEOUT = float(os.environ.get("PARLEY_LLM_TIMEOUT", "120"))
 
+# --- the demo's admin account (make demo; seed_demo) -----------------------------------------
+PARLEY_ADMIN_USER = os.environ.get("PARLEY_ADMIN_USER", "admin")
+PARLEY_ADMIN_PASSWORD = os.environ.get("PARLEY_ADMIN_PASSWORD", "")  # "" = one kept in DATA_DIR
+
 # --- i18n / static --------------------------------------------------------------------------
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -163,7 +163,6 @@ USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "static"
-STATIC_ROOT.mkdir(exist_ok=True)
 # WhiteNoise serves static files from the ASGI server; finders spare the demo a collectstatic.
 WHITENOISE_USE_FINDERS = True
 

@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 
 from studies import flow
 from studies.demo import seed_demo_study, seed_trained_studies
@@ -29,13 +29,14 @@ def fake_checkpoint(data, run, step, regime, domain="p4g"):
 
 def test_demo_study_is_seeded_and_reseeding_keeps_participants(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("PARLEY_DATA_DIR", str(tmp_path))
-    monkeypatch.setenv("PARLEY_ADMIN_PASSWORD", "pw-for-test")
-    call_command("seed_demo")
+    with pytest.raises(CommandError, match="--admin-password"):
+        call_command("seed_demo", admin_password="")
+    call_command("seed_demo", admin_password="pw-for-test")
     study = Study.objects.get(slug="demo")
     assert list(study.arms.values_list("name", flat=True)) == ["friendly", "concise"]
     assert study.questionnaire.items.filter(kind="attention").count() == 1
     participant, _ = flow.arrive(study, prolific())
-    call_command("seed_demo")
+    call_command("seed_demo", admin_password="pw-for-test")
     assert Participant.objects.filter(pk=participant.pk).exists()
     assert Study.objects.filter(slug="demo").count() == 1
     assert "study=demo arms=friendly,concise" in capsys.readouterr().out

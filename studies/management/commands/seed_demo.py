@@ -1,8 +1,6 @@
-import os
-
+from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand
-from parley.credentials import admin_password
+from django.core.management.base import BaseCommand, CommandError
 
 from studies.demo import seed_demo_study, seed_trained_studies
 
@@ -14,14 +12,23 @@ class Command(BaseCommand):
         parser.add_argument(
             "--engine-url", default=None, help="OpenAI-compatible base URL for the arms."
         )
-        parser.add_argument("--admin-user", default=os.environ.get("PARLEY_ADMIN_USER", "admin"))
+        parser.add_argument(
+            "--admin-user", default=settings.PARLEY_ADMIN_USER, help="The demo admin's username."
+        )
+        parser.add_argument(
+            "--admin-password",
+            default=settings.PARLEY_ADMIN_PASSWORD,
+            help="The demo admin's password (default: the PARLEY_ADMIN_PASSWORD setting).",
+        )
 
     def handle(self, *args, **options):
+        username, password = options["admin_user"], options["admin_password"]
+        if not password:
+            raise CommandError("give --admin-password or set PARLEY_ADMIN_PASSWORD")
         study = seed_demo_study(options["engine_url"])
         for trained in seed_trained_studies(options["engine_url"]):
             arms = ",".join(trained.arms.values_list("name", flat=True))
             self.stdout.write(f"study={trained.slug} arms={arms}")
-        username, password = options["admin_user"], admin_password()
         User = get_user_model()
         user, _ = User.objects.get_or_create(username=username, defaults={"email": ""})
         user.is_staff = user.is_superuser = True

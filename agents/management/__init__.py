@@ -1,1 +1,0 @@
-"""Django management commands of the agents app (thin wrappers over agents/ code)."""
