@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -69,11 +68,6 @@ class SimulatorPool:
             shutil.rmtree(self.path(e), ignore_errors=True)
         if stale:
             self._write()
-
-    def draw(self, rng: random.Random, include_current: bool = True) -> PoolEntry | None:
-        """One member uniformly; None stands for the simulator being trained now."""
-        choices: list[PoolEntry | None] = list(self.entries) + ([None] if include_current else [])
-        return rng.choice(choices) if choices else None
 
     def _evict(self) -> None:
         while len(self.entries) > self.size:

@@ -94,10 +94,6 @@ class Transcript:
         self._extend(fmt.close_turn(sampled), 0)
         self._prompt_tail = 0
 
-    @property
-    def policy_tokens(self) -> int:
-        return sum(self.mask)
-
     def _extend(self, ids: list[int], value: int) -> None:
         self.ids.extend(ids)
         self.mask.extend([value] * len(ids))

@@ -124,7 +124,7 @@ def test_rollouts_through_vllm_train_and_reload_the_adapter(
     assert recorded == returned
     assert all(0 < len(a.token_ids) <= cfg.max_new_tokens for a in server_answers)
     for r in agent.rollouts:
-        assert r.agent.policy_tokens == sum(len(ids) for ids in agent.turns[id(r)])
+        assert sum(r.agent.mask) == sum(len(ids) for ids in agent.turns[id(r)])
 
     # each step wrote a checkpoint, and took an optimizer step
     assert [p.name for p in saved] == ["step-000001", "step-000002"]
@@ -165,7 +165,7 @@ def test_a_turn_ended_by_a_stop_token_keeps_it(vllm_url, base_model, server_answ
     lm.stop_ids = sorted({*lm.stop_ids, first})
     agent = EndpointAgent(vllm_url, lm, temperature=0.0, max_new_tokens=8)
     agent.model = Path(base_model).name  # the base model, no adapter
-    ids = asyncio.run(agent._complete_all([prompt]))[0]
+    (ids,) = agent.sample([prompt])
     (answer,) = [a for a in server_answers if a.token_ids is not None and a.logprobs is None]
     assert answer.finish_reason == "stop"
     assert ids == turn_ids(answer, lm.stop_ids)
