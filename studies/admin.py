@@ -104,7 +104,7 @@ class StudyAdmin(admin.ModelAdmin):
         if not study.pk:
             return "-"
         arms = study.arms.annotate(
-            done=Count("participants", filter=Q(participants__status="completed")),
+            done=Count("participants", filter=Q(participants__status=Participant.Status.COMPLETED)),
             holding=Count("participants", filter=Q(participants__status__in=Participant.ACTIVE)),
         )
         return (
@@ -415,7 +415,7 @@ class AnalysisRunAdmin(admin.ModelAdmin):
         if run.results is None:
             return (
                 "Not computed yet."
-                if run.status != "failed"
+                if run.status != AnalysisRun.Status.FAILED
                 else "The run failed; see the error below."
             )
         return render_to_string("admin/studies/analysis_results.html", {"report": run.results})

@@ -17,7 +17,7 @@ from django.urls import reverse
 from agents.llm import LLMError
 
 from . import chat, domains, flow
-from .models import Participant
+from .models import Message, Participant
 
 log = logging.getLogger(__name__)
 CLIENT_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -154,7 +154,7 @@ def load_participant(token) -> Participant | None:
 
 def unanswered(participant: Participant):
     last = participant.conversation.messages.order_by("-seq").first()
-    return last if last is not None and last.role == "user" else None
+    return last if last is not None and last.role == Message.Role.USER else None
 
 
 def status(participant: Participant) -> dict:

@@ -144,7 +144,7 @@ def start_conversation(participant: Participant) -> Conversation:
         conversation.save(update_fields=["state"])
         if greeting:
             Message.objects.create(
-                conversation=conversation, seq=1, role="assistant", content=greeting
+                conversation=conversation, seq=1, role=Message.Role.ASSISTANT, content=greeting
             )
     return conversation
 
@@ -163,7 +163,11 @@ def store_user_message(participant: Participant, client_id: str, text: str) -> S
     participant = Participant.objects.select_related("study").get(pk=participant.pk)
     existing = conversation.messages.filter(client_id=client_id).first()
     if existing:
-        reply = existing.replies.filter(role="assistant").filter(tool_calls__isnull=True).last()
+        reply = (
+            existing.replies.filter(role=Message.Role.ASSISTANT)
+            .filter(tool_calls__isnull=True)
+            .last()
+        )
         return Stored(existing, False, reply)
     check_can_send(participant, conversation, text)
     message = Message.objects.create(

@@ -18,7 +18,11 @@ OUTCOME = "outcome"
 
 def measures_of(study: Study) -> list[Item]:
     """Likert and number items; attention checks and free text are not measures."""
-    return [item for item in study.questionnaire_items() if item.kind in ("likert", "number")]
+    return [
+        item
+        for item in study.questionnaire_items()
+        if item.kind in (Item.Kind.LIKERT, Item.Kind.NUMBER)
+    ]
 
 
 def participant_table(study: Study) -> pd.DataFrame:
@@ -52,7 +56,7 @@ def analysis_settings(study: Study, table: pd.DataFrame) -> Settings:
     measures = [item.key for item in items]
     if table[OUTCOME].notna().any():
         measures.append(OUTCOME)
-    scales = {item.key: item.scale_points for item in items if item.kind == "likert"}
+    scales = {item.key: item.scale_points for item in items if item.kind == Item.Kind.LIKERT}
     return Settings(
         arm_column="arm",
         measures=tuple(measures),
@@ -62,7 +66,7 @@ def analysis_settings(study: Study, table: pd.DataFrame) -> Settings:
         reverse=tuple(item.key for item in items if item.reverse_coded),
         scale_max=max(scales.values(), default=7),
         scales=scales,
-        likert=tuple(item.key for item in items if item.kind == "likert"),
+        likert=tuple(item.key for item in items if item.kind == Item.Kind.LIKERT),
         family=study.holm_family,
     )
 

@@ -66,7 +66,8 @@ def test_full_flow_to_prolific(client, study):
     flow.end_chat(participant)
     participant.refresh_from_db()
     assert participant.status == "questionnaire"
-    assert 'name="helpful"' in client.get(response.url).content.decode()
+    page = client.get(response.url).content.decode()
+    assert 'name="helpful"' in page and 'type="number" step="any" name="donation"' in page
 
     done = client.post(reverse("studies:questionnaire", args=[participant.token]), GOOD_ANSWERS)
     assert done.status_code == 302
@@ -93,6 +94,8 @@ def test_decline_leads_to_no_consent_code(client, study):
     client.post(reverse("studies:consent", args=[participant.token]), {"decision": "decline"})
     participant.refresh_from_db()
     assert participant.status == "no_consent"
+    page = client.get(reverse("studies:participant", args=[participant.token])).content.decode()
+    assert "You chose not to take part" in page and "time limit" not in page
     back = client.get(reverse("studies:done", args=[participant.token]))
     assert back.url == "https://app.prolific.com/submissions/complete?cc=NOCONS"
     # Declining frees the place: the next arrival goes to the same arm.

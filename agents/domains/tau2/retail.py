@@ -122,6 +122,11 @@ ADDRESS_PARAMS = {
 }
 
 
+def address_of(*values: str) -> dict:
+    """An address record from the tools' arguments, in ADDRESS_PARAMS order."""
+    return ADDRESS(dict(zip(ADDRESS_PARAMS, values, strict=True)))
+
+
 def payment(kind: str, amount: float, method_id: str) -> dict:
     return {"transaction_type": kind, "amount": FLOAT(amount), "payment_method_id": method_id}
 
@@ -285,16 +290,7 @@ class RetailTools(Toolkit):
         order = self._order(order_id)
         if "pending" not in order["status"]:
             raise ValueError("Non-pending order cannot be modified")
-        address = ADDRESS(
-            dict(
-                address1=address1,
-                address2=address2,
-                city=city,
-                state=state,
-                country=country,
-                zip=zip,
-            )
-        )
+        address = address_of(address1, address2, city, state, country, zip)
         order = self._order(order_id, edit=True)
         order["address"] = address
         return order
@@ -397,16 +393,7 @@ class RetailTools(Toolkit):
         zip: str,
     ) -> dict:
         self._user(user_id)
-        address = ADDRESS(
-            dict(
-                address1=address1,
-                address2=address2,
-                city=city,
-                state=state,
-                country=country,
-                zip=zip,
-            )
-        )
+        address = address_of(address1, address2, city, state, country, zip)
         user = self._user(user_id, edit=True)
         user["address"] = address
         return user
