@@ -6,7 +6,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
 from . import tasks
-from .models import TrainingRun, preset_choices
+from .models import CONFIG_FIELDS, TrainingRun, preset_choices
 
 
 class TrainingRunForm(forms.ModelForm):
@@ -14,19 +14,7 @@ class TrainingRunForm(forms.ModelForm):
 
     class Meta:
         model = TrainingRun
-        fields = [
-            "name",
-            "preset",
-            "domain",
-            "regime",
-            "base_model",
-            "steps",
-            "group_size",
-            "lr",
-            "beta",
-            "temperature",
-            "settings",
-        ]
+        fields = ["preset", *CONFIG_FIELDS, "settings"]  # start from a preset, then change it
 
 
 @admin.register(TrainingRun)

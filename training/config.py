@@ -437,12 +437,12 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
     try:
         return parse_config(data, overrides)
     except ConfigError as exc:
-        if any(_overlap(exc.key, key) for key in overrides or {}):
+        if any(key_overlaps(exc.key, key) for key in overrides or {}):
             raise  # the override is wrong, not the file
         raise ConfigError(f"{path}: {exc}", exc.key) from exc
 
 
-def _overlap(a: str, b: str) -> bool:
+def key_overlaps(a: str, b: str) -> bool:
     """One dotted key is the other or inside it ("tasks" and "tasks.max_eval")."""
     short, long = sorted((a, b), key=len)
     return long == short or long.startswith((f"{short}.", f"{short}["))

@@ -1,19 +1,33 @@
 """A training run started from the admin (the only Django-facing part of training/ with tasks.py)."""
 
-import tomllib
 from pathlib import Path
 
-from django.core.exceptions import ValidationError
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import models
 
+from agents.domains import domain_choices
+from training.config import (
+    ConfigError,
+    RunConfig,
+    key_overlaps,
+    load_config,
+    parse_config,
+    regime_choices,
+)
+
 CONFIGS_DIR = Path(__file__).resolve().parent / "configs"
-DOMAINS = [("p4g", "Persuasion for Good"), ("retail", "tau2 retail"), ("airline", "tau2 airline")]
-REGIMES = [
-    ("single", "Single simulator"),
-    ("verbalized", "Verbalized Sampling"),
-    ("cotrain", "Co-Training"),
-    ("population", "Population Co-Training"),
-]
+# the fields the admin sets over the preset, as RunConfig keys
+CONFIG_FIELDS = (
+    "name",
+    "domain",
+    "regime",
+    "base_model",
+    "steps",
+    "group_size",
+    "lr",
+    "beta",
+    "temperature",
+)
 
 
 def preset_choices():
@@ -33,8 +47,8 @@ class TrainingRun(models.Model):
     preset = models.CharField(
         max_length=100, blank=True, help_text="A config under training/configs to start from."
     )
-    domain = models.CharField(max_length=20, choices=DOMAINS, default="p4g")
-    regime = models.CharField(max_length=20, choices=REGIMES, default="single")
+    domain = models.CharField(max_length=20, choices=domain_choices, default="p4g")
+    regime = models.CharField(max_length=20, choices=regime_choices, default="single")
     base_model = models.CharField(
         max_length=500, blank=True, help_text="Model folder; blank: SmolLM2 base."
     )
@@ -63,31 +77,41 @@ class TrainingRun(models.Model):
     def __str__(self) -> str:
         return self.name
 
-    def config_dict(self) -> dict:
-        """The preset's TOML, then the settings JSON, then the fields set in the admin."""
-        data: dict = {}
-        if self.preset:
-            path = CONFIGS_DIR / f"{self.preset}.toml"
-            if not path.is_file():
-                raise ValidationError({"preset": f"No preset {self.preset!r} in {CONFIGS_DIR}."})
-            data = tomllib.loads(path.read_text())
-        data.update(self.settings or {})
-        data.update(name=self.name, domain=self.domain, regime=self.regime)
-        for key in ("base_model", "steps", "group_size", "lr", "beta", "temperature"):
+    def overrides(self) -> dict:
+        """What this run changes in its preset: the settings JSON, then the fields set in the
+        admin (a plain key replaces the preset's value, as in TOML)."""
+        data = dict(self.settings or {})
+        for key in CONFIG_FIELDS:
             value = getattr(self, key)
             if value not in (None, ""):
                 data[key] = value
         if self.regime == "verbalized":
-            data.setdefault("simulator", {})["kind"] = "verbalized"
+            data["simulator.kind"] = "verbalized"
         return data
 
-    def config(self):
-        from training.config import ConfigError, RunConfig
-
+    def config(self) -> RunConfig:
+        """The preset read by the same loader as a TOML file on the command line, with this
+        run's overrides; a bad value is a ValidationError on the field that set it."""
         try:
-            return RunConfig.from_dict(self.config_dict()).validate()
+            if not self.preset:
+                return parse_config({}, self.overrides())
+            path = CONFIGS_DIR / f"{self.preset}.toml"
+            if not path.is_file():
+                raise ValidationError({"preset": f"No preset {self.preset!r} in {CONFIGS_DIR}."})
+            return load_config(path, self.overrides())
         except ConfigError as error:
-            raise ValidationError(f"The run's settings are not valid: {error}") from error
+            raise ValidationError(
+                {self._field_of(error.key): f"The run's settings are not valid: {error}"}
+            ) from error
+
+    def _field_of(self, key: str) -> str:
+        """The admin field that set a config key: its own field, the settings JSON, or none."""
+        top = key.split(".")[0].split("[")[0]
+        if top in CONFIG_FIELDS and getattr(self, top) not in (None, ""):
+            return top
+        if any(key_overlaps(key, setting) for setting in self.settings or {}):
+            return "settings"
+        return NON_FIELD_ERRORS
 
     def clean(self):
         if not isinstance(self.settings, dict):

@@ -7,6 +7,7 @@ agents.domains stays cheap and each family lives in its own package.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterable
 from pathlib import Path
 
 from .base import Domain, Message, Outcome, Scenario
@@ -29,6 +30,13 @@ def domain_class(name: str) -> type[Domain]:
     return getattr(importlib.import_module(module), cls_name)
 
 
+def domain_choices(names: Iterable[str] | None = None) -> list[tuple[str, str]]:
+    """(name, title) of each Domain (default: every registered one), for choices and help."""
+    return [
+        (name, domain_class(name).title or name) for name in (DOMAINS if names is None else names)
+    ]
+
+
 def get_domain(name: str, data_dir: str | Path | None = None) -> Domain:
     """A fresh Domain; data_dir points at official data (None: the project's bundled data)."""
     cls = domain_class(name)
@@ -42,6 +50,7 @@ __all__ = [
     "Message",
     "Outcome",
     "Scenario",
+    "domain_choices",
     "domain_class",
     "get_domain",
 ]

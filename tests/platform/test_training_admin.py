@@ -69,10 +69,13 @@ def test_run_trains_registers_attaches_and_serves(
     assert response.status_code == 302, response.content.decode()[:2000]
     run = TrainingRun.objects.get(name=name)
     deadline = time.monotonic() + 600
-    while run.status in ("queued", "running") and time.monotonic() < deadline:
+    while (
+        run.status in (TrainingRun.Status.QUEUED, TrainingRun.Status.RUNNING)
+        and time.monotonic() < deadline
+    ):
         time.sleep(1)
         run.refresh_from_db()
-    assert run.status == "done", run.error
+    assert run.status == TrainingRun.Status.DONE, run.error
     assert run.progress["step"] == run.progress["total_steps"] == 1
     assert "reward" in run.progress
     page = admin_client.get(
@@ -82,7 +85,7 @@ def test_run_trains_registers_attaches_and_serves(
     progress = admin_client.get(
         reverse("admin:training_trainingrun_progress", args=[run.pk])
     ).json()
-    assert progress["status"] == "done" and not progress["active"]
+    assert progress["status"] == TrainingRun.Status.DONE and not progress["active"]
 
     checkpoint = Checkpoint.objects.get(training_run=run)
     link = adapters_dir() / checkpoint.name
