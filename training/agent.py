@@ -9,7 +9,9 @@ import asyncio
 from typing import Any
 
 from agents.domains.base import Domain, Message
+from agents.llm import LLMClient
 from agents.llm.tool_format import messages_for_json_tools, parse_tool_calls
+from training.endpoint import Endpoint
 from training.policy import LocalModel
 from training.rollout import AGENT, Rollout
 from training.turns import speak
@@ -68,7 +70,8 @@ class EndpointAgent:
     keep the exact sampled ids: `/v1/completions` with a token-id prompt and `return_token_ids`
     (LLMClient.complete). After each update the trainer saves the LoRA adapter and
     `load(folder, name)` makes the server sample from it (vLLM needs --enable-lora,
-    VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and the folder on a filesystem it sees)."""
+    VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and the folder on a filesystem it sees). One client
+    serves every load and turn of the run (training/endpoint.py)."""
 
     role = AGENT
 
@@ -76,19 +79,17 @@ class EndpointAgent:
         self.base_url, self.lm = base_url, lm
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
         self.model = ""  # the served adapter's name; set by load()
+        self.endpoint = Endpoint(lambda: LLMClient(base_url, timeout=600))
 
     def load(self, folder: str, name: str) -> None:
-        asyncio.run(self._load(str(folder), name))
+        self.endpoint.run(lambda client: self._load(client, str(folder), name))
 
-    async def _load(self, folder: str, name: str) -> None:
-        from agents.llm import LLMClient
-
-        async with LLMClient(self.base_url, timeout=120) as client:
-            # replace: a resumed run may name an adapter its previous process already loaded
-            await client.load_lora_adapter(name, folder, replace=True)
-            previous, self.model = self.model, name
-            if previous and previous != name:
-                await client.unload_lora_adapter(previous)
+    async def _load(self, client: LLMClient, folder: str, name: str) -> None:
+        # replace: a resumed run may name an adapter its previous process already loaded
+        await client.load_lora_adapter(name, folder, replace=True)
+        previous, self.model = self.model, name
+        if previous and previous != name:
+            await client.unload_lora_adapter(previous)
 
     def respond(self, domain: Domain, rollouts: list[Rollout]) -> None:
         if not self.model:
@@ -99,19 +100,22 @@ class EndpointAgent:
                 "agent in this process: leave rollout_endpoint empty"
             )
         prompts = [r.agent.prompt(self.lm.fmt, agent_messages(domain, r)) for r in rollouts]
-        samples = asyncio.run(self._complete_all(prompts))
+        samples = self.sample(prompts)
         for r, ids in zip(rollouts, samples, strict=True):
             r.agent.record(self.lm.fmt, ids)
             r.agent.consumed = len(r.conversation) + 1
             add_agent_reply(domain, r, self.lm.decode(ids))
 
-    async def _complete_all(self, prompts: list[list[int]]) -> list[list[int]]:
-        from agents.llm import LLMClient
+    def sample(self, prompts: list[list[int]]) -> list[list[int]]:
+        """Each prompt's turn as the server sampled it (ids, ending with its stop token)."""
+        return self.endpoint.run(
+            lambda client: asyncio.gather(*(self._complete(client, p) for p in prompts))
+        )
 
-        async with LLMClient(self.base_url, timeout=600) as client:
-            return await asyncio.gather(*(self._complete(client, p) for p in prompts))
+    def close(self) -> None:
+        self.endpoint.close()
 
-    async def _complete(self, client: Any, prompt: list[int]) -> list[int]:
+    async def _complete(self, client: LLMClient, prompt: list[int]) -> list[int]:
         result = await client.complete(
             self.model,
             prompt,

@@ -11,15 +11,19 @@ from typing import Any
 
 from agents.domains.base import Domain, Message, Scenario
 from agents.domains.p4g.donation import marker
+from agents.llm import LLMClient
 from agents.simulators import (
     OPENING,
     PlainSimulator,
+    Simulator,
+    UserTurn,
     VerbalizedSampling,
     VerbalizedSimulator,
     user_view,
 )
 from agents.simulators.scripted import ScriptedPersuadee
 from training.config import SimulatorSpec
+from training.endpoint import Endpoint
 from training.policy import LocalModel
 from training.rollout import USER, Decision, Rollout
 from training.turns import speak
@@ -179,47 +183,54 @@ def candidate_chars(max_new_tokens: int, k: int) -> int:
 
 class EndpointUser:
     """A frozen simulator served over the OpenAI API (another model, a hosted API, vLLM), through
-    agents.simulators and agents.llm. Its turns are not trained, so only text comes back."""
+    agents.simulators and agents.llm. Its turns are not trained, so only text comes back. One
+    client serves every turn of the run (training/endpoint.py)."""
 
     role = USER
 
     def __init__(self, spec: SimulatorSpec, rng: random.Random | None = None):
         self.spec = spec
         self.rng = rng or random.Random(0)
+        # the key is read at the first turn: a missing one is an error then, naming its variable
+        self.endpoint = Endpoint(lambda: LLMClient(spec.endpoint, api_key=spec.api_key()))
+        self._simulator: Simulator | None = None
 
-    def _simulator(self, client: Any) -> Any:
-        params = {"temperature": self.spec.temperature, "max_tokens": self.spec.max_new_tokens}
-        if self.spec.kind == "verbalized":
-            return VerbalizedSimulator(
-                client, self.spec.model, k=self.spec.k, mode=self.spec.draw,
-                retries=self.spec.retries, rng=self.rng, **params,
-            )  # fmt: skip
-        return PlainSimulator(client, self.spec.model, **params)
+    def _simulator_for(self, client: LLMClient) -> Simulator:
+        """The agents.simulators simulator on the endpoint's client, with the same system prompt
+        as in this process, persona included."""
+        if self._simulator is None:
+            params = {"temperature": self.spec.temperature, "max_tokens": self.spec.max_new_tokens}
+            if self.spec.kind == "verbalized":
+                simulator = VerbalizedSimulator(
+                    client, self.spec.model, k=self.spec.k, mode=self.spec.draw,
+                    retries=self.spec.retries, rng=self.rng, **params,
+                )  # fmt: skip
+            else:
+                simulator = PlainSimulator(client, self.spec.model, **params)
+            base, persona = simulator.system_prompt, self.spec.persona
+            simulator.system_prompt = lambda d, s: with_persona(base(d, s), persona)
+            self._simulator = simulator
+        return self._simulator
 
     def respond(self, domain: Domain, rollouts: list[Rollout]) -> None:
-        turns = asyncio.run(self._replies(domain, rollouts))
+        turns = self.endpoint.run(lambda client: self._replies(client, domain, rollouts))
         for r, turn in zip(rollouts, turns, strict=True):
             r.fallbacks += int(turn.fell_back)
             r.add_user_reply(turn.text)
 
-    async def _replies(self, domain: Domain, rollouts: list[Rollout]) -> list[Any]:
-        from agents.llm import LLMClient
-
-        client = LLMClient(self.spec.endpoint, api_key=self.spec.api_key())
-        try:
-            simulator = self._simulator(client)
-            base = simulator.system_prompt  # the same prompt as in-process, persona included
-            simulator.system_prompt = lambda d, s: with_persona(base(d, s), self.spec.persona)
-            return await asyncio.gather(
-                *(
-                    simulator.reply(
-                        domain, r.scenario, r.conversation,
-                        domain.user_choices(r.scenario, r.conversation, r.user_final),
-                    )
-                    for r in rollouts
+    async def _replies(
+        self, client: LLMClient, domain: Domain, rollouts: list[Rollout]
+    ) -> list[UserTurn]:
+        simulator = self._simulator_for(client)
+        return await asyncio.gather(
+            *(
+                simulator.reply(
+                    domain, r.scenario, r.conversation,
+                    domain.user_choices(r.scenario, r.conversation, r.user_final),
                 )
-            )  # fmt: skip
-        finally:
-            close = getattr(client, "aclose", None)
-            if close is not None:
-                await close()
+                for r in rollouts
+            )
+        )  # fmt: skip
+
+    def close(self) -> None:
+        self.endpoint.close()

@@ -208,11 +208,13 @@ def test_an_endpoint_simulator_decides_with_its_key_from_the_environment(decisio
     from training.config import ConfigError
     from training.simulator import EndpointUser
 
+    def hosted(url: str) -> SimulatorSpec:
+        return SimulatorSpec(name="hosted", endpoint=url, model="m", api_key_env="PARLEY_TEST_KEY")
+
     task = decision.scenarios("test")[0]
-    spec = SimulatorSpec(name="hosted", endpoint="", model="m", api_key_env="PARLEY_TEST_KEY")
     monkeypatch.setenv("PARLEY_TEST_KEY", "s3cret")
     with ScriptedServer([{"content": '{"reply": "[DONATE $1.50]"}'}]) as server:
-        user = EndpointUser(dataclasses.replace(spec, endpoint=server.url))
+        user = EndpointUser(hosted(server.url))
         rollout = asked(decision, task, next(iter(ASKS.values())))
         user.respond(decision, [rollout])
     assert rollout.conversation[-1] == {"role": "user", "content": "[DONATE $1.50]"}
@@ -221,7 +223,7 @@ def test_an_endpoint_simulator_decides_with_its_key_from_the_environment(decisio
     assert schema["properties"]["reply"]["enum"] == decision.user_choices(task, [], True)
     monkeypatch.delenv("PARLEY_TEST_KEY")
     with pytest.raises(ConfigError, match="PARLEY_TEST_KEY is not set"):
-        EndpointUser(dataclasses.replace(spec, endpoint=server.url)).respond(decision, [rollout])
+        EndpointUser(hosted(server.url)).respond(decision, [rollout])
 
 
 class WrittenList(LocalModel):
