@@ -4,9 +4,9 @@
         [--host 127.0.0.1] [--port 8001] [--served-name NAME]
 
 Routes: `GET /health`, `GET /v1/models` (the base model, then every LoRA adapter),
-`POST /v1/chat/completions` (streamed as server-sent events, or whole). Errors are OpenAI
-shaped, `{"error": {"message", "type", "param", "code"}}`: 400 for a bad body or parameter,
-404 for an unknown model.
+`POST /v1/chat/completions` (streamed as server-sent events, or whole). Requests and replies
+are the declared models of agents.serving.protocol; errors are vLLM's, `{"error": {"message",
+"type", "param", "code"}}`: 400 for a bad body or parameter, 404 for an unknown model.
 
 Requests are served one at a time behind a lock: on a CPU two generations in parallel are
 each slower than one after the other, and the model's active adapter is shared state. Each
@@ -18,7 +18,6 @@ port; agents.serving.launch reads that line).
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import socket
@@ -28,6 +27,7 @@ import time
 from pathlib import Path
 
 import anyio
+from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -37,7 +37,19 @@ from starlette.routing import Route
 from agents.serving import protocol
 from agents.serving.adapters import Adapter, serving_args
 from agents.serving.engine import Engine, Generation
-from agents.serving.protocol import ChatRequest, OpenAIError
+from agents.serving.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatCompletionResponseChoice,
+    ChatCompletionResponseStreamChoice,
+    ChatCompletionStreamResponse,
+    ChatMessage,
+    DeltaMessage,
+    EngineError,
+    ModelCard,
+    ModelList,
+    UsageInfo,
+)
 
 log = logging.getLogger("agents.serving.embedded")
 READY = "parley engine ready:"
@@ -51,24 +63,18 @@ def create_app(engine: Engine) -> Starlette:
         return JSONResponse({"status": "ok"})
 
     async def models(request: Request):
-        entry = {"object": "model", "created": 0, "owned_by": "parley"}
-        data = [
-            {
-                **entry,
-                "id": engine.name,
-                "root": str(engine.model_dir),
-                "parent": None,
-                "max_model_len": engine.max_model_len,
-            }
+        base = ModelCard(
+            id=engine.name, root=str(engine.model_dir), max_model_len=engine.max_model_len
+        )
+        adapters = [
+            ModelCard(id=adapter.name, root=str(adapter.path), parent=engine.name)
+            for adapter in engine.adapters().values()
         ]
-        for adapter in engine.adapters().values():
-            data.append(
-                {**entry, "id": adapter.name, "root": str(adapter.path), "parent": engine.name}
-            )
-        return JSONResponse({"object": "list", "data": data})
+        return JSONResponse(ModelList(data=[base, *adapters]).model_dump())
 
     async def chat_completions(request: Request):
-        chat = protocol.parse_chat_request(await request.body())
+        body = await request.body()
+        chat = protocol.parse_chat_request(request.headers.get("content-type"), body)
         adapter = engine.resolve(chat.model)
         job = await anyio.to_thread.run_sync(engine.prepare, chat)
         return Completion(engine, lock, chat, adapter, job)
@@ -79,7 +85,7 @@ def create_app(engine: Engine) -> Starlette:
             Route("/v1/models", models),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         ],
-        exception_handlers={OpenAIError: _openai_error, HTTPException: _http_error},
+        exception_handlers={EngineError: _engine_error, HTTPException: _http_error},
     )
 
 
@@ -90,11 +96,13 @@ class Completion:
     a failure before the first token is still an ordinary error response.
     """
 
-    def __init__(self, engine, lock, chat: ChatRequest, adapter: Adapter | None, job: Generation):
+    def __init__(
+        self, engine, lock, chat: ChatCompletionRequest, adapter: Adapter | None, job: Generation
+    ):
         self.engine, self.lock = engine, lock
         self.chat, self.adapter, self.job = chat, adapter, job
         self.cancel = threading.Event()
-        self.id = protocol.completion_id()
+        self.id, self.created = protocol.completion_id(), protocol.now()
 
     async def __call__(self, scope, receive, send):
         failure = None
@@ -110,14 +118,14 @@ class Completion:
             try:
                 async with self.lock:
                     await self._generate(send)
-            except OpenAIError as error:  # nothing sent yet: an ordinary error response
+            except EngineError as error:  # nothing sent yet: an ordinary error response
                 failure = error
             except OSError:  # the client went away while we were sending
                 self.cancel.set()
             finally:
                 group.cancel_scope.cancel()
         if failure is not None:
-            await _send_json(send, failure.body(), failure.status)
+            await _send_json(send, failure.response, failure.status)
 
     async def _generate(self, send):
         loop = asyncio.get_running_loop()
@@ -168,10 +176,17 @@ class Completion:
         pieces = []
         while (item := await queue.get()) is not _END:
             pieces.append(_raise_if_failed(item))
-        body = protocol.completion(
-            self.id, self.chat.model, "".join(pieces), self.job.finish_reason, self._usage()
+        choice = ChatCompletionResponseChoice(
+            message=ChatMessage(content="".join(pieces)), finish_reason=self.job.finish_reason
         )
-        await _send_json(send, body, 200)
+        reply = ChatCompletionResponse(
+            id=self.id,
+            created=self.created,
+            model=self.chat.model,
+            choices=[choice],
+            usage=self._usage(),
+        )
+        await _send_json(send, reply, 200)
 
     async def _stream(self, send, queue):
         headers = [
@@ -186,36 +201,43 @@ class Completion:
                 {"type": "http.response.body", "body": protocol.sse(data), "more_body": True}
             )
 
-        model = self.chat.model
-        await event(protocol.chunk(self.id, model, {"role": "assistant", "content": ""}))
+        await event(self._chunk(DeltaMessage(role="assistant", content="")))
         try:
             while (item := await queue.get()) is not _END:
-                await event(protocol.chunk(self.id, model, {"content": _raise_if_failed(item)}))
-        except OpenAIError as error:  # headers are sent: report in the stream, as vLLM does
-            await event(error.body())
+                await event(self._chunk(DeltaMessage(content=_raise_if_failed(item))))
+        except EngineError as error:  # headers are sent: report in the stream, as vLLM does
+            await event(error.response)
         else:
-            await event(protocol.chunk(self.id, model, {}, self.job.finish_reason))
-            if self.chat.include_usage:
-                await event(protocol.chunk(self.id, model, None, usage=self._usage()))
+            await event(self._chunk(DeltaMessage(), self.job.finish_reason))
+            if self.chat.include_usage:  # the usage chunk has no choices
+                await event(self._chunk(None, usage=self._usage()))
         await event("[DONE]")
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    def _usage(self) -> dict:
-        return protocol.usage(len(self.job.prompt_ids), self.job.completion_tokens)
+    def _chunk(self, delta: DeltaMessage | None, finish_reason=None, usage=None):
+        choices = []
+        if delta is not None:
+            choices = [ChatCompletionResponseStreamChoice(delta=delta, finish_reason=finish_reason)]
+        return ChatCompletionStreamResponse(
+            id=self.id, created=self.created, model=self.chat.model, choices=choices, usage=usage
+        )
+
+    def _usage(self) -> UsageInfo:
+        return UsageInfo.of(len(self.job.prompt_ids), self.job.completion_tokens)
 
 
 def _raise_if_failed(item):
     """Queue items are pieces, markers, or the generation thread's exception."""
-    if isinstance(item, OpenAIError):
+    if isinstance(item, EngineError):
         raise item
     if isinstance(item, BaseException):
         log.error("Generation failed", exc_info=item)
-        raise OpenAIError(500, f"Generation failed: {item!r}") from item
+        raise EngineError(f"Generation failed: {item!r}", status=500) from item
     return item
 
 
-async def _send_json(send, body: dict, status: int):
-    payload = json.dumps(body, ensure_ascii=False).encode()
+async def _send_json(send, body: BaseModel, status: int):
+    payload = body.model_dump_json().encode()
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(payload)).encode()),
@@ -224,12 +246,12 @@ async def _send_json(send, body: dict, status: int):
     await send({"type": "http.response.body", "body": payload})
 
 
-async def _openai_error(request: Request, error: OpenAIError):
+async def _engine_error(request: Request, error: EngineError):
     return JSONResponse(error.body(), status_code=error.status)
 
 
 async def _http_error(request: Request, error: HTTPException):
-    body = OpenAIError(error.status_code, error.detail).body()
+    body = protocol.http_error(error.status_code, error.detail).body()
     return JSONResponse(body, status_code=error.status_code, headers=error.headers)
 
 

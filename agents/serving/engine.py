@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from agents.llm.tool_format import partial_suffix
 from agents.serving.adapters import Adapter, find_adapters
-from agents.serving.protocol import ChatRequest, OpenAIError, invalid
+from agents.serving.protocol import ChatCompletionRequest, EngineError
 
 log = logging.getLogger(__name__)
 
@@ -88,39 +88,51 @@ class Engine:
             return None
         adapter = self.adapters().get(model)
         if adapter is None:
-            raise OpenAIError(
-                404, f"The model `{model}` does not exist.", code="model_not_found", param="model"
-            )
+            raise EngineError(f"The model `{model}` does not exist.", status=404, param="model")
         return adapter
 
     # Requests ------------------------------------------------------------------------------
 
-    def prepare(self, request: ChatRequest) -> Generation:
-        """Render the chat template and check the context budget (400 when it does not fit)."""
+    def prepare(self, request: ChatCompletionRequest) -> Generation:
+        """Check the sampling settings, render the chat template and fit the reply into the
+        context, as vLLM does: a budget beyond the model's length, or a prompt that fills it,
+        is a 400; a budget beyond the room the prompt leaves is cut to that room."""
+        sampling = request.sampling_params()
+        if sampling.max_tokens is not None and sampling.max_tokens > self.max_model_len:
+            name = request.max_tokens_param
+            raise EngineError(
+                f"{name}={sampling.max_tokens} cannot be greater than "
+                f"max_model_len={self.max_model_len}. Please request fewer output tokens.",
+                param=name,
+            )
         try:
             text = self.tokenizer.apply_chat_template(
-                request.messages, tools=request.tools, tokenize=False, add_generation_prompt=True
+                request.template_messages(),
+                tools=request.template_tools(),
+                tokenize=False,
+                add_generation_prompt=True,
             )
         except Exception as error:  # a template that rejects the conversation
-            raise invalid(f"The chat template could not render these messages: {error}") from error
+            raise EngineError(
+                f"The chat template could not render these messages: {error}"
+            ) from error
         with self._tokenizer_lock:
             prompt_ids = self.tokenizer(text, add_special_tokens=False).input_ids
         room = self.max_model_len - len(prompt_ids)
-        if request.max_tokens is not None and request.max_tokens > room or room < 1:
-            raise invalid(
+        if room < 1:
+            raise EngineError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, "
-                f"you requested {len(prompt_ids) + (request.max_tokens or 1)} tokens "
-                f"({len(prompt_ids)} in the messages, {request.max_tokens or 1} in the completion).",
-                "messages",
-                code="context_length_exceeded",
+                f"your prompt contains {len(prompt_ids)} input tokens, which exceeds this limit "
+                f"even without any output tokens. Please reduce the length of the input prompt.",
+                param="input_tokens",
             )
         return Generation(
             prompt_ids=prompt_ids,
-            max_new_tokens=request.max_tokens or min(self.default_max_tokens, room),
-            temperature=request.temperature,
-            top_p=request.top_p,
-            seed=request.seed,
-            stop=request.stop,
+            max_new_tokens=min(sampling.max_tokens or self.default_max_tokens, room),
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            seed=sampling.seed,
+            stop=sampling.stop,
         )
 
     @contextmanager
@@ -208,9 +220,9 @@ class Engine:
         except Exception as error:
             if isinstance(self.model, PeftModel) and key in self.model.peft_config:
                 self.model.delete_adapter(key)  # drop what was half loaded
-            raise invalid(
+            raise EngineError(
                 f"Could not load the LoRA adapter `{adapter.name}` from {adapter.path}: {error}",
-                "model",
+                param="model",
             ) from error
         log.info("Loaded adapter %s from %s", adapter.name, adapter.path)
         self._loaded[adapter.name] = (key, stamp)

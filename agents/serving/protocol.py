@@ -1,226 +1,372 @@
-"""The OpenAI chat-completions wire format: request validation and response shapes.
+"""The embedded engine's OpenAI wire format, declared as pydantic models after vLLM 0.32's
+(vllm/entrypoints/openai/chat_completion/protocol.py, vllm/entrypoints/serve/engine/protocol.py).
 
-Only what the embedded engine honours is validated; other OpenAI fields (logprobs,
-presence_penalty, response_format, ...) are accepted and ignored, as vLLM ignores what it
-does not support. `tools` are passed to the chat template (SmolLM2's ignores them): the engine
-has no native tool calling, callers use agents.llm's JSON tool format.
+Requests: only what the engine honours is declared; other OpenAI fields (logprobs,
+presence_penalty, response_format, ...) are accepted and ignored, as vLLM ignores what it does
+not support. `tools` are passed to the chat template (SmolLM2's ignores them): the engine has no
+native tool calling, callers use agents.llm's JSON tool format.
+
+Errors have vLLM's body, `{"error": {"message", "type", "param", "code"}}`, and its two kinds:
+  - a body that does not fit the declared models is answered as vLLM's FastAPI layer answers a
+    RequestValidationError: 400, type "Bad Request", param the field's path ("body.temperature"),
+    message "1 validation error:\n  {...}";
+  - a well-formed request the engine refuses (sampling bounds, unknown model, context length) is
+    answered as vLLM's serving layer does: type "BadRequestError" / "NotFoundError" /
+    "InternalServerError", param the parameter's name.
 """
 
-import json
 import time
 import uuid
-from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
 
 from agents.llm.tool_format import render_tool_calls
 
-ROLES = {"system", "developer", "user", "assistant", "tool"}
+INT64 = 2**63
 
 
-class OpenAIError(Exception):
-    """An error answered as `{"error": {"message", "type", "param", "code"}}`."""
+class OpenAIBaseModel(BaseModel):
+    # OpenAI's API allows fields a server does not know; vLLM accepts and ignores them too
+    model_config = ConfigDict(extra="allow")
 
-    def __init__(self, status: int, message: str, *, code: str | None = None, param=None):
+
+# Errors ------------------------------------------------------------------------------------
+
+
+class ErrorInfo(OpenAIBaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: int
+
+
+class ErrorResponse(OpenAIBaseModel):
+    error: ErrorInfo
+
+
+# vLLM's serving layer names an error by its kind (vllm/entrypoints/serve/exception_handling)
+SERVING_ERRORS = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}
+
+
+class EngineError(Exception):
+    """A request the engine answers with an error: its status and vLLM's ErrorResponse body.
+
+    `kind` defaults to the serving layer's name for the status; framework errors (a body that
+    does not validate, an unknown route) pass the HTTP phrase, as vLLM's FastAPI handlers do."""
+
+    def __init__(
+        self, message: str, *, status: int = 400, param: str | None = None, kind: str = ""
+    ):
         super().__init__(message)
         self.status = status
-        self.message = message
-        self.code = code
-        self.param = param
+        kind = kind or SERVING_ERRORS.get(status) or HTTPStatus(status).phrase
+        self.response = ErrorResponse(
+            error=ErrorInfo(message=message, type=kind, param=param, code=status)
+        )
 
     def body(self) -> dict:
-        kind = {
-            400: "invalid_request_error",
-            404: "invalid_request_error",
-            405: "invalid_request_error",
-            500: "server_error",
-        }.get(self.status, "api_error")
-        return {
-            "error": {
-                "message": self.message,
-                "type": kind,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
+        return self.response.model_dump()
 
 
-def invalid(message: str, param: str | None = None, code: str = "invalid_value") -> OpenAIError:
-    return OpenAIError(400, message, code=code, param=param)
+class ParamError(ValueError):
+    """Raised inside a model validator to name the parameter at fault (vLLM's
+    VLLMValidationError), which then becomes the error's `param`."""
+
+    def __init__(self, message: str, parameter: str):
+        super().__init__(message)
+        self.parameter = parameter
 
 
-@dataclass
-class ChatRequest:
-    model: str
-    messages: list[dict]  # normalised: role in system/user/assistant/tool, content a string
-    max_tokens: int | None = None
-    temperature: float = 1.0  # OpenAI's default; 0 means greedy
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    stream: bool = False
-    include_usage: bool = False
-    tools: list[dict] | None = None
+def http_error(status: int, detail: str) -> EngineError:
+    return EngineError(detail, status=status, kind=HTTPStatus(status).phrase)
 
 
-def parse_chat_request(raw: bytes) -> ChatRequest:
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as error:
-        message = f"We could not parse the JSON body of your request: {error}"
-        raise invalid(message, code="invalid_json") from error
-    if not isinstance(body, dict):
-        raise invalid("The request body must be a JSON object.", code="invalid_json")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise invalid("`model` is required and must be a string.", "model")
-    n = body.get("n")
-    if n is not None and n != 1:
-        raise invalid("Only n=1 is supported.", "n")
-    stream = _typed(body, "stream", bool, False)
-    options = _typed(body, "stream_options", dict, None)
-    if options is not None and not stream:
-        raise invalid("`stream_options` is only allowed when `stream` is true.", "stream_options")
-    max_tokens = body.get("max_completion_tokens")
-    max_name = "max_completion_tokens"
-    if max_tokens is None:
-        max_tokens, max_name = body.get("max_tokens"), "max_tokens"
-    if max_tokens is not None and (not _is_int(max_tokens) or max_tokens < 1):
-        raise invalid(f"`{max_name}` must be a positive integer.", max_name)
-    temperature = _number(body, "temperature", 1.0, low=0.0, high=2.0)
-    top_p = _number(body, "top_p", 1.0, low=0.0, high=1.0)
-    if top_p <= 0:
-        raise invalid("`top_p` must be greater than 0.", "top_p")
-    seed = body.get("seed")
-    if seed is not None and not _is_int(seed):
-        raise invalid("`seed` must be an integer.", "seed")
-    tools = _typed(body, "tools", list, None)
-    return ChatRequest(
-        model=model,
-        messages=_messages(body.get("messages")),
-        max_tokens=max_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        seed=seed,
-        stop=_stop(body.get("stop")),
-        stream=stream,
-        include_usage=bool(options and options.get("include_usage")),
-        tools=tools or None,
+def invalid_body(error: ValidationError) -> EngineError:
+    """A body that does not fit the models, worded as vLLM words a RequestValidationError."""
+    errors = error.errors(include_url=False)
+    param = next(
+        (
+            e["ctx"]["error"].parameter
+            for e in errors
+            if isinstance(e.get("ctx", {}).get("error"), ParamError)
+        ),
+        None,
     )
+    param = param or _body_path(errors[0]["loc"] if errors else ())
+    return _bad_request([{**e, "loc": _body_path(e["loc"])} for e in errors], param)
 
 
-def _messages(messages) -> list[dict]:
-    if not isinstance(messages, list) or not messages:
-        raise invalid("`messages` must be a non-empty list.", "messages")
-    out = []
-    for i, message in enumerate(messages):
-        param = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise invalid(f"{param} must be an object.", param)
-        role = message.get("role")
-        if role not in ROLES:
-            raise invalid(f"{param}.role must be one of {sorted(ROLES)}, not {role!r}.", param)
-        content = _content(message.get("content"), param)
-        if role == "assistant" and message.get("tool_calls"):
-            blocks = render_tool_calls(message["tool_calls"])
+def _bad_request(errors: list, param: str | None) -> EngineError:
+    label = "error" if len(errors) == 1 else "errors"
+    lines = "".join(f"\n  {_shown(error)}" for error in errors[:10])
+    more = f"\n  ...and {len(errors) - 10} more {label}" if len(errors) > 10 else ""
+    message = f"{len(errors)} validation {label}:{lines}{more}"
+    return EngineError(message, param=param, kind=HTTPStatus.BAD_REQUEST.phrase)
+
+
+def _shown(error) -> str:
+    """One validation error as vLLM prints it, with the offending input kept short."""
+    if isinstance(error, dict) and "input" in error:
+        value = error["input"]
+        if isinstance(value, bytes):
+            value = f"<bytes of {len(value)} bytes>"
+        elif isinstance(value, list | dict | tuple):
+            value = f"<{type(value).__name__} of {len(value)} items>"
+        elif isinstance(value, str) and len(value) > 200:
+            value = value[:200] + "...[truncated]"
+        error = {**error, "input": value}
+    return str(error)
+
+
+# pydantic's names for the branches of a union ("str", "list[TextPart]", "function-after[...]")
+_BRANCHES = {"str", "int", "float", "bool", "list", "dict", "none", "tuple"}
+
+
+def _body_path(loc) -> str:
+    """A pydantic error location as vLLM's `param`: "body.messages.0.role"."""
+    parts = ["body"] + [
+        str(part)
+        for part in loc
+        if isinstance(part, int) or (str(part).isidentifier() and str(part) not in _BRANCHES)
+    ]
+    return ".".join(parts)
+
+
+# Requests ----------------------------------------------------------------------------------
+
+
+class TextPart(OpenAIBaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessageParam(OpenAIBaseModel):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    tool_calls: list[dict[str, Any]] | None = (
+        None  # an assistant turn's calls, as OpenAI sends them
+    )
+    tool_call_id: str | None = None
+
+    def for_template(self) -> dict:
+        """The message as the chat template takes it: a system/user/assistant/tool role and
+        text, an assistant's tool calls written as the `<tool_call>` blocks the model reads."""
+        content = self.content if isinstance(self.content, str) else ""
+        if isinstance(self.content, list):
+            content = "".join(part.text for part in self.content)
+        if self.role == "assistant" and self.tool_calls:
+            blocks = render_tool_calls(self.tool_calls)
             content = f"{content}\n{blocks}" if content else blocks
-        out.append({"role": "system" if role == "developer" else role, "content": content})
-    return out
+        return {"role": "system" if self.role == "developer" else self.role, "content": content}
 
 
-def _content(content, param: str) -> str:
-    if content is None or isinstance(content, str):
-        return content or ""
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text":
-                raise invalid(f"{param}.content: only text parts are supported.", param)
-            texts.append(str(part.get("text", "")))
-        return "".join(texts)
-    raise invalid(f"{param}.content must be a string or a list of text parts.", param)
+class StreamOptions(OpenAIBaseModel):
+    include_usage: bool | None = False
 
 
-def _stop(stop) -> list[str]:
-    if stop is None:
-        return []
-    stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-        raise invalid("`stop` must be a non-empty string or a list of them.", "stop")
-    return stops
+class FunctionDefinition(OpenAIBaseModel):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+class ChatCompletionToolsParam(OpenAIBaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
 
 
-def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise invalid(f"`{name}` must be a number between {low:g} and {high:g}.", name)
-    return float(value)
+class SamplingParams(BaseModel):
+    """What one generation samples with. The bounds are vLLM's (SamplingParams._verify_args)
+    except n, which is 1 here: the engine writes one choice."""
+
+    n: int = Field(1, ge=1, le=1)
+    temperature: float = Field(1.0, ge=0, le=2)  # OpenAI's default; 0 means greedy
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens: int | None = Field(None, ge=1)  # None: the engine's default budget
+    seed: int | None = None
+    stop: list[Annotated[str, Field(min_length=1)]] = []
 
 
-def _typed(body: dict, name: str, kind: type, default):
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, kind):
-        raise invalid(f"`{name}` must be a {kind.__name__}.", name)
-    return value
+class ChatCompletionRequest(OpenAIBaseModel):
+    # in the order of OpenAI's API reference, as vLLM's
+    messages: Annotated[list[ChatMessageParam], Field(min_length=1)]
+    model: str
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None  # wins over max_tokens
+    n: int | None = 1
+    seed: int | None = Field(None, ge=-INT64, lt=INT64)
+    stop: str | list[str] | None = []
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    tools: list[ChatCompletionToolsParam] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def stream_options_need_stream(cls, data):
+        if isinstance(data, dict) and data.get("stream_options") and not data.get("stream"):
+            raise ParamError(
+                "Stream options can only be defined when `stream=True`.", "stream_options"
+            )
+        return data
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def max_tokens_param(self) -> str:
+        """The name the request gave its reply budget under (error messages use it)."""
+        return "max_tokens" if self.max_completion_tokens is None else "max_completion_tokens"
+
+    def template_messages(self) -> list[dict]:
+        return [message.for_template() for message in self.messages]
+
+    def template_tools(self) -> list[dict] | None:
+        return [tool.model_dump(exclude_none=True) for tool in self.tools] if self.tools else None
+
+    def sampling_params(self) -> SamplingParams:
+        """The sampling settings, checked against their bounds (vLLM's BadRequestError)."""
+        stop = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        max_tokens = self.max_completion_tokens
+        max_tokens = self.max_tokens if max_tokens is None else max_tokens
+        values = {
+            "n": 1 if self.n is None else self.n,
+            "temperature": 1.0 if self.temperature is None else self.temperature,
+            "top_p": 1.0 if self.top_p is None else self.top_p,
+            "max_tokens": max_tokens,
+            "seed": self.seed,
+            "stop": stop,
+        }
+        try:
+            return SamplingParams(**values)
+        except ValidationError as error:
+            first = error.errors(include_url=False)[0]
+            name = str(first["loc"][0])
+            shown = self.max_tokens_param if name == "max_tokens" else name
+            raise EngineError(
+                f"{shown}: {first['msg']}, got {values[name]!r}.", param=shown
+            ) from error
 
 
-# Responses -------------------------------------------------------------------------------
+def parse_chat_request(content_type: str | None, raw: bytes) -> ChatCompletionRequest:
+    """The request body as a ChatCompletionRequest, or the 400 vLLM gives for it."""
+    media_type = (content_type or "").split(";", 1)[0].strip().lower()
+    if media_type != "application/json":  # as vLLM's validate_json_request
+        raise _bad_request(["Unsupported Media Type: Only 'application/json' is allowed"], None)
+    try:
+        return ChatCompletionRequest.model_validate_json(raw)
+    except ValidationError as error:
+        raise invalid_body(error) from error
+
+
+# Responses ---------------------------------------------------------------------------------
 
 
 def completion_id() -> str:
     return f"chatcmpl-{uuid.uuid4().hex}"
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
+def now() -> int:
+    return int(time.time())
 
 
-def chunk(cid: str, model: str, delta: dict | None, finish_reason=None, usage=None) -> dict:
-    """One chat.completion.chunk; with delta None it is the usage-only chunk (choices [])."""
-    body = {
-        "id": cid,
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": model,
-    }
-    if delta is None:
-        body["choices"] = []
-        body["usage"] = usage
-    else:
-        body["choices"] = [
-            {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        ]
-    return body
+class UsageInfo(OpenAIBaseModel):
+    prompt_tokens: int = 0
+    total_tokens: int = 0
+    completion_tokens: int = 0
+
+    @classmethod
+    def of(cls, prompt_tokens: int, completion_tokens: int) -> "UsageInfo":
+        return cls(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+        )
 
 
-def completion(cid: str, model: str, text: str, finish_reason: str | None, usage: dict) -> dict:
-    return {
-        "id": cid,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": finish_reason,
-            }
-        ],
-        "usage": usage,
-    }
+class ChatMessage(OpenAIBaseModel):
+    role: str = "assistant"
+    content: str | None = None
 
 
-def sse(data) -> bytes:
-    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+class ChatCompletionResponseChoice(OpenAIBaseModel):
+    index: int = 0
+    message: ChatMessage
+    logprobs: None = None
+    finish_reason: str | None = "stop"
+
+
+class _Reply(OpenAIBaseModel):
+    """What a whole reply and each chunk of a streamed one begin with."""
+
+    id: str = Field(default_factory=completion_id)
+    created: int = Field(default_factory=now)
+    model: str
+
+
+class ChatCompletionResponse(_Reply):
+    object: Literal["chat.completion"] = "chat.completion"
+    choices: list[ChatCompletionResponseChoice]
+    usage: UsageInfo
+
+
+class DeltaMessage(OpenAIBaseModel):
+    role: str | None = None
+    content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _only_what_changed(self, handler):
+        # a delta carries only what it adds: {"content": "..."}, and {} at the end
+        return {key: value for key, value in handler(self).items() if value is not None}
+
+
+class ChatCompletionResponseStreamChoice(OpenAIBaseModel):
+    index: int = 0
+    delta: DeltaMessage
+    logprobs: None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionStreamResponse(_Reply):
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    choices: list[ChatCompletionResponseStreamChoice]
+    usage: UsageInfo | None = None  # only on the last chunk, when asked for
+
+    @model_serializer(mode="wrap")
+    def _usage_when_given(self, handler):
+        data = handler(self)
+        if data.get("usage") is None:
+            data.pop("usage", None)
+        return data
+
+
+class ModelCard(OpenAIBaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = 0
+    owned_by: str = "parley"
+    root: str | None = None
+    parent: str | None = None
+    max_model_len: int | None = None
+
+
+class ModelList(OpenAIBaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard] = []
+
+
+def sse(data: BaseModel | str) -> bytes:
+    """One server-sent event: a model as compact JSON, or a literal such as "[DONE]"."""
+    payload = data if isinstance(data, str) else data.model_dump_json()
     return f"data: {payload}\n\n".encode()

@@ -1,8 +1,10 @@
-"""The engine's sampling and stop-sequence handling, without a server."""
+"""The engine's sampling, stop-sequence handling and reply budget, without a server."""
 
+import pytest
 import torch
 
-from agents.serving.engine import _StopText, sample
+from agents.serving.engine import Engine, _StopText, sample
+from agents.serving.protocol import ChatCompletionRequest, EngineError
 
 
 def test_temperature_zero_is_argmax():
@@ -52,3 +54,21 @@ def test_false_start_of_a_stop_sequence_is_released():
 def test_incomplete_utf8_is_held_back():
     pieces, _ = grow([], ["a\ufffd", "a\u00e9"])
     assert pieces == ["a", "\u00e9", ""]
+
+
+@pytest.mark.model
+def test_a_reply_budget_beyond_the_room_is_cut_to_it(base_model):
+    """vLLM's rule: max_tokens up to the model's length is accepted and cut to what the prompt
+    leaves; beyond the model's length it is refused."""
+    engine = Engine(base_model, max_model_len=64)
+
+    def request(max_tokens):
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        return ChatCompletionRequest(**body, max_tokens=max_tokens)
+
+    job = engine.prepare(request(60))
+    assert job.max_new_tokens == 64 - len(job.prompt_ids) < 60
+    assert engine.prepare(request(5)).max_new_tokens == 5
+    with pytest.raises(EngineError) as info:
+        engine.prepare(request(65))
+    assert info.value.status == 400 and info.value.response.error.param == "max_tokens"

@@ -179,44 +179,86 @@ def test_unknown_model_is_404(served):
     assert response.status_code == 404
     error = response.json()["error"]
     assert "no-such-model" in error["message"]
-    assert error["type"] == "invalid_request_error" and error["code"] == "model_not_found"
+    assert error == {**error, "type": "NotFoundError", "param": "model", "code": 404}
 
 
+# vLLM 0.32 answers two kinds of 400 (vllm/entrypoints/serve/exception_handling): a body that
+# does not fit its pydantic models is a "Bad Request" whose param is the field's path under
+# "body"; a well-formed request it refuses (sampling bounds) is a "BadRequestError" naming the
+# parameter. The embedded engine answers both the same way.
+NOT_THE_MODEL = "Bad Request"
+REFUSED = "BadRequestError"
 BAD_BODIES = [
-    ({"n": 2}, "n"),
-    ({"temperature": 5}, "temperature"),
-    ({"temperature": "hot"}, "temperature"),
-    ({"top_p": 0}, "top_p"),
-    ({"max_tokens": 0}, "max_tokens"),
-    ({"max_tokens": 2.5}, "max_tokens"),
-    ({"seed": "x"}, "seed"),
-    ({"stop": [""]}, "stop"),
-    ({"stop": 3}, "stop"),
-    ({"messages": []}, "messages"),
-    ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0]"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0]"),
-    ({"model": None}, "model"),
-    ({"stream": False, "stream_options": {"include_usage": True}}, "stream_options"),
+    ({"temperature": "hot"}, NOT_THE_MODEL, "body.temperature"),
+    ({"max_tokens": 2.5}, NOT_THE_MODEL, "body.max_tokens"),
+    ({"seed": "x"}, NOT_THE_MODEL, "body.seed"),
+    ({"stop": 3}, NOT_THE_MODEL, "body.stop"),
+    ({"messages": []}, NOT_THE_MODEL, "body.messages"),
+    ({"messages": None}, NOT_THE_MODEL, "body.messages"),  # missing
+    ({"messages": [{"role": "robot", "content": "hi"}]}, NOT_THE_MODEL, "body.messages.0.role"),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+        NOT_THE_MODEL,
+        "body.messages.0.content",
+    ),
+    ({"model": None}, NOT_THE_MODEL, "body.model"),
+    ({"stream": False, "stream_options": {"include_usage": True}}, NOT_THE_MODEL, "stream_options"),
+    ({"temperature": 5}, REFUSED, "temperature"),
+    ({"temperature": -0.5}, REFUSED, "temperature"),
+    ({"top_p": 0}, REFUSED, "top_p"),
+    ({"max_tokens": 0}, REFUSED, "max_tokens"),
+    ({"max_completion_tokens": 0}, REFUSED, "max_completion_tokens"),
+    ({"n": 2}, REFUSED, "n"),  # vLLM samples n choices; this engine one
+    ({"stop": [""]}, REFUSED, "stop"),
 ]
 
 
-@pytest.mark.parametrize("change,param", BAD_BODIES, ids=[p for _, p in BAD_BODIES])
-def test_invalid_parameters_are_400(served, change, param):
+@pytest.mark.parametrize(
+    "change,kind,param", BAD_BODIES, ids=[f"{p}-{next(iter(c))}" for c, _, p in BAD_BODIES]
+)
+def test_invalid_parameters_are_vllms_400(served, change, kind, param):
     body = {"model": served.base, "messages": [{"role": "user", "content": "hi"}], **change}
+    body = {key: value for key, value in body.items() if value is not None or key == "model"}
     response = served.post(body)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
-    assert error["type"] == "invalid_request_error"
-    assert error["param"] == param and error["message"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert (error["type"], error["param"], error["code"]) == (kind, param, 400)
+    assert error["message"]
+    if kind == NOT_THE_MODEL:  # vLLM's wording of a RequestValidationError
+        assert (
+            error["message"].startswith("1 validation error:\n  {") or "errors:" in error["message"]
+        )
 
 
 def test_invalid_json_is_400(served):
-    response = httpx.post(f"{served.url}/chat/completions", content=b"{not json", timeout=30)
+    headers = {"content-type": "application/json"}
+    response = httpx.post(
+        f"{served.url}/chat/completions", content=b"{not json", headers=headers, timeout=30
+    )
     assert response.status_code == 400
-    assert response.json()["error"]["code"] == "invalid_json"
+    error = response.json()["error"]
+    assert (error["type"], error["param"], error["code"]) == ("Bad Request", "body", 400)
+    assert "json_invalid" in error["message"]
+
+
+def test_a_body_that_is_not_json_is_400(served):
+    response = httpx.post(f"{served.url}/chat/completions", content=b"{}", timeout=30)
+    assert response.status_code == 400
+    assert response.json() == {
+        "error": {
+            "message": "1 validation error:\n  Unsupported Media Type: Only 'application/json' "
+            "is allowed",
+            "type": "Bad Request",
+            "param": None,
+            "code": 400,
+        }
+    }
 
 
 def test_context_length_is_checked(served):
+    """As vLLM: a reply budget beyond the model's length, or a prompt longer than it, is a 400
+    (a budget beyond the room the prompt leaves is cut to it: test_decoding.py)."""
     body = {
         "model": served.base,
         "messages": [{"role": "user", "content": "hi"}],
@@ -224,7 +266,20 @@ def test_context_length_is_checked(served):
     }
     response = served.post(body)
     assert response.status_code == 400
-    assert response.json()["error"]["code"] == "context_length_exceeded"
+    error = response.json()["error"]
+    assert (error["type"], error["param"]) == ("BadRequestError", "max_tokens")
+    assert "cannot be greater than max_model_len" in error["message"]
+    long = {"role": "user", "content": "sea " * 9000}  # more tokens than SmolLM2's 8192
+    response = served.post({**body, "messages": [long], "max_tokens": 1})
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "input_tokens"
+
+
+def test_unknown_routes_are_vllm_shaped(served):
+    response = httpx.get(f"{served.url}/chat/completions", timeout=30)
+    assert response.status_code == 405
+    error = response.json()["error"]
+    assert (error["type"], error["code"]) == ("Method Not Allowed", 405)
 
 
 def test_adapters_are_served_and_change_the_reply(served, greedy):
