@@ -474,3 +474,43 @@ async def test_shared_client_is_one_per_endpoint_and_event_loop():
     assert list(client_module._shared) == [asyncio.get_running_loop()]
     await client.aclose()
     assert shared_client(url, timeout=5) is not client  # a closed one is replaced
+
+
+def plain(status: int, text: str):
+    """vLLM answers the LoRA endpoints with plain text, not JSON."""
+
+    async def reply(reader, writer):
+        payload = text.encode()
+        writer.write(
+            f"HTTP/1.1 {status} X\r\ncontent-type: text/plain\r\n"
+            f"content-length: {len(payload)}\r\n\r\n".encode()
+            + payload
+        )
+        await writer.drain()
+
+    return reply
+
+
+async def test_lora_adapters_load_and_unload_through_the_same_client(peer):
+    server, url = await peer(
+        plain(200, "Success: LoRA adapter 'arm-a' added successfully."),
+        plain(400, "The lora adapter 'arm-a' has already been loaded."),
+        plain(200, "Success: LoRA adapter 'arm-a' removed successfully."),
+    )
+    async with LLMClient(url, max_retries=3, backoff=0.01) as client:
+        await client.load_lora_adapter("arm-a", "/ckpt/step-2", replace=True)
+        with pytest.raises(LLMHTTPError) as info:
+            await client.load_lora_adapter("arm-a", "/ckpt/step-2")
+        await client.unload_lora_adapter("arm-a")
+    assert info.value.status == 400 and "already been loaded" in str(info.value)
+    assert [r["line"] for r in server.requests] == [
+        "POST /v1/load_lora_adapter HTTP/1.1",
+        "POST /v1/load_lora_adapter HTTP/1.1",  # a refused load is not retried
+        "POST /v1/unload_lora_adapter HTTP/1.1",
+    ]
+    assert server.requests[0]["body"] == {
+        "lora_name": "arm-a",
+        "lora_path": "/ckpt/step-2",
+        "load_inplace": True,
+    }
+    assert server.requests[2]["body"] == {"lora_name": "arm-a"}
