@@ -75,7 +75,6 @@ class Simulator(abc.ABC):
         system = {"role": "system", "content": self.system_prompt(domain, scenario)}
         return [system, *user_view(conversation)]
 
-    @abc.abstractmethod
     async def reply(
         self,
         domain: Domain,
@@ -84,3 +83,8 @@ class Simulator(abc.ABC):
         choices: list[str] | None = None,
     ) -> UserTurn:
         """The next user message; `choices`: the texts it must be one of (a choice turn)."""
+        return await self.answer(self.messages(domain, scenario, conversation), choices)
+
+    @abc.abstractmethod
+    async def answer(self, messages: list[Message], choices: list[str] | None) -> UserTurn:
+        """The next user message, asked of the model as the chat `messages` continued."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agents.domains.base import Domain, Message, Scenario
+from agents.domains.base import Message
 from agents.simulators.base import Simulator, UserTurn
 
 
@@ -37,16 +37,9 @@ def chosen(raw: str, choices: list[str]) -> str | None:
 
 
 class PlainSimulator(Simulator):
-    async def reply(
-        self,
-        domain: Domain,
-        scenario: Scenario,
-        conversation: list[Message],
-        choices: list[str] | None = None,
-    ) -> UserTurn:
+    async def answer(self, messages: list[Message], choices: list[str] | None) -> UserTurn:
         """`choices`: the reply must be one of these texts (asked for with a JSON schema); an
         answer that names none of them is used as it is and flagged `fell_back`."""
-        messages = self.messages(domain, scenario, conversation)
         params = dict(self.params)
         if choices:
             params["response_format"] = choice_format(choices)

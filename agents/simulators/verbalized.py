@@ -260,15 +260,8 @@ class VerbalizedSimulator(Simulator):
     def system_prompt(self, domain: Domain, scenario: Scenario) -> str:
         return self.sampling.system_prompt(super().system_prompt(domain, scenario))
 
-    async def reply(
-        self,
-        domain: Domain,
-        scenario: Scenario,
-        conversation: list[Message],
-        choices: list[str] | None = None,
-    ) -> UserTurn:
+    async def answer(self, messages: list[Message], choices: list[str] | None) -> UserTurn:
         """`choices`: the texts every candidate must be (a choice turn); needs `structured`."""
-        messages = self.messages(domain, scenario, conversation)
         params = dict(self.params)
         if self.structured:
             params["response_format"] = self.sampling.response_format(choices)
