@@ -4,12 +4,14 @@ Under CI (PARLEY_CI=1) a test whose service is missing fails; on a laptop it is 
 """
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from parley.celery import worker_args
+
+from agents.serving.process import free_port  # noqa: F401 - tests import it from here
 
 REPO = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("PARLEY_CI") == "1"
@@ -20,12 +22,6 @@ def need(condition: bool, why: str) -> None:
         if IN_CI:
             pytest.fail(f"CI requires it: {why}")
         pytest.skip(why)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -111,13 +107,7 @@ def celery_worker(django_db_setup, django_db_blocker):
     process = subprocess.Popen(
         [
             sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "parley",
-            "worker",
-            "-Q",
-            "default,analysis,training",
+            *worker_args(),
             "--pool",
             "solo",
             "--loglevel",

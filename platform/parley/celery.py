@@ -6,9 +6,16 @@ from celery import Celery
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "parley.settings")
 
+QUEUES = ("default", "analysis", "training")  # settings route studies' and training's tasks here
+
 app = Celery("parley")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+def worker_args(*options: str) -> list[str]:
+    """`python -m celery ...` arguments of a worker on every queue (the demo's and the tests')."""
+    return ["-m", "celery", "-A", "parley", "worker", "-Q", ",".join(QUEUES), *options]
 
 
 @app.task(name="parley.health")

@@ -15,6 +15,7 @@ from django.conf import settings
 
 from agents.paths import REPO_DIR, base_model_dir, data_dir
 from agents.serving.process import StartError, port_is_free, spawn, stop, wait_healthy
+from parley.celery import worker_args
 from parley.credentials import admin_password
 
 # Settings are read lazily, after main() has set the URLs the children inherit.
@@ -92,20 +93,7 @@ def main() -> None:
             "--port",
             str(ENGINE_PORT),
         ),
-        "worker": start(
-            "worker",
-            "-m",
-            "celery",
-            "-A",
-            "parley",
-            "worker",
-            "-Q",
-            "default,analysis,training",
-            "--concurrency",
-            "1",
-            "--loglevel",
-            "INFO",
-        ),
+        "worker": start("worker", *worker_args("--concurrency", "1", "--loglevel", "INFO")),
         "web": start(
             "web",
             "-m",
