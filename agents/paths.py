@@ -1,4 +1,5 @@
-"""Where parley keeps its files. No Django here: training machines import this too."""
+"""Where parley keeps its files, and the one module outside Django's settings that reads the
+environment. No Django here: training machines import this too."""
 
 import os
 from pathlib import Path
@@ -22,3 +23,14 @@ def reference_dir() -> Path | None:
     """../shared/reference beside the checkout (CI always has it), or PARLEY_REFERENCE_DIR."""
     path = Path(os.environ.get("PARLEY_REFERENCE_DIR") or REFERENCE_DIR)
     return path if path.is_dir() else None
+
+
+def vllm_python() -> Path:
+    """The interpreter that has vLLM: PARLEY_VLLM_PYTHON, or the checkout's .venv-vllm (make vllm)."""
+    return Path(os.environ.get("PARLEY_VLLM_PYTHON") or REPO_DIR / ".venv-vllm" / "bin" / "python")
+
+
+def secret(env_name: str) -> str | None:
+    """The API key held by the environment variable a config or an arm names (they store the
+    variable's name, never the key); None when it is unset or empty."""
+    return os.environ.get(env_name) or None

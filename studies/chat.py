@@ -6,7 +6,6 @@ every message before the browser hears of it.
 """
 
 import json
-import os
 from collections.abc import Awaitable, Callable
 
 from channels.db import database_sync_to_async
@@ -16,6 +15,7 @@ from django.db import transaction
 from agents.domains.base import Domain
 from agents.domains.base import Scenario as DomainScenario
 from agents.llm import LLMClient, shared_client
+from agents.paths import secret
 
 from . import flow
 from .domains import domain_of, history, system_prompt
@@ -27,7 +27,7 @@ Send = Callable[[dict], Awaitable[None]]
 def arm_client(arm: Arm) -> LLMClient:
     """The worker's one long-lived client for the arm's endpoint on this event loop, shared by
     every turn and every arm on that endpoint (one connection pool, not one per turn)."""
-    api_key = os.environ.get(arm.api_key_env) if arm.api_key_env else None
+    api_key = secret(arm.api_key_env) if arm.api_key_env else None
     return shared_client(arm.endpoint_url, api_key=api_key, timeout=settings.PARLEY_LLM_TIMEOUT)
 
 

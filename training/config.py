@@ -23,7 +23,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
-import os
 import re
 import tomllib
 import typing
@@ -47,6 +46,7 @@ from pydantic.dataclasses import dataclass
 from pydantic_core import PydanticCustomError
 
 from agents.domains import DOMAINS
+from agents.paths import secret
 from agents.simulators.scripted import TYPES as SCRIPTED_TYPES
 from agents.simulators.verbalized import MODES as DRAW_MODES
 
@@ -180,7 +180,7 @@ class SimulatorSpec:
     def api_key(self) -> str | None:
         if not self.api_key_env:
             return None
-        key = os.environ.get(self.api_key_env)
+        key = secret(self.api_key_env)
         if not key:
             raise ConfigError(
                 f"simulator {self.name!r}: environment variable {self.api_key_env} is not set",

@@ -26,11 +26,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agents.paths import REPO_DIR
+from agents.paths import vllm_python
 from agents.serving.adapters import ADAPTER_CONFIG, find_adapters, serving_args
 from agents.serving.process import free_port, spawn, stop, wait_healthy
 
-VLLM_VENV = REPO_DIR / ".venv-vllm"
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # the `vllm` command wants a `vllm` dist
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the ranks vLLM's --max-lora-rank accepts
 MAX_MODEL_LEN = 4096  # SmolLM2 allows 8192; on CPU a shorter context keeps the KV cache small
@@ -39,11 +38,6 @@ KV_CACHE_GIB = "2"  # vLLM-CPU's KV cache (VLLM_CPU_KVCACHE_SPACE) unless the en
 
 class VLLMNotInstalled(RuntimeError):
     pass
-
-
-def vllm_python() -> Path:
-    """The interpreter that has vLLM: PARLEY_VLLM_PYTHON, or .venv-vllm's."""
-    return Path(os.environ.get("PARLEY_VLLM_PYTHON") or VLLM_VENV / "bin" / "python")
 
 
 def check_vllm(python: Path | str) -> Path:

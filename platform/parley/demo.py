@@ -18,11 +18,13 @@ from agents.serving.process import StartError, port_is_free, spawn, stop, wait_h
 from parley.celery import worker_args
 from parley.credentials import admin_password
 
-# Settings are read lazily, after main() has set the URLs the children inherit.
+# The host, ports and admin account come from parley's settings, as in every child process.
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "parley.settings")
-HOST = os.environ.get("PARLEY_HOST", "127.0.0.1")
-WEB_PORT = int(os.environ.get("PARLEY_PORT", "8000"))
-ENGINE_PORT = int(os.environ.get("PARLEY_ENGINE_PORT", "8001"))
+HOST, WEB_PORT, ENGINE_PORT = (
+    settings.PARLEY_HOST,
+    settings.PARLEY_PORT,
+    settings.PARLEY_ENGINE_PORT,
+)
 PY = sys.executable
 
 
@@ -59,8 +61,6 @@ def main() -> None:
                 f"Port {port} on {HOST} is taken; stop what runs there or set PARLEY_PORT / PARLEY_ENGINE_PORT."
             )
     engine_url = f"http://{HOST}:{ENGINE_PORT}/v1"
-    os.environ.setdefault("PARLEY_ENGINE_URL", engine_url)
-    os.environ.setdefault("PARLEY_PUBLIC_URL", f"http://{HOST}:{WEB_PORT}")
     run("-m", "agents.serving.prepare")
     run("manage.py", "migrate", "--noinput", "-v", "0")
     seeded = subprocess.run(

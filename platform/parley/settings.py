@@ -22,6 +22,13 @@ def env_bool(name: str, default: bool = False) -> bool:
     return value.strip().lower() in ("1", "true", "yes", "on")
 
 
+def env_port(name: str, default: int) -> int:
+    value = os.environ.get(name, "").strip() or str(default)
+    if not value.isdigit() or not 0 < int(value) < 65536:
+        raise ImproperlyConfigured(f"{name} must be a port number from 1 to 65535 (got {value!r}).")
+    return int(value)
+
+
 BASE_DIR = REPO_DIR
 DATA_DIR = data_dir()  # its folders are made at start-up (parley/apps.py), not at import
 
@@ -36,7 +43,11 @@ ALLOWED_HOSTS = [h for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "*").split(",
 CSRF_TRUSTED_ORIGINS = [
     o for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o
 ]
-PUBLIC_URL = os.environ.get("PARLEY_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
+# Where `make demo` serves the site and the embedded engine; the URLs below default to them.
+PARLEY_HOST = os.environ.get("PARLEY_HOST", "127.0.0.1")
+PARLEY_PORT = env_port("PARLEY_PORT", 8000)
+PARLEY_ENGINE_PORT = env_port("PARLEY_ENGINE_PORT", 8001)
+PUBLIC_URL = os.environ.get("PARLEY_PUBLIC_URL", f"http://{PARLEY_HOST}:{PARLEY_PORT}").rstrip("/")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -149,7 +160,9 @@ CELERY_TASK_ACKS_LATE = True
 
 # --- model engine -----------------------------------------------------------------------------
 # The embedded engine's URL; demo arms point here. Arms may point at any OpenAI-compatible server.
-PARLEY_ENGINE_URL = os.environ.get("PARLEY_ENGINE_URL", "http://127.0.0.1:8001/v1")
+PARLEY_ENGINE_URL = os.environ.get(
+    "PARLEY_ENGINE_URL", f"http://{PARLEY_HOST}:{PARLEY_ENGINE_PORT}/v1"
+)
 PARLEY_LLM_TIMEOUT = float(os.environ.get("PARLEY_LLM_TIMEOUT", "120"))
 
 # --- the demo's admin account (make demo; seed_demo) -----------------------------------------
