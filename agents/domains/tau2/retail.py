@@ -112,6 +112,10 @@ ITEM_IDS = array("Item ids, e.g. '1008292230'; an id may repeat.", {"type": "str
 PAYMENT_METHOD_ID = string(
     "A payment method id from the user's profile, e.g. 'gift_card_0000000' or 'credit_card_0000000'."
 )
+NEW_ITEM_IDS = array(
+    "The new item ids, position by position, each a variant of the same product.",
+    {"type": "string"},
+)
 ADDRESS_PARAMS = {
     "address1": string("First address line, e.g. '123 Main St'."),
     "address2": string("Second address line, e.g. 'Apt 1', or ''."),
@@ -301,10 +305,7 @@ class RetailTools(Toolkit):
         "refunding the difference. Possible once per order. Only after the customer explicitly confirms.",
         order_id=ORDER_ID,
         item_ids=ITEM_IDS,
-        new_item_ids=array(
-            "The new item ids, position by position, each a variant of the same product.",
-            {"type": "string"},
-        ),
+        new_item_ids=NEW_ITEM_IDS,
         payment_method_id=PAYMENT_METHOD_ID,
     )
     def modify_pending_order_items(
@@ -434,10 +435,7 @@ class RetailTools(Toolkit):
         "Only after the customer explicitly confirms.",
         order_id=ORDER_ID,
         item_ids=ITEM_IDS,
-        new_item_ids=array(
-            "The new item ids, position by position, each a variant of the same product.",
-            {"type": "string"},
-        ),
+        new_item_ids=NEW_ITEM_IDS,
         payment_method_id=PAYMENT_METHOD_ID,
     )
     def exchange_delivered_order_items(
