@@ -35,7 +35,6 @@ class TaskSet:
     )  # canonical JSON of shared records (Store.digest)
 
 
-
 _loaded: dict[tuple[str, str], TaskSet] = {}
 
 
