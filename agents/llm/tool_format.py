@@ -196,5 +196,3 @@ def messages_for_json_tools(messages: list[dict], tools: list[dict] | None) -> l
         else:
             out.insert(0, {"role": "system", "content": block})
     return out
-
-
