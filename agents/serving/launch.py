@@ -11,14 +11,13 @@ Linux, launched from the main thread, the child is also killed if this process d
 never leave engines behind (agents.serving.process).
 """
 
-import contextlib
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 from agents.serving.embedded import READY
-from agents.serving.process import StartError, spawn, stop, wait_healthy
+from agents.serving.process import StartError, serving, spawn, stop, wait_healthy
 
 EngineStartError = StartError  # the name callers of the engine launcher know
 
@@ -70,13 +69,9 @@ def stop_engine(process: subprocess.Popen, timeout: float = 10.0) -> None:
     stop(process, timeout=timeout)
 
 
-@contextlib.contextmanager
 def running_engine(model_dir: Path | str, port: int | None = None, adapters=None, **options):
-    base_url, process = start_engine(model_dir, port, adapters, **options)
-    try:
-        yield base_url
-    finally:
-        stop_engine(process)
+    """`with running_engine(...) as base_url:` start_engine, stopped when the block ends."""
+    return serving(start_engine(model_dir, port, adapters, **options))
 
 
 def _base_url(log_path: Path) -> str | None:

@@ -129,6 +129,16 @@ def stop(*processes: subprocess.Popen, timeout: float = 10.0) -> None:
             Path(process.log_path).unlink(missing_ok=True)
 
 
+@contextlib.contextmanager
+def serving(started: tuple[str, subprocess.Popen], timeout: float = 10.0):
+    """`with serving(start_x(...)) as base_url:` the server is stopped however the block ends."""
+    base_url, process = started
+    try:
+        yield base_url
+    finally:
+        stop(process, timeout=timeout)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on now (the OS's pick)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

@@ -19,7 +19,6 @@ load adapters themselves (LLMClient.load_lora_adapter; the trainer's `rollout_en
 """
 
 import argparse
-import contextlib
 import json
 import os
 import subprocess
@@ -28,7 +27,7 @@ from pathlib import Path
 
 from agents.paths import vllm_python
 from agents.serving.adapters import ADAPTER_CONFIG, find_adapters, serving_args
-from agents.serving.process import free_port, spawn, stop, wait_healthy
+from agents.serving.process import free_port, serving, spawn, stop, wait_healthy
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # the `vllm` command wants a `vllm` dist
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the ranks vLLM's --max-lora-rank accepts
@@ -165,13 +164,9 @@ def start_vllm(
     return base_url, process
 
 
-@contextlib.contextmanager
 def running_vllm(model_dir: Path | str, port: int | None = None, loras=None, **options):
-    base_url, process = start_vllm(model_dir, port, loras, **options)
-    try:
-        yield base_url
-    finally:
-        stop(process, timeout=20)
+    """`with running_vllm(...) as base_url:` start_vllm, stopped when the block ends."""
+    return serving(start_vllm(model_dir, port, loras, **options), timeout=20)
 
 
 def main(argv: list[str] | None = None) -> int:
