@@ -8,7 +8,7 @@ from .models import Checkpoint
 
 @admin.register(Checkpoint)
 class CheckpointAdmin(admin.ModelAdmin):
-    list_display = ["name", "domain", "regime", "step", "training_run", "created_at"]
+    list_display = ["name", "domain", "regime", "step", "created_at"]
     list_filter = ["domain", "regime"]
     search_fields = ["name"]
     readonly_fields = [
@@ -20,7 +20,6 @@ class CheckpointAdmin(admin.ModelAdmin):
         "step",
         "metrics",
         "manifest",
-        "training_run",
         "created_at",
     ]
 

@@ -24,13 +24,6 @@ class Checkpoint(models.Model):
     step = models.PositiveIntegerField(default=0)
     metrics = models.JSONField(default=dict, blank=True)
     manifest = models.JSONField(default=dict, blank=True)
-    training_run = models.ForeignKey(
-        "training.TrainingRun",
-        null=True,
-        blank=True,
-        on_delete=models.SET_NULL,
-        related_name="checkpoints",
-    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -40,8 +33,9 @@ class Checkpoint(models.Model):
         return self.name
 
     @classmethod
-    def register(cls, folder: Path, training_run=None) -> "Checkpoint":
-        """Record a checkpoint folder and link it where the embedded engine looks for adapters."""
+    def register(cls, folder: Path) -> "Checkpoint":
+        """Record a checkpoint folder and link it where the embedded engine looks for adapters.
+        (The run that wrote it is training's to record: agents installs without training.)"""
         folder = Path(folder).resolve()
         manifest = json.loads((folder / "manifest.json").read_text())
         name = manifest.get("name") or folder.name
@@ -60,7 +54,6 @@ class Checkpoint(models.Model):
                 step=manifest.get("step", 0),
                 metrics=manifest.get("metrics", {}),
                 manifest=manifest,
-                training_run=training_run,
             ),
         )
         return checkpoint

@@ -5,6 +5,8 @@ from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
+from agents.models import Checkpoint
+
 from . import tasks
 from .models import CONFIG_FIELDS, TrainingRun, preset_choices
 
@@ -150,3 +152,26 @@ class TrainingRunAdmin(admin.ModelAdmin):
             status=TrainingRun.Status.CANCELLED
         )
         self.message_user(request, f"{n} run(s) cancelled.")
+
+
+# agents' checkpoint registry knows no runs (agents installs alone); training owns the link, so
+# its admin extends agents' one with the run that wrote each checkpoint.
+_CheckpointAdmin = type(admin.site.get_model_admin(Checkpoint))
+admin.site.unregister(Checkpoint)
+
+
+@admin.register(Checkpoint)
+class CheckpointWithRunAdmin(_CheckpointAdmin):
+    list_display = [*_CheckpointAdmin.list_display, "training_run"]
+    readonly_fields = [*_CheckpointAdmin.readonly_fields, "training_run"]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("training_link__run")
+
+    @admin.display(description="Training run")
+    def training_run(self, checkpoint):
+        link = getattr(checkpoint, "training_link", None)  # None: not written by a run
+        if link is None:
+            return "-"
+        url = reverse("admin:training_trainingrun_change", args=[link.run_id])
+        return format_html('<a href="{}">{}</a>', url, link.run)

@@ -6,6 +6,7 @@ from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import models
 
 from agents.domains import domain_choices
+from agents.models import Checkpoint
 from training.config import (
     ConfigError,
     RunConfig,
@@ -70,12 +71,21 @@ class TrainingRun(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    checkpoints = models.ManyToManyField(
+        Checkpoint, through="RunCheckpoint", related_name="training_runs", blank=True
+    )
 
     class Meta:
         ordering = ["-created_at"]
 
     def __str__(self) -> str:
         return self.name
+
+    def register_checkpoint(self, folder: str | Path) -> Checkpoint:
+        """Put a checkpoint folder this run wrote in agents' registry, and link it to the run."""
+        checkpoint = Checkpoint.register(Path(folder))
+        RunCheckpoint.objects.update_or_create(checkpoint=checkpoint, defaults={"run": self})
+        return checkpoint
 
     def overrides(self) -> dict:
         """What this run changes in its preset: the settings JSON, then the fields set in the
@@ -117,3 +127,16 @@ class TrainingRun(models.Model):
         if not isinstance(self.settings, dict):
             raise ValidationError({"settings": "Must be a JSON object of RunConfig keys."})
         self.config()
+
+
+class RunCheckpoint(models.Model):
+    """Which run wrote a checkpoint. Training owns the link (agents' Checkpoint knows no runs), so
+    agents installs without training; a checkpoint outlives its run."""
+
+    run = models.ForeignKey(TrainingRun, on_delete=models.CASCADE, related_name="checkpoint_links")
+    checkpoint = models.OneToOneField(
+        Checkpoint, on_delete=models.CASCADE, related_name="training_link"
+    )
+
+    def __str__(self) -> str:
+        return f"{self.run} -> {self.checkpoint}"

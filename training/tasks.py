@@ -20,9 +20,7 @@ def progress_writer(run: TrainingRun, every: float = 1.0):
 
     def write(progress: dict) -> None:
         if progress.get("checkpoint"):  # servable (and attachable to an arm) as soon as it exists
-            from agents.models import Checkpoint
-
-            Checkpoint.register(progress["checkpoint"], training_run=run)
+            run.register_checkpoint(progress["checkpoint"])
         now = time.monotonic()
         final = progress.get("step") == progress.get("total_steps")
         if now - last[0] < every and not final:
@@ -37,7 +35,6 @@ def progress_writer(run: TrainingRun, every: float = 1.0):
 
 @shared_task(name="training.tasks.run_training")
 def run_training(run_id: int) -> str:
-    from agents.models import Checkpoint
     from training.run import train
 
     run = TrainingRun.objects.get(pk=run_id)
@@ -53,7 +50,7 @@ def run_training(run_id: int) -> str:
     try:
         folders = train(config, progress_callback=progress_writer(run), show_progress=False)
         for folder in folders:
-            Checkpoint.register(folder, training_run=run)
+            run.register_checkpoint(folder)
         run.status = TrainingRun.Status.DONE
     except RunCancelled:
         run.status = TrainingRun.Status.CANCELLED

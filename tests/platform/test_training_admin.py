@@ -87,7 +87,7 @@ def test_run_trains_registers_attaches_and_serves(
     ).json()
     assert progress["status"] == TrainingRun.Status.DONE and not progress["active"]
 
-    checkpoint = Checkpoint.objects.get(training_run=run)
+    checkpoint = run.checkpoints.get()
     link = adapters_dir() / checkpoint.name
     try:
         assert (
