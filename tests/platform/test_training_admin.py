@@ -10,7 +10,7 @@ import pytest
 from django.urls import reverse
 
 from agents.llm import LLMClient
-from agents.models import Checkpoint, adapters_dir
+from agents.models import adapters_dir
 from agents.serving.launch import start_engine, stop_engine
 from studies.models import Arm
 from tests.studies.conftest import make_study
