@@ -116,6 +116,13 @@ NEW_ITEM_IDS = array(
     "The new item ids, position by position, each a variant of the same product.",
     {"type": "string"},
 )
+# Exchanging delivered items and modifying pending ones take the same arguments.
+SWAP_PARAMS = dict(
+    order_id=ORDER_ID,
+    item_ids=ITEM_IDS,
+    new_item_ids=NEW_ITEM_IDS,
+    payment_method_id=PAYMENT_METHOD_ID,
+)
 ADDRESS_PARAMS = {
     "address1": string("First address line, e.g. '123 Main St'."),
     "address2": string("Second address line, e.g. 'Apt 1', or ''."),
@@ -303,10 +310,7 @@ class RetailTools(Toolkit):
         WRITE,
         "Swap items of a pending order for other variants of the same products, paying or "
         "refunding the difference. Possible once per order. Only after the customer explicitly confirms.",
-        order_id=ORDER_ID,
-        item_ids=ITEM_IDS,
-        new_item_ids=NEW_ITEM_IDS,
-        payment_method_id=PAYMENT_METHOD_ID,
+        **SWAP_PARAMS,
     )
     def modify_pending_order_items(
         self, order_id: str, item_ids: list, new_item_ids: list, payment_method_id: str
@@ -433,10 +437,7 @@ class RetailTools(Toolkit):
         "Request the exchange of items of a delivered order for other variants of the same "
         "products; the price difference is paid or refunded with the given method. Once per order. "
         "Only after the customer explicitly confirms.",
-        order_id=ORDER_ID,
-        item_ids=ITEM_IDS,
-        new_item_ids=NEW_ITEM_IDS,
-        payment_method_id=PAYMENT_METHOD_ID,
+        **SWAP_PARAMS,
     )
     def exchange_delivered_order_items(
         self, order_id: str, item_ids: list, new_item_ids: list, payment_method_id: str
