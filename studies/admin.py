@@ -23,6 +23,14 @@ from .models import AnalysisRun, Arm, Item, Participant, Questionnaire, Response
 from .pools import PoolError, import_pool
 
 
+def pages(model_admin: admin.ModelAdmin, *routes) -> list:
+    """A ModelAdmin's own pages, each (route, view, url name), behind the admin's login."""
+    return [
+        path(route, model_admin.admin_site.admin_view(view), name=name)
+        for route, view, name in routes
+    ]
+
+
 class ArmInline(admin.StackedInline):
     model = Arm
     extra = 0
@@ -200,29 +208,16 @@ class StudyAdmin(admin.ModelAdmin):
         self.message_user(request, f"{len(runs)} analysis run(s) queued.", messages.SUCCESS)
 
     def get_urls(self):
-        own = [
-            path(
-                "<int:pk>/import/",
-                self.admin_site.admin_view(self.import_scenarios),
-                name="studies_study_import",
-            ),
-            path(
-                "<int:pk>/analyse/",
-                self.admin_site.admin_view(require_POST(self.analyse)),
-                name="studies_study_analyse",
-            ),
-            path(
-                "<int:pk>/responses.csv",
-                self.admin_site.admin_view(self.responses_csv),
-                name="studies_study_responses",
-            ),
-            path(
-                "<int:pk>/transcripts.csv",
-                self.admin_site.admin_view(self.transcripts_csv),
-                name="studies_study_transcripts",
-            ),
-        ]
-        return own + super().get_urls()
+        return (
+            pages(
+                self,
+                ("<int:pk>/import/", self.import_scenarios, "studies_study_import"),
+                ("<int:pk>/analyse/", require_POST(self.analyse), "studies_study_analyse"),
+                ("<int:pk>/responses.csv", self.responses_csv, "studies_study_responses"),
+                ("<int:pk>/transcripts.csv", self.transcripts_csv, "studies_study_transcripts"),
+            )
+            + super().get_urls()
+        )
 
     def responses_csv(self, request, pk):
         study = get_object_or_404(Study, pk=pk)
@@ -336,14 +331,10 @@ class ParticipantAdmin(admin.ModelAdmin):
         return format_html('<a href="{}">read</a>', url)
 
     def get_urls(self):
-        own = [
-            path(
-                "<int:pk>/transcript/",
-                self.admin_site.admin_view(self.transcript),
-                name="studies_participant_transcript",
-            )
-        ]
-        return own + super().get_urls()
+        return (
+            pages(self, ("<int:pk>/transcript/", self.transcript, "studies_participant_transcript"))
+            + super().get_urls()
+        )
 
     def transcript(self, request, pk):
         participant = get_object_or_404(
@@ -432,14 +423,13 @@ class AnalysisRunAdmin(admin.ModelAdmin):
         )
 
     def get_urls(self):
-        own = [
-            path(
-                "<int:pk>/download/<str:kind>/",
-                self.admin_site.admin_view(self.download),
-                name="studies_analysisrun_download",
+        return (
+            pages(
+                self,
+                ("<int:pk>/download/<str:kind>/", self.download, "studies_analysisrun_download"),
             )
-        ]
-        return own + super().get_urls()
+            + super().get_urls()
+        )
 
     def download(self, request, pk, kind):
         run = get_object_or_404(AnalysisRun, pk=pk)
