@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from django.db import IntegrityError, transaction
 from django.db.models import Count, Q
 from django.utils import timezone
+from django.utils.crypto import constant_time_compare
 
 from . import tasks
 from .domains import opening_messages, outcome_after_questionnaire, score_conversation
@@ -51,22 +52,61 @@ def open_study(slug: str) -> Study:
     return study
 
 
-def arrive(study: Study, params) -> tuple[Participant, bool]:
-    """Find the participant of this PROLIFIC_PID or create one in the least-filled arm."""
+def arrive(study: Study, params, known_token: str | None = None) -> tuple[Participant, bool]:
+    """Resume the participant of this PROLIFIC_PID, or create one in the least-filled arm.
+
+    known_token is the participant token this browser was given at its first arrival (the view
+    reads it from a signed cookie), or None.
+    """
     values = check_prolific_params(params)
     if study.prolific_study_id and values["STUDY_ID"] != study.prolific_study_id:
         raise FlowError("Wrong study", "This link's STUDY_ID does not belong to this study.")
     existing = Participant.objects.filter(study=study, prolific_pid=values["PROLIFIC_PID"]).first()
     if existing:
-        return existing, False
+        return resume(existing, values, known_token), False
     if study.status != Study.Status.LIVE:
         raise FlowError(
             "This study is not open", "The study is not accepting participants now.", 403
         )
     try:
-        return _assign(study, values), True
+        participant = _assign(study, values)
     except IntegrityError:  # the same PID arrived twice at once: the other request created it
-        return Participant.objects.get(study=study, prolific_pid=values["PROLIFIC_PID"]), False
+        participant = Participant.objects.get(study=study, prolific_pid=values["PROLIFIC_PID"])
+        return resume(participant, values, known_token), False
+    # _assign may also have found the other request's participant under its lock: same rule.
+    return resume(participant, values, known_token), True
+
+
+SESSION_TAKEN = (
+    "This study link was already used in another session",
+    "Someone has already started this study with your Prolific ID in another session, so this "
+    "link cannot open it. If that was you, please reopen the study in the browser where you "
+    "started it. Otherwise, please contact the researcher through Prolific.",
+)
+
+
+def resume(participant: Participant, values: dict[str, str], known_token: str | None):
+    """The participant, if this arrival is theirs: the stored SESSION_ID, or this browser's cookie.
+
+    A PROLIFIC_PID is no secret (it appears in links, screenshots and messages); the SESSION_ID
+    is Prolific's submission id, which only the participant's own study link carries.
+    Prolific gives a new SESSION_ID when a participant returns the study and takes it again (a
+    new submission). We cannot tell that person from someone who knows their PID, so a new
+    SESSION_ID resumes only in the browser that started (the cookie), and the new submission id
+    is recorded there, as the researcher approves that submission; elsewhere it is refused.
+    """
+    same_session = constant_time_compare(values["SESSION_ID"], participant.prolific_session_id)
+    same_browser = known_token is not None and constant_time_compare(
+        known_token, str(participant.token)
+    )
+    if not (same_session or same_browser):
+        raise FlowError(*SESSION_TAKEN, status=403)
+    if not same_session:
+        Participant.objects.filter(pk=participant.pk).update(
+            prolific_session_id=values["SESSION_ID"]
+        )
+        participant.prolific_session_id = values["SESSION_ID"]
+    return participant
 
 
 @transaction.atomic

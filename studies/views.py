@@ -1,7 +1,9 @@
 """Participant pages. Thin: the flow module holds the rules, templates the words."""
 
+from django.conf import settings
 from django.http import HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from . import flow
@@ -12,15 +14,41 @@ def problem(request, error: flow.FlowError):
     return render(request, "studies/problem.html", {"error": error}, status=error.status)
 
 
+# The browser that first arrived keeps its participant's token in a signed cookie, so the same
+# person can come back with a new SESSION_ID (see flow.resume). Signed per study and sent only to
+# that study's link; a week outlasts Prolific's longest allowed time (under 24 h).
+ARRIVAL_COOKIE = "parley_arrival"
+ARRIVAL_COOKIE_AGE = 7 * 24 * 3600
+
+
+def arrival_salt(study) -> str:
+    return f"studies.arrival.{study.pk}"
+
+
 @require_GET
 def arrive(request, slug):
     """The Prolific link: /s/<slug>/?PROLIFIC_PID=...&STUDY_ID=...&SESSION_ID=..."""
     try:
         study = flow.open_study(slug)
-        participant, _ = flow.arrive(study, request.GET)
+        known_token = request.get_signed_cookie(
+            ARRIVAL_COOKIE, None, salt=arrival_salt(study), max_age=ARRIVAL_COOKIE_AGE
+        )
+        participant, _ = flow.arrive(study, request.GET, known_token)
     except flow.FlowError as error:
         return problem(request, error)
-    return redirect("studies:participant", token=participant.token)
+    response = redirect("studies:participant", token=participant.token)
+    # Set at the first arrival and renewed on every resume: each of them proved its right.
+    response.set_signed_cookie(
+        ARRIVAL_COOKIE,
+        str(participant.token),
+        salt=arrival_salt(study),
+        max_age=ARRIVAL_COOKIE_AGE,
+        path=reverse("studies:arrive", args=[study.slug]),
+        secure=not settings.DEBUG,
+        httponly=True,
+        samesite="Lax",  # sent on the top-level link from Prolific, not on cross-site requests
+    )
+    return response
 
 
 def load(token) -> Participant:
