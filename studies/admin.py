@@ -60,7 +60,7 @@ class StudyAdmin(admin.ModelAdmin):
     search_fields = ["title", "slug"]
     prepopulated_fields = {"slug": ["title"]}
     inlines = [ArmInline, ScenarioInline]
-    actions = ["run_analysis", "export_responses", "export_transcripts"]
+    actions = ["run_analysis", "export_responses", "export_transcripts", "run_bots"]
     readonly_fields = ["participant_link", "progress", "pool", "downloads", "analysis"]
     fieldsets = [
         (
@@ -206,6 +206,19 @@ class StudyAdmin(admin.ModelAdmin):
     def run_analysis(self, request, queryset):
         runs = [tasks.start_analysis(study) for study in queryset]
         self.message_user(request, f"{len(runs)} analysis run(s) queued.", messages.SUCCESS)
+
+    @admin.action(
+        permissions=["change"],
+        description="Run bots (two per arm) through the live study, in the background",
+    )
+    def run_bots(self, request, queryset):
+        # Bots are marked on arrival and stay out of exports and analysis (studies/bots.py).
+        for study in queryset:
+            n = 2 * max(study.arms.filter(active=True).count(), 1)
+            task = tasks.run_bots.delay(study.pk, n, 2)
+            self.message_user(
+                request, f"{n} bots queued on {study} (task {task.id}).", messages.SUCCESS
+            )
 
     def get_urls(self):
         return (

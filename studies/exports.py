@@ -55,10 +55,11 @@ def iso(value) -> str:
     return value.isoformat() if value else ""
 
 
-def response_rows(participants) -> Iterator[list]:
+def response_rows(participants, include_bots: bool = False) -> Iterator[list]:
     """Header, then one row per participant; item columns hold the raw answers as given."""
     participants = list(
-        participants.select_related("study", "arm", "scenario")
+        humans_unless(participants, include_bots)
+        .select_related("study", "arm", "scenario")
         .annotate(n_messages=Count("conversation__messages"))
         .order_by("study_id", "created_at", "id")
     )
@@ -97,8 +98,14 @@ def response_rows(participants) -> Iterator[list]:
         yield row + [mine.get(key, "") for key in keys]
 
 
-def transcript_rows(participants) -> Iterator[list]:
+def humans_unless(participants, include_bots: bool):
+    """Bot participants (studies/bots.py) are rehearsal data: out of exports unless asked for."""
+    return participants if include_bots else participants.filter(is_bot=False)
+
+
+def transcript_rows(participants, include_bots: bool = False) -> Iterator[list]:
     yield MESSAGE_COLUMNS
+    participants = humans_unless(participants, include_bots)
     messages = (
         Message.objects.filter(conversation__participant__in=participants)
         .select_related(

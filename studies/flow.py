@@ -13,7 +13,7 @@ from django.db.models import Count, Q
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
-from . import tasks
+from . import bots, tasks
 from .domains import opening_messages, outcome_after_questionnaire, score_conversation
 from .errors import FlowError
 from .models import Arm, Conversation, Item, Message, Participant, Response, Scenario, Study
@@ -116,36 +116,42 @@ def _assign(study: Study, values: dict[str, str]) -> Participant:
     existing = Participant.objects.filter(study=study, prolific_pid=values["PROLIFIC_PID"]).first()
     if existing:
         return existing
-    arm = least_filled_arm(study)
+    is_bot = bots.is_bot_pid(study, values["PROLIFIC_PID"])
+    arm = least_filled_arm(study, is_bot)
     participant = Participant.objects.create(
         study=study,
         arm=arm,
-        scenario=least_used_scenario(study, arm),
+        scenario=least_used_scenario(study, arm, is_bot),
         prolific_pid=values["PROLIFIC_PID"],
         prolific_study_id=values["STUDY_ID"],
         prolific_session_id=values["SESSION_ID"],
+        is_bot=is_bot,
     )
     return participant
 
 
-def least_filled_arm(study: Study) -> Arm:
-    """Fewest active plus completed participants; ties go to the lower (order, id)."""
+def least_filled_arm(study: Study, is_bot: bool = False) -> Arm:
+    """Fewest active plus completed participants; ties go to the lower (order, id). Bots are
+    balanced among bots, so a rehearsal never tilts where real participants go."""
+    holding = Q(participants__status__in=Participant.ACTIVE, participants__is_bot=is_bot)
     arms = list(
-        study.arms.filter(active=True).annotate(
-            filled=Count("participants", filter=Q(participants__status__in=Participant.ACTIVE))
-        )
+        study.arms.filter(active=True).annotate(filled=Count("participants", filter=holding))
     )
     if not arms:
         raise FlowError("This study is not ready", "The study has no active arm yet.", 503)
     return min(arms, key=lambda arm: (arm.filled, arm.order, arm.id))
 
 
-def least_used_scenario(study: Study, arm: Arm) -> Scenario | None:
+def least_used_scenario(study: Study, arm: Arm, is_bot: bool = False) -> Scenario | None:
     """Within the arm, the scenario used least often, so every scenario is used about equally."""
     scenarios = study.scenarios.filter(active=True).annotate(
         used=Count(
             "participants",
-            filter=Q(participants__arm=arm, participants__status__in=Participant.ACTIVE),
+            filter=Q(
+                participants__arm=arm,
+                participants__status__in=Participant.ACTIVE,
+                participants__is_bot=is_bot,
+            ),
         )
     )
     return min(scenarios, key=lambda s: (s.used, s.id), default=None)

@@ -281,6 +281,9 @@ class Participant(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.CONSENT)
     attention_passed = models.BooleanField(null=True, blank=True)
     outcome = models.JSONField(null=True, blank=True, help_text="The Domain's Outcome.")
+    # Set on arrival from a PROLIFIC_PID only this server can sign (studies/bots.py): rehearsal
+    # participants, left out of arm balance, exports and analysis unless asked for.
+    is_bot = models.BooleanField(default=False, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     consented_at = models.DateTimeField(null=True, blank=True)
     chat_ended_at = models.DateTimeField(null=True, blank=True)

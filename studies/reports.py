@@ -25,13 +25,16 @@ def measures_of(study: Study) -> list[Item]:
     ]
 
 
-def participant_table(study: Study) -> pd.DataFrame:
-    """One row per participant who got past consent: arm, finished, attention, answers, outcome."""
+def participant_table(study: Study, include_bots: bool = False) -> pd.DataFrame:
+    """One row per participant who got past consent: arm, finished, attention, answers, outcome.
+    Bot participants are rehearsal data, left out unless asked for."""
     items = measures_of(study)
     rows = {}
     participants = study.participants.exclude(status=Participant.Status.NO_CONSENT).select_related(
         "arm"
     )
+    if not include_bots:
+        participants = participants.filter(is_bot=False)
     for p in participants.order_by("created_at", "id"):
         rows[p.pk] = {
             "participant": p.prolific_pid,
@@ -91,7 +94,10 @@ def compute(run: AnalysisRun) -> AnalysisRun:
 
 def target_reached(study: Study) -> bool:
     arms = study.arms.filter(active=True).annotate(
-        done=Count("participants", filter=Q(participants__status=Participant.Status.COMPLETED))
+        done=Count(
+            "participants",
+            filter=Q(participants__status=Participant.Status.COMPLETED, participants__is_bot=False),
+        )
     )
     return bool(arms) and all(arm.done >= study.target_per_arm for arm in arms)
 
