@@ -69,7 +69,9 @@ def test_platform_in_celery_worker(celery_worker):
 SETTINGS_PROBE = (
     "import json; from django.conf import settings as s; import django; django.setup(); "
     "print(json.dumps({'db': s.DATABASES['default']['ENGINE'], 'pool': 'pool' in s.DATABASES['default'].get('OPTIONS', {}), "
-    "'layer': s.CHANNEL_LAYERS['default']['BACKEND'], 'broker': s.CELERY_BROKER_URL}))"
+    "'layer': s.CHANNEL_LAYERS['default']['BACKEND'], 'broker': s.CELERY_BROKER_URL, "
+    "'layer_read_timeout': [h.get('socket_timeout') for h in s.CHANNEL_LAYERS['default'].get('CONFIG', {}).get('hosts', [])], "
+    "'broker_read_timeout': s.CELERY_BROKER_TRANSPORT_OPTIONS.get('socket_timeout')}))"
 )
 
 
@@ -94,6 +96,8 @@ def test_embedded_settings_need_no_server():
         "pool": False,
         "layer": "channels.layers.InMemoryChannelLayer",
         "broker": "filesystem://",
+        "layer_read_timeout": [],
+        "broker_read_timeout": None,
     }
 
 
@@ -107,6 +111,9 @@ def test_production_settings_from_environment():
         "pool": True,
         "layer": "channels_redis.core.RedisChannelLayer",
         "broker": "redis://cache:6379/1",
+        # Longer than channels-redis's 5 s blocking read (redis-py 8 would cut it at 5 s).
+        "layer_read_timeout": [30.0],
+        "broker_read_timeout": 30.0,
     }
 
 

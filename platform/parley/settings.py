@@ -118,14 +118,45 @@ else:
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-# --- channel layer ------------------------------------------------------------------------
+# --- Redis connections ----------------------------------------------------------------------
+# redis-py 8 cuts any read after 5 s by default, which is as long as channels-redis waits in
+# its blocking BZPOPMIN: every idle WebSocket died every ~5 s (django/channels_redis#422). So
+# each Redis client gets its options here, never from REDIS_URL's query string (which kombu
+# would also read as its own options and break).
 REDIS_URL = os.environ.get("REDIS_URL", "")
+# Seconds channels-redis's BZPOPMIN waits for a message (RedisChannelLayer.brpop_timeout).
+CHANNELS_BLOCKING_READ = 5
+# Longer than any blocking read (channels-redis 5 s, kombu's BRPOP 1 s), yet finite so a server
+# that vanished without closing the socket is noticed.
+REDIS_SOCKET_TIMEOUT = float(os.environ.get("PARLEY_REDIS_SOCKET_TIMEOUT", "30"))
+if REDIS_SOCKET_TIMEOUT <= 2 * CHANNELS_BLOCKING_READ:
+    raise ImproperlyConfigured(
+        "PARLEY_REDIS_SOCKET_TIMEOUT must exceed 10 seconds: channels-redis blocks reads "
+        f"for {CHANNELS_BLOCKING_READ} s (got {REDIS_SOCKET_TIMEOUT})."
+    )
+REDIS_CONNECT_TIMEOUT = 5
+REDIS_HEALTH_CHECK_INTERVAL = 25  # a PING first on a connection idle this long
+
+
+def redis_options() -> dict:
+    """Socket options every Redis client of the site shares (layer, cache, Celery)."""
+    return {
+        "socket_timeout": REDIS_SOCKET_TIMEOUT,
+        "socket_connect_timeout": REDIS_CONNECT_TIMEOUT,
+        "socket_keepalive": True,
+        "health_check_interval": REDIS_HEALTH_CHECK_INTERVAL,
+        # A timed-out write may still have happened: retrying it could deliver it twice.
+        "retry_on_timeout": False,
+    }
+
+
+# --- channel layer ------------------------------------------------------------------------
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
             "CONFIG": {
-                "hosts": [REDIS_URL],
+                "hosts": [{"address": REDIS_URL, **redis_options()}],
                 "prefix": os.environ.get("PARLEY_CHANNEL_PREFIX", "parley"),
             },
         }
@@ -146,9 +177,25 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "control_folder": str(_broker_dir / "control"),
         "store_processed": False,
     }
+elif CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        **redis_options(),
+        # acks_late: a task unacknowledged this long is given to another worker, so it must
+        # outlast the longest task (a training run), not kombu's default hour.
+        "visibility_timeout": int(os.environ.get("PARLEY_CELERY_VISIBILITY_TIMEOUT", "43200")),
+    }
+# Workers started before the broker keep trying instead of exiting (and Celery 5 asks for it).
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_CONNECTION_TIMEOUT = REDIS_CONNECT_TIMEOUT
 CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND") or (
     REDIS_URL or f"file://{DATA_DIR / 'celery-results'}"
 )
+# The result backend's own Redis client (used when it is Redis), with the same socket options.
+CELERY_REDIS_SOCKET_TIMEOUT = REDIS_SOCKET_TIMEOUT
+CELERY_REDIS_SOCKET_CONNECT_TIMEOUT = REDIS_CONNECT_TIMEOUT
+CELERY_REDIS_SOCKET_KEEPALIVE = True
+CELERY_REDIS_BACKEND_HEALTH_CHECK_INTERVAL = REDIS_HEALTH_CHECK_INTERVAL
+CELERY_REDIS_RETRY_ON_TIMEOUT = False
 CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_TASK_ROUTES = {
     "studies.tasks.run_analysis": {"queue": "analysis"},
