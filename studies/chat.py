@@ -3,8 +3,14 @@
 The consumer calls `agent_turn`; it streams the reply through agents/llm, runs the agent's
 tool calls on this conversation's own Domain state (through studies/domains.py), and stores
 every message before the browser hears of it.
+
+A turn that hears nothing from the engine for PARLEY_STALL_TIMEOUT seconds (well under the
+client's read timeout) ends with EngineStalled, so the page can offer Retry within seconds.
+Two windows may answer the same message at once (a second tab opened mid-reply): the first
+to store wins under the conversation's row lock, the other stores nothing and shows that reply.
 """
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable
 
@@ -22,6 +28,15 @@ from .domains import domain_of, history, system_prompt
 from .models import Arm, Conversation, Message, Participant
 
 Send = Callable[[dict], Awaitable[None]]
+STALL_TIMEOUT = 8.0  # default for PARLEY_STALL_TIMEOUT: a notice well within 10 s
+
+
+class EngineStalled(Exception):
+    """The engine sent nothing for the stall timeout in the middle of a turn."""
+
+
+def stall_timeout() -> float:
+    return float(getattr(settings, "PARLEY_STALL_TIMEOUT", STALL_TIMEOUT))
 
 
 def arm_client(arm: Arm) -> LLMClient:
@@ -43,7 +58,7 @@ def metrics(result) -> dict:
     }
 
 
-async def agent_turn(participant: Participant, user_message: Message, send: Send) -> Message:
+async def agent_turn(participant: Participant, user_message: Message, send: Send) -> Message | None:
     """Stream the agent's answer to `user_message`; loop over tool calls up to the Domain's cap."""
     conversation = await database_sync_to_async(lambda: participant.conversation)()
     domain, scenario = await database_sync_to_async(domain_of)(participant)
@@ -53,6 +68,8 @@ async def agent_turn(participant: Participant, user_message: Message, send: Send
     params = participant.arm.generation_params()
     reply_to = user_message.client_id
     client = arm_client(participant.arm)
+    # Replies of an earlier, broken turn count as this turn's; any other is another window's.
+    mine = await database_sync_to_async(earlier_replies)(user_message)
     while True:
         messages = await database_sync_to_async(history)(conversation)
         if system:
@@ -67,18 +84,22 @@ async def agent_turn(participant: Participant, user_message: Message, send: Send
             tool_format=participant.arm.tool_format,
             **params,
         ) as stream:
-            async for delta in stream:
-                await send({"type": "delta", "reply_to": reply_to, "text": delta})
+            await relay(stream, send, reply_to)
         result = stream.result
         calls = result.tool_calls[:budget] if offer_tools else []
-        stored = await database_sync_to_async(flow.store_agent_message)(
+        stored = await database_sync_to_async(store_turn_message)(
             conversation,
+            user_message,
+            mine,
             role=Message.Role.ASSISTANT,
             content=result.content,
             tool_calls=calls or None,
             reply_to=user_message,
             **metrics(result),
         )
+        if stored is None:  # another window answered this message first
+            return await answered_elsewhere(user_message, send)
+        mine.append(stored.pk)
         if not calls:
             await send({"type": "reply", "reply_to": reply_to, "message": stored.to_client()})
             return stored
@@ -87,6 +108,7 @@ async def agent_turn(participant: Participant, user_message: Message, send: Send
             result_message = await database_sync_to_async(run_tool)(
                 conversation, domain, scenario, call, user_message
             )
+            mine.append(result_message.pk)
             await send(
                 {
                     "type": "tool_result",
@@ -95,6 +117,64 @@ async def agent_turn(participant: Participant, user_message: Message, send: Send
                 }
             )
         budget -= len(calls)
+
+
+async def relay(stream, send: Send, reply_to: str) -> None:
+    """Pass the stream's text on as deltas; EngineStalled when a gap exceeds the stall timeout."""
+    stall = stall_timeout()
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(stall) as deadline:
+            async for delta in stream:
+                await send({"type": "delta", "reply_to": reply_to, "text": delta})
+                deadline.reschedule(loop.time() + stall)
+    except TimeoutError:
+        if deadline.expired():
+            raise EngineStalled(f"no token from the engine for {stall:g} s") from None
+        raise
+
+
+def final_reply(user_message: Message) -> Message | None:
+    return (
+        user_message.replies.filter(role=Message.Role.ASSISTANT, tool_calls__isnull=True)
+        .order_by("seq")
+        .first()
+    )
+
+
+def earlier_replies(user_message: Message) -> list[int]:
+    return list(user_message.replies.values_list("pk", flat=True))
+
+
+@transaction.atomic
+def store_turn_message(
+    conversation: Conversation, user_message: Message, mine: list[int], **fields
+) -> Message | None:
+    """Store this turn's agent message unless another turn already answers `user_message`
+    (the row lock orders two windows' writes, on every worker); None when one does."""
+    Conversation.objects.select_for_update().get(pk=conversation.pk)
+    others = user_message.replies.exclude(pk__in=mine)
+    if others.exists() or final_reply(user_message) is not None:
+        return None
+    return flow.store_agent_message(conversation, **fields)
+
+
+async def answered_elsewhere(user_message: Message, send: Send) -> Message | None:
+    """Show the other turn's stored reply, or, while it is still running tools, say so."""
+    reply = await database_sync_to_async(final_reply)(user_message)
+    reply_to = user_message.client_id
+    if reply is not None:
+        await send({"type": "reply", "reply_to": reply_to, "message": reply.to_client()})
+        return reply
+    await send(
+        {
+            "type": "error",
+            "reply_to": reply_to,
+            "retry": True,
+            "message": "This message is being answered in another window; press Retry in a moment.",
+        }
+    )
+    return None
 
 
 def run_tool(

@@ -7,6 +7,7 @@
   const list = $("messages"), text = $("text"), send = $("send"), end = $("end"), notice = $("notice");
   const pendingKey = "parley-pending-" + cfg.token;
   let socket = null, retries = 0, busy = false, redirecting = false, streaming = null, lastStatus = {};
+  let lastSent = null;  // the id of the last message frame, dropped if the server closes on it
 
   const pending = () => JSON.parse(localStorage.getItem(pendingKey) || "{}");
   const savePending = (p) => localStorage.setItem(pendingKey, JSON.stringify(p));
@@ -87,7 +88,15 @@
 
   function transmit(id, body) {
     setBusy(true);
+    lastSent = id;
     socket.send(JSON.stringify({ type: "message", id: id, text: body }));
+  }
+
+  // The server refused the message for good: never resend it (a resend loop locks the chat).
+  function dropPending(id) {
+    const p = pending(); delete p[id]; savePending(p);
+    const el = list.querySelector('[data-client-id="' + id + '"]');
+    if (el) { el.classList.remove("unconfirmed"); el.classList.add("refused"); }
   }
 
   function onEvent(event) {
@@ -141,6 +150,7 @@
         break;
       case "error":
         if (streaming) { streaming.remove(); streaming = null; }
+        if (event.drop && event.reply_to) dropPending(event.reply_to);
         setBusy(false);
         showNotice(event.message, event.retry ? event.reply_to : null);
         break;
@@ -161,9 +171,13 @@
     socket = new WebSocket(scheme + location.host + cfg.socket);
     socket.onopen = () => { retries = 0; notice.hidden = true; updateControls(); };
     socket.onmessage = (m) => onEvent(JSON.parse(m.data));
-    socket.onclose = () => {
+    socket.onclose = (e) => {
       updateControls();
       if (redirecting) return;
+      // Closed for the frame itself (unsupported, invalid, policy, too big): resending it would
+      // only close the socket again, so it is dropped.
+      if ([1003, 1007, 1008, 1009].includes(e.code) && lastSent) { dropPending(lastSent); lastSent = null; }
+      if (e.code === 4404) { showNotice("This chat cannot be found. Please reopen the study link."); return; }
       streaming = null;
       retries += 1;
       showNotice("Connection lost; reconnecting…");

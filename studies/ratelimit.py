@@ -1,0 +1,82 @@
+"""Fixed-window rate limits on Django's cache: arrivals per IP, chat messages per participant
+and per IP. With several workers the cache must be shared (Redis) for a limit to hold across
+them; a per-process cache (locmem) still limits each worker on its own.
+
+Limits are settings with defaults: PARLEY_RATE_ARRIVALS_PER_IP (arrivals per IP a minute),
+PARLEY_RATE_MESSAGES_PER_PARTICIPANT and PARLEY_RATE_MESSAGES_PER_IP (chat messages a minute);
+0 turns one off. Addresses in PARLEY_RATE_EXEMPT_IPS (default: loopback) are not limited by IP:
+a proxy that hides clients' addresses must not put every participant in one bucket, and bots
+and load runs on the machine itself must not be throttled.
+"""
+
+import functools
+import logging
+import time
+
+from django.conf import settings
+from django.core.cache import cache
+from django.shortcuts import render
+
+from .errors import FlowError
+
+log = logging.getLogger(__name__)
+WINDOW = 60  # seconds
+
+DEFAULTS = {
+    "PARLEY_RATE_ARRIVALS_PER_IP": 30,
+    "PARLEY_RATE_MESSAGES_PER_PARTICIPANT": 20,
+    "PARLEY_RATE_MESSAGES_PER_IP": 120,
+}
+EXEMPT_IPS = ("127.0.0.1", "::1")
+
+
+def limit(name: str) -> int:
+    return int(getattr(settings, name, DEFAULTS[name]))
+
+
+def exempt(ip: str | None) -> bool:
+    return ip is None or ip in getattr(settings, "PARLEY_RATE_EXEMPT_IPS", EXEMPT_IPS)
+
+
+def hit(scope: str, key: str, allowed: int, window: int = WINDOW) -> bool:
+    """Count one event for `key` in the current window; False once more than `allowed` fell in it."""
+    if allowed <= 0:  # this limit is off
+        return True
+    bucket = f"parley-rate:{scope}:{key}:{int(time.time() // window)}"
+    try:
+        if cache.add(bucket, 1, timeout=window + 1):
+            return True
+        return cache.incr(bucket) <= allowed
+    except ValueError:  # the bucket expired between add and incr: this is its first event
+        cache.add(bucket, 1, timeout=window + 1)
+        return True
+    except Exception:  # an unreachable cache must not lock participants out
+        log.warning("rate limit cache unavailable; letting %s %s through", scope, key)
+        return True
+
+
+def message_allowed(participant_token, ip: str | None) -> bool:
+    """One chat message frame: within both the participant's and the IP's limit."""
+    mine = limit("PARLEY_RATE_MESSAGES_PER_PARTICIPANT")
+    if not hit("message", str(participant_token), mine):
+        return False
+    return exempt(ip) or hit("message-ip", ip, limit("PARLEY_RATE_MESSAGES_PER_IP"))
+
+
+def limit_arrivals(view):
+    """At most PARLEY_RATE_ARRIVALS_PER_IP arrivals per IP a minute; more get a 429 page."""
+
+    @functools.wraps(view)
+    def limited(request, *args, **kwargs):
+        ip = request.META.get("REMOTE_ADDR")
+        if not exempt(ip) and not hit("arrival", ip, limit("PARLEY_RATE_ARRIVALS_PER_IP")):
+            error = FlowError(
+                "Too many requests",
+                "Too many study links were opened from your network just now. "
+                "Please wait a minute and open the link again.",
+                status=429,
+            )
+            return render(request, "studies/problem.html", {"error": error}, status=429)
+        return view(request, *args, **kwargs)
+
+    return limited

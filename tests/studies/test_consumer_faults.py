@@ -1,0 +1,120 @@
+"""The chat survives its engine's faults and a second window: a stall gives a notice in seconds
+and Retry, frames sent meanwhile are answered, an engine that dies mid-reply gives an error
+at once, and two windows answering one message store one reply."""
+
+import time
+
+import pytest
+from channels.db import database_sync_to_async
+from django.conf import settings as django_settings
+
+from studies import chat
+from studies.models import Message
+from tests.studies.faulty_engine import REPLY, FaultyEngine
+from tests.studies.test_consumer import chatting_participant, connect, receive_until
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+STALL = 1.0  # the tests' stall timeout; the default is checked on its own
+
+
+@database_sync_to_async
+def stored(participant):
+    """(role, the client id it is or answers, content) of every stored message, in order."""
+    messages = Message.objects.filter(conversation__participant=participant)
+    return [
+        (m.role, m.reply_to.client_id if m.reply_to_id else m.client_id, m.content)
+        for m in messages.select_related("reply_to").order_by("seq")
+    ]
+
+
+async def test_the_default_stall_timeout_gives_a_notice_within_10_s():
+    assert chat.stall_timeout() < 10 < django_settings.PARLEY_LLM_TIMEOUT
+
+
+async def test_a_stalled_engine_gives_a_notice_and_retry_answers(settings):
+    settings.PARLEY_STALL_TIMEOUT = STALL
+    with FaultyEngine(["stall", "ok"]) as engine:
+        participant = await chatting_participant(engine.url, pid="stall1")
+        window = await connect(participant)
+        await window.receive_json_from()
+        sent = time.monotonic()
+        await window.send_json_to({"type": "message", "id": "s1", "text": "Hello?"})
+        events = await receive_until(window, "error", timeout=10)
+        assert time.monotonic() - sent < STALL + 3
+        notice = events[-1]
+        assert notice["stalled"] and notice["retry"] and notice["reply_to"] == "s1"
+        assert [e["type"] for e in events[:3]] == ["ack", "start", "delta"]
+        await receive_until(window, "status")
+
+        await window.send_json_to({"type": "message", "id": "s1", "text": "Hello?"})  # Retry
+        events = await receive_until(window, "reply", timeout=10)
+        assert events[0]["duplicate"] is True
+        assert events[-1]["message"]["content"].strip() == REPLY
+        assert await stored(participant) == [
+            ("user", "s1", "Hello?"),
+            ("assistant", "s1", REPLY),
+        ]
+        await window.disconnect()
+
+
+async def test_frames_sent_during_a_stall_are_answered_and_end_always_is(settings):
+    settings.PARLEY_STALL_TIMEOUT = STALL
+    with FaultyEngine(["stall", "stall"]) as engine:
+        participant = await chatting_participant(engine.url, pid="stall2")
+        window = await connect(participant)
+        await window.receive_json_from()
+        await window.send_json_to({"type": "message", "id": "a", "text": "First"})
+        await receive_until(window, "delta", timeout=10)  # the reply has begun, then stalls
+        await window.send_json_to({"type": "dance"})
+        await window.send_json_to({"type": "message", "id": "b", "text": "Still there?"})
+        await window.send_json_to({"type": "end"})
+        events = await receive_until(window, "redirect", timeout=4 * STALL + 10)
+        kinds = [e["type"] for e in events]
+        stalls = [e["reply_to"] for e in events if e.get("stalled")]
+        assert stalls == ["a", "b"], kinds
+        assert any(e["type"] == "error" and "Unknown" in e["message"] for e in events)
+        assert any(e["type"] == "ack" and e["id"] == "b" for e in events)
+        assert [(r, c) for r, c, _ in await stored(participant)] == [("user", "a"), ("user", "b")]
+        await window.disconnect()
+
+
+async def test_an_engine_dying_mid_reply_gives_an_error_at_once_and_retry_answers():
+    with FaultyEngine(["die", "ok"]) as engine:
+        participant = await chatting_participant(engine.url, pid="die1")
+        window = await connect(participant)
+        await window.receive_json_from()
+        sent = time.monotonic()
+        await window.send_json_to({"type": "message", "id": "d1", "text": "Hi"})
+        events = await receive_until(window, "error", timeout=10)
+        assert time.monotonic() - sent < 2
+        assert events[-1]["retry"] and not events[-1].get("stalled")
+        await receive_until(window, "status")
+        assert [r for r, _, _ in await stored(participant)] == ["user"]
+
+        await window.send_json_to({"type": "message", "id": "d1", "text": "Hi"})
+        events = await receive_until(window, "reply", timeout=10)
+        assert [r for r, _, _ in await stored(participant)] == ["user", "assistant"]
+        await window.disconnect()
+
+
+async def test_a_second_window_mid_reply_stores_one_reply_not_two():
+    with FaultyEngine(["slow", "slow"], pace=0.15) as engine:
+        participant = await chatting_participant(engine.url, pid="two1")
+        first = await connect(participant)
+        await first.receive_json_from()
+        await first.send_json_to({"type": "message", "id": "w1", "text": "Hello"})
+        await receive_until(first, "delta", timeout=10)  # the first window's reply is streaming
+        second = await connect(participant)  # answers the pending message on connect
+        history = await second.receive_json_from()
+        assert [m["client_id"] for m in history["messages"]] == ["w1"]
+
+        first_reply = (await receive_until(first, "reply", timeout=20))[-1]["message"]
+        second_reply = (await receive_until(second, "reply", timeout=20))[-1]["message"]
+        assert engine.requests == 2  # both windows did ask the engine ...
+        assert first_reply == second_reply  # ... and both show the one stored reply
+        assert [(r, c) for r, c, _ in await stored(participant)] == [
+            ("user", "w1"),
+            ("assistant", "w1"),
+        ]
+        await second.disconnect()
+        await first.disconnect()
