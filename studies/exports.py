@@ -9,9 +9,10 @@ from django.http import StreamingHttpResponse
 
 from .models import Item, Message, Response
 
+# No participant token (the /p/<token>/ address): whoever holds it can act as the participant,
+# and exports travel. prolific_pid (unique per study) joins responses to transcripts.
 PARTICIPANT_COLUMNS = [
     "study",
-    "participant",
     "prolific_pid",
     "study_id",
     "session_id",
@@ -30,7 +31,6 @@ PARTICIPANT_COLUMNS = [
 ]
 MESSAGE_COLUMNS = [
     "study",
-    "participant",
     "prolific_pid",
     "arm",
     "scenario",
@@ -77,7 +77,6 @@ def response_rows(participants, include_bots: bool = False) -> Iterator[list]:
         outcome = p.outcome or {}
         row = [
             p.study.slug,
-            str(p.token),
             p.prolific_pid,
             p.prolific_study_id,
             p.prolific_session_id,
@@ -124,7 +123,6 @@ def transcript_rows(participants, include_bots: bool = False) -> Iterator[list]:
         p = m.conversation.participant
         yield [
             p.study.slug,
-            str(p.token),
             p.prolific_pid,
             p.arm.name,
             p.scenario.key if p.scenario else "",
