@@ -17,7 +17,7 @@ from django.views.decorators.http import require_POST
 
 from agents.models import Checkpoint
 
-from . import exports, reports, tasks
+from . import bots, exports, reports, tasks
 from .forms import ImportPoolForm
 from .models import AnalysisRun, Arm, Item, Participant, Questionnaire, Response, Scenario, Study
 from .pools import PoolError, import_pool
@@ -215,7 +215,7 @@ class StudyAdmin(admin.ModelAdmin):
         # Bots are marked on arrival and stay out of exports and analysis (studies/bots.py).
         for study in queryset:
             n = 2 * max(study.arms.filter(active=True).count(), 1)
-            task = tasks.run_bots.delay(study.pk, n, 2)
+            task = bots.run_bots_task.delay(study.pk, n, 2)
             self.message_user(
                 request, f"{n} bots queued on {study} (task {task.id}).", messages.SUCCESS
             )

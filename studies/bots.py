@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 from asgiref.sync import sync_to_async
+from celery import shared_task
 from django.conf import settings
 from django.db import connections
 
@@ -234,7 +235,7 @@ async def one_bot(plan: Plan, url: str, player, rng: random.Random, think=(0.0, 
             if done.status_code != 302 or not run.code:
                 raise BotFailed("no completion code")
             run.completed = True
-        except (BotFailed, httpx.HTTPError, OSError, KeyError, TimeoutError) as error:
+        except Exception as error:  # noqa: BLE001 - any failure is this bot's, counted, not the run's
             run.error = f"{type(error).__name__}: {error}"
     return run
 
@@ -405,3 +406,11 @@ def run_bots(
     """The synchronous entry of the command and the Celery task."""
     plan = Plan.of(study, options.pop("turns", None))
     return asyncio.run(drive(plan, n, concurrency, url or settings.PUBLIC_URL, kind, **options))
+
+
+# Declared here rather than in tasks.py: every process that sets Django up imports the admin,
+# which imports this module, so the worker knows the task without tasks.py knowing of bots.
+@shared_task(name="studies.bots.run_bots")
+def run_bots_task(study_id: int, n: int, concurrency: int, kind: str = "scripted") -> dict:
+    """Bot participants through the study's real flow (queue `default`); returns their report."""
+    return run_bots(Study.objects.get(pk=study_id), n, concurrency, kind=kind).to_dict()

@@ -29,10 +29,3 @@ def analyse_if_target_reached(study_id: int) -> AnalysisRun | None:
         return None
     return start_analysis(study, AnalysisRun.Trigger.TARGET)
 
-
-@shared_task(name="studies.tasks.run_bots")
-def run_bots(study_id: int, n: int, concurrency: int, kind: str = "scripted") -> dict:
-    """Bot participants through the study's real flow (queue `default`); returns their report."""
-    from .bots import run_bots as drive  # the HTTP and WebSocket clients only load here
-
-    return drive(Study.objects.get(pk=study_id), n, concurrency, kind=kind).to_dict()

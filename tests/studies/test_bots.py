@@ -7,7 +7,7 @@ import pytest
 from django.core.management import call_command
 
 from studies import bots, exports, flow, reports
-from studies.models import Participant
+from studies.models import Message, Participant
 from tests.scripted_server import ScriptedServer
 from tests.studies.conftest import make_study, prolific
 
@@ -51,7 +51,8 @@ def test_bots_complete_balanced_coded_and_absent_from_exports(server, engine, ca
     assert all(p.attention_passed for p in made)
 
     everyone = study.participants.all()
-    assert [r[2] for r in rows(exports.response_rows(everyone))[1:]] == ["areal0person"]
+    header, *people = rows(exports.response_rows(everyone))
+    assert [r[header.index("prolific_pid")] for r in people] == ["areal0person"]
     transcripts = rows(exports.transcript_rows(everyone))[1:]
     assert transcripts == []  # the person has not chatted; the bots' 16 messages are left out
     assert len(rows(exports.response_rows(everyone, include_bots=True))) == 1 + 5
@@ -81,3 +82,39 @@ def test_bots_do_not_count_towards_the_target(settings):
         )
         assert bot.is_bot
     assert not reports.target_reached(study)
+
+
+def test_the_simulator_plays_the_participant(server, engine, settings):
+    settings.PARLEY_ENGINE_URL = engine.url  # where the simulator's model is served
+    study = make_study(slug="simulated", engine=engine.url, min_exchanges=1)
+    report = bots.run_bots(study, 2, 2, server, kind="simulator")
+    assert report.completed == 2, report.to_dict()["errors"]
+    # Each turn: the simulator asks the engine for the user's message (a whole reply, under the
+    # generic participant prompt of an open chat), then the agent streams its answer.
+    asked = [r for r in engine.requests if not r.get("stream")]
+    assert len(asked) == 2 and all(
+        r["messages"][0]["content"] == bots.OPEN_CHAT_USER for r in asked
+    )
+    said = Message.objects.filter(conversation__participant__study=study, role="user")
+    assert [m.content for m in said] == ["Happy to help with that."] * 2
+
+
+def test_the_admin_runs_bots_on_a_study(server, engine, admin_client, settings):
+    from parley.celery import app
+
+    study = make_study(slug="from-admin", engine=engine.url, min_exchanges=1)
+    # The task runs in this process (eager) against the live server; its queue is `default`.
+    assert app.amqp.router.route({}, "studies.bots.run_bots")["queue"].name == "default"
+    settings.PUBLIC_URL = server
+    app.conf.task_always_eager = True
+    try:
+        response = admin_client.post(
+            "/admin/studies/study/",
+            {"action": "run_bots", "_selected_action": [study.pk]},
+            follow=True,
+        )
+    finally:
+        app.conf.task_always_eager = False
+    assert "4 bots queued on Test study" in response.content.decode()
+    made = Participant.objects.filter(study=study)
+    assert made.count() == 4 and all(p.is_bot and p.status == "completed" for p in made)
