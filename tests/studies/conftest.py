@@ -1,6 +1,10 @@
+import os
+import shutil
+
 import pytest
 
 from studies.models import Arm, Item, Questionnaire, Study
+from tests.conftest import IN_CI, need
 
 
 def make_study(slug="s1", arms=("a", "b"), engine="http://127.0.0.1:9/v1", **fields):
@@ -74,3 +78,28 @@ GOOD_ANSWERS = {
 @pytest.fixture
 def study(db):
     return make_study()
+
+
+# Debian's chromium through Playwright (never a downloaded browser).
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+
+
+@pytest.fixture
+def browser():
+    need(os.path.exists(CHROMIUM) or IN_CI, "needs Debian's chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield browser
+        browser.close()

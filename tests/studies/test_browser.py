@@ -1,38 +1,8 @@
 """A participant completes the study in a real browser (Debian's chromium) against the real
 ASGI server, a real Celery-free flow and the embedded engine serving SmolLM2."""
 
-import shutil
-
-import pytest
-
 from studies.models import Message, Participant
-from tests.conftest import IN_CI, need
 from tests.studies.conftest import make_study
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-quic",
-]
-
-
-@pytest.fixture
-def browser():
-    import os
-
-    need(os.path.exists(CHROMIUM) or IN_CI, "needs Debian's chromium")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        yield browser
-        browser.close()
 
 
 def test_participant_completes_the_study_in_a_browser(
