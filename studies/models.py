@@ -438,6 +438,14 @@ class AnalysisRun(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        constraints = [
+            # One automatic analysis per study, however many last completions race to start it.
+            models.UniqueConstraint(
+                fields=["study"],
+                condition=models.Q(trigger="target"),
+                name="one_automatic_analysis_per_study",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"analysis #{self.pk} of {self.study.slug}"

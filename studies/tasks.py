@@ -1,31 +1,131 @@
 """Celery tasks of studies and every place that enqueues them: callers above (admin, flow) ask
 here, so the analysis code below never imports a queue."""
 
+import logging
+import threading
+import time
+from datetime import timedelta
+
 from celery import shared_task
-from django.db import transaction
+from celery.signals import worker_ready
+from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from .models import AnalysisRun, Study
 from .reports import compute, target_reached
 
+log = logging.getLogger(__name__)
 
-@shared_task(name="studies.tasks.run_analysis")
-def run_analysis(run_id: int) -> str:
-    """Compute one stored AnalysisRun (queue `analysis`)."""
-    return compute(AnalysisRun.objects.select_related("study").get(pk=run_id)).status
+# An unreachable broker is retried from a background thread for about ten minutes
+# (1, 2, 4 ... 60 s apart); a worker that starts later sends whatever is still queued.
+SEND_ATTEMPTS = 14
+SEND_FIRST_WAIT = 1.0
+SEND_MAX_WAIT = 60.0
+
+
+# acks_late with reject_on_worker_lost: a run whose worker dies is delivered again, not lost.
+@shared_task(
+    name="studies.tasks.run_analysis", bind=True, acks_late=True, reject_on_worker_lost=True
+)
+def run_analysis(self, run_id: int) -> str:
+    """Compute one stored AnalysisRun (queue `analysis`), once however often it is delivered."""
+    # A message delivered again after its worker was lost takes the run over; any other
+    # second delivery leaves a running or finished run alone.
+    redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
+    run = claim_run(run_id, take_over_running=redelivered)
+    if run is None:
+        status = AnalysisRun.objects.filter(pk=run_id).values_list("status", flat=True).first()
+        return status or "missing"
+    return compute(run).status
+
+
+def claim_run(run_id: int, take_over_running: bool = False) -> AnalysisRun | None:
+    """Mark the run running if it is waiting (one conditional UPDATE, so two deliveries cannot
+    both win); None when another delivery has it or it is finished."""
+    waiting = [AnalysisRun.Status.QUEUED]
+    if take_over_running:
+        waiting.append(AnalysisRun.Status.RUNNING)
+    claimed = AnalysisRun.objects.filter(pk=run_id, status__in=waiting).update(
+        status=AnalysisRun.Status.RUNNING, started_at=timezone.now()
+    )
+    return AnalysisRun.objects.select_related("study").get(pk=run_id) if claimed else None
 
 
 def start_analysis(study: Study, trigger: str = AnalysisRun.Trigger.MANUAL) -> AnalysisRun:
     """Create a run and hand it to the `analysis` queue once the row is committed."""
     run = AnalysisRun.objects.create(study=study, trigger=trigger)
-    transaction.on_commit(lambda: run_analysis.delay(run.pk))
+    transaction.on_commit(lambda: send_in_background(run_analysis, run.pk))
     return run
 
 
 def analyse_if_target_reached(study_id: int) -> AnalysisRun | None:
-    """Analyse automatically, once, when every arm has reached the target."""
+    """Analyse automatically, once, when every arm has reached the target. The database keeps it
+    to one (a unique constraint on the study's target run), however many completions race here."""
     study = Study.objects.get(pk=study_id)
-    already = study.analysis_runs.filter(trigger=AnalysisRun.Trigger.TARGET).exists()
-    if already or not target_reached(study):
+    if not target_reached(study):
         return None
-    return start_analysis(study, AnalysisRun.Trigger.TARGET)
+    try:
+        with transaction.atomic():
+            return start_analysis(study, AnalysisRun.Trigger.TARGET)
+    except IntegrityError:  # already started, by this completion's twin or an earlier one
+        return None
 
+
+@shared_task(name="studies.tasks.run_bots")
+def run_bots(study_id: int, n: int, concurrency: int, kind: str = "scripted") -> dict:
+    """Bot participants through the study's real flow (queue `default`); returns their report."""
+    from .bots import run_bots as drive  # the HTTP and WebSocket clients only load here
+
+    return drive(Study.objects.get(pk=study_id), n, concurrency, kind=kind).to_dict()
+
+
+def send_in_background(task, *args) -> threading.Thread | None:
+    """Enqueue without making the caller wait on the broker: a participant's request returns at
+    once and a thread keeps trying while the broker is unreachable."""
+    if task.app.conf.task_always_eager:
+        task.apply_async(args)
+        return None
+    thread = threading.Thread(
+        target=send_with_retries, args=(task, args), name=f"send {task.name}", daemon=True
+    )
+    thread.start()
+    return thread
+
+
+def send_with_retries(task, args: tuple, attempts: int = SEND_ATTEMPTS) -> bool:
+    wait = SEND_FIRST_WAIT
+    for attempt in range(1, attempts + 1):
+        try:
+            # A fresh connection each try: a pooled one may be the broken one.
+            with task.app.connection_for_write() as connection:
+                task.apply_async(args, connection=connection, retry=False)
+            return True
+        except Exception as error:  # noqa: BLE001 - any broker failure is retried, then logged
+            log.warning("%s%r not sent (attempt %d): %s", task.name, args, attempt, error)
+        if attempt < attempts:
+            time.sleep(wait)
+            wait = min(wait * 2, SEND_MAX_WAIT)
+    log.error("%s%r not sent after %d attempts; it stays queued", task.name, args, attempts)
+    return False
+
+
+@worker_ready.connect
+def resend_on_worker_start(**_) -> None:
+    try:
+        resend_queued_analyses()
+    except Exception:  # noqa: BLE001 - a worker starts even when this look-back fails
+        log.exception("could not send the queued analyses again")
+
+
+def resend_queued_analyses(older_than: float = 60.0) -> list[int]:
+    """Send again the runs still queued (their sender gave up or its process died); a run
+    already delivered is claimed once, so a second message for it is harmless."""
+    cutoff = timezone.now() - timedelta(seconds=older_than)
+    ids = list(
+        AnalysisRun.objects.filter(
+            status=AnalysisRun.Status.QUEUED, created_at__lt=cutoff
+        ).values_list("pk", flat=True)
+    )
+    for run_id in ids:
+        run_analysis.apply_async((run_id,))
+    return ids

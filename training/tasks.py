@@ -33,7 +33,10 @@ def progress_writer(run: TrainingRun, every: float = 1.0):
     return write
 
 
-@shared_task(name="training.tasks.run_training")
+# acks_late: a run whose worker died before it started is delivered again. A second delivery of
+# a run already running or finished (a redelivery after a lost worker, or Redis's visibility
+# timeout on a run longer than it) leaves it alone: a run never trains twice.
+@shared_task(name="training.tasks.run_training", acks_late=True, reject_on_worker_lost=True)
 def run_training(run_id: int) -> str:
     from training.run import train
 
@@ -46,7 +49,12 @@ def run_training(run_id: int) -> str:
         timezone.now(),
         str(config.run_dir()),
     )
-    run.save(update_fields=["status", "started_at", "output_dir"])
+    # One conditional UPDATE claims the run, so two deliveries at once cannot both train it.
+    claimed = TrainingRun.objects.filter(pk=run.pk, status=TrainingRun.Status.QUEUED).update(
+        status=run.status, started_at=run.started_at, output_dir=run.output_dir
+    )
+    if not claimed:
+        return TrainingRun.objects.get(pk=run.pk).status
     try:
         folders = train(config, progress_callback=progress_writer(run), show_progress=False)
         for folder in folders:

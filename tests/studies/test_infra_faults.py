@@ -1,0 +1,238 @@
+"""Faults around the participant's path: the broker, Redis and PostgreSQL briefly unreachable,
+a Celery message delivered twice. The completion of the last participant never waits on any of
+them, and the study gets exactly one automatic analysis."""
+
+import base64
+import json
+import shutil
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+import redis
+from django.db import IntegrityError, connections, transaction
+from django.urls import reverse
+from parley.celery import app as celery_app
+
+from studies import flow, tasks
+from studies.models import AnalysisRun, Participant
+from tests.conftest import free_port, need
+from tests.studies.conftest import GOOD_ANSWERS, make_study, prolific
+
+
+def at_questionnaire(study, pid, arm):
+    participant, _ = flow.arrive(study, prolific(pid=pid, session_id=f"sess-{pid}"))
+    Participant.objects.filter(pk=participant.pk).update(arm=study.arms.get(name=arm))
+    participant.refresh_from_db()
+    flow.give_consent(participant, True)
+    flow.store_user_message(participant, f"m-{pid}", "hi")
+    return flow.end_chat(participant)
+
+
+def study_one_short_of_target(slug="faults"):
+    """Target 1 per arm; arm a is full, so the next completion in arm b reaches the target."""
+    study = make_study(slug=slug, target_per_arm=1)
+    assert flow.submit_questionnaire(at_questionnaire(study, f"{slug}-a", "a"), GOOD_ANSWERS) == {}
+    return study
+
+
+# --- the broker ---------------------------------------------------------------------------------
+
+
+def start_redis(port: int) -> subprocess.Popen:
+    process = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+    )
+    client = redis.Redis(port=port, db=14)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.1)
+    return process
+
+
+@pytest.fixture
+def broker_out_for_a_while(monkeypatch):
+    """Celery's broker at a port that takes connections and never answers (a partition, the
+    worst case: no quick refusal) for 4 s; then a real Redis answers there."""
+    need(shutil.which("redis-server") is not None, "needs redis-server to bring the broker back")
+    port = free_port()
+    monkeypatch.setitem(celery_app.conf, "broker_url", f"redis://127.0.0.1:{port}/14")
+    hole = socket.socket()
+    hole.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    hole.bind(("127.0.0.1", port))
+    hole.listen(64)
+    broker = []
+
+    def come_back():
+        time.sleep(4)
+        hole.close()  # resets the connections it held
+        broker.append(start_redis(port))
+
+    returning = threading.Thread(target=come_back, daemon=True)
+    returning.start()
+    yield port
+    returning.join(timeout=20)
+    for process in broker:
+        process.kill()
+        process.wait()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_last_completion_returns_at_once_with_the_broker_out_and_is_sent_later(
+    client, broker_out_for_a_while
+):
+    study = study_one_short_of_target()
+    last = at_questionnaire(study, "last", "b")
+
+    started = time.monotonic()
+    response = client.post(reverse("studies:questionnaire", args=[last.token]), GOOD_ANSWERS)
+    elapsed = time.monotonic() - started
+    assert response.status_code == 302 and elapsed < 2, elapsed
+    last.refresh_from_db()
+    assert last.status == Participant.Status.COMPLETED
+    # The automatic run is stored, waiting for the broker, and nothing is lost meanwhile.
+    run = AnalysisRun.objects.get(study=study)
+    assert run.trigger == AnalysisRun.Trigger.TARGET and run.status == AnalysisRun.Status.QUEUED
+
+    # The broker comes back: the sender, still trying, delivers the run to the analysis queue.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            queued = redis.Redis(port=broker_out_for_a_while, db=14).lrange("analysis", 0, -1)
+        except redis.ConnectionError:
+            queued = []
+        if queued:
+            break
+        time.sleep(0.3)
+    assert len(queued) == 1
+    args, _kwargs, _options = json.loads(base64.b64decode(json.loads(queued[0])["body"]))
+    assert args == [run.pk]
+
+
+@pytest.mark.django_db
+def test_one_automatic_analysis_per_study_is_kept_by_the_database():
+    study = study_one_short_of_target()
+    flow.submit_questionnaire(at_questionnaire(study, "last", "b"), GOOD_ANSWERS)
+    first = tasks.analyse_if_target_reached(study.pk)
+    assert first is not None and first.trigger == AnalysisRun.Trigger.TARGET
+    # Every later completion asks again; the database answers with the one run already there.
+    assert tasks.analyse_if_target_reached(study.pk) is None
+    with pytest.raises(IntegrityError), transaction.atomic():
+        AnalysisRun.objects.create(study=study, trigger=AnalysisRun.Trigger.TARGET)
+    tasks.start_analysis(study)  # a researcher's runs are not limited
+    assert study.analysis_runs.filter(trigger=AnalysisRun.Trigger.TARGET).count() == 1
+    assert study.analysis_runs.count() == 2
+
+
+def test_the_last_two_finishing_together_start_one_analysis(postgres, transactional_db):
+    """The race of the report (2 of 16 studies got two): two threads on two connections each
+    complete the last participant of an arm, and both commits land before either trigger runs
+    (a barrier between each commit and its on_commit trigger)."""
+    for round_ in range(3):
+        study = make_study(slug=f"race{round_}", target_per_arm=1)
+        pair = [at_questionnaire(study, f"r{round_}-{arm}", arm) for arm in ("a", "b")]
+        both_committed = threading.Barrier(2)
+        errors = []
+
+        def complete(participant, barrier=both_committed, errors=errors):
+            try:
+                with transaction.atomic():
+                    # Registered first, so it runs after the commit and before the trigger.
+                    transaction.on_commit(lambda: barrier.wait(timeout=10))
+                    assert flow.submit_questionnaire(participant, GOOD_ANSWERS) == {}
+            except Exception as error:  # noqa: BLE001 - reported by the main thread
+                errors.append(error)
+            finally:
+                connections.close_all()
+
+        threads = [threading.Thread(target=complete, args=(p,)) for p in pair]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+        assert errors == []
+        assert study.participants.filter(status=Participant.Status.COMPLETED).count() == 2
+        automatic = study.analysis_runs.filter(trigger=AnalysisRun.Trigger.TARGET)
+        assert automatic.count() == 1, list(automatic.values("pk", "created_at"))
+
+
+# --- a message delivered twice -------------------------------------------------------------------
+
+
+def deliver(run_id: int, redelivered: bool = False) -> str:
+    """Run the task as a worker would for a message with this delivery flag."""
+    tasks.run_analysis.push_request(delivery_info={"redelivered": redelivered})
+    try:
+        return tasks.run_analysis.run(run_id)
+    finally:
+        tasks.run_analysis.pop_request()
+
+
+@pytest.mark.django_db
+def test_an_analysis_delivered_twice_is_computed_once():
+    study = study_one_short_of_target()
+    run = tasks.start_analysis(study)
+    assert deliver(run.pk) == AnalysisRun.Status.DONE
+    run.refresh_from_db()
+    finished, results = run.finished_at, run.results
+    assert deliver(run.pk) == AnalysisRun.Status.DONE  # e.g. acks_late after a lost ack
+    assert deliver(run.pk, redelivered=True) == AnalysisRun.Status.DONE
+    run.refresh_from_db()
+    assert run.finished_at == finished and run.results == results
+    assert AnalysisRun.objects.filter(study=study).count() == 1
+
+
+@pytest.mark.django_db
+def test_a_running_analysis_is_left_alone_unless_its_worker_was_lost():
+    study = study_one_short_of_target()
+    run = tasks.start_analysis(study)
+    AnalysisRun.objects.filter(pk=run.pk).update(status=AnalysisRun.Status.RUNNING)
+    # A duplicate message while another worker computes it: nothing is computed twice.
+    assert deliver(run.pk) == AnalysisRun.Status.RUNNING
+    run.refresh_from_db()
+    assert run.results is None and run.finished_at is None
+    # The broker gives the message again because its worker died mid-task: it is taken over.
+    assert deliver(run.pk, redelivered=True) == AnalysisRun.Status.DONE
+    run.refresh_from_db()
+    assert run.status == AnalysisRun.Status.DONE and run.results["participants"]
+    assert deliver(9_999_999) == "missing"  # a run deleted meanwhile is no error
+
+
+def test_analysis_and_training_tasks_are_acknowledged_late():
+    from training.tasks import run_training
+
+    for task in (tasks.run_analysis, run_training):
+        assert task.acks_late and task.reject_on_worker_lost, task.name
+
+
+# --- Redis (channel layer) -----------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_participant_completes_over_http_with_the_channel_layer_down(client, settings):
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [f"redis://127.0.0.1:{free_port()}/14"]},
+        }
+    }
+    study = make_study(slug="nolayer")
+    page = client.get(f"/s/{study.slug}/", prolific(pid="nolayer"))
+    participant = Participant.objects.get(prolific_pid="nolayer")
+    client.post(reverse("studies:consent", args=[participant.token]), {"decision": "accept"})
+    flow.store_user_message(participant, "m1", "hello")
+    flow.end_chat(participant)
+    started = time.monotonic()
+    done = client.post(reverse("studies:questionnaire", args=[participant.token]), GOOD_ANSWERS)
+    assert page.status_code == 302 and done.status_code == 302
+    assert time.monotonic() - started < 2
+    participant.refresh_from_db()
+    assert participant.status == Participant.Status.COMPLETED
+    assert flow.completion_url(participant).endswith("cc=DONE123")
