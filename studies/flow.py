@@ -202,9 +202,20 @@ class Stored:
     reply: Message | None  # the stored agent reply, when this message was already answered
 
 
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def storable_text(text: str) -> str:
+    """Text every database keeps: NUL stripped (PostgreSQL refuses it), lone surrogates (not
+    encodable as UTF-8) replaced by U+FFFD; a message is cleaned rather than refused, so a page
+    that resends it is never locked out."""
+    return LONE_SURROGATE.sub("\ufffd", text.replace("\x00", ""))
+
+
 @transaction.atomic
 def store_user_message(participant: Participant, client_id: str, text: str) -> Stored:
     """Store the participant's message before it is acknowledged; a resent client id is a no-op."""
+    text = storable_text(text)
     conversation = Conversation.objects.select_for_update().get(participant=participant)
     participant = Participant.objects.select_related("study").get(pk=participant.pk)
     existing = conversation.messages.filter(client_id=client_id).first()
@@ -303,6 +314,9 @@ def validate_answers(items: list[Item], data) -> tuple[dict[int, float | str], d
     values, errors = {}, {}
     for item in items:
         raw = (data.get(item.key) or "").strip()
+        if raw != storable_text(raw):  # a NUL or broken character: say so, never a 500
+            errors[item.key] = "Please remove the unusual characters from this answer."
+            continue
         if not raw:
             if item.required or item.kind == Item.Kind.ATTENTION:
                 errors[item.key] = "Please answer this question."

@@ -8,6 +8,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from . import flow
 from .models import Participant
+from .ratelimit import limit_arrivals
 
 
 def problem(request, error: flow.FlowError):
@@ -26,6 +27,7 @@ def arrival_salt(study) -> str:
 
 
 @require_GET
+@limit_arrivals
 def arrive(request, slug):
     """The Prolific link: /s/<slug>/?PROLIFIC_PID=...&STUDY_ID=...&SESSION_ID=..."""
     try:
