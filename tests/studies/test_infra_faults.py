@@ -2,6 +2,7 @@
 a Celery message delivered twice. The completion of the last participant never waits on any of
 them, and the study gets exactly one automatic analysis."""
 
+import asyncio
 import base64
 import json
 import shutil
@@ -219,7 +220,7 @@ def test_analysis_and_training_tasks_are_acknowledged_late():
 def test_a_participant_completes_over_http_with_the_channel_layer_down(client, settings):
     settings.CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "BACKEND": "studies.layers.ResilientRedisChannelLayer",
             "CONFIG": {"hosts": [f"redis://127.0.0.1:{free_port()}/14"]},
         }
     }
@@ -236,3 +237,61 @@ def test_a_participant_completes_over_http_with_the_channel_layer_down(client, s
     participant.refresh_from_db()
     assert participant.status == Participant.Status.COMPLETED
     assert flow.completion_url(participant).endswith("cc=DONE123")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+async def test_the_chat_socket_rides_out_redis_away_and_rejoins_when_it_returns(settings):
+    """With the layer's Redis unreachable the socket opens, keeps the participant's message and
+    stays open (no 1011); once Redis is back, a second window takes over the first as usual."""
+    from channels.db import database_sync_to_async
+    from channels.layers import get_channel_layer
+    from channels.routing import URLRouter
+    from channels.testing import WebsocketCommunicator
+
+    from studies.routing import websocket_urlpatterns
+
+    need(shutil.which("redis-server") is not None, "needs redis-server to bring Redis back")
+    port = free_port()
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "studies.layers.ResilientRedisChannelLayer",
+            "CONFIG": {"hosts": [f"redis://127.0.0.1:{port}/14"]},
+        }
+    }
+
+    @database_sync_to_async
+    def chatting():
+        study = make_study(slug="redis-away")
+        participant, _ = flow.arrive(study, prolific(pid="redis-away"))
+        return flow.give_consent(participant, True)
+
+    participant = await chatting()
+    app = URLRouter(websocket_urlpatterns)
+    first = WebsocketCommunicator(app, f"/ws/p/{participant.token}/")
+    assert (await first.connect(timeout=60))[0]
+    assert (await first.receive_json_from(timeout=60))["type"] == "history"
+    await first.send_json_to({"type": "message", "id": "away-1", "text": "Still there?"})
+    assert (await first.receive_json_from(timeout=30))["type"] == "ack"
+    stored = await database_sync_to_async(
+        lambda: list(participant.conversation.messages.values_list("client_id", flat=True))
+    )()
+    assert stored == ["away-1"]
+
+    redis_back = await asyncio.to_thread(start_redis, port)
+    try:
+        layer = get_channel_layer()
+        for _ in range(100):  # the first socket's layer receive tries again and joins its group
+            if not getattr(layer, "groups_to_join", None):
+                break
+            await asyncio.sleep(0.2)
+        second = WebsocketCommunicator(app, f"/ws/p/{participant.token}/")
+        assert (await second.connect(timeout=30))[0]
+        events = []
+        while not events or events[-1].get("type") != "superseded":
+            events.append(await first.receive_json_from(timeout=30))
+        assert (await first.receive_output(timeout=10)) == {"type": "websocket.close", "code": 4409}
+        await second.disconnect()
+    finally:
+        redis_back.kill()
+        redis_back.wait()
