@@ -1,10 +1,13 @@
 """The researcher's side: set up a study as data, watch it fill, read and export what it gathered."""
 
+import functools
 import json
 
 from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
+from django.contrib.auth import get_permission_codename
+from django.core.exceptions import PermissionDenied
 from django.db import models, transaction
 from django.db.models import Count, Q
 from django.http import Http404, HttpResponse, HttpResponseRedirect
@@ -24,11 +27,31 @@ from .pools import PoolError, import_pool
 
 
 def pages(model_admin: admin.ModelAdmin, *routes) -> list:
-    """A ModelAdmin's own pages, each (route, view, url name), behind the admin's login."""
+    """A ModelAdmin's own pages, each (route, view, url name, permission), behind the admin's
+    login and, like the built-in pages, the model permission: "view" to read, "change" to act."""
     return [
-        path(route, model_admin.admin_site.admin_view(view), name=name)
-        for route, view, name in routes
+        path(
+            route, model_admin.admin_site.admin_view(permitted(model_admin, perm, view)), name=name
+        )
+        for route, view, name, perm in routes
     ]
+
+
+def permitted(model_admin: admin.ModelAdmin, perm: str, view):
+    """The view, refused (403) to whoever lacks the permission on the model or its object."""
+    has_permission = {
+        "view": model_admin.has_view_permission,
+        "change": model_admin.has_change_permission,
+    }[perm]
+
+    @functools.wraps(view)
+    def checked(request, *args, **kwargs):
+        obj = model_admin.get_object(request, str(kwargs["pk"])) if "pk" in kwargs else None
+        if not has_permission(request, obj):
+            raise PermissionDenied
+        return view(request, *args, **kwargs)
+
+    return checked
 
 
 class ArmInline(admin.StackedInline):
@@ -202,7 +225,9 @@ class StudyAdmin(admin.ModelAdmin):
         self.message_user(request, f"Analysis #{run.pk} queued.", messages.SUCCESS)
         return HttpResponseRedirect(reverse("admin:studies_study_change", args=[study.pk]))
 
-    @admin.action(description="Run the analysis (Welch + Holm) in the background")
+    @admin.action(
+        permissions=["change"], description="Run the analysis (Welch + Holm) in the background"
+    )
     def run_analysis(self, request, queryset):
         runs = [tasks.start_analysis(study) for study in queryset]
         self.message_user(request, f"{len(runs)} analysis run(s) queued.", messages.SUCCESS)
@@ -224,10 +249,20 @@ class StudyAdmin(admin.ModelAdmin):
         return (
             pages(
                 self,
-                ("<int:pk>/import/", self.import_scenarios, "studies_study_import"),
-                ("<int:pk>/analyse/", require_POST(self.analyse), "studies_study_analyse"),
-                ("<int:pk>/responses.csv", self.responses_csv, "studies_study_responses"),
-                ("<int:pk>/transcripts.csv", self.transcripts_csv, "studies_study_transcripts"),
+                ("<int:pk>/import/", self.import_scenarios, "studies_study_import", "change"),
+                (
+                    "<int:pk>/analyse/",
+                    require_POST(self.analyse),
+                    "studies_study_analyse",
+                    "change",
+                ),
+                ("<int:pk>/responses.csv", self.responses_csv, "studies_study_responses", "view"),
+                (
+                    "<int:pk>/transcripts.csv",
+                    self.transcripts_csv,
+                    "studies_study_transcripts",
+                    "view",
+                ),
             )
             + super().get_urls()
         )
@@ -244,12 +279,14 @@ class StudyAdmin(admin.ModelAdmin):
             exports.transcript_rows(study.participants.all()), f"{study.slug}-transcripts.csv"
         )
 
-    @admin.action(description="Export responses (CSV, one row per participant)")
+    @admin.action(
+        permissions=["view"], description="Export responses (CSV, one row per participant)"
+    )
     def export_responses(self, request, queryset):
         participants = Participant.objects.filter(study__in=queryset)
         return exports.csv_response(exports.response_rows(participants), "responses.csv")
 
-    @admin.action(description="Export transcripts (CSV, one row per message)")
+    @admin.action(permissions=["view"], description="Export transcripts (CSV, one row per message)")
     def export_transcripts(self, request, queryset):
         participants = Participant.objects.filter(study__in=queryset)
         return exports.csv_response(exports.transcript_rows(participants), "transcripts.csv")
@@ -345,7 +382,10 @@ class ParticipantAdmin(admin.ModelAdmin):
 
     def get_urls(self):
         return (
-            pages(self, ("<int:pk>/transcript/", self.transcript, "studies_participant_transcript"))
+            pages(
+                self,
+                ("<int:pk>/transcript/", self.transcript, "studies_participant_transcript", "view"),
+            )
             + super().get_urls()
         )
 
@@ -439,7 +479,12 @@ class AnalysisRunAdmin(admin.ModelAdmin):
         return (
             pages(
                 self,
-                ("<int:pk>/download/<str:kind>/", self.download, "studies_analysisrun_download"),
+                (
+                    "<int:pk>/download/<str:kind>/",
+                    self.download,
+                    "studies_analysisrun_download",
+                    "view",
+                ),
             )
             + super().get_urls()
         )
@@ -484,7 +529,13 @@ admin.site.unregister(Checkpoint)
 class StudyCheckpointAdmin(_CheckpointAdmin):
     actions = ["attach_to_arm"]
 
-    @admin.action(description="Attach to study arm(s)")
+    def has_attach_permission(self, request) -> bool:
+        """Attaching rewrites the arms: it needs the permission to change arms."""
+        return request.user.has_perm(
+            f"{Arm._meta.app_label}.{get_permission_codename('change', Arm._meta)}"
+        )
+
+    @admin.action(permissions=["attach"], description="Attach to study arm(s)")
     def attach_to_arm(self, request, queryset):
         if queryset.count() != 1:
             self.message_user(request, "Choose exactly one checkpoint to attach.", messages.ERROR)

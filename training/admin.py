@@ -1,5 +1,6 @@
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.http import JsonResponse
 from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
@@ -120,6 +121,8 @@ class TrainingRunAdmin(admin.ModelAdmin):
 
     def progress_json(self, request, pk):
         run = get_object_or_404(TrainingRun, pk=pk)
+        if not self.has_view_permission(request, run):
+            raise PermissionDenied
         text = (
             f"{run.get_status_display()} · step {self.step(run)} · reward {self.reward(run)} · "
             f"held-out {self.heldout(run)} · ETA {self.eta(run)}"
@@ -143,7 +146,9 @@ class TrainingRunAdmin(admin.ModelAdmin):
         ]
         return own + super().get_urls()
 
-    @admin.action(description="Cancel the selected runs (after their current step)")
+    @admin.action(
+        permissions=["change"], description="Cancel the selected runs (after their current step)"
+    )
     def cancel(self, request, queryset):
         n = queryset.filter(status=TrainingRun.Status.RUNNING).update(
             status=TrainingRun.Status.CANCELLING
