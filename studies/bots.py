@@ -253,7 +253,7 @@ async def chat(plan: Plan, url: str, run: BotRun, player, rng: random.Random, th
             if m["role"] in ("user", "assistant")
         ]
         for turn in range(plan.turns):
-            if turn and think[1] > 0:
+            if think[1] > 0:  # a person reads the page, then the reply, before typing
                 await asyncio.sleep(rng.uniform(*think))
             text = await player.next_message(run.token, conversation, turn, turn == plan.turns - 1)
             conversation.append({"role": "user", "content": text})

@@ -1,0 +1,341 @@
+"""Chat capacity: what the platform adds to the engine's own time to first token, under load.
+
+    python bench/chat_load.py [--quick] [--sizes 1,50,100] [--workers 4] [--turns 3]
+                              [--think 5,15] [--out docs/results/chat_load]
+
+The production layout on this machine: uvicorn workers (DJANGO_DEBUG=0) on PostgreSQL and Redis,
+and a fake OpenAI-compatible engine streaming at a fixed rate (fixed time to first token and
+token rate), so any time above the engine's own is the platform's. Bot participants
+(studies/bots.py) go through the whole flow over HTTP and WebSocket, as a burst (all at once,
+no pause) and with think time (a pause before every message). Reported per run: added time to
+first token (p50, p95, p99), whole reply time, server CPU (all worker processes) per chat turn
+and per participant session, database transactions per turn, and errors. Results go to
+OUT.json and OUT.md, which the README quotes.
+
+Needs PostgreSQL (database BENCH_DB, default h_load, created if missing) and Redis
+(BENCH_REDIS, default redis://127.0.0.1:6379/15). The bench client shares the machine's cores
+with the server: on a small machine its own CPU inflates the figures a little.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH = REPO / "bench"
+
+
+# --- the engine: fixed time to first token, fixed token rate -----------------------------------
+
+
+def engine_app(ttft: float, rate: float, tokens: int):
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.routing import Route
+
+    def chunk(model, delta, finish=None):
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        data = {"id": "x", "object": "chat.completion.chunk", "model": model, "choices": [choice]}
+        return f"data: {json.dumps(data)}\n\n"
+
+    async def stream(model):
+        await asyncio.sleep(ttft)
+        yield chunk(model, {"role": "assistant", "content": "Sure"})
+        for i in range(tokens - 1):
+            await asyncio.sleep(1 / rate)
+            yield chunk(model, {"content": f" w{i}"})
+        yield chunk(model, {}, "stop")
+        yield "data: [DONE]\n\n"
+
+    async def complete(request):
+        body = await request.json()
+        if not body.get("stream"):
+            await asyncio.sleep(ttft + tokens / rate)
+            message = {"role": "assistant", "content": "Sure " * tokens}
+            choice = {"index": 0, "message": message, "finish_reason": "stop"}
+            return JSONResponse({"id": "x", "model": body["model"], "choices": [choice]})
+        return StreamingResponse(stream(body["model"]), media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/v1/chat/completions", complete, methods=["POST"])])
+
+
+# --- the server --------------------------------------------------------------------------------
+
+
+def server_env(args, engine_port: int, secret: str) -> dict:
+    return dict(
+        os.environ,
+        DJANGO_DEBUG="0",
+        DJANGO_SECRET_KEY=secret,
+        DJANGO_ALLOWED_HOSTS="127.0.0.1,localhost",
+        DJANGO_SETTINGS_MODULE="load_settings",
+        PYTHONPATH=os.pathsep.join([str(BENCH), str(REPO), os.environ.get("PYTHONPATH", "")]),
+        DATABASE_URL=f"postgres://postgres@127.0.0.1:5432/{args.db}",
+        REDIS_URL=args.redis,
+        PARLEY_ENGINE_URL=f"http://127.0.0.1:{engine_port}/v1",
+        PARLEY_LOG_LEVEL="WARNING",
+    )
+
+
+def wait_for(url: str, process: subprocess.Popen, what: str, seconds: float = 90) -> None:
+    import httpx
+
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            httpx.get(url, timeout=2)
+            return
+        except httpx.HTTPError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"{what} did not start") from None
+            time.sleep(0.3)
+
+
+def start(args, env: dict, engine_port: int, web_port: int) -> list[subprocess.Popen]:
+    python = sys.executable
+    engine = subprocess.Popen(
+        [python, __file__, "--serve-engine", str(engine_port), *engine_flags(args)],
+        cwd=REPO,
+        env=env,
+    )
+    web = subprocess.Popen(
+        [
+            *(python, "-m", "uvicorn", "parley.asgi:application"),
+            *("--host", "127.0.0.1", "--port", str(web_port), "--workers", str(args.workers)),
+            *("--log-level", "warning", "--no-access-log"),
+        ],
+        cwd=REPO,
+        env=env,
+    )
+    wait_for(f"http://127.0.0.1:{engine_port}/v1/chat/completions", engine, "the engine")
+    wait_for(f"http://127.0.0.1:{web_port}/healthz", web, "the web server")
+    time.sleep(2)  # every worker up, not only the first
+    return [engine, web]
+
+
+def stop(process: subprocess.Popen) -> None:
+    """Stop a started server and its workers; kill what still runs after 15 s (open sockets
+    can keep uvicorn's graceful shutdown waiting)."""
+    import psutil
+
+    family = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
+    process.terminate()
+    _, alive = psutil.wait_procs(family, timeout=15)
+    for p in alive:
+        p.kill()
+    process.wait(timeout=10)
+
+
+def engine_flags(args) -> list[str]:
+    return ["--ttft", str(args.ttft), "--rate", str(args.rate), "--tokens", str(args.tokens)]
+
+
+def cpu_seconds(process: subprocess.Popen) -> float:
+    """User + system CPU of the server: the supervisor and every worker."""
+    import psutil
+
+    root = psutil.Process(process.pid)
+    total = 0.0
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            times = p.cpu_times()
+            total += times.user + times.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def transactions() -> int:
+    """The database's committed + rolled back transactions so far (PostgreSQL's statistics;
+    with autocommit each statement outside an atomic block counts as one)."""
+    from django.db import connection
+
+    time.sleep(1.5)  # backends report their statistics about once a second
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database "
+            "WHERE datname = current_database()"
+        )
+        return cursor.fetchone()[0]
+
+
+# --- one run -----------------------------------------------------------------------------------
+
+
+def load_study(slug: str, engine_url: str, turns: int):
+    from studies.models import Arm, Item, Questionnaire, Study
+
+    study = Study.objects.create(
+        slug=slug,
+        title=f"Load {slug}",
+        status=Study.Status.LIVE,
+        completion_code="LOADDONE",
+        min_exchanges=turns,
+        max_exchanges=max(turns, 20),
+        target_per_arm=10**6,  # never reached: no analysis runs in the middle of a load run
+    )
+    for order, name in enumerate(("a", "b")):
+        Arm.objects.create(
+            study=study, name=name, order=order, endpoint_url=engine_url, model_name="fake"
+        )
+    questionnaire = Questionnaire.objects.create(study=study)
+    Item.objects.create(questionnaire=questionnaire, key="helpful", prompt="Helpful?")
+    Item.objects.create(
+        questionnaire=questionnaire,
+        order=1,
+        key="attn",
+        prompt="Pick 2",
+        kind="attention",
+        expected_answer="2",
+    )
+    return study
+
+
+def one_run(args, web: subprocess.Popen, url: str, engine_url: str, n: int, mode: str) -> dict:
+    from studies.bots import Plan, drive, percentiles
+
+    think = args.think if mode == "think" else (0.0, 0.0)
+    slug = f"load-{mode}-{n}-{secrets.token_hex(3)}"
+    study = load_study(slug, engine_url, args.turns)
+    cpu, xacts = cpu_seconds(web), transactions()
+    report = asyncio.run(
+        drive(Plan.of(study), n, n, url, think=think, progress=not args.no_progress, seed=n)
+    )
+    cpu = cpu_seconds(web) - cpu
+    xacts = transactions() - xacts
+    summary = report.to_dict()
+    turns = max(summary["turns"], 1)
+    added = [t - args.ttft for r in report.runs for t in r.ttft]
+    return {
+        "participants": n,
+        "mode": mode,
+        "think_s": list(think),
+        "completed": summary["completed"],
+        "failed": summary["failed"],
+        "turns": summary["turns"],
+        "arms": summary["arms"],
+        "added_ttft_ms": percentiles(added),
+        "reply_ms": summary["reply_ms"],
+        "server_cpu_s": round(cpu, 2),
+        "cpu_ms_per_turn": round(1000 * cpu / turns, 1),
+        "cpu_s_per_session": round(cpu / max(n, 1), 3),
+        "db_transactions_per_turn": round(xacts / turns, 1),
+        "errors": summary["errors"],
+        "seconds": summary["seconds"],
+    }
+
+
+# --- the report --------------------------------------------------------------------------------
+
+
+def markdown(results: dict) -> str:
+    setup = results["setup"]
+    lines = [
+        "# Chat capacity (bench/chat_load.py)",
+        "",
+        f"Measured {results['when']} on {setup['cores']} cores: {setup['workers']} uvicorn "
+        "workers (DJANGO_DEBUG=0) on PostgreSQL and Redis; a fake engine with a time to first "
+        f"token of {setup['engine_ttft_s'] * 1000:.0f} ms and {setup['engine_rate']:g} tokens/s "
+        f"({setup['engine_tokens']} tokens a reply); {setup['turns']} chat turns per participant; "
+        "the bench client runs on the same cores. *Added* is the time from sending a message to "
+        "its first streamed token, minus the engine's own time to first token.",
+        "",
+        "| participants | arrival | completed | failed | added TTFT p50 / p95 / p99 (ms) "
+        "| whole reply p50 / p95 (ms) | CPU per turn (ms) | CPU per session (s) "
+        "| DB transactions per turn | errors |",
+        "|---:|---|---:|---:|---|---|---:|---:|---:|---|",
+    ]
+    for r in results["runs"]:
+        a, w = r["added_ttft_ms"], r["reply_ms"]
+        mode = "burst" if r["mode"] == "burst" else "think {:g}-{:g} s".format(*r["think_s"])
+        errors = "; ".join(f"{n}x {e[:60]}" for e, n in r["errors"].items()) or "none"
+        lines.append(
+            f"| {r['participants']} | {mode} | {r['completed']} | {r['failed']} "
+            f"| {a['p50']} / {a['p95']} / {a['p99']} | {w['p50']} / {w['p95']} "
+            f"| {r['cpu_ms_per_turn']} | {r['cpu_s_per_session']} "
+            f"| {r['db_transactions_per_turn']} | {errors} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="1,50,100")
+    parser.add_argument("--modes", default="burst,think")
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--think", default="5,15", help="seconds before each message: lo,hi")
+    parser.add_argument("--ttft", type=float, default=0.2, help="the engine's time to first token")
+    parser.add_argument("--rate", type=float, default=50.0, help="the engine's tokens a second")
+    parser.add_argument("--tokens", type=int, default=20, help="tokens in every reply")
+    parser.add_argument("--quick", action="store_true", help="1 and 20 participants, 2 turns")
+    parser.add_argument("--db", default=os.environ.get("BENCH_DB", "h_load"))
+    parser.add_argument(
+        "--redis", default=os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/15")
+    )
+    parser.add_argument("--out", default=str(REPO / "docs" / "results" / "chat_load"))
+    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--serve-engine", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_engine:
+        import uvicorn
+
+        app = engine_app(args.ttft, args.rate, args.tokens)
+        uvicorn.run(app, host="127.0.0.1", port=args.serve_engine, log_level="warning")
+        return
+    if args.quick:  # a smoke run of about a minute
+        args.sizes, args.turns, args.think = "1,20", 2, "2,4"
+    args.think = tuple(float(x) for x in args.think.split(","))
+    from agents.serving.process import free_port
+
+    subprocess.run(["createdb", "-h", "127.0.0.1", "-U", "postgres", args.db], capture_output=True)
+    engine_port, web_port = free_port(), free_port()
+    env = server_env(args, engine_port, secrets.token_urlsafe(48))
+    os.environ.update(env)  # this process signs the bots and reads the results as the server
+    sys.path.insert(0, str(BENCH))
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "-v", "0"], cwd=REPO, env=env, check=True
+    )
+    import django
+
+    django.setup()
+    processes = start(args, env, engine_port, web_port)
+    url, engine_url = f"http://127.0.0.1:{web_port}", env["PARLEY_ENGINE_URL"]
+    runs = []
+    try:
+        for mode in args.modes.split(","):
+            for n in (int(x) for x in args.sizes.split(",")):
+                run = one_run(args, processes[1], url, engine_url, n, mode)
+                runs.append(run)
+                print(json.dumps(run), flush=True)
+    finally:
+        for process in processes:
+            stop(process)
+    results = {
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "setup": {
+            "cores": os.cpu_count(),
+            "workers": args.workers,
+            "turns": args.turns,
+            "engine_ttft_s": args.ttft,
+            "engine_rate": args.rate,
+            "engine_tokens": args.tokens,
+        },
+        "runs": runs,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown(results))
+    print(markdown(results))
+
+
+if __name__ == "__main__":
+    main()
