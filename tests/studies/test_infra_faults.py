@@ -295,3 +295,50 @@ async def test_the_chat_socket_rides_out_redis_away_and_rejoins_when_it_returns(
     finally:
         redis_back.kill()
         redis_back.wait()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_analysis_whose_worker_is_killed_mid_task_is_finished_once(redis_url, tmp_path):
+    """A real prefork worker on Redis: its child is killed (SIGKILL) while it computes; the
+    broker gives the message again (acks_late, reject_on_worker_lost) and the run ends done,
+    computed by the next child, one run."""
+    import os
+    import signal
+    import sys
+
+    import psutil
+
+    from tests.conftest import REPO, child_env
+    from tests.studies.test_analysis_jobs import fill
+
+    study = make_study(slug="killed", target_per_arm=50)
+    fill(study, {"a": [5, 6, 7, 6, 5, 6], "b": [2, 3, 3, 4, 2, 3]})
+    queue = f"analysis-kill-{os.getpid()}"  # this worker alone, whatever else is running
+    log = tmp_path / "worker.log"
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "parley", "worker", "-Q", queue,
+         "--pool", "prefork", "-c", "1", "--loglevel", "INFO", "-n", f"kill-{os.getpid()}@%h"],
+        cwd=REPO, env=child_env(), stdout=log.open("wb"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while b"ready." not in log.read_bytes():
+            assert worker.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.2)
+        run = AnalysisRun.objects.create(study=study)
+        tasks.run_analysis.apply_async((run.pk,), queue=queue)
+        while AnalysisRun.objects.get(pk=run.pk).status == AnalysisRun.Status.QUEUED:
+            assert time.monotonic() < deadline, "the worker never started the run"
+            time.sleep(0.01)
+        children = psutil.Process(worker.pid).children()
+        assert len(children) == 1
+        os.kill(children[0].pid, signal.SIGKILL)  # mid-task: status is running, nothing saved
+
+        while AnalysisRun.objects.get(pk=run.pk).status != AnalysisRun.Status.DONE:
+            assert time.monotonic() < deadline + 60, log.read_text()[-3000:]
+            time.sleep(0.2)
+        assert AnalysisRun.objects.filter(study=study).count() == 1
+        assert b"WorkerLostError" in log.read_bytes()  # it was killed mid-task, not after
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
