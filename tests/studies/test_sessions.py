@@ -1,7 +1,9 @@
 """A returning PROLIFIC_PID resumes only with its SESSION_ID or in the browser that started it."""
 
+import threading
+
 import pytest
-from django.db import IntegrityError
+from django.db import IntegrityError, connection
 from django.http import HttpResponse
 from django.test import Client
 from django.urls import reverse
@@ -130,3 +132,33 @@ def test_the_same_rule_when_the_victim_wins_a_race(study, monkeypatch):
         Participant.objects.all().delete()
         mine, _ = flow.arrive(study, prolific(pid=VICTIM, session_id="victim-session"))
         assert mine == Participant.objects.get()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_racing_arrivals_with_one_pid_on_postgresql(postgres):
+    """Twelve requests for one PID at once, six SESSION_IDs: whichever creates the participant,
+    only the requests carrying its stored SESSION_ID get in."""
+    study = make_study()
+    start = threading.Barrier(12)
+    outcomes = []
+
+    def arrive_as(session_id):
+        try:
+            start.wait()
+            participant, _ = flow.arrive(study, prolific(pid=VICTIM, session_id=session_id))
+            outcomes.append((session_id, participant.pk))
+        except flow.FlowError as error:
+            outcomes.append((session_id, error.status))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=arrive_as, args=(f"s{i % 6}",)) for i in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    owner = Participant.objects.get()
+    assert sorted(outcomes) == sorted(
+        (s, owner.pk if s == owner.prolific_session_id else 403) for s, _ in outcomes
+    )
+    assert len(outcomes) == 12
