@@ -109,16 +109,37 @@ def resume(participant: Participant, values: dict[str, str], known_token: str | 
     return participant
 
 
-@transaction.atomic
+ASSIGN_ATTEMPTS = 8  # choices of an arm before an arrival takes the one it holds
+
+
+class ArmTaken(Exception):
+    """Another arrival filled the chosen arm meanwhile: choose again."""
+
+
 def _assign(study: Study, values: dict[str, str]) -> Participant:
-    # One arrival at a time per study: the lock makes the arm counts exact under concurrency.
-    Study.objects.select_for_update().get(pk=study.pk)
+    # Arrivals lock the arm they join, not the study: arrivals to different arms run side by
+    # side. Under the arm's lock its count is exact; it is taken only if still least filled,
+    # else the attempt's transaction ends (releasing the lock) and the arrival chooses again.
     existing = Participant.objects.filter(study=study, prolific_pid=values["PROLIFIC_PID"]).first()
     if existing:
         return existing
     is_bot = bots.is_bot_pid(study, values["PROLIFIC_PID"])
+    for attempt in range(ASSIGN_ATTEMPTS):
+        try:
+            return join_least_filled(study, values, is_bot, attempt == ASSIGN_ATTEMPTS - 1)
+        except ArmTaken:
+            continue
+    raise AssertionError("unreachable: the last attempt always joins")
+
+
+@transaction.atomic
+def join_least_filled(study: Study, values: dict[str, str], is_bot: bool, last: bool):
     arm = least_filled_arm(study, is_bot)
-    participant = Participant.objects.create(
+    list(Arm.objects.select_for_update().filter(pk=arm.pk).values_list("pk"))
+    filled = {a.pk: a.filled for a in arms_with_fill(study, is_bot)}
+    if filled.get(arm.pk, arm.filled) > min(filled.values(), default=0) and not last:
+        raise ArmTaken
+    return Participant.objects.create(
         study=study,
         arm=arm,
         scenario=least_used_scenario(study, arm, is_bot),
@@ -127,16 +148,21 @@ def _assign(study: Study, values: dict[str, str]) -> Participant:
         prolific_session_id=values["SESSION_ID"],
         is_bot=is_bot,
     )
-    return participant
+
+
+def arms_with_fill(study: Study, is_bot: bool = False) -> list[Arm]:
+    """The active arms, each with `filled`: its active plus completed participants (bots
+    counted apart from people)."""
+    holding = Q(participants__status__in=Participant.ACTIVE, participants__is_bot=is_bot)
+    return list(
+        study.arms.filter(active=True).annotate(filled=Count("participants", filter=holding))
+    )
 
 
 def least_filled_arm(study: Study, is_bot: bool = False) -> Arm:
     """Fewest active plus completed participants; ties go to the lower (order, id). Bots are
     balanced among bots, so a rehearsal never tilts where real participants go."""
-    holding = Q(participants__status__in=Participant.ACTIVE, participants__is_bot=is_bot)
-    arms = list(
-        study.arms.filter(active=True).annotate(filled=Count("participants", filter=holding))
-    )
+    arms = arms_with_fill(study, is_bot)
     if not arms:
         raise FlowError("This study is not ready", "The study has no active arm yet.", 503)
     return min(arms, key=lambda arm: (arm.filled, arm.order, arm.id))
