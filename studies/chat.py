@@ -29,6 +29,9 @@ from .models import Arm, Conversation, Message, Participant
 
 Send = Callable[[dict], Awaitable[None]]
 STALL_TIMEOUT = 8.0  # default for PARLEY_STALL_TIMEOUT: a notice well within 10 s
+# Default for PARLEY_FIRST_TOKEN_TIMEOUT: a busy engine may be slow to start (prefill, a queue);
+# after the stall timeout the page is told it is slow, and only after this one is it a stall.
+FIRST_TOKEN_TIMEOUT = 45.0
 
 
 class EngineStalled(Exception):
@@ -37,6 +40,10 @@ class EngineStalled(Exception):
 
 def stall_timeout() -> float:
     return float(getattr(settings, "PARLEY_STALL_TIMEOUT", STALL_TIMEOUT))
+
+
+def first_token_timeout() -> float:
+    return float(getattr(settings, "PARLEY_FIRST_TOKEN_TIMEOUT", FIRST_TOKEN_TIMEOUT))
 
 
 def arm_client(arm: Arm) -> LLMClient:
@@ -120,12 +127,33 @@ async def agent_turn(participant: Participant, user_message: Message, send: Send
 
 
 async def relay(stream, send: Send, reply_to: str) -> None:
-    """Pass the stream's text on as deltas; EngineStalled when a gap exceeds the stall timeout."""
+    """Pass the stream's text on as deltas. Before the first piece: a "slow" event after the
+    stall timeout, EngineStalled after the first-token timeout; after it, EngineStalled when a
+    gap exceeds the stall timeout."""
     stall = stall_timeout()
+    pieces = aiter(stream)
+    # The first piece in a task of its own, so that waiting for it can be told apart from it.
+    first = asyncio.ensure_future(anext(pieces, None))
+    try:
+        done, _ = await asyncio.wait({first}, timeout=stall)
+        if not done:
+            notice = "The assistant is slow to answer just now; please wait a little."
+            await send({"type": "slow", "reply_to": reply_to, "message": notice})
+            done, _ = await asyncio.wait({first}, timeout=max(first_token_timeout() - stall, 0))
+        if not done:
+            raise EngineStalled(f"no first token from the engine in {first_token_timeout():g} s")
+    finally:
+        if not first.done():  # the turn is cut short: end the read before the stream is closed
+            first.cancel()
+            await asyncio.gather(first, return_exceptions=True)
+    delta = first.result()
+    if delta is None:  # a reply with no text (only tool calls)
+        return
+    await send({"type": "delta", "reply_to": reply_to, "text": delta})
     loop = asyncio.get_running_loop()
     try:
         async with asyncio.timeout(stall) as deadline:
-            async for delta in stream:
+            async for delta in pieces:
                 await send({"type": "delta", "reply_to": reply_to, "text": delta})
                 deadline.reschedule(loop.time() + stall)
     except TimeoutError:

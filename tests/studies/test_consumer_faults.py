@@ -28,7 +28,8 @@ def stored(participant):
 
 
 async def test_the_default_stall_timeout_gives_a_notice_within_10_s():
-    assert chat.stall_timeout() < 10 < django_settings.PARLEY_LLM_TIMEOUT
+    stall, first = chat.stall_timeout(), chat.first_token_timeout()
+    assert stall < 10 and stall <= first < django_settings.PARLEY_LLM_TIMEOUT
 
 
 async def test_a_stalled_engine_gives_a_notice_and_retry_answers(settings):
@@ -78,6 +79,34 @@ async def test_frames_sent_during_a_stall_are_answered_and_end_always_is(setting
         await window.disconnect()
 
 
+async def test_an_engine_slow_to_start_is_announced_then_answers(settings):
+    settings.PARLEY_STALL_TIMEOUT = 0.5
+    with FaultyEngine(["late"], pace=1.5) as engine:
+        participant = await chatting_participant(engine.url, pid="late1")
+        window = await connect(participant)
+        await window.receive_json_from()
+        await window.send_json_to({"type": "message", "id": "l1", "text": "Hello?"})
+        events = await receive_until(window, "reply", timeout=10)
+        assert [e["type"] for e in events[:3]] == ["ack", "start", "slow"]
+        assert "error" not in [e["type"] for e in events]
+        await window.disconnect()
+
+
+async def test_an_engine_that_never_starts_is_a_stall_after_the_first_token_timeout(settings):
+    settings.PARLEY_STALL_TIMEOUT, settings.PARLEY_FIRST_TOKEN_TIMEOUT = 0.5, 1.5
+    with FaultyEngine(["mute"]) as engine:
+        participant = await chatting_participant(engine.url, pid="mute1")
+        window = await connect(participant)
+        await window.receive_json_from()
+        sent = time.monotonic()
+        await window.send_json_to({"type": "message", "id": "q1", "text": "Hello?"})
+        events = await receive_until(window, "error", timeout=10)
+        assert 1.5 <= time.monotonic() - sent < 5
+        assert [e["type"] for e in events] == ["ack", "start", "slow", "error"]
+        assert events[-1]["stalled"] and events[-1]["retry"]
+        await window.disconnect()
+
+
 async def test_an_engine_dying_mid_reply_gives_an_error_at_once_and_retry_answers():
     with FaultyEngine(["die", "ok"]) as engine:
         participant = await chatting_participant(engine.url, pid="die1")
@@ -110,7 +139,7 @@ async def test_a_second_window_mid_reply_stores_one_reply_not_two():
 
         first_reply = (await receive_until(first, "reply", timeout=20))[-1]["message"]
         second_reply = (await receive_until(second, "reply", timeout=20))[-1]["message"]
-        assert engine.requests == 2  # both windows did ask the engine ...
+        assert len(engine.requests) == 2  # both windows did ask the engine ...
         assert first_reply == second_reply  # ... and both show the one stored reply
         assert [(r, c) for r, c, _ in await stored(participant)] == [
             ("user", "w1"),

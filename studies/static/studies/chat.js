@@ -115,6 +115,7 @@
         break;
       }
       case "ack": {
+        if (event.id === lastSent) lastSent = null;
         const p = pending(); delete p[event.id]; savePending(p);
         const el = list.querySelector('[data-client-id="' + event.id + '"]');
         if (el) el.classList.remove("unconfirmed");
@@ -124,8 +125,12 @@
         streaming = bubble("assistant", "", "streaming");
         setBusy(true);
         break;
+      case "slow":  // the engine is slow to start: say so, keep waiting
+        showNotice(event.message);
+        break;
       case "delta":
         if (!streaming) streaming = bubble("assistant", "", "streaming");
+        notice.hidden = true;
         streaming.textContent += event.text;
         list.scrollTop = list.scrollHeight;
         break;
