@@ -29,11 +29,12 @@ def test_unstorable_and_refused_messages_do_not_lock_the_chat(web_server, browse
         )
         page.reload()
         page.wait_for_selector(".msg.assistant:not(.streaming)", timeout=30_000)
-        page.wait_for_function(
-            "t => localStorage.getItem('parley-pending-' + t) === '{}'",
-            arg=str(participant.token),
-            timeout=30_000,
-        )
+        queued = "t => localStorage.getItem('parley-pending-' + t)"
+        for _ in range(100):  # polled here: the page's CSP forbids wait_for_function's eval
+            if page.evaluate(queued, str(participant.token)) == "{}":
+                break
+            page.wait_for_timeout(200)
+        assert page.evaluate(queued, str(participant.token)) == "{}"
         stored = Message.objects.filter(conversation__participant=participant, role="user")
         assert list(stored.values_list("client_id", "content")) == [("m-odd", "ab\ufffdc")]
 
@@ -44,5 +45,5 @@ def test_unstorable_and_refused_messages_do_not_lock_the_chat(web_server, browse
         assert stored.count() == 1
         page.fill("#text", "Still here")
         page.press("#text", "Enter")
-        page.wait_for_function("document.querySelectorAll('.msg.assistant').length === 2")
+        page.locator(".msg.assistant:not(.streaming)").nth(1).wait_for(timeout=30_000)
         assert stored.count() == 2
