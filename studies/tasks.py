@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 SEND_ATTEMPTS = 14
 SEND_FIRST_WAIT = 1.0
 SEND_MAX_WAIT = 60.0
+ABANDONED_AFTER = 30 * 60  # seconds running after which an analysis (seconds long) was abandoned
 
 
 # acks_late with reject_on_worker_lost: a run whose worker dies is delivered again, not lost.
@@ -118,12 +119,17 @@ def resend_on_worker_start(**_) -> None:
 
 
 def resend_queued_analyses(older_than: float = 60.0) -> list[int]:
-    """Send again the runs still queued (their sender gave up or its process died); a run
-    already delivered is claimed once, so a second message for it is harmless."""
-    cutoff = timezone.now() - timedelta(seconds=older_than)
+    """Send again the runs still queued (their sender gave up or its process died), and those
+    left running far longer than any analysis takes (their worker died on a broker that does
+    not redeliver, like the demo's filesystem one). A run is claimed once, so a second message
+    for it is harmless."""
+    now = timezone.now()
+    AnalysisRun.objects.filter(
+        status=AnalysisRun.Status.RUNNING, started_at__lt=now - timedelta(seconds=ABANDONED_AFTER)
+    ).update(status=AnalysisRun.Status.QUEUED)
     ids = list(
         AnalysisRun.objects.filter(
-            status=AnalysisRun.Status.QUEUED, created_at__lt=cutoff
+            status=AnalysisRun.Status.QUEUED, created_at__lt=now - timedelta(seconds=older_than)
         ).values_list("pk", flat=True)
     )
     for run_id in ids:

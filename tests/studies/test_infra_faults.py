@@ -10,11 +10,13 @@ import socket
 import subprocess
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 import redis
 from django.db import IntegrityError, connections, transaction
 from django.urls import reverse
+from django.utils import timezone
 from parley.celery import app as celery_app
 
 from studies import flow, tasks
@@ -342,3 +344,20 @@ def test_an_analysis_whose_worker_is_killed_mid_task_is_finished_once(redis_url,
     finally:
         worker.terminate()
         worker.wait(timeout=30)
+
+
+@pytest.mark.django_db
+def test_a_starting_worker_sends_again_what_was_left_queued_or_abandoned(monkeypatch):
+    monkeypatch.setitem(celery_app.conf, "task_always_eager", True)  # "sent" = computed here
+    study = study_one_short_of_target()
+    long_ago = timezone.now() - timedelta(hours=1)
+    left_queued, abandoned, fresh, busy = (tasks.start_analysis(study) for _ in range(4))
+    AnalysisRun.objects.filter(pk__in=[left_queued.pk, abandoned.pk]).update(created_at=long_ago)
+    AnalysisRun.objects.filter(pk=abandoned.pk).update(status="running", started_at=long_ago)
+    AnalysisRun.objects.filter(pk=busy.pk).update(status="running", started_at=timezone.now())
+
+    tasks.resend_on_worker_start()  # what the worker_ready signal calls
+    status = dict(AnalysisRun.objects.values_list("pk", "status"))
+    assert status[left_queued.pk] == status[abandoned.pk] == AnalysisRun.Status.DONE
+    # Just sent, or running now on another worker: left to their own message.
+    assert (status[fresh.pk], status[busy.pk]) == ("queued", "running")
