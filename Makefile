@@ -30,6 +30,8 @@ lint: install
 	$(BIN)/ruff format --check .
 	@# the layers and no-cycle contracts of pyproject.toml [tool.importlinter]
 	$(BIN)/lint-imports
+	@# known vulnerabilities in the installed set (says so when the database cannot be reached)
+	$(BIN)/python -m parley.audit
 
 format: install
 	$(BIN)/ruff format .

@@ -32,14 +32,44 @@ def env_port(name: str, default: int) -> int:
 BASE_DIR = REPO_DIR
 DATA_DIR = data_dir()  # its folders are made at start-up (parley/apps.py), not at import
 
-DEBUG = env_bool("DJANGO_DEBUG", default=True)
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "")
-if not SECRET_KEY:
-    if not DEBUG:
+# The key of platform/deploy/parley.env.example: a copy left unedited must not go live.
+EXAMPLE_SECRET_KEY = "change-me-to-50-random-characters"
+
+
+def production_secret_key(key: str) -> str:
+    """The key when it can sign production sessions, else ImproperlyConfigured saying why."""
+    if not key:
         raise ImproperlyConfigured("DJANGO_SECRET_KEY must be set when DJANGO_DEBUG is off.")
+    if key == EXAMPLE_SECRET_KEY or key.startswith(("django-insecure", "dev-insecure")):
+        raise ImproperlyConfigured(
+            "DJANGO_SECRET_KEY is the example or a development key: generate a real one, e.g. "
+            "python -c 'import secrets; print(secrets.token_urlsafe(50))'."
+        )
+    # Django's own bar (check --deploy, security.W009): 50 characters, 5 of them different.
+    if len(key) < 50 or len(set(key)) < 5:
+        raise ImproperlyConfigured(
+            "DJANGO_SECRET_KEY is too short or too simple: use at least 50 random characters."
+        )
+    return key
+
+
+DEBUG = env_bool("DJANGO_DEBUG", default=True)
+if DEBUG:
     # A development key that changes per process: fine for a laptop, never for production.
-    SECRET_KEY = "dev-insecure-" + secrets.token_urlsafe(32)
-ALLOWED_HOSTS = [h for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "*").split(",") if h]
+    SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or "dev-insecure-" + secrets.token_urlsafe(32)
+else:
+    SECRET_KEY = production_secret_key(os.environ.get("DJANGO_SECRET_KEY", ""))
+# Any host only on a laptop; production names its hosts, or Host headers are the client's word.
+ALLOWED_HOSTS = [
+    h.strip()
+    for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "*" if DEBUG else "").split(",")
+    if h.strip()
+]
+if not DEBUG and (not ALLOWED_HOSTS or "*" in ALLOWED_HOSTS):
+    raise ImproperlyConfigured(
+        "DJANGO_ALLOWED_HOSTS must name the site's hosts (comma-separated, no '*') when "
+        "DJANGO_DEBUG is off, e.g. DJANGO_ALLOWED_HOSTS=study.example.org."
+    )
 CSRF_TRUSTED_ORIGINS = [
     o for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o
 ]
@@ -65,6 +95,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "parley.security.ContentSecurityPolicyMiddleware",
     "studies.middleware.DatabaseUnavailableMiddleware",  # 503 and retry, not 500, while it is down
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -234,7 +265,34 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": os.environ.get("PARLEY_LOG_LEVEL", "INFO")},
 }
 
+# --- cache: admin login limits, rate limits; shared by all workers when Redis is there --------
+if REDIS_URL:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": os.environ.get("PARLEY_CHANNEL_PREFIX", "parley"),
+            "OPTIONS": redis_options(),
+        }
+    }
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+# --- admin login limiter (parley/security.py): failures within the window, then 429 ---------
+PARLEY_LOGIN_FAILURES_PER_USER = int(os.environ.get("PARLEY_LOGIN_FAILURES_PER_USER", "5"))
+PARLEY_LOGIN_FAILURES_PER_IP = int(os.environ.get("PARLEY_LOGIN_FAILURES_PER_IP", "20"))
+PARLEY_LOGIN_WINDOW = int(os.environ.get("PARLEY_LOGIN_WINDOW", "900"))  # seconds
+
+# --- HTTPS (production) ---------------------------------------------------------------------
 if not DEBUG:
-    # Behind the proxy of platform/deploy/nginx.conf, which terminates TLS.
-    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    # Behind a proxy that terminates TLS (platform/deploy/nginx.conf) and sets
+    # X-Forwarded-Proto itself, overwriting any client's: that header says the request was https.
+    if env_bool("DJANGO_BEHIND_TLS_PROXY", True):
+        SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", True)
+    # Probes reach the workers directly over http: /healthz answers there without a redirect.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+    SECURE_HSTS_SECONDS = int(os.environ.get("DJANGO_SECURE_HSTS_SECONDS", str(365 * 24 * 3600)))
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env_bool("DJANGO_SECURE_HSTS_PRELOAD", True)
     SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True

@@ -1,0 +1,106 @@
+"""The site's own guards: a Content-Security-Policy on every response, a limit on admin logins.
+
+Django 5.2 has no CSP of its own (6.0 does). The policy allows this site's own files only; the
+few inline blocks in templates carry the per-request nonce, `nonce="{{ request.csp_nonce }}"`.
+"""
+
+import hashlib
+import logging
+import secrets
+
+from django.conf import settings
+from django.contrib import admin
+from django.core.cache import cache
+from django.http import HttpResponse
+
+log = logging.getLogger(__name__)
+
+
+def content_security_policy(request) -> str:
+    # The chat's WebSocket goes to this same host; CSP3's 'self' covers ws:/wss: there, and the
+    # explicit origin keeps browsers that predate that rule working too.
+    socket = ("wss://" if request.is_secure() else "ws://") + request.get_host()
+    nonce = f"'nonce-{request.csp_nonce}'"
+    return "; ".join(
+        [
+            "default-src 'self'",
+            f"script-src 'self' {nonce}",
+            f"style-src 'self' {nonce}",
+            "img-src 'self' data:",
+            f"connect-src 'self' {socket}",
+            "object-src 'none'",
+            "base-uri 'self'",
+            "form-action 'self'",
+            "frame-ancestors 'none'",
+        ]
+    )
+
+
+class ContentSecurityPolicyMiddleware:
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        request.csp_nonce = secrets.token_urlsafe(16)
+        response = self.get_response(request)
+        # Django's debug error pages style and script themselves inline: spare them in DEBUG.
+        if settings.DEBUG and response.status_code >= 500:
+            return response
+        response.setdefault("Content-Security-Policy", content_security_policy(request))
+        return response
+
+
+# --- admin login limiter -----------------------------------------------------------------------
+def login_limits() -> tuple[int, int, int]:
+    """(failures per username, failures per address, window in seconds), from settings."""
+    return (
+        settings.PARLEY_LOGIN_FAILURES_PER_USER,
+        settings.PARLEY_LOGIN_FAILURES_PER_IP,
+        settings.PARLEY_LOGIN_WINDOW,
+    )
+
+
+def login_failure_keys(request) -> tuple[str, str]:
+    username = request.POST.get("username", "").strip().lower()
+    # Hashed: any text may be typed there, and cache keys must be short and plain.
+    username = hashlib.sha256(username.encode()).hexdigest()[:32]
+    # REMOTE_ADDR is the client's own: uvicorn --proxy-headers takes it from the trusted proxy.
+    return (
+        f"parley:login-fail:user:{username}",
+        f"parley:login-fail:ip:{request.META.get('REMOTE_ADDR', '')}",
+    )
+
+
+def limited_admin_login(request, extra_context=None):
+    """admin.site.login, answering 429 once a username or an address has failed too often."""
+    per_user, per_ip, window = login_limits()
+    if request.method != "POST":
+        return admin.site.login(request, extra_context)
+    user_key, ip_key = login_failure_keys(request)
+    try:
+        failures = cache.get_many([user_key, ip_key])
+    except Exception:  # the cache (Redis) is down: log in as Django would rather than 500
+        log.warning("admin login limiter: cache unavailable, not limiting")
+        return admin.site.login(request, extra_context)
+    if failures.get(user_key, 0) >= per_user or failures.get(ip_key, 0) >= per_ip:
+        minutes = max(1, window // 60)
+        response = HttpResponse(
+            f"Too many failed sign-in attempts. Try again in {minutes} minutes.",
+            status=429,
+            content_type="text/plain; charset=utf-8",
+        )
+        response["Retry-After"] = str(window)
+        return response
+    response = admin.site.login(request, extra_context)
+    try:
+        if request.user.is_authenticated and request.user.is_staff:
+            cache.delete(user_key)
+        else:  # wrong password, unknown or non-staff account: the form is shown again
+            for key in (user_key, ip_key):
+                if not cache.add(key, 1, timeout=window):  # the window starts at the first
+                    cache.incr(key)
+    except ValueError:  # a counter expired between add and incr: its window is over anyway
+        pass
+    except Exception:
+        log.warning("admin login limiter: cache unavailable, failure not counted")
+    return response
