@@ -329,15 +329,16 @@ def test_an_analysis_whose_worker_is_killed_mid_task_is_finished_once(redis_url,
             time.sleep(0.2)
         run = AnalysisRun.objects.create(study=study)
         tasks.run_analysis.apply_async((run.pk,), queue=queue)
+        deadline = time.monotonic() + 90  # a loaded machine (2 cores, shared) can be slow
         while AnalysisRun.objects.get(pk=run.pk).status == AnalysisRun.Status.QUEUED:
-            assert time.monotonic() < deadline, "the worker never started the run"
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.01)
         children = psutil.Process(worker.pid).children()
         assert len(children) == 1
         os.kill(children[0].pid, signal.SIGKILL)  # mid-task: status is running, nothing saved
 
         while AnalysisRun.objects.get(pk=run.pk).status != AnalysisRun.Status.DONE:
-            assert time.monotonic() < deadline + 60, log.read_text()[-3000:]
+            assert time.monotonic() < deadline + 90, log.read_text()[-3000:]
             time.sleep(0.2)
         assert AnalysisRun.objects.filter(study=study).count() == 1
         assert b"WorkerLostError" in log.read_bytes()  # it was killed mid-task, not after
