@@ -195,8 +195,11 @@ class StudyAdmin(admin.ModelAdmin):
     def downloads(self, study):
         if not study.pk:
             return "-"
+        # Bot participants (rehearsals, load runs) are left out unless asked for (?bots=1).
         return format_html(
-            '<a href="{}">responses.csv</a> · <a href="{}">transcripts.csv</a>',
+            '<a href="{0}">responses.csv</a> · <a href="{1}">transcripts.csv</a> · '
+            'with bot participants: <a href="{0}?bots=1">responses</a>, '
+            '<a href="{1}?bots=1">transcripts</a>',
             reverse("admin:studies_study_responses", args=[study.pk]),
             reverse("admin:studies_study_transcripts", args=[study.pk]),
         )
@@ -270,13 +273,15 @@ class StudyAdmin(admin.ModelAdmin):
     def responses_csv(self, request, pk):
         study = get_object_or_404(Study, pk=pk)
         return exports.csv_response(
-            exports.response_rows(study.participants.all()), f"{study.slug}-responses.csv"
+            exports.response_rows(study.participants.all(), request.GET.get("bots") == "1"),
+            f"{study.slug}-responses.csv",
         )
 
     def transcripts_csv(self, request, pk):
         study = get_object_or_404(Study, pk=pk)
         return exports.csv_response(
-            exports.transcript_rows(study.participants.all()), f"{study.slug}-transcripts.csv"
+            exports.transcript_rows(study.participants.all(), request.GET.get("bots") == "1"),
+            f"{study.slug}-transcripts.csv",
         )
 
     @admin.action(

@@ -118,3 +118,10 @@ def test_the_admin_runs_bots_on_a_study(server, engine, admin_client, settings):
     assert "4 bots queued on Test study" in response.content.decode()
     made = Participant.objects.filter(study=study)
     assert made.count() == 4 and all(p.is_bot and p.status == "completed" for p in made)
+    # The study's downloads leave them out unless asked for.
+    for name, with_bots in (("responses", 4), ("transcripts", 8)):
+        url = f"/admin/studies/study/{study.pk}/{name}.csv"
+        lines = b"".join(admin_client.get(url).streaming_content).decode().splitlines()
+        assert len(lines) == 1  # the header
+        lines = b"".join(admin_client.get(url + "?bots=1").streaming_content).decode().splitlines()
+        assert len(lines) == 1 + with_bots
