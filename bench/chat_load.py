@@ -25,6 +25,7 @@ import secrets
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -232,6 +233,72 @@ def one_run(args, web: subprocess.Popen, url: str, engine_url: str, n: int, mode
     }
 
 
+# --- SQL statements of one chat turn -----------------------------------------------------------
+
+
+def queries_per_turn(engine_url: str) -> dict[str, int]:
+    """The SQL statements the chat consumer runs, counted in this process (any thread) through
+    Django's query log: opening the chat, and one turn (message to status)."""
+    import logging
+
+    from channels.routing import URLRouter
+    from channels.testing import WebsocketCommunicator
+    from django.db import connection
+    from django.db.backends.signals import connection_created
+
+    from studies import flow
+    from studies.routing import websocket_urlpatterns
+
+    statements = []
+
+    class Statements(logging.Handler):
+        def emit(self, record):
+            if getattr(record, "sql", None):
+                statements.append(record.sql)
+
+    def log_queries(connection, **kwargs):
+        connection.force_debug_cursor = True
+
+    log = logging.getLogger("django.db.backends")
+    handler, level = Statements(), log.level
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    log.propagate = False  # counted, not printed
+    connection_created.connect(log_queries)
+    study = load_study(f"queries-{secrets.token_hex(3)}", engine_url, 2)
+    participant, _ = flow.arrive(study, {"PROLIFIC_PID": "q1", "STUDY_ID": "s", "SESSION_ID": "s"})
+    flow.give_consent(participant, True)
+
+    async def chat() -> dict[str, int]:
+        app = URLRouter(websocket_urlpatterns)
+        socket = WebsocketCommunicator(app, f"/ws/p/{participant.token}/")
+        statements.clear()
+        await socket.connect(timeout=30)
+        await socket.receive_json_from(timeout=30)  # the history
+        opened = len(statements)
+        counts = {"open_chat": opened}
+        for turn in (1, 2):
+            statements.clear()
+            await socket.send_json_to({"type": "message", "id": f"q{turn}", "text": "Hello"})
+            while (await socket.receive_json_from(timeout=30))["type"] != "status":
+                pass
+            counts[f"turn_{turn}"] = len(statements)
+            if turn == 1:  # what they are: SELECT, INSERT, UPDATE, SAVEPOINT, ...
+                kinds = Counter(sql.split(None, 1)[0].upper() for sql in statements)
+                counts["turn_1_by_kind"] = dict(kinds.most_common())
+        await socket.disconnect()
+        return counts
+
+    try:
+        return asyncio.run(chat())
+    finally:
+        connection_created.disconnect(log_queries)
+        log.removeHandler(handler)
+        log.setLevel(level)
+        log.propagate = True
+        connection.force_debug_cursor = False
+
+
 # --- the report --------------------------------------------------------------------------------
 
 
@@ -262,6 +329,17 @@ def markdown(results: dict) -> str:
             f"| {r['cpu_ms_per_turn']} | {r['cpu_s_per_session']} "
             f"| {r['db_transactions_per_turn']} | {errors} |"
         )
+    queries = results.get("queries") or {}
+    if queries:
+        lines += [
+            "",
+            "SQL statements the chat consumer runs (counted through Django's query log, one "
+            f"participant): opening the chat {queries.get('open_chat')}, first turn "
+            f"{queries.get('turn_1')} ({queries.get('turn_1_by_kind')}), second turn "
+            f"{queries.get('turn_2')}. *DB transactions per "
+            "turn* above is PostgreSQL's transaction count over the whole run (arrival, consent, "
+            "questionnaire and the pool's own checks included) divided by the chat turns.",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -308,8 +386,10 @@ def main():
     django.setup()
     processes = start(args, env, engine_port, web_port)
     url, engine_url = f"http://127.0.0.1:{web_port}", env["PARLEY_ENGINE_URL"]
-    runs = []
+    runs, queries = [], {}
     try:
+        queries = queries_per_turn(engine_url)
+        print("SQL statements:", json.dumps(queries), flush=True)
         for mode in args.modes.split(","):
             for n in (int(x) for x in args.sizes.split(",")):
                 run = one_run(args, processes[1], url, engine_url, n, mode)
@@ -328,6 +408,7 @@ def main():
             "engine_rate": args.rate,
             "engine_tokens": args.tokens,
         },
+        "queries": queries,
         "runs": runs,
     }
     out = Path(args.out)
