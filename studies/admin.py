@@ -242,6 +242,9 @@ class StudyAdmin(admin.ModelAdmin):
     def run_bots(self, request, queryset):
         # Bots are marked on arrival and stay out of exports and analysis (studies/bots.py).
         for study in queryset:
+            if study.status != Study.Status.LIVE:  # bots arrive by the participant link
+                self.message_user(request, f"{study} is not live: no bots.", messages.WARNING)
+                continue
             n = 2 * max(study.arms.filter(active=True).count(), 1)
             task = bots.run_bots_task.delay(study.pk, n, 2)
             self.message_user(

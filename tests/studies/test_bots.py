@@ -4,7 +4,7 @@ they complete, balance the arms among themselves, get the code, and stay out of 
 import json
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 
 from studies import bots, exports, flow, reports
 from studies.models import Message, Participant
@@ -71,6 +71,17 @@ def test_only_the_server_can_mark_a_bot(settings):
     assert (forged.is_bot, signed.is_bot, elsewhere.is_bot) == (False, True, False)
     settings.SECRET_KEY = "another server"
     assert not bots.is_bot_pid(study, signed.prolific_pid)
+
+
+@pytest.mark.django_db
+def test_bots_only_run_on_a_live_study(admin_client):
+    study = make_study(slug="draft", status="draft")
+    with pytest.raises(CommandError, match="not live"):
+        call_command("run_bots", study="draft", n=1, concurrency=1)
+    response = admin_client.post(
+        "/admin/studies/study/", {"action": "run_bots", "_selected_action": [study.pk]}, follow=True
+    )
+    assert "is not live: no bots" in response.content.decode()
 
 
 @pytest.mark.django_db

@@ -30,6 +30,8 @@ class Command(BaseCommand):
         study = Study.objects.filter(slug=options["study"]).first()
         if study is None:
             raise CommandError(f"No study {options['study']!r}.")
+        if study.status != Study.Status.LIVE:  # bots arrive by the participant link, as people do
+            raise CommandError(f"The study {study.slug!r} is not live; set it to Live first.")
         if options["n"] < 1 or options["concurrency"] < 1:
             raise CommandError("--n and --concurrency must be at least 1.")
         report = run_bots(
