@@ -1,8 +1,12 @@
 """A participant completes the study in a real browser (Debian's chromium) against the real
 ASGI server, a real Celery-free flow and the embedded engine serving SmolLM2."""
 
+import pytest
+
 from studies.models import Message, Participant
 from tests.studies.conftest import make_study
+
+pytestmark = pytest.mark.browser
 
 
 def test_participant_completes_the_study_in_a_browser(

@@ -11,6 +11,8 @@ from studies.models import Participant, Study
 from tests.conftest import REPO, child_env
 from tests.scripted_server import ScriptedServer
 
+pytestmark = pytest.mark.browser
+
 # The server marks bots by an HMAC only it can make: the web server and the worker share a key.
 SECRET = "researcher-browser-test-key-shared-by-server-and-worker"
 

@@ -10,6 +10,8 @@ from studies.models import Message, Participant, Response
 from tests.scripted_server import ScriptedServer
 from tests.studies.conftest import make_study
 
+pytestmark = pytest.mark.browser
+
 # Each payload would run script, or load a resource that does, if the page put it in as HTML.
 PAYLOADS = [
     "<script>window.pwned = 'script'</script>",
