@@ -8,6 +8,7 @@ from django.core.management import CommandError, call_command
 
 from studies import bots, exports, flow, reports
 from studies.models import Message, Participant
+from tests.conftest import need
 from tests.scripted_server import ScriptedServer
 from tests.studies.conftest import make_study, prolific
 
@@ -17,6 +18,11 @@ SECRET = "bots-test-secret-shared-by-the-test-and-its-server"
 @pytest.fixture
 def server(monkeypatch, settings, transactional_db, request):
     """The ASGI server, sharing this process's secret key so both sign bots alike."""
+    from django.db import connection
+
+    # Concurrent bots write at once, and SQLite answers concurrent writers "database is locked"
+    # (a 503 page); the production layout and CI run on PostgreSQL.
+    need(connection.vendor == "postgresql", "concurrent bots need DATABASE_URL on PostgreSQL")
     monkeypatch.setenv("DJANGO_SECRET_KEY", SECRET)
     settings.SECRET_KEY = SECRET
     return request.getfixturevalue("web_server")
