@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from parley.celery import worker_args
 
-from agents.serving.process import free_port  # noqa: F401 - tests import it from here
+from agents.serving.process import free_port, stop  # noqa: F401 - tests import free_port from here
 
 REPO = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("PARLEY_CI") == "1"
@@ -145,7 +145,17 @@ def web_server(transactional_db):
 
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "parley.asgi:application", "--port", str(port)],
+        # a socket left open by a test must not hold the server's shutdown past teardown
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "parley.asgi:application",
+            "--port",
+            str(port),
+            "--timeout-graceful-shutdown",
+            "2",
+        ],
         cwd=REPO,
         env=child_env(),
         stdout=subprocess.DEVNULL,
@@ -165,5 +175,4 @@ def web_server(transactional_db):
                 )
             time.sleep(0.2)
     yield url
-    process.terminate()
-    process.wait(timeout=10)
+    stop(process, timeout=10)
