@@ -99,8 +99,15 @@ def render_questionnaire(request, p, errors, data, status=200):
 @require_POST
 def consent(request, token):
     p = load(token)
-    accepted = request.POST.get("decision") == "accept"
-    flow.give_consent(p, accepted)
+    # Only the page's two buttons decide: anything else (a stray or forged post) changes nothing,
+    # so a participant is never declined for good by a request they did not make.
+    decision = request.POST.get("decision")
+    if decision not in ("accept", "decline"):
+        return problem(
+            request,
+            flow.FlowError("Please choose", "Please choose whether you agree to take part."),
+        )
+    flow.give_consent(p, decision == "accept")
     return redirect("studies:participant", token=p.token)
 
 

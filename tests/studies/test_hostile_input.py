@@ -349,7 +349,11 @@ def test_fuzzed_consent_decisions_never_fail(client, study):
         participant, _ = flow.arrive(study, prolific(pid=f"c{uuid.uuid4().hex[:20]}"))
         url = f"/p/{participant.token}/consent/"
         response = post_raw(client, url, {**extra, "decision": decision})
-        assert response.status_code == 302
+        # the two buttons decide; anything else is a clear 400 that changes nothing
+        expected = 302 if decision in ("accept", "decline") else 400
+        assert response.status_code == expected
+        participant.refresh_from_db()
+        assert (participant.status == Participant.Status.CONSENT) == (expected == 400)
 
     check()
 

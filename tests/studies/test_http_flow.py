@@ -91,6 +91,12 @@ def test_full_flow_to_prolific(client, study):
 def test_decline_leads_to_no_consent_code(client, study):
     arrive(client, **prolific())
     participant = Participant.objects.get()
+    # Only the two buttons decide; a stray value is refused and changes nothing.
+    for stray in ({}, {"decision": ""}, {"decision": "maybe"}):
+        response = client.post(reverse("studies:consent", args=[participant.token]), stray)
+        assert response.status_code == 400 and "Please choose" in response.content.decode()
+    participant.refresh_from_db()
+    assert participant.status == "consent"
     client.post(reverse("studies:consent", args=[participant.token]), {"decision": "decline"})
     participant.refresh_from_db()
     assert participant.status == "no_consent"
