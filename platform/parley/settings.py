@@ -244,6 +244,31 @@ PARLEY_ENGINE_URL = os.environ.get(
 )
 PARLEY_LLM_TIMEOUT = float(os.environ.get("PARLEY_LLM_TIMEOUT", "120"))
 
+
+# --- the chat's guards (studies/consumers.py, chat.py, ratelimit.py, middleware.py) ------------
+def env_number(name: str, default: float) -> float:
+    value = os.environ.get(name, "").strip() or str(default)
+    try:
+        number = float(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a number (got {value!r}).") from None
+    if number < 0:
+        raise ImproperlyConfigured(f"{name} must be 0 or more (got {value!r}).")
+    return number
+
+
+PARLEY_STALL_TIMEOUT = env_number("PARLEY_STALL_TIMEOUT", 8)  # s without a token mid-reply
+PARLEY_FIRST_TOKEN_TIMEOUT = env_number("PARLEY_FIRST_TOKEN_TIMEOUT", 45)  # s to the first one
+PARLEY_MAX_FRAME_BYTES = int(env_number("PARLEY_MAX_FRAME_BYTES", 65536))
+PARLEY_DB_RETRY_AFTER = int(env_number("PARLEY_DB_RETRY_AFTER", 5))  # s, a 503's Retry-After
+# per minute; 0 turns a limit off. Loopback is exempt from the per-IP limits (bots, load runs).
+PARLEY_RATE_ARRIVALS_PER_IP = int(env_number("PARLEY_RATE_ARRIVALS_PER_IP", 30))
+PARLEY_RATE_MESSAGES_PER_PARTICIPANT = int(env_number("PARLEY_RATE_MESSAGES_PER_PARTICIPANT", 20))
+PARLEY_RATE_MESSAGES_PER_IP = int(env_number("PARLEY_RATE_MESSAGES_PER_IP", 120))
+PARLEY_RATE_EXEMPT_IPS = tuple(
+    ip.strip() for ip in os.environ.get("PARLEY_RATE_EXEMPT_IPS", "127.0.0.1,::1").split(",")
+)
+
 # --- the demo's admin account (make demo; seed_demo) -----------------------------------------
 PARLEY_ADMIN_USER = os.environ.get("PARLEY_ADMIN_USER", "admin")
 PARLEY_ADMIN_PASSWORD = os.environ.get("PARLEY_ADMIN_PASSWORD", "")  # "" = one kept in DATA_DIR
