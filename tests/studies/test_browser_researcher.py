@@ -8,7 +8,7 @@ import time
 import pytest
 
 from studies.models import Participant, Study
-from tests.conftest import REPO, child_env
+from tests.conftest import REPO, child_env, need
 from tests.scripted_server import ScriptedServer
 
 pytestmark = pytest.mark.browser
@@ -21,6 +21,11 @@ SECRET = "researcher-browser-test-key-shared-by-server-and-worker"
 def isolated(monkeypatch, tmp_path, transactional_db):
     """The children's own data folder and broker, so no other test's worker takes the task."""
     import os
+
+    from django.db import connection
+
+    # bots arrive concurrently: SQLite's single writer answers them "database is locked"
+    need(connection.vendor == "postgresql", "needs DATABASE_URL pointing at PostgreSQL")
 
     monkeypatch.setenv("DJANGO_SECRET_KEY", SECRET)
     monkeypatch.setenv("PARLEY_DATA_DIR", str(tmp_path))
