@@ -20,7 +20,7 @@ from django.views.decorators.http import require_POST
 
 from agents.models import Checkpoint
 
-from . import bots, exports, reports, tasks
+from . import exports, reports, tasks
 from .forms import ImportPoolForm
 from .models import AnalysisRun, Arm, Item, Participant, Questionnaire, Response, Scenario, Study
 from .pools import PoolError, import_pool
@@ -246,9 +246,9 @@ class StudyAdmin(admin.ModelAdmin):
                 self.message_user(request, f"{study} is not live: no bots.", messages.WARNING)
                 continue
             n = 2 * max(study.arms.filter(active=True).count(), 1)
-            task = bots.run_bots_task.delay(study.pk, n, 2)
+            task_id = tasks.start_bots(study, n, 2)
             self.message_user(
-                request, f"{n} bots queued on {study} (task {task.id}).", messages.SUCCESS
+                request, f"{n} bots queued on {study} (task {task_id}).", messages.SUCCESS
             )
 
     def get_urls(self):

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 from asgiref.sync import sync_to_async
-from celery import shared_task
 from django.conf import settings
 from django.db import connections
 
@@ -406,11 +405,3 @@ def run_bots(
     """The synchronous entry of the command and the Celery task."""
     plan = Plan.of(study, options.pop("turns", None))
     return asyncio.run(drive(plan, n, concurrency, url or settings.PUBLIC_URL, kind, **options))
-
-
-# Declared here rather than in tasks.py: every process that sets Django up imports the admin,
-# which imports this module, so the worker knows the task without tasks.py knowing of bots.
-@shared_task(name="studies.bots.run_bots")
-def run_bots_task(study_id: int, n: int, concurrency: int, kind: str = "scripted") -> dict:
-    """Bot participants through the study's real flow (queue `default`); returns their report."""
-    return run_bots(Study.objects.get(pk=study_id), n, concurrency, kind=kind).to_dict()

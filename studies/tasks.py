@@ -80,6 +80,11 @@ def run_bots(study_id: int, n: int, concurrency: int, kind: str = "scripted") ->
     return drive(Study.objects.get(pk=study_id), n, concurrency, kind=kind).to_dict()
 
 
+def start_bots(study: Study, n: int, concurrency: int) -> str:
+    """Queue a bot run on the study (queue `default`); returns the task id."""
+    return run_bots.delay(study.pk, n, concurrency).id
+
+
 def send_in_background(task, *args) -> threading.Thread | None:
     """Enqueue without making the caller wait on the broker: a participant's request returns at
     once and a thread keeps trying while the broker is unreachable."""

@@ -110,7 +110,7 @@ def test_production_settings_from_environment():
     assert got == {
         "db": "django.db.backends.postgresql",
         "pool": True,
-        "layer": "channels_redis.core.RedisChannelLayer",
+        "layer": "studies.layers.ResilientRedisChannelLayer",  # channels-redis, outage-proof
         "broker": "redis://cache:6379/1",
         # Longer than channels-redis's 5 s blocking read (redis-py 8 would cut it at 5 s).
         "layer_read_timeout": [30.0],

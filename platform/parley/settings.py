@@ -186,7 +186,7 @@ def redis_options() -> dict:
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "BACKEND": "studies.layers.ResilientRedisChannelLayer",  # a Redis outage never crashes a socket
             "CONFIG": {
                 "hosts": [{"address": REDIS_URL, **redis_options()}],
                 "prefix": os.environ.get("PARLEY_CHANNEL_PREFIX", "parley"),

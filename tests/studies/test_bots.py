@@ -121,7 +121,7 @@ def test_the_admin_runs_bots_on_a_study(server, engine, admin_client, settings):
 
     study = make_study(slug="from-admin", engine=engine.url, min_exchanges=1)
     # The task runs in this process (eager) against the live server; its queue is `default`.
-    assert app.amqp.router.route({}, "studies.bots.run_bots")["queue"].name == "default"
+    assert app.amqp.router.route({}, "studies.tasks.run_bots")["queue"].name == "default"
     settings.PUBLIC_URL = server
     app.conf.task_always_eager = True
     try:
