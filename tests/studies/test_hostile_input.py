@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from studies import flow
+from studies import flow, ratelimit
 from studies.models import Message, Participant, Response
 from studies.routing import websocket_urlpatterns
 from tests.studies.conftest import GOOD_ANSWERS, make_study, prolific
@@ -239,8 +239,16 @@ async def test_malformed_socket_addresses_close_cleanly(path):
 # --- rate limits on messages --------------------------------------------------------------------
 
 
+@pytest.fixture
+def one_window(monkeypatch):
+    """The limits count in fixed one-minute windows: hold the limiter's clock in one window, so a
+    test that crosses a minute boundary does not see its count start again."""
+    now = 1_800_000_000.0
+    monkeypatch.setattr(ratelimit, "time", type("Clock", (), {"time": staticmethod(lambda: now)}))
+
+
 @pytest.mark.django_db(transaction=True)
-def test_messages_over_the_participants_limit_are_told_to_slow_down(engine, settings):
+def test_messages_over_the_participants_limit_are_told_to_slow_down(engine, settings, one_window):
     settings.PARLEY_RATE_MESSAGES_PER_PARTICIPANT = 2
     participant = chatting(engine.url, "rate")
 
@@ -268,7 +276,7 @@ def test_messages_over_the_participants_limit_are_told_to_slow_down(engine, sett
 
 
 @pytest.mark.django_db(transaction=True)
-def test_messages_over_the_ip_limit_are_told_to_slow_down(engine, settings):
+def test_messages_over_the_ip_limit_are_told_to_slow_down(engine, settings, one_window):
     settings.PARLEY_RATE_MESSAGES_PER_IP = 3
     ip = f"198.51.100.1-{uuid.uuid4().hex[:8]}"  # unique per run, as the cache may be shared
     one, two = chatting(engine.url, "ip1"), chatting(engine.url, "ip2")
@@ -380,7 +388,7 @@ def test_malformed_participant_urls_are_404(client, study, method, path):
 
 
 @pytest.mark.django_db
-def test_arrivals_over_the_ip_limit_get_a_429_page(client, study, settings):
+def test_arrivals_over_the_ip_limit_get_a_429_page(client, study, settings, one_window):
     settings.PARLEY_RATE_ARRIVALS_PER_IP = 3
     # unique per run: the cache may be a Redis that other runs share
     ip, other = (f"203.0.113.{n}-{uuid.uuid4().hex[:8]}" for n in (1, 2))
