@@ -223,9 +223,27 @@ def start_conversation(participant: Participant) -> Conversation:
 
 @dataclass
 class Stored:
+    """A chat turn's start, read under the conversation's lock in one transaction: the chat
+    consumer needs nothing else from the database until the agent's reply is stored."""
+
     message: Message
     created: bool
     reply: Message | None  # the stored agent reply, when this message was already answered
+    participant: Participant  # as now stored (status, study)
+    messages: list[Message]  # the whole conversation, this message included, by seq
+
+    @property
+    def sent(self) -> int:
+        """The participant's messages so far."""
+        return sum(m.role == Message.Role.USER for m in self.messages)
+
+    def replies(self) -> list[int]:
+        """Replies already stored for this message (an earlier, broken turn's)."""
+        return [m.pk for m in self.messages if m.reply_to_id == self.message.pk]
+
+
+class ChatOver(FlowError):
+    """The participant is no longer in the chat (ended, timed out): the page moves on."""
 
 
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -240,40 +258,53 @@ def storable_text(text: str) -> str:
 
 @transaction.atomic
 def store_user_message(participant: Participant, client_id: str, text: str) -> Stored:
-    """Store the participant's message before it is acknowledged; a resent client id is a no-op."""
+    """Store the participant's message before it is acknowledged; a resent client id is a no-op.
+
+    Three statements under one lock (conversation with participant and study; its messages;
+    the insert): a chat turn is the platform's hottest path, so it reads the conversation once
+    and answers the rest (duplicates, counts, next seq, history) from that read.
+    """
     text = storable_text(text)
-    conversation = Conversation.objects.select_for_update().get(participant=participant)
-    participant = Participant.objects.select_related("study").get(pk=participant.pk)
-    existing = conversation.messages.filter(client_id=client_id).first()
+    conversation = (
+        Conversation.objects.select_for_update(of=("self",))
+        .select_related("participant__study", "participant__arm", "participant__scenario")
+        .get(participant=participant.pk)
+    )
+    participant = conversation.participant
+    messages = list(conversation.messages.order_by("seq"))
+    existing = next((m for m in messages if m.client_id == client_id), None)
     if existing:
-        reply = (
-            existing.replies.filter(role=Message.Role.ASSISTANT)
-            .filter(tool_calls__isnull=True)
-            .last()
-        )
-        return Stored(existing, False, reply)
-    check_can_send(participant, conversation, text)
+        replies = [
+            m
+            for m in messages
+            if m.reply_to_id == existing.pk
+            and m.role == Message.Role.ASSISTANT
+            and not m.tool_calls
+        ]
+        return Stored(existing, False, replies[-1] if replies else None, participant, messages)
+    sent = sum(m.role == Message.Role.USER for m in messages)
+    check_can_send(participant, conversation, text, sent)
     message = Message.objects.create(
         conversation=conversation,
-        seq=next_seq(conversation),
+        seq=(messages[-1].seq if messages else 0) + 1,
         role=Message.Role.USER,
         content=text,
         client_id=client_id,
     )
-    return Stored(message, True, None)
+    return Stored(message, True, None, participant, [*messages, message])
 
 
-def check_can_send(participant: Participant, conversation: Conversation, text: str) -> None:
+def check_can_send(participant: Participant, conversation: Conversation, text: str, sent: int):
     study = participant.study
     if participant.status != Participant.Status.CHAT or conversation.ended_at:
-        raise FlowError("The chat has ended", "This conversation is over.")
+        raise ChatOver("The chat has ended", "This conversation is over.")
     if not text.strip():
         raise FlowError("Empty message", "Please type a message first.")
     if len(text) > study.max_message_chars:
         raise FlowError(
             "Message too long", f"Please keep messages under {study.max_message_chars} characters."
         )
-    if user_message_count(conversation) >= study.max_exchanges:
+    if sent >= study.max_exchanges:
         raise FlowError(
             "Message limit reached",
             "You have sent the maximum number of messages; please end the chat.",
@@ -295,9 +326,10 @@ def store_agent_message(conversation: Conversation, **fields) -> Message:
     return Message.objects.create(conversation=conversation, seq=next_seq(conversation), **fields)
 
 
-def chat_status(participant: Participant) -> dict:
-    conversation = participant.conversation
-    sent = user_message_count(conversation)
+def chat_status(participant: Participant, sent: int | None = None) -> dict:
+    """What the page shows beside the chat; `sent` when the caller has already counted."""
+    if sent is None:
+        sent = user_message_count(participant.conversation)
     study = participant.study
     return {
         "sent": sent,
