@@ -507,7 +507,8 @@ class AnalysisRunAdmin(admin.ModelAdmin):
         return (
             format_html_join(
                 "",
-                '<div class="figure" style="margin:1em 0">{}</div>',
+                # Scaled to the column (the SVG keeps its viewBox), never cut at the page's edge.
+                '<div class="figure" style="margin:1em 0;max-width:100%;overflow-x:auto">{}</div>',
                 ((mark_safe(svg),) for svg in (run.figures or {}).values()),
             )
             or "-"

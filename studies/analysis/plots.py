@@ -71,6 +71,10 @@ def means_figure(report: dict[str, Any]) -> Figure:
         ax.set_xlim(-0.5, len(report["arms"]) - 0.5)
         scale = own_scale(measure)
         if scale is not None:
+            # A mean off its declared scale (an outcome outside the Domain's range) still shows.
+            means = [a["measures"][name]["mean"] for a in report["arms"]]
+            means = [m for m in means if m is not None]
+            scale = (min([scale[0], *means]), max([scale[1], *means]))
             ax.set_ylim(*scale)
             if measure.get("likert"):
                 ax.set_yticks(range(int(scale[0]), int(scale[1]) + 1))
