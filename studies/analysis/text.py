@@ -14,7 +14,7 @@ def to_json(report: dict[str, Any], indent: int | None = 2) -> str:
 
 
 def _num(value, spec: str = ".3f") -> str:
-    return "NA" if value is None else format(value, spec)
+    return "n/a" if value is None else format(value, spec)  # as the admin page writes it
 
 
 def interval(pair, spec: str = ".3f") -> str:

@@ -147,3 +147,21 @@ def test_means_figure_is_not_cut_off():
     width, height = figure.get_size_inches()
     assert box.x0 >= 0 and box.y0 >= 0 and box.x1 <= width and box.y1 <= height
     assert render_png(figure).startswith(b"\x89PNG")
+
+
+def test_cli_takes_a_measure_range_and_writes_n_a(tmp_path):
+    from studies.analysis import cli
+
+    data = tmp_path / "t.csv"
+    data.write_text("arm,helpful,outcome\na,5,0.2\na,6,0.4\nb,3,0.9\n", encoding="utf-8")
+    options = {
+        "csv": str(data),
+        "arm_column": "arm",
+        "measures": "helpful,outcome",
+        "reverse": "helpful",
+        "ranges": cli._ranges("outcome=0:1"),
+    }
+    text, report = cli.run(options)
+    assert "helpful (reversed)" in text and "n/a" in text and "(control)" not in text
+    outcome = next(m for m in report["measures"] if m["name"] == "outcome")
+    assert outcome["range"] == [0.0, 1.0] and outcome["range_from"] == "settings"
