@@ -504,14 +504,19 @@ class AnalysisRunAdmin(admin.ModelAdmin):
 
     @admin.display(description="Figures")
     def figures_view(self, run):
-        return (
-            format_html_join(
-                "",
-                # Scaled to the column (the SVG keeps its viewBox), never cut at the page's edge.
-                '<div class="figure" style="margin:1em 0;max-width:100%;overflow-x:auto">{}</div>',
-                ((mark_safe(svg),) for svg in (run.figures or {}).values()),
-            )
-            or "-"
+        shown = format_html_join(
+            "",
+            '<div class="figure" style="margin:1em 0">{}</div>',
+            ((mark_safe(svg),) for svg in (run.figures or {}).values()),
+        )
+        if not shown:
+            return "-"
+        # Each SVG shrinks to the column (it keeps its viewBox): a wide figure is never cut at
+        # the page's edge.
+        return format_html(
+            "<style>.analysis-figures svg {{max-width: 100%; height: auto}}</style>"
+            '<div class="analysis-figures">{}</div>',
+            shown,
         )
 
     def get_urls(self):

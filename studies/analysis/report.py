@@ -18,9 +18,9 @@ the plots all read it. Its keys (format ``parley.analysis/1``):
   ``control`` marks the arm the others are compared with: ``settings.control``, or the first
   arm when that is null; only a non-null ``settings.control`` is a control the researcher set,
   and only that one is called "control" on the page and in figures (``control_named``).
-  Descriptives are ``{n, mean, sd,
-  se, ci: [low, high], missing, non_numeric, out_of_range, note, label}`` (SD with ddof=1, CI
-  t-based at ``settings.ci_level``; values of a reverse-coded item are the flipped ones).
+  Descriptives are ``{n, mean, sd, se, ci: [low, high], missing, non_numeric, out_of_range,
+  note, label}`` (SD with ddof=1, CI t-based at ``settings.ci_level``; values of a
+  reverse-coded item are the flipped ones).
 - ``measures``: list of ``{name, label, reverse, likert, scale_max, range: [low, high],
   range_from, missing, non_numeric: {count, examples}, out_of_range: {count, examples},
   distribution}``. ``label`` is the name, with " (reversed)" for a reverse-coded item, and is
