@@ -17,6 +17,7 @@ import csv
 import io
 import math
 import numbers
+import re
 from collections.abc import Iterable
 from decimal import Decimal
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 import pandas as pd
 
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+GUARDED = re.compile("'[=+\\-@\t\r]")  # a text cell that ``cell`` neutralised
 
 
 def cell(value: Any) -> Any:
@@ -44,6 +46,12 @@ def cell(value: Any) -> Any:
         return str(int(number)) if number.is_integer() and abs(number) < 2**63 else repr(number)
     text = str(value)
     return "'" + text if text.startswith(FORMULA_STARTS) else text
+
+
+def restore(text: str) -> str:
+    """The text ``cell`` neutralised, as it was: parley reads its own CSVs back (a stored
+    analysis input is redone from its CSV) without the quote becoming part of an arm's name."""
+    return text[1:] if GUARDED.match(text) else text
 
 
 def row(values: Iterable[Any]) -> list[Any]:

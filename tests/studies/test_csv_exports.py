@@ -131,3 +131,15 @@ def test_analysis_downloads_neutralise_and_write_integers(admin_client, hostile)
     body = admin_client.get(url).content.decode()
     cells = [c for row in csv.reader(io.StringIO(body)) for c in row]
     assert "'=arm" in cells and "=arm" not in cells
+
+
+def test_parley_reads_its_own_neutralised_csv_back_as_written(tmp_path):
+    from studies.analysis import read_csv
+
+    table = pd.DataFrame({"arm": ["=evil", "-b", "'plain"], "-x": ["@home", "-1", "fine"]})
+    path = tmp_path / "input.csv"
+    path.write_text(csvfile.table_text(table), encoding="utf-8")
+    assert "'=evil" in path.read_text() and "'-x" in path.read_text()
+    back = read_csv(path)
+    assert list(back.columns) == ["arm", "-x"]
+    assert back.to_dict("list") == table.to_dict("list")
