@@ -21,6 +21,7 @@ from django.views.decorators.http import require_POST
 from agents.models import Checkpoint
 
 from . import exports, reports, tasks
+from .analysis.text import with_labels
 from .forms import ImportPoolForm
 from .models import AnalysisRun, Arm, Item, Participant, Questionnaire, Response, Scenario, Study
 from .pools import PoolError, import_pool
@@ -84,7 +85,14 @@ class StudyAdmin(admin.ModelAdmin):
     prepopulated_fields = {"slug": ["title"]}
     inlines = [ArmInline, ScenarioInline]
     actions = ["run_analysis", "export_responses", "export_transcripts", "run_bots"]
-    readonly_fields = ["participant_link", "progress", "pool", "downloads", "analysis"]
+    readonly_fields = [
+        "participant_link",
+        "progress",
+        "pool",
+        "downloads",
+        "analysis",
+        "pay_check",
+    ]
     fieldsets = [
         (
             None,
@@ -109,6 +117,8 @@ class StudyAdmin(admin.ModelAdmin):
                     "prolific_study_id",
                     "target_per_arm",
                     "time_limit_minutes",
+                    ("reward", "reward_currency"),
+                    "pay_check",
                     "completion_code",
                     "no_consent_code",
                     "timeout_code",
@@ -146,6 +156,25 @@ class StudyAdmin(admin.ModelAdmin):
             )
             or "no arms"
         )
+
+    @admin.display(description="Pay check")
+    def pay_check(self, study):
+        if not study.pk:
+            return "-"
+        check = reports.pay_check(study)
+        if check.warning:
+            return format_html('<span class="pay-warning errornote">{}</span>', check.message)
+        return check.message
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        # Underpaying is what gets a study stopped on Prolific: said at the top, not only in its
+        # field further down the form.
+        study = self.get_object(request, object_id)
+        if request.method == "GET" and study is not None:
+            check = reports.pay_check(study)
+            if check.warning:
+                self.message_user(request, f"Pay check: {check.message}", messages.WARNING)
+        return super().change_view(request, object_id, form_url, extra_context)
 
     @admin.display(description="Scenario pool")
     def pool(self, study):
@@ -470,17 +499,24 @@ class AnalysisRunAdmin(admin.ModelAdmin):
                 if run.status != AnalysisRun.Status.FAILED
                 else "The run failed; see the error below."
             )
-        return render_to_string("admin/studies/analysis_results.html", {"report": run.results})
+        report = with_labels(run.results)
+        return render_to_string("admin/studies/analysis_results.html", {"report": report})
 
     @admin.display(description="Figures")
     def figures_view(self, run):
-        return (
-            format_html_join(
-                "",
-                '<div class="figure" style="margin:1em 0">{}</div>',
-                ((mark_safe(svg),) for svg in (run.figures or {}).values()),
-            )
-            or "-"
+        shown = format_html_join(
+            "",
+            '<div class="figure" style="margin:1em 0">{}</div>',
+            ((mark_safe(svg),) for svg in (run.figures or {}).values()),
+        )
+        if not shown:
+            return "-"
+        # Each SVG shrinks to the column (it keeps its viewBox): a wide figure is never cut at
+        # the page's edge.
+        return format_html(
+            "<style>.analysis-figures svg {{max-width: 100%; height: auto}}</style>"
+            '<div class="analysis-figures">{}</div>',
+            shown,
         )
 
     def get_urls(self):

@@ -1,12 +1,12 @@
 """CSV exports: responses (one row per participant) and transcripts (one row per message)."""
 
-import csv
 import json
 from collections.abc import Iterable, Iterator
 
 from django.db.models import Count
 from django.http import StreamingHttpResponse
 
+from .analysis import csvfile
 from .models import Item, Message, Response
 
 # No participant token (the /p/<token>/ address): whoever holds it can act as the participant,
@@ -149,7 +149,7 @@ class Echo:
 
 
 def csv_response(rows: Iterable[list], filename: str) -> StreamingHttpResponse:
-    writer = csv.writer(Echo())
+    writer = csvfile.Writer(Echo())  # integers as integers, formula-like text neutralised
     response = StreamingHttpResponse(
         (writer.writerow(row) for row in rows), content_type="text/csv"
     )

@@ -56,6 +56,16 @@ class Study(models.Model):
     no_consent_code = models.CharField(max_length=64, blank=True)
     timeout_code = models.CharField(max_length=64, blank=True)
     time_limit_minutes = models.PositiveIntegerField(default=30, validators=[MinValueValidator(1)])
+    # Prolific's own unit: pence (GBP) or cents (USD) per participant; checked against Prolific's
+    # hourly rates at the median completion time (studies.analysis.pay).
+    reward = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="What each participant is paid on Prolific, in pence or cents (150 = 1.50).",
+    )
+    reward_currency = models.CharField(
+        max_length=3, choices=[("GBP", "GBP (pence)"), ("USD", "USD (cents)")], default="GBP"
+    )
     min_exchanges = models.PositiveIntegerField(
         default=1, help_text="Messages the participant sends before they may end the chat."
     )
