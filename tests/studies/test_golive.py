@@ -103,7 +103,7 @@ def change_form_data(client, url) -> dict:
     context = client.get(url).context
     data = {}
     form = context["adminform"].form
-    for name, field in form.fields.items():
+    for name in form.fields:
         value = form[name].value()
         if value is None:
             continue
@@ -112,7 +112,7 @@ def change_form_data(client, url) -> dict:
             data[name] = "on" if value else ""
     for inline in context["inline_admin_formsets"]:
         formset = inline.formset
-        for name, field in formset.management_form.fields.items():
+        for name in formset.management_form.fields:
             data[f"{formset.prefix}-{name}"] = formset.management_form[name].value()
         for sub in formset.forms:
             for name in sub.fields:
