@@ -273,7 +273,7 @@ def restart(participant: Participant) -> Participant:
     """A participant who could not start, back again: a place anew (arm and scenario chosen
     again, caps applied), or the FlowError that still keeps them out."""
     study = participant.study
-    if study.status != Study.Status.LIVE:
+    if study.status != Study.Status.LIVE and not participant.is_preview:
         raise StudyNotOpen()
     for attempt in range(ASSIGN_ATTEMPTS):
         try:
