@@ -108,7 +108,15 @@ class StudyForm(forms.ModelForm):
 @admin.register(Study)
 class StudyAdmin(admin.ModelAdmin):
     form = StudyForm
-    list_display = ["title", "slug", "domain", "status", "target_progress", "participant_link"]
+    list_display = [
+        "title",
+        "slug",
+        "domain",
+        "status",
+        "target_progress",
+        "monitor_link",
+        "participant_link",
+    ]
     list_filter = ["status", "domain"]
     search_fields = ["title", "slug"]
     prepopulated_fields = {"slug": ["title"]}
@@ -286,6 +294,11 @@ class StudyAdmin(admin.ModelAdmin):
                 active_arms=Count("arms", filter=Q(arms__active=True), distinct=True),
             )
         )
+
+    @admin.display(description="Monitor")
+    def monitor_link(self, study):
+        url = reverse("admin:studies_study_monitor", args=[study.pk])
+        return format_html('<a href="{}">watch</a>', url)
 
     @admin.display(description="Completed / target")
     def target_progress(self, study):

@@ -247,3 +247,16 @@ def test_the_problem_page_offers_the_other_code_only_when_set(client, study):
     Study.objects.filter(pk=study.pk).update(other_code="OTHER9")
     page = client.get(url, {"PROLIFIC_PID": "x"}).content
     assert b"return-to-prolific" in page and b"OTHER9" in page
+
+
+def test_adding_a_study_as_live_is_refused_and_adds_nothing(admin_client):
+    url = reverse("admin:studies_study_add")
+    data = change_form_data(admin_client, url)
+    data.update(title="New", slug="new", status="live", completion_code="C1")
+    response = admin_client.post(url, data)
+    assert response.status_code == 200
+    assert "There is no active arm" in response.content.decode()
+    assert not Study.objects.filter(slug="new").exists()
+    data["status"] = "draft"
+    assert admin_client.post(url, data).status_code == 302
+    assert Study.objects.get(slug="new").status == Study.Status.DRAFT
