@@ -683,7 +683,8 @@ class ParticipantAdmin(admin.ModelAdmin):
         conversation = getattr(participant, "conversation", None)
         context = {
             **self.admin_site.each_context(request),
-            "title": f"Transcript of {participant.prolific_pid}",
+            "title": f"Transcript of {participant.prolific_pid}"
+            + (" (preview: counted nowhere)" if participant.is_preview else ""),
             "participant": participant,
             "conversation": conversation,
             "transcript": conversation.messages.order_by("seq") if conversation else [],
