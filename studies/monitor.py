@@ -126,4 +126,4 @@ def latest_errors(study: Study) -> list[dict]:
 
 
 def iso(moment) -> str | None:
-    return moment.isoformat() if moment else None
+    return moment.isoformat(timespec="seconds") if moment else None
