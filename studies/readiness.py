@@ -80,20 +80,25 @@ def check_arms(arms: list[Arm]) -> dict[int, Health]:
     return health
 
 
+def _cache_key(arm: Arm) -> str:
+    return f"studies.health:{arm.endpoint_url}|{arm.model_name}|{arm.api_key_env}"
+
+
+def fresh_health(arms: list[Arm]) -> dict[int, Health]:
+    """check_arms, and the answers remembered for the pages that show health."""
+    health = check_arms(arms)
+    cache.set_many({_cache_key(arm): asdict(health[arm.pk]) for arm in arms}, HEALTH_CACHE_SECONDS)
+    return health
+
+
 def cached_health(arms: list[Arm]) -> dict[int, Health]:
-    """check_arms, remembered briefly per (endpoint, model): pages that refresh themselves do
-    not ask the endpoints on every load."""
-
-    def key(arm):
-        return f"studies.health:{arm.endpoint_url}|{arm.model_name}|{arm.api_key_env}"
-
-    found = cache.get_many([key(arm) for arm in arms])
-    health = {arm.pk: Health(**found[key(arm)]) for arm in arms if key(arm) in found}
+    """Health remembered briefly per (endpoint, model): pages that refresh themselves do not
+    ask the endpoints on every load."""
+    found = cache.get_many([_cache_key(arm) for arm in arms])
+    health = {arm.pk: Health(**found[_cache_key(arm)]) for arm in arms if _cache_key(arm) in found}
     missing = [arm for arm in arms if arm.pk not in health]
     if missing:
-        fresh = check_arms(missing)
-        cache.set_many({key(arm): asdict(fresh[arm.pk]) for arm in missing}, HEALTH_CACHE_SECONDS)
-        health.update(fresh)
+        health.update(fresh_health(missing))
     return health
 
 
@@ -123,7 +128,7 @@ def problems(study: Study, fresh: bool = True) -> list[str]:
     arms = list(study.arms.filter(active=True))
     if not arms:
         found.append("There is no active arm.")
-    health = (check_arms if fresh else cached_health)(arms) if arms else {}
+    health = (fresh_health if fresh else cached_health)(arms) if arms else {}
     found += [f"Arm {arm.name}: {health[arm.pk].detail}." for arm in arms if not health[arm.pk].ok]
     if not study.completion_code.strip():
         found.append("The completion code is missing.")

@@ -3,6 +3,7 @@ is wrong; participants never see a server error, and a study that cannot start s
 keep their place."""
 
 import pytest
+from django.core.cache import cache
 from django.urls import reverse
 
 from studies import flow, readiness
@@ -12,6 +13,13 @@ from tests.scripted_server import ScriptedServer
 from tests.studies.conftest import make_study, prolific
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def no_remembered_health():
+    """Endpoint health is cached briefly; each test asks afresh."""
+    cache.clear()
+
 
 UNREACHABLE = "http://127.0.0.1:9/v1"
 

@@ -5,6 +5,7 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.core.cache import cache
 from django.urls import reverse
 from django.utils import timezone
 
@@ -14,6 +15,12 @@ from tests.scripted_server import ScriptedServer
 from tests.studies.conftest import GOOD_ANSWERS, make_study, prolific
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def no_remembered_health():
+    """Endpoint health is cached briefly; each test asks afresh."""
+    cache.clear()
 
 
 @pytest.fixture
