@@ -123,3 +123,25 @@ def test_the_studies_list_shows_progress_toward_the_targets(admin_client):
     flow.start_preview(study.arms.first())
     page = admin_client.get(reverse("admin:studies_study_changelist")).content.decode()
     assert "2/9" in page and "0/10" in page
+
+
+def test_one_who_could_not_start_finds_the_study_full_on_return(client):
+    study = make_study(target_per_arm=1)
+    waiting = Participant.objects.create(
+        study=study,
+        arm=study.arms.first(),
+        prolific_pid="waiting",
+        prolific_study_id="s",
+        prolific_session_id="x",
+        status=Participant.Status.UNSTARTED,
+    )
+    for pid in ("pa", "pb"):
+        flow.arrive(study, prolific(pid=pid))
+    page = client.get(reverse("studies:participant", args=[waiting.token]))
+    assert page.status_code == 409 and b"full" in page.content
+    assert Participant.objects.get(pk=waiting.pk).status == Participant.Status.UNSTARTED
+    Participant.objects.filter(prolific_pid="pb").update(status=Participant.Status.TIMED_OUT)
+    page = client.get(reverse("studies:participant", args=[waiting.token]))
+    assert page.status_code == 200
+    waiting.refresh_from_db()
+    assert waiting.status == Participant.Status.CONSENT and waiting.arm.name == "b"
