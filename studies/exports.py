@@ -98,7 +98,9 @@ def response_rows(participants, include_bots: bool = False) -> Iterator[list]:
 
 
 def humans_unless(participants, include_bots: bool):
-    """Bot participants (studies/bots.py) are rehearsal data: out of exports unless asked for."""
+    """Bot participants (studies/bots.py) are rehearsal data: out of exports unless asked for.
+    Previews (staff walking the flow) are never data."""
+    participants = participants.filter(is_preview=False)
     return participants if include_bots else participants.filter(is_bot=False)
 
 

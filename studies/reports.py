@@ -30,8 +30,12 @@ def participant_table(study: Study, include_bots: bool = False) -> pd.DataFrame:
     Bot participants are rehearsal data, left out unless asked for."""
     items = measures_of(study)
     rows = {}
-    participants = study.participants.exclude(status=Participant.Status.NO_CONSENT).select_related(
-        "arm"
+    participants = (
+        study.participants.exclude(
+            status__in=[Participant.Status.NO_CONSENT, Participant.Status.UNSTARTED]
+        )
+        .filter(is_preview=False)
+        .select_related("arm")
     )
     if not include_bots:
         participants = participants.filter(is_bot=False)
@@ -115,7 +119,11 @@ def target_reached(study: Study) -> bool:
     arms = study.arms.filter(active=True).annotate(
         done=Count(
             "participants",
-            filter=Q(participants__status=Participant.Status.COMPLETED, participants__is_bot=False),
+            filter=Q(
+                participants__status=Participant.Status.COMPLETED,
+                participants__is_bot=False,
+                participants__is_preview=False,
+            ),
         )
     )
     return bool(arms) and all(arm.done >= study.target_per_arm for arm in arms)
@@ -125,7 +133,10 @@ def completion_seconds(study: Study) -> list[float]:
     """Arrival to completion of every completed (human) participant, in seconds: Prolific's clock
     runs from when the participant opens the study, so reading the consent is paid time."""
     done = study.participants.filter(
-        status=Participant.Status.COMPLETED, is_bot=False, completed_at__isnull=False
+        status=Participant.Status.COMPLETED,
+        is_bot=False,
+        is_preview=False,
+        completed_at__isnull=False,
     )
     return [
         (completed - arrived).total_seconds()
