@@ -16,7 +16,17 @@ from django.utils.crypto import constant_time_compare
 from . import bots, tasks
 from .domains import opening_messages, outcome_after_questionnaire, score_conversation
 from .errors import FlowError
-from .models import Arm, Conversation, Item, Message, Participant, Response, Scenario, Study
+from .models import (
+    Arm,
+    Conversation,
+    Item,
+    Message,
+    Participant,
+    Response,
+    Scenario,
+    Study,
+    time_out_overdue,
+)
 
 PROLIFIC_PARAMS = ("PROLIFIC_PID", "STUDY_ID", "SESSION_ID")
 PROLIFIC_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -187,10 +197,22 @@ def least_used_scenario(study: Study, arm: Arm, is_bot: bool = False) -> Scenari
 
 
 def expire_if_overdue(participant: Participant) -> Participant:
-    if participant.is_overdue():
+    """The participant, timed out if past the limit (the periodic task does it for everyone)."""
+    if participant.is_overdue() and time_out_overdue(Participant.objects.filter(pk=participant.pk)):
         participant.status = Participant.Status.TIMED_OUT
-        participant.save(update_fields=["status"])
     return participant
+
+
+def chat_closed(participant: Participant) -> FlowError:
+    """Why a message cannot be taken once the chat is closed: the time limit, or its end."""
+    if participant.status == Participant.Status.TIMED_OUT or participant.is_overdue():
+        minutes = participant.study.time_limit_minutes
+        return FlowError(
+            "Time is up",
+            f"The time limit of {minutes} minutes has passed, so this message was not sent. "
+            "Your conversation so far is saved.",
+        )
+    return FlowError("The chat has ended", "This conversation is over.")
 
 
 @transaction.atomic
@@ -266,7 +288,9 @@ def store_user_message(participant: Participant, client_id: str, text: str) -> S
 def check_can_send(participant: Participant, conversation: Conversation, text: str) -> None:
     study = participant.study
     if participant.status != Participant.Status.CHAT or conversation.ended_at:
-        raise FlowError("The chat has ended", "This conversation is over.")
+        raise chat_closed(participant)
+    if participant.is_overdue():  # the sweep has not reached them yet: the limit holds anyway
+        raise chat_closed(participant)
     if not text.strip():
         raise FlowError("Empty message", "Please type a message first.")
     if len(text) > study.max_message_chars:
@@ -299,12 +323,16 @@ def chat_status(participant: Participant) -> dict:
     conversation = participant.conversation
     sent = user_message_count(conversation)
     study = participant.study
+    open_ = participant.status == Participant.Status.CHAT and not participant.is_overdue()
     return {
         "sent": sent,
         "can_end": sent >= study.min_exchanges,
-        "can_send": participant.status == Participant.Status.CHAT and sent < study.max_exchanges,
+        "can_send": open_ and sent < study.max_exchanges,
         "min_exchanges": study.min_exchanges,
         "max_exchanges": study.max_exchanges,
+        # the page counts down from this (the server's clock, not the browser's)
+        "seconds_left": participant.seconds_left(),
+        "time_limit_minutes": study.time_limit_minutes,
     }
 
 
