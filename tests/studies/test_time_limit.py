@@ -9,8 +9,8 @@ import pytest
 from django.conf import settings
 from django.urls import reverse
 from django.utils import timezone
-
 from parley.celery import app
+
 from studies import flow, tasks
 from studies.models import TIME_LIMIT, Participant, time_out_overdue
 from tests.studies.conftest import make_study, prolific
