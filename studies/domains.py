@@ -7,7 +7,7 @@ and the Domain interface (agents/domains/base.py), never from testing a domain's
 from functools import lru_cache
 
 from agents.domains import get_domain as load
-from agents.domains.base import Domain
+from agents.domains.base import Domain, Outcome
 from agents.domains.base import Scenario as DomainScenario
 
 from .errors import FlowError
@@ -66,9 +66,36 @@ def history(conversation: Conversation) -> list[dict]:
 
 
 def end_reason(participant: Participant) -> str | None:
-    """The Domain's reason the conversation is over (a stated donation, a transfer, ...), or None."""
+    """The Domain's reason the conversation is over (a stated donation, a transfer, ...), or None.
+
+    An end the Domain lets the agent answer first (a stated donation gets the persuader's
+    closing reply) is None until that reply is stored: the consumer asks after storing the
+    participant's message and again after the agent's answer, so the chat ends after the reply.
+    """
     domain, _ = domain_of(participant)
-    return domain.is_done(history(participant.conversation)) if domain else None
+    if domain is None:
+        return None
+    messages = history(participant.conversation)
+    reason = domain.is_done(messages)
+    if reason is not None and awaits_closing_reply(domain, reason, messages):
+        return None
+    return reason
+
+
+def end_after_reply(participant: Participant) -> bool:
+    """Whether the Domain's end is due once the agent has answered the participant's last
+    message (True: answer it, then end the chat), rather than at once or not at all."""
+    domain, _ = domain_of(participant)
+    if domain is None:
+        return False
+    messages = history(participant.conversation)
+    reason = domain.is_done(messages)
+    return reason is not None and awaits_closing_reply(domain, reason, messages)
+
+
+def awaits_closing_reply(domain: Domain, reason: str, messages: list[dict]) -> bool:
+    last = messages[-1] if messages else {}
+    return last.get("role") == "user" and domain.closing_reply(reason)
 
 
 def score_conversation(participant: Participant, conversation: Conversation) -> dict | None:
@@ -87,3 +114,28 @@ def outcome_after_questionnaire(participant: Participant, answers: dict) -> dict
         return participant.outcome
     outcome = domain.outcome_from_answers(answers, history(participant.conversation))
     return outcome.to_dict() if outcome is not None else participant.outcome
+
+
+def debrief(participant: Participant) -> dict:
+    """What the debrief tells the participant about their task, by the study's outcome_feedback:
+    `confirmation` (a decision they made, always), `words` and `score` (when the setting says
+    so, and never for a score that checked nothing the conversation could change)."""
+    told = {"confirmation": None, "words": None, "score": None}
+    if not participant.outcome:
+        return told
+    domain, _ = domain_of(participant)
+    if domain is None:
+        return told
+    outcome = Outcome(
+        reward=participant.outcome.get("reward", 0.0),
+        success=bool(participant.outcome.get("success")),
+        components=participant.outcome.get("components") or {},
+        details=participant.outcome.get("details") or {},
+    )
+    told["confirmation"] = domain.confirmation(outcome)
+    feedback = participant.study.outcome_feedback
+    if feedback in (Study.Feedback.WORDS, Study.Feedback.SCORE):
+        told["words"] = domain.outcome_words(outcome)
+    if feedback == Study.Feedback.SCORE and outcome.details.get("checked", True):
+        told["score"] = outcome.reward
+    return told

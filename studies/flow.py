@@ -14,7 +14,12 @@ from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
 from . import bots, tasks
-from .domains import opening_messages, outcome_after_questionnaire, score_conversation
+from .domains import (  # noqa: F401 - debrief: the debrief page's words, for views
+    debrief,
+    opening_messages,
+    outcome_after_questionnaire,
+    score_conversation,
+)
 from .errors import FlowError
 from .models import (
     Arm,

@@ -37,6 +37,11 @@ class Study(models.Model):
         MEASURE = "measure", "One measure"
         STUDY = "study", "The whole study"
 
+    class Feedback(models.TextChoices):
+        NOTHING = "nothing", "Nothing"
+        WORDS = "words", "The outcome in words"
+        SCORE = "score", "The outcome in words and the score"
+
     OPEN_CHAT = "chat"  # the `domain` of a study with no task: free conversation
 
     slug = models.SlugField(unique=True, help_text="Part of the participant link: /s/SLUG/")
@@ -52,6 +57,14 @@ class Study(models.Model):
     )
     instructions = models.TextField(blank=True, help_text="Shown beside the chat.")
     debrief_text = models.TextField(default="Thank you for taking part.")
+    outcome_feedback = models.CharField(
+        "tell participants",
+        max_length=10,
+        choices=Feedback.choices,
+        default=Feedback.NOTHING,
+        help_text="What the debrief says about how each participant's task went. A decision "
+        "they made in the task (a P4G donation) is always confirmed.",
+    )
     completion_code = models.CharField(max_length=64)
     no_consent_code = models.CharField(max_length=64, blank=True)
     timeout_code = models.CharField(max_length=64, blank=True)

@@ -76,6 +76,7 @@ def participant(request, token):
             return render_questionnaire(request, p, {}, request.GET)
         case Participant.Status.COMPLETED:
             context["completion_url"] = flow.completion_url(p)
+            context["told"] = flow.debrief(p)
             return render(request, "studies/debrief.html", context)
         case _:  # declined consent or timed out
             context["completion_url"] = flow.completion_url(p)

@@ -202,7 +202,8 @@ def test_p4g_outcome_is_the_intended_donation_with_the_chat_amount_beside_it(cli
     assert participant.conversation.messages.first().content  # the persuader opens
     flow.store_user_message(participant, "g1", "Fine, I'll donate $0.50 to the children.")
     participant = Participant.objects.get(pk=participant.pk)
-    assert domains.end_reason(participant) == "donation"
+    assert domains.end_reason(participant) is None  # the persuader's closing reply comes first
+    assert domains.end_after_reply(participant) is True
     participant = flow.end_chat(participant, "donation")
     assert participant.outcome["components"]["donation"] == 0.5
     answers = {
@@ -217,4 +218,9 @@ def test_p4g_outcome_is_the_intended_donation_with_the_chat_amount_beside_it(cli
     assert participant.outcome["reward"] == pytest.approx(0.75)
     assert participant.outcome["details"]["chat_donation"] == 0.5
     debrief = client.get(reverse("studies:participant", args=[participant.token])).content.decode()
-    assert "How the task went" in debrief and "score 0.75" in debrief
+    # the amount that counts is confirmed, with the chat's beside it; no score by default
+    assert "donate $1.50" in debrief and "$0.50" in debrief and "Score" not in debrief
+    study.outcome_feedback = study.Feedback.SCORE
+    study.save()
+    debrief = client.get(reverse("studies:participant", args=[participant.token])).content.decode()
+    assert "Score: 0.75" in debrief

@@ -8,7 +8,7 @@
   const pendingKey = "parley-pending-" + cfg.token;
   let socket = null, retries = 0, busy = false, redirecting = false, streaming = null, lastStatus = {};
   let lastSent = null;  // the id of the last message frame, dropped if the server closes on it
-  let lastErrorAt = 0;  // when the server last refused something (shown before any redirect)
+  let lastErrorAt = 0;  // when a refusal or an end was last shown (readable before a redirect)
 
   // The time limit: the server's seconds_left (page, history and status events) counted down
   // on this page's clock; a warning two minutes before, and the composer closes at zero.
@@ -194,6 +194,10 @@
         redirecting = true;  // do not reconnect: the newer window owns the chat
         setBusy(true);
         showNotice(event.message);
+        break;
+      case "ended":  // the task is over (e.g. a donation): the agent's last reply stays readable
+        showNotice("The conversation is over. Taking you to the next step…");
+        lastErrorAt = Date.now();
         break;
       case "redirect": {
         redirecting = true;
