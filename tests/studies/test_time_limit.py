@@ -146,3 +146,48 @@ def test_the_page_warns_two_minutes_before_and_says_when_a_message_was_not_sent(
     assert "WARN_SECONDS = 120" in script
     assert "seconds_left" in script
     assert "your last message was not sent" in script
+
+
+@pytest.mark.services
+@pytest.mark.django_db(transaction=True)
+def test_celery_beat_times_out_abandoned_participants_on_a_real_worker(celery_worker, tmp_path):
+    """Nobody loads a page: beat sends the sweep, the worker runs it, the place is free."""
+    import subprocess
+    import sys
+    import time
+
+    from parley.celery import beat_args
+
+    from tests.conftest import REPO, child_env
+
+    study = make_study(arms=("a",), time_limit_minutes=5)
+    abandoned = chatting(study, "gone", 6)
+    log = tmp_path / "beat.log"
+    with open(log, "wb") as out:
+        beat = subprocess.Popen(
+            [sys.executable, *beat_args(str(tmp_path / "schedule"), "--loglevel", "INFO")],
+            cwd=REPO,
+            env=child_env(PARLEY_TIMEOUT_SWEEP_SECONDS="1"),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while Participant.objects.get(pk=abandoned.pk).status != "timed_out":
+            assert beat.poll() is None, log.read_text()[-2000:]
+            assert time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.5)
+    finally:
+        beat.terminate()
+        beat.wait(timeout=20)
+    assert "studies.tasks.time_out_overdue" in log.read_text()
+    assert flow.arms_with_fill(study)[0].filled == 0
+
+
+@pytest.mark.django_db
+def test_the_time_up_page_says_when_a_message_came_too_late(client):
+    study = make_study(time_limit_minutes=5)
+    participant = flow.expire_if_overdue(chatting(study, "p1", 6))
+    url = reverse("studies:participant", args=[participant.token])
+    assert "came after the time limit" in client.get(url + "?unsent=1").content.decode()
+    assert "came after the time limit" not in client.get(url).content.decode()

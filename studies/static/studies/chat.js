@@ -205,15 +205,17 @@
         // shown stays readable a moment before the page moves on.
         const unsent = Object.keys(pending());
         unsent.forEach(dropPending);
+        let url = event.url;
         if (unsent.length) {
           showNotice(secondsLeft() === 0
             ? "The time for this study is up, so your last message was not sent."
-            : "The chat has ended, so your last message was not sent.");
+            : "The chat is closed, so your last message was not sent.");
           lastErrorAt = Date.now();
+          url += (url.includes("?") ? "&" : "?") + "unsent=1";  // the next page says why
         }
         setBusy(true);
         const wait = Date.now() - lastErrorAt < 3000 ? 4000 : 0;
-        setTimeout(() => { window.location.href = event.url; }, wait);
+        setTimeout(() => { window.location.href = url; }, wait);
         break;
       }
     }
