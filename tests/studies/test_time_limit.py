@@ -191,3 +191,33 @@ def test_the_time_up_page_says_when_a_message_came_too_late(client):
     url = reverse("studies:participant", args=[participant.token])
     assert "came after the time limit" in client.get(url + "?unsent=1").content.decode()
     assert "came after the time limit" not in client.get(url).content.decode()
+
+
+# The lead applies the one-line consumer change of this branch's report (consumers.py is theirs):
+# then this passes and the mark goes.
+@pytest.mark.xfail(
+    reason="ChatConsumer.receive_json must refuse a late message first", strict=False
+)
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+async def test_a_late_message_over_the_socket_gets_the_time_up_notice_before_the_redirect():
+    from channels.db import database_sync_to_async
+    from channels.routing import URLRouter
+    from channels.testing import WebsocketCommunicator
+
+    from studies.routing import websocket_urlpatterns
+
+    participant = await database_sync_to_async(
+        lambda: chatting(make_study(time_limit_minutes=5), "late", 4.99)
+    )()
+    socket = WebsocketCommunicator(URLRouter(websocket_urlpatterns), f"/ws/p/{participant.token}/")
+    assert (await socket.connect(timeout=30))[0]
+    assert (await socket.receive_json_from(timeout=30))["type"] == "history"
+    await database_sync_to_async(arrived_minutes_ago)(participant, 6)
+    await socket.send_json_to({"type": "message", "id": "late1", "text": "Still there?"})
+    notice = await socket.receive_json_from(timeout=30)
+    redirect = await socket.receive_json_from(timeout=30)
+    await socket.disconnect()
+    assert notice["type"] == "error" and notice["drop"] and notice["reply_to"] == "late1"
+    assert "time limit of 5 minutes has passed" in notice["message"]
+    assert redirect["type"] == "redirect"
