@@ -65,8 +65,9 @@ def history(conversation: Conversation) -> list[dict]:
     return [m.to_chat() for m in conversation.messages.order_by("seq")]
 
 
-def end_reason(participant: Participant) -> str | None:
+def end_reason(participant: Participant, messages: list | None = None) -> str | None:
     """The Domain's reason the conversation is over (a stated donation, a transfer, ...), or None.
+    `messages`: the conversation's Message rows when the caller has them (no query then).
 
     An end the Domain lets the agent answer first (a stated donation gets the persuader's
     closing reply) is None until that reply is stored: the consumer asks after storing the
@@ -75,26 +76,32 @@ def end_reason(participant: Participant) -> str | None:
     domain, _ = domain_of(participant)
     if domain is None:
         return None
-    messages = history(participant.conversation)
-    reason = domain.is_done(messages)
-    if reason is not None and awaits_closing_reply(domain, reason, messages):
+    chat = chat_of(participant, messages)
+    reason = domain.is_done(chat)
+    if reason is not None and awaits_closing_reply(domain, reason, chat):
         return None
     return reason
 
 
-def end_after_reply(participant: Participant) -> bool:
+def end_after_reply(participant: Participant, messages: list | None = None) -> bool:
     """Whether the Domain's end is due once the agent has answered the participant's last
     message (True: answer it, then end the chat), rather than at once or not at all."""
     domain, _ = domain_of(participant)
     if domain is None:
         return False
-    messages = history(participant.conversation)
-    reason = domain.is_done(messages)
-    return reason is not None and awaits_closing_reply(domain, reason, messages)
+    chat = chat_of(participant, messages)
+    reason = domain.is_done(chat)
+    return reason is not None and awaits_closing_reply(domain, reason, chat)
 
 
-def awaits_closing_reply(domain: Domain, reason: str, messages: list[dict]) -> bool:
-    last = messages[-1] if messages else {}
+def chat_of(participant: Participant, messages: list | None) -> list[dict]:
+    if messages is not None:
+        return [m.to_chat() for m in messages]
+    return history(participant.conversation)
+
+
+def awaits_closing_reply(domain: Domain, reason: str, chat: list[dict]) -> bool:
+    last = chat[-1] if chat else {}
     return last.get("role") == "user" and domain.closing_reply(reason)
 
 

@@ -68,7 +68,28 @@ class Study(models.Model):
     completion_code = models.CharField(max_length=64)
     no_consent_code = models.CharField(max_length=64, blank=True)
     timeout_code = models.CharField(max_length=64, blank=True)
+    other_code = models.CharField(
+        max_length=64,
+        blank=True,
+        help_text="Prolific's OTHER code: the way back offered on every problem page, and to "
+        "those who decline or time out when their own code is blank.",
+    )
+    close_when_full = models.BooleanField(
+        default=False,
+        help_text="Close the study by itself once every active arm has its target of completed "
+        "participants.",
+    )
     time_limit_minutes = models.PositiveIntegerField(default=30, validators=[MinValueValidator(1)])
+    # Prolific's own unit: pence (GBP) or cents (USD) per participant; checked against Prolific's
+    # hourly rates at the median completion time (studies.analysis.pay).
+    reward = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="What each participant is paid on Prolific, in pence or cents (150 = 1.50).",
+    )
+    reward_currency = models.CharField(
+        max_length=3, choices=[("GBP", "GBP (pence)"), ("USD", "USD (cents)")], default="GBP"
+    )
     min_exchanges = models.PositiveIntegerField(
         default=1, help_text="Messages the participant sends before they may end the chat."
     )
@@ -278,6 +299,9 @@ class Participant(models.Model):
         COMPLETED = "completed", "Completed"
         NO_CONSENT = "no_consent", "Declined consent"
         TIMED_OUT = "timed_out", "Timed out"
+        # The study could not start them (e.g. no scenario yet): they hold no place, and take
+        # one again when they come back and the study can start them.
+        UNSTARTED = "unstarted", "Could not start"
 
     # Those who hold a place in their arm (the least-filled assignment counts them).
     ACTIVE = (Status.CONSENT, Status.CHAT, Status.QUESTIONNAIRE, Status.COMPLETED)
@@ -299,6 +323,9 @@ class Participant(models.Model):
     # Set on arrival from a PROLIFIC_PID only this server can sign (studies/bots.py): rehearsal
     # participants, left out of arm balance, exports and analysis unless asked for.
     is_bot = models.BooleanField(default=False, editable=False)
+    # Opened by staff from the study page on a fixed arm: the real flow, but never counted in
+    # assignment, caps, exports or analysis.
+    is_preview = models.BooleanField(default=False, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     consented_at = models.DateTimeField(null=True, blank=True)
     chat_ended_at = models.DateTimeField(null=True, blank=True)
@@ -326,6 +353,27 @@ class Participant(models.Model):
     def seconds_left(self) -> int:
         """Whole seconds until the time limit (0 once it has passed)."""
         return max(0, int((self.deadline - timezone.now()).total_seconds()))
+
+
+class StudyError(models.Model):
+    """A problem a participant met (shown a friendly page instead), kept for the researcher."""
+
+    study = models.ForeignKey(Study, on_delete=models.CASCADE, related_name="errors")
+    participant = models.ForeignKey(
+        Participant, null=True, blank=True, on_delete=models.SET_NULL, related_name="errors"
+    )
+    path = models.CharField(max_length=500, blank=True)
+    title = models.CharField(max_length=200)
+    detail = models.TextField(blank=True)
+    traceback = models.TextField(blank=True, help_text="Unexpected errors only.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["study", "-created_at"])]
+
+    def __str__(self) -> str:
+        return self.title
 
 
 class Conversation(models.Model):

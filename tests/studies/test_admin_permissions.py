@@ -30,8 +30,11 @@ READS = {
     "studies_participant_transcript",
     "studies_analysisrun_download",
     "training_trainingrun_progress",
+    "studies_study_monitor",
+    "studies_study_monitor_json",
+    "studies_study_preview",
 }
-ACTS = {"studies_study_import", "studies_study_analyse"}
+ACTS = {"studies_study_import", "studies_study_analyse", "studies_study_switch"}
 
 
 def custom_admin_urls() -> dict[str, str]:
