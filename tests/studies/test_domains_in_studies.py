@@ -166,6 +166,9 @@ async def test_tool_calls_run_on_the_server_on_this_conversations_own_state():
 
     ended = await database_sync_to_async(flow.end_chat)(first)
     assert ended.outcome["reward"] == 1.0 and ended.outcome["success"] is True
+    # its gold action changes the DB, so the score checked what the chat did: it may be told
+    assert ended.outcome["details"]["checked"] is True
+    assert ended.outcome["details"]["db"]["gold_changes_db"] is True
     # The other conversation cancelled nothing: its DB differs from the gold one, so it scores 0.
     ended_second = await database_sync_to_async(flow.end_chat)(second, "time_limit")
     assert ended_second.outcome["reward"] == 0.0 and ended_second.outcome["success"] is False

@@ -128,3 +128,22 @@ def test_the_debrief_confirms_the_donation_stated_in_the_chat(client):
     assert flow.submit_questionnaire(participant, answers) == {}
     page = debrief(client, Participant.objects.get(pk=participant.pk))
     assert "You chose to donate $0.80" in page and "Score" not in page
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("setting", "shown", "hidden"),
+    [
+        ("nothing", [], ["completed", "Score"]),
+        ("words", ["The task was completed."], ["Score"]),
+        ("score", ["The task was completed.", "Score: 1.00 (from 0 to 1)"], []),
+    ],
+)
+def test_a_checked_success_is_told_as_the_setting_says(client, setting, shown, hidden):
+    study = make_study(slug="shop", domain="retail", min_exchanges=0, outcome_feedback=setting)
+    import_pool(study, "retail", count=2)
+    participant = finished(study, "p1")
+    checked = {"reward": 1.0, "success": True, "components": {}, "details": {"checked": True}}
+    Participant.objects.filter(pk=participant.pk).update(outcome=checked)
+    page = debrief(client, participant)
+    assert all(text in page for text in shown) and not any(text in page for text in hidden)
