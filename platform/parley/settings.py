@@ -235,7 +235,12 @@ CELERY_TASK_ROUTES = {
 }
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 # Celery beat (`make demo` and deploy/ start it): periodic tasks, one entry each.
-PARLEY_TIMEOUT_SWEEP_SECONDS = float(os.environ.get("PARLEY_TIMEOUT_SWEEP_SECONDS", "60"))
+try:
+    PARLEY_TIMEOUT_SWEEP_SECONDS = float(os.environ.get("PARLEY_TIMEOUT_SWEEP_SECONDS") or "60")
+except ValueError:
+    PARLEY_TIMEOUT_SWEEP_SECONDS = -1.0
+if not PARLEY_TIMEOUT_SWEEP_SECONDS > 0:
+    raise ImproperlyConfigured("PARLEY_TIMEOUT_SWEEP_SECONDS must be a number of seconds above 0.")
 CELERY_BEAT_SCHEDULE = {
     # free the arm places of participants past their study's time limit
     "time-out-overdue-participants": {
