@@ -190,7 +190,11 @@ class TrainingRunAdmin(admin.ModelAdmin):
     @admin.display(description="Step")
     def step(self, run):
         p = run.progress or {}
-        return f"{p['step']}/{p['total_steps']}" if "step" in p else "-"
+        if "step" not in p:
+            return "-"
+        # the run's own count so far (training/run.py): 0 means the adapter is still the base
+        still_base = (p.get("metrics") or {}).get("optimizer_steps") == 0
+        return f"{p['step']}/{p['total_steps']}" + (" (no optimizer step)" if still_base else "")
 
     @admin.display(description="Reward")
     def reward(self, run):

@@ -172,3 +172,13 @@ def test_a_run_that_stepped_has_no_warning(admin_client, tmp_path):
     page = admin_client.get(reverse("admin:training_trainingrun_change", args=[run.pk]))
     page = page.content.decode()
     assert "no-optimizer-step" not in page and "2 of 2 logged step(s)" in page
+
+
+@pytest.mark.django_db
+def test_the_runs_list_marks_a_run_still_at_the_base_model(admin_client):
+    progress = {"step": 2, "total_steps": 2, "metrics": {"optimizer_steps": 0}}
+    TrainingRun.objects.create(name="flat", preset="retail-single-cpu", progress=progress)
+    stepped = {"step": 2, "total_steps": 2, "metrics": {"optimizer_steps": 2}}
+    TrainingRun.objects.create(name="stepped", preset="p4g-single-cpu", progress=stepped)
+    page = admin_client.get(reverse("admin:training_trainingrun_changelist")).content.decode()
+    assert page.count("(no optimizer step)") == 1
