@@ -408,6 +408,7 @@ def time_out_overdue(participants=None, now=None) -> list[int]:
     )
     limits = (
         Study.objects.filter(participants__in=participants)
+        .order_by()
         .values_list("pk", "time_limit_minutes")
         .distinct()
     )
