@@ -222,3 +222,42 @@ async def test_a_late_message_over_the_socket_gets_the_time_up_notice_before_the
         assert (await socket.receive_json_from(timeout=30))["type"] == "redirect"
     finally:
         await socket.disconnect()
+
+
+@pytest.mark.services
+@pytest.mark.django_db(transaction=True)
+def test_the_sweep_skips_a_participant_a_flow_step_holds_on_postgresql(postgres):
+    """Completing right at the limit: the sweep leaves the locked row to the step that holds it,
+    so a completed participant is never turned into a timed-out one."""
+    import threading
+    import time
+
+    from django.db import connection, transaction
+
+    study = make_study(time_limit_minutes=5)
+    participant = chatting(study, "edge", 6)
+    locked, release = threading.Event(), threading.Event()
+
+    def finishing_step():
+        try:
+            with transaction.atomic():
+                row = Participant.objects.select_for_update().get(pk=participant.pk)
+                locked.set()
+                release.wait(10)
+                row.status = Participant.Status.COMPLETED
+                row.save(update_fields=["status"])
+        finally:
+            connection.close()
+
+    step = threading.Thread(target=finishing_step)
+    step.start()
+    assert locked.wait(10)
+    try:
+        started = time.monotonic()
+        assert time_out_overdue() == []
+        assert time.monotonic() - started < 5  # skipped, not waited for
+    finally:
+        release.set()
+        step.join(10)
+    assert Participant.objects.get(pk=participant.pk).status == "completed"
+    assert time_out_overdue() == []  # completed: nothing to time out
