@@ -278,3 +278,6 @@ def seed_task_studies(engine_url: str | None = None) -> list[Study]:
         seed_questionnaire(study, PAPER_ITEMS[domain])
         studies.append(study)
     return studies
+
+
+seed_trained_studies = seed_task_studies  # the name before base-model arms were seeded too
