@@ -177,7 +177,10 @@ class StudyAdmin(admin.ModelAdmin):
                 ]
             },
         ),
-        ("Participant texts", {"fields": ["consent_text", "instructions", "debrief_text"]}),
+        (
+            "Participant texts",
+            {"fields": ["consent_text", "instructions", "debrief_text", "outcome_feedback"]},
+        ),
         ("Chat", {"fields": ["min_exchanges", "max_exchanges", "max_message_chars"]}),
         ("Analysis", {"fields": ["control_arm", "comparisons", "holm_family"]}),
     ]

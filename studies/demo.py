@@ -1,4 +1,6 @@
-"""The demo study `make demo` seeds: two arms on the base model and a short questionnaire."""
+"""The demo studies `make demo` seeds: an open chat (two arms on the base model and a short
+questionnaire), a tau2 retail and a P4G study (the paper's questionnaires; trained arms when
+checkpoints exist, base-model arms otherwise)."""
 
 from django.conf import settings
 from django.db import transaction
@@ -87,7 +89,13 @@ def seed_demo_study(engine_url: str | None = None, model_name: str = BASE_MODEL_
     return study
 
 
-def seed_arms(study: Study, engine_url: str, arms: list[tuple[str, str, str]]) -> None:
+def seed_arms(
+    study: Study,
+    engine_url: str,
+    arms: list[tuple[str, str, str]],
+    max_tokens: int = 96,
+    temperatures: dict[str, float] | None = None,
+) -> None:
     """(name, model, system prompt) arms in this order; the first is the control arm."""
     for order, (name, model, prompt) in enumerate(arms):
         Arm.objects.update_or_create(
@@ -98,8 +106,8 @@ def seed_arms(study: Study, engine_url: str, arms: list[tuple[str, str, str]]) -
                 endpoint_url=engine_url,
                 model_name=model,
                 system_prompt=prompt,
-                temperature=0.7,
-                max_tokens=96,
+                temperature=(temperatures or {}).get(name, 0.7),
+                max_tokens=max_tokens,
                 tool_format="json",
             ),
         )
@@ -187,38 +195,89 @@ def trained_checkpoints() -> dict:
     return latest
 
 
+# The task studies a fresh clone's demo seeds beside the open chat: a Domain, its texts, and its
+# chat limits (P4G: the persuader opens, so the Domain's 10 messages are 5 of the person's).
+TASK_STUDIES = {
+    "retail": dict(
+        title="Customer service chat (tau2 retail)",
+        consent_text="You will chat with an AI customer-service agent of an online shop about a "
+        "short task, then answer a few questions. Your messages and answers are stored for "
+        "research. You may stop at any time.",
+        instructions="Play the customer described in this panel. End the conversation when "
+        "your request is handled or the agent cannot help.",
+        max_exchanges=15,
+        max_tokens=192,  # room for a JSON tool call
+    ),
+    "p4g": dict(
+        title="Donation conversation (Persuasion for Good)",
+        consent_text="You will chat with another party about a children's charity, then answer "
+        "a few questions. Your messages and answers are stored for research. You may stop at "
+        "any time.",
+        instructions="Chat as yourself. You may decide to donate part of your bonus, or not.",
+        max_exchanges=5,
+        max_tokens=96,
+    ),
+}
+BASE_ARM = "base"
+# Without trained checkpoints a second base-model arm (greedy decoding) keeps the study one of
+# two arms to compare; it is set inactive once trained arms exist (its data stays).
+GREEDY_ARM = "base-greedy"
+
+
 @transaction.atomic
-def seed_trained_studies(engine_url: str | None = None) -> list[Study]:
-    """One demo study per domain with trained checkpoints: the base model against each regime."""
+def seed_task_studies(engine_url: str | None = None) -> list[Study]:
+    """A study per task family (tau2 retail, P4G, and any other with trained checkpoints and a
+    paper questionnaire): the base model against each trained regime's latest checkpoint, or
+    base-model arms when there is none. Scenarios from the Domain's bundled test split; never
+    deletes participants' data."""
     from .pools import import_pool
 
     engine_url = engine_url or settings.PARLEY_ENGINE_URL
+    trained = trained_checkpoints()
     studies = []
-    for domain, by_regime in trained_checkpoints().items():
+    for domain in dict.fromkeys([*TASK_STUDIES, *trained]):
         if domain not in PAPER_ITEMS:
             continue
-        study, created = Study.objects.get_or_create(
+        texts = {**TASK_STUDIES.get(domain, {})}
+        max_tokens = texts.pop("max_tokens", 96)
+        study, _ = Study.objects.get_or_create(
             slug=f"demo-{domain}",
-            defaults=dict(
-                title=f"Trained agents: {domain}",
-                domain=domain,
-                status=Study.Status.LIVE,
-                target_per_arm=10,
-                consent_text="You will chat with an AI agent about a short task, then answer a few questions.",
-                instructions="Follow the task in this panel. End the conversation when you are done.",
-                debrief_text="The agents you met were trained with different user simulators. Thank you!",
-                completion_code="C1PARLEY",
-                no_consent_code="C0NOCONS",
-                timeout_code="C0TIMEOUT",
-                max_exchanges=10,
-            ),
+            defaults={
+                "title": f"Trained agents: {domain}",
+                "consent_text": "You will chat with an AI agent about a short task, then answer "
+                "a few questions.",
+                "instructions": "Follow the task in this panel. End the conversation when you "
+                "are done.",
+                "max_exchanges": 10,
+                **texts,
+                "domain": domain,
+                "status": Study.Status.LIVE,
+                "target_per_arm": 10,
+                "debrief_text": "The agents you met were trained with different user simulators. "
+                "Thank you!",
+                "completion_code": "C1PARLEY",
+                "no_consent_code": "C0NOCONS",
+                "timeout_code": "C0TIMEOUT",
+            },
         )
-        arms = [("base", BASE_MODEL_NAME)] + [
-            (regime, c.name) for regime, c in sorted(by_regime.items())
-        ]
-        seed_arms(study, engine_url, [(name, model, "") for name, model in arms])
-        if created:
+        by_regime = trained.get(domain, {})
+        arms = [(BASE_ARM, BASE_MODEL_NAME, 0.7)]
+        arms += [(regime, c.name, 0.7) for regime, c in sorted(by_regime.items())]
+        if not by_regime:
+            arms.append((GREEDY_ARM, BASE_MODEL_NAME, 0.0))
+        seed_arms(
+            study,
+            engine_url,
+            [(name, model, "") for name, model, _ in arms],
+            max_tokens=max_tokens,
+            temperatures={name: t for name, _, t in arms},
+        )
+        study.arms.filter(name=GREEDY_ARM).update(active=not by_regime)
+        if not study.scenarios.exists():
             import_pool(study, domain, count=10, split="test")
         seed_questionnaire(study, PAPER_ITEMS[domain])
         studies.append(study)
     return studies
+
+
+seed_trained_studies = seed_task_studies  # the name before base-model arms were seeded too

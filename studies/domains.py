@@ -7,7 +7,7 @@ and the Domain interface (agents/domains/base.py), never from testing a domain's
 from functools import lru_cache
 
 from agents.domains import get_domain as load
-from agents.domains.base import Domain
+from agents.domains.base import Domain, Outcome
 from agents.domains.base import Scenario as DomainScenario
 
 from .errors import FlowError
@@ -67,12 +67,42 @@ def history(conversation: Conversation) -> list[dict]:
 
 def end_reason(participant: Participant, messages: list | None = None) -> str | None:
     """The Domain's reason the conversation is over (a stated donation, a transfer, ...), or None.
-    `messages`: the conversation's Message rows when the caller has them (no query then)."""
+    `messages`: the conversation's Message rows when the caller has them (no query then).
+
+    An end the Domain lets the agent answer first (a stated donation gets the persuader's
+    closing reply) is None until that reply is stored: the consumer asks after storing the
+    participant's message and again after the agent's answer, so the chat ends after the reply.
+    """
     domain, _ = domain_of(participant)
     if domain is None:
         return None
-    chat = [m.to_chat() for m in messages] if messages is not None else None
-    return domain.is_done(chat if chat is not None else history(participant.conversation))
+    chat = chat_of(participant, messages)
+    reason = domain.is_done(chat)
+    if reason is not None and awaits_closing_reply(domain, reason, chat):
+        return None
+    return reason
+
+
+def end_after_reply(participant: Participant, messages: list | None = None) -> bool:
+    """Whether the Domain's end is due once the agent has answered the participant's last
+    message (True: answer it, then end the chat), rather than at once or not at all."""
+    domain, _ = domain_of(participant)
+    if domain is None:
+        return False
+    chat = chat_of(participant, messages)
+    reason = domain.is_done(chat)
+    return reason is not None and awaits_closing_reply(domain, reason, chat)
+
+
+def chat_of(participant: Participant, messages: list | None) -> list[dict]:
+    if messages is not None:
+        return [m.to_chat() for m in messages]
+    return history(participant.conversation)
+
+
+def awaits_closing_reply(domain: Domain, reason: str, chat: list[dict]) -> bool:
+    last = chat[-1] if chat else {}
+    return last.get("role") == "user" and domain.closing_reply(reason)
 
 
 def score_conversation(participant: Participant, conversation: Conversation) -> dict | None:
@@ -91,3 +121,28 @@ def outcome_after_questionnaire(participant: Participant, answers: dict) -> dict
         return participant.outcome
     outcome = domain.outcome_from_answers(answers, history(participant.conversation))
     return outcome.to_dict() if outcome is not None else participant.outcome
+
+
+def debrief(participant: Participant) -> dict:
+    """What the debrief tells the participant about their task, by the study's outcome_feedback:
+    `confirmation` (a decision they made, always), `words` and `score` (when the setting says
+    so, and never for a score that checked nothing the conversation could change)."""
+    told = {"confirmation": None, "words": None, "score": None}
+    if not participant.outcome:
+        return told
+    domain, _ = domain_of(participant)
+    if domain is None:
+        return told
+    outcome = Outcome(
+        reward=participant.outcome.get("reward", 0.0),
+        success=bool(participant.outcome.get("success")),
+        components=participant.outcome.get("components") or {},
+        details=participant.outcome.get("details") or {},
+    )
+    told["confirmation"] = domain.confirmation(outcome)
+    feedback = participant.study.outcome_feedback
+    if feedback in (Study.Feedback.WORDS, Study.Feedback.SCORE):
+        told["words"] = domain.outcome_words(outcome)
+    if feedback == Study.Feedback.SCORE and outcome.details.get("checked", True):
+        told["score"] = outcome.reward
+    return told

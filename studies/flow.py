@@ -15,9 +15,25 @@ from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
 from . import bots, tasks
-from .domains import get_domain, opening_messages, outcome_after_questionnaire, score_conversation
+from .domains import (  # noqa: F401 - debrief: the debrief page's words, for views
+    debrief,
+    get_domain,
+    opening_messages,
+    outcome_after_questionnaire,
+    score_conversation,
+)
 from .errors import FlowError, StudyFull, StudyNotOpen
-from .models import Arm, Conversation, Item, Message, Participant, Response, Scenario, Study
+from .models import (
+    Arm,
+    Conversation,
+    Item,
+    Message,
+    Participant,
+    Response,
+    Scenario,
+    Study,
+    time_out_overdue,
+)
 
 PROLIFIC_PARAMS = ("PROLIFIC_PID", "STUDY_ID", "SESSION_ID")
 PROLIFIC_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -227,10 +243,22 @@ def least_used_scenario(study: Study, arm: Arm, is_bot: bool = False) -> Scenari
 
 
 def expire_if_overdue(participant: Participant) -> Participant:
-    if participant.is_overdue():
+    """The participant, timed out if past the limit (the periodic task does it for everyone)."""
+    if participant.is_overdue() and time_out_overdue(Participant.objects.filter(pk=participant.pk)):
         participant.status = Participant.Status.TIMED_OUT
-        participant.save(update_fields=["status"])
     return participant
+
+
+def chat_closed(participant: Participant) -> "ChatOver":
+    """Why a message cannot be taken once the chat is closed: the time limit, or its end."""
+    if participant.status == Participant.Status.TIMED_OUT or participant.is_overdue():
+        minutes = participant.study.time_limit_minutes
+        return TimeUp(
+            "Time is up",
+            f"The time limit of {minutes} minutes has passed, so this message was not sent. "
+            "Your conversation so far is saved.",
+        )
+    return ChatOver("The chat has ended", "This conversation is over.")
 
 
 def give_consent(participant: Participant, accepted: bool) -> Participant:
@@ -350,6 +378,10 @@ class ChatOver(FlowError):
     """The participant is no longer in the chat (ended, timed out): the page moves on."""
 
 
+class TimeUp(ChatOver):
+    """The study's time limit has passed: a message sent now is not taken (say so)."""
+
+
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -401,7 +433,9 @@ def store_user_message(participant: Participant, client_id: str, text: str) -> S
 def check_can_send(participant: Participant, conversation: Conversation, text: str, sent: int):
     study = participant.study
     if participant.status != Participant.Status.CHAT or conversation.ended_at:
-        raise ChatOver("The chat has ended", "This conversation is over.")
+        raise chat_closed(participant)
+    if participant.is_overdue():  # the sweep has not reached them yet: the limit holds anyway
+        raise chat_closed(participant)
     if not text.strip():
         raise FlowError("Empty message", "Please type a message first.")
     if len(text) > study.max_message_chars:
@@ -435,12 +469,16 @@ def chat_status(participant: Participant, sent: int | None = None) -> dict:
     if sent is None:
         sent = user_message_count(participant.conversation)
     study = participant.study
+    open_ = participant.status == Participant.Status.CHAT and not participant.is_overdue()
     return {
         "sent": sent,
         "can_end": sent >= study.min_exchanges,
-        "can_send": participant.status == Participant.Status.CHAT and sent < study.max_exchanges,
+        "can_send": open_ and sent < study.max_exchanges,
         "min_exchanges": study.min_exchanges,
         "max_exchanges": study.max_exchanges,
+        # the page counts down from this (the server's clock, not the browser's)
+        "seconds_left": participant.seconds_left(),
+        "time_limit_minutes": study.time_limit_minutes,
     }
 
 

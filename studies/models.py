@@ -6,7 +6,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
-from django.db import models
+from django.db import models, transaction
 from django.utils import timezone
 
 from agents.domains import STUDY_DOMAINS
@@ -37,6 +37,11 @@ class Study(models.Model):
         MEASURE = "measure", "One measure"
         STUDY = "study", "The whole study"
 
+    class Feedback(models.TextChoices):
+        NOTHING = "nothing", "Nothing"
+        WORDS = "words", "The outcome in words"
+        SCORE = "score", "The outcome in words and the score"
+
     OPEN_CHAT = "chat"  # the `domain` of a study with no task: free conversation
 
     slug = models.SlugField(unique=True, help_text="Part of the participant link: /s/SLUG/")
@@ -52,6 +57,14 @@ class Study(models.Model):
     )
     instructions = models.TextField(blank=True, help_text="Shown beside the chat.")
     debrief_text = models.TextField(default="Thank you for taking part.")
+    outcome_feedback = models.CharField(
+        "tell participants",
+        max_length=10,
+        choices=Feedback.choices,
+        default=Feedback.NOTHING,
+        help_text="What the debrief says about how each participant's task went. A decision "
+        "they made in the task (a P4G donation) is always confirmed.",
+    )
     completion_code = models.CharField(max_length=64)
     no_consent_code = models.CharField(max_length=64, blank=True)
     timeout_code = models.CharField(max_length=64, blank=True)
@@ -292,6 +305,8 @@ class Participant(models.Model):
 
     # Those who hold a place in their arm (the least-filled assignment counts them).
     ACTIVE = (Status.CONSENT, Status.CHAT, Status.QUESTIONNAIRE, Status.COMPLETED)
+    # Those still on their way: the time limit applies to them.
+    UNFINISHED = (Status.CONSENT, Status.CHAT, Status.QUESTIONNAIRE)
 
     study = models.ForeignKey(Study, on_delete=models.CASCADE, related_name="participants")
     arm = models.ForeignKey(Arm, on_delete=models.PROTECT, related_name="participants")
@@ -333,12 +348,11 @@ class Participant(models.Model):
         return self.created_at + timedelta(minutes=self.study.time_limit_minutes)
 
     def is_overdue(self) -> bool:
-        unfinished = self.status in (
-            self.Status.CONSENT,
-            self.Status.CHAT,
-            self.Status.QUESTIONNAIRE,
-        )
-        return unfinished and timezone.now() > self.deadline
+        return self.status in self.UNFINISHED and timezone.now() > self.deadline
+
+    def seconds_left(self) -> int:
+        """Whole seconds until the time limit (0 once it has passed)."""
+        return max(0, int((self.deadline - timezone.now()).total_seconds()))
 
 
 class StudyError(models.Model):
@@ -375,6 +389,43 @@ class Conversation(models.Model):
 
     def __str__(self) -> str:
         return f"conversation of {self.participant}"
+
+
+TIME_LIMIT = "time limit"  # a Conversation's end_reason when its participant ran out of time
+
+
+def time_out_overdue(participants=None, now=None) -> list[int]:
+    """Time out the unfinished participants past their study's time limit (all of them, or those
+    of the `participants` queryset), freeing their arm places; returns their ids.
+
+    The periodic task and every page load call this. Rows a flow step holds locked are skipped
+    (that step decides; the next sweep looks again), so a participant finishing right at the
+    limit is never timed out after completing. Their conversation ends, with all it holds.
+    """
+    now = now or timezone.now()
+    participants = (Participant.objects.all() if participants is None else participants).filter(
+        status__in=Participant.UNFINISHED
+    )
+    limits = (
+        Study.objects.filter(participants__in=participants)
+        .order_by()
+        .values_list("pk", "time_limit_minutes")
+        .distinct()
+    )
+    overdue = models.Q(pk__in=[])
+    for study_id, minutes in limits:
+        overdue |= models.Q(study_id=study_id, created_at__lt=now - timedelta(minutes=minutes))
+    with transaction.atomic():
+        ids = list(
+            participants.filter(overdue)
+            .select_for_update(skip_locked=True)
+            .values_list("pk", flat=True)
+        )
+        Participant.objects.filter(pk__in=ids).update(status=Participant.Status.TIMED_OUT)
+        Conversation.objects.filter(participant_id__in=ids, ended_at__isnull=True).update(
+            ended_at=now, end_reason=TIME_LIMIT
+        )
+    return ids
 
 
 class Message(models.Model):

@@ -11,7 +11,7 @@ from celery.signals import worker_ready
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from .models import AnalysisRun, Study
+from .models import AnalysisRun, Study, time_out_overdue
 from .reports import compute, target_reached
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,17 @@ def analyse_if_target_reached(study_id: int) -> AnalysisRun | None:
             return start_analysis(study, AnalysisRun.Trigger.TARGET)
     except IntegrityError:  # already started, by this completion's twin or an earlier one
         return None
+
+
+# Celery beat runs this every PARLEY_TIMEOUT_SWEEP_SECONDS (CELERY_BEAT_SCHEDULE in settings):
+# abandoned participants give their arm place back without waiting for their page to load.
+@shared_task(name="studies.tasks.time_out_overdue")
+def time_out_overdue_participants() -> int:
+    """Time out every participant past their study's time limit (queue `default`)."""
+    timed_out = time_out_overdue()
+    if timed_out:
+        log.info("timed out %d participant(s) past the time limit", len(timed_out))
+    return len(timed_out)
 
 
 @shared_task(name="studies.tasks.run_bots")

@@ -132,9 +132,12 @@ def participant(request, token):
             return render_questionnaire(request, p, {}, request.GET)
         case Participant.Status.COMPLETED:
             context["completion_url"] = flow.completion_url(p)
+            context["told"] = flow.debrief(p)
             return render(request, "studies/debrief.html", context)
         case _:  # declined consent or timed out
             context["completion_url"] = flow.completion_url(p)
+            # the chat page sends here a message the server no longer took: say so
+            context["unsent"] = request.GET.get("unsent") == "1"
             return render(request, "studies/ended.html", context)
 
 

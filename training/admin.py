@@ -1,7 +1,10 @@
+import json
+from pathlib import Path
+
 from django import forms
 from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied
-from django.http import JsonResponse
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import FileResponse, Http404, JsonResponse
 from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
@@ -9,15 +12,55 @@ from django.utils.html import format_html, format_html_join
 from agents.models import Checkpoint
 
 from . import tasks
-from .models import CONFIG_FIELDS, TrainingRun, preset_choices
+from .metrics import run_summary
+from .models import CONFIG_FIELDS, TrainingRun, preset_choices, preset_values
 
 
 class TrainingRunForm(forms.ModelForm):
     preset = forms.ChoiceField(choices=lambda: [("", "(none)")] + preset_choices(), required=False)
+    # The preset whose values the page's script loaded into the fields: they are then what the
+    # researcher saw and kept. Otherwise (no script, or the preset changed after) the server
+    # fills in every field the researcher left at the form's default.
+    loaded_preset = forms.CharField(required=False, widget=forms.HiddenInput)
 
     class Meta:
         model = TrainingRun
         fields = ["preset", *CONFIG_FIELDS, "settings"]  # start from a preset, then change it
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if "name" in self.fields:
+            self.fields["name"].required = False  # blank: the preset's name
+            self.fields["name"].help_text += " Blank: the preset's name."
+
+    def clean(self):
+        data = super().clean()
+        preset = data.get("preset")
+        if preset and data.get("loaded_preset") != preset:
+            try:
+                values = preset_values(preset)
+            except ValidationError as error:
+                self.add_error(None, error)
+                return data
+            for key, value in values.items():
+                if key != "name" and key not in self.changed_data and key not in self.errors:
+                    data[key] = value
+        if not data.get("name") and "name" not in self.errors:
+            if not preset:
+                self.add_error("name", "Give the run a name, or choose a preset.")
+            else:
+                data["name"] = free_name(preset_values(preset)["name"])
+        return data
+
+
+def free_name(name: str) -> str:
+    """`name`, or `name-2`, `name-3`... when a run already has it (a run's folder is its name)."""
+    taken = set(TrainingRun.objects.filter(name__startswith=name).values_list("name", flat=True))
+    candidate, n = name, 1
+    while candidate in taken:
+        n += 1
+        candidate = f"{name}-{n}"
+    return candidate
 
 
 @admin.register(TrainingRun)
@@ -39,7 +82,11 @@ class TrainingRunAdmin(admin.ModelAdmin):
     readonly_fields = [
         "status",
         "live_progress",
+        "optimizer_steps",
+        "plots",
+        "samples",
         "checkpoint_list",
+        "configuration",
         "output_dir",
         "error",
         "created_at",
@@ -47,15 +94,92 @@ class TrainingRunAdmin(admin.ModelAdmin):
         "finished_at",
     ]
 
+    class Media:
+        js = ["training/training_run.js"]  # the preset loader and the live progress (CSP: a file)
+
     def get_fields(self, request, obj=None):
-        if obj is None:  # starting a run: only what shapes it
-            return TrainingRunForm.Meta.fields
+        if obj is None:  # starting a run: only what shapes it, and what it will run
+            return [*TrainingRunForm.Meta.fields, "loaded_preset", "what_will_run"]
         return ["name", "domain", "regime", *self.readonly_fields]
 
     def get_readonly_fields(self, request, obj=None):
         if obj is None:
-            return []
+            return ["what_will_run"]
         return ["name", "domain", "regime", *self.readonly_fields]
+
+    @admin.display(description="What will run")
+    def what_will_run(self, run):
+        url = reverse("admin:training_trainingrun_preview")
+        return format_html(
+            '<pre id="run-config" data-preview-url="{}">Choose a preset to see its settings; '
+            "the fields above change them.</pre>",
+            url,
+        )
+
+    @admin.display(description="Configuration")
+    def configuration(self, run):
+        try:
+            config = run.config().to_dict()
+        except ValidationError as error:
+            return f"not valid: {error}"
+        return format_html("<pre>{}</pre>", json.dumps(config, indent=2, default=str))
+
+    def summary(self, run) -> dict:
+        return run_summary(run.output_dir) if run.output_dir else run_summary("", samples=0)
+
+    @admin.display(description="Optimizer steps")
+    def optimizer_steps(self, run):
+        summary = self.summary(run)
+        if not summary["steps_logged"]:
+            return "-"
+        taken = summary["optimizer_steps"]
+        if taken == 0:
+            return format_html(
+                '<strong class="errornote" id="no-optimizer-step">This run took no optimizer '
+                "step in {} logged step(s): every group's rewards were equal, so its checkpoints "
+                "are the base model under another name.</strong>",
+                summary["steps_logged"],
+            )
+        return f"{taken} of {summary['steps_logged']} logged step(s)"
+
+    @admin.display(description="Plots")
+    def plots(self, run):
+        names = self.summary(run)["plots"]
+        if not names:
+            return "-"
+        return format_html_join(
+            "",
+            '<figure style="display:inline-block;margin:0 1em 1em 0"><img src="{}" alt="{}" '
+            'width="480"><figcaption>{}</figcaption></figure>',
+            (
+                (reverse("admin:training_trainingrun_plot", args=[run.pk, name]), name, name)
+                for name in names
+            ),
+        )
+
+    @admin.display(description="Samples (latest)")
+    def samples(self, run):
+        rows = self.summary(run)["samples"]
+        if not rows:
+            return "-"
+        return format_html_join(
+            "",
+            "<details><summary>step {} · task {} · reward {} · {}</summary><pre>{}</pre></details>",
+            (
+                (
+                    row.get("step", "?"),
+                    row.get("task", "?"),
+                    row.get("reward", "?"),
+                    row.get("end_reason") or "",
+                    "\n\n".join(
+                        f"{m.get('role', '?')}: {m.get('content') or m.get('tool_calls') or ''}"
+                        for m in row.get("conversation") or []
+                        if isinstance(m, dict)
+                    ),
+                )
+                for row in rows
+            ),
+        )
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
@@ -66,7 +190,11 @@ class TrainingRunAdmin(admin.ModelAdmin):
     @admin.display(description="Step")
     def step(self, run):
         p = run.progress or {}
-        return f"{p['step']}/{p['total_steps']}" if "step" in p else "-"
+        if "step" not in p:
+            return "-"
+        # the run's own count so far (training/run.py): 0 means the adapter is still the base
+        still_base = (p.get("metrics") or {}).get("optimizer_steps") == 0
+        return f"{p['step']}/{p['total_steps']}" + (" (no optimizer step)" if still_base else "")
 
     @admin.display(description="Reward")
     def reward(self, run):
@@ -95,16 +223,13 @@ class TrainingRunAdmin(admin.ModelAdmin):
     def live_progress(self, run):
         url = reverse("admin:training_trainingrun_progress", args=[run.pk])
         return format_html(
-            '<div id="run-progress">{} · step {} · reward {} · held-out {} · ETA {}</div>'
-            "<script>(function(){{const el=document.getElementById('run-progress');"
-            "async function poll(){{const r=await fetch('{}');const d=await r.json();el.textContent=d.text;"
-            "if(d.active)setTimeout(poll,2000);}}setTimeout(poll,2000);}})();</script>",
+            '<div id="run-progress" data-url="{}">{} · step {} · reward {} · held-out {} · ETA {}</div>',
+            url,
             run.get_status_display(),
             self.step(run),
             self.reward(run),
             self.heldout(run),
             self.eta(run),
-            url,
         )
 
     @admin.display(description="Checkpoints")
@@ -136,13 +261,61 @@ class TrainingRunAdmin(admin.ModelAdmin):
             {"text": text, "active": active, "progress": run.progress, "status": run.status}
         )
 
+    def plot_file(self, request, pk, name):
+        """One PNG of the run's folder (only those the run page lists)."""
+        run = get_object_or_404(TrainingRun, pk=pk)
+        if not self.has_view_permission(request, run):
+            raise PermissionDenied
+        if not run.output_dir or name not in self.summary(run)["plots"]:
+            raise Http404("No such plot in this run's folder.")
+        return FileResponse(open(Path(run.output_dir) / name, "rb"), content_type="image/png")
+
+    def preview_json(self, request):
+        """A preset's field values (to fill the form) and the whole configuration a run with
+        the form's current values would train, or the error that stops it."""
+        if not self.has_add_permission(request):
+            raise PermissionDenied
+        preset = request.GET.get("preset", "")
+        fields = {}
+        if preset:
+            try:
+                fields = preset_values(preset)
+            except ValidationError as error:
+                return JsonResponse({"error": " ".join(error.messages)}, status=400)
+            fields["name"] = free_name(fields["name"])
+        form = TrainingRunForm({**fields, **request.GET.dict(), "loaded_preset": preset})
+        form.is_valid()  # the errors are shown; a preview never saves
+        run = form.instance
+        for key, value in form.cleaned_data.items():
+            if key in CONFIG_FIELDS or key in ("preset", "settings"):
+                setattr(run, key, value)
+        try:
+            config = run.config().to_dict()
+        except ValidationError as error:
+            return JsonResponse({"fields": fields, "error": " ".join(error.messages)})
+        errors = {k: v for k, v in form.errors.items() if k != "name"}
+        return JsonResponse(
+            {"fields": fields, "config": config, "error": " ".join(map(str, errors.values()))},
+            json_dumps_params={"default": str},
+        )
+
     def get_urls(self):
         own = [
             path(
                 "<int:pk>/progress.json",
                 self.admin_site.admin_view(self.progress_json),
                 name="training_trainingrun_progress",
-            )
+            ),
+            path(
+                "<int:pk>/plot/<str:name>",
+                self.admin_site.admin_view(self.plot_file),
+                name="training_trainingrun_plot",
+            ),
+            path(
+                "preview.json",
+                self.admin_site.admin_view(self.preview_json),
+                name="training_trainingrun_preview",
+            ),
         ]
         return own + super().get_urls()
 

@@ -107,3 +107,40 @@ def plot(rows: list[dict[str, Any]], folder: Path) -> list[Path]:
 
 def _finite(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a .jsonl file as they are now, without touching it (MetricsLog moves stale
+    rows away, which only the run itself may do); a line still being written is skipped."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def run_summary(run_dir: Path | str, samples: int = 3) -> dict[str, Any]:
+    """What a run's folder shows a researcher: its plots (PNG files beside metrics.jsonl), the
+    last `samples` sampled conversations, the steps logged and the optimizer steps taken (0
+    after a logged step: the adapter is still the base model)."""
+    folder = Path(run_dir)
+    rows = read_rows(folder / "metrics.jsonl")
+    return {
+        "plots": sorted(p.name for p in folder.glob("*.png") if p.is_file())
+        if folder.is_dir()
+        else [],
+        "samples": read_rows(folder / "samples.jsonl")[-samples:] if samples else [],
+        "steps_logged": len(rows),
+        "optimizer_steps": int(sum(_number(r.get("optimizer_step")) for r in rows)),
+    }
+
+
+def _number(value: Any) -> float:
+    return float(value) if _finite(value) else 0.0

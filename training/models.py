@@ -35,6 +35,23 @@ def preset_choices():
     return [(p.stem, p.stem) for p in sorted(CONFIGS_DIR.glob("*.toml"))]
 
 
+def preset_config(preset: str) -> RunConfig:
+    """A preset as the loader reads it; a ValidationError on `preset` when it cannot be."""
+    path = CONFIGS_DIR / f"{preset}.toml"
+    if preset not in dict(preset_choices()) or not path.is_file():
+        raise ValidationError({"preset": f"No preset {preset!r} in {CONFIGS_DIR}."})
+    try:
+        return load_config(path)
+    except ConfigError as error:
+        raise ValidationError({"preset": f"The preset is not valid: {error}"}) from error
+
+
+def preset_values(preset: str) -> dict:
+    """The admin's fields as the preset sets them (a run from it trains these unless changed)."""
+    config = preset_config(preset)
+    return {key: getattr(config, key) for key in CONFIG_FIELDS}
+
+
 class TrainingRun(models.Model):
     class Status(models.TextChoices):
         QUEUED = "queued", "Queued"

@@ -116,6 +116,24 @@ class Domain(abc.ABC):
         """Why the conversation is over (e.g. 'user_stop', 'max_turns'), or None."""
         return "max_turns" if count_turns(conversation) >= self.max_turns else None
 
+    def closing_reply(self, end_reason: str) -> bool:
+        """Whether a person's chat, ended by the user's message for `end_reason`, first gets the
+        agent's reply to that message (a thank-you for a donation). Training rollouts end at
+        once either way: only studies ask."""
+        return False
+
+    def outcome_words(self, outcome: Outcome) -> str | None:
+        """The outcome told to a participant in plain words, or None when the score checked
+        nothing the conversation could change (details["checked"] False): it would be no news."""
+        if not outcome.details.get("checked", True):
+            return None
+        return "The task was completed." if outcome.success else "The task was not completed."
+
+    def confirmation(self, outcome: Outcome) -> str | None:
+        """What the participant decided, confirmed on their debrief whatever else the study
+        tells them (P4G: the donation); None when there is nothing to confirm."""
+        return None
+
     def outcome_from_answers(
         self, answers: dict[str, Any], conversation: list[Message]
     ) -> Outcome | None:

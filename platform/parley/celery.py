@@ -7,15 +7,25 @@ from celery import Celery
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "parley.settings")
 
 QUEUES = ("default", "analysis", "training")  # settings route studies' and training's tasks here
+# A training run holds its worker for hours: it gets a worker of its own, so an analysis or a
+# bot run never waits behind it (the demo and deploy/ start both).
+SERVICE_QUEUES = ("default", "analysis")
+TRAINING_QUEUES = ("training",)
 
 app = Celery("parley")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
 
-def worker_args(*options: str) -> list[str]:
-    """`python -m celery ...` arguments of a worker on every queue (the demo's and the tests')."""
-    return ["-m", "celery", "-A", "parley", "worker", "-Q", ",".join(QUEUES), *options]
+def worker_args(*options: str, queues: tuple[str, ...] = QUEUES) -> list[str]:
+    """`python -m celery ...` arguments of a worker on `queues` (every queue unless told)."""
+    return ["-m", "celery", "-A", "parley", "worker", "-Q", ",".join(queues), *options]
+
+
+def beat_args(schedule_file: str, *options: str) -> list[str]:
+    """`python -m celery ...` arguments of Celery beat, which sends the periodic tasks of
+    settings.CELERY_BEAT_SCHEDULE; `schedule_file` keeps its last run times."""
+    return ["-m", "celery", "-A", "parley", "beat", "--schedule", schedule_file, *options]
 
 
 @app.task(name="parley.health")

@@ -1,4 +1,5 @@
-"""`make demo`: prepare, migrate, seed, start the engine, a Celery worker and the web server.
+"""`make demo`: prepare, migrate, seed, start the engine, Celery (a worker for studies' queues,
+one for training, beat for the periodic tasks) and the web server.
 
 Prints the admin URL with its credentials and a participant link; Ctrl-C stops everything.
 """
@@ -15,7 +16,7 @@ from django.conf import settings
 
 from agents.paths import REPO_DIR, base_model_dir, data_dir
 from agents.serving.process import StartError, port_is_free, spawn, stop, wait_healthy
-from parley.celery import worker_args
+from parley.celery import SERVICE_QUEUES, TRAINING_QUEUES, beat_args, worker_args
 from parley.credentials import admin_password
 
 # The host, ports and admin account come from parley's settings, as in every child process.
@@ -93,7 +94,27 @@ def main() -> None:
             "--port",
             str(ENGINE_PORT),
         ),
-        "worker": start("worker", *worker_args("--concurrency", "1", "--loglevel", "INFO")),
+        # analysis and bot runs never queue behind a training run: each has its own worker
+        "worker": start(
+            "worker",
+            *worker_args("--concurrency", "1", "--loglevel", "INFO", queues=SERVICE_QUEUES),
+        ),
+        "trainer": start(
+            "trainer",
+            *worker_args(
+                "--concurrency",
+                "1",
+                "--loglevel",
+                "INFO",
+                "-n",
+                "trainer@%h",
+                queues=TRAINING_QUEUES,
+            ),
+        ),
+        # the periodic tasks: participants past the time limit are timed out, places freed
+        "beat": start(
+            "beat", *beat_args(str(data_dir() / "celerybeat-schedule"), "--loglevel", "INFO")
+        ),
         "web": start(
             "web",
             "-m",

@@ -234,6 +234,22 @@ CELERY_TASK_ROUTES = {
     "training.tasks.*": {"queue": "training"},
 }
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+# Celery beat (`make demo` and deploy/ start it): periodic tasks, one entry each.
+try:
+    PARLEY_TIMEOUT_SWEEP_SECONDS = float(os.environ.get("PARLEY_TIMEOUT_SWEEP_SECONDS") or "60")
+except ValueError:
+    PARLEY_TIMEOUT_SWEEP_SECONDS = -1.0
+if not PARLEY_TIMEOUT_SWEEP_SECONDS > 0:
+    raise ImproperlyConfigured("PARLEY_TIMEOUT_SWEEP_SECONDS must be a number of seconds above 0.")
+CELERY_BEAT_SCHEDULE = {
+    # free the arm places of participants past their study's time limit
+    "time-out-overdue-participants": {
+        "task": "studies.tasks.time_out_overdue",
+        "schedule": PARLEY_TIMEOUT_SWEEP_SECONDS,
+        # a tick not run by the next one is dropped: the next sweep covers it
+        "options": {"expires": PARLEY_TIMEOUT_SWEEP_SECONDS},
+    },
+}
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ACKS_LATE = True
 

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.django_db
 APPS = ("studies", "training", "agents")
 BUILT_IN = ("changelist", "add", "change", "delete", "history", "autocomplete")
 # A value for each URL parameter that is not the object's pk.
-SAMPLE = {"kind": "csv"}
+SAMPLE = {"kind": "csv", "name": "train_reward.png"}
 # What the custom pages do: read (view permission) or act (change permission).
 READS = {
     "studies_study_responses",

@@ -166,6 +166,9 @@ async def test_tool_calls_run_on_the_server_on_this_conversations_own_state():
 
     ended = await database_sync_to_async(flow.end_chat)(first)
     assert ended.outcome["reward"] == 1.0 and ended.outcome["success"] is True
+    # its gold action changes the DB, so the score checked what the chat did: it may be told
+    assert ended.outcome["details"]["checked"] is True
+    assert ended.outcome["details"]["db"]["gold_changes_db"] is True
     # The other conversation cancelled nothing: its DB differs from the gold one, so it scores 0.
     ended_second = await database_sync_to_async(flow.end_chat)(second, "time_limit")
     assert ended_second.outcome["reward"] == 0.0 and ended_second.outcome["success"] is False
@@ -202,7 +205,8 @@ def test_p4g_outcome_is_the_intended_donation_with_the_chat_amount_beside_it(cli
     assert participant.conversation.messages.first().content  # the persuader opens
     flow.store_user_message(participant, "g1", "Fine, I'll donate $0.50 to the children.")
     participant = Participant.objects.get(pk=participant.pk)
-    assert domains.end_reason(participant) == "donation"
+    assert domains.end_reason(participant) is None  # the persuader's closing reply comes first
+    assert domains.end_after_reply(participant) is True
     participant = flow.end_chat(participant, "donation")
     assert participant.outcome["components"]["donation"] == 0.5
     answers = {
@@ -217,4 +221,9 @@ def test_p4g_outcome_is_the_intended_donation_with_the_chat_amount_beside_it(cli
     assert participant.outcome["reward"] == pytest.approx(0.75)
     assert participant.outcome["details"]["chat_donation"] == 0.5
     debrief = client.get(reverse("studies:participant", args=[participant.token])).content.decode()
-    assert "How the task went" in debrief and "score 0.75" in debrief
+    # the amount that counts is confirmed, with the chat's beside it; no score by default
+    assert "donate $1.50" in debrief and "$0.50" in debrief and "Score" not in debrief
+    study.outcome_feedback = study.Feedback.SCORE
+    study.save()
+    debrief = client.get(reverse("studies:participant", args=[participant.token])).content.decode()
+    assert "Score: 0.75" in debrief

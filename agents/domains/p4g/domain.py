@@ -100,6 +100,31 @@ class P4GDomain(Domain):
             return "donation"
         return super().is_done(conversation)
 
+    def closing_reply(self, end_reason: str) -> bool:
+        return end_reason == "donation"  # the persuader thanks the person before the chat ends
+
+    def outcome_words(self, outcome: Outcome) -> str | None:
+        return None  # the donation is confirmed on every debrief; the rest is the agent's score
+
+    def confirmation(self, outcome: Outcome) -> str | None:
+        """The donation that counts (the questionnaire's answer, else the amount stated in the
+        chat), and the chat's amount beside it when the two differ."""
+        amount = outcome.components.get("donation")
+        stated = outcome.details.get("chat_donation")
+        if amount is None:
+            amount = stated
+        if amount is None:
+            return "You did not choose a donation."
+        text = (
+            f"You chose to donate ${amount:.2f} of your ${MAX_DONATION:.2f} bonus to "
+            "Save the Children."
+            if amount
+            else "You chose not to donate to Save the Children."
+        )
+        if stated is not None and stated != amount:
+            text += f" (In the chat you mentioned ${stated:.2f}.)"
+        return text
+
     def score(
         self, conversation: list[Message], state: Any, end_reason: str | None = None
     ) -> Outcome:
@@ -108,7 +133,11 @@ class P4GDomain(Domain):
             reward=donation_reward(amount),
             success=bool(amount),
             components={"donation": 0.0 if amount is None else amount},
-            details={"donation_stated": amount is not None, "end_reason": end_reason},
+            details={
+                "donation_stated": amount is not None,
+                "chat_donation": amount,
+                "end_reason": end_reason,
+            },
         )
 
     def outcome_from_answers(

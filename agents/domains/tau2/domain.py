@@ -162,7 +162,12 @@ class Tau2Domain(Domain):
             digest=lambda store: store.digest(self.task_set.json_cache),
             end_reason=end_reason,
             judge=self.nl_judge,
+            initial_db=lambda: self.initial_db(state.task),
         )
+
+    def initial_db(self, task: dict[str, Any]) -> Store:
+        """The task's DB before any action (as the gold replay starts from it)."""
+        return fresh_tools(self.task_set, self.toolkit, task).db
 
     def gold_db(self, task: dict[str, Any]) -> Store:
         """The DB the gold actions leave (tool errors ignored, as in tau2), cached per task."""

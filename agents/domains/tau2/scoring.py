@@ -83,13 +83,19 @@ def score(
     digest: Callable[[Store], str],
     end_reason: str | None = None,
     judge: NLJudge | None = None,
+    initial_db: Callable[[], Store] | None = None,
 ) -> Outcome:
+    """The tau2 Outcome. details["checked"] says whether the reward compared anything the
+    conversation could change: not when the gold actions leave the DB as it started (known when
+    `initial_db` is given) and nothing is to be communicated or judged, as then an empty chat
+    scores 1 too."""
     if end_reason in PREMATURE_ENDS:
         note = f"conversation ended prematurely ({end_reason})"
-        return Outcome(0.0, False, {}, {"note": note, "end_reason": end_reason})
+        return Outcome(0.0, False, {}, {"note": note, "end_reason": end_reason, "checked": True})
     criteria = task.get("evaluation_criteria")
     if not criteria:
-        return Outcome(1.0, True, {}, {"note": "no evaluation criteria", "end_reason": end_reason})
+        details = {"note": "no evaluation criteria", "end_reason": end_reason, "checked": False}
+        return Outcome(1.0, True, {}, details)
 
     basis = criteria.get("reward_basis") or DEFAULT_BASIS
     components: dict[str, Any] = {}
@@ -106,6 +112,8 @@ def score(
             "agent_hash": agent_hash,
             "gold_hash": gold_hash,
         }
+        if initial_db is not None:
+            details["db"]["gold_changes_db"] = digest(initial_db()) != gold_hash
 
     checks = communicate_checks(conversation, criteria.get("communicate_info") or [])
     components["COMMUNICATE"] = 1.0 if all(c["met"] for c in checks) else 0.0
@@ -134,6 +142,13 @@ def score(
     if "ENV_ASSERTION" in basis:
         components["ENV_ASSERTION"] = NOT_EVALUATED  # retail/airline v0.2.0 tasks have none
 
+    db_checked = details["db"].get("gold_changes_db", "match" in details["db"])
+    details["checked"] = bool(
+        (db_checked and "DB" in basis)
+        or (details["communicate"] and "COMMUNICATE" in basis)
+        or (assertions and "NL_ASSERTION" in basis)
+        or (criteria.get("actions") and "ACTION" in basis)
+    )
     reward = 1.0
     for part in basis:
         # No assertions: nothing to judge, met. "not evaluated" never counts as a success.

@@ -2,11 +2,11 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from studies.demo import seed_demo_study, seed_trained_studies
+from studies.demo import seed_demo_study, seed_task_studies
 
 
 class Command(BaseCommand):
-    help = "Create (or refresh) the demo study and the demo admin user; print their details."
+    help = "Create (or refresh) the demo studies and the demo admin user; print their details."
 
     def add_arguments(self, parser):
         parser.add_argument(
@@ -26,7 +26,7 @@ class Command(BaseCommand):
         if not password:
             raise CommandError("give --admin-password or set PARLEY_ADMIN_PASSWORD")
         study = seed_demo_study(options["engine_url"])
-        for trained in seed_trained_studies(options["engine_url"]):
+        for trained in seed_task_studies(options["engine_url"]):
             arms = ",".join(trained.arms.values_list("name", flat=True))
             self.stdout.write(f"study={trained.slug} arms={arms}")
         User = get_user_model()

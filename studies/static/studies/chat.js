@@ -8,6 +8,34 @@
   const pendingKey = "parley-pending-" + cfg.token;
   let socket = null, retries = 0, busy = false, redirecting = false, streaming = null, lastStatus = {};
   let lastSent = null;  // the id of the last message frame, dropped if the server closes on it
+  let lastErrorAt = 0;  // when a refusal or an end was last shown (readable before a redirect)
+
+  // The time limit: the server's seconds_left (page, history and status events) counted down
+  // on this page's clock; a warning two minutes before, and the composer closes at zero.
+  const WARN_SECONDS = 120;
+  const timeLeft = $("time-left"), timeWarning = $("time-warning");
+  let deadline = performance.now() + Number(timeLeft.dataset.secondsLeft) * 1000;
+  const secondsLeft = () => Math.max(0, Math.round((deadline - performance.now()) / 1000));
+  function setSecondsLeft(seconds) {
+    if (typeof seconds === "number") deadline = performance.now() + seconds * 1000;
+  }
+  function tick() {
+    const left = secondsLeft();
+    const mm = Math.floor(left / 60), ss = String(left % 60).padStart(2, "0");
+    timeLeft.textContent = "Time left: " + mm + ":" + ss + " (limit " + timeLeft.dataset.limitMinutes + " minutes)";
+    if (left === 0) {
+      timeWarning.hidden = false;
+      timeWarning.textContent = "The time for this study is up. Messages sent now are not part of the chat.";
+      updateControls();
+      if (!redirecting) setTimeout(() => { if (!redirecting) location.reload(); }, 4000);
+      return;  // the reload shows the next step; no more ticks
+    }
+    if (left <= WARN_SECONDS) {
+      timeWarning.hidden = false;
+      timeWarning.textContent = "About " + Math.ceil(left / 60) + " minute(s) left: please finish your conversation soon.";
+    }
+    setTimeout(tick, 1000);
+  }
 
   const pending = () => JSON.parse(localStorage.getItem(pendingKey) || "{}");
   const savePending = (p) => localStorage.setItem(pendingKey, JSON.stringify(p));
@@ -64,7 +92,7 @@
 
   function updateControls() {
     const open = socket && socket.readyState === WebSocket.OPEN;
-    const canSend = open && !busy && lastStatus.can_send !== false;
+    const canSend = open && !busy && lastStatus.can_send !== false && secondsLeft() > 0;
     text.disabled = send.disabled = !canSend;
     end.disabled = !open || busy || !lastStatus.can_end;
     if (lastStatus.max_exchanges) {
@@ -105,6 +133,7 @@
         list.textContent = "";
         event.messages.forEach(render);
         lastStatus = event;
+        setSecondsLeft(event.seconds_left);
         const known = new Set(event.messages.map((m) => m.client_id));
         const unsent = Object.entries(pending()).filter(([id]) => !known.has(id));
         const p = pending();
@@ -151,12 +180,14 @@
         break;
       case "status":
         lastStatus = event;
+        setSecondsLeft(event.seconds_left);
         setBusy(false);
         break;
       case "error":
         if (streaming) { streaming.remove(); streaming = null; }
         if (event.drop && event.reply_to) dropPending(event.reply_to);
         setBusy(false);
+        lastErrorAt = Date.now();
         showNotice(event.message, event.retry ? event.reply_to : null);
         break;
       case "superseded":
@@ -164,10 +195,29 @@
         setBusy(true);
         showNotice(event.message);
         break;
-      case "redirect":
-        redirecting = true;
-        window.location.href = event.url;
+      case "ended":  // the task is over (e.g. a donation): the agent's last reply stays readable
+        showNotice("The conversation is over. Taking you to the next step…");
+        lastErrorAt = Date.now();
         break;
+      case "redirect": {
+        redirecting = true;
+        // A message the server never took is said so, never dropped silently; a refusal just
+        // shown stays readable a moment before the page moves on.
+        const unsent = Object.keys(pending());
+        unsent.forEach(dropPending);
+        let url = event.url;
+        if (unsent.length) {
+          showNotice(secondsLeft() === 0
+            ? "The time for this study is up, so your last message was not sent."
+            : "The chat is closed, so your last message was not sent.");
+          lastErrorAt = Date.now();
+          url += (url.includes("?") ? "&" : "?") + "unsent=1";  // the next page says why
+        }
+        setBusy(true);
+        const wait = Date.now() - lastErrorAt < 3000 ? 4000 : 0;
+        setTimeout(() => { window.location.href = url; }, wait);
+        break;
+      }
     }
   }
 
@@ -208,4 +258,5 @@
     if (confirm("End the conversation and go on to the questions?")) socket.send(JSON.stringify({ type: "end" }));
   });
   connect();
+  tick();
 })();
