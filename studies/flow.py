@@ -13,14 +13,24 @@ from django.db.models import Count, Q
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
-from . import bots, tasks
+from . import bots, prolific_sync, tasks
 from .domains import opening_messages, outcome_after_questionnaire, score_conversation
 from .errors import FlowError
-from .models import Arm, Conversation, Item, Message, Participant, Response, Scenario, Study
+from .models import (
+    COMPLETE_URL,
+    Arm,
+    CodeType,
+    Conversation,
+    Item,
+    Message,
+    Participant,
+    Response,
+    Scenario,
+    Study,
+)
 
 PROLIFIC_PARAMS = ("PROLIFIC_PID", "STUDY_ID", "SESSION_ID")
 PROLIFIC_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-PROLIFIC_COMPLETE_URL = "https://app.prolific.com/submissions/complete?cc={code}"
 
 
 # --- arrival ---------------------------------------------------------------------------------
@@ -415,11 +425,30 @@ def study_progress(study_id: int) -> None:
         logging.getLogger(__name__).exception("could not start the analysis of study %s", study_id)
 
 
-def completion_url(participant: Participant) -> str | None:
+def code_type(participant: Participant) -> str | None:
+    """The Prolific code type of how the participant finished: a completion whose failed
+    attention checks allow a rejection under Prolific's rules goes to FAILED_ATTENTION_CHECK
+    when the study has that code; a time-out to OTHER; a returned submission gets none."""
     study = participant.study
-    code = {
-        Participant.Status.COMPLETED: study.completion_code,
-        Participant.Status.NO_CONSENT: study.no_consent_code,
-        Participant.Status.TIMED_OUT: study.timeout_code,
+    if participant.status == Participant.Status.COMPLETED:
+        if (
+            participant.attention_passed is False
+            and study.code(CodeType.FAILED_ATTENTION_CHECK)
+            and prolific_sync.attention_rejection_allowed(participant)
+        ):
+            return CodeType.FAILED_ATTENTION_CHECK
+        return CodeType.COMPLETED
+    return {
+        Participant.Status.NO_CONSENT: CodeType.NO_CONSENT,
+        Participant.Status.TIMED_OUT: CodeType.OTHER,
     }.get(participant.status)
-    return PROLIFIC_COMPLETE_URL.format(code=code) if code else None
+
+
+def completion_code(participant: Participant) -> str:
+    kind = code_type(participant)
+    return participant.study.code(kind) if kind else ""
+
+
+def completion_url(participant: Participant) -> str | None:
+    code = completion_code(participant)
+    return COMPLETE_URL.format(code=code) if code else None

@@ -5,12 +5,14 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import MaxValueValidator, MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.utils import timezone
 
 from agents.domains import STUDY_DOMAINS
 from agents.domains import domain_choices as registered_domains
+
+COMPLETE_URL = "https://app.prolific.com/submissions/complete?cc={code}"
 
 
 def domain_choices() -> list[tuple[str, str]]:
@@ -52,9 +54,12 @@ class Study(models.Model):
     )
     instructions = models.TextField(blank=True, help_text="Shown beside the chat.")
     debrief_text = models.TextField(default="Thank you for taking part.")
-    completion_code = models.CharField(max_length=64)
-    no_consent_code = models.CharField(max_length=64, blank=True)
-    timeout_code = models.CharField(max_length=64, blank=True)
+    estimated_minutes = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Prolific's estimated completion time (filled by the sync): under 5 minutes, one "
+        "failed attention check allows a rejection, else two.",
+    )
     time_limit_minutes = models.PositiveIntegerField(default=30, validators=[MinValueValidator(1)])
     min_exchanges = models.PositiveIntegerField(
         default=1, help_text="Messages the participant sends before they may end the chat."
@@ -90,9 +95,95 @@ class Study(models.Model):
             return Item.objects.none()
         return self.questionnaire.items.all()
 
+    def code(self, code_type: str) -> str:
+        """The completion code of that Prolific code type, or "" when the study has none."""
+        pending = self.__dict__.get("_pending_codes", {})
+        if code_type in pending:
+            return pending[code_type]
+        if not self.pk:
+            return ""
+        row = self.completion_codes.filter(code_type=code_type).first()
+        return row.code if row else ""
+
+    def save(self, *args, **kwargs):
+        super().save(*args, **kwargs)
+        for code_type, code in self.__dict__.pop("_pending_codes", {}).items():
+            if code:
+                CompletionCode.objects.update_or_create(
+                    study=self, code_type=code_type, defaults={"code": code}
+                )
+            else:
+                CompletionCode.objects.filter(study=self, code_type=code_type).delete()
+
+    def _set_code(self, code_type: str, code: str) -> None:
+        self.__dict__.setdefault("_pending_codes", {})[code_type] = code or ""
+
+    # The three codes studies had before every code type was a CompletionCode row: still
+    # readable and settable (Study(completion_code=...) stores a row on save).
+    completion_code = property(
+        lambda self: self.code(CodeType.COMPLETED),
+        lambda self, code: self._set_code(CodeType.COMPLETED, code),
+    )
+    no_consent_code = property(
+        lambda self: self.code(CodeType.NO_CONSENT),
+        lambda self, code: self._set_code(CodeType.NO_CONSENT, code),
+    )
+    timeout_code = property(
+        lambda self: self.code(CodeType.OTHER),
+        lambda self, code: self._set_code(CodeType.OTHER, code),
+    )
+
     def participant_link(self, base_url: str | None = None) -> str:
         base = (base_url or settings.PUBLIC_URL).rstrip("/")
         return f"{base}/s/{self.slug}/"
+
+
+class CodeType(models.TextChoices):
+    """Prolific's completion code types."""
+
+    COMPLETED = "COMPLETED", "Completed"
+    FAILED_ATTENTION_CHECK = "FAILED_ATTENTION_CHECK", "Failed attention check"
+    FOLLOW_UP_STUDY = "FOLLOW_UP_STUDY", "Follow-up study"
+    GIVE_BONUS = "GIVE_BONUS", "Give bonus"
+    INCOMPATIBLE_DEVICE = "INCOMPATIBLE_DEVICE", "Incompatible device"
+    NO_CONSENT = "NO_CONSENT", "No consent"
+    OTHER = "OTHER", "Other (timed out, or the study could not go on)"
+    FIXED_SCREENOUT = "FIXED_SCREENOUT", "Fixed screen-out"
+
+
+class CompletionCode(models.Model):
+    """One code the study gives back to Prolific, by code type; each redirects to Prolific's
+    completion page with it. The action is what Prolific does with it (set there too)."""
+
+    class Action(models.TextChoices):
+        AUTOMATICALLY_APPROVE = "AUTOMATICALLY_APPROVE", "Automatically approve"
+        MANUALLY_REVIEW = "MANUALLY_REVIEW", "Manually review"
+        REQUEST_RETURN = "REQUEST_RETURN", "Request return"
+        ADD_TO_PARTICIPANT_GROUP = "ADD_TO_PARTICIPANT_GROUP", "Add to participant group"
+        REMOVE_FROM_PARTICIPANT_GROUP = "REMOVE_FROM_PARTICIPANT_GROUP", "Remove from group"
+        DYNAMIC_PAYMENT = "DYNAMIC_PAYMENT", "Dynamic payment"
+
+    study = models.ForeignKey(Study, on_delete=models.CASCADE, related_name="completion_codes")
+    code_type = models.CharField(max_length=24, choices=CodeType.choices)
+    code = models.CharField(
+        max_length=64, validators=[RegexValidator(r"^[A-Za-z0-9_-]+$", "Letters, digits, _ and -.")]
+    )
+    action = models.CharField(
+        max_length=32, choices=Action.choices, blank=True, help_text="As set on Prolific."
+    )
+
+    class Meta:
+        ordering = ["study", "code_type"]
+        constraints = [
+            models.UniqueConstraint(fields=["study", "code_type"], name="one_code_per_type")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.code_type}: {self.code}"
+
+    @property
+    def redirect_url(self) -> str:
+        return COMPLETE_URL.format(code=self.code)
 
 
 class Arm(models.Model):
@@ -265,6 +356,7 @@ class Participant(models.Model):
         COMPLETED = "completed", "Completed"
         NO_CONSENT = "no_consent", "Declined consent"
         TIMED_OUT = "timed_out", "Timed out"
+        RETURNED = "returned", "Returned on Prolific"
 
     # Those who hold a place in their arm (the least-filled assignment counts them).
     ACTIVE = (Status.CONSENT, Status.CHAT, Status.QUESTIONNAIRE, Status.COMPLETED)
@@ -284,6 +376,15 @@ class Participant(models.Model):
     # Set on arrival from a PROLIFIC_PID only this server can sign (studies/bots.py): rehearsal
     # participants, left out of arm balance, exports and analysis unless asked for.
     is_bot = models.BooleanField(default=False, editable=False)
+    # The submission's status on Prolific (studies/prolific_sync.py keeps it, by webhook and sync).
+    prolific_status = models.CharField(max_length=24, blank=True, editable=False)
+    prolific_synced_at = models.DateTimeField(null=True, blank=True, editable=False)
+    partial_data = models.BooleanField(
+        default=False,
+        editable=False,
+        help_text="Returned or timed out on Prolific: what was gathered is kept, flagged, and its "
+        "place freed.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     consented_at = models.DateTimeField(null=True, blank=True)
     chat_ended_at = models.DateTimeField(null=True, blank=True)
@@ -449,3 +550,97 @@ class AnalysisRun(models.Model):
 
     def __str__(self) -> str:
         return f"analysis #{self.pk} of {self.study.slug}"
+
+
+# --- Prolific: webhook events, review decisions, bonuses (studies/prolific_sync.py) ------------
+
+
+class ProlificEvent(models.Model):
+    """A webhook Prolific delivered, kept by its X-Event-ID so a redelivery is acknowledged
+    without acting twice."""
+
+    event_id = models.CharField(max_length=128, unique=True)
+    event_type = models.CharField(max_length=64)
+    resource_id = models.CharField(max_length=64, blank=True)
+    payload = models.JSONField(default=dict, blank=True)
+    result = models.CharField(max_length=200, blank=True)
+    received_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-received_at"]
+
+    def __str__(self) -> str:
+        return f"{self.event_type} {self.event_id}"
+
+
+class Review(models.Model):
+    """A researcher's decision on a submission, sent to Prolific by a task (an outbox: the
+    transitions are idempotent on Prolific's side, so sending again after a crash is safe)."""
+
+    class Action(models.TextChoices):
+        APPROVE = "APPROVE", "Approve"
+        REJECT = "REJECT", "Reject"
+
+    class State(models.TextChoices):
+        PENDING = "pending", "Waiting to be sent"
+        SENT = "sent", "Sent to Prolific"
+        FAILED = "failed", "Refused by Prolific"
+
+    participant = models.OneToOneField(Participant, on_delete=models.CASCADE, related_name="review")
+    action = models.CharField(max_length=10, choices=Action.choices)
+    message = models.TextField(blank=True)
+    rejection_category = models.CharField(max_length=24, blank=True)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.PENDING)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.participant}"
+
+
+class BonusPayment(models.Model):
+    """One batch of bonuses: set up on Prolific (its id stored before paying), then paid once."""
+
+    class State(models.TextChoices):
+        NEW = "new", "Not set up yet"
+        SET_UP = "set_up", "Set up, not paid"
+        PAYING = "paying", "Pay sent, not confirmed"
+        PAID = "paid", "Paid"
+        FAILED = "failed", "Refused by Prolific"
+
+    study = models.ForeignKey(Study, on_delete=models.CASCADE, related_name="bonus_payments")
+    source = models.CharField(max_length=200, help_text="The rule or the CSV file it came from.")
+    state = models.CharField(max_length=10, choices=State.choices, default=State.NEW)
+    setup_id = models.CharField(max_length=64, blank=True)
+    total_amount = models.PositiveIntegerField(null=True, blank=True, help_text="pence/cents")
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    set_up_at = models.DateTimeField(null=True, blank=True)
+    pay_sent_at = models.DateTimeField(null=True, blank=True)
+    paid_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"bonuses #{self.pk} of {self.study.slug}"
+
+
+class Bonus(models.Model):
+    """One participant's bonus: at most one per (study, participant), whatever is uploaded."""
+
+    payment = models.ForeignKey(BonusPayment, on_delete=models.CASCADE, related_name="bonuses")
+    study = models.ForeignKey(Study, on_delete=models.CASCADE, related_name="+")
+    participant = models.ForeignKey(Participant, on_delete=models.PROTECT, related_name="bonuses")
+    amount = models.DecimalField(max_digits=8, decimal_places=2, help_text="pounds/dollars")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["study", "participant"], name="one_bonus_per_participant"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.participant}: {self.amount}"
