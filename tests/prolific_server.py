@@ -156,7 +156,7 @@ class FakeProlific:
             return error(404, "No such submission")
         action = (body or {}).get("action")
         if action == "REJECT":
-            if len((body.get("message") or "")) < 100:
+            if len(body.get("message") or "") < 100:
                 return error(400, "message must be at least 100 characters")
             if body.get("rejection_category") not in CATEGORIES:
                 return error(400, "invalid rejection_category")
