@@ -9,7 +9,10 @@ from django.urls import reverse
 from parley.celery import app
 
 from studies.models import BonusPayment, Participant, Review
-from tests.studies.test_prolific import LONG_MESSAGE, api, fake, join, linked  # noqa: F401
+from tests.studies import test_prolific
+from tests.studies.test_prolific import LONG_MESSAGE, join
+
+fake, linked = test_prolific.fake, test_prolific.linked  # the fake Prolific and a linked study
 
 CHANGELIST = "/admin/studies/participant/"
 
