@@ -306,7 +306,7 @@ class StudyAdmin(admin.ModelAdmin):
 
     @admin.action(permissions=["change"], description="Sync submissions with Prolific now")
     def sync_prolific(self, request, queryset):
-        task_id = tasks.sync_prolific.delay().id
+        task_id = tasks.start_prolific_sync()
         self.message_user(request, f"Prolific sync queued (task {task_id}).", messages.SUCCESS)
 
     def bonus_csv(self, request, pk):

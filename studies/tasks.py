@@ -127,6 +127,11 @@ def pay_prolific_bonuses(self, payment_id: int) -> str:
         raise self.retry(countdown=min(60 * 2**self.request.retries, 3600)) from None
 
 
+def start_prolific_sync() -> str:
+    """One sync now, besides beat's schedule; returns the task id."""
+    return sync_prolific.delay().id
+
+
 def send_prolific_reviews(study: Study) -> None:
     """Send the study's queued decisions once they are committed."""
     transaction.on_commit(lambda: send_in_background(push_prolific_reviews, study.pk))

@@ -497,3 +497,28 @@ def test_token_and_secret_never_logged_stored_or_shown(fake, api, linked, client
         assert secret not in dump
         assert not any(secret in text for text in shown + [repr(api)])
     assert BonusPayment.objects.get().state == BonusPayment.State.PAID
+
+
+def test_the_old_code_fields_become_rows_of_their_code_types(transactional_db):
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    before, after = (
+        [("studies", "0004_one_automatic_analysis_per_study")],
+        [("studies", "0005_prolific")],
+    )
+    executor = MigrationExecutor(connection)
+    executor.migrate(before)
+    old = executor.loader.project_state(before).apps.get_model("studies", "Study")
+    old.objects.create(
+        slug="old", title="Old", completion_code="C1", no_consent_code="", timeout_code="T9"
+    )
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(after)
+    new = executor.loader.project_state(after).apps.get_model("studies", "CompletionCode")
+    rows = set(new.objects.filter(study__slug="old").values_list("code_type", "code"))
+    assert rows == {("COMPLETED", "C1"), ("OTHER", "T9")}
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(executor.loader.graph.leaf_nodes())
