@@ -91,7 +91,9 @@ def test_researcher_creates_a_study_rehearses_it_with_bots_and_reads_them(
         page.goto(f"{web}/admin/studies/study/add/")
         page.fill("#id_title", "Rehearsal")  # the admin fills the slug from the title
         page.select_option("#id_status", "live")
-        page.fill("#id_completion_code", "REHEARSED")
+        page.click("#completion_codes-group .add-row a")  # codes by Prolific code type, inline
+        page.select_option("#id_completion_codes-0-code_type", "COMPLETED")
+        page.fill("#id_completion_codes-0-code", "REHEARSED")
         page.fill("#id_min_exchanges", "1")
         page.fill("#id_max_exchanges", "3")
         for i, name in enumerate(["warm", "brief"]):

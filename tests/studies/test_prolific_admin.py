@@ -138,3 +138,16 @@ def test_bonuses_from_csv_and_rule_in_the_admin(
     assert fake.submissions["SUB2"]["bonus_payments"] == [150]
     assert len(fake.pays) == 2
     assert Participant.objects.count() == 3
+
+
+def test_study_page_shows_codes_with_redirects_and_the_prolific_panel(admin_client, linked):
+    p = join(linked, "PIDA", "SUBA", prolific_status="AWAITING REVIEW")
+    p.attention_passed = False
+    p.save()
+    page = admin_client.get(reverse("admin:studies_study_change", args=[linked.pk]))
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert "https://app.prolific.com/submissions/complete?cc=DONE123" in text
+    assert "https://app.prolific.com/submissions/complete?cc=NOCONS" in text
+    assert "AWAITING REVIEW: 1" in text
+    assert reverse("admin:studies_study_bonus_csv", args=[linked.pk]) in text
