@@ -20,7 +20,7 @@ from django.views.decorators.http import require_POST
 
 from agents.models import Checkpoint
 
-from . import exports, prolific_sync, reports, tasks
+from . import exports, prolific, prolific_sync, reports, tasks
 from .forms import BonusCSVForm, DonationMatchForm, ImportPoolForm, RejectForm
 from .models import (
     AnalysisRun,
@@ -289,15 +289,17 @@ class StudyAdmin(admin.ModelAdmin):
             .values_list("prolific_status")
             .annotate(n=Count("pk"))
         )
+        awaiting = study.participants.filter(prolific_status=prolific.AWAITING_REVIEW)
         suggested = [
-            p.prolific_pid
-            for p in study.participants.filter(attention_passed=False)
-            if prolific_sync.attention_rejection_allowed(p)
+            f"{p.prolific_pid} ({category})"
+            for p in awaiting
+            for category, (allowed, _) in prolific_sync.RULES.items()
+            if allowed(p)
         ]
         payments = study.bonus_payments.all()[:5]
         return format_html(
-            "Submissions: {} · rejection for failed attention checks allowed by Prolific's rules "
-            "for: {} · bonuses: {} · <a href='{}'>bonuses from a CSV</a>",
+            "Submissions: {} · rejections Prolific's rules allow (failed attention checks, "
+            "exceptionally fast): {} · bonuses: {} · <a href='{}'>bonuses from a CSV</a>",
             ", ".join(f"{k}: {v}" for k, v in sorted(states.items())) or "none synced yet",
             ", ".join(suggested) or "nobody",
             ", ".join(f"#{b.pk} {b.get_state_display()}" for b in payments) or "none",

@@ -36,6 +36,16 @@ SUBMISSION_STATUSES = (
     PARTIALLY_APPROVED,
     PROCESSING,
 )
+# How far along a submission is: a webhook that would move it back arrived out of order (Prolific
+# does not guarantee order), unless Prolific itself says so (an UNREJECT or UNRETURN).
+STATUS_RANK = {RESERVED: 0, ACTIVE: 1, AWAITING_REVIEW: 2, PROCESSING: 3}  # every other: final
+
+
+def status_rank(status: str) -> int:
+    status = normal_status(status)
+    return STATUS_RANK.get(status, 4) if status else -1  # none known yet: anything is news
+
+
 # Places Prolific reopens (and fills with a replacement): ours are freed too.
 PLACE_FREED = (RETURNED, TIMED_OUT)
 
@@ -151,15 +161,15 @@ class Prolific:
     (approvals, bonuses) are sent one after another by their callers."""
 
     def __init__(self, token: str | None = None, base_url: str | None = None, retries: int = 4):
-        self._token = token if token is not None else settings.PROLIFIC_API_TOKEN
-        if not self._token:
+        token = token if token is not None else settings.PROLIFIC_API_TOKEN
+        if not token:
             raise NotConfigured
         self.base_url = (base_url or settings.PROLIFIC_API_URL).rstrip("/")
         self.retries = retries
         self._http = httpx.Client(
             base_url=self.base_url,
             timeout=settings.PROLIFIC_TIMEOUT,
-            headers={"Authorization": f"Token {self._token}"},
+            headers={"Authorization": f"Token {token}"},  # the only place the token is kept
         )
 
     def __repr__(self) -> str:  # never the token

@@ -11,6 +11,7 @@ import csv
 import io
 import json
 import logging
+import statistics
 import time
 from decimal import Decimal, InvalidOperation
 
@@ -135,10 +136,22 @@ def act_on(event: dict) -> str:
     kind = event.get("event_type")
     if kind != "submission.status.change":
         return f"{kind}: recorded"
-    participant = participant_of_submission(str(event.get("resource_id", "")))
+    submission_id = str(event.get("resource_id", ""))
+    participant = participant_of_submission(submission_id)
     if participant is None:
         return "submission of no participant here"
-    return apply_status(participant, str(event.get("status", "")))
+    status = normal_status(str(event.get("status", "")))
+    if prolific.status_rank(status) < prolific.status_rank(participant.prolific_status):
+        # An older event delivered late, or a real step back (UNREJECT, UNRETURN): Prolific's
+        # own record decides; without the API the later status we hold stands.
+        if not settings.PROLIFIC_API_TOKEN:
+            return f"{status} after {participant.prolific_status}: out of order, ignored"
+        try:
+            with Prolific() as api:
+                status = normal_status(api.submission(submission_id).get("status"))
+        except ProlificError as error:  # the periodic sync will settle it
+            return f"{status} after {participant.prolific_status}: not checked ({error.status})"
+    return apply_status(participant, status)
 
 
 # --- the periodic sync (both ways) -------------------------------------------------------------
@@ -212,6 +225,35 @@ def attention_rejection_allowed(participant: Participant) -> bool:
     return attention_failures(participant) >= needed
 
 
+def exceptionally_fast(participant: Participant) -> bool:
+    """Prolific's rule for TOO_QUICKLY: more than 3 SD below the mean completion time (of the
+    study's completed participants, bots aside)."""
+    durations = [
+        (p.completed_at - p.created_at).total_seconds()
+        for p in participant.study.participants.filter(
+            status=Participant.Status.COMPLETED, is_bot=False, completed_at__isnull=False
+        )
+    ]
+    if participant.completed_at is None or len(durations) < 3:
+        return False
+    mean = statistics.fmean(durations)
+    spread = statistics.stdev(durations)
+    return (participant.completed_at - participant.created_at).total_seconds() < mean - 3 * spread
+
+
+# Rejection categories that Prolific's rules tie to a measurable condition: (test, why not).
+RULES = {
+    "FAILED_CHECK": (
+        attention_rejection_allowed,
+        "has too few failed attention checks for Prolific's rules (one under 5 minutes, else two)",
+    ),
+    "TOO_QUICKLY": (
+        exceptionally_fast,
+        "was not more than 3 SD faster than the mean completion time (Prolific's rule)",
+    ),
+}
+
+
 def reviewable(participant: Participant) -> str | None:
     """Why the participant's submission cannot be decided now, or None."""
     review = getattr(participant, "review", None)
@@ -232,9 +274,8 @@ def decide(participants, action: str, message: str = "", category: str = "") -> 
     for participant in participants:
         participant = Participant.objects.select_for_update().get(pk=participant.pk)
         why = reviewable(participant)
-        if why is None and category == "FAILED_CHECK":
-            if not attention_rejection_allowed(participant):
-                why = "has too few failed attention checks for Prolific's rules"
+        if why is None and category in RULES and not RULES[category][0](participant):
+            why = RULES[category][1]
         if why:
             skipped.append((participant, why))
             continue

@@ -47,6 +47,7 @@ class FakeProlific:
         self.pays: list[str] = []  # setup ids, once per pay call that paid
         # "after": pay, then answer 500 (as if the answer was lost); "before": 500, not paid
         self.pay_fault: str | None = None
+        self.fail_next: list[int] = []  # statuses the next requests answer (e.g. 429), in order
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         routes = [
@@ -101,6 +102,9 @@ class FakeProlific:
         self.calls.append((request.method, request.url.path, body))
         if request.headers.get("authorization") != f"Token {self.token}":
             return None, error(401, "Invalid token")
+        if self.fail_next:
+            status = self.fail_next.pop(0)
+            return None, JSONResponse({"message": "slow down", "detail": str(status)}, status)
         return body, None
 
     async def me(self, request):

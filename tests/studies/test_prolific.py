@@ -522,3 +522,72 @@ def test_the_old_code_fields_become_rows_of_their_code_types(transactional_db):
     executor = MigrationExecutor(connection)
     executor.loader.build_graph()
     executor.migrate(executor.loader.graph.leaf_nodes())
+
+
+@override_settings(PROLIFIC_WEBHOOK_SECRET=SECRET, PROLIFIC_API_TOKEN="")
+def test_an_event_delivered_late_does_not_move_a_submission_back(client, linked):
+    p = join(linked, "PID1", "SUB1")
+    assert deliver(client, status_event("SUB1", "APPROVED"), event_id="N2").status_code == 200
+    late = deliver(client, status_event("SUB1", "AWAITING REVIEW"), event_id="N1")
+    assert late.status_code == 200 and b"out of order" in late.content
+    p.refresh_from_db()
+    assert p.prolific_status == "APPROVED"
+
+
+def test_a_step_back_is_checked_with_prolific(client, fake, linked):
+    fake.add_study("STUDYP")
+    fake.add_submission("SUB1", "PID1", "STUDYP", status="AWAITING REVIEW")  # unrejected
+    p = join(linked, "PID1", "SUB1", prolific_status="REJECTED")
+    assert (
+        deliver(client, status_event("SUB1", "AWAITING REVIEW"), event_id="U1").status_code == 200
+    )
+    p.refresh_from_db()
+    assert p.prolific_status == "AWAITING REVIEW"
+    assert fake.called("GET", "/submissions/SUB1")
+
+
+def test_too_quickly_only_more_than_three_sd_below_the_mean(linked):
+    from datetime import timedelta
+
+    people = []
+    for n, seconds in enumerate([600, 590, 610, 605, 595, 600, 620, 580, 600, 615, 585, 10]):
+        p = join(linked, f"PID{n}", f"SUB{n}", prolific_status="AWAITING REVIEW")
+        Participant.objects.filter(pk=p.pk).update(
+            completed_at=p.created_at + timedelta(seconds=seconds)
+        )
+        p.refresh_from_db()
+        people.append(p)
+    assert [prolific_sync.exceptionally_fast(p) for p in people] == [False] * 11 + [True]
+    queued, skipped = prolific_sync.decide(
+        people[-2:], Review.Action.REJECT, LONG_MESSAGE, "TOO_QUICKLY"
+    )
+    assert queued == [people[-1]] and "3 SD" in skipped[0][1]
+
+
+def test_429_is_retried_with_back_off_and_errors_explain(fake, api, monkeypatch):
+    monkeypatch.setattr(prolific.time, "sleep", lambda s: None)
+    fake.add_study("STUDYP")
+    fake.fail_next = [429, 429]
+    assert api.study("STUDYP")["id"] == "STUDYP"
+    assert len(fake.called("GET", "/studies/STUDYP")) == 3
+    with pytest.raises(prolific.ProlificError) as error:
+        api.study("NOPE")
+    assert error.value.status == 404 and "No such study" in str(error.value)
+    assert error.value.refused
+
+
+def test_the_periodic_sync_is_on_celery_beat():
+    from parley.celery import app
+
+    entries = [
+        e for e in app.conf.beat_schedule.values() if e["task"] == "studies.tasks.sync_prolific"
+    ]
+    assert len(entries) == 1 and entries[0]["schedule"] > 0
+
+
+@override_settings(PROLIFIC_API_TOKEN=TOKEN, PROLIFIC_WEBHOOK_SECRET=SECRET)
+def test_the_error_page_hides_the_token_and_the_secret():
+    from django.views.debug import SafeExceptionReporterFilter
+
+    shown = str(SafeExceptionReporterFilter().get_safe_settings())
+    assert TOKEN not in shown and SECRET not in shown
