@@ -550,14 +550,14 @@ def test_too_quickly_only_more_than_three_sd_below_the_mean(linked):
     from datetime import timedelta
 
     people = []
-    for n, seconds in enumerate([600, 590, 610, 605, 595, 600, 620, 580, 600, 615, 585, 10]):
+    for n, seconds in enumerate([600, 590, 610, 605, 595, 600, 620, 580, 600, 615, 585, 400, 10]):
         p = join(linked, f"PID{n}", f"SUB{n}", prolific_status="AWAITING REVIEW")
         Participant.objects.filter(pk=p.pk).update(
             completed_at=p.created_at + timedelta(seconds=seconds)
         )
         p.refresh_from_db()
         people.append(p)
-    assert [prolific_sync.exceptionally_fast(p) for p in people] == [False] * 11 + [True]
+    assert [prolific_sync.exceptionally_fast(p) for p in people] == [False] * 12 + [True]
     queued, skipped = prolific_sync.decide(
         people[-2:], Review.Action.REJECT, LONG_MESSAGE, "TOO_QUICKLY"
     )
