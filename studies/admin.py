@@ -788,23 +788,17 @@ class BonusPaymentAdmin(admin.ModelAdmin):
         "lines",
     ]
     readonly_fields = fields
-    actions = ["retry"]
 
     def has_add_permission(self, request):
         return False  # payments come from a rule or a CSV
 
+    def has_change_permission(self, request, obj=None):
+        return False  # their state is Prolific's answer, never edited by hand
+
     @admin.display(description="Bonuses")
     def lines(self, payment):
-        return format_html_join(
-            ", ", "{}: {}", ((b.participant, b.amount) for b in payment.bonuses.all())
-        )
-
-    @admin.action(permissions=["change"], description="Try refused payments again")
-    def retry(self, request, queryset):
-        for payment in queryset.filter(state=BonusPayment.State.FAILED):
-            prolific_sync.retry_failed(payment)
-            tasks.start_bonus_payment(payment)
-        self.message_user(request, "Refused payments queued again.", messages.SUCCESS)
+        paid = [(b.participant, b.amount) for b in payment.bonuses.all()]
+        return format_html_join(", ", "{}: {}", paid + payment.refused_lines)
 
 
 @admin.register(ProlificEvent)

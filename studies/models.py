@@ -86,6 +86,13 @@ class Study(models.Model):
     def clean(self):
         if self.min_exchanges > self.max_exchanges:
             raise ValidationError({"min_exchanges": "Must not exceed max_exchanges."})
+        if (
+            self.prolific_study_id
+            and Study.objects.filter(prolific_study_id=self.prolific_study_id)
+            .exclude(pk=self.pk)
+            .exists()
+        ):
+            raise ValidationError({"prolific_study_id": "Another study is linked to it."})
         if self.control_arm_id and self.pk and self.control_arm.study_id != self.pk:
             raise ValidationError({"control_arm": "The control arm must belong to this study."})
 
@@ -613,6 +620,9 @@ class BonusPayment(models.Model):
     source = models.CharField(max_length=200, help_text="The rule or the CSV file it came from.")
     state = models.CharField(max_length=10, choices=State.choices, default=State.NEW)
     setup_id = models.CharField(max_length=64, blank=True)
+    # A set-up Prolific refused leaves its participants free to be bonused by a corrected file;
+    # its lines are kept here, [participant id, amount], for the record.
+    refused_lines = models.JSONField(default=list, blank=True)
     total_amount = models.PositiveIntegerField(null=True, blank=True, help_text="pence/cents")
     error = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -166,9 +166,10 @@ def sync_study(study: Study, api: Prolific) -> dict:
     minutes = details.get("estimated_completion_time")
     if isinstance(minutes, int | float) and minutes != study.estimated_minutes:
         Study.objects.filter(pk=study.pk).update(estimated_minutes=int(minutes))
+    ours = {p.prolific_session_id: p for p in study.participants.all()}
     for submission in api.submissions(study.prolific_study_id):
         counts["submissions"] += 1
-        participant = participant_of_submission(str(submission.get("id")), study)
+        participant = ours.get(str(submission.get("id")))
         if participant is None:
             continue
         status = normal_status(submission.get("status"))
@@ -427,9 +428,16 @@ def create_payment(study: Study, lines, source: str) -> tuple[BonusPayment | Non
     if not new:
         return None, skipped
     payment = BonusPayment.objects.create(study=study, source=source[:200])
-    Bonus.objects.bulk_create(
-        Bonus(payment=payment, study=study, participant=p, amount=amount) for p, amount in new
-    )
+    try:
+        with transaction.atomic():
+            Bonus.objects.bulk_create(
+                Bonus(payment=payment, study=study, participant=p, amount=amount)
+                for p, amount in new
+            )
+    except IntegrityError:  # another payment took some of them meanwhile (the constraint)
+        raise BonusError(
+            "another bonus payment of some of these participants was made meanwhile: try again"
+        ) from None
     return payment, skipped
 
 
@@ -484,7 +492,9 @@ def set_up(payment_id: int, api: Prolific) -> BonusPayment:
     except ProlificError as error:
         if error.refused:  # e.g. an id that did not take part: the researcher must correct it
             payment.state, payment.error = BonusPayment.State.FAILED, str(error)
-            payment.save(update_fields=["state", "error"])
+            payment.refused_lines = [[who, str(amount)] for who, amount in lines]
+            payment.save(update_fields=["state", "error", "refused_lines"])
+            payment.bonuses.all().delete()  # nobody was paid: they may be bonused again
             return payment
         raise
     payment.setup_id, payment.total_amount = setup.id, setup.total_amount
@@ -517,10 +527,3 @@ def reconcile(payment: BonusPayment, api: Prolific) -> BonusPayment:
             state=BonusPayment.State.SET_UP, error="pay not confirmed: paying again"
         )
     return BonusPayment.objects.get(pk=payment.pk)
-
-
-def retry_failed(payment: BonusPayment) -> None:
-    """A refused payment the researcher corrected goes again: set up anew (its setup never paid)."""
-    BonusPayment.objects.filter(pk=payment.pk, state=BonusPayment.State.FAILED).update(
-        state=BonusPayment.State.NEW, setup_id="", error=""
-    )

@@ -401,6 +401,10 @@ def test_a_refused_setup_is_failed_with_the_reason(fake, api, linked):
     assert prolific_sync.pay(payment.pk, api).state == BonusPayment.State.FAILED
     payment.refresh_from_db()
     assert "did not take part" in payment.error and fake.pays == []
+    assert payment.refused_lines == [["NOTONPROLIFIC", "1.00"]]
+    # nobody was paid, so a corrected payment may bonus the participant
+    again, skipped = prolific_sync.create_payment(linked, [(p, Decimal("1.00"))], "fixed")
+    assert again is not None and skipped == []
 
 
 def test_csv_bonuses_are_validated(linked):
