@@ -24,18 +24,6 @@ log = logging.getLogger(__name__)
 RESERVED, ACTIVE, TIMED_OUT, AWAITING_REVIEW = "RESERVED", "ACTIVE", "TIMED-OUT", "AWAITING REVIEW"
 APPROVED, RETURNED, REJECTED = "APPROVED", "RETURNED", "REJECTED"
 SCREENED_OUT, PARTIALLY_APPROVED, PROCESSING = "SCREENED OUT", "PARTIALLY APPROVED", "PROCESSING"
-SUBMISSION_STATUSES = (
-    RESERVED,
-    ACTIVE,
-    TIMED_OUT,
-    AWAITING_REVIEW,
-    APPROVED,
-    RETURNED,
-    REJECTED,
-    SCREENED_OUT,
-    PARTIALLY_APPROVED,
-    PROCESSING,
-)
 # How far along a submission is: a webhook that would move it back arrived out of order (Prolific
 # does not guarantee order), unless Prolific itself says so (an UNREJECT or UNRETURN).
 STATUS_RANK = {RESERVED: 0, ACTIVE: 1, AWAITING_REVIEW: 2, PROCESSING: 3}  # every other: final
@@ -45,9 +33,6 @@ def status_rank(status: str) -> int:
     status = normal_status(status)
     return STATUS_RANK.get(status, 4) if status else -1  # none known yet: anything is news
 
-
-# Places Prolific reopens (and fills with a replacement): ours are freed too.
-PLACE_FREED = (RETURNED, TIMED_OUT)
 
 REJECTION_CATEGORIES = {
     "TOO_QUICKLY": "Too quickly",
@@ -207,6 +192,17 @@ class Prolific:
                 raise ProlificError(method, target, response.status_code, "not JSON") from None
         raise AssertionError("unreachable")
 
+    def same_origin(self, href: str) -> httpx.URL:
+        """A link from an answer, followed only on the API's own host: the token goes nowhere else."""
+        url, base = httpx.URL(href), httpx.URL(self.base_url)
+        if url.is_absolute_url and (url.scheme, url.host, url.port) != (
+            base.scheme,
+            base.host,
+            base.port,
+        ):
+            raise ProlificError("GET", url.path, None, "a next link to another host")
+        return url
+
     def me(self) -> dict:
         return self.request("GET", "users/me")
 
@@ -224,7 +220,7 @@ class Prolific:
             href = ((body.get("_links") or {}).get("next") or {}).get("href")
             if not href:
                 return
-            body = self.request("GET", "", url=href)
+            body = self.request("GET", "", url=self.same_origin(href))
 
     def submission(self, submission_id: str) -> dict:
         return self.request("GET", f"submissions/{submission_id}")

@@ -595,3 +595,10 @@ def test_the_error_page_hides_the_token_and_the_secret():
 
     shown = str(SafeExceptionReporterFilter().get_safe_settings())
     assert TOKEN not in shown and SECRET not in shown
+
+
+def test_a_next_link_to_another_host_is_not_followed(api):
+    assert api.same_origin(f"{api.base_url}/api/v1/x/?offset=2").path == "/api/v1/x/"
+    assert api.same_origin("/api/v1/x/?offset=2").path == "/api/v1/x/"
+    with pytest.raises(prolific.ProlificError, match="another host"):
+        api.same_origin("https://evil.example/api/v1/x/")
