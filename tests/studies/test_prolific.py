@@ -345,25 +345,49 @@ def test_bonus_paid_once_even_when_run_again(fake, api, linked):
     assert again is None and len(skipped) == 2
 
 
-def test_retry_pays_an_existing_setup_and_never_sets_up_twice(fake, api, linked):
+@pytest.mark.parametrize("fault", ["worker dies", "server fails before paying"])
+def test_retry_pays_an_existing_setup_and_never_sets_up_twice(fake, api, linked, fault):
     fake.add_study("STUDYP")
     p4g_participants(linked, fake, [1.0])
     payment, _ = prolific_sync.create_payment(
         linked, prolific_sync.donation_match(linked.participants.all()), "rule"
     )
     real_pay = api.pay_bonuses
-    api.pay_bonuses = lambda setup_id: (_ for _ in ()).throw(RuntimeError("worker killed"))
-    with pytest.raises(RuntimeError):  # the job dies between set-up and pay
+    if fault == "worker dies":
+        api.pay_bonuses = lambda setup_id: (_ for _ in ()).throw(RuntimeError("worker killed"))
+    else:
+        fake.pay_fault = "before"  # set up, then the pay call fails on Prolific's side
+    with pytest.raises((RuntimeError, prolific.ProlificError)):
         prolific_sync.pay(payment.pk, api)
     payment.refresh_from_db()
     assert payment.state == BonusPayment.State.PAYING and payment.setup_id
-    # it died before the pay call reached Prolific; the retry must not pay blindly
-    api.pay_bonuses = real_pay
+    # nothing was paid, but the run cannot know it: the retry must not pay blindly
+    api.pay_bonuses, fake.pay_fault = real_pay, None
     assert prolific_sync.pay(payment.pk, api).state == BonusPayment.State.PAYING
     assert fake.pays == []
     with override_settings(PROLIFIC_BONUS_CONFIRM_AFTER=0):  # nothing shows it: unpaid
         assert prolific_sync.pay(payment.pk, api).state == BonusPayment.State.PAID
+        assert prolific_sync.pay(payment.pk, api).state == BonusPayment.State.PAID
     assert len(fake.setups) == 1 and fake.pays == [payment.setup_id]
+    assert fake.submissions["SUB0"]["bonus_payments"] == [100]
+
+
+def test_the_celery_job_retried_pays_once(fake, linked):
+    from studies import tasks
+
+    fake.add_study("STUDYP")
+    p4g_participants(linked, fake, [0.75])
+    payment, _ = prolific_sync.create_payment(
+        linked, prolific_sync.donation_match(linked.participants.all()), "rule"
+    )
+    fake.pay_fault = "after"  # paid, but the answer is an error: the job retries itself
+    # (run eagerly, Celery's retry runs again at once: it reconciles instead of paying again)
+    assert tasks.pay_prolific_bonuses.apply(args=(payment.pk,)).get() == "paid"
+    fake.pay_fault = None
+    with override_settings(PROLIFIC_BONUS_CONFIRM_AFTER=0):  # a redelivery of the same message
+        assert tasks.pay_prolific_bonuses.apply(args=(payment.pk,)).get() == "paid"
+    assert len(fake.setups) == 1 and len(fake.pays) == 1
+    assert fake.submissions["SUB0"]["bonus_payments"] == [75]
 
 
 @pytest.mark.parametrize("fault", ["after", "crash-after-return"])
