@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from studies.analysis import Settings, build_report, read_csv
+from studies.analysis import Settings, build_report, csvfile, read_csv
 from studies.analysis.plots import render_all
 from studies.analysis.stats import holm
 
@@ -68,7 +68,7 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "study.csv"
-        table.to_csv(path, index=False)
+        path.write_text(csvfile.table_text(table), encoding="utf-8")
         timed(
             "CSV file -> report, each arm vs control",
             lambda: build_report(read_csv(path), settings),

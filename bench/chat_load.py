@@ -109,7 +109,7 @@ def start(args, env: dict, engine_port: int, web_port: int) -> list[subprocess.P
         [
             *(python, "-m", "uvicorn", "parley.asgi:application"),
             *("--host", "127.0.0.1", "--port", str(web_port), "--workers", str(args.workers)),
-            *("--log-level", "warning", "--no-access-log"),
+            *("--log-level", "warning", "--no-access-log", "--ws-per-message-deflate", "false"),
         ],
         cwd=REPO,
         env=env,
@@ -230,6 +230,57 @@ def one_run(args, web: subprocess.Popen, url: str, engine_url: str, n: int, mode
         "db_transactions_per_turn": round(xacts / turns, 1),
         "errors": summary["errors"],
         "seconds": summary["seconds"],
+    }
+
+
+# --- CPU of chat turns alone ------------------------------------------------------------------
+
+
+def turn_cpu(web: subprocess.Popen, url: str, engine_url: str, n: int, turns: int) -> dict:
+    """Server CPU per chat turn with nothing else going on: n participants are placed in the
+    chat directly (no HTTP), their sockets opened and their histories read; only then is the
+    server's CPU read, around n x turns turns (message to status), all participants at once."""
+    import websockets
+
+    from studies import flow
+
+    study = load_study(f"turns-{secrets.token_hex(3)}", engine_url, turns)
+    tokens = []
+    for i in range(n):
+        params = {"PROLIFIC_PID": f"t{i}", "STUDY_ID": "s", "SESSION_ID": f"t{i}"}
+        participant, _ = flow.arrive(study, params)
+        tokens.append(str(flow.give_consent(participant, True).token))
+    ws = url.replace("http", "ws", 1)
+
+    async def run() -> float:
+        sockets = [
+            await websockets.connect(f"{ws}/ws/p/{token}/", origin=url, open_timeout=60)
+            for token in tokens
+        ]
+        for socket in sockets:
+            while json.loads(await socket.recv())["type"] != "history":
+                pass
+        await asyncio.sleep(1)  # the connections settled
+        before = cpu_seconds(web)
+
+        async def talk(socket):
+            for turn in range(turns):
+                await socket.send(json.dumps({"type": "message", "id": f"m{turn}", "text": "Hi"}))
+                while (kind := json.loads(await socket.recv())["type"]) != "status":
+                    if kind == "error":
+                        raise SystemExit("a chat turn failed")
+
+        await asyncio.gather(*(talk(socket) for socket in sockets))
+        used = cpu_seconds(web) - before
+        for socket in sockets:
+            await socket.close()
+        return used
+
+    used = asyncio.run(run())
+    return {
+        "participants": n,
+        "turns": n * turns,
+        "cpu_ms_per_turn": round(1000 * used / (n * turns), 1),
     }
 
 
@@ -360,6 +411,9 @@ def main():
     )
     parser.add_argument("--out", default=str(REPO / "docs" / "results" / "chat_load"))
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument(
+        "--turns-only", action="store_true", help="only the SQL count and the CPU of chat turns"
+    )
     parser.add_argument("--serve-engine", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_engine:
@@ -386,10 +440,14 @@ def main():
     django.setup()
     processes = start(args, env, engine_port, web_port)
     url, engine_url = f"http://127.0.0.1:{web_port}", env["PARLEY_ENGINE_URL"]
-    runs, queries = [], {}
+    runs, queries, turns_alone = [], {}, {}
     try:
         queries = queries_per_turn(engine_url)
         print("SQL statements:", json.dumps(queries), flush=True)
+        turns_alone = turn_cpu(processes[1], url, engine_url, 20, 5)
+        print("Chat turns alone:", json.dumps(turns_alone), flush=True)
+        if args.turns_only:
+            return
         for mode in args.modes.split(","):
             for n in (int(x) for x in args.sizes.split(",")):
                 run = one_run(args, processes[1], url, engine_url, n, mode)
@@ -409,6 +467,7 @@ def main():
             "engine_tokens": args.tokens,
         },
         "queries": queries,
+        "turns_alone": turns_alone,
         "runs": runs,
     }
     out = Path(args.out)

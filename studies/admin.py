@@ -10,7 +10,7 @@ from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
 from django.db import models, transaction
 from django.db.models import Count, Q
-from django.http import Http404, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import get_object_or_404, render
 from django.template.loader import render_to_string
 from django.urls import path, reverse
@@ -20,7 +20,8 @@ from django.views.decorators.http import require_POST
 
 from agents.models import Checkpoint
 
-from . import exports, prolific, prolific_sync, reports, tasks
+from . import exports, flow, monitor, prolific, prolific_sync, readiness, reports, tasks
+from .analysis.text import with_labels
 from .forms import BonusCSVForm, DonationMatchForm, ImportPoolForm, RejectForm
 from .models import (
     AnalysisRun,
@@ -35,6 +36,7 @@ from .models import (
     Review,
     Scenario,
     Study,
+    StudyError,
 )
 from .pools import PoolError, import_pool
 
@@ -82,10 +84,26 @@ class ArmInline(admin.StackedInline):
     ]
 
 
+class CompletionCodeFormSet(forms.BaseInlineFormSet):
+    def clean(self):
+        super().clean()
+        endings = [
+            form.cleaned_data.get("ending")
+            for form in self.forms
+            if form.cleaned_data and not form.cleaned_data.get("DELETE")
+        ]
+        repeated = {e for e in endings if e and endings.count(e) > 1}
+        if repeated:
+            raise forms.ValidationError(
+                "One code per ending: " + ", ".join(sorted(repeated)) + " is given twice."
+            )
+
+
 class CompletionCodeInline(admin.TabularInline):
     model = CompletionCode
+    formset = CompletionCodeFormSet
     extra = 0
-    fields = ["code_type", "code", "action", "redirect"]
+    fields = ["code_type", "code", "ending", "action", "redirect"]
     readonly_fields = ["redirect"]
 
     @admin.display(description="Redirect")
@@ -100,21 +118,62 @@ class ScenarioInline(admin.TabularInline):
     show_change_link = True
 
 
+class GoLiveRefused(Exception):
+    """Raised inside the change form's transaction (rolling it back) when the study as it would
+    be saved cannot go live; the form is then shown again with the problems."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__(problems)
+        self.problems = problems
+
+
+class StudyForm(forms.ModelForm):
+    golive_problems: list[str] = []  # set by StudyAdmin.get_form on the second pass
+
+    def clean(self):
+        cleaned = super().clean()
+        for problem in self.golive_problems:
+            self.add_error("status", f"Cannot go live: {problem}")
+        return cleaned
+
+
 @admin.register(Study)
 class StudyAdmin(admin.ModelAdmin):
-    list_display = ["title", "slug", "domain", "status", "progress", "participant_link"]
+    form = StudyForm
+    list_display = [
+        "title",
+        "slug",
+        "domain",
+        "status",
+        "target_progress",
+        "monitor_link",
+        "participant_link",
+    ]
     list_filter = ["status", "domain"]
     search_fields = ["title", "slug"]
     prepopulated_fields = {"slug": ["title"]}
     inlines = [CompletionCodeInline, ArmInline, ScenarioInline]
     actions = [
+        "go_live",
+        "pause",
+        "close",
         "run_analysis",
         "export_responses",
         "export_transcripts",
         "run_bots",
         "sync_prolific",
     ]
-    readonly_fields = ["participant_link", "progress", "pool", "downloads", "analysis", "prolific"]
+    readonly_fields = [
+        "participant_link",
+        "progress",
+        "readiness",
+        "previews",
+        "pool",
+        "downloads",
+        "analysis",
+        "pay_check",
+        "prolific",
+    ]
     fieldsets = [
         (
             None,
@@ -124,7 +183,9 @@ class StudyAdmin(admin.ModelAdmin):
                     "slug",
                     "domain",
                     "status",
+                    "readiness",
                     "participant_link",
+                    "previews",
                     "progress",
                     "pool",
                     "downloads",
@@ -141,6 +202,9 @@ class StudyAdmin(admin.ModelAdmin):
                     "estimated_minutes",
                     "target_per_arm",
                     "time_limit_minutes",
+                    "close_when_full",
+                    ("reward", "reward_currency"),
+                    "pay_check",
                 ]
             },
         ),
@@ -159,13 +223,140 @@ class StudyAdmin(admin.ModelAdmin):
         )
         return format_html("<code>{}{}</code>", link, sample)
 
-    @admin.display(description="Completed / active per arm")
+    # --- going live: every path runs readiness.check_go_live -----------------------------------
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        # The checks need the study as saved with its inlines, so they run after the save,
+        # inside the admin's transaction; a refusal rolls all of it back and shows the form
+        # again, as submitted, with the problems under the status.
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except GoLiveRefused as refused:
+            request.golive_problems = refused.problems
+            return super().changeform_view(request, object_id, form_url, extra_context)
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        form = super().get_form(request, obj, change, **kwargs)
+        found = getattr(request, "golive_problems", None)
+        if found:
+            form = type(form.__name__, (form,), {"golive_problems": found})
+        return form
+
+    def save_related(self, request, form, formsets, change):
+        super().save_related(request, form, formsets, change)
+        study = form.instance
+        was_live = form.initial.get("status") == Study.Status.LIVE and change
+        if study.status == Study.Status.LIVE and not was_live:
+            try:
+                readiness.check_go_live(study)
+            except readiness.NotReady as not_ready:
+                raise GoLiveRefused(not_ready.problems) from not_ready
+
+    @admin.action(permissions=["change"], description="Set live (after the go-live checks)")
+    def go_live(self, request, queryset):
+        for study in queryset:
+            try:
+                readiness.set_live(study)
+            except readiness.NotReady as not_ready:
+                self.message_user(
+                    request,
+                    format_html(
+                        "{} cannot go live: <ul>{}</ul>",
+                        study,
+                        format_html_join("", "<li>{}</li>", ((p,) for p in not_ready.problems)),
+                    ),
+                    messages.ERROR,
+                )
+            else:
+                self.message_user(request, f"{study} is live.", messages.SUCCESS)
+
+    @admin.action(permissions=["change"], description="Pause (no new participants)")
+    def pause(self, request, queryset):
+        n = queryset.filter(status=Study.Status.LIVE).update(status=Study.Status.PAUSED)
+        self.message_user(request, f"{n} study(ies) paused.", messages.SUCCESS)
+
+    @admin.action(permissions=["change"], description="Close")
+    def close(self, request, queryset):
+        n = queryset.exclude(status=Study.Status.CLOSED).update(status=Study.Status.CLOSED)
+        self.message_user(request, f"{n} study(ies) closed.", messages.SUCCESS)
+
+    @admin.display(description="Go-live checks")
+    def readiness(self, study):
+        if not study.pk:
+            return "Save the study first."
+        found = readiness.problems(study, fresh=False)
+        monitor_url = reverse("admin:studies_study_monitor", args=[study.pk])
+        if not found:
+            return format_html(
+                '<span class="readiness ok">Ready to go live.</span> <a href="{}">Monitor</a>',
+                monitor_url,
+            )
+        return format_html(
+            '<ul class="readiness problems">{}</ul><a href="{}">Monitor</a>',
+            format_html_join("", "<li>{}</li>", ((p,) for p in found)),
+            monitor_url,
+        )
+
+    @admin.display(description="Preview")
+    def previews(self, study):
+        if not study.pk:
+            return "-"
+        url = reverse("admin:studies_study_preview", args=[study.pk])
+        return (
+            format_html_join(
+                " · ",
+                '<a href="{}?arm={}" target="_blank" class="preview-link">preview {}</a>',
+                ((url, arm.pk, arm.name) for arm in study.arms.all()),
+            )
+            or "no arms"
+        )
+
+    def get_queryset(self, request):
+        people = Q(participants__is_bot=False, participants__is_preview=False)
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                completed_people=Count(
+                    "participants",
+                    distinct=True,
+                    filter=people
+                    & Q(
+                        participants__status=Participant.Status.COMPLETED,
+                        participants__arm__active=True,
+                    ),
+                ),
+                active_arms=Count("arms", filter=Q(arms__active=True), distinct=True),
+            )
+        )
+
+    @admin.display(description="Monitor")
+    def monitor_link(self, study):
+        url = reverse("admin:studies_study_monitor", args=[study.pk])
+        return format_html('<a href="{}">watch</a>', url)
+
+    @admin.display(description="Completed / target")
+    def target_progress(self, study):
+        """Completed people against the study's whole target (target per arm x active arms)."""
+        done = getattr(study, "completed_people", None)
+        arms = getattr(study, "active_arms", None)
+        if done is None or arms is None:
+            return "-"
+        return f"{done}/{study.target_per_arm * arms}"
+
+    @admin.display(description="Completed / holding a place per arm (people)")
     def progress(self, study):
         if not study.pk:
             return "-"
+        people = Q(participants__is_bot=False, participants__is_preview=False)
         arms = study.arms.annotate(
-            done=Count("participants", filter=Q(participants__status=Participant.Status.COMPLETED)),
-            holding=Count("participants", filter=Q(participants__status__in=Participant.ACTIVE)),
+            done=Count(
+                "participants",
+                filter=people & Q(participants__status=Participant.Status.COMPLETED),
+            ),
+            holding=Count(
+                "participants", filter=people & Q(participants__status__in=Participant.ACTIVE)
+            ),
         )
         return (
             format_html_join(
@@ -175,6 +366,25 @@ class StudyAdmin(admin.ModelAdmin):
             )
             or "no arms"
         )
+
+    @admin.display(description="Pay check")
+    def pay_check(self, study):
+        if not study.pk:
+            return "-"
+        check = reports.pay_check(study)
+        if check.warning:
+            return format_html('<span class="pay-warning errornote">{}</span>', check.message)
+        return check.message
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        # Underpaying is what gets a study stopped on Prolific: said at the top, not only in its
+        # field further down the form.
+        study = self.get_object(request, object_id)
+        if request.method == "GET" and study is not None:
+            check = reports.pay_check(study)
+            if check.warning:
+                self.message_user(request, f"Pay check: {check.message}", messages.WARNING)
+        return super().change_view(request, object_id, form_url, extra_context)
 
     @admin.display(description="Scenario pool")
     def pool(self, study):
@@ -356,9 +566,94 @@ class StudyAdmin(admin.ModelAdmin):
                     "studies_study_transcripts",
                     "view",
                 ),
+                ("<int:pk>/monitor/", self.monitor, "studies_study_monitor", "view"),
+                ("<int:pk>/monitor.json", self.monitor_json, "studies_study_monitor_json", "view"),
+                (
+                    "<int:pk>/switch/",
+                    require_POST(self.switch),
+                    "studies_study_switch",
+                    "change",
+                ),
+                ("<int:pk>/preview/", self.preview, "studies_study_preview", "view"),
             )
             + super().get_urls()
         )
+
+    # --- the live monitor ---------------------------------------------------------------------
+
+    MONITOR_REFRESH_SECONDS = 5
+
+    def monitor_body(self, request, study) -> tuple[dict, str]:
+        data = monitor.snapshot(study)
+        html = render_to_string(
+            "admin/studies/monitor_body.html",
+            {
+                "data": data,
+                "study": study,
+                "can_change": self.has_change_permission(request, study),
+                "statuses": Participant.Status.choices,
+            },
+            request=request,
+        )
+        return data, html
+
+    def monitor(self, request, pk):
+        study = get_object_or_404(Study, pk=pk)
+        _, body = self.monitor_body(request, study)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Monitor: {study}",
+            "study": study,
+            "body": body,
+            "refresh_url": reverse("admin:studies_study_monitor_json", args=[study.pk]),
+            "refresh_ms": self.MONITOR_REFRESH_SECONDS * 1000,
+            "opts": self.model._meta,
+        }
+        return render(request, "admin/studies/monitor.html", context)
+
+    def monitor_json(self, request, pk):
+        study = get_object_or_404(Study, pk=pk)
+        data, body = self.monitor_body(request, study)
+        return JsonResponse({**data, "html": body})
+
+    def switch(self, request, pk):
+        """The monitor's pause switch: pause a live study, or resume it through the go-live
+        checks (as any way of going live)."""
+        study = get_object_or_404(Study, pk=pk)
+        wanted = request.POST.get("to")
+        if wanted == Study.Status.PAUSED and study.status == Study.Status.LIVE:
+            Study.objects.filter(pk=study.pk, status=Study.Status.LIVE).update(
+                status=Study.Status.PAUSED
+            )
+            self.message_user(request, f"{study} is paused.", messages.SUCCESS)
+        elif wanted == Study.Status.LIVE and study.status == Study.Status.PAUSED:
+            self.go_live(request, Study.objects.filter(pk=study.pk))
+        else:
+            self.message_user(
+                request,
+                f"{study} is {study.get_status_display().lower()}: nothing changed.",
+                messages.WARNING,
+            )
+        return HttpResponseRedirect(reverse("admin:studies_study_monitor", args=[study.pk]))
+
+    def preview(self, request, pk):
+        """A preview participant on the arm the link names, then the participant's own pages."""
+        study = get_object_or_404(Study, pk=pk)
+        if "arm" not in request.GET:
+            context = {
+                **self.admin_site.each_context(request),
+                "title": f"Preview {study}",
+                "study": study,
+                "arms": study.arms.all(),
+                "opts": self.model._meta,
+            }
+            return render(request, "admin/studies/preview.html", context)
+        try:
+            arm = study.arms.get(pk=int(request.GET["arm"]))
+        except (ValueError, Arm.DoesNotExist):
+            raise Http404("No such arm in this study.") from None
+        participant = flow.start_preview(arm)
+        return HttpResponseRedirect(reverse("studies:participant", args=[participant.token]))
 
     def responses_csv(self, request, pk):
         study = get_object_or_404(Study, pk=pk)
@@ -439,13 +734,23 @@ class ParticipantAdmin(admin.ModelAdmin):
         "arm",
         "scenario",
         "status",
+        "kind",
         "attention_passed",
         "prolific_status",
         "partial_data",
         "created_at",
         "transcript_link",
     ]
-    list_filter = ["status", "prolific_status", "partial_data", "arm", "study", "attention_passed"]
+    list_filter = [
+        "status",
+        "prolific_status",
+        "partial_data",
+        "is_preview",
+        "is_bot",
+        "arm",
+        "study",
+        "attention_passed",
+    ]
     actions = ["approve_on_prolific", "reject_on_prolific", "donation_match_bonus"]
     search_fields = ["prolific_pid", "prolific_session_id"]
     readonly_fields = [
@@ -456,6 +761,7 @@ class ParticipantAdmin(admin.ModelAdmin):
         "prolific_pid",
         "prolific_study_id",
         "prolific_session_id",
+        "kind",
         "attention_passed",
         "prolific_status",
         "prolific_synced_at",
@@ -525,6 +831,13 @@ class ParticipantAdmin(admin.ModelAdmin):
             "once per study.",
         )  # fmt: skip
 
+    @admin.display(description="Kind")
+    def kind(self, participant):
+        """Previews and bots are marked: they count in no assignment, export or analysis."""
+        if participant.is_preview:
+            return "preview"
+        return "bot" if participant.is_bot else "person"
+
     @admin.display(description="Transcript")
     def transcript_link(self, participant):
         if not participant.pk:
@@ -548,7 +861,8 @@ class ParticipantAdmin(admin.ModelAdmin):
         conversation = getattr(participant, "conversation", None)
         context = {
             **self.admin_site.each_context(request),
-            "title": f"Transcript of {participant.prolific_pid}",
+            "title": f"Transcript of {participant.prolific_pid}"
+            + (" (preview: counted nowhere)" if participant.is_preview else ""),
             "participant": participant,
             "conversation": conversation,
             "transcript": conversation.messages.order_by("seq") if conversation else [],
@@ -556,6 +870,24 @@ class ParticipantAdmin(admin.ModelAdmin):
             "opts": self.model._meta,
         }
         return render(request, "admin/studies/transcript.html", context)
+
+
+@admin.register(StudyError)
+class StudyErrorAdmin(admin.ModelAdmin):
+    """What participants met instead of the page they asked for (they saw a friendly one)."""
+
+    list_display = ["created_at", "study", "participant", "title", "path"]
+    list_filter = ["study"]
+    search_fields = ["title", "detail", "participant__prolific_pid"]
+    list_select_related = ["study", "participant"]
+    fields = ["study", "participant", "created_at", "path", "title", "detail", "traceback"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request):
+        return False  # recorded by the participant pages only
+
+    def has_change_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(AnalysisRun)
@@ -614,17 +946,24 @@ class AnalysisRunAdmin(admin.ModelAdmin):
                 if run.status != AnalysisRun.Status.FAILED
                 else "The run failed; see the error below."
             )
-        return render_to_string("admin/studies/analysis_results.html", {"report": run.results})
+        report = with_labels(run.results)
+        return render_to_string("admin/studies/analysis_results.html", {"report": report})
 
     @admin.display(description="Figures")
     def figures_view(self, run):
-        return (
-            format_html_join(
-                "",
-                '<div class="figure" style="margin:1em 0">{}</div>',
-                ((mark_safe(svg),) for svg in (run.figures or {}).values()),
-            )
-            or "-"
+        shown = format_html_join(
+            "",
+            '<div class="figure" style="margin:1em 0">{}</div>',
+            ((mark_safe(svg),) for svg in (run.figures or {}).values()),
+        )
+        if not shown:
+            return "-"
+        # Each SVG shrinks to the column (it keeps its viewBox): a wide figure is never cut at
+        # the page's edge.
+        return format_html(
+            "<style>.analysis-figures svg {{max-width: 100%; height: auto}}</style>"
+            '<div class="analysis-figures">{}</div>',
+            shown,
         )
 
     def get_urls(self):

@@ -20,11 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import parse_qs, urlencode, urlsplit
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import connections
 
 from .models import Item, Participant, Study
+from .threads import db
 
 BOT_PREFIX = "BOT"
 KINDS = ("scripted", "simulator")
@@ -141,7 +140,7 @@ class Simulated:
     async def next_message(self, token: str, conversation: list[dict], turn: int, last: bool):
         from agents.simulators import PlainSimulator, user_view
 
-        domain, scenario, model = await in_thread(_simulated_user)(token)
+        domain, scenario, model = await db(_simulated_user)(token)
         simulator = PlainSimulator(self.client, model, temperature=0.8, max_tokens=80)
         if domain is None:
             messages = [{"role": "system", "content": OPEN_CHAT_USER}, *user_view(conversation)]
@@ -153,19 +152,6 @@ class Simulated:
 
     async def close(self):
         await self.client.aclose()
-
-
-def in_thread(function):
-    """Run a database read off the event loop, closing the thread's connection afterwards
-    (a connection left open there would hold the database past the run)."""
-
-    def closing(*args):
-        try:
-            return function(*args)
-        finally:
-            connections.close_all()
-
-    return sync_to_async(closing, thread_sensitive=False)
 
 
 def _simulated_user(token: str):
@@ -390,7 +376,7 @@ async def drive(
         await player.close()
         if bar is not None:
             bar.close()
-    arms = await in_thread(arm_counts)([r.token for r in runs])
+    arms = await db(arm_counts)([r.token for r in runs])
     return Report(list(runs), arms, time.perf_counter() - started)
 
 

@@ -14,7 +14,6 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 
-from channels.db import database_sync_to_async
 from django.conf import settings
 from django.db import transaction
 
@@ -24,14 +23,20 @@ from agents.llm import LLMClient, shared_client
 from agents.paths import secret
 
 from . import flow
-from .domains import domain_of, history, system_prompt
+from .domains import domain_of, system_prompt
 from .models import Arm, Conversation, Message, Participant
+from .threads import db
 
 Send = Callable[[dict], Awaitable[None]]
 STALL_TIMEOUT = 8.0  # default for PARLEY_STALL_TIMEOUT: a notice well within 10 s
 # Default for PARLEY_FIRST_TOKEN_TIMEOUT: a busy engine may be slow to start (prefill, a queue);
 # after the stall timeout the page is told it is slow, and only after this one is it a stall.
 FIRST_TOKEN_TIMEOUT = 45.0
+
+
+# Deltas that arrive within this many seconds of the last one sent travel together: a frame
+# per token costs the server a write and the page a render, and 40 ms is below what a reader sees.
+DELTA_INTERVAL = 0.04
 
 
 class EngineStalled(Exception):
@@ -65,28 +70,33 @@ def metrics(result) -> dict:
     }
 
 
-async def agent_turn(participant: Participant, user_message: Message, send: Send) -> Message | None:
-    """Stream the agent's answer to `user_message`; loop over tool calls up to the Domain's cap."""
-    conversation = await database_sync_to_async(lambda: participant.conversation)()
-    domain, scenario = await database_sync_to_async(domain_of)(participant)
-    system = await database_sync_to_async(system_prompt)(participant)
+async def agent_turn(
+    participant: Participant, messages: list[Message], user_message: Message, send: Send
+) -> Message | None:
+    """Stream the agent's answer to `user_message`; loop over tool calls up to the Domain's cap.
+
+    `messages` is the conversation as read when the turn began (flow.Stored.messages); each
+    message this turn stores is appended to it, so the only database work is storing them.
+    """
+    domain, scenario = domain_of(participant)
+    system = system_prompt(participant)
     tools = domain.tools(scenario) if domain else []
     budget = domain.max_tool_calls_per_turn if domain else 0
     params = participant.arm.generation_params()
     reply_to = user_message.client_id
     client = arm_client(participant.arm)
     # Replies of an earlier, broken turn count as this turn's; any other is another window's.
-    mine = await database_sync_to_async(earlier_replies)(user_message)
+    mine = [m.pk for m in messages if m.reply_to_id == user_message.pk]
     while True:
-        messages = await database_sync_to_async(history)(conversation)
+        chat = [m.to_chat() for m in messages]
         if system:
-            messages.insert(0, {"role": "system", "content": system})
+            chat.insert(0, {"role": "system", "content": system})
         offer_tools = tools if budget > 0 else None  # out of budget: the agent must answer
         await send({"type": "start", "reply_to": reply_to})
         # `async with`: a turn cut short (the browser gone) frees its connection at once
         async with client.stream_chat(
             participant.arm.model_name,
-            messages,
+            chat,
             tools=offer_tools,
             tool_format=participant.arm.tool_format,
             **params,
@@ -94,8 +104,7 @@ async def agent_turn(participant: Participant, user_message: Message, send: Send
             await relay(stream, send, reply_to)
         result = stream.result
         calls = result.tool_calls[:budget] if offer_tools else []
-        stored = await database_sync_to_async(store_turn_message)(
-            conversation,
+        stored = await db(store_turn_message)(
             user_message,
             mine,
             role=Message.Role.ASSISTANT,
@@ -107,15 +116,17 @@ async def agent_turn(participant: Participant, user_message: Message, send: Send
         if stored is None:  # another window answered this message first
             return await answered_elsewhere(user_message, send)
         mine.append(stored.pk)
+        messages.append(stored)
         if not calls:
             await send({"type": "reply", "reply_to": reply_to, "message": stored.to_client()})
             return stored
         await send({"type": "tool_calls", "reply_to": reply_to, "message": stored.to_client()})
         for call in calls:
-            result_message = await database_sync_to_async(run_tool)(
-                conversation, domain, scenario, call, user_message
+            result_message = await db(run_tool)(
+                user_message.conversation_id, domain, scenario, call, user_message
             )
             mine.append(result_message.pk)
+            messages.append(result_message)
             await send(
                 {
                     "type": "tool_result",
@@ -127,39 +138,60 @@ async def agent_turn(participant: Participant, user_message: Message, send: Send
 
 
 async def relay(stream, send: Send, reply_to: str) -> None:
-    """Pass the stream's text on as deltas. Before the first piece: a "slow" event after the
-    stall timeout, EngineStalled after the first-token timeout; after it, EngineStalled when a
-    gap exceeds the stall timeout."""
-    stall = stall_timeout()
+    """Pass the stream's text on as deltas: the first piece at once, later ones gathered for up
+    to DELTA_INTERVAL. Before the first piece: a "slow" event after the stall timeout,
+    EngineStalled after the first-token timeout; after it, EngineStalled when a gap exceeds the
+    stall timeout."""
+    stall, loop = stall_timeout(), asyncio.get_running_loop()
     pieces = aiter(stream)
-    # The first piece in a task of its own, so that waiting for it can be told apart from it.
-    first = asyncio.ensure_future(anext(pieces, None))
+    held: list[str] = []
+    started = sent_at = heard_at = loop.time()
+    heard = slow_told = False
+
+    async def flush():
+        nonlocal held, sent_at
+        await send({"type": "delta", "reply_to": reply_to, "text": "".join(held)})
+        held, sent_at = [], loop.time()
+
+    # The next piece is read in a task of its own, so that waiting for it (and flushing or
+    # telling the page meanwhile) never cancels the engine's stream.
+    following = asyncio.ensure_future(anext(pieces, None))
     try:
-        done, _ = await asyncio.wait({first}, timeout=stall)
-        if not done:
-            notice = "The assistant is slow to answer just now; please wait a little."
-            await send({"type": "slow", "reply_to": reply_to, "message": notice})
-            done, _ = await asyncio.wait({first}, timeout=max(first_token_timeout() - stall, 0))
-        if not done:
-            raise EngineStalled(f"no first token from the engine in {first_token_timeout():g} s")
+        while True:
+            if held:
+                wait = sent_at + DELTA_INTERVAL - loop.time()
+            elif not heard:
+                wait = started + (first_token_timeout() if slow_told else stall) - loop.time()
+            else:
+                wait = heard_at + stall - loop.time()
+            done, _ = await asyncio.wait({following}, timeout=max(wait, 0))
+            if not done:
+                if held:
+                    await flush()
+                elif not heard and not slow_told:
+                    notice = "The assistant is slow to answer just now; please wait a little."
+                    await send({"type": "slow", "reply_to": reply_to, "message": notice})
+                    slow_told = True
+                elif not heard:
+                    timeout = first_token_timeout()
+                    raise EngineStalled(f"no first token from the engine in {timeout:g} s")
+                else:
+                    raise EngineStalled(f"no token from the engine for {stall:g} s")
+                continue
+            piece = following.result()
+            if piece is None:  # the reply has ended (a reply of tool calls only has no text)
+                break
+            first, heard, heard_at = not heard, True, loop.time()
+            held.append(piece)
+            if first or heard_at - sent_at >= DELTA_INTERVAL:
+                await flush()
+            following = asyncio.ensure_future(anext(pieces, None))
     finally:
-        if not first.done():  # the turn is cut short: end the read before the stream is closed
-            first.cancel()
-            await asyncio.gather(first, return_exceptions=True)
-    delta = first.result()
-    if delta is None:  # a reply with no text (only tool calls)
-        return
-    await send({"type": "delta", "reply_to": reply_to, "text": delta})
-    loop = asyncio.get_running_loop()
-    try:
-        async with asyncio.timeout(stall) as deadline:
-            async for delta in pieces:
-                await send({"type": "delta", "reply_to": reply_to, "text": delta})
-                deadline.reschedule(loop.time() + stall)
-    except TimeoutError:
-        if deadline.expired():
-            raise EngineStalled(f"no token from the engine for {stall:g} s") from None
-        raise
+        if not following.done():  # the turn is cut short: end the read before the stream closes
+            following.cancel()
+            await asyncio.gather(following, return_exceptions=True)
+    if held:
+        await flush()
 
 
 def final_reply(user_message: Message) -> Message | None:
@@ -170,26 +202,32 @@ def final_reply(user_message: Message) -> Message | None:
     )
 
 
-def earlier_replies(user_message: Message) -> list[int]:
-    return list(user_message.replies.values_list("pk", flat=True))
-
-
 @transaction.atomic
-def store_turn_message(
-    conversation: Conversation, user_message: Message, mine: list[int], **fields
-) -> Message | None:
+def store_turn_message(user_message: Message, mine: list[int], **fields) -> Message | None:
     """Store this turn's agent message unless another turn already answers `user_message`
-    (the row lock orders two windows' writes, on every worker); None when one does."""
-    Conversation.objects.select_for_update().get(pk=conversation.pk)
-    others = user_message.replies.exclude(pk__in=mine)
-    if others.exists() or final_reply(user_message) is not None:
+    (the conversation's row lock orders two windows' writes, on every worker); None when one
+    does. One read after the lock gives both the other replies and the next seq."""
+    list(
+        Conversation.objects.select_for_update()
+        .filter(pk=user_message.conversation_id)
+        .values_list("pk")
+    )
+    later = list(
+        Message.objects.filter(
+            conversation=user_message.conversation_id, seq__gt=user_message.seq
+        ).values_list("seq", "reply_to_id", "pk")
+    )
+    if any(reply_to == user_message.pk and pk not in mine for _, reply_to, pk in later):
         return None
-    return flow.store_agent_message(conversation, **fields)
+    last = max((seq for seq, _, _ in later), default=user_message.seq)
+    return Message.objects.create(
+        conversation_id=user_message.conversation_id, seq=last + 1, **fields
+    )
 
 
 async def answered_elsewhere(user_message: Message, send: Send) -> Message | None:
     """Show the other turn's stored reply, or, while it is still running tools, say so."""
-    reply = await database_sync_to_async(final_reply)(user_message)
+    reply = await db(final_reply)(user_message)
     reply_to = user_message.client_id
     if reply is not None:
         await send({"type": "reply", "reply_to": reply_to, "message": reply.to_client()})
@@ -206,7 +244,7 @@ async def answered_elsewhere(user_message: Message, send: Send) -> Message | Non
 
 
 def run_tool(
-    conversation: Conversation,
+    conversation_id: int,
     domain: Domain,
     scenario: DomainScenario,
     call: dict,
@@ -214,7 +252,7 @@ def run_tool(
 ) -> Message:
     """Run one tool call on this conversation's own state and store its result."""
     with transaction.atomic():
-        conversation = Conversation.objects.select_for_update().get(pk=conversation.pk)
+        conversation = Conversation.objects.select_for_update().get(pk=conversation_id)
         state = domain.load_state(scenario, conversation.state)
         function = call.get("function", {})
         arguments = function.get("arguments") or "{}"

@@ -16,8 +16,8 @@ nested, unknown type, bad id or text) is answered with an error event. A refused
 import json
 import logging
 import re
+from dataclasses import dataclass
 
-from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.urls import reverse
@@ -25,7 +25,8 @@ from django.urls import reverse
 from agents.llm import LLMError
 
 from . import chat, domains, flow, ratelimit
-from .models import Message, Participant
+from .models import Conversation, Message, Participant
+from .threads import db
 
 log = logging.getLogger(__name__)
 CLIENT_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -37,9 +38,13 @@ def max_frame_bytes() -> int:
 
 
 class ChatConsumer(AsyncJsonWebsocketConsumer):
+    """One participant's socket. The participant row is read at connect and then kept: each
+    message re-reads it under the conversation's lock inside flow.store_user_message (the one
+    read a turn needs), so a turn costs two transactions (the message, the reply)."""
+
     async def connect(self):
         token = self.scope["url_route"]["kwargs"]["token"]
-        self.participant = await database_sync_to_async(load_participant)(token)
+        self.participant, opening = await db(open_chat)(token)
         if self.participant is None:
             await self.close(code=4404)
             return
@@ -50,14 +55,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             self.group, {"type": "chat.superseded", "by": self.channel_name}
         )
         await self.channel_layer.group_add(self.group, self.channel_name)
-        if self.participant.status != Participant.Status.CHAT:
+        if opening is None:  # not in the chat (yet, or any more)
             await self.redirect()
             return
-        await self.send_json(await database_sync_to_async(snapshot)(self.participant))
-        pending = await database_sync_to_async(unanswered)(self.participant)
-        if pending is not None:  # the connection dropped while the agent was answering
-            await self.answer(pending)
-            await self.send_json(await database_sync_to_async(status)(self.participant))
+        await self.send_json(opening.history)
+        if opening.pending is not None:  # the connection dropped while the agent was answering
+            await self.answer(opening.messages, opening.pending)
+            await self.send_json(await db(status)(self.participant))
 
     async def disconnect(self, code):
         if getattr(self, "group", None):
@@ -88,12 +92,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def receive_json(self, content, **kwargs):
         kind = content.get("type") if isinstance(content, dict) else None
-        self.participant = await database_sync_to_async(load_participant)(self.participant.token)
-        if self.participant is None:  # deleted while connected (e.g. by the researcher)
-            await self.close(code=4404)
-        elif self.participant.status != Participant.Status.CHAT:
-            await self.redirect()
-        elif kind == "message":
+        if kind == "message":
             await self.on_message(content)
         elif kind == "end":
             await self.on_end()
@@ -133,12 +132,17 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             )
             return
         try:
-            stored = await database_sync_to_async(flow.store_user_message)(
-                self.participant, client_id, text
-            )
+            stored = await db(flow.store_user_message)(self.participant, client_id, text)
+        except (Participant.DoesNotExist, Conversation.DoesNotExist):  # deleted meanwhile
+            await self.close(code=4404)
+            return
+        except flow.ChatOver:  # ended or timed out elsewhere: the page moves on
+            await self.redirect()
+            return
         except flow.FlowError as error:
             await self.refuse(client_id, error.detail)
             return
+        self.participant = stored.participant
         await self.send_json(
             {
                 "type": "ack",
@@ -151,25 +155,28 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json(
                 {"type": "reply", "reply_to": client_id, "message": stored.reply.to_client()}
             )
-        elif not await self.ended_by_domain():
-            await self.answer(stored.message)
-        if not await self.ended_by_domain():
-            await self.send_json(await database_sync_to_async(status)(self.participant))
+        elif await self.ended_by_domain(stored.messages):
+            return
+        else:
+            await self.answer(stored.messages, stored.message)  # adds the turn's messages
+            if await self.ended_by_domain(stored.messages):
+                return
+        await self.send_json({"type": "status", **flow.chat_status(self.participant, stored.sent)})
 
-    async def ended_by_domain(self) -> bool:
+    async def ended_by_domain(self, messages: list[Message]) -> bool:
         """End the chat when the Domain says it is over (e.g. a donation was stated)."""
-        reason = await database_sync_to_async(domains.end_reason)(self.participant)
+        reason = domains.end_reason(self.participant, messages)
         if reason is None:
             return False
-        self.participant = await database_sync_to_async(flow.end_chat)(self.participant, reason)
+        self.participant = await db(flow.end_chat)(self.participant, reason)
         await self.send_json({"type": "ended", "reason": reason})
         await self.redirect()
         return True
 
-    async def answer(self, message):
+    async def answer(self, messages: list[Message], message: Message) -> Message | None:
         failure = {"type": "error", "reply_to": message.client_id, "retry": True}
         try:
-            await chat.agent_turn(self.participant, message, self.send_json)
+            return await chat.agent_turn(self.participant, messages, message, self.send_json)
         except chat.EngineStalled as stalled:
             log.warning("agent reply stalled for %s: %s", self.participant, stalled)
             notice = "The assistant has stopped answering. Your message is saved; press Retry."
@@ -181,10 +188,11 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 log.exception("agent reply failed for %s", self.participant)
             notice = "The assistant could not answer just now. Your message is saved; press Retry."
             await self.send_json({**failure, "message": notice})
+        return None
 
     async def on_end(self):
         try:
-            self.participant = await database_sync_to_async(flow.end_chat)(self.participant)
+            self.participant = await db(flow.end_chat)(self.participant)
         except flow.FlowError as error:
             await self.send_json({"type": "error", "message": error.detail})
             return
@@ -195,22 +203,35 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json({"type": "redirect", "url": url})
 
 
-def load_participant(token) -> Participant | None:
+@dataclass
+class Opening:
+    history: dict  # the "history" event
+    messages: list[Message]
+    pending: Message | None  # the participant's last message, when it has no reply yet
+
+
+def open_chat(token) -> tuple[Participant | None, Opening | None]:
+    """The participant of this token (None if there is none) and, while they are in the chat,
+    what the page is shown on connecting."""
     participant = (
         Participant.objects.select_related("study", "arm", "scenario").filter(token=token).first()
     )
-    return flow.expire_if_overdue(participant) if participant else None
-
-
-def unanswered(participant: Participant):
-    last = participant.conversation.messages.order_by("-seq").first()
-    return last if last is not None and last.role == Message.Role.USER else None
+    if participant is None:
+        return None, None
+    participant = flow.expire_if_overdue(participant)
+    if participant.status != Participant.Status.CHAT:
+        return participant, None
+    messages = list(Message.objects.filter(conversation__participant=participant).order_by("seq"))
+    sent = sum(m.role == Message.Role.USER for m in messages)
+    history = {
+        "type": "history",
+        "messages": [m.to_client() for m in messages],
+        **flow.chat_status(participant, sent),
+    }
+    last = messages[-1] if messages else None
+    pending = last if last is not None and last.role == Message.Role.USER else None
+    return participant, Opening(history, messages, pending)
 
 
 def status(participant: Participant) -> dict:
     return {"type": "status", **flow.chat_status(participant)}
-
-
-def snapshot(participant: Participant) -> dict:
-    messages = [m.to_client() for m in participant.conversation.messages.order_by("seq")]
-    return {"type": "history", "messages": messages, **flow.chat_status(participant)}

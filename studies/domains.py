@@ -65,10 +65,14 @@ def history(conversation: Conversation) -> list[dict]:
     return [m.to_chat() for m in conversation.messages.order_by("seq")]
 
 
-def end_reason(participant: Participant) -> str | None:
-    """The Domain's reason the conversation is over (a stated donation, a transfer, ...), or None."""
+def end_reason(participant: Participant, messages: list | None = None) -> str | None:
+    """The Domain's reason the conversation is over (a stated donation, a transfer, ...), or None.
+    `messages`: the conversation's Message rows when the caller has them (no query then)."""
     domain, _ = domain_of(participant)
-    return domain.is_done(history(participant.conversation)) if domain else None
+    if domain is None:
+        return None
+    chat = [m.to_chat() for m in messages] if messages is not None else None
+    return domain.is_done(chat if chat is not None else history(participant.conversation))
 
 
 def score_conversation(participant: Participant, conversation: Conversation) -> dict | None:

@@ -1,12 +1,12 @@
 """CSV exports: responses (one row per participant) and transcripts (one row per message)."""
 
-import csv
 import json
 from collections.abc import Iterable, Iterator
 
 from django.db.models import Count
 from django.http import StreamingHttpResponse
 
+from .analysis import csvfile
 from .models import Item, Message, Response
 
 # No participant token (the /p/<token>/ address): whoever holds it can act as the participant,
@@ -102,7 +102,9 @@ def response_rows(participants, include_bots: bool = False) -> Iterator[list]:
 
 
 def humans_unless(participants, include_bots: bool):
-    """Bot participants (studies/bots.py) are rehearsal data: out of exports unless asked for."""
+    """Bot participants (studies/bots.py) are rehearsal data: out of exports unless asked for.
+    Previews (staff walking the flow) are never data."""
+    participants = participants.filter(is_preview=False)
     return participants if include_bots else participants.filter(is_bot=False)
 
 
@@ -153,7 +155,7 @@ class Echo:
 
 
 def csv_response(rows: Iterable[list], filename: str) -> StreamingHttpResponse:
-    writer = csv.writer(Echo())
+    writer = csvfile.Writer(Echo())  # integers as integers, formula-like text neutralised
     response = StreamingHttpResponse(
         (writer.writerow(row) for row in rows), content_type="text/csv"
     )

@@ -6,21 +6,22 @@ in a transaction so that nothing stored is lost or duplicated.
 
 import logging
 import re
+import uuid
 from dataclasses import dataclass
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, InterfaceError, OperationalError, transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
 from . import bots, prolific_sync, tasks
-from .domains import opening_messages, outcome_after_questionnaire, score_conversation
-from .errors import FlowError
+from .domains import get_domain, opening_messages, outcome_after_questionnaire, score_conversation
+from .errors import FlowError, StudyFull, StudyNotOpen
 from .models import (
     COMPLETE_URL,
     Arm,
-    CodeType,
     Conversation,
+    Ending,
     Item,
     Message,
     Participant,
@@ -30,6 +31,7 @@ from .models import (
 )
 
 PROLIFIC_PARAMS = ("PROLIFIC_PID", "STUDY_ID", "SESSION_ID")
+PROLIFIC_COMPLETE_URL = COMPLETE_URL
 PROLIFIC_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
@@ -75,9 +77,7 @@ def arrive(study: Study, params, known_token: str | None = None) -> tuple[Partic
     if existing:
         return resume(existing, values, known_token), False
     if study.status != Study.Status.LIVE:
-        raise FlowError(
-            "This study is not open", "The study is not accepting participants now.", 403
-        )
+        raise StudyNotOpen()
     try:
         participant = _assign(study, values)
     except IntegrityError:  # the same PID arrived twice at once: the other request created it
@@ -144,15 +144,11 @@ def _assign(study: Study, values: dict[str, str]) -> Participant:
 
 @transaction.atomic
 def join_least_filled(study: Study, values: dict[str, str], is_bot: bool, last: bool):
-    arm = least_filled_arm(study, is_bot)
-    list(Arm.objects.select_for_update().filter(pk=arm.pk).values_list("pk"))
-    filled = {a.pk: a.filled for a in arms_with_fill(study, is_bot)}
-    if filled.get(arm.pk, arm.filled) > min(filled.values(), default=0) and not last:
-        raise ArmTaken
+    arm, scenario = place_in_least_filled(study, is_bot, last)
     return Participant.objects.create(
         study=study,
         arm=arm,
-        scenario=least_used_scenario(study, arm, is_bot),
+        scenario=scenario,
         prolific_pid=values["PROLIFIC_PID"],
         prolific_study_id=values["STUDY_ID"],
         prolific_session_id=values["SESSION_ID"],
@@ -160,10 +156,54 @@ def join_least_filled(study: Study, values: dict[str, str], is_bot: bool, last: 
     )
 
 
+def place_in_least_filled(study: Study, is_bot: bool, last: bool) -> tuple[Arm, Scenario | None]:
+    """The arm (locked until the caller's transaction ends) and scenario of a new place.
+
+    Under the arm's lock its count is exact, so the target per arm is a cap two concurrent
+    arrivals cannot both pass: an arm found full sends the arrival to choose again, and when
+    every arm is full it takes no place (StudyFull). Bots rehearse beside people, uncapped.
+    """
+    arm = least_filled_arm(study, is_bot)
+    list(Arm.objects.select_for_update().filter(pk=arm.pk).values_list("pk"))
+    filled = {a.pk: a.filled for a in arms_with_fill(study, is_bot)}
+    mine = filled.get(arm.pk, arm.filled)
+    if not is_bot and mine >= study.target_per_arm:
+        if min(filled.values(), default=mine) >= study.target_per_arm or last:
+            raise StudyFull()
+        raise ArmTaken
+    if mine > min(filled.values(), default=0) and not last:
+        raise ArmTaken
+    return arm, scenario_for(study, arm, is_bot)
+
+
+def scenario_for(study: Study, arm: Arm, is_bot: bool = False) -> Scenario | None:
+    """The least-used scenario; a study whose Domain needs one and has none starts nobody (the
+    participant is told, and takes no place)."""
+    scenario = least_used_scenario(study, arm, is_bot)
+    if scenario is None and get_domain(study.domain) is not None:
+        raise FlowError(
+            "This study is not ready",
+            "The study has no task ready for you yet. Please try again later or return to "
+            "Prolific.",
+            503,
+        )
+    return scenario
+
+
+def is_full(study: Study) -> bool:
+    """Every active arm holds its target of people (active plus completed)."""
+    arms = arms_with_fill(study)
+    return bool(arms) and all(arm.filled >= study.target_per_arm for arm in arms)
+
+
 def arms_with_fill(study: Study, is_bot: bool = False) -> list[Arm]:
     """The active arms, each with `filled`: its active plus completed participants (bots
-    counted apart from people)."""
-    holding = Q(participants__status__in=Participant.ACTIVE, participants__is_bot=is_bot)
+    counted apart from people; previews never)."""
+    holding = Q(
+        participants__status__in=Participant.ACTIVE,
+        participants__is_bot=is_bot,
+        participants__is_preview=False,
+    )
     return list(
         study.arms.filter(active=True).annotate(filled=Count("participants", filter=holding))
     )
@@ -187,6 +227,7 @@ def least_used_scenario(study: Study, arm: Arm, is_bot: bool = False) -> Scenari
                 participants__arm=arm,
                 participants__status__in=Participant.ACTIVE,
                 participants__is_bot=is_bot,
+                participants__is_preview=False,
             ),
         )
     )
@@ -203,12 +244,26 @@ def expire_if_overdue(participant: Participant) -> Participant:
     return participant
 
 
-@transaction.atomic
 def give_consent(participant: Participant, accepted: bool) -> Participant:
+    """Consent, and the chat begins. A participant the study cannot start (no scenario for
+    the task) gives their place back (UNSTARTED) and sees why; the FlowError is raised on."""
+    try:
+        return _give_consent(participant, accepted)
+    except (OperationalError, InterfaceError):
+        raise  # the database is briefly away (a retry page): the place is theirs still
+    except Exception:
+        release_unstarted(participant)
+        raise
+
+
+@transaction.atomic
+def _give_consent(participant: Participant, accepted: bool) -> Participant:
     participant = Participant.objects.select_for_update().get(pk=participant.pk)
     if participant.status != Participant.Status.CONSENT:
         return participant  # a double submit changes nothing
     if accepted:
+        if participant.scenario_id is None:  # arrived before the pool was filled
+            participant.scenario = scenario_for(participant.study, participant.arm)
         participant.status = Participant.Status.CHAT
         participant.consented_at = timezone.now()
         start_conversation(participant)
@@ -216,6 +271,56 @@ def give_consent(participant: Participant, accepted: bool) -> Participant:
         participant.status = Participant.Status.NO_CONSENT
     participant.save()
     return participant
+
+
+def release_unstarted(participant: Participant) -> None:
+    """The place of a participant who could not start goes back to the pool."""
+    Participant.objects.filter(pk=participant.pk, status=Participant.Status.CONSENT).update(
+        status=Participant.Status.UNSTARTED
+    )
+
+
+def restart(participant: Participant) -> Participant:
+    """A participant who could not start, back again: a place anew (arm and scenario chosen
+    again, caps applied), or the FlowError that still keeps them out."""
+    study = participant.study
+    if study.status != Study.Status.LIVE and not participant.is_preview:
+        raise StudyNotOpen()
+    for attempt in range(ASSIGN_ATTEMPTS):
+        try:
+            with transaction.atomic():
+                locked = Participant.objects.select_for_update().get(pk=participant.pk)
+                if locked.status != Participant.Status.UNSTARTED:
+                    return locked
+                if locked.is_preview:  # a preview keeps the arm its link fixed
+                    arm, scenario = locked.arm, scenario_for(study, locked.arm)
+                else:
+                    arm, scenario = place_in_least_filled(
+                        study, locked.is_bot, attempt == ASSIGN_ATTEMPTS - 1
+                    )
+                locked.arm, locked.scenario = arm, scenario
+                locked.status = Participant.Status.CONSENT
+                locked.created_at = timezone.now()  # their time limit starts with the place
+                locked.save(update_fields=["arm", "scenario", "status", "created_at"])
+                return locked
+        except ArmTaken:
+            continue
+    raise AssertionError("unreachable: the last attempt always joins or raises")
+
+
+def start_preview(arm: Arm) -> Participant:
+    """A participant for staff to walk the real flow on this arm: the arm is the link's, and
+    previews count nowhere (assignment, caps, exports, analysis)."""
+    key = uuid.uuid4().hex[:16]
+    return Participant.objects.create(
+        study=arm.study,
+        arm=arm,
+        scenario=least_used_scenario(arm.study, arm),
+        prolific_pid=f"preview-{key}",
+        prolific_study_id="preview",
+        prolific_session_id=f"preview-{key}",
+        is_preview=True,
+    )
 
 
 def start_conversation(participant: Participant) -> Conversation:
@@ -233,9 +338,27 @@ def start_conversation(participant: Participant) -> Conversation:
 
 @dataclass
 class Stored:
+    """A chat turn's start, read under the conversation's lock in one transaction: the chat
+    consumer needs nothing else from the database until the agent's reply is stored."""
+
     message: Message
     created: bool
     reply: Message | None  # the stored agent reply, when this message was already answered
+    participant: Participant  # as now stored (status, study)
+    messages: list[Message]  # the whole conversation, this message included, by seq
+
+    @property
+    def sent(self) -> int:
+        """The participant's messages so far."""
+        return sum(m.role == Message.Role.USER for m in self.messages)
+
+    def replies(self) -> list[int]:
+        """Replies already stored for this message (an earlier, broken turn's)."""
+        return [m.pk for m in self.messages if m.reply_to_id == self.message.pk]
+
+
+class ChatOver(FlowError):
+    """The participant is no longer in the chat (ended, timed out): the page moves on."""
 
 
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -250,40 +373,53 @@ def storable_text(text: str) -> str:
 
 @transaction.atomic
 def store_user_message(participant: Participant, client_id: str, text: str) -> Stored:
-    """Store the participant's message before it is acknowledged; a resent client id is a no-op."""
+    """Store the participant's message before it is acknowledged; a resent client id is a no-op.
+
+    Three statements under one lock (conversation with participant and study; its messages;
+    the insert): a chat turn is the platform's hottest path, so it reads the conversation once
+    and answers the rest (duplicates, counts, next seq, history) from that read.
+    """
     text = storable_text(text)
-    conversation = Conversation.objects.select_for_update().get(participant=participant)
-    participant = Participant.objects.select_related("study").get(pk=participant.pk)
-    existing = conversation.messages.filter(client_id=client_id).first()
+    conversation = (
+        Conversation.objects.select_for_update(of=("self",))
+        .select_related("participant__study", "participant__arm", "participant__scenario")
+        .get(participant=participant.pk)
+    )
+    participant = conversation.participant
+    messages = list(conversation.messages.order_by("seq"))
+    existing = next((m for m in messages if m.client_id == client_id), None)
     if existing:
-        reply = (
-            existing.replies.filter(role=Message.Role.ASSISTANT)
-            .filter(tool_calls__isnull=True)
-            .last()
-        )
-        return Stored(existing, False, reply)
-    check_can_send(participant, conversation, text)
+        replies = [
+            m
+            for m in messages
+            if m.reply_to_id == existing.pk
+            and m.role == Message.Role.ASSISTANT
+            and not m.tool_calls
+        ]
+        return Stored(existing, False, replies[-1] if replies else None, participant, messages)
+    sent = sum(m.role == Message.Role.USER for m in messages)
+    check_can_send(participant, conversation, text, sent)
     message = Message.objects.create(
         conversation=conversation,
-        seq=next_seq(conversation),
+        seq=(messages[-1].seq if messages else 0) + 1,
         role=Message.Role.USER,
         content=text,
         client_id=client_id,
     )
-    return Stored(message, True, None)
+    return Stored(message, True, None, participant, [*messages, message])
 
 
-def check_can_send(participant: Participant, conversation: Conversation, text: str) -> None:
+def check_can_send(participant: Participant, conversation: Conversation, text: str, sent: int):
     study = participant.study
     if participant.status != Participant.Status.CHAT or conversation.ended_at:
-        raise FlowError("The chat has ended", "This conversation is over.")
+        raise ChatOver("The chat has ended", "This conversation is over.")
     if not text.strip():
         raise FlowError("Empty message", "Please type a message first.")
     if len(text) > study.max_message_chars:
         raise FlowError(
             "Message too long", f"Please keep messages under {study.max_message_chars} characters."
         )
-    if user_message_count(conversation) >= study.max_exchanges:
+    if sent >= study.max_exchanges:
         raise FlowError(
             "Message limit reached",
             "You have sent the maximum number of messages; please end the chat.",
@@ -305,9 +441,10 @@ def store_agent_message(conversation: Conversation, **fields) -> Message:
     return Message.objects.create(conversation=conversation, seq=next_seq(conversation), **fields)
 
 
-def chat_status(participant: Participant) -> dict:
-    conversation = participant.conversation
-    sent = user_message_count(conversation)
+def chat_status(participant: Participant, sent: int | None = None) -> dict:
+    """What the page shows beside the chat; `sent` when the caller has already counted."""
+    if sent is None:
+        sent = user_message_count(participant.conversation)
     study = participant.study
     return {
         "sent": sent,
@@ -418,37 +555,63 @@ def submit_questionnaire(participant: Participant, data) -> dict[str, str]:
 
 
 def study_progress(study_id: int) -> None:
-    """After a completion: analyse once every arm has reached the target."""
+    """After a completion: close the study if it asked to be closed when full, and analyse once
+    every arm has reached the target."""
+    close_if_full(study_id)
     try:
         tasks.analyse_if_target_reached(study_id)
     except Exception:  # the participant's completion is stored; a broker hiccup must not undo it
         logging.getLogger(__name__).exception("could not start the analysis of study %s", study_id)
 
 
-def code_type(participant: Participant) -> str | None:
-    """The Prolific code type of how the participant finished: a completion whose failed
-    attention checks allow a rejection under Prolific's rules goes to FAILED_ATTENTION_CHECK
-    when the study has that code; a time-out to OTHER; a returned submission gets none."""
+def close_if_full(study_id: int) -> bool:
+    """Close a Live study with close_when_full once every active arm has its target of completed
+    people (places held by people still going may yet be given back, so they do not count)."""
+    study = Study.objects.filter(pk=study_id).first()
+    if study is None or not study.close_when_full or study.status != Study.Status.LIVE:
+        return False
+    if not tasks.target_reached(study):
+        return False
+    return bool(
+        Study.objects.filter(pk=study_id, status=Study.Status.LIVE).update(
+            status=Study.Status.CLOSED
+        )
+    )
+
+
+def ending(participant: Participant) -> str | None:
+    """Which of the study's endings the participant reached (each may have its code): a
+    completion whose failed attention checks allow a rejection under Prolific's rules is
+    FAILED_ATTENTION when the study has that code; a returned submission reaches none."""
     study = participant.study
     if participant.status == Participant.Status.COMPLETED:
         if (
             participant.attention_passed is False
-            and study.code(CodeType.FAILED_ATTENTION_CHECK)
+            and study.code(Ending.FAILED_ATTENTION)
             and prolific_sync.attention_rejection_allowed(participant)
         ):
-            return CodeType.FAILED_ATTENTION_CHECK
-        return CodeType.COMPLETED
+            return Ending.FAILED_ATTENTION
+        return Ending.COMPLETED
     return {
-        Participant.Status.NO_CONSENT: CodeType.NO_CONSENT,
-        Participant.Status.TIMED_OUT: CodeType.OTHER,
+        Participant.Status.NO_CONSENT: Ending.NO_CONSENT,
+        Participant.Status.TIMED_OUT: Ending.TIMED_OUT,
     }.get(participant.status)
 
 
 def completion_code(participant: Participant) -> str:
-    kind = code_type(participant)
-    return participant.study.code(kind) if kind else ""
+    """The code the participant takes back to Prolific; those who decline or time out get the
+    study's OTHER code (its problem code) when their own is blank."""
+    if participant.is_preview:  # staff walking the flow: nothing to return to Prolific
+        return ""
+    reached = ending(participant)
+    if reached is None:
+        return ""
+    code = participant.study.code(reached)
+    if not code and reached in (Ending.NO_CONSENT, Ending.TIMED_OUT):
+        code = participant.study.code(Ending.PROBLEM)
+    return code
 
 
 def completion_url(participant: Participant) -> str | None:
     code = completion_code(participant)
-    return COMPLETE_URL.format(code=code) if code else None
+    return PROLIFIC_COMPLETE_URL.format(code=code) if code else None

@@ -54,6 +54,11 @@ class Study(models.Model):
     )
     instructions = models.TextField(blank=True, help_text="Shown beside the chat.")
     debrief_text = models.TextField(default="Thank you for taking part.")
+    close_when_full = models.BooleanField(
+        default=False,
+        help_text="Close the study by itself once every active arm has its target of completed "
+        "participants.",
+    )
     estimated_minutes = models.PositiveIntegerField(
         null=True,
         blank=True,
@@ -61,6 +66,16 @@ class Study(models.Model):
         "failed attention check allows a rejection, else two.",
     )
     time_limit_minutes = models.PositiveIntegerField(default=30, validators=[MinValueValidator(1)])
+    # Prolific's own unit: pence (GBP) or cents (USD) per participant; checked against Prolific's
+    # hourly rates at the median completion time (studies.analysis.pay).
+    reward = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="What each participant is paid on Prolific, in pence or cents (150 = 1.50).",
+    )
+    reward_currency = models.CharField(
+        max_length=3, choices=[("GBP", "GBP (pence)"), ("USD", "USD (cents)")], default="GBP"
+    )
     min_exchanges = models.PositiveIntegerField(
         default=1, help_text="Messages the participant sends before they may end the chat."
     )
@@ -102,47 +117,64 @@ class Study(models.Model):
             return Item.objects.none()
         return self.questionnaire.items.all()
 
-    def code(self, code_type: str) -> str:
-        """The completion code of that Prolific code type, or "" when the study has none."""
+    def code(self, ending: str) -> str:
+        """The code the study gives at that Ending, or "" when it has none."""
         pending = self.__dict__.get("_pending_codes", {})
-        if code_type in pending:
-            return pending[code_type]
+        if ending in pending:
+            return pending[ending]
         if not self.pk:
             return ""
-        row = self.completion_codes.filter(code_type=code_type).first()
+        row = self.completion_codes.filter(ending=ending).first()
         return row.code if row else ""
 
     def save(self, *args, **kwargs):
         super().save(*args, **kwargs)
-        for code_type, code in self.__dict__.pop("_pending_codes", {}).items():
+        for ending, code in self.__dict__.pop("_pending_codes", {}).items():
             if code:
                 CompletionCode.objects.update_or_create(
-                    study=self, code_type=code_type, defaults={"code": code}
+                    study=self,
+                    ending=ending,
+                    defaults={"code": code, "code_type": ENDING_CODE_TYPES[ending]},
                 )
             else:
-                CompletionCode.objects.filter(study=self, code_type=code_type).delete()
+                CompletionCode.objects.filter(study=self, ending=ending).delete()
 
-    def _set_code(self, code_type: str, code: str) -> None:
-        self.__dict__.setdefault("_pending_codes", {})[code_type] = code or ""
+    def _set_code(self, ending: str, code: str) -> None:
+        self.__dict__.setdefault("_pending_codes", {})[ending] = (code or "").strip()
 
-    # The three codes studies had before every code type was a CompletionCode row: still
-    # readable and settable (Study(completion_code=...) stores a row on save).
-    completion_code = property(
-        lambda self: self.code(CodeType.COMPLETED),
-        lambda self, code: self._set_code(CodeType.COMPLETED, code),
-    )
-    no_consent_code = property(
-        lambda self: self.code(CodeType.NO_CONSENT),
-        lambda self, code: self._set_code(CodeType.NO_CONSENT, code),
-    )
-    timeout_code = property(
-        lambda self: self.code(CodeType.OTHER),
-        lambda self, code: self._set_code(CodeType.OTHER, code),
-    )
+    @staticmethod
+    def _code_of(ending: str) -> property:
+        return property(
+            lambda self: self.code(ending), lambda self, code: self._set_code(ending, code)
+        )
 
     def participant_link(self, base_url: str | None = None) -> str:
         base = (base_url or settings.PUBLIC_URL).rstrip("/")
         return f"{base}/s/{self.slug}/"
+
+
+class Ending(models.TextChoices):
+    """The ways a participant leaves a study that hand out a completion code."""
+
+    COMPLETED = "completed", "Completed"
+    FAILED_ATTENTION = "failed_attention", "Completed, failing attention checks as Prolific allows"
+    NO_CONSENT = "no_consent", "Declined consent"
+    TIMED_OUT = "timed_out", "Timed out"
+    PROBLEM = (
+        "problem",
+        "Could not go on (every problem page); declined or timed out without a code",
+    )
+
+
+# The fields studies had before codes were CompletionCode rows stay readable and settable
+# (Study(completion_code=...) stores its row on save): the code of each Ending.
+for _field, _ending in (
+    ("completion_code", Ending.COMPLETED),
+    ("no_consent_code", Ending.NO_CONSENT),
+    ("timeout_code", Ending.TIMED_OUT),
+    ("other_code", Ending.PROBLEM),
+):
+    setattr(Study, _field, Study._code_of(_ending))
 
 
 class CodeType(models.TextChoices):
@@ -154,13 +186,25 @@ class CodeType(models.TextChoices):
     GIVE_BONUS = "GIVE_BONUS", "Give bonus"
     INCOMPATIBLE_DEVICE = "INCOMPATIBLE_DEVICE", "Incompatible device"
     NO_CONSENT = "NO_CONSENT", "No consent"
-    OTHER = "OTHER", "Other (timed out, or the study could not go on)"
+    OTHER = "OTHER", "Other"
     FIXED_SCREENOUT = "FIXED_SCREENOUT", "Fixed screen-out"
 
 
+# The code type of an Ending's code unless the researcher chooses another (Prolific has no
+# time-out type: OTHER, as for the problem pages).
+ENDING_CODE_TYPES = {
+    Ending.COMPLETED: CodeType.COMPLETED,
+    Ending.FAILED_ATTENTION: CodeType.FAILED_ATTENTION_CHECK,
+    Ending.NO_CONSENT: CodeType.NO_CONSENT,
+    Ending.TIMED_OUT: CodeType.OTHER,
+    Ending.PROBLEM: CodeType.OTHER,
+}
+
+
 class CompletionCode(models.Model):
-    """One code the study gives back to Prolific, by code type; each redirects to Prolific's
-    completion page with it. The action is what Prolific does with it (set there too)."""
+    """A code of the study on Prolific, of one of Prolific's code types, with its redirect to
+    Prolific's completion page. `ending` is when parley gives it; a code without one is used on
+    Prolific only (listed here with its redirect). `action`: what Prolific does with it."""
 
     class Action(models.TextChoices):
         AUTOMATICALLY_APPROVE = "AUTOMATICALLY_APPROVE", "Automatically approve"
@@ -175,14 +219,24 @@ class CompletionCode(models.Model):
     code = models.CharField(
         max_length=64, validators=[RegexValidator(r"^[A-Za-z0-9_-]+$", "Letters, digits, _ and -.")]
     )
+    ending = models.CharField(
+        max_length=20,
+        choices=Ending.choices,
+        blank=True,
+        help_text="When parley gives this code; blank: used on Prolific only.",
+    )
     action = models.CharField(
         max_length=32, choices=Action.choices, blank=True, help_text="As set on Prolific."
     )
 
     class Meta:
-        ordering = ["study", "code_type"]
+        ordering = ["study", "code_type", "id"]
         constraints = [
-            models.UniqueConstraint(fields=["study", "code_type"], name="one_code_per_type")
+            models.UniqueConstraint(
+                fields=["study", "ending"],
+                condition=~models.Q(ending=""),
+                name="one_code_per_ending",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -363,6 +417,9 @@ class Participant(models.Model):
         COMPLETED = "completed", "Completed"
         NO_CONSENT = "no_consent", "Declined consent"
         TIMED_OUT = "timed_out", "Timed out"
+        # The study could not start them (e.g. no scenario yet): they hold no place, and take
+        # one again when they come back and the study can start them.
+        UNSTARTED = "unstarted", "Could not start"
         RETURNED = "returned", "Returned on Prolific"
 
     # Those who hold a place in their arm (the least-filled assignment counts them).
@@ -392,6 +449,9 @@ class Participant(models.Model):
         help_text="Returned or timed out on Prolific: what was gathered is kept, flagged, and its "
         "place freed.",
     )
+    # Opened by staff from the study page on a fixed arm: the real flow, but never counted in
+    # assignment, caps, exports or analysis.
+    is_preview = models.BooleanField(default=False, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     consented_at = models.DateTimeField(null=True, blank=True)
     chat_ended_at = models.DateTimeField(null=True, blank=True)
@@ -420,6 +480,27 @@ class Participant(models.Model):
             self.Status.QUESTIONNAIRE,
         )
         return unfinished and timezone.now() > self.deadline
+
+
+class StudyError(models.Model):
+    """A problem a participant met (shown a friendly page instead), kept for the researcher."""
+
+    study = models.ForeignKey(Study, on_delete=models.CASCADE, related_name="errors")
+    participant = models.ForeignKey(
+        Participant, null=True, blank=True, on_delete=models.SET_NULL, related_name="errors"
+    )
+    path = models.CharField(max_length=500, blank=True)
+    title = models.CharField(max_length=200)
+    detail = models.TextField(blank=True)
+    traceback = models.TextField(blank=True, help_text="Unexpected errors only.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["study", "-created_at"])]
+
+    def __str__(self) -> str:
+        return self.title
 
 
 class Conversation(models.Model):

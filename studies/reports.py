@@ -1,7 +1,5 @@
 """The Django side of the analysis: a study's participant table in, AnalysisRun out."""
 
-import csv
-import io
 import traceback
 from dataclasses import asdict
 
@@ -9,8 +7,10 @@ import pandas as pd
 from django.db.models import Count, Q
 from django.utils import timezone
 
-from .analysis import Settings, build_report
+from .analysis import Settings, build_report, csvfile, pay
 from .analysis.plots import render_all
+from .analysis.report import control_named, measure_label
+from .domains import get_domain
 from .models import AnalysisRun, Item, Participant, Response, Study
 
 OUTCOME = "outcome"
@@ -30,8 +30,12 @@ def participant_table(study: Study, include_bots: bool = False) -> pd.DataFrame:
     Bot participants are rehearsal data, left out unless asked for."""
     items = measures_of(study)
     rows = {}
-    participants = study.participants.exclude(status=Participant.Status.NO_CONSENT).select_related(
-        "arm"
+    participants = (
+        study.participants.exclude(
+            status__in=[Participant.Status.NO_CONSENT, Participant.Status.UNSTARTED]
+        )
+        .filter(is_preview=False)
+        .select_related("arm")
     )
     if not include_bots:
         participants = participants.filter(is_bot=False)
@@ -70,8 +74,26 @@ def analysis_settings(study: Study, table: pd.DataFrame) -> Settings:
         scale_max=max(scales.values(), default=7),
         scales=scales,
         likert=tuple(item.key for item in items if item.kind == Item.Kind.LIKERT),
+        ranges=own_ranges(study, items, measures),
         family=study.holm_family,
     )
+
+
+def own_ranges(study: Study, items: list[Item], measures: list[str]) -> dict:
+    """Each number measure's own scale for the figures: a number item's min..max when both are
+    set, the Domain's reward range for the outcome; others are drawn on the values seen."""
+    ranges = {
+        item.key: (item.min_value, item.max_value)
+        for item in items
+        if item.kind == Item.Kind.NUMBER
+        and item.min_value is not None
+        and item.max_value is not None
+        and item.min_value < item.max_value
+    }
+    domain = get_domain(study.domain)
+    if OUTCOME in measures and domain is not None:
+        ranges[OUTCOME] = tuple(domain.reward_range)
+    return ranges
 
 
 def compute(run: AnalysisRun) -> AnalysisRun:
@@ -81,8 +103,9 @@ def compute(run: AnalysisRun) -> AnalysisRun:
         table = participant_table(run.study)
         settings = analysis_settings(run.study, table)
         run.settings = asdict(settings)
-        run.inputs = {"participants": len(table), "csv": table.to_csv(index=False)}
+        run.inputs = {"participants": len(table), "csv": csvfile.table_text(table)}
         run.results = build_report(table, settings)
+        run.results["pay"] = pay_check(run.study).to_dict()
         run.figures = render_all(run.results, "svg") if not run.results["errors"] else {}
         run.status = AnalysisRun.Status.DONE
     except Exception:  # noqa: BLE001 - a failed run is stored with its traceback, not lost
@@ -96,44 +119,85 @@ def target_reached(study: Study) -> bool:
     arms = study.arms.filter(active=True).annotate(
         done=Count(
             "participants",
-            filter=Q(participants__status=Participant.Status.COMPLETED, participants__is_bot=False),
+            filter=Q(
+                participants__status=Participant.Status.COMPLETED,
+                participants__is_bot=False,
+                participants__is_preview=False,
+            ),
         )
     )
     return bool(arms) and all(arm.done >= study.target_per_arm for arm in arms)
 
 
-def comparisons_csv(report: dict) -> str:
-    """The comparisons table and the descriptives, one CSV for a spreadsheet."""
-    out = io.StringIO()
-    writer = csv.writer(out)
-    writer.writerow(
-        [
-            "measure",
-            "arm",
-            "reference",
-            "n_arm",
-            "n_reference",
-            "mean_arm",
-            "mean_reference",
-            "diff",
-            "diff_ci_low",
-            "diff_ci_high",
-            "t",
-            "df",
-            "p",
-            "p_holm",
-            "hedges_g",
-            "p_holm<0.05",
-            "p_holm<0.01",
-            "note",
-        ]
+def completion_seconds(study: Study) -> list[float]:
+    """Arrival to completion of every completed (human) participant, in seconds: Prolific's clock
+    runs from when the participant opens the study, so reading the consent is paid time."""
+    done = study.participants.filter(
+        status=Participant.Status.COMPLETED,
+        is_bot=False,
+        is_preview=False,
+        completed_at__isnull=False,
     )
+    return [
+        (completed - arrived).total_seconds()
+        for arrived, completed in done.values_list("created_at", "completed_at")
+    ]
+
+
+def pay_check(study: Study) -> pay.PayCheck:
+    """The study's reward against Prolific's hourly rates at its median completion time."""
+    return pay.check(study.reward, study.reward_currency, completion_seconds(study))
+
+
+COMPARISON_COLUMNS = [
+    "measure",
+    "arm",
+    "reference",
+    "n_arm",
+    "n_reference",
+    "mean_arm",
+    "mean_reference",
+    "diff",
+    "diff_ci_low",
+    "diff_ci_high",
+    "t",
+    "df",
+    "p",
+    "p_holm",
+    "hedges_g",
+    "p_holm<0.05",
+    "p_holm<0.01",
+    "note",
+    "reversed",
+]
+DESCRIPTIVE_COLUMNS = [
+    "arm",
+    "measure",
+    "n",
+    "mean",
+    "sd",
+    "ci_low",
+    "ci_high",
+    "missing",
+    "note",
+    "reversed",
+    "control",
+]
+
+
+def comparisons_csv(report: dict) -> str:
+    """The comparisons table and the descriptives, one CSV for a spreadsheet. A reverse-coded
+    item's values are the flipped ones: its measure cell reads "name (reversed)" and the
+    "reversed" column says so; an undefined CI is left empty."""
+    reverse = {m["name"]: m.get("reverse", False) for m in report.get("measures", [])}
+    control = control_named(report)  # "control" only for a control arm that was set
+    rows: list[list] = [COMPARISON_COLUMNS]
     for c in report.get("comparisons", []):
         low, high = c.get("diff_ci") or (None, None)
         flags = c.get("flags") or {}
-        writer.writerow(
+        rows.append(
             [
-                c["measure"],
+                measure_label(c["measure"], reverse.get(c["measure"], False)),
                 c["arm"],
                 c["reference"],
                 c["n_arm"],
@@ -151,17 +215,17 @@ def comparisons_csv(report: dict) -> str:
                 flags.get("0.05"),
                 flags.get("0.01"),
                 c.get("note") or "",
+                reverse.get(c["measure"], False),
             ]
         )
-    writer.writerow([])
-    writer.writerow(["arm", "measure", "n", "mean", "sd", "ci_low", "ci_high", "missing", "note"])
+    rows += [[], DESCRIPTIVE_COLUMNS]
     for arm in report.get("arms", []):
         for measure, d in arm["measures"].items():
             low, high = d.get("ci") or (None, None)
-            writer.writerow(
+            rows.append(
                 [
                     arm["name"],
-                    measure,
+                    measure_label(measure, reverse.get(measure, False)),
                     d["n"],
                     d["mean"],
                     d["sd"],
@@ -169,6 +233,8 @@ def comparisons_csv(report: dict) -> str:
                     high,
                     d.get("missing"),
                     d.get("note") or "",
+                    reverse.get(measure, False),
+                    arm["name"] == control,
                 ]
             )
-    return out.getvalue()
+    return csvfile.to_text(rows)

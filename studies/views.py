@@ -1,19 +1,73 @@
 """Participant pages. Thin: the flow module holds the rules, templates the words."""
 
+import functools
+import logging
+import traceback
+
 from django.conf import settings
-from django.http import HttpResponse, HttpResponseRedirect
+from django.db import DatabaseError
+from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
-from . import flow, prolific_sync
-from .models import Participant
+from . import flow, problems, prolific_sync
+from .middleware import OUTAGE
+from .models import Participant, Study
 from .ratelimit import limit_arrivals
 
+log = logging.getLogger(__name__)
 
-def problem(request, error: flow.FlowError):
-    return render(request, "studies/problem.html", {"error": error}, status=error.status)
+
+def problem(request, error: flow.FlowError, study=None, participant=None):
+    """The friendly page of a step that cannot go on, with the study's way back to Prolific."""
+    back = None
+    if study is not None and study.other_code and not getattr(participant, "is_preview", False):
+        back = flow.PROLIFIC_COMPLETE_URL.format(code=study.other_code)
+    context = {"error": error, "study": study, "participant": participant, "prolific_url": back}
+    return render(request, "studies/problem.html", context, status=error.status)
+
+
+def whose(kwargs) -> tuple[Study | None, Participant | None]:
+    """The study and participant a participant URL names, if they can be read."""
+    try:
+        if "token" in kwargs:
+            participant = (
+                Participant.objects.select_related("study").filter(token=kwargs["token"]).first()
+            )
+            return (participant.study if participant else None), participant
+        if "slug" in kwargs:
+            return Study.objects.filter(slug=kwargs["slug"]).first(), None
+    except DatabaseError:
+        pass
+    return None, None
+
+
+def friendly(view):
+    """A participant never sees a server error: a flow error, or any unexpected exception,
+    gives the friendly page and is recorded for the researcher (the monitor lists it). A
+    database outage is left to DatabaseUnavailableMiddleware (its page retries by itself)."""
+
+    @functools.wraps(view)
+    def guarded(request, *args, **kwargs):
+        try:
+            return view(request, *args, **kwargs)
+        except (Http404, *OUTAGE):
+            raise
+        except flow.FlowError as error:
+            study, participant = whose(kwargs)
+            problems.record(study, participant, request.path, error)
+            return problem(request, error, study, participant)
+        except Exception:
+            log.exception("participant page %s failed", request.path)
+            study, participant = whose(kwargs)
+            problems.record(
+                study, participant, request.path, problems.UNEXPECTED, traceback.format_exc()
+            )
+            return problem(request, problems.UNEXPECTED, study, participant)
+
+    return guarded
 
 
 # The browser that first arrived keeps its participant's token in a signed cookie, so the same
@@ -29,16 +83,14 @@ def arrival_salt(study) -> str:
 
 @require_GET
 @limit_arrivals
+@friendly
 def arrive(request, slug):
     """The Prolific link: /s/<slug>/?PROLIFIC_PID=...&STUDY_ID=...&SESSION_ID=..."""
-    try:
-        study = flow.open_study(slug)
-        known_token = request.get_signed_cookie(
-            ARRIVAL_COOKIE, None, salt=arrival_salt(study), max_age=ARRIVAL_COOKIE_AGE
-        )
-        participant, _ = flow.arrive(study, request.GET, known_token)
-    except flow.FlowError as error:
-        return problem(request, error)
+    study = flow.open_study(slug)
+    known_token = request.get_signed_cookie(
+        ARRIVAL_COOKIE, None, salt=arrival_salt(study), max_age=ARRIVAL_COOKIE_AGE
+    )
+    participant, _ = flow.arrive(study, request.GET, known_token)
     response = redirect("studies:participant", token=participant.token)
     # Set at the first arrival and renewed on every resume: each of them proved its right.
     response.set_signed_cookie(
@@ -62,9 +114,13 @@ def load(token) -> Participant:
 
 
 @require_GET
+@friendly
 def participant(request, token):
     """Whatever step the participant is at: re-opening the link resumes here."""
     p = load(token)
+    if p.status == Participant.Status.UNSTARTED:  # could not start before: a place anew
+        flow.restart(p)
+        p = load(token)
     study = p.study
     context = {"participant": p, "study": study}
     match p.status:
@@ -99,21 +155,20 @@ def render_questionnaire(request, p, errors, data, status=200):
 
 
 @require_POST
+@friendly
 def consent(request, token):
     p = load(token)
     # Only the page's two buttons decide: anything else (a stray or forged post) changes nothing,
     # so a participant is never declined for good by a request they did not make.
     decision = request.POST.get("decision")
     if decision not in ("accept", "decline"):
-        return problem(
-            request,
-            flow.FlowError("Please choose", "Please choose whether you agree to take part."),
-        )
+        raise flow.FlowError("Please choose", "Please choose whether you agree to take part.")
     flow.give_consent(p, decision == "accept")
     return redirect("studies:participant", token=p.token)
 
 
 @require_POST
+@friendly
 def questionnaire(request, token):
     p = load(token)
     errors = flow.submit_questionnaire(p, request.POST)
@@ -123,6 +178,7 @@ def questionnaire(request, token):
 
 
 @require_GET
+@friendly
 def done(request, token):
     """Back to Prolific with the code that fits how the participant finished."""
     p = load(token)

@@ -15,16 +15,32 @@ from tests.conftest import free_port
 
 
 class ScriptedServer:
-    def __init__(self, replies: list[dict]):
-        """replies: {"content": str} or {"tool_calls": [(name, arguments_dict), ...]}."""
+    def __init__(self, replies: list[dict], models=("SmolLM2-135M-Instruct",)):
+        """replies: {"content": str} or {"tool_calls": [(name, arguments_dict), ...]};
+        models: what GET /v1/models lists (the go-live health check asks)."""
         self.replies = list(replies)
+        self.models = list(models)
+        self.model_lists = 0  # GET /v1/models answered
         self.requests: list[dict] = []
         self.headers: list[dict] = []
         self.client_ports: list[int] = []  # one port per TCP connection the client opened
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
-        app = Starlette(routes=[Route("/v1/chat/completions", self.complete, methods=["POST"])])
+        app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self.complete, methods=["POST"]),
+                Route("/v1/models", self.list_models, methods=["GET"]),
+            ]
+        )
         self.server = uvicorn.Server(uvicorn.Config(app, port=self.port, log_level="warning"))
+
+    async def list_models(self, request: Request):
+        self.model_lists += 1
+        data = [
+            {"id": name, "object": "model", "created": 0, "owned_by": "test"}
+            for name in self.models
+        ]
+        return JSONResponse({"object": "list", "data": data})
 
     async def complete(self, request: Request):
         body = await request.json()

@@ -58,6 +58,9 @@ class Domain(abc.ABC):
     # simulator's reward is then 1 - the agent's, else the agent's own
     user_opposes_agent: bool = False
     max_turns: int = 30  # messages of the user and agent, tool messages excluded
+    # lowest and highest `Outcome.reward` this Domain gives: a study's outcome figure is drawn
+    # on it (a Domain with another scale says so here)
+    reward_range: tuple[float, float] = (0.0, 1.0)
     max_tool_calls_per_turn: int = 10
 
     @abc.abstractmethod

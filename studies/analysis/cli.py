@@ -29,6 +29,20 @@ def _scales(text: str) -> dict[str, int]:
         raise argparse.ArgumentTypeError(f"--scales takes item=points pairs: {exc}") from exc
 
 
+def _ranges(text: str) -> dict[str, tuple[float, float]]:
+    try:
+        found = {}
+        for pair in _names(text):
+            name, bounds = pair.split("=")
+            low, high = bounds.split(":")
+            found[name.strip()] = (float(low), float(high))
+        return found
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"--ranges takes measure=low:high pairs, e.g. outcome=0:1: {exc}"
+        ) from exc
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--csv", required=True, help="wide CSV: one row per participant")
     parser.add_argument("--arm-column", required=True, help="column naming each row's arm")
@@ -48,6 +62,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--scales", type=_scales, help="points of items whose scale differs, e.g. calm=5,trust=9"
+    )
+    parser.add_argument(
+        "--ranges",
+        type=_ranges,
+        help="own scale of non-Likert measures for the figures, e.g. outcome=0:1,donation=0:2",
     )
     parser.add_argument(
         "--likert", help="comma-separated Likert items (default: integer measures within 1..k)"
@@ -81,6 +100,7 @@ def settings_from(options: dict[str, Any]) -> Settings:
         reverse=_names(options.get("reverse")),
         scale_max=options.get("scale_max", 7),
         scales=options.get("scales"),
+        ranges=options.get("ranges"),
         likert=_names(options["likert"]) if options.get("likert") else None,
         family=options.get("family", "measure"),
         alphas=tuple(options.get("alpha", (0.05, 0.01))),

@@ -16,6 +16,8 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from .report import control_named
+
 CONTROL_COLOR = "#4d4d4d"
 ARM_COLOR = "#2166ac"
 NEUTRAL_COLOR = "#cfcfcf"
@@ -27,14 +29,32 @@ def _new_figure(width: float, height: float) -> Figure:
     return figure
 
 
+def own_scale(measure: dict[str, Any]) -> tuple[float, float] | None:
+    """The y range of a measure's panel: its own scale (1..k for a Likert item, the outcome's
+    or number item's range), widened a little for a range seen only in the data."""
+    bounds = measure.get("range")
+    if bounds is None and measure.get("likert"):  # a report from before ranges were stored
+        bounds = [1, measure["scale_max"]]
+    if bounds is None:
+        return None
+    low, high = bounds
+    if measure.get("range_from") == "data":
+        pad = (high - low) * 0.05 if high > low else max(abs(low) * 0.1, 0.5)
+        return low - pad, high + pad
+    return low, high
+
+
 def means_figure(report: dict[str, Any]) -> Figure:
-    """One panel per measure: each arm's mean with its CI as an error bar."""
+    """One panel per measure: each arm's mean with its CI as an error bar, on the measure's own
+    scale. A CI reaching past the scale is cut at its edge (the table gives its numbers); the
+    points themselves are drawn unclipped so a mean on the edge (all 7s) shows in full."""
     measures = report["measures"]
     columns = min(4, max(1, len(measures)))
     rows = max(1, math.ceil(len(measures) / columns))
     figure = _new_figure(3.2 * columns, 2.8 * rows)
     axes = figure.subplots(rows, columns, squeeze=False).ravel()
     level = f"{report['settings']['ci_level']:.0%}"
+    control = control_named(report)
     for ax, measure in zip(axes, measures, strict=False):
         name = measure["name"]
         for x, arm in enumerate(report["arms"]):
@@ -43,16 +63,33 @@ def means_figure(report: dict[str, Any]) -> Figure:
                 continue
             low, high = d["ci"]
             error = None if low is None else [[d["mean"] - low], [high - d["mean"]]]
+            # The reference arm in grey; called "control" below only when one was set.
             color = CONTROL_COLOR if arm["control"] else ARM_COLOR
-            ax.errorbar([x], [d["mean"]], yerr=error, fmt="o", color=color, capsize=4)
-        ax.set_xticks(range(len(report["arms"])), [a["name"] for a in report["arms"]])
+            bars = ax.errorbar([x], [d["mean"]], yerr=error, fmt="o", color=color, capsize=4)
+            bars.lines[0].set_clip_on(False)
+        ax.set_xticks(range(len(report["arms"])), [arm_label(a, control) for a in report["arms"]])
         ax.set_xlim(-0.5, len(report["arms"]) - 0.5)
-        ax.set_title(name + (" (reverse-coded)" if measure["reverse"] else ""), fontsize=10)
+        scale = own_scale(measure)
+        if scale is not None:
+            # A mean off its declared scale (an outcome outside the Domain's range) still shows.
+            means = [a["measures"][name]["mean"] for a in report["arms"]]
+            means = [m for m in means if m is not None]
+            scale = (min([scale[0], *means]), max([scale[1], *means]))
+            ax.set_ylim(*scale)
+            if measure.get("likert"):
+                ax.set_yticks(range(int(scale[0]), int(scale[1]) + 1))
+        ax.set_title(measure.get("label", name), fontsize=10)
         ax.tick_params(axis="x", labelrotation=30, labelsize=8)
+        for label in ax.get_xticklabels():
+            label.set_horizontalalignment("right")
     for ax in axes[len(measures) :]:
         ax.set_visible(False)
     figure.suptitle(f"Mean per arm with {level} CI", fontsize=11)
     return figure
+
+
+def arm_label(arm: dict[str, Any], control: str | None) -> str:
+    return arm["name"] + (" (control)" if arm["name"] == control else "")
 
 
 def diverging_offsets(counts: np.ndarray) -> tuple[np.ndarray, float]:
@@ -121,9 +158,14 @@ def figures(report: dict[str, Any]) -> dict[str, Figure]:
     return found
 
 
+# Saved to the bounding box of everything drawn (long arm names, a legend below the axes), with
+# a margin, so nothing is cut at the figure's edge.
+TIGHT = {"bbox_inches": "tight", "pad_inches": 0.1}
+
+
 def render_png(figure: Figure, dpi: int = 110) -> bytes:
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=dpi, metadata={"Software": None})
+    figure.savefig(buffer, format="png", dpi=dpi, metadata={"Software": None}, **TIGHT)
     return buffer.getvalue()
 
 
@@ -131,7 +173,7 @@ def render_svg(figure: Figure) -> str:
     """SVG text; fixed hash salt and no date, so the same report gives the same file."""
     buffer = io.StringIO()
     with matplotlib.rc_context({"svg.hashsalt": "parley"}):
-        figure.savefig(buffer, format="svg", metadata={"Date": None})
+        figure.savefig(buffer, format="svg", metadata={"Date": None}, **TIGHT)
     return buffer.getvalue()
 
 

@@ -14,14 +14,22 @@ the plots all read it. Its keys (format ``parley.analysis/1``):
   reasons are ``no_arm``, ``unfinished``, ``failed_attention_check`` and may overlap
   (``total`` counts each excluded participant once).
 - ``arms``: list in analysis order (the study's order, or first appearance in the
-  table), each ``{name, control, participants, measures: {measure: descriptives}}``
-  where descriptives are ``{n, mean, sd, se, ci: [low, high], missing, non_numeric,
-  out_of_range, note}`` (SD with ddof=1, CI t-based at ``settings.ci_level``).
-- ``measures``: list of ``{name, reverse, likert, scale_max, missing, non_numeric: {count,
-  examples}, out_of_range: {count, examples}, distribution}``; ``distribution`` is null or, for
-  Likert items, ``{arm: {"1": count, ..., "k": count}}`` of the answers as given
-  (before reverse coding), included participants only.
-- ``comparisons``: list of ``{measure, arm, reference, n_arm, n_reference, mean_arm,
+  table), each ``{name, control, participants, measures: {measure: descriptives}}``.
+  ``control`` marks the arm the others are compared with: ``settings.control``, or the first
+  arm when that is null; only a non-null ``settings.control`` is a control the researcher set,
+  and only that one is called "control" on the page and in figures (``control_named``).
+  Descriptives are ``{n, mean, sd, se, ci: [low, high], missing, non_numeric, out_of_range,
+  note, label}`` (SD with ddof=1, CI t-based at ``settings.ci_level``; values of a
+  reverse-coded item are the flipped ones).
+- ``measures``: list of ``{name, label, reverse, likert, scale_max, range: [low, high],
+  range_from, missing, non_numeric: {count, examples}, out_of_range: {count, examples},
+  distribution}``. ``label`` is the name, with " (reversed)" for a reverse-coded item, and is
+  what every table and figure shows beside flipped values. ``range`` is the measure's own
+  scale for figures: 1..k for a Likert item (``range_from`` "likert"), the range given in
+  ``settings.ranges`` ("settings"), else the lowest and highest value analysed ("data"), or
+  null with no values. ``distribution`` is null or, for Likert items, ``{arm: {"1": count,
+  ..., "k": count}}`` of the answers as given (before reverse coding), included participants only.
+- ``comparisons``: list of ``{measure, label, arm, reference, n_arm, n_reference, mean_arm,
   mean_reference, diff, diff_ci: [low, high], t, df, p, family, p_holm, hedges_g,
   flags: {"0.05": bool, "0.01": bool}, stars, note}``. ``diff`` is mean(arm) -
   mean(reference), as R's ``t.test(arm, reference)``. ``flags`` test ``p_holm < alpha``.
@@ -64,6 +72,9 @@ class Settings:
     scale_max: int = 7
     scales: dict[str, int] | None = None  # points per item where items differ from scale_max
     likert: tuple[str, ...] | None = None  # None: detect (integers within 1..scale_max)
+    # Own range [low, high] of non-Likert measures for figures (a number item's min/max, the
+    # outcome's reward range); a Likert item's is always 1..k.
+    ranges: dict[str, tuple[float, float]] | None = None
     family: str = "measure"
     alphas: tuple[float, ...] = (0.05, 0.01)
     ci_level: float = 0.95
@@ -82,6 +93,9 @@ class Settings:
                 object.__setattr__(self, name, tuple(value))
         if self.scales is not None:
             object.__setattr__(self, "scales", dict(self.scales))
+        if self.ranges is not None:
+            ranges = {m: tuple(r) if isinstance(r, list) else r for m, r in self.ranges.items()}
+            object.__setattr__(self, "ranges", ranges)
 
     def scale_of(self, measure: str) -> int:
         """Likert points k of a measure (answers 1..k)."""
@@ -106,11 +120,36 @@ class Settings:
             found.append(f"alphas must lie strictly between 0 and 1, not {list(self.alphas)}")
         if not 0 < self.ci_level < 1:
             found.append(f"ci_level must lie strictly between 0 and 1, not {self.ci_level}")
-        for name in ("reverse", "likert", "scales"):
+        for name, bounds in (self.ranges or {}).items():
+            if not _valid_range(bounds):
+                found.append(
+                    f"the range of {name} must be [low, high] with low < high, not {bounds!r}"
+                )
+        for name in ("reverse", "likert", "scales", "ranges"):
             unknown = [m for m in getattr(self, name) or () if m not in self.measures]
             if unknown:
                 found.append(f"{name} items {unknown} are not among the measures")
         return found
+
+
+def _valid_range(bounds) -> bool:
+    try:
+        low, high = (float(b) for b in bounds)
+    except (TypeError, ValueError):
+        return False
+    return math.isfinite(low) and math.isfinite(high) and low < high
+
+
+def measure_label(name: str, reverse: bool) -> str:
+    """What tables and figures call a measure: a reverse-coded item's values are flipped, so
+    its name alone would pass them off as the answers given."""
+    return f"{name} (reversed)" if reverse else name
+
+
+def control_named(report: dict[str, Any]) -> str | None:
+    """The control arm the researcher set, or None: without one the first arm is only the
+    reference of the comparisons and must not be presented as a control."""
+    return (report.get("settings") or {}).get("control")
 
 
 def alpha_key(alpha: float) -> str:
@@ -287,17 +326,34 @@ def _measure(name, column, settings, selections, included, notes):
             f"measure {name!r}: {bad_range} answers outside 1..{k} in a "
             f"reverse-coded item dropped, e.g. {_examples_text(out_examples)}"
         )
+    bounds, source = _own_range(name, likert, k, analysed[included], settings)
     entry = {
         "name": name,
+        "label": measure_label(name, reverse),
         "reverse": reverse,
         "likert": likert,
         "scale_max": k,
+        "range": bounds,
+        "range_from": source,
         "missing": missing,
         "non_numeric": {"count": invalid, "examples": invalid_examples},
         "out_of_range": {"count": bad_range, "examples": out_examples},
         "distribution": distribution,
     }
     return entry, per_arm, cells
+
+
+def _own_range(name, likert, k, values, settings):
+    """The measure's own scale for figures, and where it came from (see the module docstring)."""
+    if likert:
+        return [1, k], "likert"
+    given = (settings.ranges or {}).get(name)
+    if given is not None:
+        return [float(given[0]), float(given[1])], "settings"
+    seen = values[np.isfinite(values)]
+    if not seen.size:
+        return None, None
+    return [float(seen.min()), float(seen.max())], "data"
 
 
 def _descriptives(summary: stats.Summary, cells: dict) -> dict:
@@ -318,6 +374,7 @@ def _compare(measure, arm, reference, x, y, sx, sy, settings) -> dict:
     test = stats.welch(x, y, settings.ci_level)
     entry = {
         "measure": measure,
+        "label": measure_label(measure, measure in settings.reverse),
         "arm": arm,
         "reference": reference,
         "n_arm": sx.n,
@@ -363,6 +420,7 @@ def build_report(table: pd.DataFrame, settings: Settings) -> dict[str, Any]:
     if list(table.columns).count(settings.arm_column) == 1:
         labels = arm_labels(table[settings.arm_column])
         arms = _arm_order(labels, settings, notes)
+        # Without a control set, the first arm is only the reference of the comparisons.
         control = settings.control if settings.control is not None else (arms[0] if arms else None)
         if not arms:
             errors.append(f"no arm names found in column {settings.arm_column!r}")
@@ -399,7 +457,8 @@ def build_report(table: pd.DataFrame, settings: Settings) -> dict[str, Any]:
         summaries = {arm: stats.describe(per_arm[arm], settings.ci_level) for arm in arms}
         for arm_entry in report["arms"]:
             arm = arm_entry["name"]
-            arm_entry["measures"][name] = _descriptives(summaries[arm], cells[arm])
+            descriptives = _descriptives(summaries[arm], cells[arm])
+            arm_entry["measures"][name] = {**descriptives, "label": entry["label"]}
         for arm, reference in pairs:
             report["comparisons"].append(
                 _compare(

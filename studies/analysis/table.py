@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from . import csvfile
+
 MISSING_TOKENS = frozenset({"", "na", "n/a", "nan", "null", "none", "."})
 TRUE_TOKENS = frozenset({"true", "t", "yes", "y", "1", "1.0", "pass", "passed"})
 FALSE_TOKENS = frozenset({"false", "f", "no", "n", "0", "0.0", "fail", "failed"})
@@ -26,7 +28,7 @@ class TableError(ValueError):
 def read_csv(path, delimiter: str = ",") -> pd.DataFrame:
     """All cells as text, so arm names like "01" and bad cells survive for reporting."""
     try:
-        return pd.read_csv(
+        table = pd.read_csv(
             path,
             dtype=str,
             keep_default_na=False,
@@ -38,6 +40,15 @@ def read_csv(path, delimiter: str = ",") -> pd.DataFrame:
         raise TableError(f"CSV file {path} is empty") from exc
     except (OSError, UnicodeDecodeError, pd.errors.ParserError) as exc:
         raise TableError(f"cannot read CSV file {path}: {exc}") from exc
+    # Cells parley's writer (csvfile) guarded against spreadsheets come back as written.
+    table.columns = [csvfile.restore(str(c)) for c in table.columns]
+    for name in table.columns.unique():
+        column = table[name]
+        if isinstance(column, pd.Series):  # a repeated column is reported, not restored
+            guarded = column.str.match(csvfile.GUARDED).fillna(False).to_numpy(dtype=bool)
+            if guarded.any():
+                table[name] = column.where(~guarded, column.str[1:])
+    return table
 
 
 def _as_text(column: pd.Series) -> pd.Series:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .report import control_named, measure_label
+
 
 def to_json(report: dict[str, Any], indent: int | None = 2) -> str:
     """Strict JSON: a NaN that slipped through raises instead of writing invalid JSON."""
@@ -12,11 +14,14 @@ def to_json(report: dict[str, Any], indent: int | None = 2) -> str:
 
 
 def _num(value, spec: str = ".3f") -> str:
-    return "NA" if value is None else format(value, spec)
+    return "n/a" if value is None else format(value, spec)  # as the admin page writes it
 
 
-def _interval(pair, spec: str = ".3f") -> str:
-    return f"[{_num(pair[0], spec)}, {_num(pair[1], spec)}]"
+def interval(pair, spec: str = ".3f") -> str:
+    """A CI as "[low, high]", or "n/a" when it is undefined (n < 2, zero variance)."""
+    if not pair or any(v is None for v in pair):
+        return "n/a"
+    return f"[{format(pair[0], spec)}, {format(pair[1], spec)}]"
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -28,9 +33,46 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return [line(header), line(["-" * w for w in widths]), *map(line, rows)]
 
 
+def with_labels(report: dict[str, Any]) -> dict[str, Any]:
+    """The report with every comparison and descriptive labelled (reports stored before labels
+    existed name a reverse-coded item bare)."""
+    reverse = {m["name"]: m.get("reverse", False) for m in report.get("measures", [])}
+    labelled = {**report}
+    labelled["comparisons"] = [
+        {**c, "label": measure_label(c["measure"], reverse.get(c["measure"], False))}
+        for c in report.get("comparisons", [])
+    ]
+    control = control_named(report)
+    labelled["arms"] = [
+        {
+            **arm,
+            "named_control": arm["name"] == control,
+            "measures": {
+                name: {**d, "label": measure_label(name, reverse.get(name, False))}
+                for name, d in arm["measures"].items()
+            },
+        }
+        for arm in report.get("arms", [])
+    ]
+    return labelled
+
+
+def arm_name(arm: dict[str, Any], report: dict[str, Any]) -> str:
+    """An arm's name, with "(control)" only for a control that was set."""
+    return arm["name"] + (" (control)" if arm["name"] == control_named(report) else "")
+
+
+def pay_lines(pay: dict[str, Any] | None) -> list[str]:
+    """The pay check (studies.analysis.pay) as text lines, if the report carries one."""
+    if not pay:
+        return []
+    return ["", f"Pay: {pay['message']}"]
+
+
 def format_report(report: dict[str, Any]) -> str:
     """Participants, descriptives per arm and measure, comparisons, then notes and errors."""
     lines: list[str] = []
+    report = with_labels(report)
     settings = report["settings"]
     if not report["errors"]:
         people = report["participants"]
@@ -39,14 +81,18 @@ def format_report(report: dict[str, Any]) -> str:
             f"Participants: {people['total']} total, {people['included']} included, "
             f"{people['excluded']['total']} excluded" + (f" ({reasons})" if reasons else "")
         )
-        control = next((a["name"] for a in report["arms"] if a["control"]), None)
-        scope = "all pairs of arms" if settings["pairs"] == "all" else f"each arm vs {control!r}"
+        scope = "all pairs of arms"
+        if settings["pairs"] != "all":
+            reference = next((a["name"] for a in report["arms"] if a["control"]), None)
+            # "control" only when one was set; otherwise the first arm is just the reference.
+            named = "the control arm " if control_named(report) else "the first arm "
+            scope = f"each arm vs {named}{reference!r}"
         lines.append(f"Comparisons: {scope}; Holm family: {settings['family']}")
         level = f"{settings['ci_level']:.0%}"
         lines += ["", "Descriptives"]
         rows = [
-            [m["name"] + (" (reversed)" if m["reverse"] else ""), arm["name"], str(d["n"])]
-            + [_num(d["mean"]), _num(d["sd"]), _interval(d["ci"])]
+            [measure_label(m["name"], m["reverse"]), arm_name(arm, report), str(d["n"])]
+            + [_num(d["mean"]), _num(d["sd"]), interval(d["ci"])]
             for m in report["measures"]
             for arm in report["arms"]
             for d in [arm["measures"][m["name"]]]
@@ -55,8 +101,8 @@ def format_report(report: dict[str, Any]) -> str:
         if report["comparisons"]:
             lines += ["", "Comparisons (Welch t-test; p_holm is Holm-Bonferroni adjusted)"]
             rows = [
-                [c["measure"], f"{c['arm']} - {c['reference']}", _num(c["diff"])]
-                + [_interval(c["diff_ci"]), _num(c["t"]), _num(c["df"], ".2f")]
+                [c["label"], f"{c['arm']} - {c['reference']}", _num(c["diff"])]
+                + [interval(c["diff_ci"]), _num(c["t"]), _num(c["df"], ".2f")]
                 + [_num(c["p"], ".4g"), _num(c["p_holm"], ".4g"), c["stars"]]
                 + [_num(c["hedges_g"]), c["note"] or ""]
                 for c in report["comparisons"]
@@ -68,6 +114,7 @@ def format_report(report: dict[str, Any]) -> str:
                 for i, a in enumerate(sorted(set(settings["alphas"]), reverse=True))
             )
             lines.append(alphas)
+    lines += pay_lines(report.get("pay"))
     for title, items in (("Notes", report["notes"]), ("Errors", report["errors"])):
         if items:
             lines += ["", f"{title}:", *(f"- {item}" for item in items)]

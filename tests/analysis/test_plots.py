@@ -57,7 +57,7 @@ def test_likert_bars_cover_each_arm_and_centre_the_neutral_answer(report):
 def test_means_figure_draws_each_arm_mean(report):
     figure = means_figure(report)
     visible = [ax for ax in figure.axes if ax.get_visible()]
-    assert [ax.get_title() for ax in visible] == ["calm (reverse-coded)", "score"]
+    assert [ax.get_title() for ax in visible] == ["calm (reversed)", "score"]
     plotted = [bar.lines[0].get_ydata()[0] for bar in visible[1].containers]
     means = [a["measures"]["score"]["mean"] for a in report["arms"]]
     assert plotted == pytest.approx(means)  # "none" (n = 1) has a mean but no error bar

@@ -86,8 +86,8 @@ def test_responses_csv_has_one_row_per_participant(admin_client, finished):
         "2",
     )
     assert (done["helpful"], done["frustration"], done["donation"], done["comment"]) == (
-        "6.0",
-        "2.0",
+        "6",  # a Likert answer is an integer, not "6.0"
+        "2",
         "1.5",
         "fine",
     )

@@ -38,8 +38,16 @@ READS = {
     "studies_participant_transcript",
     "studies_analysisrun_download",
     "training_trainingrun_progress",
+    "studies_study_monitor",
+    "studies_study_monitor_json",
+    "studies_study_preview",
 }
-ACTS = {"studies_study_import", "studies_study_analyse", "studies_study_bonus_csv"}
+ACTS = {
+    "studies_study_import",
+    "studies_study_analyse",
+    "studies_study_switch",
+    "studies_study_bonus_csv",
+}
 
 
 def custom_admin_urls() -> dict[str, str]:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from studies.models import Participant, Study
+from studies.models import Item, Participant, Questionnaire, Study
 from tests.conftest import REPO, child_env, need
 from tests.scripted_server import ScriptedServer
 
@@ -90,10 +90,15 @@ def test_researcher_creates_a_study_rehearses_it_with_bots_and_reads_them(
         # A study as data: its fields, then two arms inline.
         page.goto(f"{web}/admin/studies/study/add/")
         page.fill("#id_title", "Rehearsal")  # the admin fills the slug from the title
-        page.select_option("#id_status", "live")
-        page.click("#completion_codes-group .add-row a")  # codes by Prolific code type, inline
+        # codes inline, each of a Prolific code type and given at one ending
+        page.click("#completion_codes-group .add-row a")
         page.select_option("#id_completion_codes-0-code_type", "COMPLETED")
         page.fill("#id_completion_codes-0-code", "REHEARSED")
+        page.select_option("#id_completion_codes-0-ending", "completed")
+        page.click("#completion_codes-group .add-row a")  # the way back for those who decline
+        page.select_option("#id_completion_codes-1-code_type", "OTHER")
+        page.fill("#id_completion_codes-1-code", "OTHERWAY")
+        page.select_option("#id_completion_codes-1-ending", "problem")
         page.fill("#id_min_exchanges", "1")
         page.fill("#id_max_exchanges", "3")
         for i, name in enumerate(["warm", "brief"]):
@@ -107,6 +112,19 @@ def test_researcher_creates_a_study_rehearses_it_with_bots_and_reads_them(
         study = Study.objects.filter(slug="rehearsal").first()
         assert study is not None, page.inner_text("#content")[:3000]
         assert list(study.arms.values_list("name", flat=True)) == ["warm", "brief"]
+
+        # Live only after the go-live checks: the questionnaire is missing, then added.
+        page.goto(f"{web}/admin/studies/study/")
+        page.check(f"input[name=_selected_action][value='{study.pk}']")
+        page.select_option("select[name=action]", "go_live")
+        page.click("button[name=index]")
+        assert "There is no questionnaire" in page.inner_text(".messagelist")
+        questionnaire = Questionnaire.objects.create(study=study)
+        Item.objects.create(questionnaire=questionnaire, key="helpful", prompt="Helpful?")
+        page.check(f"input[name=_selected_action][value='{study.pk}']")
+        page.select_option("select[name=action]", "go_live")
+        page.click("button[name=index]")
+        assert "is live" in page.inner_text(".messagelist")
 
         # Rehearse: the action queues bots on the worker, which drives them through the server.
         page.goto(f"{web}/admin/studies/study/")

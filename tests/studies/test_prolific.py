@@ -21,6 +21,7 @@ from studies.models import (
     CodeType,
     CompletionCode,
     Conversation,
+    Ending,
     Item,
     Message,
     Participant,
@@ -295,7 +296,9 @@ def test_attention_rejections_only_as_prolific_allows(linked, minutes, failures,
     assert prolific_sync.attention_rejection_allowed(p) is allowed
     queued, skipped = prolific_sync.decide([p], Review.Action.REJECT, LONG_MESSAGE, "FAILED_CHECK")
     assert bool(queued) is allowed
-    CompletionCode.objects.create(study=linked, code_type="FAILED_ATTENTION_CHECK", code="FAILAC")
+    CompletionCode.objects.create(
+        study=linked, code_type="FAILED_ATTENTION_CHECK", code="FAILAC", ending="failed_attention"
+    )
     p.refresh_from_db()
     expected = "FAILAC" if allowed else "DONE123"
     assert flow.completion_url(p).endswith(f"cc={expected}")
@@ -461,16 +464,18 @@ def test_csv_bonuses_are_validated(linked):
 
 def test_every_code_type_redirects_with_its_code(client, linked):
     CompletionCode.objects.create(study=linked, code_type=CodeType.FIXED_SCREENOUT, code="SCR1")
-    codes = {c.code_type: c for c in linked.completion_codes.all()}
-    assert {t: c.code for t, c in codes.items()} == {
-        "COMPLETED": "DONE123",
-        "NO_CONSENT": "NOCONS",
-        "OTHER": "LATE",
-        "FIXED_SCREENOUT": "SCR1",
+    linked.other_code = "PROB1"
+    linked.save()
+    codes = {(c.code_type, c.ending): c.code for c in linked.completion_codes.all()}
+    assert codes == {
+        ("COMPLETED", "completed"): "DONE123",
+        ("NO_CONSENT", "no_consent"): "NOCONS",
+        ("OTHER", "timed_out"): "LATE",
+        ("OTHER", "problem"): "PROB1",
+        ("FIXED_SCREENOUT", ""): "SCR1",  # used on Prolific only: listed with its redirect
     }
-    assert codes["FIXED_SCREENOUT"].redirect_url == (
-        "https://app.prolific.com/submissions/complete?cc=SCR1"
-    )
+    screenout = linked.completion_codes.get(code="SCR1")
+    assert screenout.redirect_url == "https://app.prolific.com/submissions/complete?cc=SCR1"
     for status, code in [("completed", "DONE123"), ("no_consent", "NOCONS"), ("timed_out", "LATE")]:
         p = join(linked, f"PID-{status}", f"S-{status}", status=status)
         response = client.get(f"/p/{p.token}/done/")
@@ -478,14 +483,38 @@ def test_every_code_type_redirects_with_its_code(client, linked):
         assert response["Location"] == f"https://app.prolific.com/submissions/complete?cc={code}"
     returned = join(linked, "PIDR", "SR", status=Participant.Status.RETURNED)
     assert flow.completion_url(returned) is None
-    # the old fields still set and read the rows
+    # the old fields still set and read the rows; an ending without a code falls back to OTHER
     linked.timeout_code = "LATE2"
     linked.no_consent_code = ""
     linked.save()
-    assert (
-        linked.code("OTHER") == "LATE2"
-        and not linked.completion_codes.filter(code_type="NO_CONSENT").exists()
+    assert linked.code(Ending.TIMED_OUT) == "LATE2" and linked.timeout_code == "LATE2"
+    assert not linked.completion_codes.filter(ending="no_consent").exists()
+    declined = linked.participants.get(prolific_pid="PID-no_consent")
+    assert flow.completion_url(declined).endswith("cc=PROB1")
+
+
+def test_one_code_per_ending_in_the_admin(admin_client, linked):
+    from django.urls import reverse
+
+    from tests.studies.test_golive import change_form_data
+
+    url = reverse("admin:studies_study_change", args=[linked.pk])
+    data = change_form_data(admin_client, url)
+    n = int(data["completion_codes-TOTAL_FORMS"])
+    data.update(
+        {
+            "completion_codes-TOTAL_FORMS": str(n + 1),
+            f"completion_codes-{n}-code_type": "COMPLETED",
+            f"completion_codes-{n}-code": "SECOND",
+            f"completion_codes-{n}-ending": "completed",
+        }
     )
+    response = admin_client.post(url, data)
+    assert response.status_code == 200 and b"One code per ending" in response.content
+    data[f"completion_codes-{n}-ending"] = ""  # a second COMPLETED code, used on Prolific only
+    assert admin_client.post(url, data).status_code == 302
+    assert linked.completion_code == "DONE123"
+    assert linked.completion_codes.filter(code="SECOND", ending="").exists()
 
 
 # --- secrets --------------------------------------------------------------------------------
@@ -532,21 +561,30 @@ def test_the_old_code_fields_become_rows_of_their_code_types(transactional_db):
     from django.db.migrations.executor import MigrationExecutor
 
     before, after = (
-        [("studies", "0004_one_automatic_analysis_per_study")],
-        [("studies", "0005_prolific")],
+        [("studies", "0006_golive_preview_errors")],
+        [("studies", "0007_prolific")],
     )
     executor = MigrationExecutor(connection)
     executor.migrate(before)
     old = executor.loader.project_state(before).apps.get_model("studies", "Study")
     old.objects.create(
-        slug="old", title="Old", completion_code="C1", no_consent_code="", timeout_code="T9"
+        slug="old",
+        title="Old",
+        completion_code="C1",
+        no_consent_code="",
+        timeout_code="T9",
+        other_code="T9",
     )
     executor = MigrationExecutor(connection)
     executor.loader.build_graph()
     executor.migrate(after)
     new = executor.loader.project_state(after).apps.get_model("studies", "CompletionCode")
-    rows = set(new.objects.filter(study__slug="old").values_list("code_type", "code"))
-    assert rows == {("COMPLETED", "C1"), ("OTHER", "T9")}
+    rows = set(new.objects.filter(study__slug="old").values_list("ending", "code_type", "code"))
+    assert rows == {
+        ("completed", "COMPLETED", "C1"),
+        ("timed_out", "OTHER", "T9"),
+        ("problem", "OTHER", "T9"),
+    }
     executor = MigrationExecutor(connection)
     executor.loader.build_graph()
     executor.migrate(executor.loader.graph.leaf_nodes())

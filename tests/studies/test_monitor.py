@@ -1,0 +1,142 @@
+"""The live monitor: places per arm by status, live conversations, time per stage, endpoint
+health, the latest errors with their participant, and the pause switch; it refreshes itself."""
+
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.core.cache import cache
+from django.urls import reverse
+from django.utils import timezone
+
+from studies import flow, monitor
+from studies.models import Arm, Participant, Study, StudyError
+from tests.scripted_server import ScriptedServer
+from tests.studies.conftest import GOOD_ANSWERS, make_study, prolific
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def no_remembered_health():
+    """Endpoint health is cached briefly; each test asks afresh."""
+    cache.clear()
+
+
+@pytest.fixture
+def engine():
+    with ScriptedServer([], models=["SmolLM2-135M-Instruct"]) as server:
+        yield server
+
+
+@pytest.fixture
+def running(engine):
+    """Arm a on a healthy endpoint, arm b on one that does not answer; people at every stage."""
+    study = make_study(engine=engine.url)
+    Arm.objects.filter(study=study, name="b").update(endpoint_url="http://127.0.0.1:9/v1")
+    people = {}
+    for pid in ("done", "chatting", "reading"):
+        p, _ = flow.arrive(study, prolific(pid=pid, session_id=pid))
+        Participant.objects.filter(pk=p.pk).update(arm=study.arms.get(name="a"))
+        people[pid] = Participant.objects.get(pk=p.pk)
+    done = people["done"]
+    flow.give_consent(done, True)
+    flow.store_user_message(done, "d1", "hi")
+    flow.end_chat(done)
+    flow.submit_questionnaire(done, GOOD_ANSWERS)
+    start = timezone.now() - timedelta(minutes=10)
+    Participant.objects.filter(pk=done.pk).update(
+        created_at=start,
+        consented_at=start + timedelta(seconds=30),
+        chat_ended_at=start + timedelta(seconds=330),
+        completed_at=start + timedelta(seconds=390),
+    )
+    flow.give_consent(people["chatting"], True)
+    flow.store_user_message(people["chatting"], "c1", "hello there")
+    Participant.objects.filter(pk=people["chatting"].pk).update(
+        created_at=start, consented_at=start + timedelta(seconds=90)
+    )
+    flow.start_preview(study.arms.get(name="b"))
+    StudyError.objects.create(
+        study=study, participant=people["reading"], title="Boom", detail="it broke", path="/p/x/"
+    )
+    return study
+
+
+def test_the_snapshot_counts_times_health_and_errors(running):
+    data = monitor.snapshot(running)
+    a, b = data["arms"]
+    assert a["counts"]["completed"] == 1 and a["counts"]["chat"] == 1
+    assert a["counts"]["consent"] == 1 and a["holding"] == 3
+    assert sum(b["counts"].values()) == 0  # the preview is counted apart
+    assert data["others"] == {"bots": 0, "previews": 1}
+    assert a["healthy"] is True and b["healthy"] is False and "does not answer" in b["health"]
+    assert data["stages"]["consent"] == 60 and data["stages"]["chat"] == 300
+    assert data["stages"]["questionnaire"] == 60 and data["stages"]["total"] == 390
+    [active] = data["active"]
+    assert active["pid"] == "chatting" and active["sent"] == 1 and active["last_activity"]
+    [error] = data["errors"]
+    assert error["pid"] == "reading" and error["title"] == "Boom"
+
+
+def test_the_page_and_its_json_refresh(admin_client, running, engine):
+    page = admin_client.get(reverse("admin:studies_study_monitor", args=[running.pk]))
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert "monitor.js" in text and "data-refresh-url" in text
+    assert "chatting" in text and "Boom" in text and "unhealthy" in text
+    asked = engine.model_lists
+    response = admin_client.get(reverse("admin:studies_study_monitor_json", args=[running.pk]))
+    data = response.json()
+    assert data["study"]["status"] == "live" and "Boom" in data["html"]
+    assert engine.model_lists == asked  # health is cached between refreshes
+
+
+def staff(username, *codenames) -> User:
+    user = User.objects.create(username=username, is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
+    return user
+
+
+def test_the_pause_switch_needs_the_change_permission_and_a_post(client, running):
+    url = reverse("admin:studies_study_switch", args=[running.pk])
+    client.force_login(staff("viewer", "view_study"))
+    page = client.get(reverse("admin:studies_study_monitor", args=[running.pk])).content
+    assert b"pause-switch" not in page  # offered only to those who may use it
+    assert client.post(url, {"to": "paused"}).status_code == 403
+    assert Study.objects.get(pk=running.pk).status == Study.Status.LIVE
+
+    client.force_login(staff("editor", "view_study", "change_study"))
+    assert (
+        b"pause-switch"
+        in client.get(reverse("admin:studies_study_monitor", args=[running.pk])).content
+    )
+    assert client.get(url).status_code == 405
+    assert client.post(url, {"to": "paused"}).status_code == 302
+    assert Study.objects.get(pk=running.pk).status == Study.Status.PAUSED
+    # Resuming is going live: the checks run (arm b's endpoint does not answer).
+    response = client.post(url, {"to": "live"}, follow=True)
+    assert "cannot go live" in response.content.decode()
+    assert Study.objects.get(pk=running.pk).status == Study.Status.PAUSED
+    Arm.objects.filter(study=running, name="b").update(active=False)
+    client.post(url, {"to": "live"})
+    assert Study.objects.get(pk=running.pk).status == Study.Status.LIVE
+
+
+def test_the_switch_checks_csrf(running):
+    from django.test import Client
+
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(User.objects.create_superuser("root", "r@example.org", "pw"))
+    response = strict.post(
+        reverse("admin:studies_study_switch", args=[running.pk]), {"to": "paused"}
+    )
+    assert response.status_code == 403
+    assert Study.objects.get(pk=running.pk).status == Study.Status.LIVE
+
+
+def test_a_participant_error_reaches_the_monitor(client, admin_client, running):
+    arrival = reverse("studies:arrive", args=[running.slug])
+    client.get(arrival, {"PROLIFIC_PID": "only-a-pid"})  # an incomplete link
+    text = admin_client.get(reverse("admin:studies_study_monitor", args=[running.pk])).content
+    assert b"This link is incomplete" in text
