@@ -208,6 +208,8 @@ def test_returned_and_timed_out_free_the_place_and_keep_the_data(client, linked,
     assert p.partial_data
     assert p.conversation.messages.get().content == "hello"  # kept
     assert flow.least_filled_arm(linked) == arm_a  # the place is free again
+    page = client.get(f"/p/{p.token}/").content.decode()
+    assert ("You returned this study" in page) == (ours == "returned")
 
 
 # --- sync, both ways ------------------------------------------------------------------------
