@@ -7,8 +7,11 @@
         stream.result                       # ChatResult: content, tool_calls, usage, ttft, ...
         result = await client.chat(model, messages)
 
-The wire format is the `openai` package's (AsyncOpenAI: requests, server-sent events, error
-bodies). Parameters the OpenAI API does not name (vLLM's `top_k`, `skip_special_tokens`,
+The wire format is the `openai` package's (AsyncOpenAI: requests, error bodies), except for a
+streamed chat: its request is the same JSON, sent with httpx, and its server-sent events are
+read as plain JSON. A chat turn is the platform's hottest path, and openai's typed request and
+chunk models cost more CPU than everything else in a turn together (bench/chat_load.py).
+Parameters the OpenAI API does not name (vLLM's `top_k`, `skip_special_tokens`,
 `stop_token_ids`, `return_token_ids`, guided decoding, ...) go to the engine in `extra_body`.
 
 One client serves many calls: it keeps one connection pool, which belongs to the event loop
@@ -97,11 +100,17 @@ class LLMClient:
         self.max_retries = max_retries
         self.backoff = backoff
         self.tool_format = tool_format
+        # One connection pool for both: openai's calls and the streamed chats sent directly.
+        self.http = httpx2.AsyncClient(
+            timeout=httpx2.Timeout(timeout, connect=connect_timeout),
+            headers={"Authorization": f"Bearer {api_key or NO_KEY}"},
+        )
         self.openai = openai.AsyncOpenAI(
             base_url=self.base_url,
             api_key=api_key or NO_KEY,
             timeout=openai.Timeout(timeout, connect=connect_timeout),
             max_retries=0,  # ours, below
+            http_client=self.http,
         )
 
     async def __aenter__(self):
@@ -111,7 +120,7 @@ class LLMClient:
         await self.aclose()
 
     async def aclose(self):
-        await self.openai.close()
+        await self.openai.close()  # and self.http with it
 
     def stream_chat(
         self,
@@ -385,7 +394,7 @@ class ChatStream:
         reply = _Reply(self._json_tools)
         opened = None
         try:
-            opened = _Opened(await self._client.openai.chat.completions.create(**self._request))
+            opened = await _Opened.post(self._client.http, self._url, self._request)
             async for chunk in opened.chunks:
                 piece = reply.add(chunk, started)
                 if piece:
@@ -399,16 +408,58 @@ class ChatStream:
 
 
 class _Opened:
-    """One open SSE response: its chunks, read by one iterator across the first piece and the
-    rest, and the response itself, closed (its connection freed) however the reading ends."""
+    """One open SSE response: its chunks (the JSON of each `data:` event), read by one iterator
+    across the first piece and the rest, and the response itself, closed (its connection
+    freed) however the reading ends."""
 
-    def __init__(self, stream: openai.AsyncStream):
-        self.stream = stream
-        self.chunks = aiter(stream)
+    def __init__(self, response: httpx2.Response, url: str):
+        self.response = response
+        self.url = url
+        self.chunks = self._chunks()
+
+    @classmethod
+    async def post(cls, http: httpx2.AsyncClient, url: str, request: dict) -> "_Opened":
+        body = {k: v for k, v in request.items() if k != "extra_body"}
+        body.update(request.get("extra_body") or {})
+        response = await http.send(http.build_request("POST", url, json=body), stream=True)
+        if response.status_code >= 400:
+            try:
+                await response.aread()
+            finally:
+                await response.aclose()
+            raise _http_error(response)
+        return cls(response, url)
+
+    async def _chunks(self):
+        data: list[str] = []
+        done = False
+        # Read to the body's end even after [DONE]: a response left unfinished closes its
+        # connection instead of returning it to the pool.
+        async for line in self.response.aiter_lines():
+            if done:
+                continue
+            if line.startswith("data:"):
+                data.append(line[5:].lstrip(" "))
+                continue
+            if line or not data:  # a comment, an `event:`/`id:` field, or a keep-alive
+                continue
+            event, data = "\n".join(data), []  # a blank line ends the event
+            if event == "[DONE]":
+                done = True
+                continue
+            try:
+                chunk = json.loads(event)
+            except ValueError:
+                raise LLMError(f"Malformed event from {self.url}: {event[:200]!r}") from None
+            if isinstance(chunk, dict) and chunk.get("error"):  # an error inside a 200 stream
+                error = chunk["error"]
+                message = error.get("message") if isinstance(error, dict) else error
+                raise LLMError(f"The engine failed mid-stream: {message}")
+            yield chunk
 
     async def close(self):
         await self.chunks.aclose()
-        await self.stream.close()
+        await self.response.aclose()
 
 
 class _Reply:
@@ -422,24 +473,24 @@ class _Reply:
         self.usage = None
         self.ttft = None
 
-    def add(self, chunk, started: float) -> str:
-        self.model = chunk.model or self.model
-        self.usage = _as_dict(chunk.usage) or self.usage
+    def add(self, chunk: dict, started: float) -> str:
+        self.model = chunk.get("model") or self.model
+        self.usage = chunk.get("usage") or self.usage
         piece = ""
-        for choice in chunk.choices or []:
-            if (choice.index or 0) != 0:
+        for choice in chunk.get("choices") or []:
+            if (choice.get("index") or 0) != 0:
                 continue
-            delta = choice.delta
-            content = delta and delta.content
-            calls = (delta and delta.tool_calls) or []
+            delta = choice.get("delta") or {}
+            content = delta.get("content")
+            calls = delta.get("tool_calls") or []
             if content or calls:
                 self.ttft = self.ttft if self.ttft is not None else time.monotonic() - started
             if content:
                 piece += self.parser.feed(content) if self.parser else content
             for call in calls:
-                self._add_call(call.to_dict())
-            if choice.finish_reason:
-                self.finish_reason = choice.finish_reason
+                self._add_call(call)
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
         return piece
 
     def check_ended(self, url: str):
@@ -507,23 +558,34 @@ def _finish_reason(reason: str | None, tool_calls: list[dict]) -> str | None:
 
 
 def _as_llm_error(error: Exception, url: str) -> LLMError:
-    """openai's exception as ours, with the same messages as before; anything else re-raised."""
+    """openai's exception (or httpx's, from a streamed chat) as ours, with the same messages
+    as before; anything else re-raised."""
     if isinstance(error, LLMError):
         return error
+    if isinstance(error, httpx2.TransportError):
+        return _transport_error(error, url)
     cause = error.__cause__
+    if isinstance(error, openai.APIConnectionError) and isinstance(cause, httpx2.TransportError):
+        return _transport_error(cause, url)  # APITimeoutError is an APIConnectionError
     if isinstance(error, openai.APITimeoutError):
-        if isinstance(cause, httpx2.ConnectTimeout | httpx2.PoolTimeout):
-            return LLMTimeout(f"Timed out connecting to {url}.", connecting=True)
         return LLMTimeout(f"Timed out waiting for {url} to answer.", connecting=False)
     if isinstance(error, openai.APIConnectionError):
-        if isinstance(cause, httpx2.ConnectError):
-            return LLMConnectionError(f"Could not connect to {url}: {cause}")
         return LLMConnectionError(f"The connection to {url} failed: {cause or error!r}")
     if isinstance(error, openai.APIStatusError):
         return _http_error(error.response)
     if isinstance(error, openai.APIError):  # an error event inside a 200 stream
         return LLMError(f"The engine failed mid-stream: {error.message}")
     raise error
+
+
+def _transport_error(error: httpx2.TransportError, url: str) -> LLMError:
+    if isinstance(error, httpx2.ConnectTimeout | httpx2.PoolTimeout):
+        return LLMTimeout(f"Timed out connecting to {url}.", connecting=True)
+    if isinstance(error, httpx2.TimeoutException):
+        return LLMTimeout(f"Timed out waiting for {url} to answer.", connecting=False)
+    if isinstance(error, httpx2.ConnectError):
+        return LLMConnectionError(f"Could not connect to {url}: {error}")
+    return LLMConnectionError(f"The connection to {url} failed: {error}")
 
 
 def _http_error(response: httpx2.Response) -> LLMHTTPError:
