@@ -20,16 +20,20 @@ from django.views.decorators.http import require_POST
 
 from agents.models import Checkpoint
 
-from . import exports, flow, monitor, readiness, reports, tasks
+from . import exports, flow, monitor, prolific, prolific_sync, readiness, reports, tasks
 from .analysis.text import with_labels
-from .forms import ImportPoolForm
+from .forms import BonusCSVForm, DonationMatchForm, ImportPoolForm, RejectForm
 from .models import (
     AnalysisRun,
     Arm,
+    BonusPayment,
+    CompletionCode,
     Item,
     Participant,
+    ProlificEvent,
     Questionnaire,
     Response,
+    Review,
     Scenario,
     Study,
     StudyError,
@@ -80,6 +84,33 @@ class ArmInline(admin.StackedInline):
     ]
 
 
+class CompletionCodeFormSet(forms.BaseInlineFormSet):
+    def clean(self):
+        super().clean()
+        endings = [
+            form.cleaned_data.get("ending")
+            for form in self.forms
+            if form.cleaned_data and not form.cleaned_data.get("DELETE")
+        ]
+        repeated = {e for e in endings if e and endings.count(e) > 1}
+        if repeated:
+            raise forms.ValidationError(
+                "One code per ending: " + ", ".join(sorted(repeated)) + " is given twice."
+            )
+
+
+class CompletionCodeInline(admin.TabularInline):
+    model = CompletionCode
+    formset = CompletionCodeFormSet
+    extra = 0
+    fields = ["code_type", "code", "ending", "action", "redirect"]
+    readonly_fields = ["redirect"]
+
+    @admin.display(description="Redirect")
+    def redirect(self, code):
+        return format_html("<code>{}</code>", code.redirect_url) if code.pk else "-"
+
+
 class ScenarioInline(admin.TabularInline):
     model = Scenario
     extra = 0
@@ -121,7 +152,7 @@ class StudyAdmin(admin.ModelAdmin):
     list_filter = ["status", "domain"]
     search_fields = ["title", "slug"]
     prepopulated_fields = {"slug": ["title"]}
-    inlines = [ArmInline, ScenarioInline]
+    inlines = [CompletionCodeInline, ArmInline, ScenarioInline]
     actions = [
         "go_live",
         "pause",
@@ -130,6 +161,7 @@ class StudyAdmin(admin.ModelAdmin):
         "export_responses",
         "export_transcripts",
         "run_bots",
+        "sync_prolific",
     ]
     readonly_fields = [
         "participant_link",
@@ -140,6 +172,7 @@ class StudyAdmin(admin.ModelAdmin):
         "downloads",
         "analysis",
         "pay_check",
+        "prolific",
     ]
     fieldsets = [
         (
@@ -165,15 +198,13 @@ class StudyAdmin(admin.ModelAdmin):
             {
                 "fields": [
                     "prolific_study_id",
+                    "prolific",
+                    "estimated_minutes",
                     "target_per_arm",
                     "time_limit_minutes",
                     "close_when_full",
                     ("reward", "reward_currency"),
                     "pay_check",
-                    "completion_code",
-                    "no_consent_code",
-                    "timeout_code",
-                    "other_code",
                 ]
             },
         ),
@@ -462,10 +493,68 @@ class StudyAdmin(admin.ModelAdmin):
                 request, f"{n} bots queued on {study} (task {task_id}).", messages.SUCCESS
             )
 
+    @admin.display(description="Prolific")
+    def prolific(self, study):
+        if not study.pk or not study.prolific_study_id:
+            return "Not linked: set the Prolific study id."
+        states = dict(
+            study.participants.exclude(prolific_status="")
+            .values_list("prolific_status")
+            .annotate(n=Count("pk"))
+        )
+        awaiting = study.participants.filter(prolific_status=prolific.AWAITING_REVIEW)
+        suggested = [
+            f"{p.prolific_pid} ({category})"
+            for p in awaiting
+            for category, (allowed, _) in prolific_sync.RULES.items()
+            if allowed(p)
+        ]
+        payments = study.bonus_payments.all()[:5]
+        return format_html(
+            "Submissions: {} · rejections Prolific's rules allow (failed attention checks, "
+            "exceptionally fast): {} · bonuses: {} · <a href='{}'>bonuses from a CSV</a>",
+            ", ".join(f"{k}: {v}" for k, v in sorted(states.items())) or "none synced yet",
+            ", ".join(suggested) or "nobody",
+            ", ".join(f"#{b.pk} {b.get_state_display()}" for b in payments) or "none",
+            reverse("admin:studies_study_bonus_csv", args=[study.pk]),
+        )
+
+    @admin.action(permissions=["change"], description="Sync submissions with Prolific now")
+    def sync_prolific(self, request, queryset):
+        task_id = tasks.start_prolific_sync()
+        self.message_user(request, f"Prolific sync queued (task {task_id}).", messages.SUCCESS)
+
+    def bonus_csv(self, request, pk):
+        study = get_object_or_404(Study, pk=pk)
+        if not can_change_participants(request):
+            raise PermissionDenied
+        form = BonusCSVForm(request.POST or None, request.FILES or None)
+        if request.method == "POST" and form.is_valid():
+            upload = request.FILES["file"]
+            try:
+                lines = prolific_sync.csv_lines(study, form.cleaned_data["file"])
+                payment, skipped = prolific_sync.create_payment(study, lines, f"CSV {upload.name}")
+            except prolific_sync.BonusError as error:
+                form.add_error("file", str(error))
+            else:
+                report_bonuses(self, request, payment, skipped)
+                return HttpResponseRedirect(reverse("admin:studies_study_change", args=[study.pk]))
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Bonuses from a CSV for {study}",
+            "intro": "Each participant is bonused at most once in a study; rows of participants "
+            "already bonused are skipped.",
+            "form": form,
+            "submit": "Set up and pay",
+            "opts": self.model._meta,
+        }
+        return render(request, "admin/studies/prolific_action.html", context)
+
     def get_urls(self):
         return (
             pages(
                 self,
+                ("<int:pk>/bonus-csv/", self.bonus_csv, "studies_study_bonus_csv", "change"),
                 ("<int:pk>/import/", self.import_scenarios, "studies_study_import", "change"),
                 (
                     "<int:pk>/analyse/",
@@ -650,10 +739,22 @@ class ParticipantAdmin(admin.ModelAdmin):
         "status",
         "kind",
         "attention_passed",
+        "prolific_status",
+        "partial_data",
         "created_at",
         "transcript_link",
     ]
-    list_filter = ["status", "is_preview", "is_bot", "arm", "study", "attention_passed"]
+    list_filter = [
+        "status",
+        "prolific_status",
+        "partial_data",
+        "is_preview",
+        "is_bot",
+        "arm",
+        "study",
+        "attention_passed",
+    ]
+    actions = ["approve_on_prolific", "reject_on_prolific", "donation_match_bonus"]
     search_fields = ["prolific_pid", "prolific_session_id"]
     readonly_fields = [
         "study",
@@ -665,6 +766,9 @@ class ParticipantAdmin(admin.ModelAdmin):
         "prolific_session_id",
         "kind",
         "attention_passed",
+        "prolific_status",
+        "prolific_synced_at",
+        "partial_data",
         "outcome",
         "created_at",
         "consented_at",
@@ -678,6 +782,57 @@ class ParticipantAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False  # participants arrive from Prolific, never by hand
+
+    @admin.action(permissions=["change"], description="Approve on Prolific (AWAITING REVIEW only)")
+    def approve_on_prolific(self, request, queryset):
+        queued, skipped = prolific_sync.decide(queryset, Review.Action.APPROVE)
+        report_decisions(self, request, "approval", queued, skipped)
+
+    @admin.action(
+        permissions=["change"], description="Reject on Prolific (with message and category)"
+    )
+    def reject_on_prolific(self, request, queryset):
+        form = RejectForm(request.POST if "apply" in request.POST else None)
+        if form.is_valid():
+            data = form.cleaned_data
+            queued, skipped = prolific_sync.decide(
+                queryset, Review.Action.REJECT, data["message"], data["rejection_category"]
+            )
+            report_decisions(self, request, "rejection", queued, skipped)
+            return None
+        return action_page(
+            self, request, queryset, form, "reject_on_prolific", "Reject",
+            "Only submissions AWAITING REVIEW are rejected; a failed-attention-check rejection "
+            "only where Prolific's rules allow it (one failure under 5 minutes, else two).",
+        )  # fmt: skip
+
+    @admin.action(permissions=["change"], description="Bonus: the P4G donation match")
+    def donation_match_bonus(self, request, queryset):
+        form = DonationMatchForm(request.POST if "apply" in request.POST else None)
+        if form.is_valid():
+            for study in Study.objects.filter(participants__in=queryset).distinct():
+                lines = prolific_sync.donation_match(
+                    queryset.filter(study=study), form.cleaned_data["factor"]
+                )
+                if not lines:
+                    self.message_user(
+                        request, f"{study}: nobody with a donation.", messages.WARNING
+                    )
+                    continue
+                try:
+                    payment, skipped = prolific_sync.create_payment(
+                        study, lines, f"P4G donation match x{form.cleaned_data['factor']}"
+                    )
+                except prolific_sync.BonusError as error:
+                    self.message_user(request, f"{study}: {error}", messages.ERROR)
+                    continue
+                report_bonuses(self, request, payment, skipped)
+            return None
+        return action_page(
+            self, request, queryset, form, "donation_match_bonus", "Set up and pay",
+            "Each completed participant with a P4G donation gets it (times the factor) as a bonus, "
+            "once per study.",
+        )  # fmt: skip
 
     @admin.display(description="Kind")
     def kind(self, participant):
@@ -904,3 +1059,98 @@ class StudyCheckpointAdmin(_CheckpointAdmin):
             "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
         }
         return render(request, "admin/studies/attach_checkpoint.html", context)
+
+
+# --- Prolific --------------------------------------------------------------------------------------
+
+
+def can_change_participants(request) -> bool:
+    """Decisions and bonuses act on participants' submissions: the permission to change them."""
+    opts = Participant._meta
+    return request.user.has_perm(f"{opts.app_label}.{get_permission_codename('change', opts)}")
+
+
+def action_page(model_admin, request, queryset, form, action, submit, intro):
+    participants = list(queryset)
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "title": submit,
+        "intro": intro,
+        "form": form,
+        "participants": participants,
+        "action": action,
+        "submit": submit,
+        "opts": model_admin.model._meta,
+        "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+    }
+    return render(request, "admin/studies/prolific_action.html", context)
+
+
+def report_decisions(model_admin, request, what, queued, skipped):
+    for participant, why in skipped:
+        model_admin.message_user(request, f"{participant} skipped: {why}.", messages.WARNING)
+    if queued:
+        for study in {p.study for p in queued}:
+            tasks.send_prolific_reviews(study)
+        model_admin.message_user(
+            request, f"{len(queued)} {what}(s) queued for Prolific.", messages.SUCCESS
+        )
+
+
+def report_bonuses(model_admin, request, payment, skipped):
+    if skipped:
+        names = ", ".join(str(p) for p in skipped)
+        model_admin.message_user(
+            request, f"Skipped (already bonused in this study): {names}.", messages.WARNING
+        )
+    if payment is not None:
+        tasks.start_bonus_payment(payment)
+        model_admin.message_user(
+            request,
+            f"Bonus payment #{payment.pk} of {payment.bonuses.count()} participant(s) queued.",
+            messages.SUCCESS,
+        )
+
+
+@admin.register(BonusPayment)
+class BonusPaymentAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "study", "source", "state", "setup_id", "created_at", "paid_at"]
+    list_filter = ["state", "study"]
+    fields = [
+        "study",
+        "source",
+        "state",
+        "setup_id",
+        "total_amount",
+        "error",
+        "created_at",
+        "set_up_at",
+        "pay_sent_at",
+        "paid_at",
+        "lines",
+    ]
+    readonly_fields = fields
+
+    def has_add_permission(self, request):
+        return False  # payments come from a rule or a CSV
+
+    def has_change_permission(self, request, obj=None):
+        return False  # their state is Prolific's answer, never edited by hand
+
+    @admin.display(description="Bonuses")
+    def lines(self, payment):
+        paid = [(b.participant, b.amount) for b in payment.bonuses.all()]
+        return format_html_join(", ", "{}: {}", paid + payment.refused_lines)
+
+
+@admin.register(ProlificEvent)
+class ProlificEventAdmin(admin.ModelAdmin):
+    list_display = ["event_id", "event_type", "resource_id", "result", "received_at"]
+    list_filter = ["event_type"]
+    readonly_fields = ["event_id", "event_type", "resource_id", "payload", "result", "received_at"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False

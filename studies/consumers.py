@@ -60,7 +60,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             return
         await self.send_json(opening.history)
         if opening.pending is not None:  # the connection dropped while the agent was answering
-            await self.answer(opening.messages, opening.pending)
+            await self.answer(opening.messages, opening.pending)  # adds the reply
+            if await self.ended_by_domain(opening.messages):
+                return
             await self.send_json(await db(status)(self.participant))
 
     async def disconnect(self, code):
@@ -136,7 +138,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         except (Participant.DoesNotExist, Conversation.DoesNotExist):  # deleted meanwhile
             await self.close(code=4404)
             return
-        except flow.ChatOver:  # ended or timed out elsewhere: the page moves on
+        except flow.ChatOver as over:  # ended or timed out: say why, then the page moves on
+            await self.refuse(client_id, over.detail)
             await self.redirect()
             return
         except flow.FlowError as error:

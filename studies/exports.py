@@ -19,6 +19,8 @@ PARTICIPANT_COLUMNS = [
     "arm",
     "scenario",
     "status",
+    "prolific_status",
+    "partial_data",  # returned or timed out on Prolific: kept, flagged
     "attention_passed",
     "created_at",
     "consented_at",
@@ -83,6 +85,8 @@ def response_rows(participants, include_bots: bool = False) -> Iterator[list]:
             p.arm.name,
             p.scenario.key if p.scenario else "",
             p.status,
+            p.prolific_status,
+            p.partial_data,
             "" if p.attention_passed is None else p.attention_passed,
             iso(p.created_at),
             iso(p.consented_at),

@@ -14,7 +14,7 @@ from django.db.models import Count, Q
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
-from . import bots, tasks
+from . import bots, prolific_sync, tasks
 from .domains import (  # noqa: F401 - debrief: the debrief page's words, for views
     debrief,
     get_domain,
@@ -24,8 +24,10 @@ from .domains import (  # noqa: F401 - debrief: the debrief page's words, for vi
 )
 from .errors import FlowError, StudyFull, StudyNotOpen
 from .models import (
+    COMPLETE_URL,
     Arm,
     Conversation,
+    Ending,
     Item,
     Message,
     Participant,
@@ -36,8 +38,8 @@ from .models import (
 )
 
 PROLIFIC_PARAMS = ("PROLIFIC_PID", "STUDY_ID", "SESSION_ID")
+PROLIFIC_COMPLETE_URL = COMPLETE_URL
 PROLIFIC_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-PROLIFIC_COMPLETE_URL = "https://app.prolific.com/submissions/complete?cc={code}"
 
 
 # --- arrival ---------------------------------------------------------------------------------
@@ -606,13 +608,39 @@ def close_if_full(study_id: int) -> bool:
     )
 
 
-def completion_url(participant: Participant) -> str | None:
-    if participant.is_preview:  # staff walking the flow: nothing to return to Prolific
-        return None
+def ending(participant: Participant) -> str | None:
+    """Which of the study's endings the participant reached (each may have its code): a
+    completion whose failed attention checks allow a rejection under Prolific's rules is
+    FAILED_ATTENTION when the study has that code; a returned submission reaches none."""
     study = participant.study
-    code = {
-        Participant.Status.COMPLETED: study.completion_code,
-        Participant.Status.NO_CONSENT: study.no_consent_code or study.other_code,
-        Participant.Status.TIMED_OUT: study.timeout_code or study.other_code,
+    if participant.status == Participant.Status.COMPLETED:
+        if (
+            participant.attention_passed is False
+            and study.code(Ending.FAILED_ATTENTION)
+            and prolific_sync.attention_rejection_allowed(participant)
+        ):
+            return Ending.FAILED_ATTENTION
+        return Ending.COMPLETED
+    return {
+        Participant.Status.NO_CONSENT: Ending.NO_CONSENT,
+        Participant.Status.TIMED_OUT: Ending.TIMED_OUT,
     }.get(participant.status)
+
+
+def completion_code(participant: Participant) -> str:
+    """The code the participant takes back to Prolific; those who decline or time out get the
+    study's OTHER code (its problem code) when their own is blank."""
+    if participant.is_preview:  # staff walking the flow: nothing to return to Prolific
+        return ""
+    reached = ending(participant)
+    if reached is None:
+        return ""
+    code = participant.study.code(reached)
+    if not code and reached in (Ending.NO_CONSENT, Ending.TIMED_OUT):
+        code = participant.study.code(Ending.PROBLEM)
+    return code
+
+
+def completion_url(participant: Participant) -> str | None:
+    code = completion_code(participant)
     return PROLIFIC_COMPLETE_URL.format(code=code) if code else None

@@ -1,7 +1,11 @@
+from decimal import Decimal
+
 from django import forms
 
 from agents.domains import STUDY_DOMAINS
 from agents.paths import reference_dir
+
+from .prolific import REJECTION_CATEGORIES, REJECTION_MESSAGE_MIN
 
 
 def source_choices():
@@ -28,3 +32,44 @@ class ImportPoolForm(forms.Form):
     )
     count = forms.IntegerField(min_value=1, required=False, help_text="Blank: every scenario.")
     seed = forms.IntegerField(initial=0, help_text="Which random sample of `count` scenarios.")
+
+
+# --- Prolific decisions and bonuses (studies/admin.py) -------------------------------------------
+
+
+class RejectForm(forms.Form):
+    rejection_category = forms.ChoiceField(choices=list(REJECTION_CATEGORIES.items()))
+    message = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 5, "cols": 80}),
+        min_length=REJECTION_MESSAGE_MIN,
+        strip=True,
+        help_text=f"Shown to the participant; Prolific requires at least "
+        f"{REJECTION_MESSAGE_MIN} characters.",
+    )
+
+
+class DonationMatchForm(forms.Form):
+    factor = forms.DecimalField(
+        initial=1,
+        min_value=Decimal("0.01"),
+        max_value=Decimal(100),
+        decimal_places=2,
+        help_text="Bonus = the participant's P4G donation x this factor (1: matched 1:1).",
+    )
+
+
+class BonusCSVForm(forms.Form):
+    file = forms.FileField(
+        help_text="Rows of 'participant id, amount' (PROLIFIC_PID or submission id; amount in "
+        "pounds/dollars, e.g. 1.50); a header row is allowed."
+    )
+    max_bytes = 1_000_000
+
+    def clean_file(self):
+        upload = self.cleaned_data["file"]
+        if upload.size > self.max_bytes:
+            raise forms.ValidationError("The file is larger than 1 MB.")
+        try:
+            return upload.read().decode("utf-8-sig")
+        except UnicodeDecodeError:
+            raise forms.ValidationError("The file is not UTF-8 text.") from None

@@ -5,12 +5,14 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import MaxValueValidator, MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models, transaction
 from django.utils import timezone
 
 from agents.domains import STUDY_DOMAINS
 from agents.domains import domain_choices as registered_domains
+
+COMPLETE_URL = "https://app.prolific.com/submissions/complete?cc={code}"
 
 
 def domain_choices() -> list[tuple[str, str]]:
@@ -65,19 +67,16 @@ class Study(models.Model):
         help_text="What the debrief says about how each participant's task went. A decision "
         "they made in the task (a P4G donation) is always confirmed.",
     )
-    completion_code = models.CharField(max_length=64)
-    no_consent_code = models.CharField(max_length=64, blank=True)
-    timeout_code = models.CharField(max_length=64, blank=True)
-    other_code = models.CharField(
-        max_length=64,
-        blank=True,
-        help_text="Prolific's OTHER code: the way back offered on every problem page, and to "
-        "those who decline or time out when their own code is blank.",
-    )
     close_when_full = models.BooleanField(
         default=False,
         help_text="Close the study by itself once every active arm has its target of completed "
         "participants.",
+    )
+    estimated_minutes = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Prolific's estimated completion time (filled by the sync): under 5 minutes, one "
+        "failed attention check allows a rejection, else two.",
     )
     time_limit_minutes = models.PositiveIntegerField(default=30, validators=[MinValueValidator(1)])
     # Prolific's own unit: pence (GBP) or cents (USD) per participant; checked against Prolific's
@@ -115,6 +114,13 @@ class Study(models.Model):
     def clean(self):
         if self.min_exchanges > self.max_exchanges:
             raise ValidationError({"min_exchanges": "Must not exceed max_exchanges."})
+        if (
+            self.prolific_study_id
+            and Study.objects.filter(prolific_study_id=self.prolific_study_id)
+            .exclude(pk=self.pk)
+            .exists()
+        ):
+            raise ValidationError({"prolific_study_id": "Another study is linked to it."})
         if self.control_arm_id and self.pk and self.control_arm.study_id != self.pk:
             raise ValidationError({"control_arm": "The control arm must belong to this study."})
 
@@ -124,9 +130,134 @@ class Study(models.Model):
             return Item.objects.none()
         return self.questionnaire.items.all()
 
+    def code(self, ending: str) -> str:
+        """The code the study gives at that Ending, or "" when it has none."""
+        pending = self.__dict__.get("_pending_codes", {})
+        if ending in pending:
+            return pending[ending]
+        if not self.pk:
+            return ""
+        row = self.completion_codes.filter(ending=ending).first()
+        return row.code if row else ""
+
+    def save(self, *args, **kwargs):
+        super().save(*args, **kwargs)
+        for ending, code in self.__dict__.pop("_pending_codes", {}).items():
+            if code:
+                CompletionCode.objects.update_or_create(
+                    study=self,
+                    ending=ending,
+                    defaults={"code": code, "code_type": ENDING_CODE_TYPES[ending]},
+                )
+            else:
+                CompletionCode.objects.filter(study=self, ending=ending).delete()
+
+    def _set_code(self, ending: str, code: str) -> None:
+        self.__dict__.setdefault("_pending_codes", {})[ending] = (code or "").strip()
+
+    @staticmethod
+    def _code_of(ending: str) -> property:
+        return property(
+            lambda self: self.code(ending), lambda self, code: self._set_code(ending, code)
+        )
+
     def participant_link(self, base_url: str | None = None) -> str:
         base = (base_url or settings.PUBLIC_URL).rstrip("/")
         return f"{base}/s/{self.slug}/"
+
+
+class Ending(models.TextChoices):
+    """The ways a participant leaves a study that hand out a completion code."""
+
+    COMPLETED = "completed", "Completed"
+    FAILED_ATTENTION = "failed_attention", "Completed, failing attention checks as Prolific allows"
+    NO_CONSENT = "no_consent", "Declined consent"
+    TIMED_OUT = "timed_out", "Timed out"
+    PROBLEM = (
+        "problem",
+        "Could not go on (every problem page); declined or timed out without a code",
+    )
+
+
+# The fields studies had before codes were CompletionCode rows stay readable and settable
+# (Study(completion_code=...) stores its row on save): the code of each Ending.
+for _field, _ending in (
+    ("completion_code", Ending.COMPLETED),
+    ("no_consent_code", Ending.NO_CONSENT),
+    ("timeout_code", Ending.TIMED_OUT),
+    ("other_code", Ending.PROBLEM),
+):
+    setattr(Study, _field, Study._code_of(_ending))
+
+
+class CodeType(models.TextChoices):
+    """Prolific's completion code types."""
+
+    COMPLETED = "COMPLETED", "Completed"
+    FAILED_ATTENTION_CHECK = "FAILED_ATTENTION_CHECK", "Failed attention check"
+    FOLLOW_UP_STUDY = "FOLLOW_UP_STUDY", "Follow-up study"
+    GIVE_BONUS = "GIVE_BONUS", "Give bonus"
+    INCOMPATIBLE_DEVICE = "INCOMPATIBLE_DEVICE", "Incompatible device"
+    NO_CONSENT = "NO_CONSENT", "No consent"
+    OTHER = "OTHER", "Other"
+    FIXED_SCREENOUT = "FIXED_SCREENOUT", "Fixed screen-out"
+
+
+# The code type of an Ending's code unless the researcher chooses another (Prolific has no
+# time-out type: OTHER, as for the problem pages).
+ENDING_CODE_TYPES = {
+    Ending.COMPLETED: CodeType.COMPLETED,
+    Ending.FAILED_ATTENTION: CodeType.FAILED_ATTENTION_CHECK,
+    Ending.NO_CONSENT: CodeType.NO_CONSENT,
+    Ending.TIMED_OUT: CodeType.OTHER,
+    Ending.PROBLEM: CodeType.OTHER,
+}
+
+
+class CompletionCode(models.Model):
+    """A code of the study on Prolific, of one of Prolific's code types, with its redirect to
+    Prolific's completion page. `ending` is when parley gives it; a code without one is used on
+    Prolific only (listed here with its redirect). `action`: what Prolific does with it."""
+
+    class Action(models.TextChoices):
+        AUTOMATICALLY_APPROVE = "AUTOMATICALLY_APPROVE", "Automatically approve"
+        MANUALLY_REVIEW = "MANUALLY_REVIEW", "Manually review"
+        REQUEST_RETURN = "REQUEST_RETURN", "Request return"
+        ADD_TO_PARTICIPANT_GROUP = "ADD_TO_PARTICIPANT_GROUP", "Add to participant group"
+        REMOVE_FROM_PARTICIPANT_GROUP = "REMOVE_FROM_PARTICIPANT_GROUP", "Remove from group"
+        DYNAMIC_PAYMENT = "DYNAMIC_PAYMENT", "Dynamic payment"
+
+    study = models.ForeignKey(Study, on_delete=models.CASCADE, related_name="completion_codes")
+    code_type = models.CharField(max_length=24, choices=CodeType.choices)
+    code = models.CharField(
+        max_length=64, validators=[RegexValidator(r"^[A-Za-z0-9_-]+$", "Letters, digits, _ and -.")]
+    )
+    ending = models.CharField(
+        max_length=20,
+        choices=Ending.choices,
+        blank=True,
+        help_text="When parley gives this code; blank: used on Prolific only.",
+    )
+    action = models.CharField(
+        max_length=32, choices=Action.choices, blank=True, help_text="As set on Prolific."
+    )
+
+    class Meta:
+        ordering = ["study", "code_type", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["study", "ending"],
+                condition=~models.Q(ending=""),
+                name="one_code_per_ending",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.code_type}: {self.code}"
+
+    @property
+    def redirect_url(self) -> str:
+        return COMPLETE_URL.format(code=self.code)
 
 
 class Arm(models.Model):
@@ -302,6 +433,7 @@ class Participant(models.Model):
         # The study could not start them (e.g. no scenario yet): they hold no place, and take
         # one again when they come back and the study can start them.
         UNSTARTED = "unstarted", "Could not start"
+        RETURNED = "returned", "Returned on Prolific"
 
     # Those who hold a place in their arm (the least-filled assignment counts them).
     ACTIVE = (Status.CONSENT, Status.CHAT, Status.QUESTIONNAIRE, Status.COMPLETED)
@@ -323,6 +455,15 @@ class Participant(models.Model):
     # Set on arrival from a PROLIFIC_PID only this server can sign (studies/bots.py): rehearsal
     # participants, left out of arm balance, exports and analysis unless asked for.
     is_bot = models.BooleanField(default=False, editable=False)
+    # The submission's status on Prolific (studies/prolific_sync.py keeps it, by webhook and sync).
+    prolific_status = models.CharField(max_length=24, blank=True, editable=False)
+    prolific_synced_at = models.DateTimeField(null=True, blank=True, editable=False)
+    partial_data = models.BooleanField(
+        default=False,
+        editable=False,
+        help_text="Returned or timed out on Prolific: what was gathered is kept, flagged, and its "
+        "place freed.",
+    )
     # Opened by staff from the study page on a fixed arm: the real flow, but never counted in
     # assignment, caps, exports or analysis.
     is_preview = models.BooleanField(default=False, editable=False)
@@ -548,3 +689,100 @@ class AnalysisRun(models.Model):
 
     def __str__(self) -> str:
         return f"analysis #{self.pk} of {self.study.slug}"
+
+
+# --- Prolific: webhook events, review decisions, bonuses (studies/prolific_sync.py) ------------
+
+
+class ProlificEvent(models.Model):
+    """A webhook Prolific delivered, kept by its X-Event-ID so a redelivery is acknowledged
+    without acting twice."""
+
+    event_id = models.CharField(max_length=128, unique=True)
+    event_type = models.CharField(max_length=64)
+    resource_id = models.CharField(max_length=64, blank=True)
+    payload = models.JSONField(default=dict, blank=True)
+    result = models.CharField(max_length=200, blank=True)
+    received_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-received_at"]
+
+    def __str__(self) -> str:
+        return f"{self.event_type} {self.event_id}"
+
+
+class Review(models.Model):
+    """A researcher's decision on a submission, sent to Prolific by a task (an outbox: the
+    transitions are idempotent on Prolific's side, so sending again after a crash is safe)."""
+
+    class Action(models.TextChoices):
+        APPROVE = "APPROVE", "Approve"
+        REJECT = "REJECT", "Reject"
+
+    class State(models.TextChoices):
+        PENDING = "pending", "Waiting to be sent"
+        SENT = "sent", "Sent to Prolific"
+        FAILED = "failed", "Refused by Prolific"
+
+    participant = models.OneToOneField(Participant, on_delete=models.CASCADE, related_name="review")
+    action = models.CharField(max_length=10, choices=Action.choices)
+    message = models.TextField(blank=True)
+    rejection_category = models.CharField(max_length=24, blank=True)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.PENDING)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.participant}"
+
+
+class BonusPayment(models.Model):
+    """One batch of bonuses: set up on Prolific (its id stored before paying), then paid once."""
+
+    class State(models.TextChoices):
+        NEW = "new", "Not set up yet"
+        SET_UP = "set_up", "Set up, not paid"
+        PAYING = "paying", "Pay sent, not confirmed"
+        PAID = "paid", "Paid"
+        FAILED = "failed", "Refused by Prolific"
+
+    study = models.ForeignKey(Study, on_delete=models.CASCADE, related_name="bonus_payments")
+    source = models.CharField(max_length=200, help_text="The rule or the CSV file it came from.")
+    state = models.CharField(max_length=10, choices=State.choices, default=State.NEW)
+    setup_id = models.CharField(max_length=64, blank=True)
+    # A set-up Prolific refused leaves its participants free to be bonused by a corrected file;
+    # its lines are kept here, [participant id, amount], for the record.
+    refused_lines = models.JSONField(default=list, blank=True)
+    total_amount = models.PositiveIntegerField(null=True, blank=True, help_text="pence/cents")
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    set_up_at = models.DateTimeField(null=True, blank=True)
+    pay_sent_at = models.DateTimeField(null=True, blank=True)
+    paid_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"bonuses #{self.pk} of {self.study.slug}"
+
+
+class Bonus(models.Model):
+    """One participant's bonus: at most one per (study, participant), whatever is uploaded."""
+
+    payment = models.ForeignKey(BonusPayment, on_delete=models.CASCADE, related_name="bonuses")
+    study = models.ForeignKey(Study, on_delete=models.CASCADE, related_name="+")
+    participant = models.ForeignKey(Participant, on_delete=models.PROTECT, related_name="bonuses")
+    amount = models.DecimalField(max_digits=8, decimal_places=2, help_text="pounds/dollars")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["study", "participant"], name="one_bonus_per_participant"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.participant}: {self.amount}"

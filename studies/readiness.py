@@ -134,7 +134,7 @@ def problems(study: Study, fresh: bool = True) -> list[str]:
         found.append("The completion code is missing.")
     for field in ("no_consent_code", "timeout_code"):
         if not getattr(study, field).strip() and not study.other_code.strip():
-            label = Study._meta.get_field(field).verbose_name
+            label = field.replace("_", " ")  # codes are CompletionCode rows, read by ending
             found.append(f"The {label} is missing (or set the other code as the way back).")
     return found
 

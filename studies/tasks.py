@@ -11,7 +11,8 @@ from celery.signals import worker_ready
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from .models import AnalysisRun, Study, time_out_overdue
+from . import prolific, prolific_sync
+from .models import AnalysisRun, BonusPayment, Study, time_out_overdue
 from .reports import compute, target_reached
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,61 @@ def run_bots(study_id: int, n: int, concurrency: int, kind: str = "scripted") ->
 def start_bots(study: Study, n: int, concurrency: int) -> str:
     """Queue a bot run on the study (queue `default`); returns the task id."""
     return run_bots.delay(study.pk, n, concurrency).id
+
+
+# --- Prolific (studies/prolific_sync.py) -------------------------------------------------------
+
+
+@shared_task(name="studies.tasks.sync_prolific")
+def sync_prolific() -> dict:
+    """Celery beat's periodic sync: statuses in, decisions and bonuses out, for every study
+    linked to Prolific (parley/celery.py schedules it)."""
+    return prolific_sync.sync_all()
+
+
+@shared_task(name="studies.tasks.push_prolific_reviews", bind=True, max_retries=8)
+def push_prolific_reviews(self, study_id: int) -> int:
+    """Send a study's pending approvals and rejections; a failure without an answer is retried
+    (transitions are idempotent on Prolific), and the periodic sync sends what is left."""
+    try:
+        with prolific.Prolific() as api:
+            return prolific_sync.push_reviews(Study.objects.get(pk=study_id), api)
+    except prolific.ProlificError as error:
+        if error.refused or isinstance(error, prolific.NotConfigured):
+            raise
+        raise self.retry(countdown=min(60 * 2**self.request.retries, 3600)) from None
+
+
+# acks_late: a payment whose worker died is delivered again; pay() makes that safe.
+@shared_task(
+    name="studies.tasks.pay_prolific_bonuses",
+    bind=True,
+    max_retries=8,
+    acks_late=True,
+    reject_on_worker_lost=True,
+)
+def pay_prolific_bonuses(self, payment_id: int) -> str:
+    try:
+        with prolific.Prolific() as api:
+            return prolific_sync.pay(payment_id, api).state
+    except prolific.ProlificError as error:
+        if error.refused or isinstance(error, prolific.NotConfigured):
+            raise
+        raise self.retry(countdown=min(60 * 2**self.request.retries, 3600)) from None
+
+
+def start_prolific_sync() -> str:
+    """One sync now, besides beat's schedule; returns the task id."""
+    return sync_prolific.delay().id
+
+
+def send_prolific_reviews(study: Study) -> None:
+    """Send the study's queued decisions once they are committed."""
+    transaction.on_commit(lambda: send_in_background(push_prolific_reviews, study.pk))
+
+
+def start_bonus_payment(payment: BonusPayment) -> None:
+    transaction.on_commit(lambda: send_in_background(pay_prolific_bonuses, payment.pk))
 
 
 def send_in_background(task, *args) -> threading.Thread | None:

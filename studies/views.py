@@ -6,12 +6,13 @@ import traceback
 
 from django.conf import settings
 from django.db import DatabaseError
-from django.http import Http404, HttpResponseRedirect
+from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
-from . import flow, problems
+from . import flow, problems, prolific_sync
 from .middleware import OUTAGE
 from .models import Participant, Study
 from .ratelimit import limit_arrivals
@@ -133,6 +134,7 @@ def participant(request, token):
         case Participant.Status.COMPLETED:
             context["completion_url"] = flow.completion_url(p)
             context["told"] = flow.debrief(p)
+            context["completion_code"] = flow.completion_code(p)
             return render(request, "studies/debrief.html", context)
         case _:  # declined consent or timed out
             context["completion_url"] = flow.completion_url(p)
@@ -187,3 +189,15 @@ def done(request, token):
     if url is None:
         return redirect("studies:participant", token=p.token)
     return HttpResponseRedirect(url)
+
+
+@csrf_exempt  # Prolific signs its requests; a CSRF token cannot come from another server
+@require_POST
+def prolific_webhook(request):
+    """Prolific's webhook: 2xx for every valid event (a repeated one is acknowledged, not redone),
+    4xx for a forged or stale one."""
+    try:
+        result = prolific_sync.receive_webhook(request.headers, request.body)
+    except prolific_sync.WebhookRefused as refused:
+        return HttpResponse(refused.reason, status=refused.status, content_type="text/plain")
+    return HttpResponse(result, content_type="text/plain")

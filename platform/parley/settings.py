@@ -285,6 +285,19 @@ PARLEY_RATE_EXEMPT_IPS = tuple(
     ip.strip() for ip in os.environ.get("PARLEY_RATE_EXEMPT_IPS", "127.0.0.1,::1").split(",")
 )
 
+# --- Prolific (studies/prolific.py): the token and the webhook secret live only here, in memory;
+# never in the database or a log. Both unset: the Prolific features say they are not configured.
+PROLIFIC_API_TOKEN = os.environ.get("PROLIFIC_API_TOKEN", "").strip()
+PROLIFIC_WEBHOOK_SECRET = os.environ.get("PROLIFIC_WEBHOOK_SECRET", "").strip()
+PROLIFIC_API_URL = os.environ.get("PROLIFIC_API_URL", "https://api.prolific.com").rstrip("/")
+PROLIFIC_TIMEOUT = env_number("PROLIFIC_TIMEOUT", 30)  # seconds per API request
+# A webhook whose X-Prolific-Request-Timestamp is further than this from now is refused (s).
+PROLIFIC_WEBHOOK_MAX_AGE = int(env_number("PROLIFIC_WEBHOOK_MAX_AGE", 300))
+PROLIFIC_SYNC_INTERVAL = env_number("PROLIFIC_SYNC_INTERVAL", 300)  # s between periodic syncs
+# Seconds after a bonus pay call of unknown result (timeout, 5xx, crash) before, if no submission
+# shows the bonus, it counts as unpaid and may be paid again (the pay call is asynchronous).
+PROLIFIC_BONUS_CONFIRM_AFTER = env_number("PROLIFIC_BONUS_CONFIRM_AFTER", 3600)
+
 # --- the demo's admin account (make demo; seed_demo) -----------------------------------------
 PARLEY_ADMIN_USER = os.environ.get("PARLEY_ADMIN_USER", "admin")
 PARLEY_ADMIN_PASSWORD = os.environ.get("PARLEY_ADMIN_PASSWORD", "")  # "" = one kept in DATA_DIR

@@ -12,7 +12,15 @@ from django.urls import get_resolver, reverse
 
 from agents.models import Checkpoint
 from studies import reports
-from studies.models import AnalysisRun, Arm, Participant, Scenario, Study
+from studies.models import (
+    AnalysisRun,
+    Arm,
+    BonusPayment,
+    Participant,
+    Review,
+    Scenario,
+    Study,
+)
 from tests.studies.conftest import make_study
 from tests.studies.test_analysis_jobs import fill
 from training.models import TrainingRun
@@ -34,7 +42,12 @@ READS = {
     "studies_study_monitor_json",
     "studies_study_preview",
 }
-ACTS = {"studies_study_import", "studies_study_analyse", "studies_study_switch"}
+ACTS = {
+    "studies_study_import",
+    "studies_study_analyse",
+    "studies_study_switch",
+    "studies_study_bonus_csv",
+}
 
 
 def custom_admin_urls() -> dict[str, str]:
@@ -78,6 +91,8 @@ def data(db):
     assert run.status == AnalysisRun.Status.DONE, run.error
     TrainingRun.objects.create(name="run1")
     Checkpoint.objects.create(name="ckpt1", path="/nowhere/ckpt1")
+    BonusPayment.objects.create(study=study, source="test", state=BonusPayment.State.FAILED)
+    study.participants.update(prolific_status="AWAITING REVIEW")
     return study
 
 
@@ -105,6 +120,8 @@ def state():
         list(TrainingRun.objects.values_list("pk", "status")),
         list(Arm.objects.values_list("pk", "model_name", "endpoint_url")),
         Checkpoint.objects.count(),
+        Review.objects.count(),
+        list(BonusPayment.objects.values_list("pk", "state")),
     )
 
 

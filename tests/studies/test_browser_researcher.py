@@ -90,8 +90,15 @@ def test_researcher_creates_a_study_rehearses_it_with_bots_and_reads_them(
         # A study as data: its fields, then two arms inline.
         page.goto(f"{web}/admin/studies/study/add/")
         page.fill("#id_title", "Rehearsal")  # the admin fills the slug from the title
-        page.fill("#id_completion_code", "REHEARSED")
-        page.fill("#id_other_code", "OTHERWAY")  # the way back for those who decline or time out
+        # codes inline, each of a Prolific code type and given at one ending
+        page.click("#completion_codes-group .add-row a")
+        page.select_option("#id_completion_codes-0-code_type", "COMPLETED")
+        page.fill("#id_completion_codes-0-code", "REHEARSED")
+        page.select_option("#id_completion_codes-0-ending", "completed")
+        page.click("#completion_codes-group .add-row a")  # the way back for those who decline
+        page.select_option("#id_completion_codes-1-code_type", "OTHER")
+        page.fill("#id_completion_codes-1-code", "OTHERWAY")
+        page.select_option("#id_completion_codes-1-ending", "problem")
         page.fill("#id_min_exchanges", "1")
         page.fill("#id_max_exchanges", "3")
         for i, name in enumerate(["warm", "brief"]):

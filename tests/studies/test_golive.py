@@ -252,7 +252,8 @@ def test_any_unexpected_exception_is_a_friendly_page_and_recorded(client, study,
 def test_the_problem_page_offers_the_other_code_only_when_set(client, study):
     url = reverse("studies:arrive", args=[study.slug])
     assert b"return-to-prolific" not in client.get(url, {"PROLIFIC_PID": "x"}).content
-    Study.objects.filter(pk=study.pk).update(other_code="OTHER9")
+    study.other_code = "OTHER9"  # the problem pages' code (a CompletionCode row)
+    study.save()
     page = client.get(url, {"PROLIFIC_PID": "x"}).content
     assert b"return-to-prolific" in page and b"OTHER9" in page
 
@@ -260,7 +261,15 @@ def test_the_problem_page_offers_the_other_code_only_when_set(client, study):
 def test_adding_a_study_as_live_is_refused_and_adds_nothing(admin_client):
     url = reverse("admin:studies_study_add")
     data = change_form_data(admin_client, url)
-    data.update(title="New", slug="new", status="live", completion_code="C1")
+    data.update(title="New", slug="new", status="live")
+    data.update(  # the completion code, inline
+        {
+            "completion_codes-TOTAL_FORMS": "1",
+            "completion_codes-0-code_type": "COMPLETED",
+            "completion_codes-0-code": "C1",
+            "completion_codes-0-ending": "completed",
+        }
+    )
     response = admin_client.post(url, data)
     assert response.status_code == 200
     assert "There is no active arm" in response.content.decode()

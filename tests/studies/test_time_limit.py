@@ -193,11 +193,6 @@ def test_the_time_up_page_says_when_a_message_came_too_late(client):
     assert "came after the time limit" not in client.get(url).content.decode()
 
 
-# The lead applies the one-line consumer change of this branch's report (consumers.py is theirs):
-# then this passes and the mark goes.
-@pytest.mark.xfail(
-    reason="ChatConsumer.on_message must refuse a ChatOver before it redirects", strict=False
-)
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.asyncio
 async def test_a_late_message_over_the_socket_gets_the_time_up_notice_before_the_redirect():
