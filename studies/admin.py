@@ -760,7 +760,6 @@ class ParticipantAdmin(admin.ModelAdmin):
         "study",
         "arm",
         "scenario",
-        "token",
         "prolific_pid",
         "prolific_study_id",
         "prolific_session_id",
@@ -776,6 +775,8 @@ class ParticipantAdmin(admin.ModelAdmin):
         "completed_at",
         "transcript_link",
     ]
+    # No token: it opens the participant's own chat and acts as them, which nobody in the admin
+    # needs (the transcript link shows the conversation).
     fields = ["status"] + readonly_fields
     inlines = [ResponseInline]
     list_select_related = ["study", "arm", "scenario"]

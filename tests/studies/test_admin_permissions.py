@@ -184,6 +184,20 @@ def test_view_permission_reads_but_does_not_act(client, data):
     assert state() == before
 
 
+def test_no_admin_user_sees_a_participant_token(client, data):
+    """The token opens the participant's own chat: not shown to viewers, nor to editors."""
+    participant = Participant.objects.first()
+    page = reverse("admin:studies_participant_change", args=[participant.pk])
+    for user in (
+        staff("viewer", *view_permissions()),
+        staff("editor", *view_permissions(), "change_participant"),
+    ):
+        client.force_login(user)
+        response = client.get(page)
+        assert response.status_code == 200 and participant.prolific_pid in response.content.decode()
+        assert str(participant.token) not in response.content.decode()
+
+
 def test_change_permission_acts(client, data):
     """The same pages and actions work for a user who holds the permission."""
     client.force_login(staff("editor", *view_permissions(), "change_study", "change_trainingrun"))
