@@ -132,3 +132,23 @@ def test_production_refuses_missing_secret():
     )
     assert result.returncode != 0
     assert "DJANGO_SECRET_KEY must be set" in result.stderr
+
+
+def test_a_deployments_own_settings_module_can_extend_parleys(tmp_path):
+    """`from parley.settings import *` in a deployment's settings (the load bench has one):
+    importing parley must not read settings before they exist (Celery's beat schedule once did)."""
+    (tmp_path / "site_settings.py").write_text(
+        "from parley.settings import *  # noqa\nSITE_MARK = 'site'\n"
+    )
+    result = python(
+        "-c",
+        "import django; django.setup(); from django.conf import settings; "
+        "from parley.celery import app; print(settings.SITE_MARK, sorted(app.conf.beat_schedule))",
+        env={
+            **child_env(),
+            "DJANGO_SETTINGS_MODULE": "site_settings",
+            "PYTHONPATH": f"{tmp_path}:{REPO}:{REPO / 'platform'}",
+        },
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[0] == "site" and "prolific-sync" in result.stdout

@@ -3,7 +3,6 @@
 import os
 
 from celery import Celery
-from django.conf import settings
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "parley.settings")
 
@@ -16,16 +15,6 @@ TRAINING_QUEUES = ("training",)
 app = Celery("parley")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
-
-# Celery beat (`celery -A parley beat`) starts these periodic tasks.
-app.conf.beat_schedule = {
-    **(app.conf.beat_schedule or {}),
-    # Prolific submissions both ways (studies/prolific_sync.py); the webhook is the fast path.
-    "prolific-sync": {
-        "task": "studies.tasks.sync_prolific",
-        "schedule": settings.PROLIFIC_SYNC_INTERVAL,
-    },
-}
 
 
 def worker_args(*options: str, queues: tuple[str, ...] = QUEUES) -> list[str]:

@@ -294,6 +294,11 @@ PROLIFIC_TIMEOUT = env_number("PROLIFIC_TIMEOUT", 30)  # seconds per API request
 # A webhook whose X-Prolific-Request-Timestamp is further than this from now is refused (s).
 PROLIFIC_WEBHOOK_MAX_AGE = int(env_number("PROLIFIC_WEBHOOK_MAX_AGE", 300))
 PROLIFIC_SYNC_INTERVAL = env_number("PROLIFIC_SYNC_INTERVAL", 300)  # s between periodic syncs
+# Prolific submissions both ways (studies/prolific_sync.py), beside the webhook's fast path.
+CELERY_BEAT_SCHEDULE["prolific-sync"] = {
+    "task": "studies.tasks.sync_prolific",
+    "schedule": PROLIFIC_SYNC_INTERVAL,
+}
 # Seconds after a bonus pay call of unknown result (timeout, 5xx, crash) before, if no submission
 # shows the bonus, it counts as unpaid and may be paid again (the pay call is asynchronous).
 PROLIFIC_BONUS_CONFIRM_AFTER = env_number("PROLIFIC_BONUS_CONFIRM_AFTER", 3600)
