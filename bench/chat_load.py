@@ -236,10 +236,14 @@ def one_run(args, web: subprocess.Popen, url: str, engine_url: str, n: int, mode
 # --- CPU of chat turns alone ------------------------------------------------------------------
 
 
-def turn_cpu(web: subprocess.Popen, url: str, engine_url: str, n: int, turns: int) -> dict:
+def turn_cpu(
+    web: subprocess.Popen, url: str, engine_url: str, n: int, turns: int, idle: float
+) -> dict:
     """Server CPU per chat turn with nothing else going on: n participants are placed in the
     chat directly (no HTTP), their sockets opened and their histories read; only then is the
-    server's CPU read, around n x turns turns (message to status), all participants at once."""
+    server's CPU read, around n x turns turns (message to status), all participants at once.
+    Gross is all the server's CPU over that time; net leaves out its idle CPU (`idle`, CPU
+    seconds per second) over the same time."""
     import websockets
 
     from studies import flow
@@ -261,7 +265,7 @@ def turn_cpu(web: subprocess.Popen, url: str, engine_url: str, n: int, turns: in
             while json.loads(await socket.recv())["type"] != "history":
                 pass
         await asyncio.sleep(1)  # the connections settled
-        before = cpu_seconds(web)
+        before, started = cpu_seconds(web), time.monotonic()
 
         async def talk(socket):
             for turn in range(turns):
@@ -272,12 +276,24 @@ def turn_cpu(web: subprocess.Popen, url: str, engine_url: str, n: int, turns: in
 
         await asyncio.gather(*(talk(socket) for socket in sockets))
         used = cpu_seconds(web) - before
+        elapsed = time.monotonic() - started
         for socket in sockets:
             await socket.close()
-        return used
+        return used, elapsed
 
-    used = asyncio.run(run())
-    return round(1000 * used / (n * turns), 1)
+    used, elapsed = asyncio.run(run())
+    return {
+        "gross": round(1000 * used / (n * turns), 1),
+        "net": round(1000 * (used - idle * elapsed) / (n * turns), 1),
+    }
+
+
+def idle_cpu(web: subprocess.Popen, seconds: float = 10) -> float:
+    """The server's CPU seconds per second with nothing to do (its workers' timers and their
+    channel layer's listeners): a fixed cost, not a turn's."""
+    before = cpu_seconds(web)
+    time.sleep(seconds)
+    return (cpu_seconds(web) - before) / seconds
 
 
 # --- SQL statements of one chat turn -----------------------------------------------------------
@@ -376,6 +392,18 @@ def markdown(results: dict) -> str:
             f"| {r['cpu_ms_per_turn']} | {r['cpu_s_per_session']} "
             f"| {r['db_transactions_per_turn']} | {errors} |"
         )
+    alone = results.get("turns_alone") or {}
+    if alone:
+        lines += [
+            "",
+            f"*CPU per turn* in the table is all the server's CPU over a run (arrivals, pages, "
+            f"consent and questionnaire included) divided by its chat turns. Chat turns alone "
+            f"({alone['participants']} participants already in the chat, {alone['turns']} turns "
+            f"at once, three rounds): **{alone['cpu_ms_per_turn']} ms of server CPU per turn** "
+            f"(best round, net of the idle server's {alone['idle_cpu_s_per_s']} CPU-s/s; rounds "
+            + ", ".join(f"{r['net']}" for r in alone["rounds"])
+            + " ms).",
+        ]
     queries = results.get("queries") or {}
     if queries:
         lines += [
@@ -440,9 +468,17 @@ def main():
     try:
         queries = queries_per_turn(engine_url)
         print("SQL statements:", json.dumps(queries), flush=True)
-        # Best of three rounds: CPU time too is inflated by whatever else the cores run.
-        rounds = [turn_cpu(processes[1], url, engine_url, 20, 5) for _ in range(3)]
-        turns_alone = {"participants": 20, "turns": 100, "cpu_ms_per_turn": rounds}
+        idle = idle_cpu(processes[1])
+        print(f"Idle server CPU: {idle:.3f} s/s", flush=True)
+        # Three rounds: CPU time too is inflated by whatever else the cores run.
+        rounds = [turn_cpu(processes[1], url, engine_url, 20, 5, idle) for _ in range(3)]
+        turns_alone = {
+            "participants": 20,
+            "turns": 100,
+            "idle_cpu_s_per_s": round(idle, 3),
+            "rounds": rounds,
+            "cpu_ms_per_turn": min(r["net"] for r in rounds),
+        }
         print("Chat turns alone:", json.dumps(turns_alone), flush=True)
         if args.turns_only:
             return
