@@ -38,9 +38,13 @@ def max_frame_bytes() -> int:
 
 
 class ChatConsumer(AsyncJsonWebsocketConsumer):
-    """One participant's socket. The participant row is read at connect and then kept: each
-    message re-reads it under the conversation's lock inside flow.store_user_message (the one
-    read a turn needs), so a turn costs two transactions (the message, the reply)."""
+    """One participant's socket. The participant, with study, arm and scenario, is read at
+    connect and then kept: each message re-reads only its status under the conversation's lock
+    (flow.store_user_message), so a turn costs two transactions (the message, the reply). After
+    a failed answer it is read whole again, so a Retry meets an arm the researcher has fixed
+    meanwhile (another endpoint, another model)."""
+
+    stale = False
 
     async def connect(self):
         token = self.scope["url_route"]["kwargs"]["token"]
@@ -133,13 +137,19 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 }
             )
             return
+        if self.stale:
+            self.participant, self.stale = await db(load_participant)(self.participant.token), False
         try:
+            if self.participant is None:
+                raise Participant.DoesNotExist
             stored = await db(flow.store_user_message)(self.participant, client_id, text)
         except (Participant.DoesNotExist, Conversation.DoesNotExist):  # deleted meanwhile
             await self.close(code=4404)
             return
         except flow.ChatOver as over:  # ended or timed out: say why, then the page moves on
-            await self.refuse(client_id, over.detail)
+            # Not "drop": the redirect right after finds the message unsent and tells the next
+            # page, which says why the message was not taken.
+            await self.send_json({"type": "error", "reply_to": client_id, "message": over.detail})
             await self.redirect()
             return
         except flow.FlowError as error:
@@ -182,6 +192,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             return await chat.agent_turn(self.participant, messages, message, self.send_json)
         except chat.EngineStalled as stalled:
             log.warning("agent reply stalled for %s: %s", self.participant, stalled)
+            self.stale = True
             notice = "The assistant has stopped answering. Your message is saved; press Retry."
             await self.send_json({**failure, "stalled": True, "message": notice})
         except Exception as error:  # any engine failure: the message is kept for Retry
@@ -189,6 +200,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 log.warning("agent reply failed for %s: %s", self.participant, error)
             else:
                 log.exception("agent reply failed for %s", self.participant)
+            self.stale = True
             notice = "The assistant could not answer just now. Your message is saved; press Retry."
             await self.send_json({**failure, "message": notice})
         return None
@@ -213,12 +225,16 @@ class Opening:
     pending: Message | None  # the participant's last message, when it has no reply yet
 
 
+def load_participant(token) -> Participant | None:
+    return (
+        Participant.objects.select_related("study", "arm", "scenario").filter(token=token).first()
+    )
+
+
 def open_chat(token) -> tuple[Participant | None, Opening | None]:
     """The participant of this token (None if there is none) and, while they are in the chat,
     what the page is shown on connecting."""
-    participant = (
-        Participant.objects.select_related("study", "arm", "scenario").filter(token=token).first()
-    )
+    participant = load_participant(token)
     if participant is None:
         return None, None
     participant = flow.expire_if_overdue(participant)

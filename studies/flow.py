@@ -398,18 +398,21 @@ def storable_text(text: str) -> str:
 def store_user_message(participant: Participant, client_id: str, text: str) -> Stored:
     """Store the participant's message before it is acknowledged; a resent client id is a no-op.
 
-    Three statements under one lock (conversation with participant and study; its messages;
-    the insert): a chat turn is the platform's hottest path, so it reads the conversation once
-    and answers the rest (duplicates, counts, next seq, history) from that read.
+    Three statements under one lock (the conversation with its participant's status; its
+    messages; the insert): a chat turn is the platform's hottest path, so it reads the
+    conversation once and answers the rest (duplicates, counts, next seq, history) from that
+    read. The study, arm and scenario come with `participant` (the chat consumer's, read when
+    the chat opened); only what changes during a chat is read again under the lock.
     """
     text = storable_text(text)
-    conversation = (
+    conversation_id, ended_at, status, created_at = (
         Conversation.objects.select_for_update(of=("self",))
-        .select_related("participant__study", "participant__arm", "participant__scenario")
-        .get(participant=participant.pk)
+        .filter(participant=participant.pk)
+        .values_list("pk", "ended_at", "participant__status", "participant__created_at")
+        .get()
     )
-    participant = conversation.participant
-    messages = list(conversation.messages.order_by("seq"))
+    participant.status, participant.created_at = status, created_at
+    messages = list(Message.objects.filter(conversation=conversation_id).order_by("seq"))
     existing = next((m for m in messages if m.client_id == client_id), None)
     if existing:
         replies = [
@@ -421,9 +424,9 @@ def store_user_message(participant: Participant, client_id: str, text: str) -> S
         ]
         return Stored(existing, False, replies[-1] if replies else None, participant, messages)
     sent = sum(m.role == Message.Role.USER for m in messages)
-    check_can_send(participant, conversation, text, sent)
+    check_can_send(participant, ended_at, text, sent)
     message = Message.objects.create(
-        conversation=conversation,
+        conversation_id=conversation_id,
         seq=(messages[-1].seq if messages else 0) + 1,
         role=Message.Role.USER,
         content=text,
@@ -432,9 +435,9 @@ def store_user_message(participant: Participant, client_id: str, text: str) -> S
     return Stored(message, True, None, participant, [*messages, message])
 
 
-def check_can_send(participant: Participant, conversation: Conversation, text: str, sent: int):
+def check_can_send(participant: Participant, ended_at, text: str, sent: int) -> None:
     study = participant.study
-    if participant.status != Participant.Status.CHAT or conversation.ended_at:
+    if participant.status != Participant.Status.CHAT or ended_at:
         raise chat_closed(participant)
     if participant.is_overdue():  # the sweep has not reached them yet: the limit holds anyway
         raise chat_closed(participant)

@@ -44,15 +44,31 @@ def hit(scope: str, key: str, allowed: int, window: int = WINDOW) -> bool:
         return True
     bucket = f"parley-rate:{scope}:{key}:{int(time.time() // window)}"
     try:
-        if cache.add(bucket, 1, timeout=window + 1):
-            return True
-        return cache.incr(bucket) <= allowed
-    except ValueError:  # the bucket expired between add and incr: this is its first event
-        cache.add(bucket, 1, timeout=window + 1)
-        return True
+        return count(bucket, window + 1) <= allowed
     except Exception:  # an unreachable cache must not lock participants out
         log.warning("rate limit cache unavailable; letting %s %s through", scope, key)
         return True
+
+
+def count(bucket: str, timeout: int) -> int:
+    """The bucket's count after this event. On Redis one round trip (INCR; EXPIRE only for the
+    window's first event): every chat message passes here, and the cache's add-then-incr took
+    two or three. Elsewhere (locmem in development) the cache's own add and incr."""
+    redis_client = getattr(getattr(cache, "_cache", None), "get_client", None)
+    if redis_client is not None:  # Django's RedisCache
+        name = cache.make_and_validate_key(bucket)
+        client = redis_client(name, write=True)
+        counted = client.incr(name)
+        if counted == 1:
+            client.expire(name, timeout)
+        return counted
+    if cache.add(bucket, 1, timeout=timeout):
+        return 1
+    try:
+        return cache.incr(bucket)
+    except ValueError:  # the bucket expired between add and incr: this is its first event
+        cache.add(bucket, 1, timeout=timeout)
+        return 1
 
 
 def message_allowed(participant_token, ip: str | None) -> bool:
