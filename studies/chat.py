@@ -138,60 +138,48 @@ async def agent_turn(
 
 
 async def relay(stream, send: Send, reply_to: str) -> None:
-    """Pass the stream's text on as deltas: the first piece at once, later ones gathered for up
-    to DELTA_INTERVAL. Before the first piece: a "slow" event after the stall timeout,
-    EngineStalled after the first-token timeout; after it, EngineStalled when a gap exceeds the
-    stall timeout."""
-    stall, loop = stall_timeout(), asyncio.get_running_loop()
+    """Pass the stream's text on as deltas: the first piece at once; a later one goes with
+    those that arrived within DELTA_INTERVAL of the last delta sent (it waits at most one gap
+    between the engine's pieces, and never past the reply's end). Before the first piece: a
+    "slow" event after the stall timeout, EngineStalled after the first-token timeout; after
+    it, EngineStalled when a gap exceeds the stall timeout."""
+    stall = stall_timeout()
     pieces = aiter(stream)
-    held: list[str] = []
-    started = sent_at = heard_at = loop.time()
-    heard = slow_told = False
-
-    async def flush():
-        nonlocal held, sent_at
-        await send({"type": "delta", "reply_to": reply_to, "text": "".join(held)})
-        held, sent_at = [], loop.time()
-
-    # The next piece is read in a task of its own, so that waiting for it (and flushing or
-    # telling the page meanwhile) never cancels the engine's stream.
-    following = asyncio.ensure_future(anext(pieces, None))
+    # The first piece in a task of its own, so that waiting for it can be told apart from it.
+    first = asyncio.ensure_future(anext(pieces, None))
     try:
-        while True:
-            if held:
-                wait = sent_at + DELTA_INTERVAL - loop.time()
-            elif not heard:
-                wait = started + (first_token_timeout() if slow_told else stall) - loop.time()
-            else:
-                wait = heard_at + stall - loop.time()
-            done, _ = await asyncio.wait({following}, timeout=max(wait, 0))
-            if not done:
-                if held:
-                    await flush()
-                elif not heard and not slow_told:
-                    notice = "The assistant is slow to answer just now; please wait a little."
-                    await send({"type": "slow", "reply_to": reply_to, "message": notice})
-                    slow_told = True
-                elif not heard:
-                    timeout = first_token_timeout()
-                    raise EngineStalled(f"no first token from the engine in {timeout:g} s")
-                else:
-                    raise EngineStalled(f"no token from the engine for {stall:g} s")
-                continue
-            piece = following.result()
-            if piece is None:  # the reply has ended (a reply of tool calls only has no text)
-                break
-            first, heard, heard_at = not heard, True, loop.time()
-            held.append(piece)
-            if first or heard_at - sent_at >= DELTA_INTERVAL:
-                await flush()
-            following = asyncio.ensure_future(anext(pieces, None))
+        done, _ = await asyncio.wait({first}, timeout=stall)
+        if not done:
+            notice = "The assistant is slow to answer just now; please wait a little."
+            await send({"type": "slow", "reply_to": reply_to, "message": notice})
+            done, _ = await asyncio.wait({first}, timeout=max(first_token_timeout() - stall, 0))
+        if not done:
+            raise EngineStalled(f"no first token from the engine in {first_token_timeout():g} s")
     finally:
-        if not following.done():  # the turn is cut short: end the read before the stream closes
-            following.cancel()
-            await asyncio.gather(following, return_exceptions=True)
+        if not first.done():  # the turn is cut short: end the read before the stream is closed
+            first.cancel()
+            await asyncio.gather(first, return_exceptions=True)
+    delta = first.result()
+    if delta is None:  # a reply with no text (only tool calls)
+        return
+    await send({"type": "delta", "reply_to": reply_to, "text": delta})
+    loop = asyncio.get_running_loop()
+    sent_at, held = loop.time(), []
+    try:
+        async with asyncio.timeout(stall) as deadline:
+            async for delta in pieces:
+                now = loop.time()
+                deadline.reschedule(now + stall)
+                held.append(delta)
+                if now - sent_at >= DELTA_INTERVAL:
+                    await send({"type": "delta", "reply_to": reply_to, "text": "".join(held)})
+                    sent_at, held = now, []
+    except TimeoutError:
+        if deadline.expired():
+            raise EngineStalled(f"no token from the engine for {stall:g} s") from None
+        raise
     if held:
-        await flush()
+        await send({"type": "delta", "reply_to": reply_to, "text": "".join(held)})
 
 
 def final_reply(user_message: Message) -> Message | None:

@@ -8,9 +8,10 @@
         result = await client.chat(model, messages)
 
 The wire format is the `openai` package's (AsyncOpenAI: requests, error bodies), except for a
-streamed chat: its request is the same JSON, sent with httpx, and its server-sent events are
-read as plain JSON. A chat turn is the platform's hottest path, and openai's typed request and
-chunk models cost more CPU than everything else in a turn together (bench/chat_load.py).
+streamed chat: its request is the same JSON, sent with aiohttp, and its server-sent events are
+read as plain JSON lines. A streamed chat is the platform's hottest path (every participant's
+turn): openai's typed request and chunk models, then httpx's per-read machinery, were the
+largest CPU costs of a turn (bench/chat_load.py).
 Parameters the OpenAI API does not name (vLLM's `top_k`, `skip_special_tokens`,
 `stop_token_ids`, `return_token_ids`, guided decoding, ...) go to the engine in `extra_body`.
 
@@ -43,6 +44,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+import aiohttp
 import httpx2
 import openai
 from openai.resources.chat.completions import AsyncCompletions as _ChatCompletions
@@ -100,18 +102,17 @@ class LLMClient:
         self.max_retries = max_retries
         self.backoff = backoff
         self.tool_format = tool_format
-        # One connection pool for both: openai's calls and the streamed chats sent directly.
-        self.http = httpx2.AsyncClient(
-            timeout=httpx2.Timeout(timeout, connect=connect_timeout),
-            headers={"Authorization": f"Bearer {api_key or NO_KEY}"},
-        )
         self.openai = openai.AsyncOpenAI(
             base_url=self.base_url,
             api_key=api_key or NO_KEY,
             timeout=openai.Timeout(timeout, connect=connect_timeout),
             max_retries=0,  # ours, below
-            http_client=self.http,
         )
+        # Streamed chats (see the module docstring): their own pool, opened on first use (it
+        # belongs to the running event loop), with the same timeouts and key.
+        self._timeout, self._connect_timeout = timeout, connect_timeout
+        self._headers = {"Authorization": f"Bearer {api_key or NO_KEY}"}
+        self._streams: aiohttp.ClientSession | None = None
 
     async def __aenter__(self):
         return self
@@ -120,7 +121,20 @@ class LLMClient:
         await self.aclose()
 
     async def aclose(self):
-        await self.openai.close()  # and self.http with it
+        await self.openai.close()
+        if self._streams is not None:
+            await self._streams.close()
+
+    def stream_session(self) -> aiohttp.ClientSession:
+        if self._streams is None or self._streams.closed:
+            self._streams = aiohttp.ClientSession(
+                headers=self._headers,
+                timeout=aiohttp.ClientTimeout(
+                    total=None, connect=self._connect_timeout, sock_read=self._timeout
+                ),
+                connector=aiohttp.TCPConnector(limit=0),  # the engine bounds its own queue
+            )
+        return self._streams
 
     def stream_chat(
         self,
@@ -394,7 +408,7 @@ class ChatStream:
         reply = _Reply(self._json_tools)
         opened = None
         try:
-            opened = await _Opened.post(self._client.http, self._url, self._request)
+            opened = await _Opened.post(self._client.stream_session(), self._url, self._request)
             async for chunk in opened.chunks:
                 piece = reply.add(chunk, started)
                 if piece:
@@ -409,25 +423,25 @@ class ChatStream:
 
 class _Opened:
     """One open SSE response: its chunks (the JSON of each `data:` event), read by one iterator
-    across the first piece and the rest, and the response itself, closed (its connection
-    freed) however the reading ends."""
+    across the first piece and the rest, and the response itself, released (its connection
+    back in the pool) however the reading ends."""
 
-    def __init__(self, response: httpx2.Response, url: str):
+    def __init__(self, response: aiohttp.ClientResponse, url: str):
         self.response = response
         self.url = url
         self.chunks = self._chunks()
 
     @classmethod
-    async def post(cls, http: httpx2.AsyncClient, url: str, request: dict) -> "_Opened":
+    async def post(cls, session: aiohttp.ClientSession, url: str, request: dict) -> "_Opened":
         body = {k: v for k, v in request.items() if k != "extra_body"}
         body.update(request.get("extra_body") or {})
-        response = await http.send(http.build_request("POST", url, json=body), stream=True)
-        if response.status_code >= 400:
+        response = await session.post(url, json=body)
+        if response.status >= 400:
             try:
-                await response.aread()
+                text = await response.text(errors="replace")
             finally:
-                await response.aclose()
-            raise _http_error(response)
+                response.release()
+            raise _status_error("POST", url, response.status, text, response.headers)
         return cls(response, url)
 
     async def _chunks(self):
@@ -435,9 +449,10 @@ class _Opened:
         done = False
         # Read to the body's end even after [DONE]: a response left unfinished closes its
         # connection instead of returning it to the pool.
-        async for line in self.response.aiter_lines():
+        async for raw in self.response.content:
             if done:
                 continue
+            line = raw.decode("utf-8", "replace").rstrip("\r\n")
             if line.startswith("data:"):
                 data.append(line[5:].lstrip(" "))
                 continue
@@ -459,7 +474,7 @@ class _Opened:
 
     async def close(self):
         await self.chunks.aclose()
-        await self.response.aclose()
+        self.response.release()
 
 
 class _Reply:
@@ -564,6 +579,8 @@ def _as_llm_error(error: Exception, url: str) -> LLMError:
         return error
     if isinstance(error, httpx2.TransportError):
         return _transport_error(error, url)
+    if isinstance(error, aiohttp.ClientError | asyncio.TimeoutError):  # a streamed chat's
+        return _stream_error(error, url)
     cause = error.__cause__
     if isinstance(error, openai.APIConnectionError) and isinstance(cause, httpx2.TransportError):
         return _transport_error(cause, url)  # APITimeoutError is an APIConnectionError
@@ -588,8 +605,28 @@ def _transport_error(error: httpx2.TransportError, url: str) -> LLMError:
     return LLMConnectionError(f"The connection to {url} failed: {error}")
 
 
+def _stream_error(error: Exception, url: str) -> LLMError:
+    """aiohttp's failures, with the same messages as httpx's (`_transport_error`)."""
+    if isinstance(error, aiohttp.ConnectionTimeoutError):
+        return LLMTimeout(f"Timed out connecting to {url}.", connecting=True)
+    if isinstance(error, asyncio.TimeoutError):  # the socket read timeout, among others
+        return LLMTimeout(f"Timed out waiting for {url} to answer.", connecting=False)
+    if isinstance(error, aiohttp.ClientConnectorError):
+        return LLMConnectionError(f"Could not connect to {url}: {error}")
+    return LLMConnectionError(f"The connection to {url} failed: {error!r}")
+
+
 def _http_error(response: httpx2.Response) -> LLMHTTPError:
-    text = response.text
+    return _status_error(
+        response.request.method,
+        response.request.url,
+        response.status_code,
+        response.text,
+        response.headers,
+    )
+
+
+def _status_error(method: str, url, status: int, text: str, headers) -> LLMHTTPError:
     message = text.strip()[:500]
     try:
         message = json.loads(text)["error"]["message"]
@@ -597,14 +634,11 @@ def _http_error(response: httpx2.Response) -> LLMHTTPError:
         pass
     retry_after = None
     try:
-        retry_after = float(response.headers.get("retry-after", ""))
+        retry_after = float(headers.get("retry-after", ""))
     except ValueError:
         pass
     return LLMHTTPError(
-        f"{response.request.method} {response.request.url} failed with "
-        f"{response.status_code}: {message}",
-        status=response.status_code,
-        retry_after=retry_after,
+        f"{method} {url} failed with {status}: {message}", status=status, retry_after=retry_after
     )
 
 

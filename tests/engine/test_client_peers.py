@@ -446,12 +446,15 @@ async def test_the_environments_openai_key_never_goes_to_an_engine(monkeypatch):
 
 
 async def test_one_client_serves_many_calls_over_one_connection():
-    with ScriptedServer([{"content": f"reply {i}"} for i in range(4)]) as server:
+    """Whole replies share one connection, streamed ones another (their own pool: see the
+    client's docstring), however many calls: not one connection per call."""
+    with ScriptedServer([{"content": f"reply {i}"} for i in range(6)]) as server:
         async with LLMClient(server.url) as client:
-            for _ in range(2):
+            for _ in range(3):
                 assert (await client.chat("m", MESSAGES)).content.startswith("reply")
                 assert "".join(await drain(client.stream_chat("m", MESSAGES))).startswith("reply")
-    assert len(server.client_ports) == 4 and len(set(server.client_ports)) == 1
+    ports = server.client_ports
+    assert len(ports) == 6 and len(set(ports[0::2])) == 1 and len(set(ports[1::2])) == 1
 
 
 async def test_shared_client_is_one_per_endpoint_and_event_loop():
