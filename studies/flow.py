@@ -412,7 +412,10 @@ def store_user_message(participant: Participant, client_id: str, text: str) -> S
         .get()
     )
     participant.status, participant.created_at = status, created_at
-    messages = list(Message.objects.filter(conversation=conversation_id).order_by("seq"))
+    # Sorted here: an ORDER BY costs Django more to compile than the sort costs Python.
+    messages = sorted(
+        Message.objects.filter(conversation=conversation_id).order_by(), key=lambda m: m.seq
+    )
     existing = next((m for m in messages if m.client_id == client_id), None)
     if existing:
         replies = [
