@@ -27,6 +27,12 @@ SCREENED_OUT, PARTIALLY_APPROVED, PROCESSING = "SCREENED OUT", "PARTIALLY APPROV
 # How far along a submission is: a webhook that would move it back arrived out of order (Prolific
 # does not guarantee order), unless Prolific itself says so (an UNREJECT or UNRETURN).
 STATUS_RANK = {RESERVED: 0, ACTIVE: 1, AWAITING_REVIEW: 2, PROCESSING: 3}  # every other: final
+# Every status Prolific documents; any other word is not stored (it would outrank, as final, the
+# real statuses that follow it, and may not fit the column).
+KNOWN_STATUSES = frozenset(
+    (RESERVED, ACTIVE, TIMED_OUT, AWAITING_REVIEW, APPROVED, RETURNED, REJECTED, SCREENED_OUT)
+    + (PARTIALLY_APPROVED, PROCESSING)
+)
 
 
 def status_rank(status: str) -> int:

@@ -47,8 +47,10 @@ FREED_AS = {
 def apply_status(participant: Participant, status: str) -> str:
     """Record the submission's Prolific status; RETURNED and TIMED-OUT free the participant's
     place (no longer in Participant.ACTIVE) and keep what they gave, flagged as partial."""
-    participant = Participant.objects.select_for_update().get(pk=participant.pk)
     status = normal_status(status)
+    if status not in prolific.KNOWN_STATUSES:
+        return f"{participant.prolific_pid}: unknown status {status[:40]!r}, not applied"
+    participant = Participant.objects.select_for_update().get(pk=participant.pk)
     participant.prolific_status = status
     participant.prolific_synced_at = timezone.now()
     fields = ["prolific_status", "prolific_synced_at"]

@@ -191,6 +191,22 @@ def test_every_valid_event_gets_2xx(client, linked):
     assert bad.status_code == 400
 
 
+@override_settings(PROLIFIC_WEBHOOK_SECRET=SECRET, PROLIFIC_API_TOKEN="")
+def test_an_unknown_status_is_acknowledged_and_not_applied(client, linked):
+    p = join(linked, "PID1", "SUB1")
+    for n, status in enumerate(["SOMETHING NEW", "X" * 80]):  # the second outgrows the column
+        response = deliver(client, status_event("SUB1", status), event_id=f"U{n}")
+        assert response.status_code == 200 and b"unknown status" in response.content
+    p.refresh_from_db()
+    assert p.prolific_status == ""
+    # it did not stand, as a final status would, in the way of the real ones that follow
+    assert (
+        deliver(client, status_event("SUB1", "AWAITING REVIEW"), event_id="U9").status_code == 200
+    )
+    p.refresh_from_db()
+    assert p.prolific_status == "AWAITING REVIEW"
+
+
 @pytest.mark.parametrize(
     "status, ours",
     [("RETURNED", "returned"), ("TIMED-OUT", "timed_out"), ("TIMED_OUT", "timed_out")],
