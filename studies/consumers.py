@@ -16,6 +16,7 @@ nested, unknown type, bad id or text) is answered with an error event. A refused
 import json
 import logging
 import re
+import traceback
 from dataclasses import dataclass
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
@@ -24,7 +25,8 @@ from django.urls import reverse
 
 from agents.llm import LLMError
 
-from . import chat, domains, flow, ratelimit
+from . import chat, domains, flow, problems, ratelimit
+from .errors import FlowError
 from .models import Conversation, Message, Participant
 from .threads import db
 
@@ -40,9 +42,7 @@ def max_frame_bytes() -> int:
 class ChatConsumer(AsyncJsonWebsocketConsumer):
     """One participant's socket. The participant, with study, arm and scenario, is read at
     connect and then kept: each message re-reads only its status under the conversation's lock
-    (flow.store_user_message), so a turn costs two transactions (the message, the reply). After
-    a failed answer it is read whole again, so a Retry meets an arm the researcher has fixed
-    meanwhile (another endpoint, another model)."""
+    (flow.store_user_message), so a turn costs two transactions (the message, the reply)."""
 
     stale = False
 
@@ -192,7 +192,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             return await chat.agent_turn(self.participant, messages, message, self.send_json)
         except chat.EngineStalled as stalled:
             log.warning("agent reply stalled for %s: %s", self.participant, stalled)
-            self.stale = True
+            await self.failed("The agent stalled", stalled)
             notice = "The assistant has stopped answering. Your message is saved; press Retry."
             await self.send_json({**failure, "stalled": True, "message": notice})
         except Exception as error:  # any engine failure: the message is kept for Retry
@@ -200,10 +200,26 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 log.warning("agent reply failed for %s: %s", self.participant, error)
             else:
                 log.exception("agent reply failed for %s", self.participant)
-            self.stale = True
+            await self.failed("The agent could not answer", error)
             notice = "The assistant could not answer just now. Your message is saved; press Retry."
             await self.send_json({**failure, "message": notice})
         return None
+
+    async def failed(self, title: str, error: Exception) -> None:
+        """Keep an engine failure where the researcher sees it (the monitor), with its cause;
+        the participant is read whole again before the next message, so a Retry meets an arm
+        the researcher has fixed meanwhile (another endpoint, another model)."""
+        arm = self.participant.arm
+        detail = f"Arm {arm.name} ({arm.model_name} at {arm.endpoint_url}): {error}"
+        trace = "" if isinstance(error, LLMError | chat.EngineStalled) else traceback.format_exc()
+        await db(problems.record)(
+            self.participant.study,
+            self.participant,
+            self.scope["path"],
+            FlowError(title, detail),
+            trace,
+        )
+        self.stale = True
 
     async def on_end(self):
         try:

@@ -6,7 +6,7 @@ from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
 
 from studies import flow
-from studies.models import Arm, Message, Participant
+from studies.models import Arm, Message, Participant, StudyError
 from studies.routing import websocket_urlpatterns
 from tests.conftest import free_port
 from tests.studies.conftest import make_study, prolific
@@ -139,6 +139,12 @@ async def test_engine_down_keeps_the_message_and_retry_answers_it(engine_url):
     events = await receive_until(chat, "error", timeout=60)
     assert events[-1]["retry"] is True and events[-1]["reply_to"] == "r1"
     assert [m.role for m in await messages_of(participant)] == ["user"]
+    # The cause is kept where the researcher sees it (the monitor), not only in the log.
+    problems = await database_sync_to_async(
+        lambda: list(StudyError.objects.filter(participant=participant).values("title", "detail"))
+    )()
+    assert len(problems) == 1 and problems[0]["title"] == "The agent could not answer"
+    assert dead in problems[0]["detail"] and "Could not connect" in problems[0]["detail"]
 
     await database_sync_to_async(Arm.objects.filter(pk=participant.arm_id).update)(
         endpoint_url=engine_url
