@@ -378,7 +378,7 @@ def markdown(results: dict) -> str:
         "its first streamed token, minus the engine's own time to first token.",
         "",
         "| participants | arrival | completed | failed | added TTFT p50 / p95 / p99 (ms) "
-        "| whole reply p50 / p95 (ms) | CPU per turn (ms) | CPU per session (s) "
+        "| whole reply p50 / p95 (ms) | CPU of the run / turns (ms) | CPU per session (s) "
         "| DB transactions per turn | errors |",
         "|---:|---|---:|---:|---|---|---:|---:|---:|---|",
     ]
@@ -396,7 +396,7 @@ def markdown(results: dict) -> str:
     if alone:
         lines += [
             "",
-            f"*CPU per turn* in the table is all the server's CPU over a run (arrivals, pages, "
+            f"*CPU of the run / turns* is all the server's CPU over a run (arrivals, pages, "
             f"consent and questionnaire included) divided by its chat turns. Chat turns alone "
             f"({alone['participants']} participants already in the chat, {alone['turns']} turns "
             f"at once, three rounds): **{alone['cpu_ms_per_turn']} ms of server CPU per turn** "
