@@ -50,14 +50,30 @@ def hit(scope: str, key: str, allowed: int, window: int = WINDOW) -> bool:
         return True
 
 
+_clients: dict[object, object] = {}
+
+
+def redis_client():
+    """The Redis client behind Django's RedisCache (None for another cache), made once per
+    connection pool: Django makes a new one per call, and redis-py's constructor alone cost
+    more than the round trip. The pool is the same (the write server, the only one we set)."""
+    backend = getattr(cache, "_cache", None)
+    if not hasattr(backend, "get_client"):
+        return None
+    pool = backend._get_connection_pool(True)
+    client = _clients.get(pool)
+    if client is None:
+        client = _clients[pool] = backend.get_client(write=True)
+    return client
+
+
 def count(bucket: str, timeout: int) -> int:
     """The bucket's count after this event. On Redis one round trip (INCR; EXPIRE only for the
     window's first event): every chat message passes here, and the cache's add-then-incr took
     two or three. Elsewhere (locmem in development) the cache's own add and incr."""
-    redis_client = getattr(getattr(cache, "_cache", None), "get_client", None)
-    if redis_client is not None:  # Django's RedisCache
+    client = redis_client()
+    if client is not None:  # Django's RedisCache
         name = cache.make_and_validate_key(bucket)
-        client = redis_client(name, write=True)
         counted = client.incr(name)
         if counted == 1:
             client.expire(name, timeout)
