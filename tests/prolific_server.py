@@ -4,8 +4,6 @@ bonus set-ups, and can be told to fail around the bonus pay call."""
 
 import csv
 import io
-import threading
-import time
 import uuid
 
 import uvicorn
@@ -15,6 +13,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tests.conftest import free_port
+from tests.scripted_server import ThreadedServer
 
 CATEGORIES = {
     "TOO_QUICKLY",
@@ -37,7 +36,7 @@ def error(status: int, detail: str) -> JSONResponse:
     return JSONResponse(body, status_code=status)
 
 
-class FakeProlific:
+class FakeProlific(ThreadedServer):
     def __init__(self, token: str = "fake-token-123"):
         self.token = token
         self.studies: dict[str, dict] = {}
@@ -234,14 +233,3 @@ class FakeProlific:
         if self.pay_fault == "after":
             return error(500, "internal error")
         return Response(status_code=202)
-
-    def __enter__(self):
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(timeout=10)

@@ -14,7 +14,25 @@ from starlette.routing import Route
 from tests.conftest import free_port
 
 
-class ScriptedServer:
+class ThreadedServer:
+    """A uvicorn server in a thread for the length of a `with` block (`self.server`, set by the
+    subclass)."""
+
+    server: uvicorn.Server
+
+    def __enter__(self):
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+class ScriptedServer(ThreadedServer):
     def __init__(self, replies: list[dict], models=("SmolLM2-135M-Instruct",)):
         """replies: {"content": str} or {"tool_calls": [(name, arguments_dict), ...]};
         models: what GET /v1/models lists (the go-live health check asks)."""
@@ -97,14 +115,3 @@ class ScriptedServer:
             )
         yield chunk({}, "tool_calls" if reply.get("tool_calls") else "stop")
         yield "data: [DONE]\n\n"
-
-    def __enter__(self):
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(timeout=10)

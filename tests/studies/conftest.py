@@ -62,6 +62,32 @@ def make_study(slug="s1", arms=("a", "b"), engine="http://127.0.0.1:9/v1", **fie
     return study
 
 
+def at_once(step, n: int) -> list[Exception]:
+    """Run step(i) for i in range(n) in n threads released together (each with its own
+    database connection, closed after); the exceptions they raised, for the test to judge."""
+    import threading
+
+    from django.db import connection
+
+    start, errors = threading.Barrier(n), []
+
+    def run(i):
+        try:
+            start.wait()
+            step(i)
+        except Exception as error:  # noqa: BLE001 - returned to the test
+            errors.append(error)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return errors
+
+
 def prolific(pid="5f0c0ffee0ddba11c0ffee01", study_id="study1", session_id="sess1"):
     return {"PROLIFIC_PID": pid, "STUDY_ID": study_id, "SESSION_ID": session_id}
 

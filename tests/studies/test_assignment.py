@@ -1,14 +1,12 @@
 """Assignment on arrival: the least-filled arm, deterministic ties, exact under concurrency."""
 
-import threading
 from collections import Counter
 
 import pytest
-from django.db import connection
 
 from studies import flow
 from studies.models import Participant, Scenario
-from tests.studies.conftest import make_study, prolific
+from tests.studies.conftest import at_once, make_study, prolific
 
 
 @pytest.mark.django_db
@@ -53,25 +51,13 @@ def test_scenarios_used_equally_within_each_arm():
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_arrivals_on_postgresql(postgres):
     study = make_study(arms=("a", "b", "c"))
-    start = threading.Barrier(24)
-    errors = []
 
     def arrive(i):
-        try:
-            start.wait()
-            flow.arrive(study, prolific(pid=f"concurrent{i}"))
-            # Also the same person twice at once: one participant, not two.
-            flow.arrive(study, prolific(pid="twice"))
-        except Exception as error:  # noqa: BLE001 - reported below
-            errors.append(error)
-        finally:
-            connection.close()
+        flow.arrive(study, prolific(pid=f"concurrent{i}"))
+        # Also the same person twice at once: one participant, not two.
+        flow.arrive(study, prolific(pid="twice"))
 
-    threads = [threading.Thread(target=arrive, args=(i,)) for i in range(24)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    errors = at_once(arrive, 24)
     assert not errors
     counts = Counter(Participant.objects.filter(study=study).values_list("arm__name", flat=True))
     assert sum(counts.values()) == 25

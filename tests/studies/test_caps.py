@@ -1,17 +1,15 @@
 """The target per arm is a cap: a full study turns arrivals away without a place, even when
 they arrive at once; it can close itself; the studies list shows progress."""
 
-import threading
 from collections import Counter
 
 import pytest
-from django.db import connection
 from django.urls import reverse
 
 from studies import bots, flow
 from studies.errors import StudyFull
 from studies.models import Participant, Study
-from tests.studies.conftest import GOOD_ANSWERS, make_study, prolific
+from tests.studies.conftest import GOOD_ANSWERS, at_once, make_study, prolific
 
 pytestmark = pytest.mark.django_db
 
@@ -69,25 +67,15 @@ def test_a_full_arm_sends_arrivals_to_the_arm_with_room():
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_arrivals_never_pass_the_cap_on_postgresql(postgres):
     study = make_study(arms=("a", "b", "c"), target_per_arm=3)
-    start = threading.Barrier(20)
-    full, errors = [], []
+    full = []
 
     def arrive(i):
         try:
-            start.wait()
             flow.arrive(study, prolific(pid=f"c{i}", session_id=f"s{i}"))
         except StudyFull:
             full.append(i)
-        except Exception as error:  # noqa: BLE001 - reported below
-            errors.append(error)
-        finally:
-            connection.close()
 
-    threads = [threading.Thread(target=arrive, args=(i,)) for i in range(20)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    errors = at_once(arrive, 20)
     assert not errors
     counts = Counter(Participant.objects.filter(study=study).values_list("arm__name", flat=True))
     assert counts == {"a": 3, "b": 3, "c": 3}
