@@ -50,20 +50,22 @@ def hit(scope: str, key: str, allowed: int, window: int = WINDOW) -> bool:
         return True
 
 
-_clients: dict[object, object] = {}
+_clients: dict[str, object] = {}
 
 
 def redis_client():
-    """The Redis client behind Django's RedisCache (None for another cache), made once per
-    connection pool: Django makes a new one per call, and redis-py's constructor alone cost
-    more than the round trip. The pool is the same (the write server, the only one we set)."""
+    """The process's one Redis client for the limiter (None when the cache is not Redis).
+    Django's cache gives every async context (every socket) a backend, a connection pool and,
+    per call, a client of its own; redis-py's constructor alone cost more than the round trip.
+    One client per server, on the pool of the first backend that met it (the write server, the
+    only one we set)."""
     backend = getattr(cache, "_cache", None)
     if not hasattr(backend, "get_client"):
         return None
-    pool = backend._get_connection_pool(True)
-    client = _clients.get(pool)
+    server = backend._servers[0]
+    client = _clients.get(server)
     if client is None:
-        client = _clients[pool] = backend.get_client(write=True)
+        client = _clients[server] = backend.get_client(write=True)
     return client
 
 
