@@ -37,6 +37,7 @@ see agents.llm.tool_format) the tools are described in the system prompt and the
 """
 
 import asyncio
+import contextlib
 import inspect
 import json
 import threading
@@ -124,6 +125,13 @@ class LLMClient:
         await self.openai.close()
         if self._streams is not None:
             await self._streams.close()
+
+    def forget_streams(self) -> None:
+        """Mark the stream pool closed once its event loop has ended (nothing can be awaited
+        there any more), so that it is not reported as left open."""
+        if self._streams is not None and not self._streams.closed:
+            with contextlib.suppress(Exception):  # its transports belong to the closed loop
+                self._streams.connector.close()
 
     def stream_session(self) -> aiohttp.ClientSession:
         if self._streams is None or self._streams.closed:
@@ -317,7 +325,8 @@ def shared_client(base_url: str, api_key: str | None = None, **options) -> LLMCl
     key = (base_url.rstrip("/"), api_key, tuple(sorted(options.items())))
     with _shared_lock:
         for closed in [other for other in _shared if other.is_closed()]:
-            del _shared[closed]
+            for dropped in _shared.pop(closed).values():
+                dropped.forget_streams()
         clients = _shared.setdefault(loop, {})
         client = clients.get(key)
         if client is None or client.openai.is_closed():
