@@ -16,7 +16,7 @@ from django.template.loader import render_to_string
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_http_methods, require_POST
 
 from agents.models import Checkpoint
 
@@ -577,7 +577,12 @@ class StudyAdmin(admin.ModelAdmin):
                     "studies_study_switch",
                     "change",
                 ),
-                ("<int:pk>/preview/", self.preview, "studies_study_preview", "view"),
+                (
+                    "<int:pk>/preview/",
+                    require_http_methods(["GET", "POST"])(self.preview),
+                    "studies_study_preview",
+                    "view",
+                ),
             )
             + super().get_urls()
         )
@@ -640,23 +645,31 @@ class StudyAdmin(admin.ModelAdmin):
         return HttpResponseRedirect(reverse("admin:studies_study_monitor", args=[study.pk]))
 
     def preview(self, request, pk):
-        """A preview participant on the arm the link names, then the participant's own pages."""
+        """The arms to preview (the study page links one by ?arm=), each a button. Only the
+        button's POST, CSRF-checked like every admin form, makes the preview participant: a
+        link followed from another site shows this page and creates nothing."""
         study = get_object_or_404(Study, pk=pk)
-        if "arm" not in request.GET:
-            context = {
-                **self.admin_site.each_context(request),
-                "title": f"Preview {study}",
-                "study": study,
-                "arms": study.arms.all(),
-                "opts": self.model._meta,
-            }
-            return render(request, "admin/studies/preview.html", context)
-        try:
-            arm = study.arms.get(pk=int(request.GET["arm"]))
-        except (ValueError, Arm.DoesNotExist):
-            raise Http404("No such arm in this study.") from None
-        participant = flow.start_preview(arm)
-        return HttpResponseRedirect(reverse("studies:participant", args=[participant.token]))
+        chosen = (request.POST if request.method == "POST" else request.GET).get("arm")
+        arms = study.arms.all()
+        if chosen is not None or request.method == "POST":
+            try:
+                arm = study.arms.get(pk=int(chosen))
+            except (TypeError, ValueError, Arm.DoesNotExist):
+                raise Http404("No such arm in this study.") from None
+            if request.method == "POST":
+                participant = flow.start_preview(arm)
+                url = reverse("studies:participant", args=[participant.token])
+                return HttpResponseRedirect(url)
+            arms = [arm]
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Preview {study}",
+            "study": study,
+            "arms": arms,
+            "chosen": chosen is not None,
+            "opts": self.model._meta,
+        }
+        return render(request, "admin/studies/preview.html", context)
 
     def responses_csv(self, request, pk):
         study = get_object_or_404(Study, pk=pk)

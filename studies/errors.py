@@ -35,3 +35,13 @@ class StudyNotOpen(FlowError):
         super().__init__(
             "This study is not open", "The study is not accepting participants now.", 403
         )
+
+
+class NotFound(FlowError):
+    """A participant or study link that names nothing (unknown or malformed): nothing to record,
+    there is no study to keep it under."""
+
+    recorded = False
+
+    def __init__(self, title: str, detail: str):
+        super().__init__(title, detail, status=404)

@@ -22,7 +22,7 @@ from .domains import (  # noqa: F401 - debrief: the debrief page's words, for vi
     outcome_after_questionnaire,
     score_conversation,
 )
-from .errors import FlowError, StudyFull, StudyNotOpen
+from .errors import FlowError, NotFound, StudyFull, StudyNotOpen
 from .models import (
     COMPLETE_URL,
     Arm,
@@ -64,11 +64,36 @@ def check_prolific_params(params) -> dict[str, str]:
     return values
 
 
+SLUG = re.compile(r"[-a-zA-Z0-9_]+")  # what a Study.slug can be; any other text names none
+
+
 def open_study(slug: str) -> Study:
-    study = Study.objects.filter(slug=slug).first()
+    """The study of a participant link; the URLs take any text, so that a malformed link gets
+    the same friendly page as an unknown one (and never reaches the database)."""
+    study = Study.objects.filter(slug=slug).first() if SLUG.fullmatch(slug) else None
     if study is None:
-        raise FlowError("Study not found", "There is no study at this address.", status=404)
+        raise NotFound("Study not found", "There is no study at this address.")
     return study
+
+
+def find_participant(token: str) -> Participant:
+    """The participant of a /p/<token>/ link, unknown and malformed tokens alike a NotFound."""
+    try:
+        key = uuid.UUID(str(token))
+    except ValueError:
+        key = None
+    participant = (
+        Participant.objects.select_related("study", "arm", "scenario").filter(token=key).first()
+        if key is not None
+        else None
+    )
+    if participant is None:
+        raise NotFound(
+            "Link not found",
+            "This participant link is not valid: it may be incomplete. Please open the study "
+            "again from Prolific.",
+        )
+    return participant
 
 
 def arrive(study: Study, params, known_token: str | None = None) -> tuple[Participant, bool]:

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from .analysis import Settings, build_report, csvfile, pay
 from .analysis.plots import render_all
-from .analysis.report import control_named, measure_label
+from .analysis.report import control_named
 from .domains import get_domain
 from .models import AnalysisRun, Item, Participant, Response, Study
 
@@ -186,9 +186,9 @@ DESCRIPTIVE_COLUMNS = [
 
 
 def comparisons_csv(report: dict) -> str:
-    """The comparisons table and the descriptives, one CSV for a spreadsheet. A reverse-coded
-    item's values are the flipped ones: its measure cell reads "name (reversed)" and the
-    "reversed" column says so; an undefined CI is left empty."""
+    """The comparisons table and the descriptives, one CSV for a spreadsheet. The measure cell
+    is the item key as it is (scripts join on it); a reverse-coded item's values are the flipped
+    ones, which its "reversed" column says. An undefined CI is left empty."""
     reverse = {m["name"]: m.get("reverse", False) for m in report.get("measures", [])}
     control = control_named(report)  # "control" only for a control arm that was set
     rows: list[list] = [COMPARISON_COLUMNS]
@@ -197,7 +197,7 @@ def comparisons_csv(report: dict) -> str:
         flags = c.get("flags") or {}
         rows.append(
             [
-                measure_label(c["measure"], reverse.get(c["measure"], False)),
+                c["measure"],
                 c["arm"],
                 c["reference"],
                 c["n_arm"],
@@ -225,7 +225,7 @@ def comparisons_csv(report: dict) -> str:
             rows.append(
                 [
                     arm["name"],
-                    measure_label(measure, reverse.get(measure, False)),
+                    measure,
                     d["n"],
                     d["mean"],
                     d["sd"],

@@ -7,7 +7,7 @@ import traceback
 from django.conf import settings
 from django.db import DatabaseError
 from django.http import Http404, HttpResponse, HttpResponseRedirect
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
@@ -33,13 +33,11 @@ def whose(kwargs) -> tuple[Study | None, Participant | None]:
     """The study and participant a participant URL names, if they can be read."""
     try:
         if "token" in kwargs:
-            participant = (
-                Participant.objects.select_related("study").filter(token=kwargs["token"]).first()
-            )
-            return (participant.study if participant else None), participant
+            participant = flow.find_participant(kwargs["token"])
+            return participant.study, participant
         if "slug" in kwargs:
-            return Study.objects.filter(slug=kwargs["slug"]).first(), None
-    except DatabaseError:
+            return flow.open_study(kwargs["slug"]), None
+    except (flow.FlowError, DatabaseError):
         pass
     return None, None
 
@@ -107,10 +105,7 @@ def arrive(request, slug):
 
 
 def load(token) -> Participant:
-    participant = get_object_or_404(
-        Participant.objects.select_related("study", "arm", "scenario"), token=token
-    )
-    return flow.expire_if_overdue(participant)
+    return flow.expire_if_overdue(flow.find_participant(token))
 
 
 @require_GET

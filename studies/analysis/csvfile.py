@@ -2,7 +2,9 @@
 
 CSV injection (OWASP): a cell starting with ``=``, ``+``, ``-``, ``@``, a tab or a carriage
 return is read by Excel, LibreOffice and Sheets as a formula. Such text cells get a leading
-``'`` (the spreadsheet shows the text as typed, the quote hidden).
+``'`` (the spreadsheet shows the text as typed, the quote hidden). So that reading back is exact
+for every text, a text that already starts with quotes before such a character (``'=x``) gets
+one more: ``restore`` takes exactly one quote off a cell of that shape and leaves all else.
 
 Numbers are decided by their type, not by their first character: an int, float, Decimal or
 numpy number (``-3``, ``-0.5``) is data the code produced, written as a plain number and never
@@ -25,7 +27,9 @@ from typing import Any
 import pandas as pd
 
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
-GUARDED = re.compile("'[=+\\-@\t\r]")  # a text cell that ``cell`` neutralised
+# A text cell that ``cell`` neutralised: one or more quotes, then a formula start.
+GUARDED = re.compile("'+[=+\\-@\t\r]")
+QUOTED = re.compile("'*[=+\\-@\t\r]")  # a text that gets one more quote when written
 
 
 def cell(value: Any) -> Any:
@@ -45,7 +49,7 @@ def cell(value: Any) -> Any:
         # A Likert answer stored as 6.0 is the integer 6; 6.25 stays as written (repr: exact).
         return str(int(number)) if number.is_integer() and abs(number) < 2**63 else repr(number)
     text = str(value)
-    return "'" + text if text.startswith(FORMULA_STARTS) else text
+    return "'" + text if QUOTED.match(text) else text
 
 
 def restore(text: str) -> str:

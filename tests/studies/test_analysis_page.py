@@ -1,6 +1,8 @@
 """The analysis page, report and figures: the control named only when set, reverse-coded items
 labelled, undefined CIs as "n/a", each measure drawn on its own scale and nothing cut off."""
 
+import csv
+import io
 import json
 
 import numpy as np
@@ -83,9 +85,31 @@ def test_reverse_coded_item_is_labelled_wherever_its_flipped_values_show(admin_c
     }
     measure = next(m for m in report["measures"] if m["name"] == "frustration")
     assert measure["reverse"] and measure["label"] == "frustration (reversed)"
-    url = reverse("admin:studies_analysisrun_download", args=[run.pk, "csv"])
-    body = admin_client.get(url).content.decode()
-    assert "frustration (reversed),vs,base" in body
+
+
+@pytest.mark.django_db
+def test_every_csv_keeps_the_item_key_and_says_reversed_in_its_column(admin_client, analysed):
+    """Scripts join CSVs on the item key: the measure cell is the key as it is, and the
+    "reversed" column (not a renamed measure) says the values are flipped."""
+    run, _ = run_page(admin_client, analysed)
+    tables = {}
+    for kind in ("csv", "input"):
+        url = reverse("admin:studies_analysisrun_download", args=[run.pk, kind])
+        body = admin_client.get(url).content.decode()
+        assert "(reversed)" not in body
+        tables[kind] = list(csv.reader(io.StringIO(body)))
+    rows = tables["csv"]
+    blank = rows.index([])
+    comparisons = [dict(zip(rows[0], r, strict=True)) for r in rows[1:blank]]
+    descriptives = [dict(zip(rows[blank + 1], r, strict=True)) for r in rows[blank + 2 :]]
+    for table in (comparisons, descriptives):
+        reversed_by_measure = {r["measure"]: r["reversed"] for r in table}
+        assert reversed_by_measure == {
+            "helpful": "False",
+            "frustration": "True",
+            "donation": "False",
+        }
+    assert "frustration" in tables["input"][0]
 
 
 @pytest.mark.django_db

@@ -11,6 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 from django.urls import reverse
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from studies import flow, reports
 from studies.analysis import csvfile
@@ -143,3 +145,36 @@ def test_parley_reads_its_own_neutralised_csv_back_as_written(tmp_path):
     back = read_csv(path)
     assert list(back.columns) == ["arm", "-x"]
     assert back.to_dict("list") == table.to_dict("list")
+
+
+# Text cells as a participant could type them (no lone surrogates: a CSV file is UTF-8), often
+# starting with quotes and formula characters, the shapes the guard has to tell apart.
+texts = st.one_of(
+    st.text(st.characters(blacklist_categories=("Cs",))),
+    st.builds(
+        lambda quotes, start, rest: quotes + start + rest,
+        st.text(alphabet="'", max_size=3),
+        st.sampled_from([*csvfile.FORMULA_STARTS, "'", "a", " ", ""]),
+        st.text(st.characters(blacklist_categories=("Cs",)), max_size=5),
+    ),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(texts, min_size=1, max_size=4))
+def test_written_text_reads_back_exactly_and_never_starts_a_formula(cells):
+    written = csvfile.to_text([cells])
+    (raw,) = list(csv.reader(io.StringIO(written, newline="")))
+    assert not any(c.startswith(csvfile.FORMULA_STARTS) for c in raw)
+    assert [csvfile.restore(c) for c in raw] == cells
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(texts.filter(lambda t: not t[:1].isspace()), min_size=1, max_size=4))
+def test_parley_reads_any_text_column_back_as_written(tmp_path_factory, cells):
+    from studies.analysis import read_csv
+
+    table = pd.DataFrame({"arm": ["a"] * len(cells), "text": cells})
+    path = tmp_path_factory.mktemp("csv") / "input.csv"
+    path.write_text(csvfile.table_text(table), encoding="utf-8")
+    assert read_csv(path)["text"].tolist() == cells

@@ -16,7 +16,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from studies import flow, ratelimit
-from studies.models import Message, Participant, Response
+from studies.models import Message, Participant, Response, StudyError
 from studies.routing import websocket_urlpatterns
 from tests.studies.conftest import GOOD_ANSWERS, make_study, prolific
 from tests.studies.faulty_engine import FaultyEngine
@@ -375,13 +375,23 @@ def test_fuzzed_consent_decisions_never_fail(client, study):
         ("post", "/p/not-a-uuid/consent/"),
         ("post", "/p/00000000-0000-0000-0000-000000000000/questionnaire/"),
         ("get", "/p/%00/done/"),
+        ("get", "/p/0000/"),
+        ("get", "/p/00000000-0000-0000-0000-00000000000%C3%A9/"),
+        ("post", "/p/%20/consent/"),
+        ("get", "/s/%C3%A9tude/"),
+        ("get", "/s/a%27b/"),
         ("get", "/s/%00/"),
         ("get", "/s/no-such-study/"),
         ("get", "/ws/p/garbage/"),
     ],
 )
 def test_malformed_participant_urls_are_404(client, study, method, path):
-    assert getattr(client, method)(path).status_code == 404
+    response = getattr(client, method)(path)
+    assert response.status_code == 404
+    if not path.startswith("/ws/"):  # a page a participant could open: the friendly one
+        assert "studies/problem.html" in [t.name for t in response.templates]
+        assert b"please message the researchers" in response.content
+        assert not StudyError.objects.exists()  # no study to keep it under
 
 
 # --- rate limits on arrivals --------------------------------------------------------------------

@@ -3,6 +3,7 @@ export or analysis, and are marked in the admin."""
 
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.test import Client
 from django.urls import reverse
 
 from studies import exports, flow, reports
@@ -22,25 +23,71 @@ def staff(username, *codenames) -> User:
     return user
 
 
-def test_only_staff_with_view_permission_open_a_preview(client):
+def start_preview(client, study, arm):
+    """The preview page's button: a POST of the arm."""
+    return client.post(reverse("admin:studies_study_preview", args=[study.pk]), {"arm": arm.pk})
+
+
+def test_only_staff_with_view_permission_start_a_preview(client):
     study = make_study()
-    url = preview_url(study, study.arms.get(name="b"))
+    arm = study.arms.get(name="b")
+    url = preview_url(study, arm)
     assert client.get(url).status_code == 302 and "/login/" in client.get(url).url
+    assert start_preview(client, study, arm).status_code == 302
     client.force_login(staff("nobody"))
     assert client.get(url).status_code == 403
+    assert start_preview(client, study, arm).status_code == 403
     assert not Participant.objects.exists()
     client.force_login(staff("viewer", "view_study"))
-    response = client.get(url)
+    response = start_preview(client, study, arm)
     assert response.status_code == 302
     participant = Participant.objects.get()
     assert response.url == reverse("studies:participant", args=[participant.token])
     assert participant.is_preview and participant.arm.name == "b"
 
 
+def test_the_preview_link_shows_a_button_and_creates_nothing(admin_client):
+    """A GET (the study page's link, or one from another site) only shows the page; its button
+    posts the arm it names."""
+    study = make_study(arms=("a", "b"))
+    arm = study.arms.get(name="b")
+    for url in (preview_url(study, arm), reverse("admin:studies_study_preview", args=[study.pk])):
+        page = admin_client.get(url)
+        assert page.status_code == 200
+        assert b'method="post"' in page.content and b"csrfmiddlewaretoken" in page.content
+        assert f'name="arm" value="{arm.pk}"'.encode() in page.content
+    assert (
+        f'value="{study.arms.get(name="a").pk}"'.encode()
+        not in admin_client.get(preview_url(study, arm)).content
+    )  # the linked arm only
+    assert not Participant.objects.exists()
+
+
+def test_a_preview_post_without_the_csrf_token_creates_nothing(db):
+    study = make_study()
+    browser = Client(enforce_csrf_checks=True)
+    browser.force_login(User.objects.create_superuser("root", "root@example.org", "x"))
+    assert start_preview(browser, study, study.arms.first()).status_code == 403
+    assert not Participant.objects.exists()
+    page = browser.get(preview_url(study, study.arms.first()))
+    token = page.context["csrf_token"]
+    response = browser.post(
+        reverse("admin:studies_study_preview", args=[study.pk]),
+        {"arm": study.arms.first().pk, "csrfmiddlewaretoken": str(token)},
+    )
+    assert response.status_code == 302 and Participant.objects.get().is_preview
+
+
 def test_an_arm_of_another_study_is_not_found(admin_client):
     study, other = make_study(), make_study(slug="other")
     url = preview_url(study, other.arms.first())
     assert admin_client.get(url).status_code == 404
+    assert start_preview(admin_client, study, other.arms.first()).status_code == 404
+    assert (
+        admin_client.post(reverse("admin:studies_study_preview", args=[study.pk])).status_code
+        == 404
+    )
+    assert not Participant.objects.exists()
 
 
 def test_the_study_page_links_a_preview_per_arm(admin_client):
@@ -52,7 +99,7 @@ def test_the_study_page_links_a_preview_per_arm(admin_client):
 
 def test_a_preview_runs_the_real_flow_and_counts_nowhere(admin_client, client):
     study = make_study(status=Study.Status.DRAFT)  # previewed before it goes live
-    response = admin_client.get(preview_url(study, study.arms.get(name="b")))
+    response = start_preview(admin_client, study, study.arms.get(name="b"))
     page = client.get(response.url)
     assert page.status_code == 200 and b"preview-banner" in page.content
     preview = Participant.objects.get()
