@@ -157,12 +157,7 @@ class LLMClient:
         stream_options = {"include_usage": True, **(params.pop("stream_options", None) or {})}
         request, json_tools = self._chat_request(model, messages, tools, tool_format, params)
         request.update(stream=True, stream_options=stream_options)
-        # Tool-call blocks are looked for in the text only where tools are in play (offered, or
-        # called earlier in the conversation): a plain chat's text goes through untouched.
-        in_play = bool(tools) or any(
-            m.get("tool_calls") or m.get("role") == "tool" for m in messages
-        )
-        return ChatStream(self, request, json_tools and in_play)
+        return ChatStream(self, request, json_tools)
 
     async def chat(
         self,
