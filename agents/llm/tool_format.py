@@ -171,6 +171,8 @@ def _calls_from_json(body: str) -> list[dict] | None:
 
 def partial_suffix(text: str, marker: str) -> int:
     """Length of the longest end of `text` that is a proper start of `marker`."""
+    if marker[0] not in text[-(len(marker) - 1) :]:  # the common case, for every streamed piece
+        return 0
     for size in range(min(len(marker) - 1, len(text)), 0, -1):
         if text.endswith(marker[:size]):
             return size
