@@ -20,7 +20,17 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from agents.models import Checkpoint
 
-from . import exports, flow, monitor, prolific, prolific_sync, readiness, reports, tasks
+from . import (
+    exports,
+    flow,
+    monitor,
+    preregistration,
+    prolific,
+    prolific_sync,
+    readiness,
+    reports,
+    tasks,
+)
 from .analysis.text import with_labels
 from .forms import BonusCSVForm, DonationMatchForm, ImportPoolForm, RejectForm
 from .models import (
@@ -37,6 +47,7 @@ from .models import (
     Scenario,
     Study,
     StudyError,
+    frozen_changes,
 )
 from .pools import PoolError, import_pool
 
@@ -137,8 +148,141 @@ class StudyForm(forms.ModelForm):
         return cleaned
 
 
+# --- planning and pre-registration (issue 14) ---------------------------------------------------
+
+
+def frozen_plan_formset(formset_class):
+    """An inline formset of arms or items that refuses, with the field named, what a study's
+    frozen plan does not allow (the models refuse it too; this says it on the form)."""
+
+    class FrozenPlanFormSet(formset_class):
+        def clean(self):
+            super().clean()
+            refused = []
+            for form in self.forms:
+                if not form.is_bound or form.instance.pk is None and not form.has_changed():
+                    continue
+                if self.can_delete and self._should_delete_form(form):
+                    if form.instance.pk is not None:
+                        refused += frozen_changes(form.instance, deleting=True).values()
+                    continue
+                for field, message in frozen_changes(form.instance).items():
+                    form.add_error(field if field in form.fields else None, message)
+            if refused:
+                raise forms.ValidationError(refused)
+
+    return FrozenPlanFormSet
+
+
+class FrozenPlanInlines:
+    """Inlines of arms or items whose forms refuse what a frozen plan holds."""
+
+    def get_formsets_with_inlines(self, request, obj=None):
+        for formset, inline in super().get_formsets_with_inlines(request, obj):
+            yield frozen_plan_formset(formset), inline
+
+
+class PlanAdminMixin(FrozenPlanInlines):
+    """The study page's power analysis and pre-registration: a panel, a freeze button and
+    action, the plan's download, and the warnings at the top of the page."""
+
+    @admin.display(description="Participants per arm needed")
+    def power(self, study):
+        if not study.pk:
+            return "Save the study first."
+        found = reports.study_power(study)
+        if found is None:
+            return "-"
+        # format_html escapes its arguments into text first: numbers are formatted here.
+        text = format_html(
+            "{} per arm to detect g = {} with power {} at alpha {} / {} = {} "
+            "(two-sided Welch, Holm's first step; exact {}).",
+            found.n_per_arm,
+            f"{found.effect:g}",
+            f"{found.power:g}",
+            f"{found.alpha:g}",
+            found.family,
+            f"{found.alpha_per_test:.4g}",
+            f"{found.n_exact:.2f}",
+        )
+        warning = reports.power_warning(study)
+        if warning:
+            return format_html(
+                '{}<br><span class="power-warning errornote">{}</span>', text, warning
+            )
+        return text
+
+    @admin.display(description="Pre-registration")
+    def frozen_plan(self, study):
+        if not study.pk:
+            return "-"
+        frozen = study.preregistered()
+        if frozen is None:
+            if preregistration.first_participants(study).exists():
+                return "Not frozen; the study has participants, so it can no longer be."
+            return format_html(
+                '<button type="submit" formaction="{}" formmethod="post" class="button" '
+                'id="freeze-plan">Freeze the plan (pre-register)</button> Arms, measures, '
+                "comparisons, family, alpha, exclusions and target N are then fixed.",
+                reverse("admin:studies_study_freeze", args=[study.pk]),
+            )
+        return format_html(
+            'Frozen on {} by {}; SHA-256 <code class="plan-sha256">{}</code> ({}) · '
+            '<a href="{}">preregistration.json</a>',
+            f"{frozen.frozen_at:%Y-%m-%d %H:%M:%S} UTC",
+            frozen.frozen_by or "-",
+            frozen.sha256,
+            "verified" if frozen.verify() else "DOES NOT MATCH its stored text",
+            reverse("admin:studies_study_plan", args=[study.pk]),
+        )
+
+    def plan_pages(self):
+        return pages(
+            self,
+            ("<int:pk>/freeze/", require_POST(self.freeze), "studies_study_freeze", "change"),
+            ("<int:pk>/preregistration.json", self.plan_json, "studies_study_plan", "view"),
+        )
+
+    def freeze(self, request, pk):
+        self.freeze_plan(request, Study.objects.filter(pk=pk))
+        return HttpResponseRedirect(reverse("admin:studies_study_change", args=[pk]))
+
+    @admin.action(
+        permissions=["change"], description="Freeze the plan (pre-register, before participants)"
+    )
+    def freeze_plan(self, request, queryset):
+        for study in queryset:
+            try:
+                frozen = preregistration.freeze(study, by=request.user.get_username())
+            except preregistration.FreezeRefused as refused:
+                self.message_user(request, str(refused), messages.ERROR)
+            else:
+                self.message_user(
+                    request, f"{study}: plan frozen, SHA-256 {frozen.sha256}.", messages.SUCCESS
+                )
+
+    def plan_json(self, request, pk):
+        study = get_object_or_404(Study, pk=pk)
+        document = preregistration.document(study)
+        if document is None:
+            raise Http404("This study is not pre-registered.")
+        response = HttpResponse(json.dumps(document, indent=2), content_type="application/json")
+        response["Content-Disposition"] = (
+            f'attachment; filename="{study.slug}-preregistration.json"'
+        )
+        return response
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        study = self.get_object(request, object_id)
+        if request.method == "GET" and study is not None:
+            warning = reports.power_warning(study)
+            if warning:
+                self.message_user(request, f"Power: {warning}", messages.WARNING)
+        return super().change_view(request, object_id, form_url, extra_context)
+
+
 @admin.register(Study)
-class StudyAdmin(admin.ModelAdmin):
+class StudyAdmin(PlanAdminMixin, admin.ModelAdmin):
     form = StudyForm
     list_display = [
         "title",
@@ -162,8 +306,11 @@ class StudyAdmin(admin.ModelAdmin):
         "export_transcripts",
         "run_bots",
         "sync_prolific",
+        "freeze_plan",
     ]
     readonly_fields = [
+        "power",
+        "frozen_plan",
         "participant_link",
         "progress",
         "readiness",
@@ -214,6 +361,18 @@ class StudyAdmin(admin.ModelAdmin):
         ),
         ("Chat", {"fields": ["min_exchanges", "max_exchanges", "max_message_chars"]}),
         ("Analysis", {"fields": ["control_arm", "comparisons", "holm_family"]}),
+        (
+            "Plan: power and pre-registration",
+            {
+                "fields": [
+                    "frozen_plan",
+                    ("alpha", "target_effect", "target_power"),
+                    "power",
+                    ("exclude_failed_attention", "exclude_unfinished"),
+                    "lower_is_better",
+                ]
+            },
+        ),
     ]
 
     @admin.display(description="Participant link")
@@ -290,15 +449,21 @@ class StudyAdmin(admin.ModelAdmin):
         found = readiness.problems(study, fresh=False)
         monitor_url = reverse("admin:studies_study_monitor", args=[study.pk])
         if not found:
-            return format_html(
+            shown = format_html(
                 '<span class="readiness ok">Ready to go live.</span> <a href="{}">Monitor</a>',
                 monitor_url,
             )
-        return format_html(
-            '<ul class="readiness problems">{}</ul><a href="{}">Monitor</a>',
-            format_html_join("", "<li>{}</li>", ((p,) for p in found)),
-            monitor_url,
-        )
+        else:
+            shown = format_html(
+                '<ul class="readiness problems">{}</ul><a href="{}">Monitor</a>',
+                format_html_join("", "<li>{}</li>", ((p,) for p in found)),
+                monitor_url,
+            )
+        # Under-powered is said beside the checks, but does not keep a study from going live.
+        warning = reports.power_warning(study)
+        if warning:
+            return format_html('{}<p class="power-warning">Power: {}</p>', shown, warning)
+        return shown
 
     @admin.display(description="Preview")
     def previews(self, study):
@@ -552,7 +717,8 @@ class StudyAdmin(admin.ModelAdmin):
 
     def get_urls(self):
         return (
-            pages(
+            self.plan_pages()
+            + pages(
                 self,
                 ("<int:pk>/bonus-csv/", self.bonus_csv, "studies_study_bonus_csv", "change"),
                 ("<int:pk>/import/", self.import_scenarios, "studies_study_import", "change"),
@@ -718,7 +884,7 @@ class ItemInline(admin.TabularInline):
 
 
 @admin.register(Questionnaire)
-class QuestionnaireAdmin(admin.ModelAdmin):
+class QuestionnaireAdmin(FrozenPlanInlines, admin.ModelAdmin):
     list_display = ["study", "title", "item_count"]
     inlines = [ItemInline]
 
