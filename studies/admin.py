@@ -2,6 +2,7 @@
 
 import functools
 import json
+from dataclasses import asdict
 
 from django import forms
 from django.conf import settings
@@ -32,7 +33,7 @@ from . import (
     tasks,
 )
 from .analysis.text import with_labels
-from .forms import BonusCSVForm, DonationMatchForm, ImportPoolForm, RejectForm
+from .forms import BonusCSVForm, DonationMatchForm, ExploreForm, ImportPoolForm, RejectForm
 from .models import (
     AnalysisRun,
     Arm,
@@ -241,7 +242,45 @@ class PlanAdminMixin(FrozenPlanInlines):
             self,
             ("<int:pk>/freeze/", require_POST(self.freeze), "studies_study_freeze", "change"),
             ("<int:pk>/preregistration.json", self.plan_json, "studies_study_plan", "view"),
+            ("<int:pk>/explore/", self.explore, "studies_study_explore", "change"),
         )
+
+    def explore(self, request, pk):
+        """Run an analysis with other measures, comparisons or family than the study's."""
+        study = get_object_or_404(Study, pk=pk)
+        planned = reports.planned_settings(study)  # the study's own analysis, offered first
+        form = ExploreForm(
+            request.POST or None,
+            measures=list(planned.measures),
+            arms=list(planned.arms or ()),
+            initial={
+                "measures": list(planned.measures),
+                "pairs": planned.pairs,
+                "family": planned.family,
+                "control": planned.control or "",
+            },
+        )
+        if request.method == "POST" and form.is_valid():
+            data = form.cleaned_data
+            settings = reports.chosen_settings(
+                study, data["measures"], data["pairs"], data["family"], data["control"]
+            )
+            run = tasks.start_analysis(study, settings=asdict(settings))
+            self.message_user(request, f"Analysis #{run.pk} queued.", messages.SUCCESS)
+            return HttpResponseRedirect(reverse("admin:studies_study_change", args=[study.pk]))
+        frozen = study.preregistered()
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Another analysis of {study}",
+            "intro": "The study is pre-registered: an analysis other than its plan is labelled "
+            "exploratory in its report and figures."
+            if frozen
+            else "The study is not pre-registered: this analysis is labelled neither way.",
+            "form": form,
+            "submit": "Run this analysis",
+            "opts": self.model._meta,
+        }
+        return render(request, "admin/studies/prolific_action.html", context)
 
     def freeze(self, request, pk):
         self.freeze_plan(request, Study.objects.filter(pk=pk))
@@ -603,13 +642,17 @@ class StudyAdmin(PlanAdminMixin, admin.ModelAdmin):
         if not study.pk:
             return "-"
         # Bot participants (rehearsals, load runs) are left out unless asked for (?bots=1).
-        return format_html(
+        links = format_html(
             '<a href="{0}">responses.csv</a> · <a href="{1}">transcripts.csv</a> · '
             'with bot participants: <a href="{0}?bots=1">responses</a>, '
             '<a href="{1}?bots=1">transcripts</a>',
             reverse("admin:studies_study_responses", args=[study.pk]),
             reverse("admin:studies_study_transcripts", args=[study.pk]),
         )
+        if study.preregistered() is None:
+            return links
+        plan = reverse("admin:studies_study_plan", args=[study.pk])
+        return format_html('{} · <a href="{}">preregistration.json</a>', links, plan)
 
     @admin.display(description="Analysis")
     def analysis(self, study):
@@ -621,6 +664,11 @@ class StudyAdmin(PlanAdminMixin, admin.ModelAdmin):
             '<button type="submit" formaction="{}" formmethod="post" class="button" id="run-analysis">'
             "Run analysis now</button>",
             reverse("admin:studies_study_analyse", args=[study.pk]),
+        )
+        button = format_html(
+            '{} <a href="{}">another analysis…</a>',
+            button,
+            reverse("admin:studies_study_explore", args=[study.pk]),
         )
         if latest is None:
             return format_html("{} no run yet", button)

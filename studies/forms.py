@@ -34,6 +34,29 @@ class ImportPoolForm(forms.Form):
     seed = forms.IntegerField(initial=0, help_text="Which random sample of `count` scenarios.")
 
 
+# --- an analysis other than the study's own (studies/admin.py, issue 14) -------------------------
+
+
+class ExploreForm(forms.Form):
+    """Measures, comparisons, family and control of one analysis; in a pre-registered study
+    anything but the plan's is labelled exploratory."""
+
+    measures = forms.MultipleChoiceField(widget=forms.CheckboxSelectMultiple)
+    pairs = forms.ChoiceField(
+        label="comparisons",
+        choices=[("control", "Every arm against the control arm"), ("all", "All pairs of arms")],
+    )
+    family = forms.ChoiceField(
+        label="Holm family", choices=[("measure", "One measure"), ("study", "The whole study")]
+    )
+    control = forms.ChoiceField(required=False, help_text="Blank: the first arm.")
+
+    def __init__(self, *args, measures: list[str], arms: list[str], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["measures"].choices = [(m, m) for m in measures]
+        self.fields["control"].choices = [("", "-")] + [(a, a) for a in arms]
+
+
 # --- Prolific decisions and bonuses (studies/admin.py) -------------------------------------------
 
 

@@ -160,6 +160,14 @@ class Study(models.Model):
                 errors[name] = "Must lie strictly between 0 and 1."
         if not self.target_effect > 0:
             errors["target_effect"] = "Hedges' g to detect must be above 0."
+        if self.pk and hasattr(self, "questionnaire"):
+            known = {i.key for i in self.questionnaire_items()} | {"outcome"}
+            unknown = [k for k in self.lower_better_measures() if k not in known]
+            if unknown:
+                errors["lower_is_better"] = (
+                    f"Not measures of this study: {', '.join(unknown)} "
+                    f"(measures: {', '.join(sorted(known))})."
+                )
         errors |= frozen_changes(self)
         if errors:
             raise ValidationError(errors)

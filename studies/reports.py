@@ -1,7 +1,7 @@
 """The Django side of the analysis: a study's participant table in, AnalysisRun out."""
 
 import traceback
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pandas as pd
 from django.db.models import Count, Q
@@ -94,6 +94,27 @@ def study_settings(study: Study, with_outcome: bool) -> Settings:
         exclude_failed_attention=study.exclude_failed_attention,
         exclude_unfinished=study.exclude_unfinished,
         lower_better=tuple(m for m in study.lower_better_measures() if m in measures),
+    )
+
+
+def chosen_settings(
+    study: Study, measures: list[str], pairs: str, family: str, control: str | None
+) -> Settings:
+    """The study's settings with other measures, comparisons, family or control: what a
+    researcher asks for beside the plan (its report says exploratory in a frozen study)."""
+    base = planned_settings(study)
+    chosen = tuple(m for m in measures if m in base.measures)
+    return replace(
+        base,
+        measures=chosen,
+        pairs=pairs,
+        family=family,
+        control=control or None,
+        reverse=tuple(m for m in base.reverse if m in chosen),
+        likert=tuple(m for m in base.likert or () if m in chosen),
+        scales={m: k for m, k in (base.scales or {}).items() if m in chosen},
+        ranges={m: r for m, r in (base.ranges or {}).items() if m in chosen},
+        lower_better=tuple(m for m in base.lower_better if m in chosen),
     )
 
 

@@ -228,3 +228,38 @@ def test_exports_carry_the_snapshot_and_its_hash(admin_client, tmp_path):
     settings = Settings(**analysis)
     confirmed = build_report(table, settings, saved)
     assert confirmed["preregistration"]["analysis"] == "confirmatory"
+
+
+def test_another_analysis_from_the_admin_is_labelled_exploratory(admin_client):
+    study, frozen = frozen_study()
+    fill(study, {"a": [5, 6, 7], "b": [2, 3, 3]})
+    url = reverse("admin:studies_study_explore", args=[study.pk])
+    page = admin_client.get(url).content.decode()
+    assert "labelled exploratory" in page
+    response = admin_client.post(
+        url, {"measures": ["helpful"], "pairs": "all", "family": "study", "control": ""}
+    )
+    assert response.status_code == 302
+    run = reports.compute(AnalysisRun.objects.get(study=study))
+    assert run.results["settings"]["measures"] == ["helpful"]
+    label = run.results["preregistration"]
+    assert label["analysis"] == "exploratory" and label["sha256"] == frozen.sha256
+    # The plan's own choices, asked for again, are the confirmatory analysis.
+    analysis = frozen.plan["analysis"]
+    response = admin_client.post(
+        url,
+        {
+            "measures": analysis["measures"],
+            "pairs": analysis["pairs"],
+            "family": analysis["family"],
+            "control": analysis["control"],
+        },
+    )
+    again = reports.compute(AnalysisRun.objects.filter(study=study).first())
+    assert again.results["preregistration"]["analysis"] == "confirmatory"
+
+
+def test_lower_is_better_names_measures_of_the_study():
+    study = make_study(status=Study.Status.DRAFT, lower_is_better="frustration, nope")
+    with pytest.raises(ValidationError, match="Not measures of this study: nope"):
+        study.full_clean()
