@@ -41,6 +41,7 @@ from .models import (
     CompletionCode,
     Item,
     Participant,
+    PlanFrozen,
     ProlificEvent,
     Questionnaire,
     Response,
@@ -1269,11 +1270,15 @@ class StudyCheckpointAdmin(_CheckpointAdmin):
         )
         if form.is_valid():
             arms = form.cleaned_data["arms"]
-            with transaction.atomic():
-                for arm in arms:
-                    arm.model_name = checkpoint.name
-                    arm.endpoint_url = form.cleaned_data["endpoint_url"]
-                    arm.save(update_fields=["model_name", "endpoint_url"])
+            try:
+                with transaction.atomic():
+                    for arm in arms:
+                        arm.model_name = checkpoint.name
+                        arm.endpoint_url = form.cleaned_data["endpoint_url"]
+                        arm.save(update_fields=["model_name", "endpoint_url"])
+            except PlanFrozen as frozen:  # an arm of a pre-registered study: nothing attached
+                self.message_user(request, f"{arm}: {' '.join(frozen.messages)}", messages.ERROR)
+                return HttpResponseRedirect(reverse("admin:agents_checkpoint_changelist"))
             self.message_user(
                 request, f"{checkpoint} attached to {', '.join(map(str, arms))}.", messages.SUCCESS
             )

@@ -52,6 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--control", help="control arm (default: the first arm in order of appearance)"
     )
     parser.add_argument(
+        "--arms", help="comma-separated arms in analysis order (default: order of appearance)"
+    )
+    parser.add_argument(
+        "--lower-better", default="", help="comma-separated measures where lower is better"
+    )
+    parser.add_argument(
         "--pairs",
         choices=PAIRS,
         default="control",
@@ -101,6 +107,7 @@ def settings_from(options: dict[str, Any]) -> Settings:
     return Settings(
         arm_column=options["arm_column"],
         measures=_names(options["measures"]),
+        arms=_names(options["arms"]) if options.get("arms") else None,
         control=options.get("control"),
         pairs=options.get("pairs", "control"),
         reverse=_names(options.get("reverse")),
@@ -115,6 +122,7 @@ def settings_from(options: dict[str, Any]) -> Settings:
         finished_column=options.get("finished_column", "finished"),
         exclude_failed_attention=not options.get("keep_failed_attention", False),
         exclude_unfinished=not options.get("keep_unfinished", False),
+        lower_better=_names(options.get("lower_better")),
     )
 
 

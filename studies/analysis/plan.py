@@ -33,13 +33,18 @@ def settings_values(settings) -> dict[str, Any]:
     return json.loads(json.dumps(asdict(settings)))
 
 
+# Settings that change no test and no number, only where columns are found or how figures
+# are drawn: a CSV with other column names can still be the plan's analysis.
+PRESENTATION = ("arm_column", "attention_column", "finished_column", "ranges", "likert")
+
+
 def differences(settings, planned: dict[str, Any]) -> list[str]:
     """The settings that differ from the plan's, in words."""
     now = settings_values(settings)
     return [
         f"{name}: planned {planned.get(name)!r}, used {now[name]!r}"
         for name in now
-        if now[name] != planned.get(name)
+        if name not in PRESENTATION and now[name] != planned.get(name)
     ]
 
 

@@ -9,7 +9,7 @@ from django.core.exceptions import ValidationError
 from django.urls import reverse
 
 from studies import flow, preregistration, reports, tasks
-from studies.analysis import Settings, build_report
+from studies.analysis import Settings, build_report, format_report
 from studies.analysis.cli import run as cli_run
 from studies.analysis.plan import canonical, digest
 from studies.analysis.plots import figures
@@ -216,17 +216,20 @@ def test_exports_carry_the_snapshot_and_its_hash(admin_client, tmp_path):
         "csv": str(csv_file),
         "arm_column": "arm",
         "measures": ",".join(analysis["measures"]),
+        "arms": ",".join(analysis["arms"]),
         "control": analysis["control"],
         "reverse": ",".join(analysis["reverse"]),
         "scales": analysis["scales"],
-        "ranges": analysis["ranges"],
-        "likert": ",".join(analysis["likert"]),
+        "lower_better": ",".join(analysis["lower_better"]),
         "plan": str(plan_file),
     }
     _, report = cli_run(options)
-    assert report["preregistration"]["analysis"] == "exploratory"  # CLI defaults differ (arms)
-    settings = Settings(**analysis)
-    confirmed = build_report(table, settings, saved)
+    assert report["preregistration"]["analysis"] == "confirmatory", report["preregistration"]
+    _, report = cli_run({**options, "pairs": "all"})
+    assert report["preregistration"]["analysis"] == "exploratory"
+    assert format_report(report).startswith("EXPLORATORY: not the pre-registered plan")
+    assert report["preregistration"]["differences"] == ["pairs: planned 'control', used 'all'"]
+    confirmed = build_report(table, Settings(**analysis), saved)
     assert confirmed["preregistration"]["analysis"] == "confirmatory"
 
 
@@ -263,3 +266,25 @@ def test_lower_is_better_names_measures_of_the_study():
     study = make_study(status=Study.Status.DRAFT, lower_is_better="frustration, nope")
     with pytest.raises(ValidationError, match="Not measures of this study: nope"):
         study.full_clean()
+
+
+def test_attaching_a_checkpoint_to_a_frozen_arm_is_refused_with_a_message(admin_client):
+    from agents.models import Checkpoint
+
+    study, _ = frozen_study()
+    checkpoint = Checkpoint.objects.create(name="trained-step-1", path="/nowhere")
+    arm = study.arms.get(name="b")
+    response = admin_client.post(
+        reverse("admin:agents_checkpoint_changelist"),
+        {
+            "action": "attach_to_arm",
+            "_selected_action": [checkpoint.pk],
+            "apply": "1",
+            "arms": [arm.pk],
+            "endpoint_url": "http://127.0.0.1:8001/v1",
+        },
+        follow=True,
+    )
+    assert "model_name is frozen" in response.content.decode()
+    arm.refresh_from_db()
+    assert arm.model_name == "SmolLM2-135M-Instruct"
