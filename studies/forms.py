@@ -5,6 +5,7 @@ from django import forms
 from agents.domains import STUDY_DOMAINS
 from agents.paths import reference_dir
 
+from .models import Study
 from .prolific import REJECTION_CATEGORIES, REJECTION_MESSAGE_MIN
 
 
@@ -42,13 +43,8 @@ class ExploreForm(forms.Form):
     anything but the plan's is labelled exploratory."""
 
     measures = forms.MultipleChoiceField(widget=forms.CheckboxSelectMultiple)
-    pairs = forms.ChoiceField(
-        label="comparisons",
-        choices=[("control", "Every arm against the control arm"), ("all", "All pairs of arms")],
-    )
-    family = forms.ChoiceField(
-        label="Holm family", choices=[("measure", "One measure"), ("study", "The whole study")]
-    )
+    pairs = forms.ChoiceField(label="comparisons", choices=Study.Comparisons.choices)
+    family = forms.ChoiceField(label="Holm family", choices=Study.Family.choices)
     control = forms.ChoiceField(required=False, help_text="Blank: the first arm.")
 
     def __init__(self, *args, measures: list[str], arms: list[str], **kwargs):

@@ -288,3 +288,19 @@ def test_attaching_a_checkpoint_to_a_frozen_arm_is_refused_with_a_message(admin_
     assert "model_name is frozen" in response.content.decode()
     arm.refresh_from_db()
     assert arm.model_name == "SmolLM2-135M-Instruct"
+
+
+def test_a_new_study_from_the_add_form_gets_the_plan_defaults(admin_client):
+    url = reverse("admin:studies_study_add")
+    data = change_form_data(admin_client, url)
+    data.update(title="Planned", slug="planned")
+    response = admin_client.post(url, data)
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    study = Study.objects.get(slug="planned")
+    assert (study.alpha, study.target_effect, study.target_power) == (0.05, 0.5, 0.8)
+    assert study.exclude_failed_attention and study.exclude_unfinished
+    data = change_form_data(admin_client, reverse("admin:studies_study_change", args=[study.pk]))
+    data.update(alpha="1.5", target_effect="0")
+    text = admin_client.post(reverse("admin:studies_study_change", args=[study.pk]), data)
+    assert "Must lie strictly between 0 and 1." in text.content.decode()
+    assert "Hedges&#x27; g to detect must be above 0." in text.content.decode()
