@@ -941,6 +941,12 @@ class QuestionnaireAdmin(FrozenPlanInlines, admin.ModelAdmin):
     def item_count(self, questionnaire):
         return questionnaire.items.count()
 
+    def has_delete_permission(self, request, obj=None):
+        # Its items are a frozen plan's measures and attention checks.
+        if obj is not None and obj.study.preregistered() is not None:
+            return False
+        return super().has_delete_permission(request, obj)
+
 
 @admin.register(Scenario)
 class ScenarioAdmin(admin.ModelAdmin):

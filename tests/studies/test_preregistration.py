@@ -148,6 +148,8 @@ def test_admin_freezes_and_refuses_frozen_fields_with_a_message(admin_client):
     data["items-1-reverse_coded"] = ""
     response = admin_client.post(q_url, data)
     assert response.status_code == 200 and "reverse_coded is frozen" in response.content.decode()
+    delete = reverse("admin:studies_questionnaire_delete", args=[study.questionnaire.pk])
+    assert admin_client.post(delete, {"post": "yes"}).status_code == 403
 
 
 def test_analysis_uses_the_frozen_plan_and_labels_others_exploratory(admin_client):
