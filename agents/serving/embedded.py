@@ -269,6 +269,13 @@ def main(argv: list[str] | None = None) -> int:
         default=16,
         help="requests decoded together; more wait their turn (1: one at a time)",
     )
+    parser.add_argument(
+        "--prefix-cache",
+        type=int,
+        default=8,
+        help="recent prompts whose KV cache is kept, so a prompt that begins like one of them "
+        "prefills only the rest (0: off)",
+    )
     parser.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
     parser.add_argument(
         "--default-max-tokens", type=int, default=1024, help="reply budget when a request sets none"
@@ -300,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         max_model_len=args.max_model_len,
         default_max_tokens=args.default_max_tokens,
         max_batch=args.max_batch,
+        prefix_cache=args.prefix_cache,
     )
     return serve(create_app(engine), args.host, args.port, args.log_level)
 

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from agents.serving.engine import END, STARTED, Engine, Generation
+from agents.serving.engine import END, MIN_PREFIX, STARTED, Engine, Generation
 from agents.serving.protocol import ChatCompletionRequest
 
 pytestmark = pytest.mark.model
@@ -180,3 +180,23 @@ def test_cancelling_frees_the_slot_and_the_place_in_line(engine):
     assert running.job.finish_reason == "abort" and running.job.completion_tokens < 300
     assert waiting.items[0] is STARTED and waiting.items[-1] is END
     assert (waiting.job.finish_reason, waiting.job.completion_tokens) == ("length", 4)
+
+
+def reply(engine: Engine, content: str) -> str:
+    watched = Watched(engine, content, max_tokens=12)
+    assert watched.ended.wait(60)
+    return "".join(item for item in watched.items if isinstance(item, str))
+
+
+def test_a_prompt_that_begins_like_a_recent_one_prefills_only_the_rest(engine, monkeypatch):
+    reused = []  # tokens taken from the prefix cache, per prefill
+    reuse = engine._reuse_prefix
+    monkeypatch.setattr(
+        engine, "_reuse_prefix", lambda *args: reused.append(reuse(*args)) or reused[-1]
+    )
+    reply(engine, "Name three fruits.")
+    shared = reply(engine, "Name three colours.")  # the same system prompt and template start
+    engine._prefixes.clear()
+    whole = reply(engine, "Name three colours.")
+    assert reused[1] >= MIN_PREFIX and reused[2] == 0
+    assert shared == whole
