@@ -36,7 +36,7 @@ from agents.serving.protocol import ChatCompletionRequest, EngineError
 log = logging.getLogger(__name__)
 
 # What a request's `emit` receives, in order: STARTED (it has joined the batch, its adapter is
-# loaded), text pieces, then END; or a single exception instead, when it could not start or failed.
+# loaded), text pieces, then END; an exception ends it instead when it cannot start or fails.
 STARTED, END = object(), object()
 BASE = "__base__"  # peft's name for "no adapter" in a mixed-adapter batch
 MIN_PREFIX = 8  # shorter shared beginnings of prompts are prefilled again
@@ -268,17 +268,18 @@ class Engine:
                 for sequence in [s for s in self._waiting if s.cancel.is_set()]:
                     self._waiting.remove(sequence)  # a cancelled request frees its place in line
                     sequence.finish("abort")
-            for sequence in arrived:
-                self._admit(sequence)
-            if self._running:
-                try:
+            try:
+                for sequence in arrived:
+                    self._admit(sequence)
+                if self._running:
                     self._step()
-                except Exception as error:  # a failed forward pass fails the batch, not the engine
-                    log.exception("Decoding step failed")
-                    for sequence in self._running:
-                        if not sequence.done:
-                            sequence.fail(error)
-            self._leave()
+                self._leave()
+            except Exception as error:  # a failed step fails the batch, not the engine
+                log.exception("Decoding step failed")
+                for sequence in self._running:
+                    if not sequence.done:
+                        sequence.fail(error)
+                self._running, self._cache, self._mask = [], None, None
 
     def _admit(self, sequence: _Sequence):
         """Load its adapter, prefill its prompt, choose its first token, and add its row."""
