@@ -1,13 +1,15 @@
 """vLLM against the embedded engine: N concurrent streamed requests, figures side by side.
 
     python bench/vllm_vs_embedded.py [--concurrency 1 8 32] [--max-tokens 64] [--lora NAME=PATH]
-        [--vllm-url URL] [--embedded-url URL]
+        [--vllm-url URL] [--embedded-url URL] [--only embedded|vllm]
 
 Each engine is started in turn on the prepared base model and stopped after its runs (unless
 its URL is given), so the two never compete for the CPU. Decoding is greedy on the same
 prompts, and both engines produce the same tokens, so they do the same work. With --lora the
 requests go to that adapter on both engines (vLLM then runs uncompiled: LoRA disables its
-torch.compile on CPU). Needs `make vllm`. Prints figures; asserts nothing.
+torch.compile on CPU). Needs `make vllm` (unless --only embedded). Prints figures, then each
+engine's tokens/s at every concurrency as a multiple of its one-at-a-time figure (the first
+level); asserts nothing.
 """
 
 import argparse
@@ -99,8 +101,10 @@ def main():
     parser.add_argument("--lora", metavar="NAME=PATH", help="send the requests to this adapter")
     parser.add_argument("--vllm-url", help="a running vLLM (default: start one)")
     parser.add_argument("--embedded-url", help="a running embedded engine (default: start one)")
+    parser.add_argument("--only", choices=["embedded", "vllm"], help="measure one engine only")
     args = parser.parse_args()
-    if not args.vllm_url:
+    engines = [args.only] if args.only else ["embedded", "vllm"]
+    if "vllm" in engines and not args.vllm_url:
         try:
             check_vllm(vllm_python())
         except VLLMNotInstalled as error:  # `make bench` goes on without it
@@ -125,13 +129,24 @@ def main():
         )
 
     print(f"model {model}, {args.max_tokens} tokens per request, greedy, streamed", flush=True)
-    rows = measure("embedded", start_embedded, model, args.concurrency, args.max_tokens)
-    rows += measure("vllm", start_vllm, model, args.concurrency, args.max_tokens)
+    starters = {"embedded": start_embedded, "vllm": start_vllm}
+    rows = []
+    for engine in engines:
+        rows += measure(engine, starters[engine], model, args.concurrency, args.max_tokens)
     print("\n" + HEADER)
     for n in args.concurrency:
         for row in rows:
             if row["n"] == n:
                 show(row)
+    print()
+    for engine in engines:
+        alone, *more = [row for row in rows if row["engine"] == engine]
+        for row in more:
+            print(
+                f"{engine}: {row['n']} concurrent {row['tps']:.1f} tok/s = "
+                f"{row['tps'] / alone['tps']:.1f}x its {alone['n']}-at-a-time {alone['tps']:.1f} "
+                f"tok/s; ttft p50 {row['ttft_p50']:.2f}s (alone {alone['ttft_p50']:.2f}s)"
+            )
 
 
 if __name__ == "__main__":

@@ -8,10 +8,11 @@ Routes: `GET /health`, `GET /v1/models` (the base model, then every LoRA adapter
 are the declared models of agents.serving.protocol; errors are vLLM's, `{"error": {"message",
 "type", "param", "code"}}`: 400 for a bad body or parameter, 404 for an unknown model.
 
-Requests are served one at a time behind a lock: on a CPU two generations in parallel are
-each slower than one after the other, and the model's active adapter is shared state. Each
-generation runs on its own thread; the event loop relays its pieces and watches the client,
-so a client that disconnects stops its generation within one token. When the engine is
+Concurrent requests are decoded together, one forward pass per step for all of them, each
+with its own adapter and sampling settings (agents.serving.engine); up to --max-batch at once,
+the rest wait their turn. The engine's decoding thread hands each request's pieces to the event
+loop, which relays them and watches the client, so a client that disconnects leaves the batch
+within one step. When the engine is
 listening it prints `parley engine ready: http://HOST:PORT/v1` (with --port 0 it picks a free
 port; agents.serving.launch reads that line).
 """
@@ -36,7 +37,7 @@ from starlette.routing import Route
 
 from agents.serving import protocol
 from agents.serving.adapters import Adapter, serving_args
-from agents.serving.engine import Engine, Generation
+from agents.serving.engine import END, Engine, Generation
 from agents.serving.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -53,12 +54,9 @@ from agents.serving.protocol import (
 
 log = logging.getLogger("agents.serving.embedded")
 READY = "parley engine ready:"
-_STARTED, _END = object(), object()  # markers on a generation's queue
 
 
 def create_app(engine: Engine) -> Starlette:
-    lock = asyncio.Lock()  # one generation at a time (see module docstring)
-
     async def health(request: Request):
         return JSONResponse({"status": "ok"})
 
@@ -77,7 +75,7 @@ def create_app(engine: Engine) -> Starlette:
         chat = protocol.parse_chat_request(request.headers.get("content-type"), body)
         adapter = engine.resolve(chat.model)
         job = await anyio.to_thread.run_sync(engine.prepare, chat)
-        return Completion(engine, lock, chat, adapter, job)
+        return Completion(engine, chat, adapter, job)
 
     return Starlette(
         routes=[
@@ -90,16 +88,16 @@ def create_app(engine: Engine) -> Starlette:
 
 
 class Completion:
-    """The ASGI response for one chat completion: waits its turn, generates, answers.
+    """The ASGI response for one chat completion: joins the batch, relays its pieces, answers.
 
     The HTTP status is decided only once the generation has started (the adapter loaded), so
     a failure before the first token is still an ordinary error response.
     """
 
     def __init__(
-        self, engine, lock, chat: ChatCompletionRequest, adapter: Adapter | None, job: Generation
+        self, engine: Engine, chat: ChatCompletionRequest, adapter: Adapter | None, job: Generation
     ):
-        self.engine, self.lock = engine, lock
+        self.engine = engine
         self.chat, self.adapter, self.job = chat, adapter, job
         self.cancel = threading.Event()
         self.id, self.created = protocol.completion_id(), protocol.now()
@@ -116,8 +114,7 @@ class Completion:
 
             group.start_soon(watch_client)
             try:
-                async with self.lock:
-                    await self._generate(send)
+                await self._generate(send)
             except EngineError as error:  # nothing sent yet: an ordinary error response
                 failure = error
             except OSError:  # the client went away while we were sending
@@ -130,37 +127,31 @@ class Completion:
     async def _generate(self, send):
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
+        ended = asyncio.Event()  # the engine has let go of the request
 
-        def emit(item):
+        def arrive(item):
+            queue.put_nowait(item)
+            if item is END or isinstance(item, BaseException):
+                ended.set()
+
+        def emit(item):  # on the engine's decoding thread
             try:
-                loop.call_soon_threadsafe(queue.put_nowait, item)
+                loop.call_soon_threadsafe(arrive, item)
             except RuntimeError:  # the event loop is gone: stop generating
                 self.cancel.set()
 
-        def work():
-            try:
-                with self.engine.serving(self.adapter):
-                    emit(_STARTED)
-                    for piece in self.engine.decode(self.job, self.cancel):
-                        emit(piece)
-            except BaseException as error:
-                emit(error)
-            else:
-                emit(_END)
-
-        thread = threading.Thread(target=work, name=f"generation-{self.id}", daemon=True)
         started = time.monotonic()
-        thread.start()
+        self.engine.submit(self.job, self.adapter, emit, self.cancel)
         try:
-            _raise_if_failed(await queue.get())
+            _raise_if_failed(await queue.get())  # STARTED, or why it could not start
             if self.chat.stream:
                 await self._stream(send, queue)
             else:
                 await self._whole(send, queue)
         finally:
-            self.cancel.set()
-            with anyio.CancelScope(shield=True):  # the model is free only when the thread is done
-                await anyio.to_thread.run_sync(thread.join)
+            self.cancel.set()  # a no-op once it has ended; otherwise it leaves the batch
+            with anyio.CancelScope(shield=True):  # the counts are final only when it has left
+                await ended.wait()
             job = self.job
             log.info(
                 "%s %s: %d prompt + %d completion tokens in %.1fs, finish_reason=%s",
@@ -174,7 +165,7 @@ class Completion:
 
     async def _whole(self, send, queue):
         pieces = []
-        while (item := await queue.get()) is not _END:
+        while (item := await queue.get()) is not END:
             pieces.append(_raise_if_failed(item))
         choice = ChatCompletionResponseChoice(
             message=ChatMessage(content="".join(pieces)), finish_reason=self.job.finish_reason
@@ -203,7 +194,7 @@ class Completion:
 
         await event(self._chunk(DeltaMessage(role="assistant", content="")))
         try:
-            while (item := await queue.get()) is not _END:
+            while (item := await queue.get()) is not END:
                 await event(self._chunk(DeltaMessage(content=_raise_if_failed(item))))
         except EngineError as error:  # headers are sent: report in the stream, as vLLM does
             await event(error.response)
@@ -227,7 +218,7 @@ class Completion:
 
 
 def _raise_if_failed(item):
-    """Queue items are pieces, markers, or the generation thread's exception."""
+    """Queue items are pieces, markers, or the exception the request failed with."""
     if isinstance(item, EngineError):
         raise item
     if isinstance(item, BaseException):
@@ -272,6 +263,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8001, help="0 picks a free port")
     parser.add_argument("--served-name", help="name of the base model (default: its folder name)")
     parser.add_argument("--max-loras", type=int, default=4, help="adapters kept loaded at once")
+    parser.add_argument(
+        "--max-batch",
+        type=int,
+        default=16,
+        help="requests decoded together; more wait their turn (1: one at a time)",
+    )
+    parser.add_argument(
+        "--prefix-cache",
+        type=int,
+        default=8,
+        help="recent prompts whose KV cache is kept, so a prompt that begins like one of them "
+        "prefills only the rest (0: off; SmolLM2-135M's cache is 46 KB a token)",
+    )
     parser.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
     parser.add_argument(
         "--default-max-tokens", type=int, default=1024, help="reply budget when a request sets none"
@@ -302,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         max_loras=args.max_loras,
         max_model_len=args.max_model_len,
         default_max_tokens=args.default_max_tokens,
+        max_batch=args.max_batch,
+        prefix_cache=args.prefix_cache,
     )
     return serve(create_app(engine), args.host, args.port, args.log_level)
 
