@@ -3,7 +3,8 @@
 Decoding is a plain loop over the KV cache, one token per step, so each piece of text leaves
 as soon as its token is sampled, a cancelled request stops within one step, and stop
 sequences are checked on the decoded text. Callers serialise requests (one at a time): the
-model and its active adapter are shared state.
+model and its active adapter are shared state. A request's `response_format` or forced
+`tool_choice` is a Constraint (agents.serving.constraints) that masks each step's logits.
 """
 
 import inspect
@@ -18,8 +19,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from agents.llm.tool_format import partial_suffix
+from agents.llm.tool_format import messages_for_json_tools, partial_suffix
 from agents.serving.adapters import Adapter, find_adapters
+from agents.serving.constraints import Constraint, Grammars
 from agents.serving.protocol import ChatCompletionRequest, EngineError
 
 log = logging.getLogger(__name__)
@@ -35,6 +37,8 @@ class Generation:
     top_p: float = 1.0
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    constraint: Constraint | None = None  # response_format / forced tool_choice, or None
+    tool_calls: bool = False  # the text is read as JSON-format tool calls (a forced tool_choice)
     completion_tokens: int = 0
     finish_reason: str | None = None  # "stop" (end of turn or stop sequence), "length", "abort"
 
@@ -66,6 +70,7 @@ class Engine:
         config = self.model.config
         self.max_model_len = min(max_model_len or 10**9, config.max_position_embeddings)
         self.end_ids = _end_ids(self.tokenizer, self.model)
+        self.grammars = Grammars(self.tokenizer, config.vocab_size, self.end_ids)
         # transformers 5 renamed past_key_values to cache; logits for the last position only
         # keep a long prompt's prefill from materialising prompt_len x vocab logits.
         parameters = inspect.signature(self.model.forward).parameters
@@ -105,17 +110,13 @@ class Engine:
                 f"max_model_len={self.max_model_len}. Please request fewer output tokens.",
                 param=name,
             )
-        try:
-            text = self.tokenizer.apply_chat_template(
-                request.template_messages(),
-                tools=request.template_tools(),
-                tokenize=False,
-                add_generation_prompt=True,
-            )
-        except Exception as error:  # a template that rejects the conversation
-            raise EngineError(
-                f"The chat template could not render these messages: {error}"
-            ) from error
+        constraint, tool_calls = self.grammars.constraint(request)
+        messages, tools = request.template_messages(), request.template_tools()
+        text = self._render(messages, tools)
+        if request.forces_tool_calls and text == self._render(messages, None):
+            # the template ignores tools (SmolLM2's): describe them in the format the grammar
+            # forces, or the model would call tools it was never shown
+            text = self._render(messages_for_json_tools(messages, tools), None)
         with self._tokenizer_lock:
             prompt_ids = self.tokenizer(text, add_special_tokens=False).input_ids
         room = self.max_model_len - len(prompt_ids)
@@ -133,7 +134,19 @@ class Engine:
             top_p=sampling.top_p,
             seed=sampling.seed,
             stop=sampling.stop,
+            constraint=constraint,
+            tool_calls=tool_calls,
         )
+
+    def _render(self, messages: list[dict], tools: list[dict] | None) -> str:
+        try:
+            return self.tokenizer.apply_chat_template(
+                messages, tools=tools, tokenize=False, add_generation_prompt=True
+            )
+        except Exception as error:  # a template that rejects the conversation
+            raise EngineError(
+                f"The chat template could not render these messages: {error}"
+            ) from error
 
     @contextmanager
     def serving(self, adapter: Adapter | None):
@@ -184,7 +197,12 @@ class Engine:
     def _step(self, inputs, cache, job: Generation, generator) -> int:
         kwargs = {self._cache_kw: cache, "use_cache": True, **self._last_logits}
         logits = self.model(input_ids=inputs, **kwargs).logits[0, -1]
-        return sample(logits, job.temperature, job.top_p, generator)
+        if job.constraint is not None:
+            job.constraint.mask(logits)
+        token = sample(logits, job.temperature, job.top_p, generator)
+        if job.constraint is not None:
+            job.constraint.accept(token)
+        return token
 
     def _warm_up(self):
         """One short decode at start-up, so the first request does not pay for lazy set-up."""
