@@ -29,6 +29,7 @@ from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
 
+from agents import paths
 from agents.domains.tau2 import RetailDomain
 from agents.llm import LLMClient, LLMError
 from agents.simulators import PlainSimulator
@@ -126,8 +127,15 @@ async def episode(client, model, domain, scenario, tool_format, args, seed) -> l
 
 
 async def measure(url: str, model: str, args) -> dict:
-    domain = RetailDomain()
-    scenarios = random.Random(args.seed).sample(domain.scenarios(), args.scenarios)
+    # the official tasks when ../shared/reference is there (114), else the bundled ones
+    reference = paths.reference_dir()
+    official = reference / "tau2" if reference and (reference / "tau2").is_dir() else None
+    domain = RetailDomain(data_dir=official)
+    pool = domain.scenarios()
+    if len(pool) < args.scenarios:
+        raise SystemExit(f"only {len(pool)} retail scenarios here, {args.scenarios} asked for")
+    scenarios = random.Random(args.seed).sample(pool, args.scenarios)
+    print(f"data: {official or 'bundled'}", flush=True)
     figures = {}
     async with LLMClient(url, timeout=600) as client:
         for condition in CONDITIONS:
@@ -160,7 +168,9 @@ async def measure(url: str, model: str, args) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", choices=["vllm", "embedded"], default="vllm")
-    parser.add_argument("--url", help="an engine already serving the base model (…/v1)")
+    parser.add_argument(
+        "--url", help="an engine already serving the base model (…/v1); --engine names its kind"
+    )
     parser.add_argument("--model", help="served model name (default: the base model's)")
     parser.add_argument("--scenarios", type=int, default=20, help="tau2 retail scenarios")
     parser.add_argument("--agent-turns", type=int, default=3, help="agent completions each")
@@ -190,7 +200,8 @@ def main(argv=None) -> int:
         print(f"{args.scenarios} tau2 retail scenarios on {url} ({model}), "
               f"{args.agent_turns} agent turns each at most", flush=True)  # fmt: skip
         figures = asyncio.run(measure(url, model, args))
-    record = {"engine": args.url or args.engine, "model": model, "settings": vars(args) | {"out": str(args.out)}, "figures": figures}  # fmt: skip
+    engine = args.engine + (f" at {args.url}" if args.url else "")
+    record = {"engine": engine, "model": model, "settings": vars(args) | {"out": str(args.out)}, "figures": figures}  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
     lines = [

@@ -83,7 +83,8 @@ def asked(request: ChatCompletionRequest) -> Asked | None:
         return Asked("json_object")
     if response_format.type == "json_schema":
         return Asked("json_schema", json.dumps(response_format.json_schema.json_schema))
-    return Asked("structural_tag", json.dumps(response_format.model_dump(by_alias=True)))
+    tag = {"type": "structural_tag", "format": response_format.format}
+    return Asked("structural_tag", json.dumps(tag))
 
 
 class Grammars:

@@ -142,7 +142,7 @@ async def test_structured_tool_format_forces_a_tau2_call_through_agents_llm(serv
         {"role": "system", "content": domain.agent_system_prompt(scenario)},
         {"role": "user", "content": "Hi, I want to cancel order #W2378156."},
     ]
-    async with LLMClient(served.url, tool_format="structured") as llm:
+    async with LLMClient(served.url, tool_format="structured", timeout=300) as llm:
         stream = llm.stream_chat(
             served.base, messages, tools=tools, tool_choice="required", max_tokens=120,
             temperature=0,
