@@ -108,7 +108,8 @@ def seed_arms(
                 system_prompt=prompt,
                 temperature=(temperatures or {}).get(name, 0.7),
                 max_tokens=max_tokens,
-                tool_format="json",
+                # the engine keeps SmolLM2's tool calls well formed, so tau2 tool cards appear
+                tool_format="structured",
             ),
         )
     if study.control_arm_id is None:

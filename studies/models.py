@@ -346,9 +346,15 @@ class Arm(models.Model):
     extra_params = models.JSONField(default=dict, blank=True, help_text="More request parameters.")
     tool_format = models.CharField(
         max_length=10,
-        choices=[("native", "Native OpenAI tools"), ("json", "JSON tool calls in the prompt")],
+        choices=[
+            ("native", "Native OpenAI tools"),
+            ("json", "JSON tool calls in the prompt"),
+            ("structured", "JSON tool calls kept well formed by the engine"),
+        ],
         default="json",
-        help_text="Models without native tool calling (e.g. SmolLM2) use the JSON format.",
+        help_text="Models without native tool calling (e.g. SmolLM2) use the JSON format; "
+        "'structured' has the engine (vLLM or embedded) constrain each call to a tool's schema. "
+        "Native tools on vLLM need a model with tool calling and `--tool-call-parser`.",
     )
 
     class Meta:

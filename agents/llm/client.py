@@ -34,6 +34,10 @@ Tool calls: with tool_format="native" the `tools` go to the engine and streamed 
 deltas are assembled by index. With tool_format="json" (models without native tool calling,
 see agents.llm.tool_format) the tools are described in the system prompt and the reply's
 `<tool_call>` blocks are parsed out of the text; callers see the same ChatResult either way.
+tool_format="structured" is the JSON format with the engine keeping every call well formed: the
+request carries a structural-tag `response_format` built from the tools (tool_call_format; vLLM
+and the embedded engine both enforce it), free text until `<tool_call>`, then a valid call of
+one of the tools; a `tool_choice` of "required" or a named function forces calls.
 """
 
 import asyncio
@@ -53,9 +57,13 @@ from openai.resources.completions import AsyncCompletions as _Completions
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
 from agents.llm.errors import LLMConnectionError, LLMError, LLMHTTPError, LLMTimeout
-from agents.llm.tool_format import ToolCallFilter, messages_for_json_tools
+from agents.llm.tool_format import (
+    ToolCallFilter,
+    messages_for_json_tools,
+    tool_call_response_format,
+)
 
-TOOL_FORMATS = ("native", "json")
+TOOL_FORMATS = ("native", "json", "structured")
 # vLLM's documented key for servers started without --api-key; never the caller's OPENAI_API_KEY
 NO_KEY = "EMPTY"
 
@@ -265,12 +273,22 @@ class LLMClient:
     def _chat_request(self, model, messages, tools, tool_format, params) -> tuple[dict, bool]:
         tool_format = tool_format or self.tool_format
         _check_tool_format(tool_format)
-        json_tools = tool_format == "json"
+        json_tools = tool_format in ("json", "structured")
         if json_tools:
             messages = messages_for_json_tools(messages, tools)
+            choice = params.get("tool_choice") or "auto"
+            # several forced calls only when asked for, as the embedded engine: a small model
+            # repeats its call until the token budget runs out
+            parallel = bool(params.get("parallel_tool_calls"))
             params = {
                 k: v for k, v in params.items() if k not in ("tool_choice", "parallel_tool_calls")
             }
+            if tool_format == "structured" and tools and choice != "none":
+                if params.get("response_format") is not None:
+                    raise ValueError(
+                        "tool_format='structured' sends its own response_format; do not set one"
+                    )
+                params["response_format"] = tool_call_response_format(tools, choice, parallel)
         request = {"model": model, "messages": messages, **_request(_CHAT_PARAMS, params)}
         if tools and not json_tools:
             request["tools"] = tools

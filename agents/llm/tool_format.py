@@ -198,3 +198,78 @@ def messages_for_json_tools(messages: list[dict], tools: list[dict] | None) -> l
         else:
             out.insert(0, {"role": "system", "content": block})
     return out
+
+
+# Constraints: the one schema of this format, for the engines' structured outputs -------------
+
+
+def tool_call_schema(tools: list[dict]) -> dict:
+    """The JSON schema of one call's JSON (between the tags): a tool's name and arguments that
+    match that tool's parameter schema. The one builder of it: the embedded engine's
+    tool_choice and the `structured` tool format (vLLM's structured outputs) both use it."""
+    calls = []
+    for tool in tools:
+        function = tool.get("function", tool)
+        parameters = function.get("parameters") or {"type": "object", "properties": {}}
+        calls.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": function["name"]}, "arguments": parameters},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
+    if not calls:
+        raise ValueError("a tool-call schema needs at least one tool")
+    return calls[0] if len(calls) == 1 else {"anyOf": calls}
+
+
+def tool_call_format(
+    tools: list[dict], tool_choice: str | dict = "auto", parallel: bool = True
+) -> dict:
+    """The structural tag (xgrammar's format, which vLLM takes as `response_format`
+    {"type": "structural_tag", "format": ...}) that keeps this format's calls well formed:
+
+    - "auto": any text, but once the model writes `<tool_call>` the block must be a valid call
+      of one of `tools`, closed by `</tool_call>`;
+    - "required", or {"type": "function", "function": {"name": ...}}: only call blocks (that
+      function's for a named choice), at least one; just one when not `parallel`.
+    """
+    if isinstance(tool_choice, dict):
+        name = (tool_choice.get("function") or {}).get("name")
+        tools = [t for t in tools if t.get("function", t).get("name") == name]
+        if not tools:
+            raise ValueError(f"tool_choice names {name!r}, which is not one of the tools")
+        parallel = False  # a named choice is one call of that function, as OpenAI's
+    elif tool_choice not in ("auto", "required"):
+        raise ValueError(
+            f"tool_choice must be 'auto', 'required' or a named function: {tool_choice!r}"
+        )
+    tag = {
+        "type": "tag",
+        "begin": OPEN,
+        # at most one space between tokens, as the prompt's example writes it: a small model
+        # otherwise spends its budget on indentation and is cut off mid-call
+        "content": {
+            "type": "json_schema",
+            "json_schema": tool_call_schema(tools),
+            "max_whitespace_cnt": 1,
+        },
+        "end": CLOSE,
+    }
+    if tool_choice == "auto":
+        return {"type": "triggered_tags", "triggers": [OPEN], "tags": [tag]}
+    return {
+        "type": "tags_with_separator",
+        "tags": [tag],
+        "separator": "\n",
+        "at_least_one": True,
+        "stop_after_first": not parallel,
+    }
+
+
+def tool_call_response_format(
+    tools: list[dict], tool_choice: str | dict = "auto", parallel: bool = True
+) -> dict:
+    """`tool_call_format` as the request's `response_format` (vLLM and the embedded engine)."""
+    return {"type": "structural_tag", "format": tool_call_format(tools, tool_choice, parallel)}

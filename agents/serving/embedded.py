@@ -35,6 +35,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from agents.llm.tool_format import ToolCallFilter
 from agents.serving import protocol
 from agents.serving.adapters import Adapter, serving_args
 from agents.serving.engine import END, Engine, Generation
@@ -46,9 +47,11 @@ from agents.serving.protocol import (
     ChatCompletionStreamResponse,
     ChatMessage,
     DeltaMessage,
+    DeltaToolCall,
     EngineError,
     ModelCard,
     ModelList,
+    ToolCall,
     UsageInfo,
 )
 
@@ -101,6 +104,8 @@ class Completion:
         self.chat, self.adapter, self.job = chat, adapter, job
         self.cancel = threading.Event()
         self.id, self.created = protocol.completion_id(), protocol.now()
+        # a forced tool_choice: the text is call blocks, answered as tool_calls
+        self.calls = ToolCallFilter() if job.tool_calls else None
 
     async def __call__(self, scope, receive, send):
         failure = None
@@ -166,10 +171,11 @@ class Completion:
     async def _whole(self, send, queue):
         pieces = []
         while (item := await queue.get()) is not END:
-            pieces.append(_raise_if_failed(item))
-        choice = ChatCompletionResponseChoice(
-            message=ChatMessage(content="".join(pieces)), finish_reason=self.job.finish_reason
-        )
+            pieces.append(self._content(_raise_if_failed(item)))
+        pieces.append(self._content(None))
+        calls = [ToolCall(**call) for call in self.calls.tool_calls] if self.calls else []
+        message = ChatMessage(content="".join(pieces) or (None if calls else ""), tool_calls=calls)
+        choice = ChatCompletionResponseChoice(message=message, finish_reason=self._finish_reason())
         reply = ChatCompletionResponse(
             id=self.id,
             created=self.created,
@@ -195,11 +201,19 @@ class Completion:
         await event(self._chunk(DeltaMessage(role="assistant", content="")))
         try:
             while (item := await queue.get()) is not END:
-                await event(self._chunk(DeltaMessage(content=_raise_if_failed(item))))
+                piece = self._content(_raise_if_failed(item))
+                if piece or not self.calls:
+                    await event(self._chunk(DeltaMessage(content=piece)))
         except EngineError as error:  # headers are sent: report in the stream, as vLLM does
             await event(error.response)
         else:
-            await event(self._chunk(DeltaMessage(), self.job.finish_reason))
+            tail = self._content(None)
+            if tail:
+                await event(self._chunk(DeltaMessage(content=tail)))
+            for index, call in enumerate(self.calls.tool_calls if self.calls else []):
+                delta = DeltaMessage(tool_calls=[DeltaToolCall(index=index, **call)])
+                await event(self._chunk(delta))
+            await event(self._chunk(DeltaMessage(), self._finish_reason()))
             if self.chat.include_usage:  # the usage chunk has no choices
                 await event(self._chunk(None, usage=self._usage()))
         await event("[DONE]")
@@ -212,6 +226,17 @@ class Completion:
         return ChatCompletionStreamResponse(
             id=self.id, created=self.created, model=self.chat.model, choices=choices, usage=usage
         )
+
+    def _content(self, piece: str | None) -> str:
+        """A generated piece as content (call blocks taken out when the reply is tool calls);
+        None at the end of the reply flushes what was held back."""
+        if self.calls is None:
+            return piece or ""
+        return self.calls.finish() if piece is None else self.calls.feed(piece)
+
+    def _finish_reason(self) -> str | None:
+        reason = self.job.finish_reason
+        return "tool_calls" if self.calls and self.calls.tool_calls and reason == "stop" else reason
 
     def _usage(self) -> UsageInfo:
         return UsageInfo.of(len(self.job.prompt_ids), self.job.completion_tokens)

@@ -7,7 +7,8 @@ one forward pass over every running request, with per-row positions, a padding m
 adapters are loaded, peft's per-row `adapter_names`, so requests for different adapters share
 a step. Each request samples its own token (its temperature, top_p, seed), so a piece of text
 leaves as soon as its token is chosen, stop sequences are checked on the decoded text, and a
-cancelled request stops within one step.
+cancelled request stops within one step. A request's `response_format` or forced `tool_choice`
+is a Constraint (agents.serving.constraints) that masks its own row of each step's logits.
 
 transformers' own continuous batching (`generate_batch`, ContinuousBatchingManager) is not
 used: it packs all requests into one row, so peft cannot give them different adapters, and it
@@ -29,8 +30,9 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from agents.llm.tool_format import partial_suffix
+from agents.llm.tool_format import messages_for_json_tools, partial_suffix
 from agents.serving.adapters import Adapter, find_adapters
+from agents.serving.constraints import Constraint, Grammars
 from agents.serving.protocol import ChatCompletionRequest, EngineError
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,8 @@ class Generation:
     top_p: float = 1.0
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    constraint: Constraint | None = None  # response_format / forced tool_choice, or None
+    tool_calls: bool = False  # the text is read as JSON-format tool calls (a forced tool_choice)
     completion_tokens: int = 0
     finish_reason: str | None = None  # "stop" (end of turn or stop sequence), "length", "abort"
 
@@ -118,6 +122,7 @@ class Engine:
         config = self.model.config
         self.max_model_len = min(max_model_len or 10**9, config.max_position_embeddings)
         self.end_ids = _end_ids(self.tokenizer, self.model)
+        self.grammars = Grammars(self.tokenizer, config.vocab_size, self.end_ids)
         # transformers 5 renamed past_key_values to cache; logits for the last position only
         # keep a long prompt's prefill from materialising prompt_len x vocab logits.
         parameters = inspect.signature(self.model.forward).parameters
@@ -175,17 +180,13 @@ class Engine:
                 f"max_model_len={self.max_model_len}. Please request fewer output tokens.",
                 param=name,
             )
-        try:
-            text = self.tokenizer.apply_chat_template(
-                request.template_messages(),
-                tools=request.template_tools(),
-                tokenize=False,
-                add_generation_prompt=True,
-            )
-        except Exception as error:  # a template that rejects the conversation
-            raise EngineError(
-                f"The chat template could not render these messages: {error}"
-            ) from error
+        constraint, tool_calls = self.grammars.constraint(request)
+        messages, tools = request.template_messages(), request.template_tools()
+        text = self._render(messages, tools)
+        if request.forces_tool_calls and text == self._render(messages, None):
+            # the template ignores tools (SmolLM2's): describe them in the format the grammar
+            # forces, or the model would call tools it was never shown
+            text = self._render(messages_for_json_tools(messages, tools), None)
         with self._tokenizer_lock:
             prompt_ids = self.tokenizer(text, add_special_tokens=False).input_ids
         room = self.max_model_len - len(prompt_ids)
@@ -203,7 +204,19 @@ class Engine:
             top_p=sampling.top_p,
             seed=sampling.seed,
             stop=sampling.stop,
+            constraint=constraint,
+            tool_calls=tool_calls,
         )
+
+    def _render(self, messages: list[dict], tools: list[dict] | None) -> str:
+        try:
+            return self.tokenizer.apply_chat_template(
+                messages, tools=tools, tokenize=False, add_generation_prompt=True
+            )
+        except Exception as error:  # a template that rejects the conversation
+            raise EngineError(
+                f"The chat template could not render these messages: {error}"
+            ) from error
 
     def submit(
         self,
@@ -376,10 +389,15 @@ class Engine:
         return self.model(input_ids=input_ids, **kwargs).logits[:, -1]
 
     def _choose(self, sequence: _Sequence, logits: torch.Tensor) -> int:
-        """The request's next token from its row of logits: the one place that sees both a
-        request and its logits, where a per-request logits mask would be applied."""
+        """The request's next token from its row of logits, within its constraint if it has
+        one (the mask changes only this request's row)."""
         job = sequence.job
-        return sample(logits, job.temperature, job.top_p, sequence.generator)
+        if job.constraint is not None:
+            job.constraint.mask(logits)
+        token = sample(logits, job.temperature, job.top_p, sequence.generator)
+        if job.constraint is not None:
+            job.constraint.accept(token)
+        return token
 
     def _accept(self, sequence: _Sequence, token: int):
         """Count the token, send the text it completes, and finish the request if it ends it."""

@@ -1,10 +1,15 @@
 """The embedded engine's OpenAI wire format, declared as pydantic models after vLLM 0.32's
 (vllm/entrypoints/openai/chat_completion/protocol.py, vllm/entrypoints/serve/engine/protocol.py).
 
-Requests: only what the engine honours is declared; other OpenAI fields (logprobs,
-presence_penalty, response_format, ...) are accepted and ignored, as vLLM ignores what it does
-not support. `tools` are passed to the chat template (SmolLM2's ignores them): the engine has no
-native tool calling, callers use agents.llm's JSON tool format.
+Requests: what the engine honours is declared, and every other field is refused with a 400
+naming it (`refuse_unsupported`) unless it cannot change the reply (`user`, `metadata`, ...) or
+holds its neutral value (`logprobs: false`, `presence_penalty: 0`), so a caller never gets a
+reply that silently ignored what it asked. `response_format` (json_object, json_schema, and
+vLLM's structural_tag) and `tool_choice` "required" or a named function are enforced by
+constrained decoding (agents.serving.constraints); the forced calls are written in agents.llm's
+JSON tool format and answered as OpenAI `tool_calls`. With "auto" (the default when tools are
+given) `tools` go to the chat template (SmolLM2's ignores them) and the text is returned as is:
+callers use agents.llm's JSON tool format, whose `structured` variant keeps calls well formed.
 
 Errors have vLLM's body, `{"error": {"message", "type", "param", "code"}}`, and its two kinds:
   - a body that does not fit the declared models is answered as vLLM's FastAPI layer answers a
@@ -184,6 +189,64 @@ class ChatCompletionToolsParam(OpenAIBaseModel):
     function: FunctionDefinition
 
 
+class FunctionName(OpenAIBaseModel):
+    name: str
+
+
+class NamedToolChoice(OpenAIBaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionName
+
+
+class JsonSchemaResponseFormat(OpenAIBaseModel):
+    name: str
+    description: str | None = None
+    # OpenAI's key is "schema", which pydantic's BaseModel reserves: aliased, as vLLM does
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(OpenAIBaseModel):
+    """OpenAI's `response_format`, plus vLLM's structural tag (xgrammar's `format`)."""
+
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
+    json_schema: JsonSchemaResponseFormat | None = None
+    format: dict[str, Any] | None = None  # structural_tag only
+
+    @model_validator(mode="after")
+    def needs_its_part(self):
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ParamError(
+                "When response_format type is 'json_schema', the 'json_schema' field must be "
+                "provided.",
+                "response_format",
+            )
+        if self.type == "structural_tag" and self.format is None:
+            # vLLM's older {"structures", "triggers"} form is not taken: one form, one grammar
+            raise ParamError(
+                "A structural_tag response_format needs its 'format' (xgrammar's structural "
+                "tag); the legacy 'structures'/'triggers' form is not supported.",
+                "response_format",
+            )
+        return self
+
+
+# Fields a request may carry that cannot change the reply: accepted and ignored, as vLLM does.
+IGNORED_FIELDS = frozenset(
+    {"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"}
+)
+# Fields the engine does not implement, accepted only at the value that asks for nothing.
+NEUTRAL_VALUES = {
+    "logprobs": (False,),
+    "top_logprobs": (0,),
+    "presence_penalty": (0,),
+    "frequency_penalty": (0,),
+    "logit_bias": ({},),
+    "skip_special_tokens": (True,),  # what the engine does
+    "modalities": (["text"],),
+}
+
+
 class SamplingParams(BaseModel):
     """What one generation samples with. The bounds are vLLM's (SamplingParams._verify_args)
     except n, which is 1 here: the engine writes one choice."""
@@ -210,6 +273,38 @@ class ChatCompletionRequest(OpenAIBaseModel):
     temperature: float | None = None
     top_p: float | None = None
     tools: list[ChatCompletionToolsParam] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    # forced calls: several only when true (OpenAI's default is true; a small model repeats its
+    # call to the end of its budget, so this engine's default is one)
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def check_tool_usage(cls, data):
+        """vLLM's checks of tool_choice against tools (its default: "auto" when tools are given)."""
+        if not isinstance(data, dict):
+            return data
+        choice = data.get("tool_choice")
+        if choice is None and data.get("tools"):
+            data = {**data, "tool_choice": "auto"}
+        elif choice is not None and choice != "none":
+            if not data.get("tools"):
+                raise ParamError("When using `tool_choice`, `tools` must be set.", "tool_choice")
+            if isinstance(choice, dict):
+                name = (choice.get("function") or {}).get("name")
+                names = [
+                    (tool.get("function") or {}).get("name")
+                    for tool in data["tools"]
+                    if isinstance(tool, dict)
+                ]
+                if name not in names:
+                    raise ParamError(
+                        f"The tool specified in `tool_choice` ({name!r}) does not match any of "
+                        f"the specified `tools`: {names}.",
+                        "tool_choice",
+                    )
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -228,6 +323,27 @@ class ChatCompletionRequest(OpenAIBaseModel):
     def max_tokens_param(self) -> str:
         """The name the request gave its reply budget under (error messages use it)."""
         return "max_tokens" if self.max_completion_tokens is None else "max_completion_tokens"
+
+    def refuse_unsupported(self) -> None:
+        """A 400 naming the fields this engine would otherwise silently ignore."""
+        refused = sorted(
+            name
+            for name, value in (self.model_extra or {}).items()
+            if name not in IGNORED_FIELDS
+            and value is not None
+            and value not in NEUTRAL_VALUES.get(name, ())
+        )
+        if refused:
+            listed = ", ".join(f"`{name}`" for name in refused)
+            raise EngineError(
+                f"The embedded engine does not support {listed}. It honours: "
+                f"{', '.join(sorted(type(self).model_fields))}.",
+                param=refused[0],
+            )
+
+    @property
+    def forces_tool_calls(self) -> bool:
+        return self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice)
 
     def template_messages(self) -> list[dict]:
         return [message.for_template() for message in self.messages]
@@ -265,9 +381,11 @@ def parse_chat_request(content_type: str | None, raw: bytes) -> ChatCompletionRe
     if media_type != "application/json":  # as vLLM's validate_json_request
         raise _bad_request(["Unsupported Media Type: Only 'application/json' is allowed"], None)
     try:
-        return ChatCompletionRequest.model_validate_json(raw)
+        request = ChatCompletionRequest.model_validate_json(raw)
     except ValidationError as error:
         raise invalid_body(error) from error
+    request.refuse_unsupported()
+    return request
 
 
 # Responses ---------------------------------------------------------------------------------
@@ -295,9 +413,25 @@ class UsageInfo(OpenAIBaseModel):
         )
 
 
+class FunctionCall(OpenAIBaseModel):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(OpenAIBaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class DeltaToolCall(ToolCall):
+    index: int
+
+
 class ChatMessage(OpenAIBaseModel):
     role: str = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] = []
 
 
 class ChatCompletionResponseChoice(OpenAIBaseModel):
@@ -324,6 +458,7 @@ class ChatCompletionResponse(_Reply):
 class DeltaMessage(OpenAIBaseModel):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
     @model_serializer(mode="wrap")
     def _only_what_changed(self, handler):

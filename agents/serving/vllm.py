@@ -16,6 +16,12 @@ the embedded engine does, so an Arm's model name means the same on both engines.
 local folders only (HF_HUB_OFFLINE=1). Unlike the embedded engine, vLLM's adapters are fixed
 at start (restart it to serve new checkpoints), except with `runtime_lora_rank`, where clients
 load adapters themselves (LLMClient.load_lora_adapter; the trainer's `rollout_endpoint`).
+
+Tool calls: a model with native tool calling (the Qwen family) is served with
+`tool_call_parser="hermes"` (`--tool-call-parser hermes`), which adds vLLM's
+`--enable-auto-tool-choice`, and its arms use tool_format "native". A model without it (SmolLM2)
+needs no flag: its arms use tool_format "structured", whose structural-tag `response_format`
+vLLM's structured outputs enforce (agents.llm.tool_format.tool_call_format).
 """
 
 import argparse
@@ -82,12 +88,15 @@ def build_command(
     max_model_len: int = MAX_MODEL_LEN,
     max_loras: int = 4,
     runtime_lora_rank: int = 0,
+    tool_call_parser: str | None = None,
     extra_args: list[str] = (),
 ) -> list[str]:
     """vLLM's OpenAI server command line (explicit `extra_args` come last, so they win).
 
     `runtime_lora_rank` > 0 enables LoRA for adapters loaded later through /v1/load_lora_adapter
-    (a trainer's live adapter) up to that rank; vllm_env(runtime_lora=True) allows those calls."""
+    (a trainer's live adapter) up to that rank; vllm_env(runtime_lora=True) allows those calls.
+    `tool_call_parser` (e.g. "hermes" for Qwen) turns on native tool calls with tool_choice
+    "auto": vLLM parses the model's own tool-call syntax into `tool_calls`."""
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise ValueError(f"{model_dir} is not a Hugging Face model folder (no config.json)")
@@ -102,6 +111,8 @@ def build_command(
         count = len(loras or {}) + (2 if runtime_lora_rank else 0)
         command += ["--enable-lora", "--max-lora-rank", str(rank)]
         command += ["--max-loras", str(max(1, min(max_loras, count)))]
+    if tool_call_parser:
+        command += ["--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser]
     if loras:
         command += ["--lora-modules"]
         command += [f"{name}={Path(path).resolve()}" for name, path in loras.items()]
@@ -189,6 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--max-model-len", type=int, default=MAX_MODEL_LEN)
     parser.add_argument("--max-loras", type=int, default=4, help="adapters in one batch at once")
+    parser.add_argument(
+        "--tool-call-parser",
+        help="native tool calls with tool_choice auto, for models that have them (hermes: Qwen)",
+    )
     parser.add_argument("--python", type=Path, help="python with vLLM (default: .venv-vllm's)")
     parser.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -213,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
             dtype=args.dtype,
             max_model_len=args.max_model_len,
             max_loras=args.max_loras,
+            tool_call_parser=args.tool_call_parser,
             extra_args=extra,
         )
     except (VLLMNotInstalled, ValueError) as error:

@@ -18,6 +18,7 @@ from agents.llm import (
     shared_client,
 )
 from agents.llm import client as client_module
+from agents.llm.tool_format import tool_call_response_format
 from tests.scripted_server import ScriptedServer
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -395,6 +396,20 @@ async def test_json_tool_format_without_streaming(peer):
     sent = server.requests[0]["body"]["messages"]
     assert sent[0]["role"] == "system" and "get_order" in sent[0]["content"]
     assert "tool_calls" not in sent[2] and '"#W1"' in sent[2]["content"]
+
+
+async def test_structured_tool_format_sends_the_tool_call_constraint(peer):
+    server, url = await peer(sse(text_chunks("ok")), sse(text_chunks("ok")))
+    async with LLMClient(url, tool_format="structured") as client:
+        await drain(client.stream_chat("m", MESSAGES, tools=TOOLS))
+        await drain(client.stream_chat("m", MESSAGES, tools=TOOLS, tool_choice="required"))
+        with pytest.raises(ValueError, match="response_format"):
+            client.stream_chat("m", MESSAGES, tools=TOOLS, response_format={"type": "json_object"})
+    auto, required = (request["body"] for request in server.requests)
+    assert "get_order" in auto["messages"][0]["content"]  # described in the JSON format
+    assert "tools" not in auto and "tool_choice" not in auto
+    assert auto["response_format"] == tool_call_response_format(TOOLS, "auto")
+    assert required["response_format"]["format"]["type"] == "tags_with_separator"
 
 
 async def test_vllm_extras_travel_in_the_request_body(peer):

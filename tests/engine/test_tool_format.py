@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -10,6 +11,7 @@ from agents.llm.tool_format import (
     messages_for_json_tools,
     parse_tool_calls,
     render_tool_calls,
+    tool_call_format,
     tool_prompt,
 )
 
@@ -138,3 +140,45 @@ def test_messages_for_json_tools():
     # no system message: one is added; no tools: nothing is added
     assert messages_for_json_tools(history[1:2], [TOOL])[0]["role"] == "system"
     assert messages_for_json_tools(history[1:2], None) == history[1:2]
+
+
+CLOCK = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+CALL = '<tool_call>{"name": "cancel_pending_order", "arguments": {"order_id": "#W1"}}</tool_call>'
+
+
+def accepts(tools, choice, text, parallel=False) -> bool:
+    """Whether the grammar of tool_call_format takes `text` as a whole output (xgrammar over
+    the real tokenizer, as the engine and vLLM compile it)."""
+    import xgrammar
+    from transformers import AutoTokenizer
+
+    from agents.serving.prepare import ensure_base_model
+
+    tokenizer = AutoTokenizer.from_pretrained(ensure_base_model())
+    compiler = xgrammar.GrammarCompiler(xgrammar.TokenizerInfo.from_huggingface(tokenizer))
+    tag = {"type": "structural_tag", "format": tool_call_format(tools, choice, parallel)}
+    matcher = xgrammar.GrammarMatcher(compiler.compile_structural_tag(json.dumps(tag)))
+    return matcher.accept_string(text) and matcher.is_completed()
+
+
+def test_auto_format_takes_text_and_well_formed_calls_only():
+    tools = [TOOL, CLOCK]
+    assert accepts(tools, "auto", "Let me check. " + CALL + " Done.")
+    assert accepts(tools, "auto", "Just text, no call.")
+    assert not accepts(tools, "auto", CALL.replace("order_id", "id"))  # off its schema
+    assert not accepts(tools, "auto", CALL.replace("cancel_pending_order", "drop_order"))
+    assert not accepts(tools, "auto", CALL.replace("}}</tool_call>", "}"))  # never closed
+
+
+def test_forced_formats_take_calls_only():
+    tools = [TOOL, CLOCK]
+    clock = '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+    assert accepts(tools, "required", CALL)
+    assert not accepts(tools, "required", "Sure. " + CALL)
+    assert not accepts(tools, "required", "")  # at least one call
+    assert not accepts(tools, "required", CALL + "\n" + clock)  # one unless parallel
+    assert accepts(tools, "required", CALL + "\n" + clock, parallel=True)
+    named = {"type": "function", "function": {"name": "get_time"}}
+    assert accepts(tools, named, clock) and not accepts(tools, named, CALL)
+    with pytest.raises(ValueError, match="drop_order"):
+        tool_call_format(tools, {"type": "function", "function": {"name": "drop_order"}})

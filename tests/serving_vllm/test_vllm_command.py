@@ -77,6 +77,23 @@ def test_command_without_adapters_has_no_lora_options(model_dir):
     assert not {"--enable-lora", "--lora-modules", "--max-lora-rank"} & set(command)
 
 
+def test_native_tool_calls_are_vllms_auto_tool_choice_with_the_parser(model_dir):
+    # Qwen-family arms (tool_format "native") need vLLM to parse their calls; others need nothing
+    command = build_command(model_dir, 8123, None, python="/opt/py", tool_call_parser="hermes")
+    assert "--enable-auto-tool-choice" in command
+    assert option_values(command, "--tool-call-parser") == ["hermes"]
+    plain = build_command(model_dir, 8123, None, python="/opt/py")
+    assert not {"--enable-auto-tool-choice", "--tool-call-parser"} & set(plain)
+
+
+def test_cli_passes_the_tool_call_parser(model_dir):
+    result = run_cli("--model", str(model_dir), "--tool-call-parser", "hermes", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    command = result.stdout.split()
+    assert "--enable-auto-tool-choice" in command
+    assert option_values(command, "--tool-call-parser") == ["hermes"]
+
+
 def test_command_refuses_a_folder_that_is_not_a_model(tmp_path):
     with pytest.raises(ValueError, match="not a Hugging Face model folder"):
         build_command(tmp_path, 8123, None, python="/opt/py")

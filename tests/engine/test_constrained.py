@@ -1,0 +1,158 @@
+"""The embedded engine honours response_format and tool_choice, and refuses what it does not
+support, through the official `openai` client against the real process (SmolLM2)."""
+
+import json
+
+import openai
+import pytest
+
+from agents.domains.tau2 import RetailDomain
+from agents.llm import LLMClient
+
+pytestmark = pytest.mark.model
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
+CLOCK = {
+    "type": "function",
+    "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}},
+}
+ASK = [{"role": "user", "content": "What will the weather be in Paris?"}]
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    with openai.OpenAI(base_url=served.url, api_key="EMPTY", max_retries=0) as client:
+        yield client
+
+
+def check_weather_arguments(arguments: str):
+    args = json.loads(arguments)
+    assert set(args) == {"city", "days"}, args
+    assert isinstance(args["city"], str) and type(args["days"]) is int
+
+
+def test_required_tool_choice_returns_a_valid_tool_call(client, served):
+    reply = client.chat.completions.create(
+        model=served.base, messages=ASK, tools=[WEATHER, CLOCK], tool_choice="required",
+        max_tokens=48, temperature=0,
+    )  # fmt: skip
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert not choice.message.content
+    (call,) = choice.message.tool_calls  # one call unless parallel_tool_calls is true
+    assert call.function.name in {"get_weather", "get_time"}
+    if call.function.name == "get_weather":
+        check_weather_arguments(call.function.arguments)
+    else:
+        assert json.loads(call.function.arguments) == {}
+
+
+def test_named_tool_choice_streams_that_call(client, served):
+    stream = client.chat.completions.create(
+        model=served.base, messages=ASK, tools=[CLOCK, WEATHER], max_tokens=48,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}, stream=True,
+    )  # fmt: skip
+    chunks = list(stream)
+    deltas = [call for chunk in chunks for call in (chunk.choices[0].delta.tool_calls or [])]
+    assert [d.function.name for d in deltas] == ["get_weather"]
+    check_weather_arguments(deltas[0].function.arguments)
+    assert not "".join(chunk.choices[0].delta.content or "" for chunk in chunks)
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_json_schema_answer_parses_and_validates(client, served):
+    reply = client.chat.completions.create(
+        model=served.base, max_tokens=40, temperature=0,
+        messages=[{"role": "user", "content": "Describe a person."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}},
+    )  # fmt: skip
+    person = json.loads(reply.choices[0].message.content)  # no markdown fence around it
+    assert set(person) == {"name", "age"}
+    assert isinstance(person["name"], str) and type(person["age"]) is int
+
+
+def test_json_object_answer_is_a_json_object(client, served):
+    reply = client.chat.completions.create(
+        model=served.base, max_tokens=40, temperature=0, response_format={"type": "json_object"},
+        messages=[{"role": "user", "content": "Describe a person in JSON."}],
+    )  # fmt: skip
+    if reply.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(reply.choices[0].message.content), dict)
+    else:  # cut off by max_tokens: still the start of an object
+        assert reply.choices[0].message.content.lstrip().startswith("{")
+
+
+@pytest.mark.parametrize(
+    "params, param",
+    [
+        ({"logprobs": True}, "logprobs"),
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"extra_body": {"top_k": 5}}, "top_k"),
+        ({"extra_body": {"structured_outputs": {"json": PERSON}}}, "structured_outputs"),
+        ({"tool_choice": "required"}, "tool_choice"),  # without tools
+        ({"tools": [CLOCK], "tool_choice": {"type": "function", "function": {"name": "x"}}},
+         "tool_choice"),
+        ({"response_format": {"type": "json_schema"}}, "response_format"),
+        ({"tools": [CLOCK], "tool_choice": "required", "response_format": {"type": "json_object"}},
+         "response_format"),
+    ],
+    ids=lambda value: value if isinstance(value, str) else None,
+)  # fmt: skip
+def test_unsupported_or_contradictory_fields_are_400(client, served, params, param):
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(model=served.base, messages=ASK, max_tokens=1, **params)
+    assert raised.value.status_code == 400
+    assert raised.value.body["param"] == param
+    assert raised.value.body["message"]
+
+
+def test_neutral_values_and_harmless_fields_are_accepted(client, served):
+    reply = client.chat.completions.create(
+        model=served.base, messages=ASK, max_tokens=1, logprobs=False, presence_penalty=0,
+        user="participant-7", metadata={"study": "s"}, tools=[CLOCK], tool_choice="none",
+    )  # fmt: skip
+    assert reply.choices[0].finish_reason == "length"
+
+
+async def test_structured_tool_format_forces_a_tau2_call_through_agents_llm(served):
+    """The demo's path: agents.llm's `structured` tool format against the engine, with the
+    retail domain's real tools; the call it returns is one the domain can run."""
+    domain = RetailDomain()
+    scenario = domain.scenarios()[0]
+    tools = domain.tools(scenario)
+    messages = [
+        {"role": "system", "content": domain.agent_system_prompt(scenario)},
+        {"role": "user", "content": "Hi, I want to cancel order #W2378156."},
+    ]
+    async with LLMClient(served.url, tool_format="structured", timeout=300) as llm:
+        stream = llm.stream_chat(
+            served.base, messages, tools=tools, tool_choice="required", max_tokens=120,
+            temperature=0,
+        )  # fmt: skip
+        assert not [piece async for piece in stream]  # only a call: no text
+    (call,) = stream.result.tool_calls
+    assert stream.result.finish_reason == "tool_calls"
+    names = {tool["function"]["name"]: tool["function"]["parameters"] for tool in tools}
+    schema = names[call["function"]["name"]]
+    arguments = json.loads(call["function"]["arguments"])
+    assert set(schema.get("required", [])) <= set(arguments) <= set(schema["properties"])
+    state = domain.new_state(scenario)
+    domain.execute_tool(state, call["function"]["name"], arguments)  # runs without a TypeError
