@@ -2,6 +2,7 @@
 
 import functools
 import json
+from dataclasses import asdict
 
 from django import forms
 from django.contrib import admin, messages
@@ -18,9 +19,20 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from agents.models import Checkpoint, ModelEndpoint
 
-from . import endpoints, exports, flow, monitor, prolific, prolific_sync, readiness, reports, tasks
+from . import (
+    endpoints,
+    exports,
+    flow,
+    monitor,
+    preregistration,
+    prolific,
+    prolific_sync,
+    readiness,
+    reports,
+    tasks,
+)
 from .analysis.text import with_labels
-from .forms import BonusCSVForm, DonationMatchForm, ImportPoolForm, RejectForm
+from .forms import BonusCSVForm, DonationMatchForm, ExploreForm, ImportPoolForm, RejectForm
 from .models import (
     AnalysisRun,
     Arm,
@@ -28,6 +40,7 @@ from .models import (
     CompletionCode,
     Item,
     Participant,
+    PlanFrozen,
     ProlificEvent,
     Questionnaire,
     Response,
@@ -36,6 +49,7 @@ from .models import (
     Study,
     StudyError,
     arm_model_check,
+    frozen_changes,
 )
 from .pools import PoolError, import_pool
 
@@ -134,8 +148,179 @@ class StudyForm(forms.ModelForm):
         return cleaned
 
 
+# --- planning and pre-registration (issue 14) ---------------------------------------------------
+
+
+def frozen_plan_formset(formset_class):
+    """An inline formset of arms or items that refuses, with the field named, what a study's
+    frozen plan does not allow (the models refuse it too; this says it on the form)."""
+
+    class FrozenPlanFormSet(formset_class):
+        def clean(self):
+            super().clean()
+            refused = []
+            for form in self.forms:
+                if not form.is_bound or form.instance.pk is None and not form.has_changed():
+                    continue
+                if self.can_delete and self._should_delete_form(form):
+                    if form.instance.pk is not None:
+                        refused += frozen_changes(form.instance, deleting=True).values()
+                    continue
+                for field, message in frozen_changes(form.instance).items():
+                    form.add_error(field if field in form.fields else None, message)
+            if refused:
+                raise forms.ValidationError(refused)
+
+    return FrozenPlanFormSet
+
+
+class FrozenPlanInlines:
+    """Inlines of arms or items whose forms refuse what a frozen plan holds."""
+
+    def get_formsets_with_inlines(self, request, obj=None):
+        for formset, inline in super().get_formsets_with_inlines(request, obj):
+            yield frozen_plan_formset(formset), inline
+
+
+class PlanAdminMixin(FrozenPlanInlines):
+    """The study page's power analysis and pre-registration: a panel, a freeze button and
+    action, the plan's download, and the warnings at the top of the page."""
+
+    @admin.display(description="Participants per arm needed")
+    def power(self, study):
+        if not study.pk:
+            return "Save the study first."
+        found = reports.study_power(study)
+        if found is None:
+            return "-"
+        # format_html escapes its arguments into text first: numbers are formatted here.
+        text = format_html(
+            "{} per arm to detect g = {} with power {} at alpha {} / {} = {} "
+            "(two-sided Welch, Holm's first step; exact {}).",
+            found.n_per_arm,
+            f"{found.effect:g}",
+            f"{found.power:g}",
+            f"{found.alpha:g}",
+            found.family,
+            f"{found.alpha_per_test:.4g}",
+            f"{found.n_exact:.2f}",
+        )
+        warning = reports.power_warning(study)
+        if warning:
+            return format_html(
+                '{}<br><span class="power-warning errornote">{}</span>', text, warning
+            )
+        return text
+
+    @admin.display(description="Pre-registration")
+    def frozen_plan(self, study):
+        if not study.pk:
+            return "-"
+        frozen = study.preregistered()
+        if frozen is None:
+            if preregistration.first_participants(study).exists():
+                return "Not frozen; the study has participants, so it can no longer be."
+            return format_html(
+                '<button type="submit" formaction="{}" formmethod="post" class="button" '
+                'id="freeze-plan">Freeze the plan (pre-register)</button> Arms, measures, '
+                "comparisons, family, alpha, exclusions and target N are then fixed.",
+                reverse("admin:studies_study_freeze", args=[study.pk]),
+            )
+        return format_html(
+            'Frozen on {} by {}; SHA-256 <code class="plan-sha256">{}</code> ({}) · '
+            '<a href="{}">preregistration.json</a>',
+            f"{frozen.frozen_at:%Y-%m-%d %H:%M:%S} UTC",
+            frozen.frozen_by or "-",
+            frozen.sha256,
+            "verified" if frozen.verify() else "DOES NOT MATCH its stored text",
+            reverse("admin:studies_study_plan", args=[study.pk]),
+        )
+
+    def plan_pages(self):
+        return pages(
+            self,
+            ("<int:pk>/freeze/", require_POST(self.freeze), "studies_study_freeze", "change"),
+            ("<int:pk>/preregistration.json", self.plan_json, "studies_study_plan", "view"),
+            ("<int:pk>/explore/", self.explore, "studies_study_explore", "change"),
+        )
+
+    def explore(self, request, pk):
+        """Run an analysis with other measures, comparisons or family than the study's."""
+        study = get_object_or_404(Study, pk=pk)
+        planned = reports.planned_settings(study)  # the study's own analysis, offered first
+        form = ExploreForm(
+            request.POST or None,
+            measures=list(planned.measures),
+            arms=list(planned.arms or ()),
+            initial={
+                "measures": list(planned.measures),
+                "pairs": planned.pairs,
+                "family": planned.family,
+                "control": planned.control or "",
+            },
+        )
+        if request.method == "POST" and form.is_valid():
+            data = form.cleaned_data
+            settings = reports.chosen_settings(
+                study, data["measures"], data["pairs"], data["family"], data["control"]
+            )
+            run = tasks.start_analysis(study, settings=asdict(settings))
+            self.message_user(request, f"Analysis #{run.pk} queued.", messages.SUCCESS)
+            return HttpResponseRedirect(reverse("admin:studies_study_change", args=[study.pk]))
+        frozen = study.preregistered()
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Another analysis of {study}",
+            "intro": "The study is pre-registered: an analysis other than its plan is labelled "
+            "exploratory in its report and figures."
+            if frozen
+            else "The study is not pre-registered: this analysis is labelled neither way.",
+            "form": form,
+            "submit": "Run this analysis",
+            "opts": self.model._meta,
+        }
+        return render(request, "admin/studies/prolific_action.html", context)
+
+    def freeze(self, request, pk):
+        self.freeze_plan(request, Study.objects.filter(pk=pk))
+        return HttpResponseRedirect(reverse("admin:studies_study_change", args=[pk]))
+
+    @admin.action(
+        permissions=["change"], description="Freeze the plan (pre-register, before participants)"
+    )
+    def freeze_plan(self, request, queryset):
+        for study in queryset:
+            try:
+                frozen = preregistration.freeze(study, by=request.user.get_username())
+            except preregistration.FreezeRefused as refused:
+                self.message_user(request, str(refused), messages.ERROR)
+            else:
+                self.message_user(
+                    request, f"{study}: plan frozen, SHA-256 {frozen.sha256}.", messages.SUCCESS
+                )
+
+    def plan_json(self, request, pk):
+        study = get_object_or_404(Study, pk=pk)
+        document = preregistration.document(study)
+        if document is None:
+            raise Http404("This study is not pre-registered.")
+        response = HttpResponse(json.dumps(document, indent=2), content_type="application/json")
+        response["Content-Disposition"] = (
+            f'attachment; filename="{study.slug}-preregistration.json"'
+        )
+        return response
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        study = self.get_object(request, object_id)
+        if request.method == "GET" and study is not None:
+            warning = reports.power_warning(study)
+            if warning:
+                self.message_user(request, f"Power: {warning}", messages.WARNING)
+        return super().change_view(request, object_id, form_url, extra_context)
+
+
 @admin.register(Study)
-class StudyAdmin(admin.ModelAdmin):
+class StudyAdmin(PlanAdminMixin, admin.ModelAdmin):
     form = StudyForm
     list_display = [
         "title",
@@ -159,8 +344,11 @@ class StudyAdmin(admin.ModelAdmin):
         "export_transcripts",
         "run_bots",
         "sync_prolific",
+        "freeze_plan",
     ]
     readonly_fields = [
+        "power",
+        "frozen_plan",
         "participant_link",
         "progress",
         "readiness",
@@ -211,6 +399,18 @@ class StudyAdmin(admin.ModelAdmin):
         ),
         ("Chat", {"fields": ["min_exchanges", "max_exchanges", "max_message_chars"]}),
         ("Analysis", {"fields": ["control_arm", "comparisons", "holm_family"]}),
+        (
+            "Plan: power and pre-registration",
+            {
+                "fields": [
+                    "frozen_plan",
+                    ("alpha", "target_effect", "target_power"),
+                    "power",
+                    ("exclude_failed_attention", "exclude_unfinished"),
+                    "lower_is_better",
+                ]
+            },
+        ),
     ]
 
     @admin.display(description="Participant link")
@@ -302,15 +502,21 @@ class StudyAdmin(admin.ModelAdmin):
         found = readiness.problems(study, fresh=False)
         monitor_url = reverse("admin:studies_study_monitor", args=[study.pk])
         if not found:
-            return format_html(
+            shown = format_html(
                 '<span class="readiness ok">Ready to go live.</span> <a href="{}">Monitor</a>',
                 monitor_url,
             )
-        return format_html(
-            '<ul class="readiness problems">{}</ul><a href="{}">Monitor</a>',
-            format_html_join("", "<li>{}</li>", ((p,) for p in found)),
-            monitor_url,
-        )
+        else:
+            shown = format_html(
+                '<ul class="readiness problems">{}</ul><a href="{}">Monitor</a>',
+                format_html_join("", "<li>{}</li>", ((p,) for p in found)),
+                monitor_url,
+            )
+        # Under-powered is said beside the checks, but does not keep a study from going live.
+        warning = reports.power_warning(study)
+        if warning:
+            return format_html('{}<p class="power-warning">Power: {}</p>', shown, warning)
+        return shown
 
     @admin.display(description="Preview")
     def previews(self, study):
@@ -450,13 +656,17 @@ class StudyAdmin(admin.ModelAdmin):
         if not study.pk:
             return "-"
         # Bot participants (rehearsals, load runs) are left out unless asked for (?bots=1).
-        return format_html(
+        links = format_html(
             '<a href="{0}">responses.csv</a> · <a href="{1}">transcripts.csv</a> · '
             'with bot participants: <a href="{0}?bots=1">responses</a>, '
             '<a href="{1}?bots=1">transcripts</a>',
             reverse("admin:studies_study_responses", args=[study.pk]),
             reverse("admin:studies_study_transcripts", args=[study.pk]),
         )
+        if study.preregistered() is None:
+            return links
+        plan = reverse("admin:studies_study_plan", args=[study.pk])
+        return format_html('{} · <a href="{}">preregistration.json</a>', links, plan)
 
     @admin.display(description="Analysis")
     def analysis(self, study):
@@ -468,6 +678,11 @@ class StudyAdmin(admin.ModelAdmin):
             '<button type="submit" formaction="{}" formmethod="post" class="button" id="run-analysis">'
             "Run analysis now</button>",
             reverse("admin:studies_study_analyse", args=[study.pk]),
+        )
+        button = format_html(
+            '{} <a href="{}">another analysis…</a>',
+            button,
+            reverse("admin:studies_study_explore", args=[study.pk]),
         )
         if latest is None:
             return format_html("{} no run yet", button)
@@ -564,7 +779,8 @@ class StudyAdmin(admin.ModelAdmin):
 
     def get_urls(self):
         return (
-            pages(
+            self.plan_pages()
+            + pages(
                 self,
                 ("<int:pk>/bonus-csv/", self.bonus_csv, "studies_study_bonus_csv", "change"),
                 ("<int:pk>/import/", self.import_scenarios, "studies_study_import", "change"),
@@ -730,13 +946,19 @@ class ItemInline(admin.TabularInline):
 
 
 @admin.register(Questionnaire)
-class QuestionnaireAdmin(admin.ModelAdmin):
+class QuestionnaireAdmin(FrozenPlanInlines, admin.ModelAdmin):
     list_display = ["study", "title", "item_count"]
     inlines = [ItemInline]
 
     @admin.display(description="Items")
     def item_count(self, questionnaire):
         return questionnaire.items.count()
+
+    def has_delete_permission(self, request, obj=None):
+        # Its items are a frozen plan's measures and attention checks.
+        if obj is not None and obj.study.preregistered() is not None:
+            return False
+        return super().has_delete_permission(request, obj)
 
 
 @admin.register(Scenario)
@@ -1069,7 +1291,10 @@ class StudyCheckpointAdmin(_CheckpointAdmin):
             arms = form.cleaned_data["arms"]
             try:
                 warnings = endpoints.repoint(arms, form.cleaned_data["endpoint"], checkpoint.name)
-            except ValidationError as refused:
+            except PlanFrozen as frozen:  # an arm of a pre-registered study: nothing attached
+                self.message_user(request, " ".join(frozen.messages), messages.ERROR)
+                return HttpResponseRedirect(reverse("admin:agents_checkpoint_changelist"))
+            except ValidationError as refused:  # a model no healthy replica serves
                 for problem in refused.messages:
                     form.add_error(None, problem)
             else:

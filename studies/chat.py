@@ -24,6 +24,7 @@ from agents.llm import LLMClient, shared_client
 from . import flow
 from .domains import domain_of, system_prompt
 from .models import Arm, Conversation, Message, Participant
+from .prepared import Prepared
 from .threads import db
 
 Send = Callable[[dict], Awaitable[None]]
@@ -196,21 +197,27 @@ def final_reply(user_message: Message) -> Message | None:
     )
 
 
+# The reply's reads, compiled once (studies/prepared.py).
+LOCK_CONVERSATION = Prepared(
+    lambda pk: Conversation.objects.select_for_update().filter(pk=pk).values_list("pk"), 1
+)
+LATER_MESSAGES = Prepared(
+    lambda conversation, seq: (
+        Message.objects.filter(conversation=conversation, seq__gt=seq)
+        .order_by()  # unordered: only the largest seq matters
+        .values_list("seq", "reply_to_id", "pk")
+    ),
+    2,
+)
+
+
 @transaction.atomic
 def store_turn_message(user_message: Message, mine: list[int], **fields) -> Message | None:
     """Store this turn's agent message unless another turn already answers `user_message`
     (the conversation's row lock orders two windows' writes, on every worker); None when one
     does. One read after the lock gives both the other replies and the next seq."""
-    list(
-        Conversation.objects.select_for_update()
-        .filter(pk=user_message.conversation_id)
-        .values_list("pk")
-    )
-    later = list(
-        Message.objects.filter(conversation=user_message.conversation_id, seq__gt=user_message.seq)
-        .order_by()  # unordered: only the largest seq matters
-        .values_list("seq", "reply_to_id", "pk")
-    )
+    LOCK_CONVERSATION.rows(user_message.conversation_id)
+    later = LATER_MESSAGES.rows(user_message.conversation_id, user_message.seq)
     if any(reply_to == user_message.pk and pk not in mine for _, reply_to, pk in later):
         return None
     last = max((seq for seq, _, _ in later), default=user_message.seq)

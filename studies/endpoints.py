@@ -13,7 +13,7 @@ from django.db import transaction
 
 from agents.models import ModelEndpoint
 
-from .models import Arm, Study, arm_model_check
+from .models import Arm, PlanFrozen, Study, arm_model_check, frozen_changes
 
 
 def register_endpoint(
@@ -50,14 +50,20 @@ def point_arms(
 @transaction.atomic
 def repoint(arms, endpoint: ModelEndpoint, models: dict[str, str] | str | None) -> list[str]:
     """Point `arms` at `endpoint` asking for `models` (one name for all, or by arm name; None:
-    each keeps its own); the problems, when only warned of (PARLEY_ARM_MODEL_CHECK=warn)."""
-    problems = []
+    each keeps its own); the problems, when only warned of (PARLEY_ARM_MODEL_CHECK=warn).
+    PlanFrozen when that would change a pre-registered arm's model."""
     for arm in arms:
         arm.endpoint = endpoint
         if isinstance(models, str):
             arm.model_name = models
         elif models:
             arm.model_name = models.get(arm.name, arm.model_name)
+    # A pre-registered arm's model is part of its plan: refused before any engine is asked.
+    frozen = [f"Arm {arm}: {why}" for arm in arms for why in frozen_changes(arm).values()]
+    if frozen:
+        raise PlanFrozen(frozen)
+    problems = []
+    for arm in arms:
         problem = arm.model_problem()
         if problem:
             problems.append(f"Arm {arm}: {problem}")

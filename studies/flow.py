@@ -36,6 +36,7 @@ from .models import (
     Study,
     time_out_overdue,
 )
+from .prepared import Prepared, fields_of, instances
 
 PROLIFIC_PARAMS = ("PROLIFIC_PID", "STUDY_ID", "SESSION_ID")
 PROLIFIC_COMPLETE_URL = COMPLETE_URL
@@ -419,6 +420,27 @@ def storable_text(text: str) -> str:
     return LONE_SURROGATE.sub("\ufffd", text.replace("\x00", ""))
 
 
+# A chat turn's reads, compiled once (studies/prepared.py). The lock: the participant's
+# conversation, with what of the participant changes during a chat (status, clock).
+LOCK_CHAT = Prepared(
+    lambda participant: (
+        Conversation.objects.select_for_update(of=("self",))
+        .filter(participant=participant)
+        .values_list("pk", "ended_at", "participant__status", "participant__created_at")
+    ),
+    1,
+)
+# Unordered: an ORDER BY costs Django more to compile than the sort costs Python.
+MESSAGES = Prepared(
+    lambda conversation: (
+        Message.objects.filter(conversation=conversation)
+        .order_by()
+        .values_list(*fields_of(Message))
+    ),
+    1,
+)
+
+
 @transaction.atomic
 def store_user_message(participant: Participant, client_id: str, text: str) -> Stored:
     """Store the participant's message before it is acknowledged; a resent client id is a no-op.
@@ -430,17 +452,12 @@ def store_user_message(participant: Participant, client_id: str, text: str) -> S
     the chat opened); only what changes during a chat is read again under the lock.
     """
     text = storable_text(text)
-    conversation_id, ended_at, status, created_at = (
-        Conversation.objects.select_for_update(of=("self",))
-        .filter(participant=participant.pk)
-        .values_list("pk", "ended_at", "participant__status", "participant__created_at")
-        .get()
-    )
+    locked = LOCK_CHAT.rows(participant.pk)
+    if not locked:
+        raise Conversation.DoesNotExist
+    conversation_id, ended_at, status, created_at = locked[0]
     participant.status, participant.created_at = status, created_at
-    # Sorted here: an ORDER BY costs Django more to compile than the sort costs Python.
-    messages = sorted(
-        Message.objects.filter(conversation=conversation_id).order_by(), key=lambda m: m.seq
-    )
+    messages = sorted(instances(Message, MESSAGES.rows(conversation_id)), key=lambda m: m.seq)
     existing = next((m for m in messages if m.client_id == client_id), None)
     if existing:
         replies = [

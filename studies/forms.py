@@ -5,6 +5,7 @@ from django import forms
 from agents.domains import STUDY_DOMAINS
 from agents.paths import reference_dir
 
+from .models import Study
 from .prolific import REJECTION_CATEGORIES, REJECTION_MESSAGE_MIN
 
 
@@ -32,6 +33,24 @@ class ImportPoolForm(forms.Form):
     )
     count = forms.IntegerField(min_value=1, required=False, help_text="Blank: every scenario.")
     seed = forms.IntegerField(initial=0, help_text="Which random sample of `count` scenarios.")
+
+
+# --- an analysis other than the study's own (studies/admin.py, issue 14) -------------------------
+
+
+class ExploreForm(forms.Form):
+    """Measures, comparisons, family and control of one analysis; in a pre-registered study
+    anything but the plan's is labelled exploratory."""
+
+    measures = forms.MultipleChoiceField(widget=forms.CheckboxSelectMultiple)
+    pairs = forms.ChoiceField(label="comparisons", choices=Study.Comparisons.choices)
+    family = forms.ChoiceField(label="Holm family", choices=Study.Family.choices)
+    control = forms.ChoiceField(required=False, help_text="Blank: the first arm.")
+
+    def __init__(self, *args, measures: list[str], arms: list[str], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["measures"].choices = [(m, m) for m in measures]
+        self.fields["control"].choices = [("", "-")] + [(a, a) for a in arms]
 
 
 # --- Prolific decisions and bonuses (studies/admin.py) -------------------------------------------

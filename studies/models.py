@@ -1,5 +1,7 @@
 """A study is data: arms, a scenario pool and a questionnaire, configured in the admin."""
 
+import hashlib
+import json
 import uuid
 from datetime import timedelta
 
@@ -7,6 +9,8 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models, transaction
+from django.db.models.signals import pre_save
+from django.dispatch import receiver
 from django.utils import timezone
 
 from agents.domains import STUDY_DOMAINS
@@ -108,6 +112,33 @@ class Study(models.Model):
     )
     comparisons = models.CharField(max_length=10, choices=Comparisons.choices, default="control")
     holm_family = models.CharField(max_length=10, choices=Family.choices, default="measure")
+    # --- planning and pre-registration (issue 14): frozen with the plan (Preregistration) ---
+    alpha = models.FloatField(
+        default=0.05,
+        help_text="Significance level of the confirmatory tests, before Holm's correction.",
+    )
+    target_effect = models.FloatField(
+        "target effect (Hedges' g)",
+        default=0.5,
+        help_text="The smallest effect the study is planned to detect; the power analysis "
+        "gives the participants per arm it needs.",
+    )
+    target_power = models.FloatField(
+        default=0.8, help_text="Chance of detecting the target effect at Holm's first step."
+    )
+    exclude_failed_attention = models.BooleanField(
+        default=True,
+        help_text="Leave participants who failed an attention check out of the analysis.",
+    )
+    exclude_unfinished = models.BooleanField(
+        default=True, help_text="Leave participants who did not complete out of the analysis."
+    )
+    lower_is_better = models.CharField(
+        max_length=500,
+        blank=True,
+        help_text="Measure keys, comma-separated, where a lower value is the better outcome "
+        "(after reverse coding); every other measure: higher is better.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -130,6 +161,33 @@ class Study(models.Model):
             raise ValidationError({"prolific_study_id": "Another study is linked to it."})
         if self.control_arm_id and self.pk and self.control_arm.study_id != self.pk:
             raise ValidationError({"control_arm": "The control arm must belong to this study."})
+        errors = {}
+        for name in ("alpha", "target_power"):
+            if not 0 < getattr(self, name) < 1:
+                errors[name] = "Must lie strictly between 0 and 1."
+        if not self.target_effect > 0:
+            errors["target_effect"] = "Hedges' g to detect must be above 0."
+        if self.pk and hasattr(self, "questionnaire"):
+            known = {i.key for i in self.questionnaire_items()} | {"outcome"}
+            unknown = [k for k in self.lower_better_measures() if k not in known]
+            if unknown:
+                errors["lower_is_better"] = (
+                    f"Not measures of this study: {', '.join(unknown)} "
+                    f"(measures: {', '.join(sorted(known))})."
+                )
+        errors |= frozen_changes(self)
+        if errors:
+            raise ValidationError(errors)
+
+    def lower_better_measures(self) -> tuple[str, ...]:
+        return tuple(k.strip() for k in self.lower_is_better.split(",") if k.strip())
+
+    def preregistered(self) -> "Preregistration | None":
+        """The frozen plan, or None when the study is not pre-registered."""
+        try:
+            return self.preregistration
+        except Preregistration.DoesNotExist:
+            return None
 
     def questionnaire_items(self):
         """The items participants answer, in order; none when the study has no questionnaire."""
@@ -826,3 +884,148 @@ class Bonus(models.Model):
 
     def __str__(self) -> str:
         return f"{self.participant}: {self.amount}"
+
+
+# --- pre-registration (issue 14): the frozen plan and what it freezes ------------------------------
+
+# What a freeze holds fixed, per model: the design of the study and its analysis plan. Arms'
+# endpoints and keys are left out (an engine may move host); statuses and texts too.
+FROZEN_STUDY_FIELDS = (
+    "domain",
+    "target_per_arm",
+    "control_arm",
+    "comparisons",
+    "holm_family",
+    "alpha",
+    "target_effect",
+    "target_power",
+    "exclude_failed_attention",
+    "exclude_unfinished",
+    "lower_is_better",
+)
+FROZEN_ARM_FIELDS = (
+    "name",
+    "order",
+    "model_name",
+    "system_prompt",
+    "greeting",
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "extra_params",
+    "tool_format",
+)
+FROZEN_ITEM_FIELDS = (
+    "key",
+    "order",
+    "kind",
+    "prompt",
+    "scale_points",
+    "anchor_low",
+    "anchor_high",
+    "anchor_labels",
+    "reverse_coded",
+    "min_value",
+    "max_value",
+    "expected_answer",
+)
+# Items a plan holds: the measures and the attention checks (an exclusion rule); free text is
+# neither.
+PLANNED_ITEM_KINDS = (Item.Kind.LIKERT, Item.Kind.NUMBER, Item.Kind.ATTENTION)
+
+
+def frozen_values(instance) -> dict:
+    """The frozen fields of a Study, Arm or Item as JSON values (the control arm by name)."""
+    if isinstance(instance, Study):
+        values = {name: getattr(instance, name) for name in FROZEN_STUDY_FIELDS}
+        values["control_arm"] = instance.control_arm.name if instance.control_arm_id else None
+    else:
+        names = FROZEN_ARM_FIELDS if isinstance(instance, Arm) else FROZEN_ITEM_FIELDS
+        values = {name: getattr(instance, name) for name in names}
+    return json.loads(json.dumps(values))  # as stored and read back: 7 and 7.0 compare alike
+
+
+def _study_of(instance) -> Study | None:
+    if isinstance(instance, Study):
+        return instance
+    if isinstance(instance, Arm):
+        return instance.study if instance.study_id else None
+    questionnaire = instance.questionnaire if instance.questionnaire_id else None
+    return questionnaire.study if questionnaire else None
+
+
+def frozen_changes(instance, deleting: bool = False) -> dict[str, str]:
+    """What a save (or a delete) of this Study, Arm or Item would change in its study's frozen
+    plan, by field, in words; empty when the study is not frozen or nothing frozen changes."""
+    if not isinstance(instance, Study | Arm | Item):
+        return {}  # codes, scenarios and the rest are not part of a plan
+    study = _study_of(instance)
+    if study is None or not study.pk:
+        return {}
+    plan = Preregistration.objects.filter(study_id=study.pk).first()
+    if plan is None:
+        return {}
+    why = (
+        f"the study's plan was frozen (pre-registered) on {plan.frozen_at:%Y-%m-%d %H:%M} UTC, "
+        f"sha256 {plan.sha256[:12]}"
+    )
+    if isinstance(instance, Study):
+        before = plan.plan["study"]
+    else:
+        kind = "arm" if isinstance(instance, Arm) else "item"
+        section = plan.plan["arms"] if kind == "arm" else plan.plan["items"]
+        frozen = {entry["id"]: entry for entry in section}
+        if instance.pk not in frozen:
+            # A question outside the plan (free text, or added later) is only ever analysed
+            # as exploratory; a new arm would take participants the plan does not know.
+            return {"__all__": f"Cannot add an arm: {why}."} if kind == "arm" else {}
+        if deleting:
+            name = frozen[instance.pk]["name" if kind == "arm" else "key"]
+            return {"__all__": f"Cannot delete {kind} {name!r}: {why}."}
+        before = {k: v for k, v in frozen[instance.pk].items() if k != "id"}
+    now = frozen_values(instance)
+    return {
+        name: f"{name} is frozen at {before[name]!r}: {why}."
+        for name in before
+        if name in now and now[name] != before[name]
+    }
+
+
+class PlanFrozen(ValidationError):
+    """A change the study's pre-registration does not allow."""
+
+
+@receiver(pre_save, sender=Study)
+@receiver(pre_save, sender=Arm)
+@receiver(pre_save, sender=Item)
+def refuse_frozen_changes(sender, instance, raw=False, **kwargs):
+    """Every path (admin, shell, a checkpoint attached to an arm) meets the freeze, not only
+    forms that call clean(). Deletes are refused by the admin's forms (a pre_delete refusal
+    would also forbid deleting the whole study); once participants exist, PROTECT keeps their
+    arms and answered items."""
+    if raw:  # loaddata
+        return
+    changes = frozen_changes(instance)
+    if changes:
+        raise PlanFrozen(changes)
+
+
+class Preregistration(models.Model):
+    """A study's plan, frozen before its first participant: the canonical JSON text and its
+    SHA-256 (anyone can recompute it from the export), and the plan parsed for the analysis."""
+
+    study = models.OneToOneField(Study, on_delete=models.CASCADE, related_name="preregistration")
+    plan = models.JSONField(help_text="The frozen plan (studies/preregistration.py).")
+    # The exact bytes hashed: jsonb reorders keys, so the text is kept as it was hashed.
+    canonical = models.TextField(help_text="The plan as canonical JSON, the text hashed.")
+    sha256 = models.CharField(max_length=64, help_text="SHA-256 of the canonical text.")
+    frozen_at = models.DateTimeField()
+    frozen_by = models.CharField(max_length=150, blank=True)
+
+    def __str__(self) -> str:
+        return f"plan of {self.study.slug} ({self.sha256[:12]})"
+
+    def verify(self) -> bool:
+        """True when the stored text still hashes to the stored SHA-256 and is the plan."""
+        digest = hashlib.sha256(self.canonical.encode("utf-8")).hexdigest()
+        return digest == self.sha256 and json.loads(self.canonical) == self.plan

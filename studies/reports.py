@@ -1,13 +1,13 @@
 """The Django side of the analysis: a study's participant table in, AnalysisRun out."""
 
 import traceback
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pandas as pd
 from django.db.models import Count, Q
 from django.utils import timezone
 
-from .analysis import Settings, build_report, csvfile, pay
+from .analysis import Settings, build_report, csvfile, pay, power
 from .analysis.plots import render_all
 from .analysis.report import control_named
 from .domains import get_domain
@@ -59,9 +59,23 @@ def participant_table(study: Study, include_bots: bool = False) -> pd.DataFrame:
 
 
 def analysis_settings(study: Study, table: pd.DataFrame) -> Settings:
+    """The study's settings as they stand, for the participants in the table."""
+    return study_settings(study, with_outcome=bool(table[OUTCOME].notna().any()))
+
+
+def planned_settings(study: Study) -> Settings:
+    """The settings a plan freezes: the outcome is a measure whenever the study has a task."""
+    return study_settings(study, with_outcome=get_domain(study.domain) is not None)
+
+
+# Flag levels every report shows; a study's own alpha is added when it is another.
+DEFAULT_ALPHAS = (0.05, 0.01)
+
+
+def study_settings(study: Study, with_outcome: bool) -> Settings:
     items = measures_of(study)
     measures = [item.key for item in items]
-    if table[OUTCOME].notna().any():
+    if with_outcome:
         measures.append(OUTCOME)
     scales = {item.key: item.scale_points for item in items if item.kind == Item.Kind.LIKERT}
     return Settings(
@@ -76,6 +90,56 @@ def analysis_settings(study: Study, table: pd.DataFrame) -> Settings:
         likert=tuple(item.key for item in items if item.kind == Item.Kind.LIKERT),
         ranges=own_ranges(study, items, measures),
         family=study.holm_family,
+        alphas=tuple(sorted({study.alpha, *DEFAULT_ALPHAS}, reverse=True)),
+        exclude_failed_attention=study.exclude_failed_attention,
+        exclude_unfinished=study.exclude_unfinished,
+        lower_better=tuple(m for m in study.lower_better_measures() if m in measures),
+    )
+
+
+def chosen_settings(
+    study: Study, measures: list[str], pairs: str, family: str, control: str | None
+) -> Settings:
+    """The study's settings with other measures, comparisons, family or control: what a
+    researcher asks for beside the plan (its report says exploratory in a frozen study)."""
+    base = planned_settings(study)
+    chosen = tuple(m for m in measures if m in base.measures)
+    return replace(
+        base,
+        measures=chosen,
+        pairs=pairs,
+        family=family,
+        control=control or None,
+        reverse=tuple(m for m in base.reverse if m in chosen),
+        likert=tuple(m for m in base.likert or () if m in chosen),
+        scales={m: k for m, k in (base.scales or {}).items() if m in chosen},
+        ranges={m: r for m, r in (base.ranges or {}).items() if m in chosen},
+        lower_better=tuple(m for m in base.lower_better if m in chosen),
+    )
+
+
+def study_power(study: Study) -> power.Power | None:
+    """Participants per arm the study needs for its target effect at its alpha, Holm's worst
+    case over its planned family; None when its settings cannot give one (said by clean)."""
+    settings = planned_settings(study)
+    family = power.family_size(
+        study.arms.count(), settings.pairs, settings.family, len(settings.measures)
+    )
+    try:
+        return power.n_per_arm(study.target_effect, study.alpha, family, study.target_power)
+    except power.PowerError:
+        return None
+
+
+def power_warning(study: Study) -> str:
+    """Said where the study is set up when its target per arm is below what the power needs."""
+    found = study_power(study)
+    if found is None or study.target_per_arm >= found.n_per_arm:
+        return ""
+    return (
+        f"The target of {study.target_per_arm} per arm is below the {found.n_per_arm} needed to "
+        f"detect g = {found.effect:g} with power {found.power:g} at alpha {found.alpha:g} / "
+        f"{found.family} (Holm's first step)."
     )
 
 
@@ -101,10 +165,18 @@ def compute(run: AnalysisRun) -> AnalysisRun:
     run.save(update_fields=["status", "started_at"])
     try:
         table = participant_table(run.study)
-        settings = analysis_settings(run.study, table)
+        frozen = run.study.preregistered()
+        # Settings asked for (an exploratory run), else the frozen plan's, else the study's.
+        if run.settings:
+            settings = Settings(**run.settings)
+        elif frozen is not None:
+            settings = Settings(**frozen.plan["analysis"])
+        else:
+            settings = analysis_settings(run.study, table)
         run.settings = asdict(settings)
         run.inputs = {"participants": len(table), "csv": csvfile.table_text(table)}
-        run.results = build_report(table, settings)
+        document = plan_document(frozen) if frozen is not None else None
+        run.results = build_report(table, settings, document)
         run.results["pay"] = pay_check(run.study).to_dict()
         run.figures = render_all(run.results, "svg") if not run.results["errors"] else {}
         run.status = AnalysisRun.Status.DONE
@@ -113,6 +185,19 @@ def compute(run: AnalysisRun) -> AnalysisRun:
     run.finished_at = timezone.now()
     run.save()
     return run
+
+
+def plan_document(frozen) -> dict:
+    """A Preregistration as exported: its plan, canonical text, SHA-256 and time."""
+    return {
+        "format": "parley.preregistration/1",
+        "study": frozen.study.slug,
+        "frozen_at": frozen.frozen_at.isoformat(),
+        "frozen_by": frozen.frozen_by,
+        "sha256": frozen.sha256,
+        "canonical": frozen.canonical,
+        "plan": frozen.plan,
+    }
 
 
 def target_reached(study: Study) -> bool:

@@ -53,9 +53,13 @@ def claim_run(run_id: int, take_over_running: bool = False) -> AnalysisRun | Non
     return AnalysisRun.objects.select_related("study").get(pk=run_id) if claimed else None
 
 
-def start_analysis(study: Study, trigger: str = AnalysisRun.Trigger.MANUAL) -> AnalysisRun:
-    """Create a run and hand it to the `analysis` queue once the row is committed."""
-    run = AnalysisRun.objects.create(study=study, trigger=trigger)
+def start_analysis(
+    study: Study, trigger: str = AnalysisRun.Trigger.MANUAL, settings: dict | None = None
+) -> AnalysisRun:
+    """Create a run and hand it to the `analysis` queue once the row is committed. `settings`
+    (a studies.analysis.Settings as a dict) asks for an analysis other than the study's own:
+    in a pre-registered study its report is labelled exploratory unless they are the plan's."""
+    run = AnalysisRun.objects.create(study=study, trigger=trigger, settings=settings or {})
     transaction.on_commit(lambda: send_in_background(run_analysis, run.pk))
     return run
 

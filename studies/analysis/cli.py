@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--control", help="control arm (default: the first arm in order of appearance)"
     )
     parser.add_argument(
+        "--arms", help="comma-separated arms in analysis order (default: order of appearance)"
+    )
+    parser.add_argument(
+        "--lower-better", default="", help="comma-separated measures where lower is better"
+    )
+    parser.add_argument(
         "--pairs",
         choices=PAIRS,
         default="control",
@@ -89,12 +96,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--delimiter", default=",", help="CSV field separator (default ',')")
     parser.add_argument("--figures", help="folder to write the figures to (PNG and SVG)")
     parser.add_argument("--json", action="store_true", help="print the JSON report")
+    parser.add_argument(
+        "--plan",
+        help="a study's preregistration.json: the report says whether it is the plan's "
+        "(confirmatory) analysis or an exploratory one",
+    )
 
 
 def settings_from(options: dict[str, Any]) -> Settings:
     return Settings(
         arm_column=options["arm_column"],
         measures=_names(options["measures"]),
+        arms=_names(options["arms"]) if options.get("arms") else None,
         control=options.get("control"),
         pairs=options.get("pairs", "control"),
         reverse=_names(options.get("reverse")),
@@ -109,7 +122,20 @@ def settings_from(options: dict[str, Any]) -> Settings:
         finished_column=options.get("finished_column", "finished"),
         exclude_failed_attention=not options.get("keep_failed_attention", False),
         exclude_unfinished=not options.get("keep_unfinished", False),
+        lower_better=_names(options.get("lower_better")),
     )
+
+
+def read_plan(path: str) -> dict[str, Any]:
+    """A pre-registration document as exported (plan, canonical, sha256, frozen_at)."""
+    try:
+        document = json.loads(Path(path).read_text(encoding="utf-8"))
+        missing = [k for k in ("plan", "canonical", "sha256", "frozen_at") if k not in document]
+    except (OSError, ValueError, TypeError) as exc:
+        raise TableError(f"cannot read the plan {path}: {exc}") from exc
+    if missing:
+        raise TableError(f"{path} is not a preregistration document: no {', '.join(missing)}")
+    return document
 
 
 def write_figures(report: dict[str, Any], folder: str) -> list[Path]:
@@ -135,10 +161,11 @@ def run(options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     settings = settings_from(options)
     try:
         table = read_csv(options["csv"], options.get("delimiter", ","))
+        document = read_plan(options["plan"]) if options.get("plan") else None
     except TableError as exc:
         report = empty_report(settings, [str(exc)])
     else:
-        report = build_report(table, settings)
+        report = build_report(table, settings, document)
     if options.get("figures") and not report["errors"]:
         write_figures(report, options["figures"])
     return (to_json(report) + "\n" if options.get("json") else format_report(report)), report

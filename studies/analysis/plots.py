@@ -16,6 +16,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from .plan import tag
 from .report import control_named
 
 CONTROL_COLOR = "#4d4d4d"
@@ -84,8 +85,15 @@ def means_figure(report: dict[str, Any]) -> Figure:
             label.set_horizontalalignment("right")
     for ax in axes[len(measures) :]:
         ax.set_visible(False)
-    figure.suptitle(f"Mean per arm with {level} CI", fontsize=11)
+    figure.suptitle(tagged(f"Mean per arm with {level} CI", report), fontsize=11)
     return figure
+
+
+def tagged(title: str, report: dict[str, Any]) -> str:
+    """A figure of a pre-registered study says above its title whether it is the plan's
+    (confirmatory) analysis or an exploratory one."""
+    line = tag(report)
+    return f"{line}\n{title}" if line else title
 
 
 def arm_label(arm: dict[str, Any], control: str | None) -> str:
@@ -142,7 +150,7 @@ def likert_figure(report: dict[str, Any], measure: str) -> Figure:
     title = f"{measure}: answers 1..{k} by arm"
     if entry["reverse"]:
         title += " (as given; reverse-coded in the analysis)"
-    ax.set_title(title, fontsize=10)
+    ax.set_title(tagged(title, report), fontsize=10)
     ax.legend(ncols=k, loc="upper center", bbox_to_anchor=(0.5, -0.15), fontsize=8, frameon=False)
     return figure
 

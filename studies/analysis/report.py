@@ -31,8 +31,13 @@ the plots all read it. Its keys (format ``parley.analysis/1``):
   ..., "k": count}}`` of the answers as given (before reverse coding), included participants only.
 - ``comparisons``: list of ``{measure, label, arm, reference, n_arm, n_reference, mean_arm,
   mean_reference, diff, diff_ci: [low, high], t, df, p, family, p_holm, hedges_g,
-  flags: {"0.05": bool, "0.01": bool}, stars, note}``. ``diff`` is mean(arm) -
+  flags: {"0.05": bool, "0.01": bool}, stars, favours, note}``. ``diff`` is mean(arm) -
   mean(reference), as R's ``t.test(arm, reference)``. ``flags`` test ``p_holm < alpha``.
+  ``favours`` names the arm the difference is better for (higher is better unless the
+  measure is in ``settings.lower_better``), or null when there is no difference.
+- ``preregistration``: null, or (a plan was given) ``{analysis: "confirmatory" |
+  "exploratory", differences, verified, sha256, frozen_at, plan, canonical}``
+  (``studies.analysis.plan.label``): confirmatory only when the settings are the frozen plan's.
 
 Any statistic that is not finite is null, and the entry's ``note`` says why.
 """
@@ -50,7 +55,7 @@ import pandas as pd
 import scipy
 import statsmodels
 
-from . import stats
+from . import plan, stats
 from .table import arm_labels, examples, flag_column, numeric_column
 
 FORMAT = "parley.analysis/1"
@@ -82,10 +87,11 @@ class Settings:
     finished_column: str = "finished"
     exclude_failed_attention: bool = True
     exclude_unfinished: bool = True
+    lower_better: tuple[str, ...] = ()  # measures where a lower value is the better outcome
 
     def __post_init__(self):
         # Lists from JSON or the CLI become tuples so the settings stay hashable and frozen.
-        for name in ("measures", "arms", "reverse", "likert", "alphas"):
+        for name in ("measures", "arms", "reverse", "likert", "alphas", "lower_better"):
             value = getattr(self, name)
             if isinstance(value, str):  # "helpful" means one measure, not seven letters
                 object.__setattr__(self, name, (value,))
@@ -125,7 +131,7 @@ class Settings:
                 found.append(
                     f"the range of {name} must be [low, high] with low < high, not {bounds!r}"
                 )
-        for name in ("reverse", "likert", "scales", "ranges"):
+        for name in ("reverse", "likert", "scales", "ranges", "lower_better"):
             unknown = [m for m in getattr(self, name) or () if m not in self.measures]
             if unknown:
                 found.append(f"{name} items {unknown} are not among the measures")
@@ -193,6 +199,7 @@ def empty_report(settings: Settings, errors: list[str]) -> dict[str, Any]:
         "arms": [],
         "measures": [],
         "comparisons": [],
+        "preregistration": None,
     }
 
 
@@ -391,10 +398,17 @@ def _compare(measure, arm, reference, x, y, sx, sy, settings) -> dict:
         "hedges_g": finite(stats.hedges_g(sx, sy)),
         "flags": {},
         "stars": "",
+        "favours": _favours(test.diff, arm, reference, measure in settings.lower_better),
         "note": test.note,
     }
     _nulls_note(entry, ("diff", "diff_ci", "t", "df", "p", "hedges_g"))
     return entry
+
+
+def _favours(diff: float, arm: str, reference: str, lower_better: bool) -> str | None:
+    if not math.isfinite(diff) or diff == 0:
+        return None
+    return arm if (diff > 0) != lower_better else reference
 
 
 def _adjust(comparisons: list[dict], alphas: Sequence[float]) -> None:
@@ -413,8 +427,18 @@ def _adjust(comparisons: list[dict], alphas: Sequence[float]) -> None:
             entry["stars"] = "*" * sum(entry["flags"].values())
 
 
-def build_report(table: pd.DataFrame, settings: Settings) -> dict[str, Any]:
-    """The full report (see the module docstring) of ``table`` under ``settings``."""
+def build_report(
+    table: pd.DataFrame, settings: Settings, preregistration: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The full report (see the module docstring) of ``table`` under ``settings``; with a
+    pre-registration document (plan, canonical, sha256, frozen_at) it is labelled confirmatory
+    or exploratory."""
+    report = _build(table, settings)
+    report["preregistration"] = plan.label(settings, preregistration)
+    return report
+
+
+def _build(table: pd.DataFrame, settings: Settings) -> dict[str, Any]:
     errors = settings.problems() + _table_problems(table, settings)
     notes: list[str] = []
     if list(table.columns).count(settings.arm_column) == 1:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .plan import tag
 from .report import control_named, measure_label
 
 
@@ -37,7 +38,7 @@ def with_labels(report: dict[str, Any]) -> dict[str, Any]:
     """The report with every comparison and descriptive labelled (reports stored before labels
     existed name a reverse-coded item bare)."""
     reverse = {m["name"]: m.get("reverse", False) for m in report.get("measures", [])}
-    labelled = {**report}
+    labelled = {**report, "plan_tag": tag(report)}
     labelled["comparisons"] = [
         {**c, "label": measure_label(c["measure"], reverse.get(c["measure"], False))}
         for c in report.get("comparisons", [])
@@ -74,6 +75,11 @@ def format_report(report: dict[str, Any]) -> str:
     lines: list[str] = []
     report = with_labels(report)
     settings = report["settings"]
+    if tag(report):
+        lines += [
+            tag(report),
+            *(f"  differs: {d}" for d in report["preregistration"]["differences"]),
+        ]
     if not report["errors"]:
         people = report["participants"]
         reasons = ", ".join(f"{k} {v}" for k, v in people["excluded"]["by_reason"].items())

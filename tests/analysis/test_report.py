@@ -329,9 +329,10 @@ def test_report_is_strict_json_with_the_documented_keys():
     decoded = json.loads(to_json(report))
     assert set(decoded) == {
         "format", "settings", "software", "errors", "notes",
-        "participants", "arms", "measures", "comparisons",
+        "participants", "arms", "measures", "comparisons", "preregistration",
     }  # fmt: skip
+    assert decoded["preregistration"] is None  # no plan given
     assert set(decoded["comparisons"][0]) >= {
-        "t", "df", "p", "p_holm", "diff", "diff_ci", "hedges_g", "flags", "note",
+        "t", "df", "p", "p_holm", "diff", "diff_ci", "hedges_g", "flags", "favours", "note",
     }  # fmt: skip
     assert Settings(**decoded["settings"]) == settings  # a stored run can be redone

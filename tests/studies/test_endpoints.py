@@ -183,7 +183,10 @@ def test_new_arms_default_to_the_endpoint_of_parley_engine_url(settings):
 
 @pytest.mark.django_db(transaction=True)
 def test_the_migration_moves_each_arm_s_url_and_key_onto_an_endpoint():
-    before = [("studies", "0008_prolific"), ("agents", "0002_remove_checkpoint_training_run")]
+    before = [
+        ("studies", "0009_study_plan_and_preregistration"),
+        ("agents", "0002_remove_checkpoint_training_run"),
+    ]
     executor = MigrationExecutor(connection)
     executor.migrate(before)
     old = executor.loader.project_state(before).apps
@@ -202,8 +205,8 @@ def test_the_migration_moves_each_arm_s_url_and_key_onto_an_endpoint():
         )
     try:
         executor = MigrationExecutor(connection)
-        executor.migrate([("studies", "0009_arm_endpoint")])
-        new = executor.loader.project_state([("studies", "0009_arm_endpoint")]).apps
+        executor.migrate([("studies", "0010_arm_endpoint")])
+        new = executor.loader.project_state([("studies", "0010_arm_endpoint")]).apps
         arms = new.get_model("studies", "Arm").objects.select_related("endpoint").order_by("name")
         moved = {
             arm.name: (

@@ -68,7 +68,7 @@ def endpoints_to_arms(apps, schema_editor):
 class Migration(migrations.Migration):
     dependencies = [
         ("agents", "0003_model_endpoints"),
-        ("studies", "0008_prolific"),
+        ("studies", "0009_study_plan_and_preregistration"),
     ]
 
     operations = [

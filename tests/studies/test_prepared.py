@@ -1,0 +1,76 @@
+"""Prepared reads (studies/prepared.py) give exactly what their querysets give."""
+
+import pytest
+from django.db import transaction
+
+from studies import flow
+from studies.chat import LATER_MESSAGES, LOCK_CONVERSATION
+from studies.flow import LOCK_CHAT, MESSAGES
+from studies.models import Message
+from studies.prepared import Prepared, fields_of, instances
+
+from .conftest import prolific
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def conversation(study):
+    participant, _ = flow.arrive(study, prolific())
+    flow.give_consent(participant, True)
+    conversation = participant.conversation
+    rows = [
+        dict(role=Message.Role.USER, content="Hi", client_id="c1"),
+        dict(role=Message.Role.ASSISTANT, content="", tool_calls=[{"id": "t", "x": [1, "é"]}]),
+        dict(role=Message.Role.TOOL, content='{"ok": true}', tool_call_id="t", tool_name="f"),
+        dict(role=Message.Role.ASSISTANT, content="Done", ttft_ms=12, latency_ms=40),
+    ]
+    for seq, fields in enumerate(rows, start=1):
+        Message.objects.create(conversation=conversation, seq=seq, **fields)
+    return conversation
+
+
+def test_messages_are_the_querysets_instances(conversation):
+    prepared = instances(Message, MESSAGES.rows(conversation.pk))
+    expected = list(Message.objects.filter(conversation=conversation))
+    assert sorted(prepared, key=lambda m: m.seq) == expected  # same rows (by pk)
+    for mine, theirs in zip(sorted(prepared, key=lambda m: m.seq), expected, strict=True):
+        for name in fields_of(Message):  # JSON, datetimes and nulls converted alike
+            assert getattr(mine, name) == getattr(theirs, name), name
+        assert not mine._state.adding and mine._state.db == "default"
+    assert MESSAGES.rows(conversation.pk + 1000) == []
+
+
+def test_every_value_goes_to_its_place(conversation, study):
+    for seq in range(0, 6):
+        expected = set(
+            Message.objects.filter(conversation=conversation, seq__gt=seq).values_list(
+                "seq", "reply_to_id", "pk"
+            )
+        )
+        assert set(LATER_MESSAGES.rows(conversation.pk, seq)) == expected
+    # Values given in another order than the SQL uses them.
+    between = Prepared(
+        lambda high, low: Message.objects.filter(seq__gt=low, seq__lt=high).values_list("seq"),
+        2,
+    )
+    assert sorted(between.rows(4, 1)) == [(2,), (3,)]
+    assert sorted(between.rows(5, 2)) == [(3,), (4,)]
+
+
+def test_locks_inside_a_transaction(conversation):
+    participant = conversation.participant
+    participant.refresh_from_db()
+    with transaction.atomic():
+        [(pk, ended_at, status, created_at)] = LOCK_CHAT.rows(participant.pk)
+        assert LOCK_CONVERSATION.rows(conversation.pk) == [(conversation.pk,)]
+    assert (pk, ended_at, status) == (conversation.pk, None, participant.status)
+    assert created_at == participant.created_at
+
+
+def test_bad_preparations_are_refused(db):
+    unused = Prepared(lambda pk: Message.objects.values_list("pk"), 1)
+    with pytest.raises(ValueError, match="do not appear"):
+        unused.rows(1)
+    with pytest.raises(TypeError, match="expected 2 values"):
+        LATER_MESSAGES.rows(1)
