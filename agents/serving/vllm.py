@@ -123,6 +123,44 @@ def vllm_env(runtime_lora: bool = False) -> dict[str, str]:
     return env
 
 
+def launch_vllm(
+    model_dir: Path | str,
+    port: int | None = None,
+    loras: dict[str, Path | str] | None = None,
+    python: Path | str | None = None,
+    extra_args: list[str] = (),
+    *,
+    host: str = "127.0.0.1",
+    log_path: Path | str | None = None,
+    **options,
+) -> tuple[str, subprocess.Popen]:
+    """start_vllm without the wait for health: several replicas start side by side, then
+    wait_vllm waits for each."""
+    python = check_vllm(python or vllm_python())
+    port = port or free_port(host)
+    command = build_command(
+        model_dir, port, loras, python=python, host=host, extra_args=extra_args, **options
+    )
+    process = spawn(
+        command,
+        log_path,
+        log_prefix="parley-vllm-",
+        own_group=True,
+        env=vllm_env(runtime_lora=bool(options.get("runtime_lora_rank"))),
+    )
+    url_host = f"[{host}]" if ":" in host else host
+    return f"http://{url_host}:{port}/v1", process
+
+
+def wait_vllm(base_url: str, process: subprocess.Popen, timeout: float = 900.0) -> None:
+    """Return once the server launched by launch_vllm answers /health; stop it if it cannot."""
+    try:
+        wait_healthy(process, base_url.removesuffix("/v1") + "/health", timeout, "vLLM", 1.0)
+    except BaseException:
+        stop(process, timeout=20)
+        raise
+
+
 def start_vllm(
     model_dir: Path | str,
     port: int | None = None,
@@ -142,25 +180,10 @@ def start_vllm(
     trainer's `rollout_endpoint` does). The process leads its own process group, so
     stop_engine(process) (agents.serving.process.stop) also ends vLLM's engine-core child.
     """
-    python = check_vllm(python or vllm_python())
-    port = port or free_port(host)
-    command = build_command(
-        model_dir, port, loras, python=python, host=host, extra_args=extra_args, **options
+    base_url, process = launch_vllm(
+        model_dir, port, loras, python, extra_args, host=host, log_path=log_path, **options
     )
-    process = spawn(
-        command,
-        log_path,
-        log_prefix="parley-vllm-",
-        own_group=True,
-        env=vllm_env(runtime_lora=bool(options.get("runtime_lora_rank"))),
-    )
-    url_host = f"[{host}]" if ":" in host else host
-    base_url = f"http://{url_host}:{port}/v1"
-    try:
-        wait_healthy(process, f"http://{url_host}:{port}/health", startup_timeout, "vLLM", 1.0)
-    except BaseException:
-        stop(process, timeout=20)
-        raise
+    wait_vllm(base_url, process, startup_timeout)
     return base_url, process
 
 

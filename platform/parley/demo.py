@@ -1,9 +1,14 @@
 """`make demo`: prepare, migrate, seed, start the engine, Celery (a worker for studies' queues,
 one for training, beat for the periodic tasks) and the web server.
 
+The engine is the embedded one, or vLLM with `make demo ENGINE=vllm` (`python -m parley.demo
+--engine vllm`: `manage.py serve_agents` serving the checkpoints folder, new checkpoints loaded
+while it runs).
+
 Prints the admin URL with its credentials and a participant link; Ctrl-C stops everything.
 """
 
+import argparse
 import os
 import secrets
 import signal
@@ -16,6 +21,7 @@ from django.conf import settings
 
 from agents.paths import REPO_DIR, base_model_dir, data_dir
 from agents.serving.process import StartError, port_is_free, spawn, stop, wait_healthy
+from agents.serving.replicas import ENGINES
 from parley.celery import SERVICE_QUEUES, TRAINING_QUEUES, beat_args, worker_args
 from parley.credentials import admin_password
 
@@ -55,7 +61,18 @@ def start(name: str, *args: str) -> subprocess.Popen:
     return spawn([PY, *args], log_path(name), append=True, cwd=REPO_DIR)
 
 
-def main() -> None:
+def engine_command(engine: str, checkpoints: Path) -> list[str]:
+    """The engine child's arguments: the embedded engine, or serve_agents running vLLM."""
+    where = ["--host", HOST, "--port", str(ENGINE_PORT), "--adapters", str(checkpoints)]
+    if engine == "vllm":
+        return ["manage.py", "serve_agents", "--engine", "vllm", *where]
+    return ["-m", "agents.serving.embedded", "--model", str(base_model_dir()), *where]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m parley.demo", description=__doc__)
+    parser.add_argument("--engine", choices=ENGINES, default="embedded", help="The model engine.")
+    engine = parser.parse_args(argv).engine
     for port in (WEB_PORT, ENGINE_PORT):
         if not port_is_free(HOST, port):
             sys.exit(
@@ -81,19 +98,7 @@ def main() -> None:
     checkpoints = data_dir() / "checkpoints"
     checkpoints.mkdir(parents=True, exist_ok=True)
     processes = {
-        "engine": start(
-            "engine",
-            "-m",
-            "agents.serving.embedded",
-            "--model",
-            str(base_model_dir()),
-            "--adapters",
-            str(checkpoints),
-            "--host",
-            HOST,
-            "--port",
-            str(ENGINE_PORT),
-        ),
+        "engine": start("engine", *engine_command(engine, checkpoints)),
         # analysis and bot runs never queue behind a training run: each has its own worker
         "worker": start(
             "worker",
