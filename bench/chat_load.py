@@ -171,6 +171,7 @@ def transactions() -> int:
 
 
 def load_study(slug: str, engine_url: str, turns: int):
+    from agents.models import ModelEndpoint
     from studies.models import Arm, Item, Questionnaire, Study
 
     study = Study.objects.create(
@@ -182,9 +183,10 @@ def load_study(slug: str, engine_url: str, turns: int):
         max_exchanges=max(turns, 20),
         target_per_arm=10**6,  # never reached: no analysis runs in the middle of a load run
     )
+    endpoint = ModelEndpoint.of_url(engine_url)
     for order, name in enumerate(("a", "b")):
         Arm.objects.create(
-            study=study, name=name, order=order, endpoint_url=engine_url, model_name="fake"
+            study=study, name=name, order=order, endpoint=endpoint, model_name="fake"
         )
     questionnaire = Questionnaire.objects.create(study=study)
     Item.objects.create(questionnaire=questionnaire, key="helpful", prompt="Helpful?")

@@ -4,11 +4,9 @@ import functools
 import json
 
 from django import forms
-from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.auth import get_permission_codename
-from django.core.exceptions import PermissionDenied
-from django.db import models, transaction
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import Count, Q
 from django.http import Http404, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import get_object_or_404, render
@@ -18,9 +16,9 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_http_methods, require_POST
 
-from agents.models import Checkpoint
+from agents.models import Checkpoint, ModelEndpoint
 
-from . import exports, flow, monitor, prolific, prolific_sync, readiness, reports, tasks
+from . import endpoints, exports, flow, monitor, prolific, prolific_sync, readiness, reports, tasks
 from .analysis.text import with_labels
 from .forms import BonusCSVForm, DonationMatchForm, ImportPoolForm, RejectForm
 from .models import (
@@ -37,6 +35,7 @@ from .models import (
     Scenario,
     Study,
     StudyError,
+    arm_model_check,
 )
 from .pools import PoolError, import_pool
 
@@ -72,11 +71,9 @@ def permitted(model_admin: admin.ModelAdmin, perm: str, view):
 class ArmInline(admin.StackedInline):
     model = Arm
     extra = 0
-    # Engines on a lab network are usually plain http.
-    formfield_overrides = {models.URLField: {"assume_scheme": "http"}}
     fields = [
         ("name", "order", "active"),
-        ("endpoint_url", "model_name", "api_key_env"),
+        ("endpoint", "model_name"),
         ("temperature", "top_p", "max_tokens", "tool_format"),
         "system_prompt",
         "greeting",
@@ -244,6 +241,21 @@ class StudyAdmin(admin.ModelAdmin):
         if found:
             form = type(form.__name__, (form,), {"golive_problems": found})
         return form
+
+    def save_formset(self, request, form, formset, change):
+        # PARLEY_ARM_MODEL_CHECK=warn: an arm pointed at a model no healthy replica serves is
+        # saved, and the researcher told (Arm.clean refuses it otherwise).
+        warnings = []
+        if formset.model is Arm and arm_model_check() == "warn":
+            for arm_form in formset.forms:
+                arm = arm_form.instance
+                if arm_form.has_changed() and not arm_form.cleaned_data.get("DELETE"):
+                    problem = arm.retargeted() and arm.model_problem(refresh=False)
+                    if problem:
+                        warnings.append(f"Arm {arm.name}: {problem}.")
+        super().save_formset(request, form, formset, change)
+        for warning in warnings:
+            self.message_user(request, warning, messages.WARNING)
 
     def save_related(self, request, form, formsets, change):
         super().save_related(request, form, formsets, change)
@@ -1023,8 +1035,8 @@ class AttachCheckpointForm(forms.Form):
         queryset=Arm.objects.select_related("study"),
         help_text="Each arm will ask for this checkpoint.",
     )
-    endpoint_url = forms.URLField(
-        assume_scheme="http", help_text="The engine that serves the checkpoint."
+    endpoint = forms.ModelChoiceField(
+        queryset=ModelEndpoint.objects.all(), help_text="The endpoint that serves the checkpoint."
     )
 
 
@@ -1051,19 +1063,24 @@ class StudyCheckpointAdmin(_CheckpointAdmin):
         checkpoint = queryset.get()
         form = AttachCheckpointForm(
             request.POST if "apply" in request.POST else None,
-            initial={"endpoint_url": settings.PARLEY_ENGINE_URL},
+            initial={"endpoint": ModelEndpoint.default()},
         )
         if form.is_valid():
             arms = form.cleaned_data["arms"]
-            with transaction.atomic():
-                for arm in arms:
-                    arm.model_name = checkpoint.name
-                    arm.endpoint_url = form.cleaned_data["endpoint_url"]
-                    arm.save(update_fields=["model_name", "endpoint_url"])
-            self.message_user(
-                request, f"{checkpoint} attached to {', '.join(map(str, arms))}.", messages.SUCCESS
-            )
-            return HttpResponseRedirect(reverse("admin:agents_checkpoint_changelist"))
+            try:
+                warnings = endpoints.repoint(arms, form.cleaned_data["endpoint"], checkpoint.name)
+            except ValidationError as refused:
+                for problem in refused.messages:
+                    form.add_error(None, problem)
+            else:
+                for warning in warnings:
+                    self.message_user(request, warning, messages.WARNING)
+                self.message_user(
+                    request,
+                    f"{checkpoint} attached to {', '.join(map(str, arms))}.",
+                    messages.SUCCESS,
+                )
+                return HttpResponseRedirect(reverse("admin:agents_checkpoint_changelist"))
         context = {
             **self.admin_site.each_context(request),
             "title": f"Attach {checkpoint} to arms",

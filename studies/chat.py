@@ -20,7 +20,6 @@ from django.db import transaction
 from agents.domains.base import Domain
 from agents.domains.base import Scenario as DomainScenario
 from agents.llm import LLMClient, shared_client
-from agents.paths import secret
 
 from . import flow
 from .domains import domain_of, system_prompt
@@ -55,8 +54,10 @@ def first_token_timeout() -> float:
 def arm_client(arm: Arm) -> LLMClient:
     """The worker's one long-lived client for the arm's endpoint on this event loop, shared by
     every turn and every arm on that endpoint (one connection pool, not one per turn)."""
-    api_key = secret(arm.api_key_env) if arm.api_key_env else None
-    return shared_client(arm.endpoint_url, api_key=api_key, timeout=settings.PARLEY_LLM_TIMEOUT)
+    endpoint = arm.endpoint
+    return shared_client(
+        endpoint.urls()[0], api_key=endpoint.api_key(), timeout=settings.PARLEY_LLM_TIMEOUT
+    )
 
 
 def metrics(result) -> dict:

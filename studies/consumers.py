@@ -210,7 +210,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         the participant is read whole again before the next message, so a Retry meets an arm
         the researcher has fixed meanwhile (another endpoint, another model)."""
         arm = self.participant.arm
-        detail = f"Arm {arm.name} ({arm.model_name} at {arm.endpoint_url}): {error}"
+        detail = f"Arm {arm.name} ({arm.model_name} on endpoint {arm.endpoint.name}): {error}"
         trace = "" if isinstance(error, LLMError | chat.EngineStalled) else traceback.format_exc()
         await db(problems.record)(
             self.participant.study,
@@ -242,8 +242,12 @@ class Opening:
 
 
 def load_participant(token) -> Participant | None:
+    # The arm's endpoint and its replicas come along: every turn picks a replica from them.
     return (
-        Participant.objects.select_related("study", "arm", "scenario").filter(token=token).first()
+        Participant.objects.select_related("study", "arm__endpoint", "scenario")
+        .prefetch_related("arm__endpoint__replicas")
+        .filter(token=token)
+        .first()
     )
 
 

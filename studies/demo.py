@@ -6,6 +6,7 @@ from django.conf import settings
 from django.db import transaction
 
 from agents.domains.p4g import INTENDED_DONATION
+from agents.models import ModelEndpoint
 from agents.paths import BASE_MODEL_NAME
 
 from .models import Arm, Item, Questionnaire, Study
@@ -96,14 +97,16 @@ def seed_arms(
     max_tokens: int = 96,
     temperatures: dict[str, float] | None = None,
 ) -> None:
-    """(name, model, system prompt) arms in this order; the first is the control arm."""
+    """(name, model, system prompt) arms in this order, on the endpoint serving `engine_url`
+    (made if there is none); the first is the control arm."""
+    endpoint = ModelEndpoint.of_url(engine_url)
     for order, (name, model, prompt) in enumerate(arms):
         Arm.objects.update_or_create(
             study=study,
             name=name,
             defaults=dict(
                 order=order,
-                endpoint_url=engine_url,
+                endpoint=endpoint,
                 model_name=model,
                 system_prompt=prompt,
                 temperature=(temperatures or {}).get(name, 0.7),

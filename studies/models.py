@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from agents.domains import STUDY_DOMAINS
 from agents.domains import domain_choices as registered_domains
+from agents.models import ModelEndpoint
 
 COMPLETE_URL = "https://app.prolific.com/submissions/complete?cc={code}"
 
@@ -20,8 +21,14 @@ def domain_choices() -> list[tuple[str, str]]:
     return [(Study.OPEN_CHAT, "Open chat (no task)"), *registered_domains(STUDY_DOMAINS)]
 
 
-def default_engine_url() -> str:
+def default_engine_url() -> str:  # the default of a field migration 0001 still makes
     return settings.PARLEY_ENGINE_URL
+
+
+def arm_model_check() -> str:
+    """PARLEY_ARM_MODEL_CHECK: "refuse" (default) or "warn", when an arm is pointed at a model
+    that no healthy replica of its endpoint serves."""
+    return getattr(settings, "PARLEY_ARM_MODEL_CHECK", "refuse")
 
 
 class Study(models.Model):
@@ -265,14 +272,15 @@ class Arm(models.Model):
     name = models.CharField(max_length=64)
     order = models.PositiveSmallIntegerField(default=0)
     active = models.BooleanField(default=True, help_text="Inactive arms get no new participants.")
-    endpoint_url = models.URLField(
-        default=default_engine_url, help_text="OpenAI-compatible base URL, e.g. http://host:8001/v1"
+    endpoint = models.ForeignKey(
+        ModelEndpoint,
+        on_delete=models.PROTECT,
+        related_name="arms",
+        blank=True,  # saved blank: the default endpoint (PARLEY_ENGINE_URL)
+        help_text="The model endpoint serving this arm; blank: the default (PARLEY_ENGINE_URL).",
     )
-    model_name = models.CharField(max_length=200, help_text="Base model or LoRA adapter name.")
-    api_key_env = models.CharField(
-        max_length=100,
-        blank=True,
-        help_text="Name of the environment variable holding the API key.",
+    model_name = models.CharField(
+        max_length=200, help_text="Base model or LoRA adapter name, as the endpoint lists it."
     )
     system_prompt = models.TextField(blank=True)
     greeting = models.TextField(
@@ -300,9 +308,38 @@ class Arm(models.Model):
     def __str__(self) -> str:
         return f"{self.study.slug}/{self.name}"
 
+    @classmethod
+    def from_db(cls, db, field_names, values):
+        arm = super().from_db(db, field_names, values)
+        arm._stored_target = (arm.__dict__.get("endpoint_id"), arm.__dict__.get("model_name"))
+        return arm
+
+    def save(self, *args, **kwargs):
+        if self.endpoint_id is None:
+            self.endpoint = ModelEndpoint.default()
+        super().save(*args, **kwargs)
+        self._stored_target = (self.endpoint_id, self.model_name)
+
+    def retargeted(self) -> bool:
+        """New, or pointed at another endpoint or model than the one stored."""
+        return getattr(self, "_stored_target", None) != (self.endpoint_id, self.model_name)
+
     def clean(self):
         if not isinstance(self.extra_params, dict):
             raise ValidationError({"extra_params": "Must be a JSON object."})
+        # Only an arm being pointed somewhere is checked: an unchanged arm on an endpoint that
+        # is down just now must not block saving the rest of its study (pausing it, say).
+        problem = self.model_problem() if self.retargeted() else None
+        if problem and arm_model_check() != "warn":
+            raise ValidationError({"model_name": f"Refused: {problem}."})
+
+    def model_problem(self, refresh: bool = True) -> str | None:
+        """Why no healthy replica of the arm's endpoint serves its model (None: one does);
+        `refresh`: the replicas are checked first if their stored health is stale."""
+        if not self.model_name:
+            return None  # the field's own "required" says so
+        endpoint = self.endpoint if self.endpoint_id else ModelEndpoint.default()
+        return endpoint.model_problem(self.model_name, refresh=refresh)
 
     def generation_params(self) -> dict:
         return {
@@ -589,6 +626,9 @@ class Message(models.Model):
     tool_call_id = models.CharField(max_length=100, blank=True)
     tool_name = models.CharField(max_length=100, blank=True)
     model = models.CharField(max_length=200, blank=True)
+    replica = models.CharField(
+        max_length=500, blank=True, help_text="Base URL of the replica that served this reply."
+    )
     finish_reason = models.CharField(max_length=32, blank=True)
     ttft_ms = models.PositiveIntegerField(null=True, blank=True)
     latency_ms = models.PositiveIntegerField(null=True, blank=True)

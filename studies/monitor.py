@@ -47,7 +47,7 @@ def arm_rows(study: Study, people) -> list[dict]:
     counts = {}
     for arm_id, status, n in people.values_list("arm_id", "status").annotate(n=Count("id")):
         counts.setdefault(arm_id, {})[status] = n
-    arms = list(study.arms.all())
+    arms = list(study.arms.select_related("endpoint"))
     health = cached_health([arm for arm in arms if arm.active])
     rows = []
     for arm in arms:
@@ -60,7 +60,7 @@ def arm_rows(study: Study, people) -> list[dict]:
                 "name": arm.name,
                 "active": arm.active,
                 "model": arm.model_name,
-                "endpoint": arm.endpoint_url,
+                "endpoint": arm.endpoint.name,
                 "counts": {s: mine.get(s, 0) for s in statuses},
                 "holding": holding,
                 "full": holding >= study.target_per_arm,

@@ -4,26 +4,22 @@ Setting a study Live goes through `set_live` (admin form, list action, the monit
 it refuses with the list of what is wrong, so participants never meet a study that cannot run.
 """
 
-import asyncio
 from dataclasses import asdict, dataclass
 
-from asgiref.sync import async_to_sync
 from django.core.cache import cache
 from django.db import transaction
 
-from agents.llm import LLMClient, LLMError
-from agents.paths import secret
+from agents.models import ModelEndpoint
 
 from .domains import get_domain
 from .models import Arm, Study
 
-HEALTH_TIMEOUT = 3.0  # seconds an endpoint has to list its models
 HEALTH_CACHE_SECONDS = 15  # the monitor refreshes every few seconds: endpoints are asked less
 
 
 @dataclass
 class Health:
-    """One arm's endpoint: does it answer GET /models, and does it list the arm's model?"""
+    """One arm's endpoint: is a replica up, and does a replica that is up serve the arm's model?"""
 
     ok: bool
     detail: str
@@ -35,53 +31,26 @@ class NotReady(Exception):
         self.problems = problems
 
 
-async def _endpoint_models(url: str, api_key: str | None) -> list[str] | LLMError:
-    async with LLMClient(
-        url, api_key=api_key, timeout=HEALTH_TIMEOUT, connect_timeout=HEALTH_TIMEOUT, max_retries=0
-    ) as client:
-        try:
-            return await asyncio.wait_for(client.list_models(), HEALTH_TIMEOUT + 1)
-        except TimeoutError:
-            return LLMError(f"{url} did not answer within {HEALTH_TIMEOUT:g} s")
-        except LLMError as error:
-            return error
-
-
-async def _check_all(endpoints: list[tuple[str, str | None]]) -> list:
-    return await asyncio.gather(*(_endpoint_models(url, key) for url, key in endpoints))
-
-
-def _key_of(arm: Arm) -> str | None:
-    return secret(arm.api_key_env) if arm.api_key_env else None
-
-
 def check_arms(arms: list[Arm]) -> dict[int, Health]:
-    """Each arm's health, asked now: one GET /models per distinct endpoint, all at once."""
-    health, endpoints = {}, []
+    """Each arm's health, asked now: every replica of the arms' endpoints is probed (once per
+    endpoint) and what it answered is stored in the registry."""
+    endpoints = {}
     for arm in arms:
-        if arm.api_key_env and _key_of(arm) is None:
-            health[arm.pk] = Health(False, f"the environment variable {arm.api_key_env} is unset")
-        elif (arm.endpoint_url, _key_of(arm)) not in endpoints:
-            endpoints.append((arm.endpoint_url, _key_of(arm)))
-    answers = dict(zip(endpoints, async_to_sync(_check_all)(endpoints), strict=True))
+        endpoints.setdefault(arm.endpoint_id, None)
+    for endpoint in ModelEndpoint.objects.prefetch_related("replicas").filter(pk__in=endpoints):
+        endpoints[endpoint.pk] = endpoint.refresh_health()
+    health = {}
     for arm in arms:
-        if arm.pk in health:
-            continue
-        models = answers[(arm.endpoint_url, _key_of(arm))]
-        if isinstance(models, LLMError):
-            health[arm.pk] = Health(False, f"{arm.endpoint_url} does not answer: {models}")
-        elif arm.model_name not in models:
-            served = ", ".join(models) or "none"
-            health[arm.pk] = Health(
-                False, f"{arm.endpoint_url} does not serve {arm.model_name} (it serves: {served})"
-            )
-        else:
-            health[arm.pk] = Health(True, f"{arm.endpoint_url} serves {arm.model_name}")
+        endpoint = endpoints[arm.endpoint_id]
+        problem = endpoint.model_problem(arm.model_name, refresh=False)
+        health[arm.pk] = Health(
+            problem is None, problem or f"endpoint {endpoint.name} serves {arm.model_name}"
+        )
     return health
 
 
 def _cache_key(arm: Arm) -> str:
-    return f"studies.health:{arm.endpoint_url}|{arm.model_name}|{arm.api_key_env}"
+    return f"studies.health:{arm.endpoint_id}|{arm.model_name}"
 
 
 def fresh_health(arms: list[Arm]) -> dict[int, Health]:

@@ -48,9 +48,13 @@ class ScriptedServer(ThreadedServer):
             routes=[
                 Route("/v1/chat/completions", self.complete, methods=["POST"]),
                 Route("/v1/models", self.list_models, methods=["GET"]),
+                Route("/health", self.health, methods=["GET"]),
             ]
         )
         self.server = uvicorn.Server(uvicorn.Config(app, port=self.port, log_level="warning"))
+
+    async def health(self, request: Request):
+        return JSONResponse({"status": "ok"})
 
     async def list_models(self, request: Request):
         self.model_lists += 1

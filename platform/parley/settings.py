@@ -259,6 +259,23 @@ PARLEY_ENGINE_URL = os.environ.get(
     "PARLEY_ENGINE_URL", f"http://{PARLEY_HOST}:{PARLEY_ENGINE_PORT}/v1"
 )
 PARLEY_LLM_TIMEOUT = float(os.environ.get("PARLEY_LLM_TIMEOUT", "120"))
+# Model endpoints (agents/models.py): how often beat probes every replica's /health and /v1/models
+PARLEY_ENDPOINT_CHECK_INTERVAL = float(os.environ.get("PARLEY_ENDPOINT_CHECK_INTERVAL") or "30")
+if not PARLEY_ENDPOINT_CHECK_INTERVAL > 0:
+    raise ImproperlyConfigured(
+        "PARLEY_ENDPOINT_CHECK_INTERVAL must be a number of seconds above 0."
+    )
+CELERY_BEAT_SCHEDULE["check-model-endpoints"] = {
+    "task": "agents.tasks.check_endpoints",
+    "schedule": PARLEY_ENDPOINT_CHECK_INTERVAL,
+    "options": {"expires": PARLEY_ENDPOINT_CHECK_INTERVAL},  # a late check is superseded
+}
+# An arm pointed at a model no healthy replica serves: "refuse" the save, or only "warn".
+PARLEY_ARM_MODEL_CHECK = os.environ.get("PARLEY_ARM_MODEL_CHECK", "").strip() or "refuse"
+if PARLEY_ARM_MODEL_CHECK not in ("refuse", "warn"):
+    raise ImproperlyConfigured(
+        f"PARLEY_ARM_MODEL_CHECK must be refuse or warn (got {PARLEY_ARM_MODEL_CHECK!r})."
+    )
 
 
 # --- the chat's guards (studies/consumers.py, chat.py, ratelimit.py, middleware.py) ------------

@@ -10,7 +10,7 @@ import pytest
 from django.urls import reverse
 
 from agents.llm import LLMClient
-from agents.models import adapters_dir
+from agents.models import ModelEndpoint, adapters_dir
 from agents.serving.launch import start_engine, stop_engine
 from studies.models import Arm
 from tests.studies.conftest import make_study
@@ -100,24 +100,23 @@ def test_run_trains_registers_attaches_and_serves(
             and json.loads((link / "manifest.json").read_text())["name"] == checkpoint.name
         )
 
-        study = make_study(slug="trained")
-        arm = study.arms.get(name="b")
-        response = admin_client.post(
-            reverse("admin:agents_checkpoint_changelist"),
-            {
-                "action": "attach_to_arm",
-                "_selected_action": [checkpoint.pk],
-                "apply": "1",
-                "arms": [arm.pk],
-                "endpoint_url": "http://127.0.0.1:8001/v1",
-            },
-        )
-        assert response.status_code == 302
-        arm = Arm.objects.get(pk=arm.pk)
-        assert arm.model_name == checkpoint.name
-
         url, process = start_engine(base_model, adapters=adapters_dir())
         try:
+            study = make_study(slug="trained")
+            arm = study.arms.get(name="b")
+            response = admin_client.post(
+                reverse("admin:agents_checkpoint_changelist"),
+                {
+                    "action": "attach_to_arm",
+                    "_selected_action": [checkpoint.pk],
+                    "apply": "1",
+                    "arms": [arm.pk],
+                    "endpoint": ModelEndpoint.of_url(url).pk,
+                },
+            )
+            assert response.status_code == 302  # the engine lists the checkpoint: not refused
+            arm = Arm.objects.get(pk=arm.pk)
+            assert arm.model_name == checkpoint.name and arm.endpoint.urls() == [url]
             reply = asyncio.run(ask(url, checkpoint.name))
         finally:
             stop_engine(process)

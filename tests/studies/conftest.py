@@ -3,6 +3,7 @@ import shutil
 
 import pytest
 
+from agents.models import ModelEndpoint
 from studies.models import Arm, Item, Questionnaire, Study
 from tests.conftest import IN_CI, need
 
@@ -18,12 +19,13 @@ def make_study(slug="s1", arms=("a", "b"), engine="http://127.0.0.1:9/v1", **fie
         max_exchanges=5,
     )
     study = Study.objects.create(slug=slug, **{**defaults, **fields})
+    endpoint = ModelEndpoint.of_url(engine)
     for order, name in enumerate(arms):
         Arm.objects.create(
             study=study,
             name=name,
             order=order,
-            endpoint_url=engine,
+            endpoint=endpoint,
             model_name="SmolLM2-135M-Instruct",
             temperature=0,
             max_tokens=6,

@@ -44,7 +44,7 @@ def test_study_pages_render_with_inlines(admin_client, finished):
     page = admin_client.get(
         reverse("admin:studies_study_change", args=[finished.pk])
     ).content.decode()
-    assert "arms-0-endpoint_url" in page and "scenarios-TOTAL_FORMS" in page
+    assert "arms-0-endpoint" in page and "scenarios-TOTAL_FORMS" in page
     assert "/s/s1/?PROLIFIC_PID=" in page
     assert "a: 1 / 1" in page  # completed / active in arm a
     analyse = reverse("admin:studies_study_analyse", args=[finished.pk])

@@ -10,7 +10,7 @@ from django.contrib import admin
 from django.contrib.auth.models import Permission, User
 from django.urls import get_resolver, reverse
 
-from agents.models import Checkpoint
+from agents.models import Checkpoint, ModelEndpoint
 from studies import reports
 from studies.models import (
     AnalysisRun,
@@ -118,7 +118,7 @@ def state():
         list(Study.objects.values_list("pk", "status")),
         list(Participant.objects.values_list("pk", "status")),
         list(TrainingRun.objects.values_list("pk", "status")),
-        list(Arm.objects.values_list("pk", "model_name", "endpoint_url")),
+        list(Arm.objects.values_list("pk", "model_name", "endpoint")),
         Checkpoint.objects.count(),
         Review.objects.count(),
         list(BonusPayment.objects.values_list("pk", "state")),
@@ -208,9 +208,11 @@ def test_change_permission_acts(client, data):
     assert TrainingRun.objects.get().status == TrainingRun.Status.CANCELLED
 
 
-def test_attaching_a_checkpoint_needs_the_permission_to_change_arms(client, data):
+def test_attaching_a_checkpoint_needs_the_permission_to_change_arms(client, data, settings):
+    settings.PARLEY_ARM_MODEL_CHECK = "warn"  # no engine here: this is about permissions
     arms = list(Arm.objects.values_list("pk", flat=True))
-    form = {"arms": arms, "endpoint_url": "http://127.0.0.1:9/v1", "apply": "1"}
+    dead = ModelEndpoint.of_url("http://127.0.0.1:9/v1")
+    form = {"arms": arms, "endpoint": dead.pk, "apply": "1"}
     client.force_login(staff("checkpoints", "view_checkpoint", "change_checkpoint"))
     before = state()
     run_action(client, Checkpoint, "attach_to_arm", **form)

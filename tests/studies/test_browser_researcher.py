@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from agents.models import ModelEndpoint
 from studies.models import Item, Participant, Questionnaire, Study
 from tests.conftest import REPO, child_env, need
 from tests.scripted_server import ScriptedServer
@@ -80,6 +81,7 @@ def test_researcher_creates_a_study_rehearses_it_with_bots_and_reads_them(
     get_user_model().objects.create_superuser("researcher", "r@example.org", "pw")
     web = worker
     with ScriptedServer([{"content": "Glad to help."}] * 20) as engine:
+        endpoint = ModelEndpoint.of_url(engine.url)  # registered; the arms choose it by name
         page = browser.new_page()
         page.goto(f"{web}/admin/login/?next=/admin/")
         page.fill("#id_username", "researcher")
@@ -105,7 +107,7 @@ def test_researcher_creates_a_study_rehearses_it_with_bots_and_reads_them(
             page.click("#arms-group .add-row a")
             page.fill(f"#id_arms-{i}-name", name)
             page.fill(f"#id_arms-{i}-order", str(i))
-            page.fill(f"#id_arms-{i}-endpoint_url", engine.url)
+            page.select_option(f"#id_arms-{i}-endpoint", label=endpoint.name)
             page.fill(f"#id_arms-{i}-model_name", "SmolLM2-135M-Instruct")
         page.click("input[name=_save]")
         page.wait_for_selector(".messagelist .success, .errornote")

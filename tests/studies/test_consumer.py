@@ -5,6 +5,7 @@ from channels.db import database_sync_to_async
 from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
 
+from agents.models import ModelEndpoint
 from studies import flow
 from studies.models import Arm, Message, Participant, StudyError
 from studies.routing import websocket_urlpatterns
@@ -129,9 +130,11 @@ async def test_unanswered_message_is_answered_on_reconnect(engine_url):
 async def test_engine_down_keeps_the_message_and_retry_answers_it(engine_url):
     participant = await chatting_participant(engine_url, pid="p5")
     dead = f"http://127.0.0.1:{free_port()}/v1"
-    await database_sync_to_async(Arm.objects.filter(pk=participant.arm_id).update)(
-        endpoint_url=dead
-    )
+    await database_sync_to_async(
+        lambda: Arm.objects.filter(pk=participant.arm_id).update(
+            endpoint=ModelEndpoint.of_url(dead)
+        )
+    )()
     chat = await connect(participant)
     await chat.receive_json_from()
     await chat.send_json_to({"type": "message", "id": "r1", "text": "Hello?"})
@@ -146,9 +149,11 @@ async def test_engine_down_keeps_the_message_and_retry_answers_it(engine_url):
     assert len(problems) == 1 and problems[0]["title"] == "The agent could not answer"
     assert dead in problems[0]["detail"] and "Could not connect" in problems[0]["detail"]
 
-    await database_sync_to_async(Arm.objects.filter(pk=participant.arm_id).update)(
-        endpoint_url=engine_url
-    )
+    await database_sync_to_async(
+        lambda: Arm.objects.filter(pk=participant.arm_id).update(
+            endpoint=ModelEndpoint.of_url(engine_url)
+        )
+    )()
     await receive_until(chat, "status")
     await chat.send_json_to({"type": "message", "id": "r1", "text": "Hello?"})
     assert (await chat.receive_json_from(timeout=30))["duplicate"] is True

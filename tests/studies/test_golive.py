@@ -6,6 +6,7 @@ import pytest
 from django.core.cache import cache
 from django.urls import reverse
 
+from agents.models import ModelEndpoint
 from studies import flow, readiness
 from studies.models import Arm, Item, Participant, Questionnaire, Study, StudyError
 from studies.pools import import_pool
@@ -77,19 +78,18 @@ def test_an_empty_questionnaire_is_refused(engine):
 def test_each_arm_needs_an_endpoint_that_serves_its_model(engine, monkeypatch):
     study = ready_study(engine)
     Arm.objects.filter(study=study, name="a").update(model_name="missing-adapter")
-    Arm.objects.filter(study=study, name="b").update(endpoint_url=UNREACHABLE)
+    Arm.objects.filter(study=study, name="b").update(endpoint=ModelEndpoint.of_url(UNREACHABLE))
     found = readiness.problems(study)
     assert len(found) == 2, found
     assert "Arm a" in found[0] and "missing-adapter" in found[0] and "served-model" in found[0]
-    assert "Arm b" in found[1] and "does not answer" in found[1]
+    assert "Arm b" in found[1] and "no replica" in found[1] and UNREACHABLE in found[1]
     # An inactive arm takes nobody: it is not checked.
     Arm.objects.filter(study=study, name="b").update(active=False)
     assert len(readiness.problems(study)) == 1
     # A key named but unset in the environment is a problem too.
     monkeypatch.delenv("PARLEY_TEST_KEY", raising=False)
-    Arm.objects.filter(study=study, name="a").update(
-        model_name="served-model", api_key_env="PARLEY_TEST_KEY"
-    )
+    Arm.objects.filter(study=study, name="a").update(model_name="served-model")
+    ModelEndpoint.objects.filter(arms__name="a").update(api_key_env="PARLEY_TEST_KEY")
     assert "PARLEY_TEST_KEY" in readiness.problems(study)[0]
 
 
@@ -135,11 +135,19 @@ def test_the_change_form_refuses_live_with_the_list_and_saves_nothing(admin_clie
     study = ready_study(engine, domain="retail")  # no scenario yet
     url = reverse("admin:studies_study_change", args=[study.pk])
     data = change_form_data(admin_client, url)
-    data.update(status="live", title="Renamed", **{"arms-0-model_name": "missing-adapter"})
+    data.update(status="live", title="Renamed", **{"arms-1-model_name": "other-served"})
+    engine.models.append("other-served")
     response = admin_client.post(url, data)
     assert response.status_code == 200  # the form again, not a redirect
     text = response.content.decode()
-    assert "Cannot go live" in text and "scenario" in text and "missing-adapter" in text
+    assert "Cannot go live" in text and "scenario" in text
+    study.refresh_from_db()
+    assert study.arms.get(name="b").model_name == "served-model"  # the inline rolled back too
+    # An arm pointed at a model the endpoint does not serve is refused on its own, with the
+    # names it does serve (the arms' own check, before any go-live check).
+    data.update(**{"arms-0-model_name": "missing-adapter"})
+    text = admin_client.post(url, data).content.decode()
+    assert "Refused" in text and "missing-adapter" in text and "other-served" in text
     study.refresh_from_db()
     assert study.status == Study.Status.DRAFT and study.title == "Test study"
     assert study.arms.get(name="a").model_name == "served-model"  # the inline rolled back too

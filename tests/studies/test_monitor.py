@@ -9,6 +9,7 @@ from django.core.cache import cache
 from django.urls import reverse
 from django.utils import timezone
 
+from agents.models import ModelEndpoint
 from studies import flow, monitor
 from studies.models import Arm, Participant, Study, StudyError
 from tests.scripted_server import ScriptedServer
@@ -33,7 +34,9 @@ def engine():
 def running(engine):
     """Arm a on a healthy endpoint, arm b on one that does not answer; people at every stage."""
     study = make_study(engine=engine.url)
-    Arm.objects.filter(study=study, name="b").update(endpoint_url="http://127.0.0.1:9/v1")
+    Arm.objects.filter(study=study, name="b").update(
+        endpoint=ModelEndpoint.of_url("http://127.0.0.1:9/v1")
+    )
     people = {}
     for pid in ("done", "chatting", "reading"):
         p, _ = flow.arrive(study, prolific(pid=pid, session_id=pid))
@@ -70,7 +73,7 @@ def test_the_snapshot_counts_times_health_and_errors(running):
     assert a["counts"]["consent"] == 1 and a["holding"] == 3
     assert sum(b["counts"].values()) == 0  # the preview is counted apart
     assert data["others"] == {"bots": 0, "previews": 1}
-    assert a["healthy"] is True and b["healthy"] is False and "does not answer" in b["health"]
+    assert a["healthy"] is True and b["healthy"] is False and "no replica" in b["health"]
     assert data["stages"]["consent"] == 60 and data["stages"]["chat"] == 300
     assert data["stages"]["questionnaire"] == 60 and data["stages"]["total"] == 390
     [active] = data["active"]
