@@ -3,7 +3,8 @@
 The embedded engine serves a checkpoint as soon as Checkpoint.register links it into its
 adapters folder (it rescans on every request). vLLM serves the adapters named at its start
 (serve_agents names every arm's), and takes more while it runs through /v1/load_lora_adapter
-(VLLM_ALLOW_RUNTIME_LORA_UPDATING, which serve_agents sets): `load_adapter` asks every replica.
+(VLLM_ALLOW_RUNTIME_LORA_UPDATING, which serve_agents sets): `load_checkpoint` asks every
+replica, and the admin's "Attach to study arm(s)" calls it before it points the arms.
 """
 
 import asyncio
@@ -13,10 +14,12 @@ from asgiref.sync import async_to_sync
 
 from agents.llm import LLMClient
 from agents.llm.errors import LLMError
-from agents.models import Checkpoint, adapters_dir
+from agents.models import Checkpoint, ModelEndpoint, adapters_dir
 from agents.serving.adapters import find_adapters
 
 from .models import Study
+
+LOAD_TIMEOUT = 120.0  # seconds: vLLM reads the adapter and warms it up before it answers
 
 
 class UnknownAdapter(ValueError):
@@ -53,23 +56,26 @@ def study_adapters(study: Study, base_name: str) -> dict[str, Path]:
     return adapters
 
 
-def load_adapter(urls: list[str], name: str, path: Path | str, api_key: str | None = None):
-    """Serve the adapter folder `path` as `name` on every vLLM replica from now on (replacing
-    what was served under that name). Returns {url: error message} for replicas that refused
-    or did not answer; the others serve it."""
+def load_checkpoint(endpoint: ModelEndpoint, checkpoint: Checkpoint) -> list[str]:
+    """Have every replica of a vLLM endpoint serve `checkpoint` under its name from now on
+    (replacing what was served under that name), as the embedded engine does by itself.
+    Returns the problems, one per replica that refused or did not answer (the others serve
+    it); nothing to do for other kinds of endpoint."""
+    if endpoint.kind != ModelEndpoint.Kind.VLLM:
+        return []
+    urls, path = endpoint.urls(), str(Path(checkpoint.path).resolve())
 
     async def load(url):
-        async with LLMClient(url, api_key=api_key, timeout=120) as client:
-            await client.load_lora_adapter(name, str(Path(path).resolve()), replace=True)
+        async with LLMClient(url, api_key=endpoint.api_key(), timeout=LOAD_TIMEOUT) as client:
+            await client.load_lora_adapter(checkpoint.name, path, replace=True)
 
-    async def load_all():
+    async def load_everywhere():
         return await asyncio.gather(*(load(url) for url in urls), return_exceptions=True)
 
-    outcomes = async_to_sync(load_all)()
-    failed = {}
-    for url, outcome in zip(urls, outcomes, strict=True):
+    problems = []
+    for url, outcome in zip(urls, async_to_sync(load_everywhere)(), strict=True):
         if isinstance(outcome, LLMError):
-            failed[url] = str(outcome)
+            problems.append(f"{url} could not load {checkpoint.name}: {outcome}")
         elif isinstance(outcome, BaseException):
             raise outcome
-    return failed
+    return problems

@@ -18,7 +18,18 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from agents.models import Checkpoint, ModelEndpoint
 
-from . import endpoints, exports, flow, monitor, prolific, prolific_sync, readiness, reports, tasks
+from . import (
+    adapters,
+    endpoints,
+    exports,
+    flow,
+    monitor,
+    prolific,
+    prolific_sync,
+    readiness,
+    reports,
+    tasks,
+)
 from .analysis.text import with_labels
 from .forms import BonusCSVForm, DonationMatchForm, ImportPoolForm, RejectForm
 from .models import (
@@ -1066,9 +1077,13 @@ class StudyCheckpointAdmin(_CheckpointAdmin):
             initial={"endpoint": ModelEndpoint.default()},
         )
         if form.is_valid():
-            arms = form.cleaned_data["arms"]
+            arms, endpoint = form.cleaned_data["arms"], form.cleaned_data["endpoint"]
+            # vLLM serves a new checkpoint once asked (the embedded engine finds it by itself);
+            # first, so that the check of the arms' model sees it served
+            for problem in adapters.load_checkpoint(endpoint, checkpoint):
+                self.message_user(request, problem, messages.WARNING)
             try:
-                warnings = endpoints.repoint(arms, form.cleaned_data["endpoint"], checkpoint.name)
+                warnings = endpoints.repoint(arms, endpoint, checkpoint.name)
             except ValidationError as refused:
                 for problem in refused.messages:
                     form.add_error(None, problem)

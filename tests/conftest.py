@@ -278,12 +278,11 @@ class ServeAgents:
     def log(self) -> str:
         return "".join(self.output)[-4000:]
 
-    def interrupt(self, timeout: float = 60) -> int:
-        """Ctrl-C, as a terminal sends it; its exit code (killed if it does not stop)."""
-        import signal
-
+    def interrupt(self, timeout: float = 60, sig: int = 2) -> int:
+        """Ctrl-C (SIGINT, 2), as a terminal sends it, or `sig`; the exit code (killed if it
+        does not stop within `timeout`)."""
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
+            self.process.send_signal(sig)
         try:
             return self.process.wait(timeout)
         except subprocess.TimeoutExpired:

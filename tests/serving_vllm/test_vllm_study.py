@@ -20,11 +20,11 @@ import pytest
 from channels.db import database_sync_to_async
 from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
-from studies.endpoints import point_arms, register_endpoint
 
 from agents.domains import DOMAINS
-from agents.models import Checkpoint
+from agents.models import Checkpoint, ModelEndpoint
 from studies import flow
+from studies.endpoints import point_arms, register_endpoint
 from studies.models import Arm, Message
 from studies.routing import websocket_urlpatterns
 from tests.conftest import ServeAgents, child_env, free_port, group_alive
@@ -106,10 +106,8 @@ def served_models(url: str) -> set[str]:
 def test_the_arms_point_at_the_new_endpoint_and_a_new_checkpoint_loads_live(
     served, trained, admin_client
 ):
-    from studies.endpoints import ModelEndpoint
-
     endpoint = ModelEndpoint.objects.get(name=SLUG)
-    assert endpoint.kind == "vllm" and list(endpoint.urls) == list(served.replicas)
+    assert endpoint.kind == "vllm" and endpoint.urls() == list(served.replicas)
     arms = {arm.name: arm for arm in Arm.objects.filter(study__slug=SLUG)}
     assert {arm.endpoint_id for arm in arms.values()} == {endpoint.pk}
     step1, step2 = trained

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from django.core.management import CommandError, call_command
 
-from agents.models import Checkpoint
+from agents.models import Checkpoint, ModelEndpoint
 from agents.serving.process import free_port, port_is_free
 from studies.models import Arm
 from tests.conftest import CHECKPOINT_NAME, ServeAgents, child_env, group_alive
@@ -46,17 +46,14 @@ def test_serves_the_study_on_two_replicas_and_stops_them_all(base_model, checkpo
             served = {card["id"] for card in httpx.get(f"{url}/models").json()["data"]}
             assert {"SmolLM2-135M-Instruct", CHECKPOINT_NAME} <= served
 
-        from studies.endpoints import ModelEndpoint
-
         endpoint = ModelEndpoint.objects.get(name="served")
-        assert endpoint.kind == "embedded" and list(endpoint.urls) == urls
+        assert endpoint.kind == "embedded" and endpoint.urls() == urls
         arms = Arm.objects.filter(study=study)
         assert {arm.endpoint_id for arm in arms} == {endpoint.pk}
         assert {arm.model_name for arm in arms} == {CHECKPOINT_NAME, "SmolLM2-135M-Instruct"}
     finally:
         # SIGTERM, as `make demo` stops its engine (Ctrl-C is the vLLM test's)
-        command.process.send_signal(signal.SIGTERM)
-        code = command.interrupt()
+        code = command.interrupt(sig=signal.SIGTERM)
     assert code == 0, command.log()
     assert not [url for url, pid in command.replicas.items() if group_alive(pid)]
 

@@ -14,9 +14,11 @@ import sys
 import time
 from pathlib import Path
 
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
+from agents.models import ModelEndpoint, adapters_dir
 from agents.paths import base_model_dir, data_dir
 from agents.serving.process import StartError
 from agents.serving.replicas import ENGINES, RUNTIME_LORA_RANK, start_replicas, stop_replicas
@@ -43,9 +45,11 @@ class Command(BaseCommand):
         parser.add_argument("--host", default="127.0.0.1", help="The address servers listen on.")
         parser.add_argument("--model", type=Path, help="Base model folder (default: SmolLM2's).")
         parser.add_argument(
-            "--name", help="The endpoint's name in the registry (default: the study's slug, "
-            "else ENGINE-local)."
-        )  # fmt: skip
+            "--name",
+            help="The endpoint's name in the registry (default: the study's slug; without a "
+            "study, the endpoint that already lists the first replica's URL, as `make demo`'s "
+            "`default` does, else one named after that URL).",
+        )
         parser.add_argument(
             "--max-lora-rank",
             type=int,
@@ -77,11 +81,11 @@ class Command(BaseCommand):
             loras = study_adapters(study, model_dir.name) if study else {}
         except UnknownAdapter as error:
             raise CommandError(str(error)) from error
-        name = options["name"] or (study.slug if study else f"{engine}-local")
         # the embedded engine also serves checkpoints registered later from its adapters folder
-        from agents.models import adapters_dir
-
-        root = options["adapters"] or (adapters_dir() if engine == "embedded" else None)
+        root = options["adapters"]
+        if root is None and engine == "embedded":
+            root = adapters_dir()
+            root.mkdir(parents=True, exist_ok=True)
         engine_options = {"max_model_len": options["max_model_len"]} if engine == "vllm" else {}
 
         # SIGTERM (a supervisor, `make demo`) stops the servers as Ctrl-C does
@@ -110,20 +114,31 @@ class Command(BaseCommand):
         except KeyboardInterrupt:
             return  # start_replicas stopped what it had started
         try:
+            urls = [replica.url for replica in replicas]
             with transaction.atomic():
-                endpoint = register_endpoint(name, engine, [r.url for r in replicas])
+                # the endpoint that lists the first URL, or one named after it (`default` for
+                # PARLEY_ENGINE_URL, where `make demo`'s arms point)
+                name = options["name"] or (
+                    study.slug if study else ModelEndpoint.of_url(urls[0], engine).name
+                )
+                endpoint = register_endpoint(name, engine, urls)
                 if study is not None:
                     point_arms(study, endpoint, None)
-            check_endpoint(endpoint)
+            check_endpoint(endpoint)  # its health as of now, in the admin's list
             for number, replica in enumerate(replicas, 1):
                 self.stdout.write(f"replica {number}: {replica.url} pid {replica.process.pid}")
             arms = ", ".join(study.arms.values_list("name", flat=True)) if study else "none"
             self.stdout.write(f"ready: endpoint {name} ({engine}); arms pointed here: {arms}")
             self.stdout.flush()
             self.watch(replicas)
+        except ValidationError as refused:  # an arm's model is not served after all
+            raise CommandError("; ".join(refused.messages)) from refused
         except KeyboardInterrupt:
             pass
         finally:  # whatever happens, no server is left behind
+            # a second Ctrl-C must not cut the stopping short
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
             self.stdout.write("Stopping the replicas...")
             stop_replicas(replicas)
             self.stdout.write("Stopped.")
