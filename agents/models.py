@@ -128,6 +128,18 @@ class ModelEndpoint(models.Model):
     def urls(self) -> list[str]:
         return [replica.url for replica in self.replica_list()]
 
+    def routing(self) -> tuple[tuple[str, ...], frozenset[str]]:
+        """(the replica URLs, those the last check found down), worked out once per loaded
+        endpoint: a chat turn asks for them every time (agents.llm.replicas picks from them)."""
+        routing = self.__dict__.get("_routing")
+        if routing is None:
+            replicas = self.replica_list()
+            routing = self.__dict__["_routing"] = (
+                tuple(r.url for r in replicas),
+                frozenset(r.url for r in replicas if r.status == Replica.Status.DOWN),
+            )
+        return routing
+
     def health(self) -> str:
         statuses = [replica.status for replica in self.replica_list()]
         up = statuses.count(Replica.Status.UP)
@@ -183,6 +195,7 @@ class ModelEndpoint(models.Model):
         with transaction.atomic():
             for replica, probe in zip(replicas, probes, strict=True):
                 replica.record(probe, now)
+        self.__dict__.pop("_routing", None)
         return self
 
     @classmethod

@@ -54,16 +54,16 @@ def first_token_timeout() -> float:
 def arm_client(arm: Arm) -> LLMClient:
     """The worker's one long-lived client for the arm's endpoint on this event loop, shared by
     every turn and every arm on that endpoint (one connection pool, not one per turn)."""
-    endpoint = arm.endpoint
-    return shared_client(
-        endpoint.urls()[0], api_key=endpoint.api_key(), timeout=settings.PARLEY_LLM_TIMEOUT
-    )
+    urls, _ = arm.endpoint.routing()
+    return shared_client(urls, api_key=arm.endpoint.api_key(), timeout=settings.PARLEY_LLM_TIMEOUT)
 
 
 def metrics(result) -> dict:
+    """The one place a stored agent message gets its serving record from the client's result."""
     usage = result.usage or {}
     return {
         "model": result.model or "",
+        "replica": result.replica,
         "finish_reason": result.finish_reason or "",
         "ttft_ms": round(result.ttft * 1000) if result.ttft is not None else None,
         "latency_ms": round(result.latency * 1000),
@@ -87,6 +87,8 @@ async def agent_turn(
     params = participant.arm.generation_params()
     reply_to = user_message.client_id
     client = arm_client(participant.arm)
+    # The conversation keeps to its own replica; those the last health check found down go last.
+    conversation, (_, down) = str(participant.token), participant.arm.endpoint.routing()
     # Replies of an earlier, broken turn count as this turn's; any other is another window's.
     mine = [m.pk for m in messages if m.reply_to_id == user_message.pk]
     while True:
@@ -101,6 +103,8 @@ async def agent_turn(
             chat,
             tools=offer_tools,
             tool_format=participant.arm.tool_format,
+            conversation=conversation,
+            avoid=down,
             **params,
         ) as stream:
             await relay(stream, send, reply_to)

@@ -83,10 +83,13 @@ class ScriptedServer(ThreadedServer):
                     "choices": [choice],
                 }
             )
-        return StreamingResponse(self.chunks(body["model"], reply), media_type="text/event-stream")
+        usage = (body.get("stream_options") or {}).get("include_usage")
+        return StreamingResponse(
+            self.chunks(body["model"], reply, usage), media_type="text/event-stream"
+        )
 
     @staticmethod
-    async def chunks(model, reply):
+    async def chunks(model, reply, usage=False):
         def chunk(delta, finish=None):
             data = {
                 "id": "x",
@@ -118,4 +121,9 @@ class ScriptedServer(ThreadedServer):
                 {"tool_calls": [{"index": i, "function": {"arguments": json.dumps(arguments)}}]}
             )
         yield chunk({}, "tool_calls" if reply.get("tool_calls") else "stop")
+        if usage:  # as vLLM sends it: a last chunk with no choices (a word counts as a token)
+            words = len(reply.get("content", "").split())
+            counts = {"prompt_tokens": 10, "completion_tokens": words, "total_tokens": 10 + words}
+            data = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": model}
+            yield f"data: {json.dumps({**data, 'choices': [], 'usage': counts})}\n\n"
         yield "data: [DONE]\n\n"

@@ -19,6 +19,11 @@ One client serves many calls: it keeps one connection pool, which belongs to the
 it was first used on. `shared_client` gives a process one long-lived client per endpoint and
 event loop (a study arm's chat turns).
 
+Replicas: a client may be given several base URLs, the replicas of one endpoint. Each call
+picks one (agents.llm.replicas): a call with a `conversation` key goes to that conversation's
+own replica; one that cannot be reached is remembered as down and the call's next attempt, and
+the next turn, go to a healthy one. The result names the replica that served it.
+
 Timeouts: `connect_timeout` bounds opening a connection; `timeout` bounds every wait for the
 next byte (for a non-streamed reply that is the whole generation; for a stream, the wait for
 the first chunk and then between chunks).
@@ -26,8 +31,9 @@ the first chunk and then between chunks).
 Retries (tenacity; openai's own are off because they retry read timeouts and cannot see a
 stream that drops before its first token): connection failures (refused, connect timeout,
 dropped before any token) and 5xx/429 answers are retried up to `max_retries` times with
-exponential backoff (`backoff` * 2**n, or the server's Retry-After), but only before the first
-piece has been handed to the caller, so streamed text is never duplicated. Other 4xx answers
+exponential backoff (`backoff` * 2**n, or the server's Retry-After; none before a replica not
+tried yet), but only before the first piece has been handed to the caller, so streamed text is
+never duplicated. Other 4xx answers
 and read timeouts are not retried (the engine may still be working on the request).
 
 Tool calls: with tool_format="native" the `tools` go to the engine and streamed tool_call
@@ -43,6 +49,7 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -53,6 +60,7 @@ from openai.resources.completions import AsyncCompletions as _Completions
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
 from agents.llm.errors import LLMConnectionError, LLMError, LLMHTTPError, LLMTimeout
+from agents.llm.replicas import Failover, Replicas, mark_down, mark_up
 from agents.llm.tool_format import ToolCallFilter, messages_for_json_tools
 
 TOOL_FORMATS = ("native", "json")
@@ -70,6 +78,7 @@ class ChatResult:
     ttft: float | None = None  # seconds from the call to the first content or tool token
     latency: float = 0.0  # seconds from the call to the end of the reply
     attempts: int = 1
+    replica: str = ""  # base URL of the replica that served it
 
 
 @dataclass
@@ -85,12 +94,13 @@ class CompletionResult:
     model: str = ""
     usage: dict | None = None
     attempts: int = 1
+    replica: str = ""  # base URL of the replica that served it
 
 
 class LLMClient:
     def __init__(
         self,
-        base_url: str = "http://127.0.0.1:8001/v1",
+        base_url: str | Sequence[str] = "http://127.0.0.1:8001/v1",
         api_key: str | None = None,
         timeout: float = 60.0,
         connect_timeout: float = 5.0,
@@ -99,7 +109,9 @@ class LLMClient:
         tool_format: str = "native",
     ):
         _check_tool_format(tool_format)
-        self.base_url = base_url.rstrip("/")
+        # one base URL, or the replicas of one endpoint (the first stands for them in messages)
+        self.replicas = Replicas([base_url] if isinstance(base_url, str) else base_url)
+        self.base_url = self.replicas.urls[0]
         self.max_retries = max_retries
         self.backoff = backoff
         self.tool_format = tool_format
@@ -109,6 +121,7 @@ class LLMClient:
             timeout=openai.Timeout(timeout, connect=connect_timeout),
             max_retries=0,  # ours, below
         )
+        self._apis = {self.base_url: self.openai}  # by replica, sharing one connection pool
         # Streamed chats (see the module docstring): their own pool, opened on first use (it
         # belongs to the running event loop), with the same timeouts and key.
         self._timeout, self._connect_timeout = timeout, connect_timeout
@@ -133,6 +146,13 @@ class LLMClient:
             with contextlib.suppress(Exception):  # its transports belong to the closed loop
                 self._streams.connector.close()
 
+    def _api(self, url: str) -> openai.AsyncOpenAI:
+        """The openai client of one replica (a copy sharing the first one's pool)."""
+        api = self._apis.get(url)
+        if api is None:
+            api = self._apis[url] = self.openai.with_options(base_url=url)
+        return api
+
     def stream_session(self) -> aiohttp.ClientSession:
         if self._streams is None or self._streams.closed:
             self._streams = aiohttp.ClientSession(
@@ -151,13 +171,17 @@ class LLMClient:
         tools: list[dict] | None = None,
         *,
         tool_format: str | None = None,
+        conversation: str | None = None,
+        avoid: Collection[str] = (),
         **params,
     ) -> "ChatStream":
-        """A reply streamed piece by piece; `stream.result` holds the ChatResult afterwards."""
+        """A reply streamed piece by piece; `stream.result` holds the ChatResult afterwards.
+        `conversation`: the key that keeps a conversation on one replica; `avoid`: replicas
+        the caller knows to be down (tried last)."""
         stream_options = {"include_usage": True, **(params.pop("stream_options", None) or {})}
         request, json_tools = self._chat_request(model, messages, tools, tool_format, params)
         request.update(stream=True, stream_options=stream_options)
-        return ChatStream(self, request, json_tools)
+        return ChatStream(self, request, json_tools, Failover(self.replicas, conversation, avoid))
 
     async def chat(
         self,
@@ -166,15 +190,18 @@ class LLMClient:
         tools: list[dict] | None = None,
         *,
         tool_format: str | None = None,
+        conversation: str | None = None,
+        avoid: Collection[str] = (),
         **params,
     ) -> ChatResult:
-        """A whole reply in one response."""
+        """A whole reply in one response (`conversation`, `avoid`: as for stream_chat)."""
         params.pop("stream_options", None)
         request, json_tools = self._chat_request(model, messages, tools, tool_format, params)
         started = time.monotonic()
-        data, attempts = await self._retried(
-            lambda: self.openai.chat.completions.create(**request, stream=False),
+        data, attempts, replica = await self._retried(
+            lambda api: api.chat.completions.create(**request, stream=False),
             "/chat/completions",
+            Failover(self.replicas, conversation, avoid),
         )
         latency = time.monotonic() - started
         try:
@@ -198,6 +225,7 @@ class LLMClient:
             ttft=latency if content or tool_calls else None,
             latency=latency,
             attempts=attempts,
+            replica=replica,
         )
 
     async def complete(
@@ -210,11 +238,10 @@ class LLMClient:
         if return_token_ids:
             params["return_token_ids"] = True
         request = _request(_COMPLETION_PARAMS, params)
-        data, attempts = await self._retried(
-            lambda: self.openai.completions.create(
-                model=model, prompt=prompt, stream=False, **request
-            ),
+        data, attempts, replica = await self._retried(
+            lambda api: api.completions.create(model=model, prompt=prompt, stream=False, **request),
             "/completions",
+            Failover(self.replicas),
         )
         try:
             choice = data.choices[0]
@@ -232,11 +259,13 @@ class LLMClient:
             model=data.model or model,
             usage=_as_dict(data.usage),
             attempts=attempts,
+            replica=replica,
         )
 
     async def load_lora_adapter(self, name: str, path: str, *, replace: bool = False) -> None:
-        """vLLM: serve the LoRA adapter folder `path` as model `name` from now on (the server
-        needs --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, and must see `path`).
+        """vLLM: serve the LoRA adapter folder `path` as model `name` from now on, on every
+        replica (each needs --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, and must
+        see `path`).
         `replace`: an adapter already loaded under `name` is replaced (else vLLM answers 400)."""
         body = {"lora_name": name, "lora_path": path}
         if replace:
@@ -244,19 +273,22 @@ class LLMClient:
         await self._post_plain("/load_lora_adapter", body)
 
     async def unload_lora_adapter(self, name: str) -> None:
-        """vLLM: stop serving the runtime-loaded adapter `name`."""
+        """vLLM: stop serving the runtime-loaded adapter `name`, on every replica."""
         await self._post_plain("/unload_lora_adapter", {"lora_name": name})
 
     async def _post_plain(self, path: str, body: dict) -> None:
         # vLLM answers these with plain text, so the raw response is asked for; not retried
         # (a load that timed out may have happened)
-        try:
-            await self.openai.post(path, cast_to=httpx2.Response, body=body)
-        except Exception as error:
-            raise _as_llm_error(error, self.base_url + path) from error
+        for url in self.replicas.urls:
+            try:
+                await self._api(url).post(path, cast_to=httpx2.Response, body=body)
+            except Exception as error:
+                raise _as_llm_error(error, url + path) from error
 
     async def list_models(self) -> list[str]:
-        page, _ = await self._retried(self.openai.models.list, "/models")
+        page, _, _ = await self._retried(
+            lambda api: api.models.list(), "/models", Failover(self.replicas)
+        )
         try:
             return [entry.id for entry in page.data]
         except (AttributeError, TypeError) as error:
@@ -276,11 +308,12 @@ class LLMClient:
             request["tools"] = tools
         return request, json_tools
 
-    def _retrying(self) -> AsyncRetrying:
-        """Up to max_retries more attempts after a retryable LLMError (see the module docstring)."""
+    def _retrying(self, failover: Failover) -> AsyncRetrying:
+        """Up to max_retries more attempts after a retryable LLMError (see the module docstring);
+        no wait before one that goes to a replica not tried yet."""
         return AsyncRetrying(
             stop=stop_after_attempt(self.max_retries + 1),
-            wait=self._retry_delay,
+            wait=lambda state: 0.0 if failover.switches() else self._retry_delay(state),
             retry=retry_if_exception(lambda error: isinstance(error, LLMError) and error.retryable),
             reraise=True,
         )
@@ -291,20 +324,24 @@ class LLMClient:
             return min(retry_after, 30.0)
         return self.backoff * 2 ** (state.attempt_number - 1)
 
-    async def _retried(self, call, path: str):
-        """`await call()` with retries; returns (its result, attempts)."""
-        attempts = 0
+    async def _retried(self, call, path: str, failover: Failover):
+        """`await call(api)` with retries, each attempt on the replica `failover` gives;
+        returns (its result, attempts, the replica that answered)."""
+        attempts, replica = 0, ""
 
         async def attempt():
-            nonlocal attempts
+            nonlocal attempts, replica
             attempts += 1
+            replica = failover.next()
             try:
-                return await call()
+                result = await call(self._api(replica))
             except Exception as error:
-                raise _as_llm_error(error, self.base_url + path) from error
+                raise _failed_at(replica, _as_llm_error(error, replica + path)) from error
+            mark_up(replica)
+            return result
 
         try:
-            return await self._retrying()(attempt), attempts
+            return await self._retrying(failover)(attempt), attempts, replica
         except LLMError as error:
             error.attempts = attempts
             raise
@@ -314,15 +351,19 @@ _shared: dict[asyncio.AbstractEventLoop, dict[tuple, LLMClient]] = {}
 _shared_lock = threading.Lock()  # each thread runs its own loop; the dict is the process's
 
 
-def shared_client(base_url: str, api_key: str | None = None, **options) -> LLMClient:
-    """This process's long-lived client for `base_url` with this key and these LLMClient
-    options, on the running event loop: one connection pool per endpoint, not one per call.
+def shared_client(
+    base_url: str | Sequence[str], api_key: str | None = None, **options
+) -> LLMClient:
+    """This process's long-lived client for `base_url` (or these replicas' URLs) with this key
+    and these LLMClient options, on the running event loop: one connection pool per endpoint,
+    not one per call.
 
     A connection pool belongs to the loop it was opened on, so each loop gets its own client;
     those of loops that have closed are dropped. Nobody closes a shared client: do not use it
     in `async with` (one closed anyway is replaced on the next call)."""
     loop = asyncio.get_running_loop()
-    key = (base_url.rstrip("/"), api_key, tuple(sorted(options.items())))
+    urls = (base_url,) if isinstance(base_url, str) else tuple(base_url)
+    key = (tuple(url.rstrip("/") for url in urls), api_key, tuple(sorted(options.items())))
     with _shared_lock:
         for closed in [other for other in _shared if other.is_closed()]:
             for dropped in _shared.pop(closed).values():
@@ -330,7 +371,7 @@ def shared_client(base_url: str, api_key: str | None = None, **options) -> LLMCl
         clients = _shared.setdefault(loop, {})
         client = clients.get(key)
         if client is None or client.openai.is_closed():
-            client = clients[key] = LLMClient(base_url, api_key=api_key, **options)
+            client = clients[key] = LLMClient(urls, api_key=api_key, **options)
         return client
 
 
@@ -341,10 +382,12 @@ class ChatStream:
     `async with client.stream_chat(...) as stream:` to have it closed for you.
     """
 
-    def __init__(self, client: LLMClient, request: dict, json_tools: bool):
+    def __init__(self, client: LLMClient, request: dict, json_tools: bool, failover: Failover):
         self._client = client
         self._request = request
         self._json_tools = json_tools
+        self._failover = failover
+        self._replica = client.base_url  # the replica of the attempt under way
         self._url = client.base_url + "/chat/completions"
         self._result: ChatResult | None = None
         self._attempts = 0
@@ -375,7 +418,8 @@ class ChatStream:
         started = time.monotonic()
         try:
             # Retried as a whole: nothing has reached the caller until it returns.
-            reply, opened, first = await self._client._retrying()(self._first_piece, started)
+            retrying = self._client._retrying(self._failover)
+            reply, opened, first = await retrying(self._first_piece, started)
         except LLMError as error:
             error.attempts = self._attempts
             raise
@@ -390,7 +434,7 @@ class ChatStream:
                     yield piece
             reply.check_ended(self._url)
         except Exception as error:
-            failure = _as_llm_error(error, self._url)
+            failure = _failed_at(self._replica, _as_llm_error(error, self._url))
             failure.attempts, failure.partial = self._attempts, "".join(streamed)
             raise failure from error
         finally:
@@ -408,12 +452,15 @@ class ChatStream:
             ttft=reply.ttft,
             latency=time.monotonic() - started,
             attempts=self._attempts,
+            replica=self._replica,
         )
 
     async def _first_piece(self, started: float):
-        """One attempt: open the stream and read it up to the first piece of text for the
-        caller (or to its end, for a reply that is only tool calls)."""
+        """One attempt, on the next replica: open the stream and read it up to the first piece
+        of text for the caller (or to its end, for a reply that is only tool calls)."""
         self._attempts += 1
+        self._replica = self._failover.next()
+        self._url = self._replica + "/chat/completions"
         reply = _Reply(self._json_tools)
         opened = None
         try:
@@ -421,13 +468,16 @@ class ChatStream:
             async for chunk in opened.chunks:
                 piece = reply.add(chunk, started)
                 if piece:
-                    return reply, opened, piece
-            reply.check_ended(self._url)
-            return reply, opened, ""
+                    break
+            else:
+                piece = ""
+                reply.check_ended(self._url)
         except Exception as error:
             if opened is not None:
                 await opened.close()
-            raise _as_llm_error(error, self._url) from error
+            raise _failed_at(self._replica, _as_llm_error(error, self._url)) from error
+        mark_up(self._replica)
+        return reply, opened, piece
 
 
 class _Opened:
@@ -579,6 +629,14 @@ def _complete_call(call: dict) -> dict:
 
 def _finish_reason(reason: str | None, tool_calls: list[dict]) -> str | None:
     return "tool_calls" if tool_calls and reason == "stop" else reason
+
+
+def _failed_at(replica: str, error: LLMError) -> LLMError:
+    """`error`, after remembering its replica as down when it could not be reached (or
+    dropped the connection): the next calls try the other replicas first."""
+    if isinstance(error, LLMConnectionError) or (isinstance(error, LLMTimeout) and error.retryable):
+        mark_down(replica)
+    return error
 
 
 def _as_llm_error(error: Exception, url: str) -> LLMError:

@@ -4,6 +4,7 @@ import pytest
 from channels.db import database_sync_to_async
 
 from studies import chat, flow
+from studies.consumers import load_participant
 from tests.scripted_server import ScriptedServer
 from tests.studies.conftest import make_study, prolific
 from tests.studies.test_consumer import connect, receive_until
@@ -18,7 +19,8 @@ def two_participants(engine_url):
     participants = []
     for pid in ("p1", "p2"):
         participant, _ = flow.arrive(study, prolific(pid=pid))
-        participants.append(flow.give_consent(participant, True))
+        flow.give_consent(participant, True)
+        participants.append(load_participant(participant.token))  # as the consumer reads it
     return participants
 
 
