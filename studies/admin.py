@@ -79,8 +79,22 @@ def permitted(model_admin: admin.ModelAdmin, perm: str, view):
     return checked
 
 
+class ArmForm(forms.ModelForm):
+    def clean(self):
+        # An arm newly asking a vLLM endpoint for a registered checkpoint: the replicas load
+        # it first, as "Attach to study arm(s)" does, so that Arm.clean finds it served.
+        cleaned = super().clean()
+        endpoint, name = cleaned.get("endpoint"), cleaned.get("model_name")
+        if endpoint and name and {"endpoint", "model_name"} & set(self.changed_data):
+            checkpoint = Checkpoint.objects.filter(name=name).first()
+            if checkpoint is not None and name not in endpoint.served_models():
+                adapters.load_checkpoint(endpoint, checkpoint)  # Arm.clean says if none did
+        return cleaned
+
+
 class ArmInline(admin.StackedInline):
     model = Arm
+    form = ArmForm
     extra = 0
     fields = [
         ("name", "order", "active"),

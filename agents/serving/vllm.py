@@ -169,21 +169,18 @@ def start_vllm(
     python: Path | str | None = None,
     extra_args: list[str] = (),
     *,
-    host: str = "127.0.0.1",
-    log_path: Path | str | None = None,
     startup_timeout: float = 900.0,  # the first start compiles for minutes (cached afterwards)
     **options,
 ) -> tuple[str, subprocess.Popen]:
     """Launch vLLM's OpenAI server; returns (base_url ending in /v1, process).
 
-    `options` go to build_command (served_name, dtype, max_model_len, max_loras,
-    runtime_lora_rank: > 0 lets clients load adapters of up to that rank at run time, as the
-    trainer's `rollout_endpoint` does). The process leads its own process group, so
-    stop_engine(process) (agents.serving.process.stop) also ends vLLM's engine-core child.
+    `options` go to launch_vllm (host, log_path, env) and build_command (served_name, dtype,
+    max_model_len, max_loras, runtime_lora_rank: > 0 lets clients load adapters of up to that
+    rank at run time, as the trainer's `rollout_endpoint` does). The process leads its own
+    process group, so stop_engine(process) (agents.serving.process.stop) also ends vLLM's
+    engine-core child.
     """
-    base_url, process = launch_vllm(
-        model_dir, port, loras, python, extra_args, host=host, log_path=log_path, **options
-    )
+    base_url, process = launch_vllm(model_dir, port, loras, python, extra_args, **options)
     wait_vllm(base_url, process, startup_timeout)
     return base_url, process
 
