@@ -3,6 +3,7 @@ studies' business: its admin extends this one with that action (studies/admin.py
 never imports studies."""
 
 from django.contrib import admin, messages
+from django.db import models
 from django.utils.html import format_html, format_html_join
 
 from .models import Checkpoint, ModelEndpoint, Replica
@@ -37,7 +38,7 @@ class ReplicaInline(admin.TabularInline):
     model = Replica
     extra = 0
     min_num = 1
-    formfield_overrides = {Replica._meta.get_field("url").__class__: {"assume_scheme": "http"}}
+    formfield_overrides = {models.URLField: {"assume_scheme": "http"}}  # lab engines: plain http
     fields = ["url", "position", "health", "served", "last_error", "last_error_at", "checked_at"]
     readonly_fields = ["health", "served", "last_error", "last_error_at", "checked_at"]
 

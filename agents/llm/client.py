@@ -632,9 +632,10 @@ def _finish_reason(reason: str | None, tool_calls: list[dict]) -> str | None:
 
 
 def _failed_at(replica: str, error: LLMError) -> LLMError:
-    """`error`, after remembering its replica as down when it could not be reached (or
-    dropped the connection): the next calls try the other replicas first."""
-    if isinstance(error, LLMConnectionError) or (isinstance(error, LLMTimeout) and error.retryable):
+    """`error`, after remembering its replica as down when it could not be reached (refused,
+    or no connection in time; not a dropped connection, which a live server's idle keep-alive
+    can be): the next calls try the other replicas first."""
+    if isinstance(error, LLMConnectionError | LLMTimeout) and error.connecting:
         mark_down(replica)
     return error
 
@@ -668,7 +669,7 @@ def _transport_error(error: httpx2.TransportError, url: str) -> LLMError:
     if isinstance(error, httpx2.TimeoutException):
         return LLMTimeout(f"Timed out waiting for {url} to answer.", connecting=False)
     if isinstance(error, httpx2.ConnectError):
-        return LLMConnectionError(f"Could not connect to {url}: {error}")
+        return LLMConnectionError(f"Could not connect to {url}: {error}", connecting=True)
     return LLMConnectionError(f"The connection to {url} failed: {error}")
 
 
@@ -679,7 +680,7 @@ def _stream_error(error: Exception, url: str) -> LLMError:
     if isinstance(error, asyncio.TimeoutError):  # the socket read timeout, among others
         return LLMTimeout(f"Timed out waiting for {url} to answer.", connecting=False)
     if isinstance(error, aiohttp.ClientConnectorError):
-        return LLMConnectionError(f"Could not connect to {url}: {error}")
+        return LLMConnectionError(f"Could not connect to {url}: {error}", connecting=True)
     return LLMConnectionError(f"The connection to {url} failed: {error!r}")
 
 

@@ -13,10 +13,11 @@ class LLMError(Exception):
 
 
 class LLMConnectionError(LLMError):
-    """The engine could not be reached, or dropped the connection."""
+    """The engine could not be reached (`connecting`), or dropped the connection."""
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, *, connecting: bool = False):
         super().__init__(message, retryable=True)
+        self.connecting = connecting
 
 
 class LLMTimeout(LLMError):
@@ -25,6 +26,7 @@ class LLMTimeout(LLMError):
 
     def __init__(self, message: str, *, connecting: bool):
         super().__init__(message, retryable=connecting)
+        self.connecting = connecting
 
 
 class LLMHTTPError(LLMError):

@@ -55,7 +55,11 @@ async def test_the_next_turn_fails_over_when_its_replica_is_down_and_names_the_o
             # served by the other replica on the second attempt, with no backoff before it
             assert result.replica == other and result.attempts == 2
             assert result.latency < 5.0 and result.ttft is not None
-            # the next turn goes there at once: the dead replica is remembered as down
+            # once a connection to it has been refused the dead replica is remembered as down
+            # (a dropped pooled connection alone does not count) and turns go to the other at once
+            stream = client.stream_chat("m", MESSAGES, conversation="p1")
+            await drain(stream)
+            assert stream.result.replica == other and replicas.seen_down(home)
             stream = client.stream_chat("m", MESSAGES, conversation="p1")
             await drain(stream)
             assert stream.result.replica == other and stream.result.attempts == 1

@@ -238,3 +238,30 @@ def test_the_migration_moves_each_arm_s_url_and_key_onto_an_endpoint():
         MigrationExecutor(connection).migrate(
             MigrationExecutor(connection).loader.graph.leaf_nodes()
         )
+
+
+def test_an_endpoint_added_in_the_admin_is_checked_at_once(admin_client, engine):
+    dead = dead_url()
+    form = {
+        "name": "lab",
+        "kind": "vllm",
+        "api_key_env": "",
+        "replicas-TOTAL_FORMS": "2",
+        "replicas-INITIAL_FORMS": "0",
+        "replicas-MIN_NUM_FORMS": "1",
+        "replicas-MAX_NUM_FORMS": "1000",
+        "replicas-0-url": engine.url,
+        "replicas-0-position": "0",
+        "replicas-1-url": dead,
+        "replicas-1-position": "1",
+    }
+    response = admin_client.post(reverse("admin:agents_modelendpoint_add"), form)
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    endpoint = ModelEndpoint.objects.get(name="lab")
+    assert [(r.url, r.status) for r in endpoint.replica_list()] == [
+        (engine.url, "up"),
+        (dead, "down"),
+    ]
+    form["name"], form["api_key_env"] = "keyed", "sk-live-123"  # a key, not a variable's name
+    response = admin_client.post(reverse("admin:agents_modelendpoint_add"), form)
+    assert response.status_code == 200 and not ModelEndpoint.objects.filter(name="keyed")
