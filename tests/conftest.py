@@ -12,7 +12,11 @@ from pathlib import Path
 import pytest
 from parley.celery import worker_args
 
-from agents.serving.process import free_port, stop  # noqa: F401 - tests import free_port from here
+from agents.serving.process import (  # noqa: F401 - tests import these from here
+    free_port,
+    group_alive,
+    stop,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("PARLEY_CI") == "1"
@@ -288,12 +292,3 @@ class ServeAgents:
         except subprocess.TimeoutExpired:
             self.process.kill()
             return self.process.wait()
-
-
-def group_alive(pid: int) -> bool:
-    """Some process of the process group `pid` leads is still running."""
-    try:
-        os.killpg(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from agents.serving.adapters import find_adapters
-from agents.serving.process import port_is_free, stop
+from agents.serving.process import group_alive, port_is_free, stop
 from agents.serving.vllm import launch_vllm, wait_vllm
 
 ENGINES = ("vllm", "embedded")
@@ -124,5 +125,10 @@ def start_replicas(
 
 
 def stop_replicas(replicas: list[Replica], timeout: float = 20.0) -> None:
-    """SIGTERM to every replica's process group, SIGKILL to what is left after `timeout`."""
+    """SIGTERM to every replica's process group, SIGKILL to what is left after `timeout`;
+    returns once every group is gone (vLLM's engine core, killed with its group, is not our
+    child: its end is seen by polling, not waited for)."""
     stop(*(replica.process for replica in replicas), timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while any(group_alive(r.process.pid) for r in replicas) and time.monotonic() < deadline:
+        time.sleep(0.1)
