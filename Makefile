@@ -3,6 +3,8 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# `make demo ENGINE=vllm` serves the demo's agents with vLLM (installed first: `make vllm`)
+ENGINE ?= embedded
 
 .PHONY: install model demo test lint format bench clean vllm
 
@@ -19,8 +21,8 @@ install: $(STAMP)
 model: install
 	$(BIN)/python -m agents.serving.prepare
 
-demo: model
-	$(BIN)/python -m parley.demo
+demo: model $(if $(filter vllm,$(ENGINE)),vllm)
+	$(BIN)/python -m parley.demo --engine $(ENGINE)
 
 test: model
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -20,6 +20,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from agents.models import Checkpoint, ModelEndpoint
 
 from . import (
+    adapters,
     endpoints,
     exports,
     flow,
@@ -82,8 +83,22 @@ def permitted(model_admin: admin.ModelAdmin, perm: str, view):
     return checked
 
 
+class ArmForm(forms.ModelForm):
+    def clean(self):
+        # An arm newly asking a vLLM endpoint for a registered checkpoint: the replicas load
+        # it first, as "Attach to study arm(s)" does, so that Arm.clean finds it served.
+        cleaned = super().clean()
+        endpoint, name = cleaned.get("endpoint"), cleaned.get("model_name")
+        if endpoint and name and {"endpoint", "model_name"} & set(self.changed_data):
+            checkpoint = Checkpoint.objects.filter(name=name).first()
+            if checkpoint is not None and name not in endpoint.served_models():
+                adapters.load_checkpoint(endpoint, checkpoint)  # Arm.clean says if none did
+        return cleaned
+
+
 class ArmInline(admin.StackedInline):
     model = Arm
+    form = ArmForm
     extra = 0
     fields = [
         ("name", "order", "active"),
@@ -1288,9 +1303,13 @@ class StudyCheckpointAdmin(_CheckpointAdmin):
             initial={"endpoint": ModelEndpoint.default()},
         )
         if form.is_valid():
-            arms = form.cleaned_data["arms"]
+            arms, endpoint = form.cleaned_data["arms"], form.cleaned_data["endpoint"]
+            # vLLM serves a new checkpoint once asked (the embedded engine finds it by itself);
+            # first, so that the check of the arms' model sees it served
+            for problem in adapters.load_checkpoint(endpoint, checkpoint):
+                self.message_user(request, problem, messages.WARNING)
             try:
-                warnings = endpoints.repoint(arms, form.cleaned_data["endpoint"], checkpoint.name)
+                warnings = endpoints.repoint(arms, endpoint, checkpoint.name)
             except PlanFrozen as frozen:  # an arm of a pre-registered study: nothing attached
                 self.message_user(request, " ".join(frozen.messages), messages.ERROR)
                 return HttpResponseRedirect(reverse("admin:agents_checkpoint_changelist"))

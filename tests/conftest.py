@@ -3,6 +3,7 @@
 Under CI (PARLEY_CI=1) a test whose service is missing fails; on a laptop it is skipped.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -11,7 +12,11 @@ from pathlib import Path
 import pytest
 from parley.celery import worker_args
 
-from agents.serving.process import free_port, stop  # noqa: F401 - tests import free_port from here
+from agents.serving.process import (  # noqa: F401 - tests import these from here
+    free_port,
+    group_alive,
+    stop,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("PARLEY_CI") == "1"
@@ -62,6 +67,57 @@ def base_model():
     from agents.serving.prepare import ensure_base_model
 
     return ensure_base_model()
+
+
+CHECKPOINT_NAME = "p4g-single-cpu-step4"  # from its manifest, as training writes it
+
+
+@pytest.fixture(scope="session")
+def checkpoints(base_model, tmp_path_factory) -> Path:
+    """A run folder holding one checkpoint shaped like training.checkpoint's: the LoRA of
+    training/configs/*.toml (r=8 on q, k, v and o) with random, large B weights, so the
+    adapter's greedy reply cannot be the base model's."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
+    config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    model = get_peft_model(model, config)
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if "lora_B" in name:
+                weight.normal_(0.0, 0.05)  # peft starts B at zero: the adapter would be a no-op
+    root = tmp_path_factory.mktemp("runs")
+    folder = root / "p4g-single-cpu" / "checkpoints" / "step-000004"
+    model.save_pretrained(folder)
+    manifest = {
+        "name": CHECKPOINT_NAME,
+        "kind": "agent",
+        "adapter": True,
+        "base_model": str(base_model),
+        "domain": "p4g",
+        "regime": "single",
+        "step": 4,
+        "metrics": {"reward_mean": 0.0},
+        "config": {"lora": {"r": 8, "alpha": 16}},
+    }
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return root
+
+
+@pytest.fixture(scope="session")
+def vllm_ready():
+    """The python that has vLLM (`make vllm`): its tests skip without it, and fail under CI,
+    which installs it (.ci/run)."""
+    from agents.paths import vllm_python
+    from agents.serving.vllm import VLLMNotInstalled, check_vllm
+
+    try:
+        return check_vllm(vllm_python())
+    except VLLMNotInstalled as error:
+        need(False, str(error))
 
 
 @pytest.fixture(scope="session")
@@ -176,3 +232,63 @@ def web_server(transactional_db):
             time.sleep(0.2)
     yield url
     stop(process, timeout=10)
+
+
+class ServeAgents:
+    """`manage.py serve_agents ...` in its own process, read line by line as it prints:
+    `replicas` maps each replica's URL to its process id (the leader of its process group)."""
+
+    def __init__(self, *args: str, env: dict, timeout: float = 900):
+        import queue
+        import threading
+
+        self.process = subprocess.Popen(
+            [sys.executable, "manage.py", "serve_agents", *args],
+            cwd=REPO,
+            env={**env, "PYTHONUNBUFFERED": "1"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.lines, self.output, self.replicas = queue.Queue(), [], {}
+        threading.Thread(target=self._read, daemon=True).start()
+        try:
+            while not (line := self.next_line(timeout)).startswith("ready:"):
+                if line.startswith("replica "):
+                    _, _, url, _, pid = line.split()
+                    self.replicas[url] = int(pid)
+        except BaseException:
+            self.interrupt()
+            raise
+
+    def _read(self):
+        for line in self.process.stdout:
+            self.output.append(line)
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def next_line(self, timeout: float) -> str:
+        """The command's next line; fails the test if it ends or says nothing for `timeout`."""
+        import queue
+
+        try:
+            line = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            pytest.fail(f"serve_agents said nothing for {timeout:.0f}s:\n{self.log()}")
+        if line is None:
+            pytest.fail(f"serve_agents exited ({self.process.wait()}):\n{self.log()}")
+        return line
+
+    def log(self) -> str:
+        return "".join(self.output)[-4000:]
+
+    def interrupt(self, timeout: float = 60, sig: int = 2) -> int:
+        """Ctrl-C (SIGINT, 2), as a terminal sends it, or `sig`; the exit code (killed if it
+        does not stop within `timeout`)."""
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()

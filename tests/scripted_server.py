@@ -8,7 +8,7 @@ import time
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.routing import Route
 
 from tests.conftest import free_port
@@ -39,6 +39,7 @@ class ScriptedServer(ThreadedServer):
         self.replies = list(replies)
         self.models = list(models)
         self.model_lists = 0  # GET /v1/models answered
+        self.loaded_adapters: list[dict] = []  # POST /v1/load_lora_adapter bodies
         self.requests: list[dict] = []
         self.headers: list[dict] = []
         self.client_ports: list[int] = []  # one port per TCP connection the client opened
@@ -49,12 +50,21 @@ class ScriptedServer(ThreadedServer):
                 Route("/v1/chat/completions", self.complete, methods=["POST"]),
                 Route("/v1/models", self.list_models, methods=["GET"]),
                 Route("/health", self.health, methods=["GET"]),
+                Route("/v1/load_lora_adapter", self.load_adapter, methods=["POST"]),
             ]
         )
         self.server = uvicorn.Server(uvicorn.Config(app, port=self.port, log_level="warning"))
 
     async def health(self, request: Request):
         return JSONResponse({"status": "ok"})
+
+    async def load_adapter(self, request: Request):
+        """vLLM's runtime LoRA loading: the adapter is listed from now on."""
+        body = await request.json()
+        self.loaded_adapters.append(body)
+        if body["lora_name"] not in self.models:
+            self.models.append(body["lora_name"])
+        return PlainTextResponse(f"Success: LoRA adapter '{body['lora_name']}' added successfully.")
 
     async def list_models(self, request: Request):
         self.model_lists += 1

@@ -22,7 +22,7 @@ from agents.serving.process import StartError, serving, spawn, stop, wait_health
 EngineStartError = StartError  # the name callers of the engine launcher know
 
 
-def start_engine(
+def launch_engine(
     model_dir: Path | str,
     port: int | None = None,
     adapters: Path | str | None = None,
@@ -32,9 +32,11 @@ def start_engine(
     host: str = "127.0.0.1",
     extra_args: list[str] = (),
     log_path: Path | str | None = None,
-    startup_timeout: float = 180.0,
-) -> tuple[str, subprocess.Popen]:
-    """Launch `python -m agents.serving.embedded`; returns (base_url ending in /v1, process)."""
+    own_group: bool = False,
+) -> subprocess.Popen:
+    """start_engine without the wait (wait_engine): several replicas start side by side.
+    `own_group`: the engine leads its own process group (a Ctrl-C meant for the launcher does
+    not reach it; stop() ends the whole group)."""
     command = [sys.executable, "-m", "agents.serving.embedded", "--model", str(model_dir)]
     command += ["--host", host, "--port", str(port or 0)]
     if adapters is not None:
@@ -44,24 +46,38 @@ def start_engine(
     if served_name:
         command += ["--served-name", served_name]
     command += list(extra_args)
-
-    process = spawn(
+    return spawn(
         command,
         log_path,
         log_prefix="parley-engine-",
+        own_group=own_group,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
+
+
+def wait_engine(process: subprocess.Popen, timeout: float = 180.0) -> str:
+    """The base URL (ending in /v1) of an engine launch_engine started, once it answers; the
+    engine is stopped if it cannot start."""
     try:
-        wait_healthy(
-            process,
-            lambda: _health_url(process.log_path),
-            startup_timeout,
-            name="The engine",
-        )
+        wait_healthy(process, lambda: _health_url(process.log_path), timeout, name="The engine")
     except BaseException:
         stop_engine(process)
         raise
-    return _base_url(process.log_path), process
+    return _base_url(process.log_path)
+
+
+def start_engine(
+    model_dir: Path | str,
+    port: int | None = None,
+    adapters: Path | str | None = None,
+    *,
+    startup_timeout: float = 180.0,
+    **options,
+) -> tuple[str, subprocess.Popen]:
+    """Launch `python -m agents.serving.embedded`; returns (base_url ending in /v1, process).
+    `options` go to launch_engine (loras, served_name, host, extra_args, log_path)."""
+    process = launch_engine(model_dir, port, adapters, **options)
+    return wait_engine(process, startup_timeout), process
 
 
 def stop_engine(process: subprocess.Popen, timeout: float = 10.0) -> None:

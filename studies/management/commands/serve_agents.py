@@ -1,0 +1,157 @@
+"""``manage.py serve_agents [--engine vllm|embedded] [--study SLUG | --adapters DIR]
+[--replicas N] [--port P]``.
+
+Starts the model servers for a study's arms: N replicas of one engine on consecutive ports from
+P, each serving the base model and every arm's adapter (vLLM: one process with --enable-lora
+--lora-modules, and runtime adapter loading for checkpoints attached later). Once all answer
+/health it registers (or updates) the endpoint, points the study's arms at it, prints one line
+per replica and a `ready:` line, and serves until Ctrl-C (or SIGTERM), which stops every
+replica's process group. A replica that dies is reported; the others go on serving.
+"""
+
+import signal
+import sys
+import time
+from pathlib import Path
+
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
+
+from agents.models import ModelEndpoint, adapters_dir
+from agents.paths import base_model_dir, data_dir
+from agents.serving.process import StartError
+from agents.serving.replicas import ENGINES, RUNTIME_LORA_RANK, start_replicas, stop_replicas
+from agents.serving.vllm import MAX_MODEL_LEN, VLLMNotInstalled
+from studies.adapters import UnknownAdapter, study_adapters
+from studies.endpoints import check_endpoint, point_arms, register_endpoint
+from studies.models import Study
+
+
+class Command(BaseCommand):
+    help = "Serve a study's arms (or a folder of adapters) with vLLM or the embedded engine."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--engine", choices=ENGINES, default="vllm", help="Which engine.")
+        source = parser.add_mutually_exclusive_group()
+        source.add_argument(
+            "--study", help="Serve every arm's adapter of this study and point its arms here."
+        )
+        source.add_argument(
+            "--adapters", type=Path, help="Serve every adapter folder found in this folder."
+        )
+        parser.add_argument("--replicas", type=int, default=1, help="Servers, on ports P, P+1...")
+        parser.add_argument("--port", type=int, default=8001, help="The first replica's port.")
+        parser.add_argument("--host", default="127.0.0.1", help="The address servers listen on.")
+        parser.add_argument("--model", type=Path, help="Base model folder (default: SmolLM2's).")
+        parser.add_argument(
+            "--name",
+            help="The endpoint's name in the registry (default: the study's slug; without a "
+            "study, the endpoint that already lists the first replica's URL, as `make demo`'s "
+            "`default` does, else one named after that URL).",
+        )
+        parser.add_argument(
+            "--max-lora-rank",
+            type=int,
+            default=RUNTIME_LORA_RANK,
+            help="vLLM: the largest rank of adapters loaded while it runs.",
+        )
+        parser.add_argument(
+            "--max-model-len", type=int, default=MAX_MODEL_LEN, help="vLLM: context length."
+        )
+        parser.add_argument(
+            "--startup-timeout", type=float, default=900, help="Seconds to wait for health."
+        )
+
+    def handle(self, *args, **options):
+        engine, count = options["engine"], options["replicas"]
+        if count < 1:
+            raise CommandError("--replicas must be at least 1.")
+        model_dir = options["model"] or base_model_dir()
+        if not (model_dir / "config.json").is_file():
+            raise CommandError(f"{model_dir} is not a Hugging Face model folder (no config.json).")
+        study = None
+        if options["study"]:
+            study = Study.objects.filter(slug=options["study"]).first()
+            if study is None:
+                raise CommandError(f"No study {options['study']!r}.")
+        if options["adapters"] and not options["adapters"].is_dir():
+            raise CommandError(f"--adapters: {options['adapters']} is not a folder.")
+        try:
+            loras = study_adapters(study, model_dir.name) if study else {}
+        except UnknownAdapter as error:
+            raise CommandError(str(error)) from error
+        # the embedded engine also serves checkpoints registered later from its adapters folder
+        root = options["adapters"]
+        if root is None and engine == "embedded":
+            root = adapters_dir()
+            root.mkdir(parents=True, exist_ok=True)
+        engine_options = {"max_model_len": options["max_model_len"]} if engine == "vllm" else {}
+
+        # SIGTERM (a supervisor, `make demo`) stops the servers as Ctrl-C does
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        log_dir = data_dir() / "logs"
+        self.stdout.write(
+            f"Starting {count} {engine} replica(s) of {model_dir.name} with "
+            f"{len(loras)} adapter(s); logs in {log_dir}"
+        )
+        try:
+            replicas = start_replicas(
+                engine,
+                model_dir,
+                count=count,
+                port=options["port"],
+                host=options["host"],
+                loras=loras,
+                adapters_root=root,
+                max_lora_rank=options["max_lora_rank"],
+                log_dir=log_dir,
+                startup_timeout=options["startup_timeout"],
+                **engine_options,
+            )
+        except (ValueError, VLLMNotInstalled, StartError) as error:
+            raise CommandError(str(error)) from error
+        except KeyboardInterrupt:
+            return  # start_replicas stopped what it had started
+        try:
+            urls = [replica.url for replica in replicas]
+            with transaction.atomic():
+                # the endpoint that lists the first URL, or one named after it (`default` for
+                # PARLEY_ENGINE_URL, where `make demo`'s arms point)
+                name = options["name"] or (
+                    study.slug if study else ModelEndpoint.of_url(urls[0], engine).name
+                )
+                endpoint = register_endpoint(name, engine, urls)
+                if study is not None:
+                    point_arms(study, endpoint, None)
+            check_endpoint(endpoint)  # its health as of now, in the admin's list
+            for number, replica in enumerate(replicas, 1):
+                self.stdout.write(f"replica {number}: {replica.url} pid {replica.process.pid}")
+            arms = ", ".join(study.arms.values_list("name", flat=True)) if study else "none"
+            self.stdout.write(f"ready: endpoint {name} ({engine}); arms pointed here: {arms}")
+            self.stdout.flush()
+            self.watch(replicas)
+        except ValidationError as refused:  # an arm's model is not served after all
+            raise CommandError("; ".join(refused.messages)) from refused
+        except KeyboardInterrupt:
+            pass
+        finally:  # whatever happens, no server is left behind
+            # a second Ctrl-C must not cut the stopping short
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            self.stdout.write("Stopping the replicas...")
+            stop_replicas(replicas)
+            self.stdout.write("Stopped.")
+
+    def watch(self, replicas):
+        """Serve until interrupted; report a replica that stops, and end when none is left."""
+        running = list(replicas)
+        while running:
+            time.sleep(1)
+            for replica in [r for r in running if r.process.poll() is not None]:
+                running.remove(replica)
+                self.stderr.write(
+                    f"replica {replica.url} stopped (code {replica.process.returncode}); "
+                    f"see {replica.process.log_path}"
+                )
+        raise CommandError("every replica has stopped")

@@ -1,0 +1,80 @@
+"""`manage.py serve_agents` with the embedded engine (vLLM's run is tests/serving_vllm's):
+replicas on consecutive ports, the endpoint registered and the study's arms pointed at it, and
+every replica's process group gone when the command is stopped. Bad input is refused before
+anything starts."""
+
+import signal
+
+import httpx
+import pytest
+from django.core.management import CommandError, call_command
+
+from agents.models import Checkpoint, ModelEndpoint
+from agents.serving.process import free_port, port_is_free
+from studies.models import Arm
+from tests.conftest import CHECKPOINT_NAME, ServeAgents, child_env, group_alive
+from tests.studies.conftest import make_study
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def two_free_ports() -> int:
+    """A port P with P + 1 free as well (replicas go on consecutive ports)."""
+    while True:
+        port = free_port()
+        if port < 65535 and port_is_free("127.0.0.1", port + 1):
+            return port
+
+
+@pytest.mark.model
+def test_serves_the_study_on_two_replicas_and_stops_them_all(base_model, checkpoints):
+    (folder,) = checkpoints.glob("*/checkpoints/step-*")
+    Checkpoint.objects.create(name=CHECKPOINT_NAME, path=str(folder))
+    study = make_study(slug="served", arms=("tuned", "base"))
+    study.arms.filter(name="tuned").update(model_name=CHECKPOINT_NAME)
+    port = two_free_ports()
+
+    command = ServeAgents(
+        *("--engine", "embedded", "--study", "served", "--replicas", "2", "--port", str(port)),
+        env=child_env(),
+        timeout=300,
+    )
+    try:
+        urls = [f"http://127.0.0.1:{port}/v1", f"http://127.0.0.1:{port + 1}/v1"]
+        assert list(command.replicas) == urls
+        for url in urls:
+            served = {card["id"] for card in httpx.get(f"{url}/models").json()["data"]}
+            assert {"SmolLM2-135M-Instruct", CHECKPOINT_NAME} <= served
+
+        endpoint = ModelEndpoint.objects.get(name="served")
+        assert endpoint.kind == "embedded" and endpoint.urls() == urls
+        arms = Arm.objects.filter(study=study)
+        assert {arm.endpoint_id for arm in arms} == {endpoint.pk}
+        assert {arm.model_name for arm in arms} == {CHECKPOINT_NAME, "SmolLM2-135M-Instruct"}
+    finally:
+        # SIGTERM, as `make demo` stops its engine (Ctrl-C is the vLLM test's)
+        code = command.interrupt(sig=signal.SIGTERM)
+    assert code == 0, command.log()
+    assert not [url for url, pid in command.replicas.items() if group_alive(pid)]
+
+
+def test_refuses_what_it_cannot_serve(base_model):
+    with pytest.raises(CommandError, match="No study 'nowhere'"):
+        call_command("serve_agents", "--study", "nowhere")
+    study = make_study(slug="unknown-model")
+    study.arms.filter(name="a").update(model_name="never-trained-step9")
+    with pytest.raises(CommandError, match=r"arm\(s\) a \(never-trained-step9\)"):
+        call_command("serve_agents", "--engine", "embedded", "--study", study.slug)
+    with pytest.raises(CommandError, match="at least 1"):
+        call_command("serve_agents", "--replicas", "0")
+
+
+def test_refuses_a_taken_port(base_model):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(CommandError, match=f"port {port} on 127.0.0.1 is taken"):
+            call_command("serve_agents", "--engine", "embedded", "--port", str(port))
