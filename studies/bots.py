@@ -196,7 +196,10 @@ async def one_bot(plan: Plan, url: str, player, rng: random.Random, think=(0.0, 
         "STUDY_ID": plan.study_id,
         "SESSION_ID": secrets.token_hex(8),
     }
-    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+    # A connection idle for 4 s is not reused: uvicorn closes idle ones at 5 s, and a request
+    # sent on one as it closes fails ("Server disconnected") where a browser would resend it.
+    limits = httpx.Limits(keepalive_expiry=4.0)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as http:
         try:
             arrived = await http.get(f"/s/{plan.slug}/?{urlencode(params)}")
             if arrived.status_code != 302:
