@@ -1,7 +1,8 @@
 """Data-parallel training: which rank this process is, its share of a step's tasks, the sums
 and gathers the ranks need, and how a rank's failure is recorded.
 
-    accelerate launch --num_processes 2 -m training run CONFIG.toml
+    accelerate launch --num_processes 2 -m training run CONFIG.toml             # GPUs
+    accelerate launch --multi_gpu --num_processes 2 -m training run CONFIG.toml # CPU (gloo)
 
 `accelerate launch` (torchrun underneath) starts the processes and sets RANK / WORLD_SIZE;
 `Ranks.start` joins them through accelerate's `Accelerator` (gloo on CPU, nccl on GPU). A plain
@@ -22,8 +23,9 @@ from typing import Any, TypeVar
 import torch
 
 FAILURES = "failures"
-# Tests only: "RANK:STEP" makes that rank raise at the start of that step (a process dying
-# mid-run), so the clean failure and the resume can be checked end to end.
+# Tests only: "RANK:STEP" makes that rank raise at the end of that step, once the update is
+# done and rank 0 is writing the checkpoint (a process dying mid-run), so the clean failure, the
+# checkpoint barrier and the resume are checked end to end.
 FAIL_AT_ENV = "PARLEY_TRAIN_FAIL_AT"
 
 T = TypeVar("T")
@@ -31,6 +33,17 @@ T = TypeVar("T")
 
 class InjectedFailure(RuntimeError):
     pass
+
+
+class PeerLost(RuntimeError):
+    """A collective failed because another rank is gone: a consequence, not the cause."""
+
+
+def _collective(call: Any, *args: Any) -> None:
+    try:
+        call(*args)
+    except RuntimeError as exc:  # gloo/nccl: "Connection closed by peer", timeouts
+        raise PeerLost(f"another rank stopped ({exc})") from exc
 
 
 class Ranks:
@@ -82,7 +95,7 @@ class Ranks:
         if self.world == 1:
             return float(value)
         tensor = torch.tensor([float(value)], dtype=torch.float64)
-        torch.distributed.all_reduce(tensor)
+        _collective(torch.distributed.all_reduce, tensor)
         return float(tensor)
 
     def sum_gradients(self, params: list[torch.nn.Parameter]) -> None:
@@ -94,7 +107,7 @@ class Ranks:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         flat = torch.cat([p.grad.reshape(-1) for p in params])  # one collective, not one per tensor
-        torch.distributed.all_reduce(flat)
+        _collective(torch.distributed.all_reduce, flat)
         offset = 0
         for p in params:
             n = p.numel()
@@ -106,28 +119,34 @@ class Ranks:
         if self.world == 1:
             return items
         parts: list[Any] = [None] * self.world
-        torch.distributed.all_gather_object(parts, items)
+        _collective(torch.distributed.all_gather_object, parts, items)
         return [item for part in parts for item in part]
 
     def barrier(self) -> None:
         if self.world > 1:
-            torch.distributed.barrier()
+            _collective(torch.distributed.barrier)
 
     def check_injected_failure(self, step: int) -> None:
         wanted = os.environ.get(FAIL_AT_ENV, "")
         if wanted and wanted == f"{self.rank}:{step}":
             raise InjectedFailure(f"{FAIL_AT_ENV}={wanted}: rank {self.rank} dies at step {step}")
 
-    def record_failure(self, run_dir: Path) -> None:
-        """Write the exception being handled to <run>/failures/rank-K.txt."""
+    def record_failure(self, run_dir: Path, exc: BaseException) -> None:
+        """Write the exception being handled to <run>/failures/rank-K.txt (rank-K.stopped.txt
+        when this rank only lost a peer)."""
         folder = Path(run_dir) / FAILURES
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"rank-{self.rank}.txt").write_text(traceback.format_exc())
+        name = (
+            f"rank-{self.rank}.stopped.txt"
+            if isinstance(exc, PeerLost)
+            else f"rank-{self.rank}.txt"
+        )
+        (folder / name).write_text(traceback.format_exc())
 
     def clear_failures(self, run_dir: Path) -> None:
         """A (re)started run forgets the failures of an earlier attempt (rank 0, before any step)."""
         if self.main:
-            for path in (Path(run_dir) / FAILURES).glob("rank-*.txt"):
+            for path in (Path(run_dir) / FAILURES).glob("rank-*"):
                 path.unlink()
         self.barrier()
 
@@ -137,6 +156,33 @@ class Ranks:
 
 
 def read_failures(run_dir: Path) -> str:
-    """What the ranks that failed wrote, each under its rank ("" when none did)."""
-    found = sorted((Path(run_dir) / FAILURES).glob("rank-*.txt"))
-    return "\n".join(f"rank {p.stem.split('-')[1]} failed:\n{p.read_text()}" for p in found)
+    """Which ranks failed and why (their tracebacks), then the ranks that only stopped because
+    a peer was gone; "" when no rank wrote anything (killed outright: see the launcher's log)."""
+    folder = Path(run_dir) / FAILURES
+    rank = lambda path: int(path.name.split("-")[1].split(".")[0])  # noqa: E731
+    failed = sorted(folder.glob("rank-*[0-9].txt"), key=rank)
+    stopped = sorted(folder.glob("rank-*.stopped.txt"), key=rank)
+    parts = [f"rank {rank(p)} failed:\n{p.read_text()}" for p in failed]
+    if stopped:
+        ranks = ", ".join(str(rank(p)) for p in stopped)
+        parts.append(f"stopped because another rank was gone: rank {ranks}")
+    return "\n".join(parts)
+
+
+def launch_command(config: str | Path, processes: int, args: list[str]) -> list[str]:
+    """The `accelerate launch --multi_gpu --num_processes N -m training run CONFIG ...` command
+    line, with this interpreter and a free rendezvous port (runs side by side must not share one).
+    `--multi_gpu` is accelerate's name for its torchrun launcher; it is what starts N processes
+    on CPU too (`--cpu` would start one), and Ranks.start then joins them over gloo."""
+    import socket
+    import sys
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--num_processes", str(processes), "--num_machines", "1", "--mixed_precision", "no",
+        "--dynamo_backend", "no", "--main_process_port", str(port), "--multi_gpu",
+        "-m", "training", "run", str(config), *args,
+    ]  # fmt: skip

@@ -55,9 +55,9 @@ def train(
     ranks = Ranks.start(config)
     try:
         return _train(config, progress_callback, domain, show_progress, ranks)
-    except Exception:
+    except Exception as exc:
         # the launcher stops the other ranks; this file says which one failed and why
-        ranks.record_failure(config.run_dir())
+        ranks.record_failure(config.run_dir(), exc)
         raise
     finally:
         torch.set_num_threads(threads)
@@ -116,7 +116,6 @@ def _train(
     show_progress = show_progress and main
     bar = tqdm(total=config.steps, initial=start, desc=config.name, disable=not show_progress)
     for step in range(start + 1, config.steps + 1):
-        ranks.check_injected_failure(step)
         t0 = time.monotonic()
         # 1. rollouts: G conversations for each of this rank's share of the step's tasks
         tasks = draw_tasks(train_tasks, config.batch_tasks, random.Random(f"{config.seed}-{step}"))
@@ -168,6 +167,8 @@ def _train(
             heldout = panel.evaluate(agent, step)
             row.update(heldout)
         row["time_step"] = time.monotonic() - t0
+        # tests: a rank dies after the step's update, as rank 0 is about to write its checkpoint
+        ranks.check_injected_failure(step)
         if not main:
             if _due(step, config.save_every, config.steps):
                 checkpoint.save_barrier(ranks)  # rank 0 renames the checkpoint after this
