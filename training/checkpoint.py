@@ -30,6 +30,7 @@ import torch
 CHECKPOINTS = "checkpoints"
 MANIFEST = "manifest.json"
 STATE = "trainer_state.pt"
+PARTIAL = ".partial"
 # a resumed run must train the same thing; steps, intervals and eval settings may change
 SAME_RUN_KEYS = ("domain", "regime", "base_model", "finetune", "lora", "simulator", "group_size")
 
@@ -54,7 +55,13 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     root = Path(run_dir) / CHECKPOINTS
     if not root.is_dir():
         return []
-    done = [p for p in root.glob("step-*") if (p / MANIFEST).is_file() and (p / STATE).is_file()]
+    # a ".partial" folder may hold every file yet be incomplete: data-parallel, rank 0 writes it
+    # all before the ranks' barrier, and a rank can die after that
+    done = [
+        p
+        for p in root.glob("step-*")
+        if p.suffix != PARTIAL and (p / MANIFEST).is_file() and (p / STATE).is_file()
+    ]
     return sorted(done, key=lambda p: read_manifest(p)["step"])
 
 
@@ -68,7 +75,7 @@ def save(
     ranks: Any = None,
 ) -> Path:
     final = checkpoint_dir(run_dir, step)
-    temp = final.with_name(final.name + ".partial")
+    temp = final.with_name(final.name + PARTIAL)
     shutil.rmtree(temp, ignore_errors=True)
     agent.save(temp)
     state = {

@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import json
 import re
 import tomllib
 import typing
@@ -457,9 +458,15 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
     if not path.is_file():
         raise ConfigError(f"no config file at {path}")
     try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+        # .json: a RunConfig.to_dict() written out (how the TrainingRun's task hands a run to
+        # the launcher)
+        data = (
+            json.loads(path.read_text())
+            if path.suffix == ".json"
+            else tomllib.loads(path.read_text())
+        )
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid {path.suffix[1:].upper()}: {exc}") from exc
     try:
         return parse_config(data, overrides)
     except ConfigError as exc:

@@ -9,6 +9,7 @@ what is compared is the distributed update itself."""
 import json
 import os
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -119,3 +120,28 @@ def test_a_dead_rank_fails_the_run_cleanly_and_it_resumes(config_file, tmp_path)
     reference = tmp_path / "reference"
     train(load_config(config_file, {"output_dir": str(reference)}), show_progress=False)
     assert_same(adapter(out, 2), adapter(reference, 2))
+
+
+@pytest.mark.django_db
+def test_a_training_run_launches_its_processes_and_names_the_failed_rank(
+    config_file, tmp_path, monkeypatch
+):
+    from training.models import TrainingRun
+    from training.tasks import run_training
+
+    settings = {**tomllib.loads(config_file.read_text()), "output_dir": str(tmp_path / "run")}
+    run = TrainingRun.objects.create(
+        name="ddp", domain="p4g-decision", settings=settings, processes=2
+    )
+    monkeypatch.setenv(FAIL_AT_ENV, "1:2")
+    assert run_training(run.pk) == TrainingRun.Status.FAILED
+    run.refresh_from_db()
+    assert "rank 1 failed:" in run.error and "rank 1 dies at step 2" in run.error
+    assert [c.name for c in run.checkpoints.all()] == ["ddp-step1"]  # only complete ones
+
+    monkeypatch.delenv(FAIL_AT_ENV)
+    TrainingRun.objects.filter(pk=run.pk).update(status=TrainingRun.Status.QUEUED, error="")
+    assert run_training(run.pk) == TrainingRun.Status.DONE  # resumes at step 2
+    run.refresh_from_db()
+    assert sorted(c.name for c in run.checkpoints.all()) == ["ddp-step1", "ddp-step2"]
+    assert run.progress["step"] == 2, (run.progress, run.error, run.status)
