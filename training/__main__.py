@@ -10,6 +10,7 @@ DIR/results.json, DIR/results.md and plots (training/experiment.py); run it agai
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from agents.domains import DOMAINS
@@ -45,6 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     run.add_argument("--steps", type=int, help="override `steps` (extend a finished run)")
     run.add_argument("--output-dir", help="override `output_dir`")
+    run.add_argument(
+        "--progress-file",
+        help="rank 0 writes each step's progress (JSON) here: how the TrainingRun's task follows"
+        " a launched run",
+    )
     experiment = commands.add_parser(
         "experiment", help="reproduce simulator collapse: every regime x seeds (see README)"
     )
@@ -75,16 +81,33 @@ def main(argv: list[str] | None = None) -> int:
     from training.run import train  # torch and transformers load only for a valid config
 
     try:
-        checkpoints = train(config)
+        checkpoints = train(config, progress_callback=_progress_file(args.progress_file))
     except (ResumeError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if int(os.environ.get("RANK", "0")) != 0:
+        return 0  # rank 0 reports the run
     run_dir = config.run_dir()
     print(f"run folder: {run_dir}")
     print(f"metrics:    {run_dir / 'metrics.jsonl'}")
     for folder in checkpoints:
         print(f"checkpoint: {folder}")
     return 0
+
+
+def _progress_file(path: str | None):
+    if not path:
+        return None
+    import json
+    import os
+
+    def write(progress: dict) -> None:
+        temp = f"{path}.tmp"
+        with open(temp, "w") as f:
+            json.dump(progress, f, default=str)
+        os.replace(temp, path)  # the reader never sees half a file
+
+    return write
 
 
 def _experiment(args: argparse.Namespace, argv: list[str]) -> int:

@@ -25,7 +25,8 @@ class TrainingRunForm(forms.ModelForm):
 
     class Meta:
         model = TrainingRun
-        fields = ["preset", *CONFIG_FIELDS, "settings"]  # start from a preset, then change it
+        # start from a preset, then change it; processes: data-parallel ranks (blank: the preset's)
+        fields = ["preset", *CONFIG_FIELDS, "processes", "settings"]
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -100,12 +101,12 @@ class TrainingRunAdmin(admin.ModelAdmin):
     def get_fields(self, request, obj=None):
         if obj is None:  # starting a run: only what shapes it, and what it will run
             return [*TrainingRunForm.Meta.fields, "loaded_preset", "what_will_run"]
-        return ["name", "domain", "regime", *self.readonly_fields]
+        return ["name", "domain", "regime", "processes", *self.readonly_fields]
 
     def get_readonly_fields(self, request, obj=None):
         if obj is None:
             return ["what_will_run"]
-        return ["name", "domain", "regime", *self.readonly_fields]
+        return ["name", "domain", "regime", "processes", *self.readonly_fields]
 
     @admin.display(description="What will run")
     def what_will_run(self, run):

@@ -77,6 +77,12 @@ class TrainingRun(models.Model):
     lr = models.FloatField(null=True, blank=True)
     beta = models.FloatField(null=True, blank=True, help_text="KL weight (0: no reference model).")
     temperature = models.FloatField(null=True, blank=True)
+    processes = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Training processes (data-parallel ranks, started with accelerate launch); "
+        "blank: the preset's distributed.processes (1 unless it says).",
+    )
     settings = models.JSONField(
         default=dict, blank=True, help_text="Any other RunConfig keys (TOML names)."
     )
@@ -114,6 +120,8 @@ class TrainingRun(models.Model):
                 data[key] = value
         if self.regime == "verbalized":
             data["simulator.kind"] = "verbalized"
+        if self.processes:
+            data["distributed.processes"] = self.processes
         return data
 
     def config(self) -> RunConfig:
@@ -133,6 +141,8 @@ class TrainingRun(models.Model):
 
     def _field_of(self, key: str) -> str:
         """The admin field that set a config key: its own field, the settings JSON, or none."""
+        if key.startswith("distributed.processes") and self.processes:
+            return "processes"
         top = key.split(".")[0].split("[")[0]
         if top in CONFIG_FIELDS and getattr(self, top) not in (None, ""):
             return top

@@ -1,7 +1,17 @@
-"""The Celery task that runs a TrainingRun on the `training` queue and registers its checkpoints."""
+"""The Celery task that runs a TrainingRun on the `training` queue and registers its checkpoints.
 
+One process trains in the worker; more (distributed.processes > 1) are started through the same
+launcher as on the command line (`accelerate launch ... -m training run`), followed through the
+progress file rank 0 writes, and a failed launch stores which rank failed and why.
+"""
+
+import json
+import os
+import signal
+import subprocess
 import time
 import traceback
+from pathlib import Path
 
 from celery import shared_task
 from django.utils import timezone
@@ -56,7 +66,10 @@ def run_training(run_id: int) -> str:
     if not claimed:
         return TrainingRun.objects.get(pk=run.pk).status
     try:
-        folders = train(config, progress_callback=progress_writer(run), show_progress=False)
+        if config.distributed.processes > 1:
+            folders = launch(run, config)
+        else:
+            folders = train(config, progress_callback=progress_writer(run), show_progress=False)
         for folder in folders:
             run.register_checkpoint(folder)
         run.status = TrainingRun.Status.DONE
@@ -67,6 +80,66 @@ def run_training(run_id: int) -> str:
     run.finished_at = timezone.now()
     run.save(update_fields=["status", "error", "finished_at"])
     return run.status
+
+
+class LaunchFailed(RuntimeError):
+    pass
+
+
+def launch(run: TrainingRun, config, poll: float = 1.0) -> list[Path]:
+    """Train `config` in distributed.processes processes started by accelerate; returns the
+    complete checkpoints. A failure raises LaunchFailed with each failed rank's traceback
+    (training/distributed.py); a cancelled run stops the whole process group."""
+    from training.checkpoint import list_checkpoints
+    from training.distributed import launch_command, read_failures
+
+    run_dir = config.run_dir()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_file, progress_file = run_dir / "launch-config.json", run_dir / "progress.json"
+    config_file.write_text(json.dumps(config.to_dict(), default=str))
+    progress_file.unlink(missing_ok=True)
+    command = launch_command(
+        config_file, config.distributed.processes, ["--progress-file", str(progress_file)]
+    )
+    write, seen = progress_writer(run), None
+    with open(run_dir / "launch.log", "ab") as log:
+        # a session of its own: cancelling stops the launcher and every rank, and nothing else
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)  # fmt: skip
+        try:
+            while process.poll() is None:
+                time.sleep(poll)
+                progress = _read_json(progress_file)
+                if progress and progress != seen:
+                    seen = progress
+                    write(progress)
+                elif TrainingRun.objects.filter(
+                    pk=run.pk, status=TrainingRun.Status.CANCELLING
+                ).exists():
+                    raise RunCancelled()
+        except BaseException:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait()
+            raise
+    progress = _read_json(progress_file)
+    if progress and progress != seen:
+        write(progress)
+    if process.returncode:
+        why = read_failures(run_dir) or _tail(run_dir / "launch.log")
+        raise LaunchFailed(f"{config.distributed.processes} processes, exit {process.returncode}"
+                           f"\n{why}")  # fmt: skip
+    return list_checkpoints(run_dir)
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def _tail(path: Path, chars: int = 4000) -> str:
+    return path.read_text(errors="replace")[-chars:] if path.is_file() else ""
 
 
 def start(run: TrainingRun) -> None:

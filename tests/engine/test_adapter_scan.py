@@ -23,3 +23,10 @@ def test_symlinked_checkpoints_are_found_by_manifest_name(tmp_path):
     found = find_adapters(root)
     assert set(found) == {"r1-step3", "plain"}
     assert found["r1-step3"].path.resolve() == run.resolve()
+
+
+def test_a_checkpoint_still_being_written_is_not_served(tmp_path):
+    root = tmp_path / "runs"
+    fake_adapter(root / "r1" / "checkpoints" / "step-000001", name="r1-step1")
+    fake_adapter(root / "r1" / "checkpoints" / "step-000002.partial", name="r1-step2")
+    assert set(find_adapters(root)) == {"r1-step1"}

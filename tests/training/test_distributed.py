@@ -1,0 +1,147 @@
+"""Data-parallel training launched for real (`accelerate launch`, gloo on CPU): 2 processes give
+the adapter 1 process gives on the same global batch, and a rank that dies fails the run cleanly
+and the run resumes from its last complete checkpoint (at another process count).
+
+P4G's decision episode with the tiny model: the agent's ask is drawn from the policy's exact
+distribution over the allowed asks and a scripted persuadee answers, so each step is cheap and
+what is compared is the distributed update itself."""
+
+import json
+import os
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from training import checkpoint
+from training.config import load_config
+from training.distributed import FAIL_AT_ENV, launch_command, read_failures
+from training.run import train
+from training.tiny import build_tiny_model
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = """
+name = "ddp"
+domain = "p4g-decision"
+base_model = "{model}"
+steps = 2
+group_size = 4
+batch_tasks = 2              # one task's group per rank
+lr = 1e-2
+temperature = 1.0
+max_new_tokens = 8
+max_turns = 2
+micro_batch = 4
+save_every = 1
+threads = 1
+heldout = []
+[tasks]
+max_train = 4
+[simulator]
+name = "steady"
+kind = "scripted"
+script = "steady"
+"""
+
+
+@pytest.fixture(scope="module")
+def smooth_tiny_model(base_model, tmp_path_factory):
+    """A tiny model with the usual small initialisation: the shared fixture's large one makes
+    logits so peaked that float noise from batch shapes swamps the comparison."""
+    return build_tiny_model(
+        tmp_path_factory.mktemp("tiny-smooth"), Path(base_model), init_range=0.02
+    )
+
+
+@pytest.fixture
+def config_file(smooth_tiny_model, tmp_path):
+    path = tmp_path / "ddp.toml"
+    path.write_text(CONFIG.format(model=smooth_tiny_model))
+    return path
+
+
+def launch(config_file, out, processes=2, env=None):
+    command = launch_command(config_file, processes, args=["--output-dir", str(out)])
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'platform'}:{REPO}", **(env or {})}
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+
+
+def adapter(out, step):
+    return load_file(checkpoint.checkpoint_dir(out, step) / "adapter_model.safetensors")
+
+
+def assert_same(a, b):
+    """Equal to float tolerance: Adam divides by sqrt(v), so an element whose gradient is ~0
+    moves by rounding noise scaled up to about lr x 1e-3 (weights are ~0.1, lr 1e-2)."""
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-3, atol=1e-4)
+
+
+def test_two_processes_train_the_adapter_one_process_does(config_file, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    train(load_config(config_file, {"output_dir": str(one)}), show_progress=False)
+    done = launch(config_file, two)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    assert_same(adapter(one, 2), adapter(two, 2))
+    assert adapter(one, 2).keys() and any(  # the adapter did move (B starts at zero)
+        float(t.abs().max()) > 0 for k, t in adapter(two, 2).items() if "lora_B" in k
+    )
+    rows = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()]
+    single = [json.loads(x) for x in (one / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]  # rank 0 alone wrote: one row per step
+    for row, ref in zip(rows, single, strict=True):  # metrics cover the whole global batch
+        assert row["tokens"] == ref["tokens"] > 0
+        assert row["trained_sequences"] == ref["trained_sequences"] > 0
+        assert row["reward_mean"] == pytest.approx(ref["reward_mean"])
+        assert row["loss"] == pytest.approx(ref["loss"], abs=1e-6)
+    assert len((two / "samples.jsonl").read_text().splitlines()) == 4  # 2 tasks x 2 steps
+
+
+def test_a_dead_rank_fails_the_run_cleanly_and_it_resumes(config_file, tmp_path):
+    out = tmp_path / "run"
+    failed = launch(config_file, out, env={FAIL_AT_ENV: "1:2"})
+    assert failed.returncode != 0
+
+    error = read_failures(out)
+    assert error.startswith("rank 1 failed:") and "rank 1 dies at step 2" in error
+    assert "rank 0 failed" not in error  # rank 0 only lost its peer: a consequence
+    assert [p.name for p in checkpoint.list_checkpoints(out)] == ["step-000001"]
+    assert not checkpoint.checkpoint_dir(out, 2).exists()  # no step-2 checkpoint to register
+
+    # the restart (here with one process) resumes at step 2 and ends where an unbroken run does
+    train(load_config(config_file, {"output_dir": str(out)}), show_progress=False)
+    assert [p.name for p in checkpoint.list_checkpoints(out)] == ["step-000001", "step-000002"]
+    assert read_failures(out) == ""
+    reference = tmp_path / "reference"
+    train(load_config(config_file, {"output_dir": str(reference)}), show_progress=False)
+    assert_same(adapter(out, 2), adapter(reference, 2))
+
+
+@pytest.mark.django_db
+def test_a_training_run_launches_its_processes_and_names_the_failed_rank(
+    config_file, tmp_path, monkeypatch
+):
+    from training.models import TrainingRun
+    from training.tasks import run_training
+
+    settings = {**tomllib.loads(config_file.read_text()), "output_dir": str(tmp_path / "run")}
+    run = TrainingRun.objects.create(
+        name="ddp", domain="p4g-decision", settings=settings, processes=2
+    )
+    monkeypatch.setenv(FAIL_AT_ENV, "1:2")
+    assert run_training(run.pk) == TrainingRun.Status.FAILED
+    run.refresh_from_db()
+    assert "rank 1 failed:" in run.error and "rank 1 dies at step 2" in run.error
+    assert [c.name for c in run.checkpoints.all()] == ["ddp-step1"]  # only complete ones
+
+    monkeypatch.delenv(FAIL_AT_ENV)
+    TrainingRun.objects.filter(pk=run.pk).update(status=TrainingRun.Status.QUEUED, error="")
+    assert run_training(run.pk) == TrainingRun.Status.DONE  # resumes at step 2
+    run.refresh_from_db()
+    assert sorted(c.name for c in run.checkpoints.all()) == ["ddp-step1", "ddp-step2"]
+    assert run.progress["step"] == 2, (run.progress, run.error, run.status)
