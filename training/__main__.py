@@ -86,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
             overrides["output_dir"] = args.output_dir
         if args.dry_run:
             return _dry_run(args, overrides)
+        if args.offline or args.json or args.accelerate_config or args.device_memory:
+            raise ConfigError(
+                "--offline, --json, --accelerate-config, --device-memory need --dry-run"
+            )
         config = load_config(args.config, overrides)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -351,6 +351,13 @@ def check_local(config: RunConfig) -> list[Check]:
             folders[f"{spec.name} model"] = spec.model or str(config.base_model_path())
             if spec.adapter:
                 folders[f"{spec.name} adapter"] = spec.adapter
+    if config.domain_data:
+        data = Path(config.domain_data).expanduser()
+        checks.append(
+            Check(
+                "domain data", data.is_dir(), f"{data}" + ("" if data.is_dir() else ": no folder")
+            )
+        )
     for name, folder in folders.items():
         path = Path(folder).expanduser()
         marker = "adapter_config.json" if name.endswith("adapter") else "config.json"

@@ -162,3 +162,28 @@ def test_unreachable_endpoint_fails_with_its_url(tmp_path, base_model):
     assert not result["ok"]
     # offline, the endpoint is not asked and the rest holds
     assert dry_run(str(config), offline=True)["ok"]
+
+
+def test_agent_sampler_serves_the_base_model(tmp_path, base_model):
+    """vLLM lists the base model under the path it was started with; the adapter is loaded at
+    run time, so only the base is asked for."""
+    with ScriptedServer([], models=[str(base_model)]) as server:
+        config = write_config(tmp_path, base_model, extra=f'rollout_endpoint = "{server.url}"')
+        assert dry_run(str(config))["ok"]
+    with ScriptedServer([], models=["Qwen3-8B"]) as server:
+        config = write_config(tmp_path, base_model, extra=f'rollout_endpoint = "{server.url}"')
+        result = dry_run(str(config))
+    assert {"name": "agent sampler model", "ok": False,
+            "detail": f"{base_model} is not served (served: Qwen3-8B)"} in result["checks"]  # fmt: skip
+
+
+def test_missing_domain_data_fails_online_only(tmp_path, base_model):
+    config = write_config(tmp_path, base_model, extra=f'domain_data = "{tmp_path / "absent"}"')
+    assert not dry_run(str(config))["ok"]
+    assert dry_run(str(config), offline=True)["ok"]
+
+
+def test_dry_run_flags_without_dry_run_are_refused(tmp_path, base_model, capsys):
+    config = write_config(tmp_path, base_model)
+    assert main(["run", str(config), "--offline"]) == 2
+    assert "need --dry-run" in capsys.readouterr().err
