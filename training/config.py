@@ -62,7 +62,6 @@ SIMULATOR_KINDS = ("plain", "verbalized", "scripted")
 SIMULATOR_REWARDS = ("auto", "adversarial", "cooperative")
 FINETUNE = ("lora", "full")
 DTYPES = ("float32", "bfloat16", "float16")
-STRATEGIES = ("ddp", "fsdp")
 
 
 def regime_choices() -> list[tuple[str, str]]:
@@ -102,7 +101,6 @@ Script = Literal[(*SCRIPTED_TYPES, "")]
 SimulatorReward = Literal[SIMULATOR_REWARDS]
 Finetune = Literal[FINETUNE]
 Dtype = Literal[DTYPES]
-Strategy = Literal[STRATEGIES]
 Strings = Annotated[list[StrictStr], Field(strict=True)]
 
 TABLE = ConfigDict(extra="forbid")
@@ -227,21 +225,6 @@ class LoraSpec:
 
 
 @dataclass(config=TABLE)
-class DistributedSpec:
-    """How many processes share a step (one per device) and how the update is split; the
-    accelerate settings file that launches the run must agree (`--dry-run` checks it)."""
-
-    processes: StrictInt = Field(
-        1, ge=1, description="data-parallel processes, one per device (accelerate num_processes)"
-    )
-    strategy: Strategy = Field(
-        "ddp",
-        description="ddp: every device holds the whole model | fsdp: weights and optimizer state"
-        " sharded across devices (models that do not fit one)",
-    )
-
-
-@dataclass(config=TABLE)
 class RunConfig:
     name: Name = Field(description="the run's name (its output folder, its checkpoints' prefix)")
     domain: DomainName = Field(description="the task family (agents.domains)")
@@ -320,9 +303,6 @@ class RunConfig:
     finetune: Finetune = Field("lora", description="lora: train an adapter | full: every weight")
     lora: LoraSpec = Field(default_factory=LoraSpec, description="the adapter")
     dtype: Dtype = Field("float32", description="weights' dtype")
-    distributed: DistributedSpec = Field(
-        default_factory=DistributedSpec, description="processes and how the update is split"
-    )
     device: StrictStr = Field("cpu", description="torch device")
     threads: StrictInt = Field(
         0,
