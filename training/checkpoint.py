@@ -10,7 +10,10 @@
         simulator/           co-training: the simulator's adapter at this step (+ manifest.json)
 
 A folder is written under a temporary name and renamed when complete, so a run killed while
-saving never leaves a half checkpoint that a resume would pick up.
+saving never leaves a half checkpoint that a resume would pick up. Data-parallel, rank 0 writes
+it (the state is global: every rank holds the same weights and optimizer) and renames it only
+after every rank has reached the step's barrier, so a step in which any rank died is never a
+checkpoint: a restart resumes from the last step all ranks finished.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ def save(
     agent: Any,
     regime: Any,
     metrics: dict[str, Any],
+    ranks: Any = None,
 ) -> Path:
     final = checkpoint_dir(run_dir, step)
     temp = final.with_name(final.name + ".partial")
@@ -90,10 +94,17 @@ def save(
     if (temp / "simulator").is_dir():
         sim = {**manifest, "name": f"{config.name}-simulator-step{step}", "kind": "simulator"}
         _write_json(temp / "simulator" / MANIFEST, sim)
+    if ranks is not None:
+        save_barrier(ranks)
     if final.exists():
         shutil.rmtree(final)  # the same step saved again (a replayed step after a resume)
     os.replace(temp, final)
     return final
+
+
+def save_barrier(ranks: Any) -> None:
+    """Where every rank meets before rank 0 makes a checkpoint complete (renames it)."""
+    ranks.barrier()
 
 
 def resume(run_dir: Path, config: Any, agent: Any, regime: Any) -> int:

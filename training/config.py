@@ -212,6 +212,28 @@ class TaskSpec:
     max_eval: StrictInt = Field(0, ge=0, description="keep the first N scenarios (0 = all)")
 
 
+DISTRIBUTED_STRATEGIES = ("ddp", "fsdp")
+Strategy = Literal[DISTRIBUTED_STRATEGIES]
+
+
+@dataclass(config=TABLE)
+class DistributedSpec:
+    """How many processes train the run (data-parallel, launched by `accelerate launch`)."""
+
+    processes: StrictInt = Field(
+        1,
+        ge=1,
+        description="training processes (ranks); each rolls out its share of a step's tasks."
+        " The TrainingRun's task launches this many; on the command line it is"
+        " `accelerate launch --num_processes N`, which wins when they differ",
+    )
+    strategy: Strategy = Field(
+        "ddp",
+        description="ddp: every rank holds the whole model, gradients are all-reduced"
+        " | fsdp: parameters sharded across ranks, for models that do not fit one device",
+    )
+
+
 @dataclass(config=TABLE)
 class LoraSpec:
     r: StrictInt = Field(8, ge=1, description="LoRA rank")
@@ -302,6 +324,10 @@ class RunConfig:
     # model
     finetune: Finetune = Field("lora", description="lora: train an adapter | full: every weight")
     lora: LoraSpec = Field(default_factory=LoraSpec, description="the adapter")
+    distributed: DistributedSpec = Field(
+        default_factory=DistributedSpec,
+        description="data-parallel training: processes and ddp | fsdp (default: one process)",
+    )
     dtype: Dtype = Field("float32", description="weights' dtype")
     device: StrictStr = Field("cpu", description="torch device")
     threads: StrictInt = Field(

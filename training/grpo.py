@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from training.distributed import Ranks
 
 STD_EPS = 1e-4
 
@@ -211,6 +214,7 @@ def update(
     grad_clip: float = 1.0,
     reference: Callable[..., torch.Tensor] | None = None,
     temperature: float = 1.0,
+    ranks: Any = None,
 ) -> dict[str, float]:
     """One GRPO step on `batch`: old and reference log-probs, then `epochs` optimizer steps.
 
@@ -231,7 +235,15 @@ def update(
     batch = batch.select(order)
     adv, n_live = adv[order], int(live.sum())
     chunks = [(i, min(i + micro_batch, n_live)) for i in range(0, n_live, micro_batch)]
-    total_tokens = float(batch.mask.sum().clamp(min=1.0))
+    # Data-parallel (`ranks`, training/distributed.py): each rank holds its own tasks' rows. The
+    # loss is a token mean over the GLOBAL batch, so every rank divides by the token count summed
+    # over all ranks, and the gradients are then summed (not averaged as DDP does): sum over
+    # ranks of (rank's token sum / global tokens) is exactly the 1-process loss over the whole
+    # batch. Whether to step at all is decided on the global count of live rows, so every rank
+    # steps (or skips) together and the weights stay identical.
+    ranks = ranks or Ranks()
+    global_live = ranks.total(n_live)
+    total_tokens = max(ranks.total(float(batch.mask.sum())), 1.0)
     totals = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "entropy": 0.0, "grad_norm": 0.0}
     old, ref = {}, {}
     with torch.no_grad():
@@ -246,7 +258,7 @@ def update(
             totals["entropy"] += float((entropy * rows.mask).sum()) / total_tokens
 
     model.train()
-    for _ in range(epochs if chunks else 0):
+    for _ in range(epochs if global_live else 0):
         optimizer.zero_grad(set_to_none=True)
         for c in chunks:
             rows = batch.rows(*c)
@@ -262,10 +274,13 @@ def update(
             totals["clip_frac"] += stats["clip_frac"] * weight / epochs
             totals["entropy"] += float((entropy * rows.mask).sum()) / total_tokens / epochs
         params = [p for p in model.parameters() if p.requires_grad]
+        ranks.sum_gradients(params)
         norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
         totals["grad_norm"] += float(norm) / epochs
         optimizer.step()
     model.eval()
-    totals["tokens"] = float(batch.mask.sum())
-    totals["trained_sequences"] = float(n_live)
+    for key in ("loss", "kl", "clip_frac", "entropy"):  # each rank's share of the global mean
+        totals[key] = ranks.total(totals[key])
+    totals["tokens"] = ranks.total(float(batch.mask.sum()))
+    totals["trained_sequences"] = global_live
     return totals

@@ -211,9 +211,11 @@ class Policy(LocalModel):
         *,
         temperature: float,
         beta: float,
+        ranks: Any = None,
     ) -> dict:
         """One GRPO update on these transcripts' own tokens (mask 1), one advantage each, with
-        log-probs at the sampling `temperature` and the KL weight `beta` of this role."""
+        log-probs at the sampling `temperature` and the KL weight `beta` of this role; with
+        `ranks`, these are this rank's rows of a data-parallel step (grpo.update)."""
         batch = TokenBatch.from_lists(
             [t.ids for t in transcripts],
             [t.mask for t in transcripts],
@@ -233,6 +235,7 @@ class Policy(LocalModel):
             grad_clip=config.grad_clip,
             reference=self.reference_logprobs if beta > 0 else None,
             temperature=temperature,
+            ranks=ranks,
         )
 
     def reference_logprobs(self, batch: TokenBatch, temperature: float = 1.0) -> torch.Tensor:

@@ -27,6 +27,7 @@ from training import checkpoint
 from training.agent import EndpointAgent, LocalAgent
 from training.collapse import load_or_find_exploit, simulator_exploit, step_metrics
 from training.config import RunConfig, TaskSpec
+from training.distributed import Ranks
 from training.eval import HeldOutPanel
 from training.grpo import group_advantages
 from training.metrics import MetricsLog, plot
@@ -51,10 +52,16 @@ def train(
         # OpenMP threads spin-wait for each other: on a machine shared with other work, fewer
         # threads than cores is several times faster
         torch.set_num_threads(config.threads)
+    ranks = Ranks.start(config)
     try:
-        return _train(config, progress_callback, domain, show_progress)
+        return _train(config, progress_callback, domain, show_progress, ranks)
+    except Exception:
+        # the launcher stops the other ranks; this file says which one failed and why
+        ranks.record_failure(config.run_dir())
+        raise
     finally:
         torch.set_num_threads(threads)
+        ranks.close()
 
 
 def _train(
@@ -62,9 +69,11 @@ def _train(
     progress_callback: Progress | None,
     domain: Domain | None,
     show_progress: bool,
+    ranks: Ranks,
 ) -> list[Path]:
     run_dir = config.run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
+    ranks.clear_failures(run_dir)
     domain = domain or _domain(config.domain, config.domain_data)
     train_tasks = select_tasks(domain, config.tasks, "train")
     eval_tasks = select_tasks(domain, config.tasks, "eval")
@@ -74,16 +83,20 @@ def _train(
     agent = Policy.for_run(config, lr=config.lr, finetune=config.finetune)
     regime = make_regime(config, run_dir, models)
     panel = HeldOutPanel(config, domain, eval_tasks, models)
+    # every rank loads the same global checkpoint (adapter, optimizer, RNG), so a run resumes at
+    # any process count
     start = checkpoint.resume(run_dir, config, agent, regime)
-    log = MetricsLog(run_dir / "metrics.jsonl", resume_step=start)
-    samples = MetricsLog(run_dir / "samples.jsonl", resume_step=start)  # one conversation per task
-    (run_dir / "config.json").write_text(_json(config.to_dict()))
+    main = ranks.main  # rank 0 alone writes the run's files
+    log = MetricsLog(run_dir / "metrics.jsonl", resume_step=start) if main else None
+    samples = MetricsLog(run_dir / "samples.jsonl", resume_step=start) if main else None
+    if main:
+        (run_dir / "config.json").write_text(_json(config.to_dict()))
     # the frozen simulator's dominant mode, where the task makes it exact (training/collapse.py):
     # the training simulator as it starts, plain (a Verbalized one's underlying model)
     base_user = dataclasses.replace(config.simulator, kind="plain") if (
         config.simulator.kind == "verbalized") else config.simulator  # fmt: skip
     exploit = None
-    if domain.first_speaker == "agent" and not base_user.endpoint:
+    if main and domain.first_speaker == "agent" and not base_user.endpoint:
         exploit = load_or_find_exploit(
             run_dir,
             lambda: simulator_exploit(
@@ -96,38 +109,40 @@ def _train(
         speaker = EndpointAgent(
             config.rollout_endpoint, agent, config.temperature, config.max_new_tokens
         )
-    heldout: dict[str, float] | None = _last_heldout(log.rows())
-    optimizer_steps = int(sum(r.get("optimizer_step", 0) for r in log.rows()))
+    rows = log.rows() if main else []
+    heldout: dict[str, float] | None = _last_heldout(rows)
+    optimizer_steps = int(sum(r.get("optimizer_step", 0) for r in rows))
     started, saved = time.monotonic(), checkpoint.list_checkpoints(run_dir)
+    show_progress = show_progress and main
     bar = tqdm(total=config.steps, initial=start, desc=config.name, disable=not show_progress)
     for step in range(start + 1, config.steps + 1):
+        ranks.check_injected_failure(step)
         t0 = time.monotonic()
-        # 1. rollouts: G conversations for each of this step's tasks
+        # 1. rollouts: G conversations for each of this rank's share of the step's tasks
         tasks = draw_tasks(train_tasks, config.batch_tasks, random.Random(f"{config.seed}-{step}"))
-        scenarios = [t for t in tasks for _ in range(config.group_size)]
         if config.rollout_endpoint:  # the server samples from the adapter as it is now
             live = run_dir / "live" / f"step-{step - 1:06d}"
-            agent.save(live)
-            speaker.load(str(live), f"{config.name}-live-{step - 1}")
-            _prune_live(live)
+            _serve_live(agent, speaker, live, f"{config.name}-live-{step - 1}", ranks)
+        mine = []
         with regime.simulator(step) as user:
-            rollouts = play(
-                domain, scenarios, speaker, user,
-                max_turns=config.max_turns, max_tool_rounds=config.max_tool_rounds,
-                redraw=random.Random(f"{config.seed}-{step}-redraw"),
-            )  # fmt: skip
-        rewards = torch.tensor([r.reward for r in rollouts]).view(len(tasks), config.group_size)
+            for index, task in ranks.share(list(enumerate(tasks))):
+                mine += _play_task(config, domain, task, index, step, speaker, user)
+        rewards = torch.tensor([r.reward for r in mine]).view(-1, config.group_size)
         t_rollout = time.monotonic() - t0
 
-        # 2. the agent's GRPO step on its own tokens
+        # 2. the agent's GRPO step on its own tokens (data-parallel: this rank's rows, the
+        # gradients summed over the ranks)
         adv = group_advantages(rewards, config.scale_std).flatten()
         stats = agent.learn(
-            [r.agent for r in rollouts],
+            [r.agent for r in mine],
             adv,
             config,
             temperature=config.temperature,
             beta=config.beta,
+            ranks=ranks,
         )
+        rollouts = ranks.gather(mine)  # the whole step, in task order, on every rank
+        rewards = torch.tensor([r.reward for r in rollouts]).view(len(tasks), config.group_size)
 
         # 3. the regime's own step (co-training: the simulator learns; population: the pool)
         stats.update(regime.learn(step, rollouts))
@@ -147,11 +162,16 @@ def _train(
         optimizer_steps += int(row["optimizer_step"])
         row["optimizer_steps"] = optimizer_steps  # so far: 0 means the adapter is still the base
 
-        # 4. held-out evaluation every eval_every steps and at the end
-        if panel and _due(step, config.eval_every, config.steps):
+        # 4. held-out evaluation every eval_every steps and at the end (rank 0; the others wait
+        # at the next step's first collective)
+        if main and panel and _due(step, config.eval_every, config.steps):
             heldout = panel.evaluate(agent, step)
             row.update(heldout)
         row["time_step"] = time.monotonic() - t0
+        if not main:
+            if _due(step, config.save_every, config.steps):
+                checkpoint.save_barrier(ranks)  # rank 0 renames the checkpoint after this
+            continue
         log.write(row)
         samples.write_many(
             {"step": step, "task": r.scenario.id, "reward": r.reward, "end_reason": r.end_reason,
@@ -162,7 +182,7 @@ def _train(
         # 5. checkpoint every save_every steps and at the end, with the plots beside it
         folder = None
         if _due(step, config.save_every, config.steps):
-            folder = checkpoint.save(run_dir, step, config, agent, regime, row)
+            folder = checkpoint.save(run_dir, step, config, agent, regime, row, ranks=ranks)
             saved = checkpoint.list_checkpoints(run_dir)
             plot(log.rows(), run_dir)
 
@@ -184,6 +204,36 @@ def _train(
             )
     bar.close()
     return saved
+
+
+def _play_task(config, domain, task, index, step, speaker, user) -> list[Any]:
+    """The G conversations of the step's task number `index`. Torch's and the simulator's
+    generators are seeded from (seed, step, index), so a task's rollouts are the same whichever
+    rank plays it: a run gives the same result at any process count."""
+    torch.manual_seed(_task_seed(config.seed, step, index))
+    if isinstance(getattr(user, "rng", None), random.Random):
+        user.rng.seed(f"{config.seed}-{step}-{index}-user")
+    return play(
+        domain, [task] * config.group_size, speaker, user,
+        max_turns=config.max_turns, max_tool_rounds=config.max_tool_rounds,
+        redraw=random.Random(f"{config.seed}-{step}-{index}-redraw"),
+    )  # fmt: skip
+
+
+def _task_seed(seed: int, step: int, index: int) -> int:
+    return random.Random(f"{seed}-{step}-{index}-torch").getrandbits(63)
+
+
+def _serve_live(agent: Any, speaker: Any, live: Path, name: str, ranks: Ranks) -> None:
+    """Rank 0 writes the adapter as it is now and loads it into the server; the other ranks then
+    sample from it by name (loading it again would unload it under rank 0's feet)."""
+    if ranks.main:
+        agent.save(live)
+        speaker.load(str(live), name)
+        _prune_live(live)
+    ranks.barrier()
+    if not ranks.main:
+        speaker.model = name
 
 
 def select_tasks(domain: Domain, spec: TaskSpec, which: str) -> list[Scenario]:

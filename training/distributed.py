@@ -1,0 +1,142 @@
+"""Data-parallel training: which rank this process is, its share of a step's tasks, the sums
+and gathers the ranks need, and how a rank's failure is recorded.
+
+    accelerate launch --num_processes 2 -m training run CONFIG.toml
+
+`accelerate launch` (torchrun underneath) starts the processes and sets RANK / WORLD_SIZE;
+`Ranks.start` joins them through accelerate's `Accelerator` (gloo on CPU, nccl on GPU). A plain
+`python -m training run` is one rank, and every method here is then a no-op.
+
+A rank that raises writes its traceback to <run>/failures/rank-K.txt before it dies; the
+launcher then stops the other ranks, and whoever started the launcher (the CLI user, the
+TrainingRun's Celery task) reads those files to say which rank failed and why.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+FAILURES = "failures"
+# Tests only: "RANK:STEP" makes that rank raise at the start of that step (a process dying
+# mid-run), so the clean failure and the resume can be checked end to end.
+FAIL_AT_ENV = "PARLEY_TRAIN_FAIL_AT"
+
+T = TypeVar("T")
+
+
+class InjectedFailure(RuntimeError):
+    pass
+
+
+class Ranks:
+    """This process's place among the run's processes (rank 0 of 1 when not launched)."""
+
+    def __init__(self, rank: int = 0, world: int = 1, accelerator: Any = None):
+        self.rank, self.world, self.accelerator = rank, world, accelerator
+
+    @classmethod
+    def start(cls, config: Any) -> Ranks:
+        """Join the launched processes (none: one rank). Refuses what is not data-parallel yet."""
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world == 1:
+            return cls()
+        if config.distributed.strategy == "fsdp":
+            raise ValueError(
+                "distributed.strategy = 'fsdp' is not implemented yet: use 'ddp' (every rank holds"
+                " the whole model)"
+            )
+        if config.regime in ("cotrain", "population"):
+            raise ValueError(
+                f"regime {config.regime!r} trains a simulator too, which is not data-parallel yet:"
+                " run it with one process"
+            )
+        if config.batch_tasks < world:
+            raise ValueError(
+                f"batch_tasks = {config.batch_tasks} gives some of the {world} processes no task:"
+                " every rank rolls out at least one task's group"
+            )
+        from accelerate import Accelerator
+
+        accelerator = Accelerator(cpu=config.device == "cpu")
+        return cls(accelerator.process_index, accelerator.num_processes, accelerator)
+
+    @property
+    def main(self) -> bool:
+        """Rank 0 alone writes metrics, samples, plots and checkpoints."""
+        return self.rank == 0
+
+    def share(self, items: list[T]) -> list[T]:
+        """This rank's contiguous block of `items` (a step's tasks): the first len % world ranks
+        take one more. Deterministic, so any rank knows every rank's share."""
+        size, extra = divmod(len(items), self.world)
+        start = self.rank * size + min(self.rank, extra)
+        return items[start : start + size + (self.rank < extra)]
+
+    def total(self, value: float) -> float:
+        """The sum of `value` over the ranks."""
+        if self.world == 1:
+            return float(value)
+        tensor = torch.tensor([float(value)], dtype=torch.float64)
+        torch.distributed.all_reduce(tensor)
+        return float(tensor)
+
+    def sum_gradients(self, params: list[torch.nn.Parameter]) -> None:
+        """Replace each gradient by its sum over the ranks (a rank with nothing to train adds 0).
+        A sum, not DDP's mean: see grpo.update for why."""
+        if self.world == 1:
+            return
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([p.grad.reshape(-1) for p in params])  # one collective, not one per tensor
+        torch.distributed.all_reduce(flat)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad.copy_(flat[offset : offset + n].view_as(p))
+            offset += n
+
+    def gather(self, items: list[T]) -> list[T]:
+        """Every rank's `items`, concatenated in rank order (so a step's tasks in their order)."""
+        if self.world == 1:
+            return items
+        parts: list[Any] = [None] * self.world
+        torch.distributed.all_gather_object(parts, items)
+        return [item for part in parts for item in part]
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            torch.distributed.barrier()
+
+    def check_injected_failure(self, step: int) -> None:
+        wanted = os.environ.get(FAIL_AT_ENV, "")
+        if wanted and wanted == f"{self.rank}:{step}":
+            raise InjectedFailure(f"{FAIL_AT_ENV}={wanted}: rank {self.rank} dies at step {step}")
+
+    def record_failure(self, run_dir: Path) -> None:
+        """Write the exception being handled to <run>/failures/rank-K.txt."""
+        folder = Path(run_dir) / FAILURES
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"rank-{self.rank}.txt").write_text(traceback.format_exc())
+
+    def clear_failures(self, run_dir: Path) -> None:
+        """A (re)started run forgets the failures of an earlier attempt (rank 0, before any step)."""
+        if self.main:
+            for path in (Path(run_dir) / FAILURES).glob("rank-*.txt"):
+                path.unlink()
+        self.barrier()
+
+    def close(self) -> None:
+        if self.world > 1 and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def read_failures(run_dir: Path) -> str:
+    """What the ranks that failed wrote, each under its rank ("" when none did)."""
+    found = sorted((Path(run_dir) / FAILURES).glob("rank-*.txt"))
+    return "\n".join(f"rank {p.stem.split('-')[1]} failed:\n{p.read_text()}" for p in found)
