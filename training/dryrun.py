@@ -3,7 +3,8 @@ before a node's GPUs wait on a typo. Each check is one `Check` (ok or not, with 
 run is ready when every check holds.
 
 Offline (no network, no weights): the config is valid, the accelerate settings file (if given)
-is one accelerate reads and agrees with the config, the step's tasks split evenly across ranks,
+is one accelerate reads and agrees with the config (its num_processes, when given, is the count
+the rest is checked for, as the launch uses it), every rank gets at least one task,
 and the memory per device (below) fits. Online, in addition: every OpenAI-compatible endpoint
 the config names answers GET /v1/models (with the key from the variable it names; the key is
 never printed) and serves the named model or adapter, in-process models and adapters are
@@ -229,23 +230,23 @@ def device_memory(config: RunConfig, offline: bool, given_gib: float | None) -> 
 # -- the checks ---------------------------------------------------------------------------------
 
 
-def check_accelerate(config: RunConfig, path: str) -> list[Check]:
-    """The accelerate settings file, read by accelerate itself, and whether it agrees with the
-    config's `distributed` table (the same process count, FSDP exactly when strategy = fsdp)."""
+def check_accelerate(config: RunConfig, path: str) -> tuple[list[Check], int]:
+    """The accelerate settings file, read by accelerate itself, whether it agrees with the
+    config's `distributed` table (FSDP exactly when strategy = fsdp), and the process count the
+    launch will have: accelerate's `num_processes` wins over `distributed.processes`, as in
+    the trainer."""
     from accelerate.commands.config.config_args import load_config_from_file
 
+    processes = config.distributed.processes
     try:
         settings = load_config_from_file(path)
     except Exception as exc:  # noqa: BLE001 - any reason accelerate refuses the file is the answer
-        return [Check("accelerate settings", False, f"{path}: {exc}")]
+        return [Check("accelerate settings", False, f"{path}: {exc}")], processes
     problems = []
     kind = str(getattr(settings.distributed_type, "value", settings.distributed_type))
-    machines, processes = settings.num_machines, settings.num_processes
-    if processes != config.distributed.processes:
-        problems.append(
-            f"num_processes = {processes} but the config's distributed.processes ="
-            f" {config.distributed.processes}"
-        )
+    machines = settings.num_machines
+    if settings.num_processes >= 1:
+        processes = settings.num_processes
     if (kind == "FSDP") != (config.distributed.strategy == "fsdp"):
         problems.append(
             f"distributed_type = {kind} but the config's distributed.strategy ="
@@ -257,20 +258,26 @@ def check_accelerate(config: RunConfig, path: str) -> list[Check]:
         problems.append(f"machine_rank = {settings.machine_rank} is not in 0..{machines - 1}")
     if machines > 1 and not (settings.main_process_ip and settings.main_process_port):
         problems.append("several machines need main_process_ip and main_process_port")
-    detail = "; ".join(problems) or (
-        f"{path}: {kind}, {processes} processes on {machines} machine(s)"
+    detail = (
+        "; ".join(problems) or f"{path}: {kind}, {processes} processes on {machines} machine(s)"
     )
-    return [Check("accelerate settings", not problems, detail)]
+    if not problems and processes != config.distributed.processes:
+        detail += (
+            f" (its num_processes wins over distributed.processes = {config.distributed.processes})"
+        )
+    return [Check("accelerate settings", not problems, detail)], processes
 
 
 def check_batch(config: RunConfig) -> Check:
-    n = config.distributed.processes
-    ok = config.batch_tasks % n == 0
+    """Every rank rolls out at least one task's group (the trainer refuses fewer tasks)."""
+    n, tasks = config.distributed.processes, config.batch_tasks
+    ok = tasks >= n
+    shares = f"{tasks // n}" + ("" if tasks % n == 0 else f" or {tasks // n + 1}") if ok else "0"
     return Check(
         "tasks split across ranks",
         ok,
-        f"batch_tasks {config.batch_tasks} over {n} process(es)"
-        + ("" if ok else ": must be a multiple of distributed.processes"),
+        f"batch_tasks {tasks} over {n} process(es): {shares} each"
+        + ("" if ok else "; some ranks would have no task"),
     )
 
 
@@ -384,7 +391,10 @@ def dry_run(
         return _result(checks, {})
     checks.append(Check("config", True, f"{path}: {config.name}, {config.regime}"))
     if accelerate_config:
-        checks += check_accelerate(config, accelerate_config)
+        found, processes = check_accelerate(config, accelerate_config)
+        checks += found
+        distributed = dataclasses.replace(config.distributed, processes=processes)
+        config = dataclasses.replace(config, distributed=distributed)  # the launch's count
     checks.append(check_batch(config))
     mem_check, estimate = check_memory(config, offline, device_gib)
     checks.append(mem_check)

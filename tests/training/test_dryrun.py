@@ -64,7 +64,20 @@ def test_accelerate_settings_that_disagree_fail(tmp_path, base_model):
     )
     check = next(c for c in result["checks"] if c["name"] == "accelerate settings")
     assert not check["ok"]
-    assert "num_processes = 8" in check["detail"] and "distributed_type = FSDP" in check["detail"]
+    assert "distributed_type = FSDP but the config's distributed.strategy = ddp" in check["detail"]
+
+
+def test_accelerate_process_count_wins_as_in_the_launch(tmp_path, base_model):
+    """One task for 8 processes: the launch gives 7 ranks nothing, whatever the config says."""
+    config = write_config(tmp_path, base_model)
+    result = dry_run(
+        str(config), offline=True, accelerate_config=str(ACCELERATE / "one_node_8gpu.yaml")
+    )
+    checks = {c["name"]: c for c in result["checks"]}
+    assert checks["accelerate settings"]["ok"]
+    assert "wins over distributed.processes = 1" in checks["accelerate settings"]["detail"]
+    assert not checks["tasks split across ranks"]["ok"]
+    assert result["memory"]["processes"] == 8
 
 
 def test_invalid_config_fails_with_its_key(tmp_path, base_model, capsys):
