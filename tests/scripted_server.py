@@ -40,6 +40,7 @@ class ScriptedServer(ThreadedServer):
         self.models = list(models)
         self.model_lists = 0  # GET /v1/models answered
         self.loaded_adapters: list[dict] = []  # POST /v1/load_lora_adapter bodies
+        self.model_list_headers: list[dict] = []  # the headers of each GET /v1/models
         self.requests: list[dict] = []
         self.headers: list[dict] = []
         self.client_ports: list[int] = []  # one port per TCP connection the client opened
@@ -68,6 +69,7 @@ class ScriptedServer(ThreadedServer):
 
     async def list_models(self, request: Request):
         self.model_lists += 1
+        self.model_list_headers.append(dict(request.headers))
         data = [
             {"id": name, "object": "model", "created": 0, "owned_by": "test"}
             for name in self.models

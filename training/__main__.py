@@ -1,8 +1,11 @@
 """python -m training run CONFIG.toml [--set KEY=VALUE ...] [--steps N] [--output-dir DIR]
+python -m training run CONFIG.toml --dry-run [--offline] [--json] [--accelerate-config FILE]
 python -m training experiment collapse [--seeds N] [--steps N] [--out DIR] [--jobs J]
 
 `run` trains the run the TOML file describes, with a progress bar; run it again to resume.
 `--set` changes any key of the file (dotted into tables: `--set lora.r=4`), checked with it.
+`--dry-run` checks the wiring without training (training/dryrun.py): config, accelerate settings,
+endpoints and their models, memory per device; `--offline` only what needs no network or weights.
 `experiment collapse` trains every regime on the P4G decision episode for each seed and writes
 DIR/results.json, DIR/results.md and plots (training/experiment.py); run it again to resume.
 """
@@ -51,6 +54,21 @@ def main(argv: list[str] | None = None) -> int:
         help="rank 0 writes each step's progress (JSON) here: how the TrainingRun's task follows"
         " a launched run",
     )
+    run.add_argument(
+        "--dry-run", action="store_true", help="check the wiring and exit (non-zero on a failure)"
+    )
+    run.add_argument(
+        "--offline", action="store_true", help="--dry-run: only checks needing no network/weights"
+    )
+    run.add_argument("--json", action="store_true", help="--dry-run: print the result as JSON")
+    run.add_argument(
+        "--accelerate-config", default="", metavar="FILE",
+        help="--dry-run: the accelerate settings file the run is launched with",
+    )  # fmt: skip
+    run.add_argument(
+        "--device-memory", type=float, metavar="GIB",
+        help="--dry-run: one device's memory (default: the GPU seen, else 80 GiB; CPU: RAM)",
+    )  # fmt: skip
     experiment = commands.add_parser(
         "experiment", help="reproduce simulator collapse: every regime x seeds (see README)"
     )
@@ -72,6 +90,12 @@ def main(argv: list[str] | None = None) -> int:
             overrides["steps"] = args.steps
         if args.output_dir:
             overrides["output_dir"] = args.output_dir
+        if args.dry_run:
+            return _dry_run(args, overrides)
+        if args.offline or args.json or args.accelerate_config or args.device_memory:
+            raise ConfigError(
+                "--offline, --json, --accelerate-config, --device-memory need --dry-run"
+            )
         config = load_config(args.config, overrides)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -108,6 +132,19 @@ def _progress_file(path: str | None):
         os.replace(temp, path)  # the reader never sees half a file
 
     return write
+
+
+def _dry_run(args: argparse.Namespace, overrides: dict) -> int:
+    import json
+
+    from training.dryrun import dry_run, render
+
+    result = dry_run(
+        args.config, overrides, offline=args.offline,
+        accelerate_config=args.accelerate_config, device_gib=args.device_memory,
+    )  # fmt: skip
+    print(json.dumps(result, indent=2) if args.json else render(result))
+    return 0 if result["ok"] else 1
 
 
 def _experiment(args: argparse.Namespace, argv: list[str]) -> int:
