@@ -157,6 +157,7 @@ def celery_worker(django_db_setup, django_db_blocker):
     """A real Celery worker process on the configured broker, using the test database."""
     import time
 
+    (REPO / "data").mkdir(exist_ok=True)  # a fresh checkout has none until `make model`
     log = open(REPO / "data" / "test-worker.log", "wb")  # noqa: SIM115
     with django_db_blocker.unblock():
         env = child_env()
