@@ -125,8 +125,11 @@ async def send_frame(participant, frame) -> list[dict]:
     key = "bytes" if isinstance(frame, bytes) else "text"
     await window.send_input({"type": "websocket.receive", key: frame})
     events = await outcome(window)
-    if events[-1]["type"] != "close":
-        await window.disconnect()
+    # As the server does after any close, ours or the client's: the consumer leaves its group
+    # and ends in this event loop. One left running would be sent the next window's
+    # "superseded" notice, and the Redis layer's clean-up of that receive would be cut off
+    # when this loop closes, leaving the layer's lock held for the next loop (a random hang).
+    await window.disconnect()
     return events
 
 
