@@ -167,7 +167,7 @@ def supervised_step(policy: Policy, rows: list[Transcript], micro_batch: int) ->
         logp, _ = token_logprobs(policy.model, batch)
         loss = -(logp * batch.mask).sum() / total_tokens  # this chunk's share of the mean
         loss.backward()
-        loss_value += float(loss)
+        loss_value += loss.item()
     params = [p for p in policy.model.parameters() if p.requires_grad]
     torch.nn.utils.clip_grad_norm_(params, 1.0)
     policy.optimizer.step()

@@ -77,7 +77,7 @@ def test_fine_tuning_raises_the_people_s_turns_and_only_them(tiny_model, tmp_pat
     context = [type(t)(t.ids, [0] + [1 - m for m in t.mask[1:]]) for t in rows]  # the rest
     people_gain = mean_logprob(tuned, rows) - mean_logprob(base, rows)
     context_gain = mean_logprob(tuned, context) - mean_logprob(base, context)
-    assert people_gain > 2.0, people_gain  # nats per token: the style was learnt
+    assert people_gain > 2.0, (people_gain, context_gain)  # nats per token: the style was learnt
     # the agent's messages and the prompt were not targets: a removed or reversed mask would
     # raise them at least as much
     assert context_gain < people_gain / 3, (context_gain, people_gain)
