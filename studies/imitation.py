@@ -7,6 +7,8 @@ identifies a participant (no token, no Prolific ids). training/imitate.py reads 
 (RealConversation.from_dict); platform/parley's `imitate_users` command joins the two.
 """
 
+from agents.models import Checkpoint
+
 from .domains import OPEN_CHAT
 from .exports import humans_unless
 from .models import Message, Participant, Study
@@ -35,6 +37,7 @@ def finished_conversations(study: Study) -> list[dict]:
     participants = list(
         finished_participants(study)
         .filter(conversation__messages__role=Message.Role.USER, scenario__isnull=False)
+        .exclude(scenario__domain=OPEN_CHAT)
         .distinct()
         .select_related("scenario", "conversation")
         .order_by("created_at", "id")
@@ -66,3 +69,22 @@ def finished_conversations(study: Study) -> list[dict]:
             }
         )
     return out
+
+
+def humanlike_simulators(study: Study):
+    """The simulators fine-tuned on this study's people (registered by `imitate_users`), newest
+    first: what a report adds as a held-out column, each as `heldout_table(checkpoint)`."""
+    return Checkpoint.objects.filter(
+        manifest__kind="simulator", manifest__regime="imitation", manifest__source__study=study.slug
+    )
+
+
+def heldout_table(checkpoint: Checkpoint, name: str = "human-like") -> dict:
+    """A run config's [[heldout]] table for a registered human-like simulator (in-process, on
+    its base model with the adapter; RunConfig checks it)."""
+    return {
+        "name": name,
+        "kind": "plain",
+        "model": checkpoint.base_model,
+        "adapter": checkpoint.path,
+    }

@@ -8,6 +8,8 @@ from django.core.management import CommandError, call_command
 
 from agents.domains import get_domain
 from agents.models import Checkpoint, adapters_dir
+from agents.serving.adapters import find_adapters
+from studies.imitation import heldout_table, humanlike_simulators
 from studies.models import Conversation, Message, Participant, Scenario
 from tests.studies.conftest import make_study
 from training.config import RunConfig
@@ -70,6 +72,8 @@ def test_the_study_s_finished_user_turns_become_a_registered_simulator(
     folder = data_dir / "simulators" / "p4g-real-humanlike"
     assert checkpoint.path == str(folder.resolve()) and checkpoint.regime == "imitation"
     assert (adapters_dir() / checkpoint.name).resolve() == folder.resolve()
+    # the embedded engine (--adapters <data dir>/checkpoints) serves it under its name
+    assert find_adapters(adapters_dir())[checkpoint.name].path.resolve() == folder.resolve()
     stored = " ".join(p.read_text(errors="ignore") for p in folder.iterdir())
     for secret in ("PID", "SESSION", str(study.participants.first().token)):
         assert secret not in stored  # no participant identifiers leave with the simulator
@@ -84,6 +88,12 @@ def test_the_study_s_finished_user_turns_become_a_registered_simulator(
         }  # fmt: skip
     )
     assert config.heldout[0].adapter_path().resolve() == folder.resolve()
+    # what the sim-to-real report picks up as one more column
+    assert list(humanlike_simulators(study)) == [checkpoint]
+    assert not humanlike_simulators(make_study(slug="other", domain="p4g")).exists()
+    table = heldout_table(checkpoint)
+    spec = RunConfig.from_dict({"name": "r", "domain": "p4g", "heldout": [table]}).heldout[0]
+    assert spec.adapter_path() == folder.resolve() and spec.model == str(tiny_model)
 
     with pytest.raises(CommandError, match="is registered: pass another --name"):
         call_command("imitate_users", "--study", study.slug, "--base-model", str(tiny_model))
