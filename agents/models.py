@@ -14,12 +14,9 @@ from django.db import models, transaction
 from django.utils import timezone
 
 from agents.llm.health import Probe, probe_all
-from agents.paths import data_dir, secret
+from agents.paths import adapters_dir, secret
 
-
-def adapters_dir() -> Path:
-    """The folder the embedded engine scans for LoRA adapters (`make demo` points it here)."""
-    return data_dir() / "checkpoints"
+__all__ = ["Checkpoint", "ModelEndpoint", "Replica", "adapters_dir"]
 
 
 class Checkpoint(models.Model):

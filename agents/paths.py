@@ -19,6 +19,12 @@ def base_model_dir() -> Path:
     return Path(os.environ.get("PARLEY_BASE_MODEL") or data_dir() / "models" / BASE_MODEL_NAME)
 
 
+def adapters_dir() -> Path:
+    """Where registered checkpoints are linked by name (agents.models.Checkpoint.register), the
+    folder the embedded engine scans for LoRA adapters (`make demo` points it here)."""
+    return data_dir() / "checkpoints"
+
+
 def reference_dir() -> Path | None:
     """../shared/reference beside the checkout (CI always has it), or PARLEY_REFERENCE_DIR."""
     path = Path(os.environ.get("PARLEY_REFERENCE_DIR") or REFERENCE_DIR)

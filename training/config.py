@@ -134,7 +134,11 @@ class SimulatorSpec:
         "", description="endpoint: the environment variable holding its API key (never the key)"
     )
     script: Script = Field("", description='kind = "scripted": the persuadee type')
-    adapter: StrictStr = Field("", description="a LoRA adapter folder put on the in-process model")
+    adapter: StrictStr = Field(
+        "",
+        description="a LoRA adapter put on the in-process model: its folder, or the name of a"
+        " registered checkpoint (<data dir>/checkpoints/<name>, e.g. a human-like simulator)",
+    )
     persona: StrictStr = Field(
         "", description="extra text appended to the simulator's system prompt"
     )
@@ -189,14 +193,29 @@ class SimulatorSpec:
             )
         return key
 
+    def adapter_path(self) -> Path | None:
+        """The adapter's folder: `adapter` as a path when it is one, else the registered
+        checkpoint of that name (its link under <data dir>/checkpoints)."""
+        if not self.adapter:
+            return None
+        path = Path(self.adapter).expanduser()
+        if path.is_dir() or "/" in self.adapter:
+            return path
+        from agents.paths import adapters_dir
+
+        return adapters_dir() / self.adapter
+
     def weights(self, base_model: Path) -> tuple[str, ...] | None:
-        """What identifies this simulator's weights: the same tuple means the same model."""
+        """What identifies this simulator's weights: the same tuple means the same model. An
+        adapter makes other weights (a fine-tuned simulator on the training simulator's base
+        is another user, as another model is)."""
         if self.kind == "scripted":
             return None
         if self.endpoint:
             return ("endpoint", self.endpoint.rstrip("/"), self.model)
         model = Path(self.model).expanduser().resolve() if self.model else base_model.resolve()
-        return ("local", str(model))
+        adapter = self.adapter_path()
+        return ("local", str(model)) + ((str(adapter.resolve()),) if adapter else ())
 
 
 @dataclass(config=TABLE)

@@ -357,7 +357,7 @@ def check_local(config: RunConfig) -> list[Check]:
         if _in_process(spec):
             folders[f"{spec.name} model"] = spec.model or str(config.base_model_path())
             if spec.adapter:
-                folders[f"{spec.name} adapter"] = spec.adapter
+                folders[f"{spec.name} adapter"] = str(spec.adapter_path())
     if config.domain_data:
         data = Path(config.domain_data).expanduser()
         checks.append(

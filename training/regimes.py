@@ -61,7 +61,8 @@ def frozen_simulator(spec: SimulatorSpec, models: ModelCache, seed: int) -> Any:
         return ScriptedUser(spec, rng)
     if spec.endpoint:
         return EndpointUser(spec, rng)
-    return LocalUser(models.get(spec.model, spec.adapter), spec, tracked=False, rng=rng)
+    adapter = spec.adapter_path()
+    return LocalUser(models.get(spec.model, str(adapter or "")), spec, tracked=False, rng=rng)
 
 
 class Regime:
