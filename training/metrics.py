@@ -92,7 +92,7 @@ def plot(rows: list[dict[str, Any]], folder: Path) -> list[Path]:
             },
         ),
         "diversity.png": (
-            "reply diversity (distinct-n, top opening share, embedding dispersion)",
+            "reply diversity: distinct-n, top opening share",
             {
                 "simulator distinct-1": "sim/distinct_1",
                 "simulator distinct-2": "sim/distinct_2",
