@@ -71,8 +71,10 @@ def test_a_simulator_saying_the_same_thing_warns_once_on_the_command_line(
 def test_a_diverse_simulator_gives_no_warning(tiny_model, tmp_path, letters, capsys):
     out = tmp_path / "out"
     diverse = {"name": "hot", "temperature": 1.5, "max_new_tokens": 8}
+    # the tiny Llama stands in for a local embedding model (mean-pooled hidden states)
     config = RunConfig.from_dict({"name": "diverse", "domain": "letters",
-                                  **settings(tiny_model, out, diverse)})  # fmt: skip
+                                  **settings(tiny_model, out, diverse,
+                                             embedding_model=str(tiny_model))})  # fmt: skip
     progress = []
     train(config, progress.append, domain=letters, show_progress=False)
     assert [p["warnings"] for p in progress] == [[], []]
@@ -80,6 +82,7 @@ def test_a_diverse_simulator_gives_no_warning(tiny_model, tmp_path, letters, cap
     for row in rows(out):
         assert row["sim/distinct_2"] > 0.3 and row["sim/top_opening_share"] <= 0.5
         assert row["entropy"] > config.collapse.min_agent_entropy
+        assert 0 < row["sim/embedding_dispersion"] <= 2
 
 
 @pytest.mark.django_db
