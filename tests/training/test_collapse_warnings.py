@@ -105,3 +105,19 @@ def test_the_run_page_shows_the_warnings_the_task_stored(tiny_model, tmp_path, a
         in page
     )
     assert reverse("admin:training_trainingrun_plot", args=[run.pk, "diversity.png"]) in page
+
+
+@pytest.mark.django_db
+def test_a_new_warning_is_stored_at_once_between_throttled_writes():
+    from training.tasks import progress_writer
+
+    run = TrainingRun.objects.create(name="throttled", domain="letters")
+    write = progress_writer(run, every=3600)  # otherwise one write an hour
+    warning = {"step": 2, "key": "sim/distinct_2", "message": "step 2: ..."}
+    write({"step": 1, "total_steps": 9, "warnings": []})
+    write({"step": 2, "total_steps": 9, "warnings": [warning]})
+    run.refresh_from_db()
+    assert run.progress["step"] == 2 and run.progress["warnings"] == [warning]
+    write({"step": 3, "total_steps": 9, "warnings": [warning]})  # nothing new: throttled
+    run.refresh_from_db()
+    assert run.progress["step"] == 2
