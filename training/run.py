@@ -117,8 +117,9 @@ def _train(
     rows = log.rows() if main else []
     warnings = Warnings(config.collapse, rows)  # a resumed run keeps the warnings it gave
     # rank 0 alone measures the step's diversity (every rank has the gathered rollouts)
-    embed = Embedder(config.collapse.embedding_model) if main and (
-        config.collapse.embedding_model) else None  # fmt: skip
+    embed = None
+    if main and config.collapse.embedding_model:
+        embed = Embedder(config.collapse.embedding_model)
     heldout: dict[str, float] | None = _last_heldout(rows)
     optimizer_steps = int(sum(r.get("optimizer_step", 0) for r in rows))
     started, saved = time.monotonic(), checkpoint.list_checkpoints(run_dir)
