@@ -83,6 +83,7 @@ class TrainingRunAdmin(admin.ModelAdmin):
     readonly_fields = [
         "status",
         "live_progress",
+        "collapse_warnings",
         "optimizer_steps",
         "plots",
         "samples",
@@ -142,6 +143,20 @@ class TrainingRunAdmin(admin.ModelAdmin):
                 summary["steps_logged"],
             )
         return f"{taken} of {summary['steps_logged']} logged step(s)"
+
+    @admin.display(description="Collapse warnings")
+    def collapse_warnings(self, run):
+        """The thresholds of the run's [collapse] table its steps crossed, each at the first
+        step it did (stored by the task's progress callback)."""
+        warnings = [w for w in (run.progress or {}).get("warnings") or [] if isinstance(w, dict)]
+        if not warnings:
+            return "-"
+        return format_html(
+            '<div class="errornote" id="collapse-warnings"><strong>Signs of collapse:</strong>'
+            "<ul>{}</ul>Thresholds: the run's [collapse] table (training/README.md, "
+            '"Collapse warnings"); the measures are in diversity.png and metrics.jsonl.</div>',
+            format_html_join("", "<li>{}</li>", ((w.get("message", w),) for w in warnings)),
+        )
 
     @admin.display(description="Plots")
     def plots(self, run):

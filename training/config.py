@@ -10,6 +10,7 @@
     [simulator] the training simulator (see SimulatorSpec)
     [[heldout]] the held-out panel, one table per simulator
     [lora]     r / alpha / dropout / targets  (finetune = "full" trains every weight instead)
+    [collapse] the diversity warnings' thresholds, an optional embedding model (CollapseSpec)
 
 Each field is declared once, with its help and bounds beside it (pydantic dataclasses, so
 `dataclasses.replace` and `asdict` keep working). A config enters only through `parse_config`
@@ -267,6 +268,35 @@ class LoraSpec:
 
 
 @dataclass(config=TABLE)
+class CollapseSpec:
+    """When a step's diversity measures (training/diversity.py) warn of collapse; the defaults are
+    justified in training/README.md ("Collapse warnings"). A bound of 0 (a `max_`: 1) never
+    warns."""
+
+    min_sim_distinct_2: StrictFloat = Field(
+        0.3, ge=0, le=1, description="warn when the simulator's distinct-2 over a step falls below"
+    )
+    max_sim_top_opening_share: StrictFloat = Field(
+        0.5, ge=0, le=1,
+        description="warn when more than this share of a step's conversations open with the same"
+        " user reply",
+    )  # fmt: skip
+    min_agent_entropy: StrictFloat = Field(
+        0.05, ge=0, description="warn when the agent's token entropy (nats/token) falls below"
+    )
+    embedding_model: StrictStr = Field(
+        "",
+        description='a local sentence-embedding model folder for sim/embedding_dispersion; ""'
+        " = not measured (nothing is downloaded)",
+    )
+    min_sim_dispersion: StrictFloat = Field(
+        0.0, ge=0, le=2,
+        description="with embedding_model: warn when the user turns' mean pairwise cosine"
+        " distance falls below (0 = never; calibrate per embedding model)",
+    )  # fmt: skip
+
+
+@dataclass(config=TABLE)
 class RunConfig:
     name: Name = Field(description="the run's name (its output folder, its checkpoints' prefix)")
     domain: DomainName = Field(description="the task family (agents.domains)")
@@ -347,6 +377,10 @@ class RunConfig:
     distributed: DistributedSpec = Field(
         default_factory=DistributedSpec,
         description="data-parallel training: processes and ddp | fsdp (default: one process)",
+    )
+    collapse: CollapseSpec = Field(
+        default_factory=CollapseSpec,
+        description="collapse diagnostics: embedding model and the warning thresholds",
     )
     dtype: Dtype = Field("float32", description="weights' dtype")
     device: StrictStr = Field("cpu", description="torch device")

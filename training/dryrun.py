@@ -358,6 +358,8 @@ def check_local(config: RunConfig) -> list[Check]:
             folders[f"{spec.name} model"] = spec.model or str(config.base_model_path())
             if spec.adapter:
                 folders[f"{spec.name} adapter"] = str(spec.adapter_path())
+    if config.collapse.embedding_model:  # sim/embedding_dispersion's model: loaded, never fetched
+        folders["embedding model"] = config.collapse.embedding_model
     if config.domain_data:
         data = Path(config.domain_data).expanduser()
         checks.append(

@@ -13,7 +13,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-PLOTS = ("train_reward.png", "heldout_success.png", "entropy.png", "collapse.png")
+PLOTS = (
+    "train_reward.png",
+    "heldout_success.png",
+    "entropy.png",
+    "collapse.png",
+    "diversity.png",
+)
 
 
 class MetricsLog:
@@ -48,8 +54,9 @@ def _plain(value: Any) -> Any:
 
 
 def plot(rows: list[dict[str, Any]], folder: Path) -> list[Path]:
-    """train_reward.png, heldout_success.png (one line per held-out simulator), entropy.png and
-    collapse.png (training/collapse.py's measures, where the task has them)."""
+    """train_reward.png, heldout_success.png (one line per held-out simulator), entropy.png,
+    collapse.png (training/collapse.py's measures, where the task has them) and diversity.png
+    (training/diversity.py's: the replies' distinct-n, the top opening's share)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -82,6 +89,17 @@ def plot(rows: list[dict[str, Any]], folder: Path) -> list[Path]:
                 "simulator decision entropy": "sim/decision_entropy",
                 "reward variance: simulator": "reward_var/simulator",
                 "reward variance: agent": "reward_var/agent",
+            },
+        ),
+        "diversity.png": (
+            "reply diversity: distinct-n, top opening share",
+            {
+                "simulator distinct-1": "sim/distinct_1",
+                "simulator distinct-2": "sim/distinct_2",
+                "simulator top opening share": "sim/top_opening_share",
+                "simulator embedding dispersion": "sim/embedding_dispersion",
+                "agent distinct-1": "agent/distinct_1",
+                "agent distinct-2": "agent/distinct_2",
             },
         ),
     }

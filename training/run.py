@@ -6,7 +6,10 @@
 
 Running it again with the same output folder resumes from the last checkpoint.
 `progress_callback` gets a dict after every step:
-    {"step", "total_steps", "reward", "heldout_success", "eta_seconds", "metrics", "checkpoint"}
+    {"step", "total_steps", "reward", "heldout_success", "eta_seconds", "metrics", "checkpoint",
+     "warnings"}
+`warnings` lists the run's collapse warnings so far (training/diversity.py), each printed once
+when its threshold is first crossed.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +32,7 @@ from training.agent import EndpointAgent, LocalAgent
 from training.collapse import load_or_find_exploit, simulator_exploit, step_metrics
 from training.config import RunConfig, TaskSpec
 from training.distributed import Ranks
+from training.diversity import Embedder, Warnings, step_diversity
 from training.eval import HeldOutPanel
 from training.grpo import group_advantages
 from training.metrics import MetricsLog, plot
@@ -110,6 +115,11 @@ def _train(
             config.rollout_endpoint, agent, config.temperature, config.max_new_tokens
         )
     rows = log.rows() if main else []
+    warnings = Warnings(config.collapse, rows)  # a resumed run keeps the warnings it gave
+    # rank 0 alone measures the step's diversity (every rank has the gathered rollouts)
+    embed = None
+    if main and config.collapse.embedding_model:
+        embed = Embedder(config.collapse.embedding_model)
     heldout: dict[str, float] | None = _last_heldout(rows)
     optimizer_steps = int(sum(r.get("optimizer_step", 0) for r in rows))
     started, saved = time.monotonic(), checkpoint.list_checkpoints(run_dir)
@@ -155,6 +165,7 @@ def _train(
             "optimizer_step": float(stats.get("trained_sequences", 0) > 0),
             **stats,
             **step_metrics(rollouts, exploit),
+            **(step_diversity([r.conversation for r in rollouts], embed) if main else {}),
             "time_rollout": t_rollout,
         }
 
@@ -174,6 +185,8 @@ def _train(
                 checkpoint.save_barrier(ranks)  # rank 0 renames the checkpoint after this
             continue
         log.write(row)
+        for warning in warnings.check(row):  # once per threshold, when first crossed
+            tqdm.write(f"collapse warning: {warning['message']}", file=sys.stderr)
         samples.write_many(
             {"step": step, "task": r.scenario.id, "reward": r.reward, "end_reason": r.end_reason,
              "conversation": r.conversation}
@@ -201,6 +214,7 @@ def _train(
                     "eta_seconds": eta,
                     "metrics": row,
                     "checkpoint": str(folder) if folder else None,
+                    "warnings": list(warnings.seen),
                 }
             )
     bar.close()

@@ -24,18 +24,20 @@ class RunCancelled(Exception):
 
 
 def progress_writer(run: TrainingRun, every: float = 1.0):
-    """A progress callback that stores the latest figures (at most once a second) and stops
-    the run when a researcher cancelled it."""
-    last = [0.0]
+    """A progress callback that stores the latest figures (at most once a second, but at once
+    when a new collapse warning came) and stops the run when a researcher cancelled it. The run
+    page shows the progress's `warnings`, every one so far (training/diversity.py)."""
+    last, warned = [0.0], [0]
 
     def write(progress: dict) -> None:
         if progress.get("checkpoint"):  # servable (and attachable to an arm) as soon as it exists
             run.register_checkpoint(progress["checkpoint"])
         now = time.monotonic()
         final = progress.get("step") == progress.get("total_steps")
-        if now - last[0] < every and not final:
+        new_warning = len(progress.get("warnings") or []) > warned[0]
+        if now - last[0] < every and not final and not new_warning:
             return
-        last[0] = now
+        last[0], warned[0] = now, len(progress.get("warnings") or [])
         TrainingRun.objects.filter(pk=run.pk).update(progress=progress)
         if TrainingRun.objects.filter(pk=run.pk, status=TrainingRun.Status.CANCELLING).exists():
             raise RunCancelled()

@@ -196,6 +196,15 @@ def test_missing_domain_data_fails_online_only(tmp_path, base_model):
     assert dry_run(str(config), offline=True)["ok"]
 
 
+def test_a_missing_embedding_model_fails_online_only(tmp_path, base_model):
+    absent = tmp_path / "absent"
+    config = write_config(tmp_path, base_model, heldout=f'[collapse]\nembedding_model = "{absent}"')
+    result = dry_run(str(config))
+    assert {"name": "embedding model", "ok": False,
+            "detail": f"{absent}: no config.json there"} in result["checks"]  # fmt: skip
+    assert dry_run(str(config), offline=True)["ok"]
+
+
 def test_dry_run_flags_without_dry_run_are_refused(tmp_path, base_model, capsys):
     config = write_config(tmp_path, base_model)
     assert main(["run", str(config), "--offline"]) == 2

@@ -172,6 +172,7 @@ def test_a_run_that_stepped_has_no_warning(admin_client, tmp_path):
     page = admin_client.get(reverse("admin:training_trainingrun_change", args=[run.pk]))
     page = page.content.decode()
     assert "no-optimizer-step" not in page and "2 of 2 logged step(s)" in page
+    assert "collapse-warnings" not in page  # its progress holds no collapse warning
 
 
 @pytest.mark.django_db
