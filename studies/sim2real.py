@@ -117,7 +117,9 @@ def evaluate_missing(study: Study, conversations: int | None = None) -> dict[str
     played, failed = 0, []
     for arm_id in dict.fromkeys(p.arm.pk for p in pending):
         mine = [p for p in pending if p.arm.pk == arm_id]
-        done, problems = async_to_sync(_play_arm)(mine)
+        endpoint = mine[0].arm.endpoint
+        urls, _ = endpoint.routing()  # read here: the event loop below makes no queries
+        done, problems = async_to_sync(_play_arm)(mine, urls, endpoint.api_key())
         played += done
         failed += problems
     return {"played": played, "failed": failed}
@@ -132,14 +134,13 @@ def _domain_scenario(row: Scenario):
     )
 
 
-async def _play_arm(pending: list[Pending]) -> tuple[int, list[str]]:
+async def _play_arm(
+    pending: list[Pending], urls: tuple[str, ...], api_key: str | None
+) -> tuple[int, list[str]]:
     arm = pending[0].arm
-    urls, _ = arm.endpoint.routing()
     limits = heldout.run_limits(pending[0].checkpoint.manifest)
     failed: list[str] = []
-    async with LLMClient(
-        urls, api_key=arm.endpoint.api_key(), timeout=settings.PARLEY_LLM_TIMEOUT
-    ) as client:
+    async with LLMClient(urls, api_key=api_key, timeout=settings.PARLEY_LLM_TIMEOUT) as client:
         gate = asyncio.Semaphore(CONCURRENCY)
 
         async def one(p: Pending) -> bool:

@@ -67,6 +67,7 @@ def evaluate_simulators(study_id: int, run_id: int | None = None) -> dict:
     run = AnalysisRun.objects.filter(pk=run_id).select_related("study").first()
     if run is not None:
         section, figures = sim2real.analysis_section(run.study)
+        section["notes"] += [f"not played: {problem}" for problem in played["failed"]]
         results = {**(run.results or {}), "sim2real": section}
         AnalysisRun.objects.filter(pk=run.pk).update(
             results=results, figures={**(run.figures or {}), **figures}
