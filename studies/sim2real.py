@@ -243,6 +243,12 @@ def study_report(
 ) -> dict[str, Any]:
     """The gap report of the study from what is stored, with `missing` (conversations not
     played yet) and the study's slug."""
+    if get_domain(study.domain) is None:
+        report = build_sim2real([], ci_level)
+        report["errors"] = [
+            "an open-chat study has no task: no outcome to set simulators against people"
+        ]
+        return {**report, "study": study.slug, "missing": 0}
     panels, notes = arm_panels(study)
     people, likert, reverse = human_values(study)
     scenarios = {s.pk for s in pool(study)}

@@ -185,3 +185,12 @@ def test_arms_without_a_checkpoint_or_people_are_said_so():
     assert report["missing"] == 0
     assert any("no registered checkpoint" in n for n in report["notes"])
     assert report["ranking"]["tau"] is None and "at least 2 arms" in report["ranking"]["note"]
+
+
+@pytest.mark.django_db
+def test_an_open_chat_study_has_no_gap_to_report():
+    report = sim2real.study_report(make_study(slug="chat"))
+    assert report["errors"] == [
+        "an open-chat study has no task: no outcome to set simulators against people"
+    ]
+    assert report["arms"] == [] and report["missing"] == 0
