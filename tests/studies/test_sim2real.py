@@ -194,3 +194,43 @@ def test_an_open_chat_study_has_no_gap_to_report():
         "an open-chat study has no task: no outcome to set simulators against people"
     ]
     assert report["arms"] == [] and report["missing"] == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_real_checkpoint_on_the_embedded_engine_meets_the_scripted_panel(base_model, checkpoints):
+    """The real path once: SmolLM2 with a LoRA checkpoint, served by the embedded engine, in
+    conversation with two of the preset's scripted held-out types, played by the command."""
+    from agents.models import adapters_dir
+    from agents.serving.launch import start_engine, stop_engine
+    from tests.conftest import CHECKPOINT_NAME
+
+    checkpoint = Checkpoint.register(next(checkpoints.glob("*/checkpoints/step-*")))
+    url, engine = start_engine(base_model, adapters=adapters_dir())
+    try:
+        played_against(url, checkpoint, CHECKPOINT_NAME)
+    finally:
+        stop_engine(engine)
+
+
+def played_against(url, checkpoint, name):
+    study = make_study(slug="real", domain="p4g", engine=url, arms=("tuned", "base"))
+    import_pool(study, "p4g", count=1, seed=2)
+    config = load_config(CONFIGS_DIR / "p4g-single-cpu.toml").to_dict()
+    config["heldout"] = config["heldout"][:2]  # two scripted types: a short run on a CPU
+    checkpoint.manifest = {**checkpoint.manifest, "config": config}
+    checkpoint.save()
+    study.arms.filter(name="tuned").update(model_name=name, max_tokens=16)
+
+    out = io.StringIO()
+    call_command("sim2real", "--study", "real", "--json", "--evaluate", stdout=out)
+    report = json.loads(out.getvalue())
+    rows = SimulatorEvaluation.objects.filter(arm__study=study)
+    assert rows.count() == 2 and report["missing"] == 0
+    for row in rows:  # the model's own words, then the scripted type's decision, scored
+        assert row.conversation[1]["role"] == "user"  # the persuader greets, the type answers
+        assert any(m["role"] == "assistant" and m["content"] for m in row.conversation[2:])
+        assert row.reward == P4GDomain().score(row.conversation, {}, row.end_reason).reward
+    tuned, base = report["arms"]
+    assert tuned["simulated"]["n"] == 2 and base["simulated"]["n"] == 0
+    assert any("'base' asks for 'SmolLM2-135M-Instruct'" in n for n in report["notes"])
+    assert "at least 2 arms" in report["ranking"]["note"]
