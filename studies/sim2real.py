@@ -162,7 +162,7 @@ async def _play_arm(
             async with gate:
                 try:
                     played = await heldout.play(domain, scenario, agent, user, *limits)
-                except LLMError as error:
+                except (LLMError, ValueError) as error:  # an engine or a scenario refused
                     failed.append(f"{arm.name} x {p.spec['name']} on {p.scenario.key}: {error}")
                     return False
                 finally:
