@@ -160,6 +160,9 @@ def test_gap_report_from_a_real_worker_on_the_page_in_json_and_on_the_command_li
     )
     assert report["sim2real"]["arms"] == section["arms"]
 
+    listed = admin_client.get(reverse("admin:studies_simulatorevaluation_changelist"))
+    assert listed.status_code == 200 and "run-b-step8" in listed.content.decode()
+
     # Stored conversations are not played again, and the command line reads the same report.
     assert sim2real.evaluate_missing(study) == {"played": 0, "failed": []}
     out = io.StringIO()
