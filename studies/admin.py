@@ -47,6 +47,7 @@ from .models import (
     Response,
     Review,
     Scenario,
+    SimulatorEvaluation,
     Study,
     StudyError,
     arm_model_check,
@@ -1260,6 +1261,21 @@ class AnalysisRunAdmin(admin.ModelAdmin):
         response = HttpResponse(body, content_type=ctype)
         response["Content-Disposition"] = f'attachment; filename="{name}.{ext}"'
         return response
+
+
+@admin.register(SimulatorEvaluation)
+class SimulatorEvaluationAdmin(admin.ModelAdmin):
+    """The stored held-out simulator conversations of the sim-to-real report, to read."""
+
+    list_display = ["arm", "checkpoint", "simulator", "scenario", "sample", "success", "reward"]
+    list_filter = ["arm__study", "simulator", "success"]
+    readonly_fields = [f.name for f in SimulatorEvaluation._meta.fields]
+
+    def has_add_permission(self, request):
+        return False  # played by the evaluation job only
+
+    def has_change_permission(self, request, obj=None):
+        return False
 
 
 # --- checkpoints onto arms ------------------------------------------------------------------------

@@ -55,9 +55,15 @@ def opening_messages(participant: Participant) -> tuple[object, str]:
 def system_prompt(participant: Participant) -> str:
     """The Domain's agent prompt, then the arm's own system prompt."""
     domain, scenario = domain_of(participant)
+    return system_prompt_of(domain, scenario, participant.arm)
+
+
+def system_prompt_of(domain: Domain | None, scenario: DomainScenario | None, arm) -> str:
+    """An arm's system prompt on a scenario: the Domain's agent prompt, then the arm's own (a
+    participant's chat and a held-out simulator's conversation get the same)."""
     parts = [domain.agent_system_prompt(scenario)] if domain else []
-    if participant.arm.system_prompt:
-        parts.append(participant.arm.system_prompt)
+    if arm.system_prompt:
+        parts.append(arm.system_prompt)
     return "\n\n".join(parts)
 
 

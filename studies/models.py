@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from agents.domains import STUDY_DOMAINS
 from agents.domains import domain_choices as registered_domains
-from agents.models import ModelEndpoint
+from agents.models import Checkpoint, ModelEndpoint
 
 COMPLETE_URL = "https://app.prolific.com/submissions/complete?cc={code}"
 
@@ -793,6 +793,46 @@ class AnalysisRun(models.Model):
 
     def __str__(self) -> str:
         return f"analysis #{self.pk} of {self.study.slug}"
+
+
+class SimulatorEvaluation(models.Model):
+    """One conversation of an arm's checkpoint with one of its training run's held-out
+    simulators on one scenario of the study's pool, scored by the Domain (the sim-to-real gap
+    report, studies/sim2real.py). Kept so that a report never plays a conversation twice: the
+    key is (arm, checkpoint, simulator, scenario, sample)."""
+
+    arm = models.ForeignKey(Arm, on_delete=models.CASCADE, related_name="simulator_evaluations")
+    checkpoint = models.ForeignKey(
+        Checkpoint, on_delete=models.CASCADE, related_name="simulator_evaluations"
+    )
+    simulator = models.CharField(max_length=100, help_text="Its name in the run's held-out panel.")
+    scenario = models.ForeignKey(
+        Scenario, on_delete=models.CASCADE, related_name="simulator_evaluations"
+    )
+    sample = models.PositiveIntegerField(
+        default=0, help_text="Which conversation of this scenario."
+    )
+    spec = models.JSONField(
+        default=dict, help_text="The held-out simulator as the run declared it."
+    )
+    success = models.BooleanField()
+    reward = models.FloatField()
+    outcome = models.JSONField(default=dict, help_text="The Domain's score, in full.")
+    end_reason = models.CharField(max_length=40, blank=True)
+    conversation = models.JSONField(default=list, help_text="The messages, as the Domain saw them.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["arm", "simulator", "scenario", "sample"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["arm", "checkpoint", "simulator", "scenario", "sample"],
+                name="one_evaluation_per_conversation",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.arm} x {self.simulator} on {self.scenario_id}#{self.sample}"
 
 
 # --- Prolific: webhook events, review decisions, bonuses (studies/prolific_sync.py) ------------

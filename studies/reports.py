@@ -1,6 +1,8 @@
 """The Django side of the analysis: a study's participant table in, AnalysisRun out."""
 
+import logging
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, replace
 
 import pandas as pd
@@ -14,6 +16,7 @@ from .domains import get_domain
 from .models import AnalysisRun, Item, Participant, Response, Study
 
 OUTCOME = "outcome"
+log = logging.getLogger(__name__)
 
 
 def measures_of(study: Study) -> list[Item]:
@@ -160,7 +163,13 @@ def own_ranges(study: Study, items: list[Item], measures: list[str]) -> dict:
     return ranges
 
 
-def compute(run: AnalysisRun) -> AnalysisRun:
+# A further section of a run's report: its key in the results, its figures by name.
+Section = Callable[[Study], tuple[dict, dict[str, str]]]
+
+
+def compute(run: AnalysisRun, sections: dict[str, Section] | None = None) -> AnalysisRun:
+    """Compute the run's report; `sections` add more of it by key (the sim-to-real gap, which
+    lives above this module), each with its figures."""
     run.status, run.started_at = AnalysisRun.Status.RUNNING, timezone.now()
     run.save(update_fields=["status", "started_at"])
     try:
@@ -179,6 +188,13 @@ def compute(run: AnalysisRun) -> AnalysisRun:
         run.results = build_report(table, settings, document)
         run.results["pay"] = pay_check(run.study).to_dict()
         run.figures = render_all(run.results, "svg") if not run.results["errors"] else {}
+        for key, section in (sections or {}).items():
+            try:
+                run.results[key], figures = section(run.study)
+            except Exception as error:  # noqa: BLE001 - the Welch report stands without it
+                log.exception("section %s of %s failed", key, run)
+                run.results[key], figures = {"errors": [f"not computed: {error!r}"]}, {}
+            run.figures.update(figures)
         run.status = AnalysisRun.Status.DONE
     except Exception:  # noqa: BLE001 - a failed run is stored with its traceback, not lost
         run.status, run.error = AnalysisRun.Status.FAILED, traceback.format_exc()

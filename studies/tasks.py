@@ -11,7 +11,7 @@ from celery.signals import worker_ready
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from . import prolific, prolific_sync
+from . import prolific, prolific_sync, sim2real
 from .models import AnalysisRun, BonusPayment, Study, time_out_overdue
 from .reports import compute, target_reached
 
@@ -38,7 +38,10 @@ def run_analysis(self, run_id: int) -> str:
     if run is None:
         status = AnalysisRun.objects.filter(pk=run_id).values_list("status", flat=True).first()
         return status or "missing"
-    return compute(run).status
+    run = compute(run, {"sim2real": sim2real.analysis_section})
+    if (run.results or {}).get("sim2real", {}).get("missing"):
+        start_simulator_evaluation(run)
+    return run.status
 
 
 def claim_run(run_id: int, take_over_running: bool = False) -> AnalysisRun | None:
@@ -51,6 +54,30 @@ def claim_run(run_id: int, take_over_running: bool = False) -> AnalysisRun | Non
         status=AnalysisRun.Status.RUNNING, started_at=timezone.now()
     )
     return AnalysisRun.objects.select_related("study").get(pk=run_id) if claimed else None
+
+
+# acks_late: an evaluation whose worker died is delivered again; stored conversations are kept
+# and only the missing ones are played.
+@shared_task(name="studies.tasks.evaluate_simulators", acks_late=True, reject_on_worker_lost=True)
+def evaluate_simulators(study_id: int, run_id: int | None = None) -> dict:
+    """Play the sim-to-real report's missing conversations (each arm's checkpoint against its
+    run's held-out simulators on the study's pool, queue `analysis`), then redo the run's
+    `sim2real` section and figure."""
+    played = sim2real.evaluate_missing(Study.objects.get(pk=study_id))
+    run = AnalysisRun.objects.filter(pk=run_id).select_related("study").first()
+    if run is not None:
+        section, figures = sim2real.analysis_section(run.study)
+        section["notes"] += [f"not played: {problem}" for problem in played["failed"]]
+        results = {**(run.results or {}), "sim2real": section}
+        AnalysisRun.objects.filter(pk=run.pk).update(
+            results=results, figures={**(run.figures or {}), **figures}
+        )
+    return played
+
+
+def start_simulator_evaluation(run: AnalysisRun) -> None:
+    """Queue the evaluation of the conversations the run's sim-to-real section lacks."""
+    transaction.on_commit(lambda: send_in_background(evaluate_simulators, run.study_id, run.pk))
 
 
 def start_analysis(

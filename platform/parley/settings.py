@@ -231,6 +231,7 @@ CELERY_REDIS_RETRY_ON_TIMEOUT = False
 CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_TASK_ROUTES = {
     "studies.tasks.run_analysis": {"queue": "analysis"},
+    "studies.tasks.evaluate_simulators": {"queue": "analysis"},
     "training.tasks.*": {"queue": "training"},
 }
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
@@ -259,6 +260,10 @@ PARLEY_ENGINE_URL = os.environ.get(
     "PARLEY_ENGINE_URL", f"http://{PARLEY_HOST}:{PARLEY_ENGINE_PORT}/v1"
 )
 PARLEY_LLM_TIMEOUT = float(os.environ.get("PARLEY_LLM_TIMEOUT", "120"))
+# The sim-to-real report: conversations per held-out simulator and scenario of the study's pool.
+PARLEY_SIM2REAL_CONVERSATIONS = int(os.environ.get("PARLEY_SIM2REAL_CONVERSATIONS") or "1")
+if PARLEY_SIM2REAL_CONVERSATIONS < 1:
+    raise ImproperlyConfigured("PARLEY_SIM2REAL_CONVERSATIONS must be at least 1.")
 # Model endpoints (agents/models.py): how often beat probes every replica's /health and /v1/models
 PARLEY_ENDPOINT_CHECK_INTERVAL = float(os.environ.get("PARLEY_ENDPOINT_CHECK_INTERVAL") or "30")
 if not PARLEY_ENDPOINT_CHECK_INTERVAL > 0:

@@ -189,3 +189,47 @@ def render_all(report: dict[str, Any], fmt: str = "png") -> dict[str, bytes | st
     """Every figure rendered: PNG bytes or SVG strings by figure name."""
     render = {"png": render_png, "svg": render_svg}[fmt]
     return {name: render(figure) for name, figure in figures(report).items()}
+
+
+SIMULATOR_COLOR = "#b2182b"
+PEOPLE_COLOR = "#2166ac"
+
+
+def sim2real_figure(report: dict[str, Any]) -> Figure | None:
+    """The sim-to-real gap: per arm, the mean reward against the held-out simulators beside
+    the mean outcome with people, each with its CI, and Kendall's tau in the title. None when
+    there is nothing to draw."""
+    arms = report.get("arms") or []
+    if report.get("errors") or not arms:
+        return None
+    figure = _new_figure(max(4.0, 1.3 * len(arms) + 2), 3.2)
+    ax = figure.subplots()
+    x = np.arange(len(arms))
+    sides = [
+        ("simulators (reward)", SIMULATOR_COLOR, -0.12, lambda a: a["simulated"]["reward"]),
+        ("people (outcome)", PEOPLE_COLOR, 0.12, lambda a: a["human"]["outcome"]),
+    ]
+    for label, color, shift, pick in sides:
+        for i, arm in enumerate(arms):
+            d = pick(arm)
+            if d["mean"] is None:
+                continue
+            low, high = d["ci"]
+            error = None if low is None else [[d["mean"] - low], [high - d["mean"]]]
+            ax.errorbar(i + shift, d["mean"], yerr=error, fmt="o", color=color, capsize=4,
+                        label=label)  # fmt: skip
+            label = None  # one legend entry per side
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8, frameon=False, loc="best")
+    ax.set_xticks(x, [a["name"] for a in arms])
+    ax.set_xlim(-0.6, len(arms) - 0.4)
+    ax.set_ylabel("mean (reward / outcome)")
+    level = f"{report['ci_level']:.0%}"
+    ranking = report.get("ranking") or {}
+    if ranking.get("tau") is not None:
+        tau, p = ranking["tau"], ranking["p"]
+        title = f"Sim-to-real gap ({level} CI); Kendall's τ = {tau:.2f}, p = {p:.3g}"
+    else:
+        title = f"Sim-to-real gap ({level} CI); τ undefined"
+    ax.set_title(title, fontsize=10)
+    return figure

@@ -247,6 +247,13 @@ def _exclusions(table: pd.DataFrame, labels: np.ndarray, settings: Settings, not
     return ~excluded, {k: int(v.sum()) for k, v in reasons.items() if v.any()}
 
 
+def included_rows(table: pd.DataFrame, settings: Settings) -> np.ndarray:
+    """Which rows of a participant table the analysis keeps under the settings' exclusion
+    rules (a boolean mask): the same participants as the report's own descriptives."""
+    labels = arm_labels(table[settings.arm_column])
+    return _exclusions(table, labels, settings, [])[0]
+
+
 def _arm_order(labels: np.ndarray, settings: Settings, notes: list[str]) -> list[str]:
     seen = [a for a in pd.unique(labels) if a != ""]
     if settings.arms is None:

@@ -1,0 +1,55 @@
+"""``manage.py sim2real --study SLUG [--json] [--evaluate]``.
+
+The sim-to-real gap report of a study from what is stored (studies/sim2real.py): each arm's
+checkpoint against its training run's held-out simulators beside its participants, and the
+arms' rankings compared (Kendall's tau). ``--evaluate`` first plays the missing simulator
+conversations in this process, as the Celery job does.
+"""
+
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from studies import sim2real
+from studies.analysis.sim2real import format_sim2real
+from studies.models import Study
+
+
+class Command(BaseCommand):
+    help = (
+        "Sim-to-real gap of a study: simulator success and reward of each arm's checkpoint "
+        "beside the human outcome and Likert means (95% t-intervals), and Kendall's tau."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--study", required=True, help="the study's slug")
+        parser.add_argument("--json", action="store_true", help="print the report as JSON")
+        parser.add_argument(
+            "--evaluate",
+            action="store_true",
+            help="play the missing simulator conversations first (on each arm's endpoint)",
+        )
+        parser.add_argument(
+            "--conversations",
+            type=int,
+            default=None,
+            help="with --evaluate: conversations per simulator and scenario "
+            "(default PARLEY_SIM2REAL_CONVERSATIONS)",
+        )
+
+    def handle(self, *args, **options):
+        study = Study.objects.filter(slug=options["study"]).first()
+        if study is None:
+            known = ", ".join(Study.objects.order_by("slug").values_list("slug", flat=True))
+            raise CommandError(f"No study {options['study']!r}; studies: {known or 'none'}.")
+        if options["conversations"] is not None and options["conversations"] < 1:
+            raise CommandError("--conversations must be at least 1.")
+        if options["evaluate"]:
+            done = sim2real.evaluate_missing(study, options["conversations"])
+            for problem in done["failed"]:
+                self.stderr.write(f"not played: {problem}")
+        report = sim2real.study_report(study, conversations=options["conversations"])
+        if options["json"]:
+            self.stdout.write(json.dumps(report, indent=2))
+        else:
+            self.stdout.write(format_sim2real(report))
