@@ -5,13 +5,9 @@ the Domain.
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any
-
 from agents.domains.base import Domain, Message
-from agents.llm import LLMClient
 from agents.llm.tool_format import messages_for_json_tools, parse_tool_calls
-from training.endpoint import Endpoint
+from training.endpoint import ServedAdapter
 from training.policy import LocalModel
 from training.rollout import AGENT, Rollout
 from training.turns import speak
@@ -65,35 +61,13 @@ class LocalAgent:
             add_agent_reply(domain, r, text)
 
 
-class EndpointAgent:
-    """The agent's turns sampled by a vLLM server from this process's token ids, so transcripts
-    keep the exact sampled ids: `/v1/completions` with a token-id prompt and `return_token_ids`
-    (LLMClient.complete). After each update the trainer saves the LoRA adapter and
-    `load(folder, name)` makes the server sample from it (vLLM needs --enable-lora,
-    VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and the folder on a filesystem it sees). One client
-    serves every load and turn of the run (training/endpoint.py)."""
+class EndpointAgent(ServedAdapter):
+    """The agent's turns sampled by a vLLM server from this process's token ids, from the
+    adapter the trainer publishes before each step (training/endpoint.py's ServedAdapter)."""
 
     role = AGENT
 
-    def __init__(self, base_url: str, lm: LocalModel, temperature: float, max_new_tokens: int):
-        self.base_url, self.lm = base_url, lm
-        self.temperature, self.max_new_tokens = temperature, max_new_tokens
-        self.model = ""  # the served adapter's name; set by load()
-        self.endpoint = Endpoint(lambda: LLMClient(base_url, timeout=600))
-
-    def load(self, folder: str, name: str) -> None:
-        self.endpoint.run(lambda client: self._load(client, str(folder), name))
-
-    async def _load(self, client: LLMClient, folder: str, name: str) -> None:
-        # replace: a resumed run may name an adapter its previous process already loaded
-        await client.load_lora_adapter(name, folder, replace=True)
-        previous, self.model = self.model, name
-        if previous and previous != name:
-            await client.unload_lora_adapter(previous)
-
     def respond(self, domain: Domain, rollouts: list[Rollout]) -> None:
-        if not self.model:
-            raise RuntimeError("EndpointAgent.load() must name the served adapter first")
         if any(domain.agent_choices(r.scenario, r.conversation) for r in rollouts):
             raise ValueError(
                 f"{domain.name} constrains the agent's turns to fixed choices, which need the "
@@ -105,37 +79,3 @@ class EndpointAgent:
             r.agent.record(self.lm.fmt, ids)
             r.agent.consumed = len(r.conversation) + 1
             add_agent_reply(domain, r, self.lm.decode(ids))
-
-    def sample(self, prompts: list[list[int]]) -> list[list[int]]:
-        """Each prompt's turn as the server sampled it (ids, ending with its stop token)."""
-        return self.endpoint.run(
-            lambda client: asyncio.gather(*(self._complete(client, p) for p in prompts))
-        )
-
-    def close(self) -> None:
-        self.endpoint.close()
-
-    async def _complete(self, client: LLMClient, prompt: list[int]) -> list[int]:
-        result = await client.complete(
-            self.model,
-            prompt,
-            return_token_ids=True,
-            max_tokens=self.max_new_tokens,
-            temperature=self.temperature,
-            top_p=1.0,
-            top_k=-1,
-            stop_token_ids=self.lm.stop_ids,
-            skip_special_tokens=False,
-        )
-        return turn_ids(result, self.lm.stop_ids)
-
-
-def turn_ids(result: Any, stop_ids: list[int]) -> list[int]:
-    """A completion's sampled ids ending with the stop token that ended the turn. vLLM 0.32
-    returns it in token_ids; should a server leave it out, it is added back (stop_reason names
-    it; None means eos), so the transcript closes the turn as in-process sampling does."""
-    ids = list(result.token_ids)
-    if result.finish_reason == "stop" and (not ids or ids[-1] not in stop_ids):
-        reason = result.stop_reason
-        ids.append(reason if isinstance(reason, int) else stop_ids[0])
-    return ids

@@ -117,7 +117,10 @@ def _refuse(key: str, value: Any, why: str) -> PydanticCustomError:
 class SimulatorSpec:
     """A user simulator. In-process (the base model or `model`, a local HF folder) unless `endpoint`
     names an OpenAI-compatible server, in which case `model` is the served model name. A
-    `scripted` simulator is one of the P4G persuadee types of agents/simulators/scripted.py."""
+    co-trained simulator (regimes cotrain, population) learns in this process; with `endpoint`
+    its turns are sampled by that vLLM server from the adapter it loads after each update, and
+    `model` is the local folder of its base model, the one the server serves under that path.
+    A `scripted` simulator is one of the P4G persuadee types of agents/simulators/scripted.py."""
 
     name: Name = Field("base", description="how metrics and the held-out panel name it")
     kind: SimulatorKind = Field(
@@ -129,7 +132,9 @@ class SimulatorSpec:
         "", description='a local model folder, or the served model name; "" = the run\'s base model'
     )
     endpoint: StrictStr = Field(
-        "", description='base URL of an OpenAI-compatible server; "" = in-process'
+        "",
+        description='base URL of an OpenAI-compatible server; "" = in-process. A co-trained'
+        " simulator's: a vLLM server of `model` with runtime LoRA loading",
     )
     api_key_env: StrictStr = Field(
         "", description="endpoint: the environment variable holding its API key (never the key)"
@@ -397,6 +402,8 @@ class RunConfig:
     @model_validator(mode="after")
     def _rules(self) -> RunConfig:
         training = self.simulator.weights(self.base_model_path())
+        if self.trains_simulator:  # learnt in this process, on an endpoint or not
+            training = ("local", str(self.simulator_model_path().expanduser().resolve()))
         for i, spec in enumerate(self.heldout):
             if training is not None and spec.weights(self.base_model_path()) == training:
                 raise _refuse(
@@ -425,11 +432,21 @@ class RunConfig:
                 f'must be "plain": regime "{self.regime}" trains the simulator in-process',
             )
         if self.trains_simulator and self.simulator.endpoint:
-            raise _refuse(
-                "simulator.endpoint",
-                self.simulator.endpoint,
-                f'must be empty: regime "{self.regime}" trains the simulator in-process',
-            )
+            if self.simulator.adapter:
+                raise _refuse(
+                    "simulator.adapter",
+                    self.simulator.adapter,
+                    f'must be empty: regime "{self.regime}" trains its own adapter on'
+                    " simulator.model",
+                )
+            for i, spec in enumerate(self.heldout):
+                if spec.endpoint.rstrip("/") == self.simulator.endpoint.rstrip("/"):
+                    raise _refuse(
+                        f"heldout[{i}].endpoint",
+                        spec.endpoint,
+                        "is the co-trained simulator's server, which serves its base model: a"
+                        " held-out user must share no weights with it",
+                    )
         return self
 
     # -- derived values -------------------------------------------------------------------------

@@ -305,7 +305,10 @@ def endpoints(config: RunConfig) -> list[tuple[str, str, str, str]]:
     out = []
     if config.rollout_endpoint:
         out.append(("agent sampler", config.rollout_endpoint, str(config.base_model_path()), ""))
-    specs = [("simulator", config.simulator)]
+    specs = [] if config.trains_simulator else [("simulator", config.simulator)]
+    if config.trains_simulator and config.simulator.endpoint:  # serves its base, loads adapters
+        model, key = str(config.simulator_model_path()), config.simulator.api_key_env
+        out.append(("simulator sampler", config.simulator.endpoint, model, key))
     specs += [(f"held-out {s.name}", s) for s in config.heldout]
     for role, spec in specs:
         if spec.endpoint:
@@ -314,8 +317,8 @@ def endpoints(config: RunConfig) -> list[tuple[str, str, str, str]]:
 
 
 def _serves(ids: list[str], model: str, base: bool) -> bool:
-    """Whether /v1/models lists `model` (Gemini prefixes ids with "models/"); the agent's
-    sampler serves the base model under its path or its folder name."""
+    """Whether /v1/models lists `model` (Gemini prefixes ids with "models/"); the agent's and a
+    co-trained simulator's samplers serve their base model under its path or its folder name."""
     names = {i.removeprefix("models/") for i in ids}
     if model in names:
         return True
@@ -344,7 +347,7 @@ def check_endpoint(role: str, url: str, model: str, key_env: str, timeout: float
         )
         return [Check(f"{role} endpoint", False, f"GET {address} failed: {reason}")]
     reached = Check(f"{role} endpoint", True, f"{address} answers")
-    served = _serves(ids, model, base=role == "agent sampler")
+    served = _serves(ids, model, base=role.endswith("sampler"))
     detail = f"{model} is served" if served else f"{model} is not served (served: {', '.join(ids)})"
     return [reached, Check(f"{role} model", served, detail)]
 
@@ -353,8 +356,10 @@ def check_local(config: RunConfig) -> list[Check]:
     """In-process models and adapters are folders on disk (weights are needed: online only)."""
     checks = []
     folders = {"agent model": str(config.base_model_path())}
+    if config.trains_simulator:  # learns in this process, wherever its turns are sampled
+        folders["simulator model"] = str(config.simulator_model_path())
     for spec in [config.simulator, *config.heldout]:
-        if _in_process(spec):
+        if _in_process(spec) and not (spec is config.simulator and config.trains_simulator):
             folders[f"{spec.name} model"] = spec.model or str(config.base_model_path())
             if spec.adapter:
                 folders[f"{spec.name} adapter"] = str(spec.adapter_path())

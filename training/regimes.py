@@ -33,7 +33,7 @@ from training.grpo import group_advantages
 from training.policy import LocalModel, Policy
 from training.pool import SimulatorPool
 from training.rollout import Rollout
-from training.simulator import EndpointUser, LocalUser, ScriptedUser
+from training.simulator import EndpointUser, LocalUser, ScriptedUser, ServedUser
 
 
 class ModelCache:
@@ -117,9 +117,25 @@ class CoTrain(Regime):
             model=config.simulator_model_path(),
             beta=config.simulator_beta,
         )
-        self.user = LocalUser(
-            self.policy, config.simulator, tracked=True, rng=random.Random(config.seed)
-        )
+        rng = random.Random(config.seed)
+        if config.simulator.endpoint:  # sampled by vLLM from the adapter published each step
+            self.user = ServedUser(self.policy, config.simulator, rng)
+        else:
+            self.user = LocalUser(self.policy, config.simulator, tracked=True, rng=rng)
+        self.live = run_dir / "live" / "simulator"
+
+    @contextmanager
+    def simulator(self, step: int) -> Iterator[Any]:
+        self.publish(step)
+        with super().simulator(step) as user:
+            yield user
+
+    def publish(self, step: int) -> None:
+        """A served simulator samples the step's turns from its adapter as the last update left
+        it (after a resume, as the checkpoint holds it)."""
+        if isinstance(self.user, ServedUser):
+            name = f"{self.config.name}-simulator-live-{step - 1}"
+            self.user.server.publish(self.policy, self.live / f"step-{step - 1:06d}", name)
 
     def simulator_rewards(self, agent_rewards: torch.Tensor) -> torch.Tensor:
         return 1.0 - agent_rewards if self.config.adversarial_simulator else agent_rewards
@@ -162,6 +178,7 @@ class Population(CoTrain):
 
     @contextmanager
     def simulator(self, step: int) -> Iterator[Any]:
+        self.publish(step)
         self.user.rng.seed(f"{self.config.seed}-{step}-user")
         rng = random.Random(f"{self.config.seed}-{step}-pool")
         g = self.config.group_size
@@ -206,11 +223,20 @@ class PoolUser:
                 continue
             entry = next(e for e in regime.pool.entries if e.name == member)
             current = regime.policy.adapter_state()
-            regime.policy.load_weights(regime.pool.path(entry))
+            folder = regime.pool.path(entry)
+            regime.policy.load_weights(folder)
+            # a served simulator samples the snapshot's turns from the snapshot's adapter
+            server = regime.user.server if isinstance(regime.user, ServedUser) else None
+            live = server.model if server else ""
             try:
+                if server:
+                    server.load(str(folder), f"{regime.config.name}-{member}", keep_previous=True)
                 regime.user.respond(domain, group)
             finally:
                 regime.policy.load_adapter_state(current)
+                if server and server.model != live:
+                    server.unload(server.model)
+                    server.model = live
 
 
 REGIMES = {r.name: r for r in (Single, Verbalized, CoTrain, Population)}

@@ -243,9 +243,7 @@ def _serve_live(agent: Any, speaker: Any, live: Path, name: str, ranks: Ranks) -
     """Rank 0 writes the adapter as it is now and loads it into the server; the other ranks then
     sample from it by name (loading it again would unload it under rank 0's feet)."""
     if ranks.main:
-        agent.save(live)
-        speaker.load(str(live), name)
-        _prune_live(live)
+        speaker.publish(agent, live, name)
     ranks.barrier()
     if not ranks.main:
         speaker.model = name
@@ -281,16 +279,6 @@ def _domain(name: str, data_dir: str) -> Domain:
     from agents.domains import get_domain
 
     return get_domain(name, data_dir or None)
-
-
-def _prune_live(current: Path) -> None:
-    """Delete the live adapters before `current`: the server has unloaded them, and a long run
-    would otherwise keep one adapter per step on disk."""
-    import shutil
-
-    for folder in current.parent.glob("step-*"):
-        if folder.name < current.name:
-            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _due(step: int, every: int, last: int) -> bool:

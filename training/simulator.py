@@ -1,5 +1,7 @@
 """The user as a Speaker: a simulator in this process (plain or Verbalized Sampling; `tracked`
-when it is trained), a scripted held-out persuadee, or a frozen simulator on an endpoint.
+when it is trained), a co-trained simulator sampled on vLLM (ServedUser), a scripted held-out
+persuadee, or a frozen simulator on an endpoint (plain or Verbalized Sampling, any
+OpenAI-compatible server, hosted ones included).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from agents.simulators import (
 )
 from agents.simulators.scripted import ScriptedPersuadee
 from training.config import SimulatorSpec
-from training.endpoint import Endpoint
+from training.endpoint import Endpoint, ServedAdapter
 from training.policy import LocalModel
 from training.rollout import USER, Decision, Rollout
 from training.turns import speak
@@ -81,8 +83,7 @@ class LocalUser:
         if self.sampling is not None:
             texts = self._verbalized(rollouts, prompts, allowed)
         else:
-            turns = speak(self.lm, USER, rollouts, prompts, allowed, self.spec.temperature,
-                          self.spec.max_new_tokens, self.rng)  # fmt: skip
+            turns = self._speak(rollouts, prompts, allowed)
             texts = []
             for r, (ids, positions, text) in zip(rollouts, turns, strict=True):
                 if self.tracked:
@@ -92,6 +93,12 @@ class LocalUser:
             r.add_user_reply(text)
             if self.tracked:
                 r.user.consumed = len(r.conversation)
+
+    def _speak(
+        self, rollouts: list[Rollout], prompts: list[list[int]], allowed: list[list[str] | None]
+    ) -> list[tuple[list[int], list[list[int]] | None, str]]:
+        return speak(self.lm, USER, rollouts, prompts, allowed, self.spec.temperature,
+                     self.spec.max_new_tokens, self.rng)  # fmt: skip
 
     def _verbalized(
         self, rollouts: list[Rollout], prompts: list[list[int]], allowed: list[list[str] | None]
@@ -152,6 +159,29 @@ class LocalUser:
         return LogitsProcessor(self._grammars[options])
 
 
+class ServedUser(LocalUser):
+    """A co-trained simulator whose free-text turns a vLLM server samples from its adapter, as
+    the agent's are (training/endpoint.py's ServedAdapter: token-id prompts, the exact sampled
+    ids back, the adapter published after each update). Its choice turns are drawn in this
+    process from their exact distribution: the trained weights are here anyway for the update,
+    and the loss needs that distribution's restriction."""
+
+    def __init__(self, lm: LocalModel, spec: SimulatorSpec, rng: random.Random | None = None):
+        super().__init__(lm, spec, tracked=True, rng=rng)
+        self.server = ServedAdapter(
+            spec.endpoint, lm, spec.temperature, spec.max_new_tokens, api_key=spec.api_key()
+        )
+
+    def _speak(
+        self, rollouts: list[Rollout], prompts: list[list[int]], allowed: list[list[str] | None]
+    ) -> list[tuple[list[int], list[list[int]] | None, str]]:
+        return speak(self.lm, USER, rollouts, prompts, allowed, self.spec.temperature,
+                     self.spec.max_new_tokens, self.rng, sample=self.server.sample)  # fmt: skip
+
+    def close(self) -> None:
+        self.server.close()
+
+
 class ScriptedUser:
     """A scripted persuadee type (agents/simulators/scripted.py) as a Speaker: a held-out user
     that shares no weights with anything trained. Its choice turns record their exact
@@ -191,8 +221,10 @@ class EndpointUser:
     def __init__(self, spec: SimulatorSpec, rng: random.Random | None = None):
         self.spec = spec
         self.rng = rng or random.Random(0)
-        # the key is read at the first turn: a missing one is an error then, naming its variable
-        self.endpoint = Endpoint(lambda: LLMClient(spec.endpoint, api_key=spec.api_key()))
+        # read now, as the run starts: a missing key fails it before any step, naming the
+        # variable (not at the first held-out evaluation, steps later)
+        api_key = spec.api_key()
+        self.endpoint = Endpoint(lambda: LLMClient(spec.endpoint, api_key=api_key))
         self._simulator: Simulator | None = None
 
     def _simulator_for(self, client: LLMClient) -> Simulator:
@@ -213,24 +245,29 @@ class EndpointUser:
         return self._simulator
 
     def respond(self, domain: Domain, rollouts: list[Rollout]) -> None:
-        turns = self.endpoint.run(lambda client: self._replies(client, domain, rollouts))
-        for r, turn in zip(rollouts, turns, strict=True):
+        allowed = [domain.user_choices(r.scenario, r.conversation, r.user_final) for r in rollouts]
+        turns = self.endpoint.run(lambda client: self._replies(client, domain, rollouts, allowed))
+        for r, turn, options in zip(rollouts, turns, allowed, strict=True):
             r.fallbacks += int(turn.fell_back)
+            if options and turn.candidates:  # Verbalized: the distribution it wrote, as in-process
+                probs = self._simulator.sampling.distribution(turn.candidates, options)
+                r.decisions.append(Decision(USER, list(options), probs, options.index(turn.text)))
             r.add_user_reply(turn.text)
 
     async def _replies(
-        self, client: LLMClient, domain: Domain, rollouts: list[Rollout]
+        self,
+        client: LLMClient,
+        domain: Domain,
+        rollouts: list[Rollout],
+        allowed: list[list[str] | None],
     ) -> list[UserTurn]:
         simulator = self._simulator_for(client)
         return await asyncio.gather(
             *(
-                simulator.reply(
-                    domain, r.scenario, r.conversation,
-                    domain.user_choices(r.scenario, r.conversation, r.user_final),
-                )
-                for r in rollouts
+                simulator.reply(domain, r.scenario, r.conversation, options)
+                for r, options in zip(rollouts, allowed, strict=True)
             )
-        )  # fmt: skip
+        )
 
     def close(self) -> None:
         self.endpoint.close()

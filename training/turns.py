@@ -6,6 +6,7 @@ recorded on the rollout as a Decision. The agent and a simulator in this process
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any
 
 from training.policy import LocalModel
@@ -21,14 +22,17 @@ def speak(
     temperature: float,
     max_new_tokens: int,
     rng: random.Random | None,
+    sample: Callable[[list[list[int]]], list[list[int]]] | None = None,
 ) -> list[tuple[list[int], list[list[int]] | None, str]]:
     """Each rollout's next turn from `lm`: sampled text, or a choice among `allowed[i]` drawn
     from its exact distribution (recorded on the rollout as a Decision). Returns (sampled ids,
-    per-position allowed ids for a choice, text)."""
+    per-position allowed ids for a choice, text). `sample(prompts)` samples the free turns
+    elsewhere (a vLLM server holding the same weights); choice turns stay exact, in `lm`."""
     turns: list[Any] = [None] * len(rollouts)
     free = [i for i, texts in enumerate(allowed) if not texts]
     if free:
-        samples = lm.sample([prompts[i] for i in free], temperature, max_new_tokens)
+        prompted = [prompts[i] for i in free]
+        samples = sample(prompted) if sample else lm.sample(prompted, temperature, max_new_tokens)
         for i, ids in zip(free, samples, strict=True):
             turns[i] = (ids, None, lm.decode(ids).strip())
     groups: dict[tuple[str, ...], list[int]] = {}

@@ -85,8 +85,28 @@ def test_minimal_config_gets_defaults(tmp_path):
             'simulator.kind must be "verbalized" for regime = "verbalized" (got \'plain\')',
         ),
         (
-            MINIMAL + 'regime = "cotrain"\n[simulator]\nendpoint = "http://x/v1"\nmodel = "m"\n',
-            'simulator.endpoint must be empty: regime "cotrain" trains the simulator in-process',
+            MINIMAL + 'regime = "cotrain"\n[simulator]\nendpoint = "http://x/v1"\n',
+            "simulator.model must name the served",
+        ),
+        (
+            MINIMAL + 'regime = "population"\n[simulator]\nendpoint = "http://x/v1"\nmodel = "m"\n'
+            'adapter = "a"\n',
+            'simulator.adapter must be empty: regime "population" trains its own adapter',
+        ),
+        (
+            MINIMAL + 'regime = "cotrain"\n[simulator]\nendpoint = "http://x/v1/"\nmodel = "m"\n'
+            '[[heldout]]\nname = "h"\nendpoint = "http://x/v1"\nmodel = "other"\n',
+            "heldout[0].endpoint is the co-trained simulator's server",
+        ),
+        (
+            MINIMAL + 'regime = "cotrain"\n[simulator]\nendpoint = "http://x/v1"\nmodel = "/m"\n'
+            '[[heldout]]\nname = "h"\nmodel = "/m"\n',
+            "heldout[0] runs on the training simulator's weights (/m)",
+        ),
+        (
+            MINIMAL + 'regime = "cotrain"\n[simulator]\nkind = "verbalized"\n'
+            'endpoint = "http://x/v1"\nmodel = "m"\n',
+            'simulator.kind must be "plain": regime "cotrain" trains the simulator',
         ),
         (
             MINIMAL + "[simulator]\nendpoint = 'http://x/v1'\n",
@@ -126,3 +146,41 @@ def test_the_paper_configs_hold_out_a_hosted_panel():
         assert len(config.heldout) == 3 and all(s.api_key_env for s in config.heldout)
         models = {s.model for s in config.heldout} | {s.endpoint for s in config.heldout}
         assert config.simulator.model not in models and "Qwen" not in " ".join(models)
+
+
+def test_every_role_on_its_endpoint(tmp_path):
+    """Each role names its own server: the agent's sampler (rollout_endpoint), the co-trained
+    simulator's vLLM (its `model` the local base folder the server serves), and held-out users
+    on hosted APIs, each with the variable that holds its key."""
+    config = load_config(
+        write(
+            tmp_path,
+            MINIMAL + 'regime = "cotrain"\nrollout_endpoint = "http://agent:8000/v1"\n'
+            '[simulator]\nendpoint = "http://sim:8001/v1"\nmodel = "/models/sim"\n'
+            '[[heldout]]\nname = "hosted"\nendpoint = "https://api.example/v1"\n'
+            'model = "m"\napi_key_env = "HOSTED_KEY"\n',
+        )
+    )
+    from training.dryrun import endpoints
+
+    assert str(config.simulator_model_path()) == "/models/sim"
+    assert endpoints(config) == [
+        ("agent sampler", "http://agent:8000/v1", str(config.base_model_path()), ""),
+        ("simulator sampler", "http://sim:8001/v1", "/models/sim", ""),
+        ("held-out hosted", "https://api.example/v1", "m", "HOSTED_KEY"),
+    ]
+
+
+def test_a_missing_key_fails_when_the_simulator_is_made(monkeypatch):
+    """A held-out user's key is read as the run starts, not at its first evaluation."""
+    from training.config import SimulatorSpec
+    from training.simulator import EndpointUser
+
+    monkeypatch.delenv("PARLEY_TEST_NO_KEY", raising=False)
+    spec = SimulatorSpec(
+        name="h", endpoint="http://x/v1", model="m", api_key_env="PARLEY_TEST_NO_KEY"
+    )
+    with pytest.raises(ConfigError, match="environment variable PARLEY_TEST_NO_KEY is not set"):
+        EndpointUser(spec)
+    monkeypatch.setenv("PARLEY_TEST_NO_KEY", "sk-test")
+    EndpointUser(spec).close()

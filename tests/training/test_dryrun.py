@@ -190,6 +190,20 @@ def test_agent_sampler_serves_the_base_model(tmp_path, base_model):
             "detail": f"{base_model} is not served (served: Qwen3-8B)"} in result["checks"]  # fmt: skip
 
 
+def test_cotrained_simulator_sampler_serves_its_base_model(tmp_path, base_model):
+    """A co-trained simulator on vLLM: its server must serve the simulator's base model (its
+    adapters are loaded at run time), and its base must be a folder here (it learns here)."""
+    extra = 'regime = "cotrain"\n'
+    sim = f'endpoint = "URL"\nmodel = "{base_model}"\n'
+    for served, ok in ((str(base_model), True), ("Qwen3-8B", False)):
+        with ScriptedServer([], models=[served]) as server:
+            config = write_config(tmp_path, base_model, sim.replace("URL", server.url), extra)
+            result = dry_run(str(config))
+        check = next(c for c in result["checks"] if c["name"] == "simulator sampler model")
+        assert (check["ok"], result["ok"]) == (ok, ok), result["checks"]
+    assert {"name": "simulator model", "ok": True, "detail": str(base_model)} in result["checks"]
+
+
 def test_missing_domain_data_fails_online_only(tmp_path, base_model):
     config = write_config(tmp_path, base_model, extra=f'domain_data = "{tmp_path / "absent"}"')
     assert not dry_run(str(config))["ok"]

@@ -1,8 +1,11 @@
-"""The agent's rollouts sampled by a real vLLM server (`rollout_endpoint`), trained in-process.
+"""Trained and frozen roles sampled by a real vLLM server: the agent (`rollout_endpoint`) and a
+co-trained simulator (`[simulator] endpoint`), each trained in-process on exactly the ids vLLM
+sampled from the adapter it hot-loads after each update; a Verbalized Sampling simulator held to
+the k = 5 JSON schema by vLLM's structured outputs.
 
-The two server tests need vLLM's own venv (`make vllm`): skipped without it, failed under CI
-(PARLEY_CI=1), which installs it (vLLM on CPU starts in about a minute; both take ~80 s here).
-SmolLM2 on the toy "letters" Domain, two steps. The last test checks the server's command line
+The server tests need vLLM's own venv (`make vllm`): skipped without it, failed under CI
+(PARLEY_CI=1), which installs it (vLLM on CPU starts in about a minute; one server serves the
+module). SmolLM2 on the toy "letters" Domain, two steps. The last test checks the server's command line
 and environment without vLLM.
 """
 
@@ -19,10 +22,12 @@ import torch
 
 from agents.llm import LLMClient
 from agents.llm.client import CompletionResult
-from training import checkpoint, run
-from training.agent import EndpointAgent, turn_ids
-from training.config import RunConfig
+from training import checkpoint, regimes, run
+from training.agent import EndpointAgent
+from training.config import RunConfig, SimulatorSpec
+from training.endpoint import turn_ids
 from training.policy import LocalModel
+from training.simulator import EndpointUser, ServedUser
 
 
 @pytest.fixture(scope="module")
@@ -191,3 +196,133 @@ def test_runtime_lora_server_command_and_environment(base_model):
     assert int(command[command.index("--max-loras") + 1]) >= 2  # the next loads beside the last
     assert vllm_env(runtime_lora=True)["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     assert "--enable-lora" not in build_command(base_model, 8000, None, python="/opt/py")
+
+
+class RecordingUser(ServedUser):
+    """The trainer's co-trained simulator on vLLM, keeping the ids recorded into each rollout's
+    user transcript per turn (its mask-1 tokens: what its update trains on)."""
+
+    instances: list[RecordingUser] = []
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.turns: list[list[int]] = []
+        RecordingUser.instances.append(self)
+
+    def respond(self, domain, rollouts):
+        before = [len(r.user.ids) for r in rollouts]
+        super().respond(domain, rollouts)
+        for r, start in zip(rollouts, before, strict=True):
+            new = zip(r.user.ids[start:], r.user.mask[start:], strict=True)
+            self.turns.append([t for t, m in new if m])
+
+
+def test_cotrained_simulator_on_vllm_trains_on_its_sampled_ids_and_reloads(
+    vllm_url, base_model, tmp_path, letters, monkeypatch, server_answers
+):
+    """regime cotrain with [simulator] endpoint: vLLM samples the simulator's turns from the
+    adapter published before each step; its update trains on exactly the ids vLLM returned."""
+    monkeypatch.setattr(regimes, "ServedUser", RecordingUser)
+    RecordingUser.instances = []
+    cfg = RunConfig.from_dict(
+        {
+            "name": "toy-sim",
+            "domain": "letters",
+            "regime": "cotrain",
+            "base_model": str(base_model),
+            "steps": 2,
+            "group_size": 4,
+            "lr": 5e-3,
+            "simulator_lr": 5e-2,
+            "simulator_beta": 0.0,
+            "simulator_reward": "adversarial",
+            "temperature": 1.0,
+            "max_new_tokens": 6,
+            "max_turns": 2,  # the user asks (on vLLM), the agent answers once (in-process)
+            "simulator": {
+                "endpoint": vllm_url,
+                "model": str(base_model),
+                "max_new_tokens": 6,
+                "temperature": 1.0,
+            },  # fmt: skip
+            "heldout": [],
+            "save_every": 1,
+            "output_dir": str(tmp_path / "run"),
+            "threads": 1,
+        }
+    )
+    saved = run.train(cfg, domain=letters, show_progress=False)
+
+    (user,) = RecordingUser.instances
+    # every user turn was a completion vLLM answered, from that step's published adapter
+    assert len(server_answers) == 2 * 4  # steps x G, one user turn each
+    assert {a.model for a in server_answers} == {
+        "toy-sim-simulator-live-0",
+        "toy-sim-simulator-live-1",
+    }
+    # the simulator's trained (mask 1) tokens are exactly the ids vLLM returned
+    returned = sorted(tuple(turn_ids(a, user.lm.stop_ids)) for a in server_answers)
+    assert sorted(tuple(ids) for ids in user.turns) == returned
+    assert all(0 < len(a.token_ids) <= 6 for a in server_answers)
+    rows = [json.loads(line) for line in (cfg.run_dir() / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["sim/learned"] == 1.0 and rows[0]["sim/grad_norm"] > 0
+
+    # the server samples from the simulator as step 1's update left it; step 0's is unloaded
+    models = asyncio.run(_models(vllm_url))
+    assert "toy-sim-simulator-live-1" in models and "toy-sim-simulator-live-0" not in models
+    trained = LocalModel.load(base_model, adapter=str(saved[0] / "simulator"))
+    prompt = trained.fmt.opening([{"role": "user", "content": "Tell me about trees."}])
+    prompt += trained.fmt.generation_prompt
+    token, logprob = asyncio.run(_first_logprob(vllm_url, "toy-sim-simulator-live-1", prompt))
+    with torch.no_grad():
+        logits = trained.model(torch.tensor([prompt])).logits[0, -1]
+    assert logprob == pytest.approx(float(torch.log_softmax(logits.float(), -1)[token]), abs=2e-3)
+    base = asyncio.run(_first_logprob(vllm_url, Path(base_model).name, prompt))
+    assert (token, logprob) != base  # the update moved it
+
+
+def test_verbalized_simulator_on_vllm_answers_the_k5_schema(vllm_url, base_model, monkeypatch):
+    """A Verbalized Sampling simulator on vLLM: each request carries the k = 5 JSON schema as
+    response_format, vLLM's structured outputs hold the answer to it (5 candidates, each text
+    one of the P4G markers), and the distribution it wrote is the turn's Decision."""
+    from agents.domains import get_domain
+    from agents.simulators import parse_verbalized
+    from training.rollout import Rollout
+
+    answered = []
+    chat = LLMClient.chat
+
+    async def recording(self, model, messages, **params):
+        result = await chat(self, model, messages, **params)
+        answered.append((params, result.content))
+        return result
+
+    monkeypatch.setattr(LLMClient, "chat", recording)
+    decision = get_domain("p4g-decision")
+    rollouts = []
+    for task in decision.scenarios("test")[:2]:
+        rollout = Rollout.begin(decision, task)
+        rollout.conversation.append({"role": "assistant", "content": "Could you give $2?"})
+        rollout.max_turns = decision.max_turns
+        rollouts.append(rollout)
+    spec = SimulatorSpec(name="vs", kind="verbalized", endpoint=vllm_url,
+                         model=Path(base_model).name, max_new_tokens=160, retries=0, temperature=1.0)  # fmt: skip
+    user = EndpointUser(spec)
+    try:
+        user.respond(decision, rollouts)
+    finally:
+        user.close()
+    markers = decision.user_choices(rollouts[0].scenario, [], True)
+    assert len(answered) == 2  # one request per reply: each parsed at its first attempt
+    for params, content in answered:
+        schema = params["response_format"]["json_schema"]["schema"]
+        items = schema["properties"]["responses"]
+        assert (items["minItems"], items["maxItems"]) == (5, 5)
+        assert items["items"]["properties"]["text"]["enum"] == markers
+        candidates = parse_verbalized(content, k=5)
+        assert all(c.text in markers for c in candidates)
+    for r in rollouts:
+        assert r.fallbacks == 0 and r.conversation[-1]["content"] in markers
+        (written,) = r.decisions
+        assert written.texts == markers and sum(written.probs) == pytest.approx(1.0)
+        assert written.texts[written.index] == r.conversation[-1]["content"]
