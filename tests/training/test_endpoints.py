@@ -29,6 +29,7 @@ class CompletionServer(ScriptedServer):
         super().__init__([])
         self.token_ids = token_ids
         self.calls: list[tuple[str, int]] = []
+        self.bodies: list[tuple[str, dict]] = []  # (path, request body), in order
         app = Starlette(
             routes=[
                 Route("/v1/completions", self.completion, methods=["POST"]),
@@ -41,6 +42,7 @@ class CompletionServer(ScriptedServer):
     async def completion(self, request: Request):
         body = await request.json()
         self.calls.append((request.url.path, request.client.port))
+        self.bodies.append((request.url.path, body))
         choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": "length",
                   "token_ids": self.token_ids, "stop_reason": None}  # fmt: skip
         return JSONResponse(
@@ -55,6 +57,7 @@ class CompletionServer(ScriptedServer):
 
     async def adapter(self, request: Request):
         self.calls.append((request.url.path, request.client.port))
+        self.bodies.append((request.url.path, await request.json()))
         return PlainTextResponse("Success")
 
 
@@ -112,3 +115,62 @@ class _Silent:
 
     def respond(self, domain, rollouts):
         raise AssertionError("the agent should not speak")
+
+
+def test_a_served_population_samples_each_member_from_its_own_adapter(
+    tiny_model, letters, tmp_path, monkeypatch
+):
+    """Population co-training with the simulator on a (vLLM-shaped) server: before each step
+    the current adapter is published and loaded; a snapshot's turns are sampled from the
+    snapshot's adapter, loaded beside it and unloaded after; every user turn the simulator
+    trains on holds exactly the ids the server returned."""
+    from training import regimes, run
+    from training.config import RunConfig
+    from training.simulator import ServedUser
+
+    trained: list[list[int]] = []  # each user turn's mask-1 ids
+
+    class Recording(ServedUser):
+        def respond(self, domain, rollouts):
+            before = [len(r.user.ids) for r in rollouts]
+            super().respond(domain, rollouts)
+            for r, start in zip(rollouts, before, strict=True):
+                new = zip(r.user.ids[start:], r.user.mask[start:], strict=True)
+                trained.append([t for t, m in new if m])
+
+    monkeypatch.setattr(regimes, "ServedUser", Recording)
+    lm = LocalModel.load(tiny_model)
+    words = lm.fmt.encode(" eerie tree")
+    with CompletionServer(words) as server:
+        cfg = RunConfig.from_dict(
+            {
+                "name": "pop", "domain": "letters", "regime": "population",
+                "base_model": str(tiny_model), "steps": 2, "group_size": 2, "pool_every": 1,
+                "max_new_tokens": 4, "max_turns": 2, "heldout": [], "threads": 1,
+                "simulator": {"endpoint": server.url, "model": str(tiny_model)},
+                "output_dir": str(tmp_path / "pop"),
+            }
+        )  # fmt: skip
+        run.train(cfg, domain=letters, show_progress=False)
+    live, pool = cfg.run_dir() / "live" / "simulator", cfg.run_dir() / "pool"
+    # (path, the adapter loaded or unloaded, or the model a completion asked for)
+    asked = [(path, body.get("lora_name") or body["model"]) for path, body in server.bodies]
+    assert asked == [
+        ("/v1/load_lora_adapter", "pop-simulator-live-0"),
+        ("/v1/completions", "pop-simulator-live-0"),
+        ("/v1/completions", "pop-simulator-live-0"),
+        ("/v1/load_lora_adapter", "pop-simulator-live-1"),
+        ("/v1/unload_lora_adapter", "pop-simulator-live-0"),
+        ("/v1/completions", "pop-simulator-live-1"),  # step 2: the current simulator
+        ("/v1/load_lora_adapter", "pop-sim-step-000001"),  # and the pool's snapshot
+        ("/v1/completions", "pop-sim-step-000001"),
+        ("/v1/unload_lora_adapter", "pop-sim-step-000001"),
+    ]
+    loads = [body for path, body in server.bodies if path == "/v1/load_lora_adapter"]
+    assert [body["lora_path"] for body in loads] == [
+        str(live / "step-000000"), str(live / "step-000001"), str(pool / "sim-step-000001")
+    ]  # fmt: skip
+    assert all(body["prompt"] and isinstance(body["prompt"][0], int) for _, body in server.bodies
+               if "prompt" in body)  # fmt: skip
+    assert [p.name for p in live.iterdir()] == ["step-000001"]  # the unloaded one is deleted
+    assert trained == [words] * 4
