@@ -92,6 +92,7 @@ def build_command(
     max_loras: int = 4,
     runtime_lora_rank: int = 0,
     tool_call_parser: str | None = None,
+    compact_json: bool = False,
     extra_args: list[str] = (),
 ) -> list[str]:
     """vLLM's OpenAI server command line (explicit `extra_args` come last, so they win).
@@ -99,7 +100,10 @@ def build_command(
     `runtime_lora_rank` > 0 enables LoRA for adapters loaded later through /v1/load_lora_adapter
     (a trainer's live adapter) up to that rank; vllm_env(runtime_lora=True) allows those calls.
     `tool_call_parser` (e.g. "hermes" for Qwen) turns on native tool calls with tool_choice
-    "auto": vLLM parses the model's own tool-call syntax into `tool_calls`."""
+    "auto": vLLM parses the model's own tool-call syntax into `tool_calls`.
+    `compact_json`: structured outputs (a `response_format` JSON schema) allow no whitespace
+    between tokens of the JSON; a small model otherwise spends its token budget on indentation
+    and a Verbalized Sampling simulator's k candidates are cut off (xgrammar only)."""
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise ValueError(f"{model_dir} is not a Hugging Face model folder (no config.json)")
@@ -116,6 +120,9 @@ def build_command(
         command += ["--max-loras", str(max(1, min(max_loras, count)))]
     if tool_call_parser:
         command += ["--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser]
+    if compact_json:
+        compact = {"backend": "xgrammar", "disable_any_whitespace": True}
+        command += ["--structured-outputs-config", json.dumps(compact)]
     if loras:
         command += ["--lora-modules"]
         command += [f"{name}={Path(path).resolve()}" for name, path in loras.items()]

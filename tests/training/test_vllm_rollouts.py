@@ -35,7 +35,8 @@ def vllm_url(base_model, vllm_ready):
     from agents.serving.launch import stop_engine
     from agents.serving.vllm import start_vllm
 
-    url, process = start_vllm(base_model, runtime_lora_rank=8, python=vllm_ready)
+    # compact JSON: the Verbalized simulator's k = 5 candidates fit its token budget
+    url, process = start_vllm(base_model, runtime_lora_rank=8, python=vllm_ready, compact_json=True)
     try:
         yield url
     finally:
@@ -196,6 +197,9 @@ def test_runtime_lora_server_command_and_environment(base_model):
     assert int(command[command.index("--max-loras") + 1]) >= 2  # the next loads beside the last
     assert vllm_env(runtime_lora=True)["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     assert "--enable-lora" not in build_command(base_model, 8000, None, python="/opt/py")
+    compact = build_command(base_model, 8000, python="/opt/py", compact_json=True)
+    config = json.loads(compact[compact.index("--structured-outputs-config") + 1])
+    assert config == {"backend": "xgrammar", "disable_any_whitespace": True}
 
 
 class RecordingUser(ServedUser):
