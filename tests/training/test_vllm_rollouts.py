@@ -288,7 +288,8 @@ def test_cotrained_simulator_on_vllm_trains_on_its_sampled_ids_and_reloads(
 def test_verbalized_simulator_on_vllm_answers_the_k5_schema(vllm_url, base_model, monkeypatch):
     """A Verbalized Sampling simulator on vLLM: each request carries the k = 5 JSON schema as
     response_format, vLLM's structured outputs hold the answer to it (5 candidates, each text
-    one of the P4G markers), and the distribution it wrote is the turn's Decision."""
+    one of the P4G markers; an answer that does not read was cut off by the budget, and is
+    asked again), and the distribution it wrote is the turn's Decision."""
     from agents.domains import get_domain
     from agents.simulators import parse_verbalized
     from training.rollout import Rollout
@@ -298,7 +299,7 @@ def test_verbalized_simulator_on_vllm_answers_the_k5_schema(vllm_url, base_model
 
     async def recording(self, model, messages, **params):
         result = await chat(self, model, messages, **params)
-        answered.append((params, result.content))
+        answered.append((params, result))
         return result
 
     monkeypatch.setattr(LLMClient, "chat", recording)
@@ -310,21 +311,29 @@ def test_verbalized_simulator_on_vllm_answers_the_k5_schema(vllm_url, base_model
         rollout.max_turns = decision.max_turns
         rollouts.append(rollout)
     spec = SimulatorSpec(name="vs", kind="verbalized", endpoint=vllm_url,
-                         model=Path(base_model).name, max_new_tokens=160, retries=0, temperature=1.0)  # fmt: skip
+                         model=Path(base_model).name, max_new_tokens=160, retries=3)  # fmt: skip
     user = EndpointUser(spec)
     try:
         user.respond(decision, rollouts)
     finally:
         user.close()
     markers = decision.user_choices(rollouts[0].scenario, [], True)
-    assert len(answered) == 2  # one request per reply: each parsed at its first attempt
-    for params, content in answered:
+    parsed = 0
+    for params, result in answered:
         schema = params["response_format"]["json_schema"]["schema"]
         items = schema["properties"]["responses"]
         assert (items["minItems"], items["maxItems"]) == (5, 5)
         assert items["items"]["properties"]["text"]["enum"] == markers
-        candidates = parse_verbalized(content, k=5)
+        try:
+            candidates = parse_verbalized(result.content, k=5)
+        except ValueError:
+            # the schema held to the end of the budget (SmolLM2 can write a probability's digits
+            # without end): only a cut-off answer is asked again
+            assert result.finish_reason == "length", result.content
+            continue
+        parsed += 1
         assert all(c.text in markers for c in candidates)
+    assert parsed == 2  # one read answer per reply
     for r in rollouts:
         assert r.fallbacks == 0 and r.conversation[-1]["content"] in markers
         (written,) = r.decisions
