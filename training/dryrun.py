@@ -356,10 +356,10 @@ def check_local(config: RunConfig) -> list[Check]:
     """In-process models and adapters are folders on disk (weights are needed: online only)."""
     checks = []
     folders = {"agent model": str(config.base_model_path())}
-    if config.trains_simulator:  # learns in this process, wherever its turns are sampled
+    if config.trains_simulator and config.simulator.endpoint:  # sampled there, learns here
         folders["simulator model"] = str(config.simulator_model_path())
     for spec in [config.simulator, *config.heldout]:
-        if _in_process(spec) and not (spec is config.simulator and config.trains_simulator):
+        if _in_process(spec):
             folders[f"{spec.name} model"] = spec.model or str(config.base_model_path())
             if spec.adapter:
                 folders[f"{spec.name} adapter"] = str(spec.adapter_path())
