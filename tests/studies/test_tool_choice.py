@@ -204,21 +204,14 @@ def fits(arguments: dict, parameters: dict) -> bool:
     return True
 
 
-@pytest.mark.asyncio
-async def test_smollm2_makes_a_well_formed_tool_call_of_the_domain(engine_url, settings):
-    settings.PARLEY_FIRST_TOKEN_TIMEOUT = 120  # a call is sent whole, after the stall notice
-    participant = await participant_in(
-        engine_url,
-        tool_format="structured",
-        tool_choice=ToolChoice.FIRST,
-        max_tokens=80,
-        temperature=0,
-    )
-    events = await talk(
-        participant,
-        "Hi, I want to cancel my order #W5785065. My email is ada.abara154@example.com.",
-        timeout=150,
-    )
+CUSTOMER = "Hi, I want to cancel my order #W5785065. My email is ada.abara154@example.com."
+
+
+async def first_reply_calls_a_tool(participant) -> Message:
+    """One message of the retail customer through the real consumer: the reply's tool call
+    comes to the page (tool_calls, then tool_result) and is stored well formed, a call of one
+    of the Domain's tools with arguments that fit its schema. Returns the stored call."""
+    events = await talk(participant, CUSTOMER, timeout=150)
     kinds = [e["type"] for e in events]
     assert "tool_calls" in kinds and "tool_result" in kinds, kinds
     assert kinds.index("tool_calls") < kinds.index("tool_result")
@@ -241,3 +234,17 @@ async def test_smollm2_makes_a_well_formed_tool_call_of_the_domain(engine_url, s
         assert fits(arguments, tools[name]["parameters"]), (name, arguments)
     assert [r.tool_name for r in results] == [c["function"]["name"] for c in agent.tool_calls]
     assert agent.model == "SmolLM2-135M-Instruct" and agent.finish_reason == "tool_calls"
+    return agent
+
+
+@pytest.mark.asyncio
+async def test_smollm2_makes_a_well_formed_tool_call_of_the_domain(engine_url, settings):
+    settings.PARLEY_FIRST_TOKEN_TIMEOUT = 120  # a call is sent whole, after the stall notice
+    participant = await participant_in(
+        engine_url,
+        tool_format="structured",
+        tool_choice=ToolChoice.FIRST,
+        max_tokens=80,
+        temperature=0,
+    )
+    await first_reply_calls_a_tool(participant)
