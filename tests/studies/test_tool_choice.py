@@ -213,7 +213,7 @@ async def first_reply_calls_a_tool(participant) -> Message:
     of the Domain's tools with arguments that fit its schema. Returns the stored call."""
     events = await talk(participant, CUSTOMER, timeout=150)
     kinds = [e["type"] for e in events]
-    assert "tool_calls" in kinds and "tool_result" in kinds, kinds
+    assert "tool_calls" in kinds and "tool_result" in kinds, events
     assert kinds.index("tool_calls") < kinds.index("tool_result")
 
     @database_sync_to_async
@@ -237,14 +237,19 @@ async def first_reply_calls_a_tool(participant) -> Message:
     return agent
 
 
-@pytest.mark.asyncio
-async def test_smollm2_makes_a_well_formed_tool_call_of_the_domain(engine_url, settings):
-    settings.PARLEY_FIRST_TOKEN_TIMEOUT = 120  # a call is sent whole, after the stall notice
-    participant = await participant_in(
+def demo_arm_participant(engine_url, temperature=0.0):
+    """A participant of a retail arm set as the demo's (calls kept well formed, each reply
+    starting with one), greedy unless told and short so that one turn stays quick."""
+    return participant_in(
         engine_url,
         tool_format="structured",
         tool_choice=ToolChoice.FIRST,
         max_tokens=80,
-        temperature=0,
+        temperature=temperature,
     )
-    await first_reply_calls_a_tool(participant)
+
+
+@pytest.mark.asyncio
+async def test_smollm2_makes_a_well_formed_tool_call_of_the_domain(engine_url, settings):
+    settings.PARLEY_FIRST_TOKEN_TIMEOUT = 120  # a call is sent whole, after the stall notice
+    await first_reply_calls_a_tool(await demo_arm_participant(engine_url))
