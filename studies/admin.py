@@ -104,7 +104,8 @@ class ArmInline(admin.StackedInline):
     fields = [
         ("name", "order", "active"),
         ("endpoint", "model_name"),
-        ("temperature", "top_p", "max_tokens", "tool_format"),
+        ("temperature", "top_p", "max_tokens"),
+        ("tool_format", "tool_choice"),
         "system_prompt",
         "greeting",
         "extra_params",

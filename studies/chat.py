@@ -11,6 +11,7 @@ to store wins under the conversation's row lock, the other stores nothing and sh
 """
 
 import asyncio
+import itertools
 import json
 from collections.abc import Awaitable, Callable
 
@@ -92,7 +93,7 @@ async def agent_turn(
     conversation, (_, down) = str(participant.token), participant.arm.endpoint.routing()
     # Replies of an earlier, broken turn count as this turn's; any other is another window's.
     mine = [m.pk for m in messages if m.reply_to_id == user_message.pk]
-    while True:
+    for step in itertools.count():
         chat = [m.to_chat() for m in messages]
         if system:
             chat.insert(0, {"role": "system", "content": system})
@@ -106,7 +107,7 @@ async def agent_turn(
             tool_format=participant.arm.tool_format,
             conversation=conversation,
             avoid=down,
-            **params,
+            **step_params(participant.arm, params, offer_tools, step),
         ) as stream:
             await relay(stream, send, reply_to)
         result = stream.result
@@ -142,6 +143,17 @@ async def agent_turn(
                 }
             )
         budget -= len(calls)
+
+
+def step_params(arm: Arm, params: dict, offer_tools: list[dict] | None, step: int) -> dict:
+    """The request parameters of one step of a reply: a tool call forced when the arm's tool
+    choice asks for one at this step; no tool_choice at all when no tools are offered (a
+    Domain without tools, or the budget spent), as engines refuse one without tools."""
+    if not offer_tools:
+        return {k: v for k, v in params.items() if k != "tool_choice"}
+    if arm.forces_tool_call(step):
+        return {**params, "tool_choice": "required"}
+    return params
 
 
 async def relay(stream, send: Send, reply_to: str) -> None:

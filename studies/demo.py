@@ -9,7 +9,7 @@ from agents.domains.p4g import INTENDED_DONATION
 from agents.models import ModelEndpoint
 from agents.paths import BASE_MODEL_NAME
 
-from .models import Arm, Item, Questionnaire, Study
+from .models import Arm, Item, Questionnaire, Study, ToolChoice
 
 DEMO_SLUG = "demo"
 
@@ -96,6 +96,7 @@ def seed_arms(
     arms: list[tuple[str, str, str]],
     max_tokens: int = 96,
     temperatures: dict[str, float] | None = None,
+    tool_choice: str = ToolChoice.AUTO,
 ) -> None:
     """(name, model, system prompt) arms in this order, on the endpoint serving `engine_url`
     (made if there is none); the first is the control arm."""
@@ -113,6 +114,7 @@ def seed_arms(
                 max_tokens=max_tokens,
                 # the engine keeps SmolLM2's tool calls well formed, so tau2 tool cards appear
                 tool_format="structured",
+                tool_choice=tool_choice,
             ),
         )
     if study.control_arm_id is None:
@@ -275,6 +277,9 @@ def seed_task_studies(engine_url: str | None = None) -> list[Study]:
             [(name, model, "") for name, model, _ in arms],
             max_tokens=max_tokens,
             temperatures={name: t for name, _, t in arms},
+            # SmolLM2 left to decide called a tool in 0 of 40 retail turns: each reply starts
+            # with one, so the demo shows tool cards (a Domain without tools ignores it)
+            tool_choice=ToolChoice.FIRST,
         )
         study.arms.filter(name=GREEDY_ARM).update(active=not by_regime)
         if not study.scenarios.exists():

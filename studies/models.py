@@ -325,6 +325,15 @@ class CompletionCode(models.Model):
         return COMPLETE_URL.format(code=self.code)
 
 
+class ToolChoice(models.TextChoices):
+    """How an arm's agent is asked to call the Domain's tools, step by step within one reply
+    (a step is one request to the engine; the Domain caps the calls of a reply)."""
+
+    AUTO = "auto", "The agent decides at every step"
+    FIRST = "first", "Each reply starts with a tool call, then the agent decides"
+    REQUIRED = "required", "Tool calls until the Domain's per-reply budget is spent, then text"
+
+
 class Arm(models.Model):
     study = models.ForeignKey(Study, on_delete=models.CASCADE, related_name="arms")
     name = models.CharField(max_length=64)
@@ -364,6 +373,14 @@ class Arm(models.Model):
         "'structured' has the engine (vLLM or embedded) constrain each call to a tool's schema. "
         "Native tools on vLLM need a model with tool calling and `--tool-call-parser`.",
     )
+    tool_choice = models.CharField(
+        max_length=10,
+        choices=ToolChoice.choices,
+        default=ToolChoice.AUTO,
+        help_text="How the agent is asked to use the Domain's tools in each reply. A small model "
+        "left to decide (e.g. SmolLM2) seldom calls one; 'first' and 'required' make the engine "
+        "write a call (tool format 'structured' or 'native'). Ignored in a Domain without tools.",
+    )
 
     class Meta:
         ordering = ["study", "order", "id"]
@@ -391,6 +408,25 @@ class Arm(models.Model):
     def clean(self):
         if not isinstance(self.extra_params, dict):
             raise ValidationError({"extra_params": "Must be a JSON object."})
+        errors: dict[str, list[str]] = {"extra_params": [], "tool_choice": []}
+        if "tool_choice" in self.extra_params:
+            errors["extra_params"].append("Set how tools are called in the Tool choice field.")
+        if self.tool_choice != ToolChoice.AUTO and self.tool_format == "json":
+            errors["tool_choice"].append(
+                f"Tool choice {self.tool_choice!r} needs the tool format 'structured' or "
+                "'native': with calls only described in the prompt nothing makes the model "
+                "write one."
+            )
+        endpoint = self.endpoint if self.endpoint_id else None
+        if "seed" in self.extra_params and endpoint and endpoint.kind == ModelEndpoint.Kind.VLLM:
+            errors["extra_params"].append(
+                f"Remove 'seed': endpoint {endpoint} is vLLM, whose CPU build crashes on a "
+                "seeded request with a long prompt (CPU Generator does not use offset); "
+                "vLLM arms are never sent a seed."
+            )
+        errors = {name: problems for name, problems in errors.items() if problems}
+        if errors:
+            raise ValidationError(errors)
         # Only an arm being pointed somewhere is checked: an unchanged arm on an endpoint that
         # is down just now must not block saving the rest of its study (pausing it, say).
         problem = self.model_problem() if self.retargeted() else None
@@ -406,12 +442,22 @@ class Arm(models.Model):
         return endpoint.model_problem(self.model_name, refresh=refresh)
 
     def generation_params(self) -> dict:
+        extra = self.extra_params
+        if "seed" in extra and self.endpoint.kind == ModelEndpoint.Kind.VLLM:
+            # clean() refuses it, but an arm pointed at vLLM later (serve_agents) may hold one
+            extra = {k: v for k, v in extra.items() if k != "seed"}
         return {
-            **self.extra_params,
+            **extra,
             "temperature": self.temperature,
             "top_p": self.top_p,
             "max_tokens": self.max_tokens,
         }
+
+    def forces_tool_call(self, step: int) -> bool:
+        """Whether step `step` (0: the reply's first request) of a reply must be a tool call."""
+        return self.tool_choice == ToolChoice.REQUIRED or (
+            self.tool_choice == ToolChoice.FIRST and step == 0
+        )
 
 
 class Scenario(models.Model):
@@ -960,6 +1006,7 @@ FROZEN_ARM_FIELDS = (
     "max_tokens",
     "extra_params",
     "tool_format",
+    "tool_choice",
 )
 FROZEN_ITEM_FIELDS = (
     "key",

@@ -70,11 +70,26 @@ def test_participant_completes_the_study_in_a_browser(
     assert participant.status == "completed" and participant.attention_passed is True
 
 
+def shop_chat(browser, web_server: str, engine: str, pid: str, **arm_fields):
+    """A tau2 retail study on `engine` (its task retail-0, one arm with these settings) and a
+    participant's page, consented and ready to type."""
+    from studies.pools import import_pool
+
+    study = make_study(slug="shop", domain="retail", engine=engine, arms=("a",))
+    study.arms.update(**arm_fields)
+    import_pool(study, "retail")
+    study.scenarios.exclude(key="retail-0").update(active=False)
+    page = browser.new_page()
+    page.goto(f"{web_server}/s/shop/?PROLIFIC_PID={pid}&STUDY_ID=st&SESSION_ID=se")
+    page.click("#consent-accept")
+    page.wait_for_selector("#text:not([disabled])")
+    return page
+
+
 def test_tool_calls_show_as_cards_beside_the_scenario(web_server, browser, monkeypatch, tmp_path):
     """tau2 retail in the browser: the scenario in the side panel, the agent's tool calls as cards
     (the replies come from a scripted server: this test is about the page, not the model)."""
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    from studies.pools import import_pool
     from tests.scripted_server import ScriptedServer
 
     script = [
@@ -82,14 +97,7 @@ def test_tool_calls_show_as_cards_beside_the_scenario(web_server, browser, monke
         {"content": "Your order #W5785065 is pending."},
     ]
     with ScriptedServer(script) as server:
-        study = make_study(slug="shop", domain="retail", engine=server.url)
-        study.arms.update(tool_format="native")
-        import_pool(study, "retail")
-        study.scenarios.exclude(key="retail-0").update(active=False)
-        page = browser.new_page()
-        page.goto(f"{web_server}/s/shop/?PROLIFIC_PID=buyer1&STUDY_ID=st&SESSION_ID=se")
-        page.click("#consent-accept")
-        page.wait_for_selector("#text:not([disabled])")
+        page = shop_chat(browser, web_server, server.url, "buyer1", tool_format="native")
         assert "What you know" in page.inner_text("#scenario-panel")
         assert page.inner_text(".msg.assistant") == "Hi! How can I help you today?"
         page.fill("#text", "What is the status of order #W5785065?")
@@ -103,3 +111,42 @@ def test_tool_calls_show_as_cards_beside_the_scenario(web_server, browser, monke
             page.locator(".msg.assistant").nth(1).inner_text().strip()
             == "Your order #W5785065 is pending."
         )
+
+
+@pytest.fixture
+def patient_web_server(transactional_db, monkeypatch, request):
+    """The ASGI server waiting longer for a first token: a forced tool call shows nothing until
+    it is whole, and this machine's other work slows the model several times over."""
+    monkeypatch.setenv("PARLEY_FIRST_TOKEN_TIMEOUT", "170")
+    return request.getfixturevalue("web_server")
+
+
+def test_smollm2_tool_call_shows_as_a_card(
+    patient_web_server, engine_url, browser, monkeypatch, tmp_path
+):
+    """The demo's tau2 arm with the real model: its reply starts with a tool call (the arm's
+    tool choice "first"), which the page shows as a card with the tool's result."""
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    from studies.domains import get_domain
+    from studies.models import ToolChoice
+
+    page = shop_chat(
+        browser,
+        patient_web_server,
+        engine_url,
+        "smol1",
+        tool_format="structured",
+        tool_choice=ToolChoice.FIRST,
+        max_tokens=64,
+        temperature=0,
+    )
+    page.fill("#text", "Please cancel my order #W5785065, my email is ada.abara154@example.com")
+    page.press("#text", "Enter")
+    page.wait_for_selector(".tool-card .tool-result", timeout=240_000)
+    page.screenshot(path=str(tmp_path / "smollm2-tool-card.png"))
+    card = page.inner_text(".tool-card")
+    tools = [t["function"]["name"] for t in get_domain("retail").tools(None)]
+    assert any(name in card for name in tools), card
+    stored = Message.objects.filter(conversation__participant__prolific_pid="smol1")
+    call = stored.exclude(tool_calls__isnull=True).get().tool_calls[0]["function"]
+    assert call["name"] in card and call["name"] in tools

@@ -1,0 +1,255 @@
+"""An arm's tool choice: how its agent is asked to call the Domain's tools (issue 12, point 7).
+
+SmolLM2 left to decide ("auto") chose a tool in 0 of 40 tau2 retail turns, so the demo never
+showed a tool card; with "first" each reply starts with a call the engine keeps well formed.
+The requests are read off a scripted engine; the last test has the real model answer.
+"""
+
+import json
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
+from django.core.exceptions import ValidationError
+from django.urls import reverse
+
+from agents.models import ModelEndpoint
+from studies import domains, flow
+from studies.demo import seed_task_studies
+from studies.models import Arm, Message, Scenario, ToolChoice
+from studies.pools import import_pool
+from studies.routing import websocket_urlpatterns
+from tests.scripted_server import ScriptedServer
+from tests.studies.conftest import make_study, prolific
+from tests.studies.test_golive import change_form_data
+
+app = URLRouter(websocket_urlpatterns)
+CALL = {"tool_calls": [("get_order_details", {"order_id": "#W5785065"})]}
+
+
+@database_sync_to_async
+def participant_in(engine_url, domain="retail", **arm_fields):
+    """One consenting participant of a one-arm study of `domain` on `engine_url`."""
+    study = make_study(slug=f"tools-{domain}", domain=domain, engine=engine_url, arms=("a",))
+    study.arms.update(**arm_fields)
+    import_pool(study, domain)
+    if domain == "retail":  # one known task: its user's email and order are in the messages
+        Scenario.objects.filter(study=study).exclude(key="retail-0").update(active=False)
+    participant, _ = flow.arrive(study, prolific(pid=f"tools-{domain}"))
+    return flow.give_consent(participant, True)
+
+
+async def talk(participant, text, timeout=30):
+    """Send one message through the real consumer; the events up to the turn's status."""
+    socket = WebsocketCommunicator(app, f"/ws/p/{participant.token}/")
+    assert (await socket.connect(timeout=30))[0]
+    await socket.receive_json_from(timeout=30)  # history
+    await socket.send_json_to({"type": "message", "id": "m1", "text": text})
+    events = []
+    while not events or events[-1]["type"] not in ("status", "redirect", "error"):
+        events.append(await socket.receive_json_from(timeout=timeout))
+    await socket.disconnect()
+    return events
+
+
+def forced(request) -> bool:
+    """Whether a request forces a tool call (native: tool_choice; structured: the tag format)."""
+    if request.get("tool_choice") == "required":
+        return True
+    tag = (request.get("response_format") or {}).get("format") or {}
+    return tag.get("type") == "tags_with_separator" and tag.get("at_least_one") is True
+
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("tool_format", ["structured", "native"])
+async def test_first_forces_a_call_at_the_start_of_each_reply_only(tool_format):
+    with ScriptedServer([CALL, {"content": "It is pending."}]) as server:
+        participant = await participant_in(
+            server.url, tool_format=tool_format, tool_choice=ToolChoice.FIRST
+        )
+        events = await talk(participant, "Where is my order #W5785065?")
+    kinds = [e["type"] for e in events]
+    assert kinds.count("tool_calls") == 1 and kinds.count("tool_result") == 1, kinds
+    first, second = server.requests
+    assert forced(first) and not forced(second)  # after its call the agent may answer
+    if tool_format == "native":
+        assert "tool_choice" not in second  # "auto" is left to the engine, as before
+    else:  # the second step still keeps any call well formed, only not forced
+        assert second["response_format"]["format"]["type"] == "triggered_tags"
+
+
+@pytest.mark.asyncio
+async def test_required_forces_calls_until_the_domain_budget_then_text():
+    budget = domains.get_domain("retail").max_tool_calls_per_turn
+    with ScriptedServer([CALL] * budget + [{"content": "Done."}]) as server:
+        participant = await participant_in(
+            server.url, tool_format="native", tool_choice=ToolChoice.REQUIRED
+        )
+        events = await talk(participant, "Where is my order #W5785065?")
+    assert [e["type"] for e in events].count("tool_result") == budget
+    assert all(forced(r) for r in server.requests[:budget])
+    last = server.requests[budget]
+    assert "tools" not in last and "tool_choice" not in last  # out of budget: it must answer
+    assert events[-2]["type"] == "reply" and events[-2]["message"]["content"].strip() == "Done."
+
+
+@pytest.mark.asyncio
+async def test_auto_sends_the_same_request_as_before():
+    with ScriptedServer([{"content": "Hello."}]) as server:
+        participant = await participant_in(server.url, tool_format="native")
+        await talk(participant, "Hi")
+    (request,) = server.requests
+    assert request["tools"] and "tool_choice" not in request and not forced(request)
+
+
+@pytest.mark.asyncio
+async def test_a_domain_without_tools_is_never_sent_a_tool_choice():
+    with ScriptedServer([{"content": "Would you donate?"}] * 3) as server:
+        participant = await participant_in(
+            server.url,
+            domain="p4g",
+            tool_format="native",
+            tool_choice=ToolChoice.REQUIRED,
+            extra_params={"tool_choice": "required"},  # stored before clean() refused it
+        )
+        await talk(participant, "Hello")
+    assert server.requests
+    for request in server.requests:
+        assert "tools" not in request and "tool_choice" not in request
+        assert "response_format" not in request
+
+
+@pytest.mark.django_db
+def test_the_admin_refuses_tool_choices_that_cannot_hold():
+    arm = make_study(slug="bad-tools", domain="retail").arms.first()
+    arm.tool_choice = "always"
+    with pytest.raises(ValidationError) as refused:
+        arm.full_clean()
+    assert "not a valid choice" in str(refused.value.message_dict["tool_choice"])
+
+    arm.tool_choice, arm.tool_format = ToolChoice.FIRST, "json"
+    with pytest.raises(ValidationError) as refused:
+        arm.full_clean()
+    assert "needs the tool format 'structured' or 'native'" in str(refused.value)
+
+    arm.tool_choice, arm.tool_format = ToolChoice.AUTO, "structured"
+    arm.extra_params = {"tool_choice": "required"}
+    with pytest.raises(ValidationError) as refused:
+        arm.full_clean()
+    assert "Tool choice field" in str(refused.value.message_dict["extra_params"])
+
+
+@pytest.mark.django_db
+def test_the_admin_form_says_why_and_saves_nothing(admin_client):
+    study = make_study(slug="form-tools", domain="retail", arms=("a",))
+    url = reverse("admin:studies_study_change", args=[study.pk])
+    data = change_form_data(admin_client, url)
+    assert data["arms-0-tool_choice"] == ToolChoice.AUTO  # the default: what arms did before
+    data.update({"arms-0-tool_choice": "first", "arms-0-tool_format": "json"})
+    response = admin_client.post(url, data)
+    assert response.status_code == 200  # the form again, not a redirect
+    assert "needs the tool format" in response.content.decode()
+    assert study.arms.get().tool_choice == ToolChoice.AUTO
+    data["arms-0-tool_format"] = "structured"
+    assert admin_client.post(url, data).status_code == 302
+    assert study.arms.get().tool_choice == ToolChoice.FIRST
+
+
+@pytest.mark.django_db
+def test_vllm_arms_never_send_a_seed():
+    arm = make_study(slug="seeded", arms=("a",)).arms.get()
+    arm.extra_params = {"seed": 7}
+    arm.full_clean()  # the embedded engine honours a seed
+    assert arm.generation_params()["seed"] == 7
+
+    vllm = ModelEndpoint.register("cpu-vllm", "vllm", ["http://127.0.0.1:9/v1"])
+    arm.endpoint = vllm
+    with pytest.raises(ValidationError) as refused:
+        arm.clean()
+    assert "CPU Generator does not use offset" in str(refused.value.message_dict["extra_params"])
+    # pointed at vLLM without the admin (serve_agents): the seed stays stored, unsent
+    Arm.objects.filter(pk=arm.pk).update(endpoint=vllm, extra_params={"seed": 7})
+    arm = Arm.objects.select_related("endpoint").get(pk=arm.pk)
+    assert arm.extra_params == {"seed": 7} and "seed" not in arm.generation_params()
+
+
+@pytest.mark.django_db
+def test_the_demo_asks_tau2_arms_for_a_call_first_and_leaves_p4g_alone():
+    studies = {s.domain: s for s in seed_task_studies("http://127.0.0.1:9/v1")}
+    assert {a.tool_choice for a in studies["retail"].arms.all()} == {ToolChoice.FIRST}
+    for arm in studies["retail"].arms.all():
+        arm.full_clean()  # the seeded arms pass the admin's checks
+
+
+# --- the real model ------------------------------------------------------------------------
+
+
+def fits(arguments: dict, parameters: dict) -> bool:
+    """The call's arguments against its tool's schema: required keys present, no others when
+    the schema says so, each a value of its declared type."""
+    types = {"string": str, "integer": int, "number": (int, float), "object": dict, "array": list}
+    properties = parameters.get("properties", {})
+    if not set(parameters.get("required", [])) <= set(arguments):
+        return False
+    for key, value in arguments.items():
+        schema = properties.get(key)
+        if schema is None:
+            return parameters.get("additionalProperties", True) is not False
+        if schema.get("type") in types and not isinstance(value, types[schema["type"]]):
+            return False
+    return True
+
+
+CUSTOMER = "Hi, I want to cancel my order #W5785065. My email is ada.abara154@example.com."
+
+
+async def first_reply_calls_a_tool(participant) -> Message:
+    """One message of the retail customer through the real consumer: the reply's tool call
+    comes to the page (tool_calls, then tool_result) and is stored well formed, a call of one
+    of the Domain's tools with arguments that fit its schema. Returns the stored call."""
+    events = await talk(participant, CUSTOMER, timeout=150)
+    kinds = [e["type"] for e in events]
+    assert "tool_calls" in kinds and "tool_result" in kinds, events
+    assert kinds.index("tool_calls") < kinds.index("tool_result")
+
+    @database_sync_to_async
+    def stored():
+        agent = Message.objects.filter(
+            conversation__participant=participant, tool_calls__isnull=False
+        ).first()
+        results = list(Message.objects.filter(conversation__participant=participant, role="tool"))
+        return agent, results
+
+    agent, results = await stored()
+    domain, scenario = await database_sync_to_async(domains.domain_of)(participant)
+    tools = {t["function"]["name"]: t["function"] for t in domain.tools(scenario)}
+    assert agent is not None and agent.tool_calls
+    for call in agent.tool_calls:
+        name, arguments = call["function"]["name"], json.loads(call["function"]["arguments"])
+        assert name in tools and isinstance(arguments, dict)
+        assert fits(arguments, tools[name]["parameters"]), (name, arguments)
+    assert [r.tool_name for r in results] == [c["function"]["name"] for c in agent.tool_calls]
+    assert agent.model == "SmolLM2-135M-Instruct" and agent.finish_reason == "tool_calls"
+    return agent
+
+
+def demo_arm_participant(engine_url, temperature=0.0):
+    """A participant of a retail arm set as the demo's (calls kept well formed, each reply
+    starting with one), greedy unless told and short so that one turn stays quick."""
+    return participant_in(
+        engine_url,
+        tool_format="structured",
+        tool_choice=ToolChoice.FIRST,
+        max_tokens=80,
+        temperature=temperature,
+    )
+
+
+@pytest.mark.asyncio
+async def test_smollm2_makes_a_well_formed_tool_call_of_the_domain(engine_url, settings):
+    settings.PARLEY_FIRST_TOKEN_TIMEOUT = 120  # a call is sent whole, after the stall notice
+    await first_reply_calls_a_tool(await demo_arm_participant(engine_url))
