@@ -3,7 +3,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("studies", "0011_arm_endpoint"),
+        ("studies", "0012_simulator_evaluations"),
     ]
 
     operations = [
