@@ -273,9 +273,13 @@ def test_an_open_chat_study_has_no_gap_to_report():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_real_checkpoint_on_the_embedded_engine_meets_the_scripted_panel(base_model, checkpoints):
+def test_a_real_checkpoint_on_the_embedded_engine_meets_the_scripted_panel(
+    base_model, checkpoints, tmp_path
+):
     """The real path once: SmolLM2 with a LoRA checkpoint, served by the embedded engine, in
-    conversation with two of the preset's scripted held-out types, played by the command."""
+    conversation with two of the preset's scripted held-out types and with a human-like
+    simulator fine-tuned on the study's one person (a real SmolLM2 adapter, registered while
+    the engine runs), played by the command."""
     from agents.models import adapters_dir
     from agents.serving.launch import start_engine, stop_engine
     from tests.conftest import CHECKPOINT_NAME
@@ -283,30 +287,50 @@ def test_a_real_checkpoint_on_the_embedded_engine_meets_the_scripted_panel(base_
     checkpoint = Checkpoint.register(next(checkpoints.glob("*/checkpoints/step-*")))
     url, engine = start_engine(base_model, adapters=adapters_dir())
     try:
-        played_against(url, checkpoint, CHECKPOINT_NAME)
+        played_against(url, checkpoint, CHECKPOINT_NAME, tmp_path)
     finally:
         stop_engine(engine)
 
 
-def played_against(url, checkpoint, name):
+def played_against(url, checkpoint, name, tmp_path):
     study = make_study(slug="real", domain="p4g", engine=url, arms=("tuned", "base"))
     import_pool(study, "p4g", count=1, seed=2)
     config = load_config(CONFIGS_DIR / "p4g-single-cpu.toml").to_dict()
     config["heldout"] = config["heldout"][:2]  # two scripted types: a short run on a CPU
+    config["max_turns"] = 4  # and short conversations
     checkpoint.manifest = {**checkpoint.manifest, "config": config}
     checkpoint.save()
     study.arms.filter(name="tuned").update(model_name=name, max_tokens=16)
+    # One finished person, and the simulator `imitate_users` learns from them.
+    p, _ = flow.arrive(study, prolific(pid="person"))
+    flow.give_consent(p, True)
+    flow.store_user_message(p, "m1", "Who runs this charity? I might give a little.")
+    flow.end_chat(p)
+    answers = {"helpful": "5", "frustration": "3", "attn": "2", "donation": "1"}
+    assert flow.submit_questionnaire(p, answers) == {}
+    call_command("imitate_users", "--study", "real", "--epochs", "1",
+                 "--out", str(tmp_path / "real-humanlike"), stdout=io.StringIO(),
+                 stderr=io.StringIO())  # fmt: skip
 
     out = io.StringIO()
     call_command("sim2real", "--study", "real", "--json", "--evaluate", stdout=out)
     report = json.loads(out.getvalue())
     rows = SimulatorEvaluation.objects.filter(arm__study=study)
-    assert rows.count() == 2 and report["missing"] == 0
-    for row in rows:  # the model's own words, then the scripted type's decision, scored
-        assert row.conversation[1]["role"] == "user"  # the persuader greets, the type answers
+    assert rows.count() == 3 and report["missing"] == 0
+    for row in rows:  # the model's own words, then the simulator's answers, scored
+        assert row.conversation[1]["role"] == "user"  # the persuader greets, the user answers
         assert any(m["role"] == "assistant" and m["content"] for m in row.conversation[2:])
         assert row.reward == P4GDomain().score(row.conversation, {}, row.end_reason).reward
+    like = rows.get(simulator="real-humanlike")  # SmolLM2 with the adapter, by its name
+    assert like.spec["model"] == "real-humanlike" and like.spec["endpoint"] == [url]
+    assert all(m["content"].strip() for m in like.conversation if m["role"] == "user")
     tuned, base = report["arms"]
     assert tuned["simulated"]["n"] == 2 and base["simulated"]["n"] == 0
+    assert report["humanlike"] == [
+        {"name": "real-humanlike", "label": "human-like (imitation of study real)"}
+    ]
+    assert tuned["humanlike"][0]["n"] == 1 and tuned["humanlike"][0]["reward"]["mean"] == (
+        like.reward
+    )
     assert any("'base' asks for 'SmolLM2-135M-Instruct'" in n for n in report["notes"])
     assert "at least 2 arms" in report["ranking"]["note"]
