@@ -22,7 +22,7 @@ scipy's two-sided p-value). A statistic that is not finite is null and its ``not
 
 Human-like simulators (fine-tuned on a study's people, issue 14 point 5) are columns of their own,
 never pooled into the training panel's ``simulated``: ``humanlike`` lists them (``{name,
-label}``), and each arm has ``humanlike: [{name, label, n, success, reward, gap: {reward,
+label, ranking}``: the arms ranked by it against people, shaped as ``ranking``), and each arm has ``humanlike: [{name, label, n, success, reward, gap: {reward,
 success}}, ...]`` in that order (a list: a stored report's JSON objects keep no key order), its
 gap to people computed as the panel's is.
 """
@@ -114,15 +114,26 @@ def ranked(means: dict[str, float]) -> list[str]:
     return sorted(means, key=lambda arm: -means[arm])
 
 
-def ranking(arms: list[dict[str, Any]]) -> dict[str, Any]:
-    """The arms by mean simulator reward and by mean human outcome, and how far they agree."""
+def panel_reward(arm: dict[str, Any]) -> float | None:
+    return arm["simulated"]["reward"]["mean"]
+
+
+def humanlike_reward(name: str):
+    """An arm's mean reward with one human-like simulator."""
+    return lambda arm: next(h["reward"]["mean"] for h in arm["humanlike"] if h["name"] == name)
+
+
+def ranking(
+    arms: list[dict[str, Any]], simulated=panel_reward, side: str = "simulators"
+) -> dict[str, Any]:
+    """The arms by mean simulator reward (`simulated` picks it: the run's panel pooled, or one
+    human-like simulator) and by mean human outcome, and how far they agree."""
     both = [
-        a for a in arms if a["simulated"]["reward"]["mean"] is not None
-        and a["human"]["outcome"]["mean"] is not None
-    ]  # fmt: skip
+        a for a in arms if simulated(a) is not None and a["human"]["outcome"]["mean"] is not None
+    ]
     entry: dict[str, Any] = {
-        "measure": "reward (simulators) against outcome (people)",
-        "simulators": ranked({a["name"]: a["simulated"]["reward"]["mean"] for a in both}),
+        "measure": f"reward ({side}) against outcome (people)",
+        "simulators": ranked({a["name"]: simulated(a) for a in both}),
         "people": ranked({a["name"]: a["human"]["outcome"]["mean"] for a in both}),
         "arms": len(both),
         "tau": None,
@@ -138,7 +149,7 @@ def ranking(arms: list[dict[str, Any]]) -> dict[str, Any]:
         )
         return entry
     tau, p = kendall(
-        [a["simulated"]["reward"]["mean"] for a in both],
+        [simulated(a) for a in both],
         [a["human"]["outcome"]["mean"] for a in both],
     )
     entry["tau"], entry["p"] = finite(tau), finite(p)
@@ -240,6 +251,8 @@ def build_sim2real(
         return report
     report["arms"] = [arm_entry(arm, ci_level, reverse, humanlike) for arm in arms]
     report["ranking"] = ranking(report["arms"])
+    for like in report["humanlike"]:  # does it rank the arms as people do, where the panel may not
+        like["ranking"] = ranking(report["arms"], humanlike_reward(like["name"]), like["label"])
     for arm in report["arms"]:
         if not arm["simulated"]["n"]:
             report["notes"].append(f"arm {arm['name']!r}: no simulator conversations stored")
@@ -307,5 +320,13 @@ def format_sim2real(report: dict[str, Any]) -> str:
             )
         if ranking["note"]:
             lines.append(f"note: {ranking['note']}")
+    for like in report.get("humanlike") or []:
+        r = like["ranking"]
+        tau = f"Kendall's tau = {r['tau']:.3f}, p = {r['p']:.4g}" if r["tau"] is not None else ""
+        lines.append(
+            f"ranking by {like['label']}: {', '.join(r['simulators']) or '-'}"
+            + (f"; {tau}" if tau else "")
+            + (f" (note: {r['note']})" if r["note"] else "")
+        )
     lines += [f"note: {n}" for n in report["notes"]]
     return "\n".join(lines)

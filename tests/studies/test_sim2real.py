@@ -183,7 +183,9 @@ def test_gap_report_from_a_real_worker_on_the_page_in_json_and_on_the_command_li
     )
     assert set(by_arm["a"]["likert"]) == {"helpful", "frustration"}
     # the human-like column: its own numbers and its own gap, beside the panel's
-    assert section["humanlike"] == [{"name": HUMANLIKE, "label": HUMANLIKE_LABEL}]
+    (column,) = section["humanlike"]
+    assert column["name"] == HUMANLIKE and column["label"] == HUMANLIKE_LABEL
+    assert column["ranking"]["arms"] == 2  # the arms ranked by it, against people
     for name in ("a", "b"):
         (like,) = by_arm[name]["humanlike"]
         rewards = [r.reward for r in played_by_humanlike if r.arm.name == name]
@@ -205,6 +207,7 @@ def test_gap_report_from_a_real_worker_on_the_page_in_json_and_on_the_command_li
     text = page.content.decode()
     assert "Sim-to-real gap" in text and "Kendall" in text and "run-a-step8" in text
     assert f"gap in reward ({HUMANLIKE_LABEL})" in text
+    assert f"Ranking by {HUMANLIKE_LABEL} (reward)" in text
     assert "sim2real" in run.figures and run.figures["sim2real"].lstrip().startswith("<?xml")
     assert f"{HUMANLIKE_LABEL} (reward)" in run.figures["sim2real"]
     report = json.loads(
@@ -233,8 +236,8 @@ def test_gap_report_from_a_real_worker_on_the_page_in_json_and_on_the_command_li
     call_command("sim2real", "--study", "gap", "--json", "--humanlike", "pilot-humanlike",
                  stdout=out)  # fmt: skip
     named = json.loads(out.getvalue())
-    assert named["humanlike"] == [
-        {"name": "pilot-humanlike", "label": "human-like (imitation of study pilot)"}
+    assert [(h["name"], h["label"]) for h in named["humanlike"]] == [
+        ("pilot-humanlike", "human-like (imitation of study pilot)")
     ]
     assert named["arms"][0]["humanlike"][0]["n"] == 0 and named["missing"] == 2 * 2
     out = io.StringIO()
