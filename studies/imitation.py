@@ -71,12 +71,24 @@ def finished_conversations(study: Study) -> list[dict]:
     return out
 
 
+def registered_humanlike():
+    """Every registered simulator fine-tuned on a study's people (`imitate_users`)."""
+    return Checkpoint.objects.filter(manifest__kind="simulator", manifest__regime="imitation")
+
+
 def humanlike_simulators(study: Study):
     """The simulators fine-tuned on this study's people (registered by `imitate_users`), newest
     first: what a report adds as a held-out column, each as `heldout_table(checkpoint)`."""
-    return Checkpoint.objects.filter(
-        manifest__kind="simulator", manifest__regime="imitation", manifest__source__study=study.slug
-    )
+    return registered_humanlike().filter(manifest__source__study=study.slug)
+
+
+def imitated_study(checkpoint: Checkpoint) -> str:
+    return str((checkpoint.manifest.get("source") or {}).get("study") or "?")
+
+
+def humanlike_label(checkpoint: Checkpoint) -> str:
+    """How reports name its column: what it imitates, not just its checkpoint name."""
+    return f"human-like (imitation of study {imitated_study(checkpoint)})"
 
 
 def heldout_table(checkpoint: Checkpoint, name: str = "human-like") -> dict:
@@ -87,4 +99,19 @@ def heldout_table(checkpoint: Checkpoint, name: str = "human-like") -> dict:
         "kind": "plain",
         "model": checkpoint.base_model,
         "adapter": checkpoint.path,
+    }
+
+
+def served_heldout_table(checkpoint: Checkpoint, urls: list[str], api_key_env: str = "") -> dict:
+    """The same simulator played on an engine that serves its adapter under its name (an
+    endpoint whose engine serves the adapters folder, where `imitate_users` registered it):
+    what a process outside training, like the sim-to-real report, can play."""
+    return {
+        "name": checkpoint.name,
+        "kind": "plain",
+        "model": checkpoint.name,
+        "endpoint": list(urls),
+        "api_key_env": api_key_env,
+        "humanlike": True,
+        "imitates": imitated_study(checkpoint),
     }

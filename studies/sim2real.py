@@ -9,6 +9,13 @@ played by `evaluate_missing` on the arm's endpoint), beside the arm's participan
 An arm's checkpoint is the registered Checkpoint its model name serves (attached from a
 TrainingRun); its panel is the `[[heldout]]` list of the run config in the checkpoint's
 manifest, so studies never import training.
+
+Human-like simulators (LoRA adapters fine-tuned on a study's people by `imitate_users`,
+studies/imitation.py) are one more column each: by default every one registered from this study,
+or those named. Each is played as a plain simulator on the arm's own endpoint under its
+checkpoint name: `imitate_users` registers it in the adapters folder that endpoint's engine
+serves the arms' checkpoints from, on the same base model. Its conversations are stored under its
+checkpoint name and reported apart from the run's panel, with their own gap to people.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from agents.llm import LLMClient
 from agents.llm.errors import LLMError
 from agents.models import Checkpoint
 
-from . import heldout
+from . import heldout, imitation
 from .analysis.plots import render_svg, sim2real_figure
 from .analysis.report import included_rows
 from .analysis.sim2real import ArmData, Conversation, build_sim2real
@@ -83,15 +90,45 @@ def arm_panels(study: Study) -> tuple[list[tuple[Arm, Checkpoint | None, list[di
     return found, notes
 
 
+class UnknownSimulator(ValueError):
+    """A human-like simulator was named that is not registered."""
+
+
+def humanlike_columns(study: Study, names: list[str] | None = None) -> list[Checkpoint]:
+    """The human-like simulators the report shows: those named, else every one fine-tuned on
+    this study's people, oldest first (a new one adds a column on the right)."""
+    if names is None:
+        return list(imitation.humanlike_simulators(study).order_by("created_at", "id"))
+    found = {c.name: c for c in imitation.registered_humanlike().filter(name__in=names)}
+    unknown = [n for n in names if n not in found]
+    if unknown:
+        known = ", ".join(imitation.registered_humanlike().order_by("name").values_list(
+            "name", flat=True))  # fmt: skip
+        raise UnknownSimulator(
+            f"no human-like simulator {', '.join(map(repr, unknown))} (registered by "
+            f"`imitate_users`: {known or 'none'})"
+        )
+    return [found[n] for n in dict.fromkeys(names)]
+
+
+def humanlike_specs(arm: Arm, columns: list[Checkpoint]) -> list[dict[str, Any]]:
+    """The human-like simulators as the arm's endpoint plays them."""
+    urls = arm.endpoint.urls()
+    return [imitation.served_heldout_table(c, urls, arm.endpoint.api_key_env) for c in columns]
+
+
 def pool(study: Study) -> list[Scenario]:
     return list(study.scenarios.filter(active=True).order_by("id"))
 
 
-def missing(study: Study, conversations: int | None = None) -> list[Pending]:
-    """Every (arm, checkpoint, held-out simulator, scenario, sample) the report asks for and
-    the database does not hold."""
+def missing(
+    study: Study, conversations: int | None = None, humanlike: list[str] | None = None
+) -> list[Pending]:
+    """Every (arm, checkpoint, held-out or human-like simulator, scenario, sample) the report
+    asks for and the database does not hold."""
     conversations = conversations or conversations_per_scenario()
     scenarios = pool(study)
+    columns = humanlike_columns(study, humanlike)
     pending = []
     for arm, checkpoint, panel in arm_panels(study)[0]:
         if checkpoint is None:
@@ -101,7 +138,7 @@ def missing(study: Study, conversations: int | None = None) -> list[Pending]:
                 "simulator", "scenario_id", "sample"
             )
         )
-        for spec in panel:
+        for spec in panel + (humanlike_specs(arm, columns) if columns else []):
             for scenario in scenarios:
                 for sample in range(conversations):
                     if (spec["name"], scenario.pk, sample) not in stored:
@@ -109,15 +146,25 @@ def missing(study: Study, conversations: int | None = None) -> list[Pending]:
     return pending
 
 
-def evaluate_missing(study: Study, conversations: int | None = None) -> dict[str, Any]:
+def evaluate_missing(
+    study: Study, conversations: int | None = None, humanlike: list[str] | None = None
+) -> dict[str, Any]:
     """Play and store every missing conversation; returns {"played", "failed": [reasons]}.
     A simulator that cannot be played here, or an engine that fails, is reported and left
     missing (a later job tries again); what is stored stays."""
-    pending = missing(study, conversations)
+    pending = missing(study, conversations, humanlike)
     played, failed = 0, []
     for arm_id in dict.fromkeys(p.arm.pk for p in pending):
         mine = [p for p in pending if p.arm.pk == arm_id]
         endpoint = mine[0].arm.endpoint
+        # A human-like simulator plays on the arm's endpoint only if that serves its adapter.
+        for name in dict.fromkeys(p.spec["name"] for p in mine if p.spec.get("humanlike")):
+            problem = endpoint.model_problem(name)
+            if problem:
+                failed.append(f"{mine[0].arm.name}: human-like simulator {name!r}: {problem}")
+                mine = [p for p in mine if p.spec["name"] != name]
+        if not mine:
+            continue
         urls, _ = endpoint.routing()  # read here: the event loop below makes no queries
         done, problems = async_to_sync(_play_arm)(mine, urls, endpoint.api_key())
         played += done
@@ -239,10 +286,14 @@ def human_values(study: Study) -> tuple[dict[str, dict[str, list[float]]], list[
 
 
 def study_report(
-    study: Study, ci_level: float = 0.95, conversations: int | None = None
+    study: Study,
+    ci_level: float = 0.95,
+    conversations: int | None = None,
+    humanlike: list[str] | None = None,
 ) -> dict[str, Any]:
     """The gap report of the study from what is stored, with `missing` (conversations not
-    played yet) and the study's slug."""
+    played yet) and the study's slug; `humanlike` names the human-like simulators to show
+    (default: every one fine-tuned on this study's people)."""
     if get_domain(study.domain) is None:
         report = build_sim2real([], ci_level)
         report["errors"] = [
@@ -252,17 +303,13 @@ def study_report(
     panels, notes = arm_panels(study)
     people, likert, reverse = human_values(study)
     scenarios = {s.pk for s in pool(study)}
+    columns = humanlike_columns(study, humanlike)
+    labels = {c.name: imitation.humanlike_label(c) for c in columns}
     arms = []
     for arm, checkpoint, panel in panels:
         names = {spec["name"] for spec in panel}
-        rows = (
-            SimulatorEvaluation.objects.filter(arm=arm, checkpoint=checkpoint, simulator__in=names)
-            .filter(scenario_id__in=scenarios)
-            .order_by("simulator", "scenario_id", "sample")
-            .values_list("simulator", "success", "reward")
-            if checkpoint
-            else []
-        )
+        rows = stored(arm, checkpoint, names, scenarios)
+        played_by_humanlike = stored(arm, checkpoint, set(labels), scenarios)
         human = people.get(arm.name, {})
         arms.append(
             ArmData(
@@ -272,20 +319,33 @@ def study_report(
                 outcome=human.get("outcome", []),
                 success=human.get("success", []),
                 likert={key: human.get(key, []) for key in likert},
+                humanlike=[Conversation(s, ok, r) for s, ok, r in played_by_humanlike],
             )
         )
-    report = build_sim2real(arms, ci_level, reverse)
+    report = build_sim2real(arms, ci_level, reverse, labels)
     report["study"] = study.slug
     report["notes"] = notes + report["notes"]
     if not scenarios:
         report["notes"].append("the study's scenario pool is empty: nothing to play")
-    report["missing"] = len(missing(study, conversations))
+    report["missing"] = len(missing(study, conversations, humanlike))
     if report["missing"]:
         report["notes"].append(
             f"{report['missing']} simulator conversation(s) not played yet: the report covers "
             "what is stored (the evaluation job plays the rest)"
         )
     return report
+
+
+def stored(arm: Arm, checkpoint: Checkpoint | None, simulators: set[str], scenarios: set[int]):
+    """(simulator, success, reward) of the arm's stored conversations with these simulators."""
+    if checkpoint is None:
+        return []
+    return (
+        SimulatorEvaluation.objects.filter(arm=arm, checkpoint=checkpoint, simulator__in=simulators)
+        .filter(scenario_id__in=scenarios)
+        .order_by("simulator", "scenario_id", "sample")
+        .values_list("simulator", "success", "reward")
+    )
 
 
 def figure_svg(report: dict[str, Any]) -> str | None:

@@ -193,23 +193,34 @@ def render_all(report: dict[str, Any], fmt: str = "png") -> dict[str, bytes | st
 
 SIMULATOR_COLOR = "#b2182b"
 PEOPLE_COLOR = "#2166ac"
+HUMANLIKE_COLORS = ("#1b7837", "#762a83", "#e08214")  # one per human-like simulator
+
+
+def _humanlike_reward(name: str):
+    return lambda arm: next(h["reward"] for h in arm["humanlike"] if h["name"] == name)
 
 
 def sim2real_figure(report: dict[str, Any]) -> Figure | None:
-    """The sim-to-real gap: per arm, the mean reward against the held-out simulators beside
-    the mean outcome with people, each with its CI, and Kendall's tau in the title. None when
-    there is nothing to draw."""
+    """The sim-to-real gap: per arm, the mean reward against the held-out simulators (and
+    against each human-like simulator, a labelled series of its own) beside the mean outcome
+    with people, each with its CI, and Kendall's tau in the title. None when there is nothing
+    to draw."""
     arms = report.get("arms") or []
     if report.get("errors") or not arms:
         return None
-    figure = _new_figure(max(4.0, 1.3 * len(arms) + 2), 3.2)
+    columns = 2 + len(report.get("humanlike") or [])
+    figure = _new_figure(max(4.0, (0.45 * columns + 0.4) * len(arms) + 2), 3.2)
     ax = figure.subplots()
     x = np.arange(len(arms))
-    sides = [
-        ("simulators (reward)", SIMULATOR_COLOR, -0.12, lambda a: a["simulated"]["reward"]),
-        ("people (outcome)", PEOPLE_COLOR, 0.12, lambda a: a["human"]["outcome"]),
-    ]
-    for label, color, shift, pick in sides:
+    sides = [("simulators (reward)", SIMULATOR_COLOR, lambda a: a["simulated"]["reward"])]
+    # each human-like simulator beside the training panel, in a colour of its own
+    for k, like in enumerate(report.get("humanlike") or []):
+        color = HUMANLIKE_COLORS[k % len(HUMANLIKE_COLORS)]
+        sides.append((f"{like['label']} (reward)", color, _humanlike_reward(like["name"])))
+    sides.append(("people (outcome)", PEOPLE_COLOR, lambda a: a["human"]["outcome"]))
+    width = 0.12 * (len(sides) - 1)
+    shifts = np.linspace(-width, width, len(sides))
+    for (label, color, pick), shift in zip(sides, shifts, strict=True):
         for i, arm in enumerate(arms):
             d = pick(arm)
             if d["mean"] is None:

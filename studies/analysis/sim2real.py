@@ -19,6 +19,12 @@ success}, likert: {item: {label, ...descriptives}}, gap: {reward, success}}``, e
 ``ranking`` (``{measure, simulators: [arm, ...], people: [arm, ...], arms, tau, p, note}``,
 best first; Kendall's tau-b between the arms' simulator reward means and human outcome means,
 scipy's two-sided p-value). A statistic that is not finite is null and its ``note`` says why.
+
+Human-like simulators (fine-tuned on a study's people, issue 14 point 5) are columns of their own,
+never pooled into the training panel's ``simulated``: ``humanlike`` lists them (``{name,
+label, ranking}``: the arms ranked by it against people, shaped as ``ranking``), and each arm has ``humanlike: [{name, label, n, success, reward, gap: {reward,
+success}}, ...]`` in that order (a list: a stored report's JSON objects keep no key order), its
+gap to people computed as the panel's is.
 """
 
 from __future__ import annotations
@@ -60,6 +66,8 @@ class ArmData:
     success: Sequence[float] = ()
     likert: dict[str, Sequence[float]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # conversations with human-like simulators, kept apart from the training run's panel
+    humanlike: Sequence[Conversation] = ()
 
 
 def interval_words(ci_level: float) -> str:
@@ -106,15 +114,26 @@ def ranked(means: dict[str, float]) -> list[str]:
     return sorted(means, key=lambda arm: -means[arm])
 
 
-def ranking(arms: list[dict[str, Any]]) -> dict[str, Any]:
-    """The arms by mean simulator reward and by mean human outcome, and how far they agree."""
+def panel_reward(arm: dict[str, Any]) -> float | None:
+    return arm["simulated"]["reward"]["mean"]
+
+
+def humanlike_reward(name: str):
+    """An arm's mean reward with one human-like simulator."""
+    return lambda arm: next(h["reward"]["mean"] for h in arm["humanlike"] if h["name"] == name)
+
+
+def ranking(
+    arms: list[dict[str, Any]], simulated=panel_reward, side: str = "simulators"
+) -> dict[str, Any]:
+    """The arms by mean simulator reward (`simulated` picks it: the run's panel pooled, or one
+    human-like simulator) and by mean human outcome, and how far they agree."""
     both = [
-        a for a in arms if a["simulated"]["reward"]["mean"] is not None
-        and a["human"]["outcome"]["mean"] is not None
-    ]  # fmt: skip
+        a for a in arms if simulated(a) is not None and a["human"]["outcome"]["mean"] is not None
+    ]
     entry: dict[str, Any] = {
-        "measure": "reward (simulators) against outcome (people)",
-        "simulators": ranked({a["name"]: a["simulated"]["reward"]["mean"] for a in both}),
+        "measure": f"reward ({side}) against outcome (people)",
+        "simulators": ranked({a["name"]: simulated(a) for a in both}),
         "people": ranked({a["name"]: a["human"]["outcome"]["mean"] for a in both}),
         "arms": len(both),
         "tau": None,
@@ -130,7 +149,7 @@ def ranking(arms: list[dict[str, Any]]) -> dict[str, Any]:
         )
         return entry
     tau, p = kendall(
-        [a["simulated"]["reward"]["mean"] for a in both],
+        [simulated(a) for a in both],
         [a["human"]["outcome"]["mean"] for a in both],
     )
     entry["tau"], entry["p"] = finite(tau), finite(p)
@@ -143,7 +162,27 @@ def ranking(arms: list[dict[str, Any]]) -> dict[str, Any]:
     return entry
 
 
-def arm_entry(arm: ArmData, ci_level: float, reverse: Sequence[str]) -> dict[str, Any]:
+def humanlike_entry(arm: ArmData, name: str, label: str, ci_level: float) -> dict[str, Any]:
+    """One human-like simulator's column of an arm: its conversations and their gap to people."""
+    rows = [c for c in arm.humanlike if c.simulator == name]
+    success = [float(c.success) for c in rows]
+    reward = [float(c.reward) for c in rows]
+    return {
+        "name": name,
+        "label": label,
+        "n": len(rows),
+        "success": descriptives(success, ci_level),
+        "reward": descriptives(reward, ci_level),
+        "gap": {
+            "reward": gap(reward, arm.outcome, ci_level),
+            "success": gap(success, arm.success, ci_level),
+        },
+    }
+
+
+def arm_entry(
+    arm: ArmData, ci_level: float, reverse: Sequence[str], humanlike: dict[str, str]
+) -> dict[str, Any]:
     by_simulator: dict[str, list[Conversation]] = {}
     for c in arm.simulated:
         by_simulator.setdefault(c.simulator, []).append(c)
@@ -178,14 +217,22 @@ def arm_entry(arm: ArmData, ci_level: float, reverse: Sequence[str]) -> dict[str
             "reward": gap(reward, arm.outcome, ci_level),
             "success": gap(success, arm.success, ci_level),
         },
+        "humanlike": [
+            humanlike_entry(arm, name, label, ci_level) for name, label in humanlike.items()
+        ],
         "notes": list(arm.notes),
     }
 
 
 def build_sim2real(
-    arms: Sequence[ArmData], ci_level: float = 0.95, reverse: Sequence[str] = ()
+    arms: Sequence[ArmData],
+    ci_level: float = 0.95,
+    reverse: Sequence[str] = (),
+    humanlike: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The gap report (see the module docstring) of these arms, in the study's order."""
+    """The gap report (see the module docstring) of these arms, in the study's order;
+    `humanlike` names the human-like simulators to show as columns (name -> label)."""
+    humanlike = dict(humanlike or {})
     report: dict[str, Any] = {
         "format": FORMAT,
         "ci_level": ci_level,
@@ -194,6 +241,7 @@ def build_sim2real(
         "notes": [],
         "arms": [],
         "ranking": None,
+        "humanlike": [{"name": name, "label": label} for name, label in humanlike.items()],
     }
     if not 0 < ci_level < 1:
         report["errors"].append(f"ci_level must lie strictly between 0 and 1, not {ci_level}")
@@ -201,8 +249,10 @@ def build_sim2real(
     if not arms:
         report["errors"].append("the study has no arms")
         return report
-    report["arms"] = [arm_entry(arm, ci_level, reverse) for arm in arms]
+    report["arms"] = [arm_entry(arm, ci_level, reverse, humanlike) for arm in arms]
     report["ranking"] = ranking(report["arms"])
+    for like in report["humanlike"]:  # does it rank the arms as people do, where the panel may not
+        like["ranking"] = ranking(report["arms"], humanlike_reward(like["name"]), like["label"])
     for arm in report["arms"]:
         if not arm["simulated"]["n"]:
             report["notes"].append(f"arm {arm['name']!r}: no simulator conversations stored")
@@ -219,6 +269,18 @@ def _mean_ci(d: dict[str, Any]) -> str:
     low, high = d["ci"]
     interval = f" [{low:.3f}, {high:.3f}]" if low is not None else ""
     return f"{d['mean']:.3f}{interval} (n={d['n']})"
+
+
+def _gap_lines(gaps: dict[str, Any], side: str) -> list[str]:
+    lines = []
+    for measure, g in gaps.items():
+        if g["diff"] is None:
+            lines.append(f"  gap in {measure} ({side} - people): n/a ({g['note']})")
+        else:
+            low, high = g["ci"]
+            interval = f" [{low:.3f}, {high:.3f}]" if low is not None else ""
+            lines.append(f"  gap in {measure} ({side} - people): {g['diff']:+.3f}{interval}")
+    return lines
 
 
 def format_sim2real(report: dict[str, Any]) -> str:
@@ -241,15 +303,13 @@ def format_sim2real(report: dict[str, Any]) -> str:
         )
         for d in arm["likert"].values():
             lines.append(f"  people, {d['label']}: {_mean_ci(d)}")
-        for measure, g in arm["gap"].items():
-            if g["diff"] is None:
-                lines.append(f"  gap in {measure}: n/a ({g['note']})")
-            else:
-                low, high = g["ci"]
-                interval = f" [{low:.3f}, {high:.3f}]" if low is not None else ""
-                lines.append(
-                    f"  gap in {measure} (simulators - people): {g['diff']:+.3f}{interval}"
-                )
+        lines += _gap_lines(arm["gap"], "simulators")
+        for like in arm.get("humanlike", []):
+            lines.append(
+                f"  {like['label']}: success {_mean_ci(like['success'])}, "
+                f"reward {_mean_ci(like['reward'])}"
+            )
+            lines += _gap_lines(like["gap"], like["label"])
     ranking = report.get("ranking")
     if ranking:
         lines.append(f"\nranking by simulators: {', '.join(ranking['simulators']) or '-'}")
@@ -260,5 +320,13 @@ def format_sim2real(report: dict[str, Any]) -> str:
             )
         if ranking["note"]:
             lines.append(f"note: {ranking['note']}")
+    for like in report.get("humanlike") or []:
+        r = like["ranking"]
+        tau = f"Kendall's tau = {r['tau']:.3f}, p = {r['p']:.4g}" if r["tau"] is not None else ""
+        lines.append(
+            f"ranking by {like['label']}: {', '.join(r['simulators']) or '-'}"
+            + (f"; {tau}" if tau else "")
+            + (f" (note: {r['note']})" if r["note"] else "")
+        )
     lines += [f"note: {n}" for n in report["notes"]]
     return "\n".join(lines)

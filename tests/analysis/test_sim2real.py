@@ -124,3 +124,55 @@ def test_text_and_figure():
     svg = render_svg(sim2real_figure(report))
     assert svg.lstrip().startswith("<?xml") and "Kendall" in svg
     assert sim2real_figure(build_sim2real([])) is None
+
+
+LIKE = "pilot-humanlike"
+LABEL = "human-like (imitation of study pilot)"
+
+
+def test_a_human_like_simulator_is_a_column_of_its_own_with_its_gap_to_people():
+    arms = three_arms()
+    arms[0].humanlike = talks(LIKE, [0.0, 0.5, 0.25])  # mean .25, like its people's .25
+    report = build_sim2real(arms, humanlike={LIKE: LABEL})
+    assert [(h["name"], h["label"]) for h in report["humanlike"]] == [(LIKE, LABEL)]
+    a, b = report["arms"][:2]
+    # the training panel's pooled numbers are untouched by it
+    assert a["simulated"]["n"] == 4 and a["simulated"]["reward"]["mean"] == pytest.approx(0.5)
+    assert LIKE not in a["simulators"]
+    (like,) = a["humanlike"]
+    assert like["name"] == LIKE and like["label"] == LABEL and like["n"] == 3
+    assert like["reward"]["mean"] == pytest.approx(0.25)
+    assert like["success"]["mean"] == pytest.approx(1 / 3)
+    assert like["gap"]["reward"]["diff"] == pytest.approx(0.25 - 0.25)
+    welch = scipy_stats.ttest_ind([0.0, 0.5, 0.25], [0.5, 0.25, 0.0], equal_var=False)
+    ci = welch.confidence_interval(0.95)
+    assert like["gap"]["reward"]["ci"] == pytest.approx([ci.low, ci.high])
+    # an arm it has not played yet has the column, empty, and says why
+    assert b["humanlike"][0]["n"] == 0
+    assert b["humanlike"][0]["gap"]["reward"]["note"] == "no simulator conversations"
+
+    text = format_sim2real(report)
+    assert f"{LABEL}: success 0.333" in text
+    assert f"gap in reward ({LABEL} - people): +0.000" in text
+    svg = render_svg(sim2real_figure(report))
+    assert f"{LABEL} (reward)" in svg
+    assert build_sim2real(three_arms())["arms"][0]["humanlike"] == []
+
+
+def test_the_arms_ranked_by_a_human_like_simulator_against_people():
+    arms = three_arms()
+    # human-like means a .25, b .75, c .375; people a .25, b .75, c .25
+    for arm, rewards in zip(arms, ([0.25, 0.25], [0.5, 1.0], [0.25, 0.5]), strict=True):
+        arm.humanlike = talks(LIKE, rewards)
+    report = build_sim2real(arms, humanlike={LIKE: LABEL})
+    ranking = report["humanlike"][0]["ranking"]
+    assert ranking["simulators"] == ["b", "c", "a"] and ranking["people"] == ["b", "a", "c"]
+    expected = scipy_stats.kendalltau([0.25, 0.75, 0.375], [0.25, 0.75, 0.25])
+    assert ranking["tau"] == pytest.approx(expected.statistic)
+    assert ranking["p"] == pytest.approx(expected.pvalue)
+    assert ranking["measure"] == f"reward ({LABEL}) against outcome (people)"
+    # the panel's ranking is its own (negative here: it ranks the arms unlike people)
+    assert report["ranking"]["tau"] < 0 < ranking["tau"]
+    assert f"ranking by {LABEL}: b, c, a; Kendall's tau = {ranking['tau']:.3f}" in (
+        format_sim2real(report)
+    )

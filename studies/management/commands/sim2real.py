@@ -3,7 +3,9 @@
 The sim-to-real gap report of a study from what is stored (studies/sim2real.py): each arm's
 checkpoint against its training run's held-out simulators beside its participants, and the
 arms' rankings compared (Kendall's tau). ``--evaluate`` first plays the missing simulator
-conversations in this process, as the Celery job does.
+conversations in this process, as the Celery job does. Human-like simulators fine-tuned on this
+study's people (`imitate_users`) are columns of their own: every one by default, or those named
+with ``--humanlike NAME`` (repeatable; any study's), or none with ``--no-humanlike``.
 """
 
 import json
@@ -29,6 +31,17 @@ class Command(BaseCommand):
             action="store_true",
             help="play the missing simulator conversations first (on each arm's endpoint)",
         )
+        choose = parser.add_mutually_exclusive_group()
+        choose.add_argument(
+            "--humanlike",
+            action="append",
+            metavar="NAME",
+            help="a human-like simulator to show as a column (repeatable; default: every one "
+            "registered from this study by imitate_users)",
+        )
+        choose.add_argument(
+            "--no-humanlike", action="store_true", help="show no human-like simulator column"
+        )
         parser.add_argument(
             "--conversations",
             type=int,
@@ -44,11 +57,18 @@ class Command(BaseCommand):
             raise CommandError(f"No study {options['study']!r}; studies: {known or 'none'}.")
         if options["conversations"] is not None and options["conversations"] < 1:
             raise CommandError("--conversations must be at least 1.")
+        humanlike = [] if options["no_humanlike"] else options["humanlike"]
+        try:
+            sim2real.humanlike_columns(study, humanlike)
+        except sim2real.UnknownSimulator as error:
+            raise CommandError(str(error)) from None
         if options["evaluate"]:
-            done = sim2real.evaluate_missing(study, options["conversations"])
+            done = sim2real.evaluate_missing(study, options["conversations"], humanlike)
             for problem in done["failed"]:
                 self.stderr.write(f"not played: {problem}")
-        report = sim2real.study_report(study, conversations=options["conversations"])
+        report = sim2real.study_report(
+            study, conversations=options["conversations"], humanlike=humanlike
+        )
         if options["json"]:
             self.stdout.write(json.dumps(report, indent=2))
         else:
