@@ -63,11 +63,6 @@ class Ranks:
                 "distributed.strategy = 'fsdp' is not implemented yet: use 'ddp' (every rank holds"
                 " the whole model)"
             )
-        if config.regime in ("cotrain", "population"):
-            raise ValueError(
-                f"regime {config.regime!r} trains a simulator too, which is not data-parallel yet:"
-                " run it with one process"
-            )
         if config.batch_tasks < world:
             raise ValueError(
                 f"batch_tasks = {config.batch_tasks} gives some of the {world} processes no task:"
