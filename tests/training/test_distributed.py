@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 from training import checkpoint
 from training.config import load_config
 from training.distributed import FAIL_AT_ENV, launch_command, read_failures
+from training.dryrun import FSDP_NOT_IMPLEMENTED
 from training.run import train
 from training.tiny import build_tiny_model
 
@@ -133,6 +134,7 @@ def test_two_processes_cotrain_the_simulator_one_process_does(cotrain_file, tmp_
     done = launch(cotrain_file, two)
     assert done.returncode == 0, done.stderr[-3000:]
 
+    assert_same(simulator(one, 1), simulator(two, 1))  # the simulator's own update first
     assert_same(adapter(one, 2), adapter(two, 2))
     sim_one, sim_two = simulator(one, 2), simulator(two, 2)
     assert_same(sim_one, sim_two)
@@ -148,6 +150,13 @@ def test_two_processes_cotrain_the_simulator_one_process_does(cotrain_file, tmp_
         manifest = json.loads((two / "pool" / "manifest.json").read_text())
         assert [e["step"] for e in manifest["entries"]] == [2]
         assert rows[1]["pool/size"] == 1.0 and rows[1]["pool/current_share"] < 1.0
+
+
+def test_fsdp_with_several_processes_is_refused_with_the_reason(config_file, tmp_path):
+    config_file.write_text(config_file.read_text() + '\n[distributed]\nstrategy = "fsdp"\n')
+    done = launch(config_file, tmp_path / "run")
+    assert done.returncode != 0
+    assert FSDP_NOT_IMPLEMENTED in " ".join(done.stderr.split())
 
 
 def simulator(out, step):
