@@ -152,6 +152,28 @@ def test_two_processes_cotrain_the_simulator_one_process_does(cotrain_file, tmp_
         assert rows[1]["pool/size"] == 1.0 and rows[1]["pool/current_share"] < 1.0
 
 
+def test_a_population_run_resumes_at_another_process_count(smooth_tiny_model, tmp_path):
+    """Rank 1 dies at step 2 of a 2-process population run; one process resumes it from step 1
+    (the pool trimmed back to it) and ends with the adapters and pool of an unbroken run."""
+    head = CONFIG.format(model=smooth_tiny_model).split("[simulator]")[0]
+    path = tmp_path / "population.toml"
+    # a pool of 2: with 1, step 2's snapshot evicts step 1's before rank 1 dies, and a resume
+    # from step 1 finds its pool gone (the pool is not part of a checkpoint)
+    settings = COTRAIN.format(regime="population", head=head)
+    path.write_text(settings.replace("pool_size = 1", "pool_size = 2"))
+    out, reference = tmp_path / "run", tmp_path / "reference"
+    failed = launch(path, out, env={FAIL_AT_ENV: "1:2"})
+    assert failed.returncode != 0 and "rank 1 dies at step 2" in read_failures(out)
+    assert [p.name for p in checkpoint.list_checkpoints(out)] == ["step-000001"]
+
+    train(load_config(path, {"output_dir": str(out)}), show_progress=False)
+    train(load_config(path, {"output_dir": str(reference)}), show_progress=False)
+    assert_same(adapter(out, 2), adapter(reference, 2))
+    assert_same(simulator(out, 2), simulator(reference, 2))
+    manifest = json.loads((out / "pool" / "manifest.json").read_text())
+    assert [e["step"] for e in manifest["entries"]] == [1, 2]
+
+
 def test_fsdp_with_several_processes_is_refused_with_the_reason(config_file, tmp_path):
     config_file.write_text(config_file.read_text() + '\n[distributed]\nstrategy = "fsdp"\n')
     done = launch(config_file, tmp_path / "run")
