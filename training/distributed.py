@@ -22,6 +22,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from training.dryrun import FSDP_NOT_IMPLEMENTED  # the dry run refuses it in the same words
+
 FAILURES = "failures"
 # Tests only: "RANK:STEP" makes that rank raise at the end of that step, once the update is
 # done and rank 0 is writing the checkpoint (a process dying mid-run), so the clean failure, the
@@ -59,15 +61,7 @@ class Ranks:
         if world == 1:
             return cls()
         if config.distributed.strategy == "fsdp":
-            raise ValueError(
-                "distributed.strategy = 'fsdp' is not implemented yet: use 'ddp' (every rank holds"
-                " the whole model)"
-            )
-        if config.regime in ("cotrain", "population"):
-            raise ValueError(
-                f"regime {config.regime!r} trains a simulator too, which is not data-parallel yet:"
-                " run it with one process"
-            )
+            raise ValueError(FSDP_NOT_IMPLEMENTED)
         if config.batch_tasks < world:
             raise ValueError(
                 f"batch_tasks = {config.batch_tasks} gives some of the {world} processes no task:"

@@ -27,12 +27,21 @@ class PoolEntry:
 
 
 class SimulatorPool:
-    def __init__(self, folder: Path, size: int):
+    def __init__(self, folder: Path, size: int, writer: bool = True):
+        """`writer` False: a data-parallel rank other than 0, which only reads the manifest
+        rank 0 writes (`reload` after each change)."""
         if size < 1:
             raise ValueError(f"pool size must be at least 1, got {size}")
-        self.folder, self.size = Path(folder), size
+        self.folder, self.size, self.writer = Path(folder), size, writer
         self.entries: list[PoolEntry] = []
+        self.reload()
+        if self.entries and writer:
+            self._evict()  # a smaller pool_size on restart keeps the newest
+
+    def reload(self) -> None:
+        """Read the manifest (none: an empty pool)."""
         manifest = self.folder / "manifest.json"
+        self.entries = []
         if manifest.is_file():
             data = json.loads(manifest.read_text())
             self.entries = [PoolEntry(**e) for e in data["entries"]]
@@ -41,7 +50,6 @@ class SimulatorPool:
                 raise FileNotFoundError(
                     f"pool manifest {manifest} lists missing snapshots: {missing}"
                 )
-            self._evict()  # a smaller pool_size on restart keeps the newest
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -76,6 +84,8 @@ class SimulatorPool:
         self._write()
 
     def _write(self) -> None:
+        if not self.writer:
+            raise RuntimeError("only rank 0 writes the pool")
         self.folder.mkdir(parents=True, exist_ok=True)
         data = {"size": self.size, "entries": [e.__dict__ for e in self.entries]}
         tmp = self.folder / "manifest.json.tmp"

@@ -16,6 +16,12 @@
 A regime (`Regime`) owns its simulator models; the trainer asks it for the simulator of a step
 (a context manager, so a pool snapshot can be swapped in and out) and lets it learn after the
 agent's step.
+
+Data-parallel (training/distributed.py), a learning simulator learns like the agent: each rank
+passes `learn` the rollouts of its own share of the step's tasks, the loss is normalised by the
+global token count and the gradients are summed over the ranks, so every rank's copy of the
+simulator stays identical. Rank 0 alone writes the pool (snapshots and manifest); the other
+ranks read the manifest after the barrier that follows each write.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from typing import Any
 import torch
 
 from training.config import RunConfig, SimulatorSpec
+from training.distributed import Ranks
 from training.grpo import group_advantages
 from training.policy import LocalModel, Policy
 from training.pool import SimulatorPool
@@ -73,8 +80,11 @@ class Regime:
     name: str
     user: Any
 
-    def __init__(self, config: RunConfig, run_dir: Path, models: ModelCache):
+    def __init__(
+        self, config: RunConfig, run_dir: Path, models: ModelCache, ranks: Ranks | None = None
+    ):
         self.config = config
+        self.ranks = ranks or Ranks()
 
     @contextmanager
     def simulator(self, step: int) -> Iterator[Any]:
@@ -97,8 +107,10 @@ class Single(Regime):
 
     name = "single"
 
-    def __init__(self, config: RunConfig, run_dir: Path, models: ModelCache):
-        super().__init__(config, run_dir, models)
+    def __init__(
+        self, config: RunConfig, run_dir: Path, models: ModelCache, ranks: Ranks | None = None
+    ):
+        super().__init__(config, run_dir, models, ranks)
         self.user = frozen_simulator(config.simulator, models, config.seed)
 
 
@@ -109,8 +121,10 @@ class Verbalized(Single):
 class CoTrain(Regime):
     name = "cotrain"
 
-    def __init__(self, config: RunConfig, run_dir: Path, models: ModelCache):
-        super().__init__(config, run_dir, models)
+    def __init__(
+        self, config: RunConfig, run_dir: Path, models: ModelCache, ranks: Ranks | None = None
+    ):
+        super().__init__(config, run_dir, models, ranks)
         self.policy = Policy.for_run(
             config,
             lr=config.sim_lr,
@@ -142,7 +156,8 @@ class CoTrain(Regime):
 
     def learn(self, step: int, rollouts: list[Rollout]) -> dict[str, float]:
         """The simulator's GRPO step on its own sampled tokens, grouped like the agent's (only
-        the rollouts its current self played)."""
+        the rollouts its current self played). `rollouts`: this rank's share of the step (every
+        group has the same members, so `per_group` is the same on every rank)."""
         own = [r for r in rollouts if r.member == "current"]
         per_group = len(own) * self.config.group_size // len(rollouts)
         if per_group < 2:
@@ -153,9 +168,11 @@ class CoTrain(Regime):
         stats = self.policy.learn(
             [r.user for r in own], adv, self.config,
             temperature=self.config.simulator.temperature, beta=self.config.simulator_beta,
+            ranks=self.ranks,
         )  # fmt: skip
         out = {f"sim/{k}": v for k, v in stats.items()}
-        out["sim/reward_mean"] = float(sim_rewards.mean())
+        count = self.ranks.total(sim_rewards.numel())
+        out["sim/reward_mean"] = self.ranks.total(float(sim_rewards.sum())) / count
         out["sim/learned"] = float(stats.get("trained_sequences", 0) > 0)
         return out
 
@@ -171,8 +188,10 @@ class CoTrain(Regime):
 class Population(CoTrain):
     name = "population"
 
-    def __init__(self, config: RunConfig, run_dir: Path, models: ModelCache):
-        super().__init__(config, run_dir, models)
+    def __init__(
+        self, config: RunConfig, run_dir: Path, models: ModelCache, ranks: Ranks | None = None
+    ):
+        super().__init__(config, run_dir, models, ranks)
         self.pool = SimulatorPool(run_dir / "pool", config.pool_size)
         self.members: list[str] = []
 
@@ -192,14 +211,24 @@ class Population(CoTrain):
     def learn(self, step: int, rollouts: list[Rollout]) -> dict[str, Any]:
         stats = super().learn(step, rollouts)
         if step % self.config.pool_every == 0:
-            self.pool.add(step, self.policy.save)
+            if self.ranks.main:
+                self.pool.add(step, self.policy.save)
+            self._synced()
         stats["pool/size"] = float(len(self.pool))
         stats["pool/current_share"] = self.members.count("current") / len(self.members)
         return stats
 
     def load(self, folder: Path, state: dict[str, Any], step: int) -> None:
         super().load(folder, state, step)
-        self.pool.drop_after(step)
+        if self.ranks.main:
+            self.pool.drop_after(step)
+        self._synced()
+
+    def _synced(self) -> None:
+        """After rank 0 changed the pool: every rank waits for it, then reads its manifest."""
+        self.ranks.barrier()
+        if not self.ranks.main:
+            self.pool.reload()
 
 
 class PoolUser:
@@ -210,6 +239,12 @@ class PoolUser:
 
     def __init__(self, regime: Population):
         self.regime = regime
+
+    @property
+    def rng(self) -> random.Random:
+        """The current simulator's generator, so the trainer reseeds it per task (a task's
+        rollouts are then the same whichever rank plays it)."""
+        return self.regime.user.rng
 
     def respond(self, domain: Any, rollouts: list[Rollout]) -> None:
         regime = self.regime
@@ -242,5 +277,7 @@ class PoolUser:
 REGIMES = {r.name: r for r in (Single, Verbalized, CoTrain, Population)}
 
 
-def make_regime(config: RunConfig, run_dir: Path, models: ModelCache) -> Regime:
-    return REGIMES[config.regime](config, run_dir, models)
+def make_regime(
+    config: RunConfig, run_dir: Path, models: ModelCache, ranks: Ranks | None = None
+) -> Regime:
+    return REGIMES[config.regime](config, run_dir, models, ranks)

@@ -86,7 +86,7 @@ def _train(
 
     models = ModelCache(config)
     agent = Policy.for_run(config, lr=config.lr, finetune=config.finetune)
-    regime = make_regime(config, run_dir, models)
+    regime = make_regime(config, run_dir, models, ranks)
     panel = HeldOutPanel(config, domain, eval_tasks, models)
     # every rank loads the same global checkpoint (adapter, optimizer, RNG), so a run resumes at
     # any process count
@@ -150,11 +150,11 @@ def _train(
             beta=config.beta,
             ranks=ranks,
         )
+        # 3. the regime's own step (co-training: the simulator learns on this rank's rollouts,
+        # data-parallel like the agent; population: rank 0 adds to the pool)
+        stats.update(regime.learn(step, mine))
         rollouts = ranks.gather(mine)  # the whole step, in task order, on every rank
         rewards = torch.tensor([r.reward for r in rollouts]).view(len(tasks), config.group_size)
-
-        # 3. the regime's own step (co-training: the simulator learns; population: the pool)
-        stats.update(regime.learn(step, rollouts))
         row = {
             "step": step,
             "reward_mean": float(rewards.mean()),

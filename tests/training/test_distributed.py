@@ -1,5 +1,6 @@
 """Data-parallel training launched for real (`accelerate launch`, gloo on CPU): 2 processes give
-the adapter 1 process gives on the same global batch, and a rank that dies fails the run cleanly
+the adapter 1 process gives on the same global batch (the agent's, and under co-training the
+simulator's too), and a rank that dies fails the run cleanly
 and the run resumes from its last complete checkpoint (at another process count).
 
 P4G's decision episode with the tiny model: the agent's ask is drawn from the policy's exact
@@ -19,6 +20,7 @@ from safetensors.torch import load_file
 from training import checkpoint
 from training.config import load_config
 from training.distributed import FAIL_AT_ENV, launch_command, read_failures
+from training.dryrun import FSDP_NOT_IMPLEMENTED
 from training.run import train
 from training.tiny import build_tiny_model
 
@@ -63,6 +65,30 @@ def config_file(smooth_tiny_model, tmp_path):
     return path
 
 
+COTRAIN = """
+regime = "{regime}"
+simulator_lr = 1e-2
+pool_every = 1
+pool_size = 1
+{head}
+[simulator]
+name = "persuadee"
+kind = "plain"
+temperature = 1.0
+max_new_tokens = 8
+"""
+
+
+@pytest.fixture(params=["cotrain", "population"])
+def cotrain_file(request, smooth_tiny_model, tmp_path):
+    """The same run with a co-trained simulator on the tiny model (the persuadee's decision is
+    drawn from its exact distribution over the markers, so its tokens are trained on)."""
+    head = CONFIG.format(model=smooth_tiny_model).split("[simulator]")[0]
+    path = tmp_path / "cotrain.toml"
+    path.write_text(COTRAIN.format(regime=request.param, head=head))
+    return path
+
+
 def launch(config_file, out, processes=2, env=None):
     command = launch_command(config_file, processes, args=["--output-dir", str(out)])
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'platform'}:{REPO}", **(env or {})}
@@ -100,6 +126,64 @@ def test_two_processes_train_the_adapter_one_process_does(config_file, tmp_path)
         assert row["reward_mean"] == pytest.approx(ref["reward_mean"])
         assert row["loss"] == pytest.approx(ref["loss"], abs=1e-6)
     assert len((two / "samples.jsonl").read_text().splitlines()) == 4  # 2 tasks x 2 steps
+
+
+def test_two_processes_cotrain_the_simulator_one_process_does(cotrain_file, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    train(load_config(cotrain_file, {"output_dir": str(one)}), show_progress=False)
+    done = launch(cotrain_file, two)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    assert_same(simulator(one, 1), simulator(two, 1))  # the simulator's own update first
+    assert_same(adapter(one, 2), adapter(two, 2))
+    sim_one, sim_two = simulator(one, 2), simulator(two, 2)
+    assert_same(sim_one, sim_two)
+    assert any(float(t.abs().max()) > 0 for k, t in sim_two.items() if "lora_B" in k)
+    rows = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()]
+    single = [json.loads(x) for x in (one / "metrics.jsonl").read_text().splitlines()]
+    for row, ref in zip(rows, single, strict=True):  # the simulator's step covers both ranks
+        assert row["sim/learned"] == ref["sim/learned"] == 1.0
+        assert row["sim/tokens"] == ref["sim/tokens"] > 0
+        assert row["sim/reward_mean"] == pytest.approx(ref["sim/reward_mean"])
+        assert row["sim/loss"] == pytest.approx(ref["sim/loss"], abs=1e-6)
+    if "population" in cotrain_file.read_text():  # rank 0 wrote the pool: one snapshot, step 2
+        manifest = json.loads((two / "pool" / "manifest.json").read_text())
+        assert [e["step"] for e in manifest["entries"]] == [2]
+        assert rows[1]["pool/size"] == 1.0 and rows[1]["pool/current_share"] < 1.0
+
+
+def test_a_population_run_resumes_at_another_process_count(smooth_tiny_model, tmp_path):
+    """Rank 1 dies at step 2 of a 2-process population run; one process resumes it from step 1
+    (the pool trimmed back to it) and ends with the adapters and pool of an unbroken run."""
+    head = CONFIG.format(model=smooth_tiny_model).split("[simulator]")[0]
+    path = tmp_path / "population.toml"
+    # a pool of 2: with 1, step 2's snapshot evicts step 1's before rank 1 dies, and a resume
+    # from step 1 finds its pool gone (the pool is not part of a checkpoint)
+    settings = COTRAIN.format(regime="population", head=head)
+    path.write_text(settings.replace("pool_size = 1", "pool_size = 2"))
+    out, reference = tmp_path / "run", tmp_path / "reference"
+    failed = launch(path, out, env={FAIL_AT_ENV: "1:2"})
+    assert failed.returncode != 0 and "rank 1 dies at step 2" in read_failures(out)
+    assert [p.name for p in checkpoint.list_checkpoints(out)] == ["step-000001"]
+
+    train(load_config(path, {"output_dir": str(out)}), show_progress=False)
+    train(load_config(path, {"output_dir": str(reference)}), show_progress=False)
+    assert_same(adapter(out, 2), adapter(reference, 2))
+    assert_same(simulator(out, 2), simulator(reference, 2))
+    manifest = json.loads((out / "pool" / "manifest.json").read_text())
+    assert [e["step"] for e in manifest["entries"]] == [1, 2]
+
+
+def test_fsdp_with_several_processes_is_refused_with_the_reason(config_file, tmp_path):
+    config_file.write_text(config_file.read_text() + '\n[distributed]\nstrategy = "fsdp"\n')
+    done = launch(config_file, tmp_path / "run")
+    assert done.returncode != 0
+    assert FSDP_NOT_IMPLEMENTED in " ".join(done.stderr.split())
+
+
+def simulator(out, step):
+    folder = checkpoint.checkpoint_dir(out, step) / "simulator"
+    return load_file(folder / "adapter_model.safetensors")
 
 
 def test_a_dead_rank_fails_the_run_cleanly_and_it_resumes(config_file, tmp_path):
