@@ -13,6 +13,7 @@ to store wins under the conversation's row lock, the other stores nothing and sh
 import asyncio
 import itertools
 import json
+import time
 from collections.abc import Awaitable, Callable
 
 from django.conf import settings
@@ -159,44 +160,53 @@ def step_params(arm: Arm, params: dict, offer_tools: list[dict] | None, step: in
 async def relay(stream, send: Send, reply_to: str) -> None:
     """Pass the stream's text on as deltas: the first piece at once; a later one goes with
     those that arrived within DELTA_INTERVAL of the last delta sent (it waits at most one gap
-    between the engine's pieces, and never past the reply's end). Before the first piece: a
-    "slow" event after the stall timeout, EngineStalled after the first-token timeout; after
-    it, EngineStalled when a gap exceeds the stall timeout."""
+    between the engine's pieces, and never past the reply's end).
+
+    Any token is the engine's progress, text or a tool call that shows none (a forced call
+    streams no text until it is whole): before its first token the page hears "slow" after
+    the stall timeout, and EngineStalled comes after the first-token timeout; after it,
+    EngineStalled comes when no token has come for the stall timeout."""
     stall = stall_timeout()
     pieces = aiter(stream)
-    # The first piece in a task of its own, so that waiting for it can be told apart from it.
-    first = asyncio.ensure_future(anext(pieces, None))
-    try:
-        done, _ = await asyncio.wait({first}, timeout=stall)
-        if not done:
-            notice = "The assistant is slow to answer just now; please wait a little."
-            await send({"type": "slow", "reply_to": reply_to, "message": notice})
-            done, _ = await asyncio.wait({first}, timeout=max(first_token_timeout() - stall, 0))
-        if not done:
-            raise EngineStalled(f"no first token from the engine in {first_token_timeout():g} s")
-    finally:
-        if not first.done():  # the turn is cut short: end the read before the stream is closed
-            first.cancel()
-            await asyncio.gather(first, return_exceptions=True)
-    delta = first.result()
-    if delta is None:  # a reply with no text (only tool calls)
-        return
-    await send({"type": "delta", "reply_to": reply_to, "text": delta})
-    loop = asyncio.get_running_loop()
-    sent_at, held = loop.time(), []
-    try:
-        async with asyncio.timeout(stall) as deadline:
-            async for delta in pieces:
-                now = loop.time()
-                deadline.reschedule(now + stall)
-                held.append(delta)
-                if now - sent_at >= DELTA_INTERVAL:
-                    await send({"type": "delta", "reply_to": reply_to, "text": "".join(held)})
-                    sent_at, held = now, []
-    except TimeoutError:
-        if deadline.expired():
-            raise EngineStalled(f"no token from the engine for {stall:g} s") from None
-        raise
+    began = time.monotonic()
+    told_slow = False
+
+    async def next_piece() -> str | None:
+        nonlocal told_slow
+        # A task of its own, so that waiting for the piece can be told apart from the piece.
+        piece = asyncio.ensure_future(anext(pieces, None))
+        try:
+            while not piece.done():
+                heard = stream.last_token
+                if heard is not None:
+                    limit = heard + stall
+                else:
+                    limit = began + (first_token_timeout() if told_slow else stall)
+                await asyncio.wait({piece}, timeout=max(limit - time.monotonic(), 0))
+                if piece.done() or stream.last_token != heard or time.monotonic() < limit:
+                    continue  # a piece, or a token that shows no text: the engine is at work
+                if heard is not None:
+                    raise EngineStalled(f"no token from the engine for {stall:g} s")
+                if told_slow:
+                    raise EngineStalled(
+                        f"no first token from the engine in {first_token_timeout():g} s"
+                    )
+                notice = "The assistant is slow to answer just now; please wait a little."
+                await send({"type": "slow", "reply_to": reply_to, "message": notice})
+                told_slow = True
+        finally:
+            if not piece.done():  # the turn is cut short: end the read before the stream closes
+                piece.cancel()
+                await asyncio.gather(piece, return_exceptions=True)
+        return piece.result()
+
+    sent_at, held = None, []  # sent_at: when the last delta went; None before the first
+    while (delta := await next_piece()) is not None:
+        now = time.monotonic()
+        held.append(delta)
+        if sent_at is None or now - sent_at >= DELTA_INTERVAL:
+            await send({"type": "delta", "reply_to": reply_to, "text": "".join(held)})
+            sent_at, held = now, []
     if held:
         await send({"type": "delta", "reply_to": reply_to, "text": "".join(held)})
 

@@ -1,6 +1,7 @@
 """A scripted OpenAI-compatible server for tests about the code around the model (tool loops,
 scoring), where a real model's choices cannot be controlled. Each request pops the next reply."""
 
+import asyncio
 import json
 import threading
 import time
@@ -12,6 +13,8 @@ from starlette.responses import JSONResponse, PlainTextResponse, StreamingRespon
 from starlette.routing import Route
 
 from tests.conftest import free_port
+
+ARGUMENTS_PIECE = 8  # characters of a tool call's arguments per streamed chunk
 
 
 class ThreadedServer:
@@ -33,10 +36,12 @@ class ThreadedServer:
 
 
 class ScriptedServer(ThreadedServer):
-    def __init__(self, replies: list[dict], models=("SmolLM2-135M-Instruct",)):
+    def __init__(self, replies: list[dict], models=("SmolLM2-135M-Instruct",), pace=0.0):
         """replies: {"content": str} or {"tool_calls": [(name, arguments_dict), ...]};
-        models: what GET /v1/models lists (the go-live health check asks)."""
+        models: what GET /v1/models lists (the go-live health check asks); pace: seconds
+        before each streamed chunk after the first (a slow engine's tokens)."""
         self.replies = list(replies)
+        self.pace = pace
         self.models = list(models)
         self.model_lists = 0  # GET /v1/models answered
         self.loaded_adapters: list[dict] = []  # POST /v1/load_lora_adapter bodies
@@ -97,8 +102,14 @@ class ScriptedServer(ThreadedServer):
             )
         usage = (body.get("stream_options") or {}).get("include_usage")
         return StreamingResponse(
-            self.chunks(body["model"], reply, usage), media_type="text/event-stream"
+            self.paced(self.chunks(body["model"], reply, usage)), media_type="text/event-stream"
         )
+
+    async def paced(self, chunks):
+        yield await anext(chunks)  # the role chunk at once
+        async for chunk in chunks:
+            await asyncio.sleep(self.pace)
+            yield chunk
 
     @staticmethod
     async def chunks(model, reply, usage=False):
@@ -129,9 +140,11 @@ class ScriptedServer(ThreadedServer):
                     ]
                 }
             )
-            yield chunk(
-                {"tool_calls": [{"index": i, "function": {"arguments": json.dumps(arguments)}}]}
-            )
+            # the arguments a few characters at a time, as an engine streams their tokens
+            text = json.dumps(arguments)
+            for at in range(0, len(text), ARGUMENTS_PIECE):
+                piece = {"arguments": text[at : at + ARGUMENTS_PIECE]}
+                yield chunk({"tool_calls": [{"index": i, "function": piece}]})
         yield chunk({}, "tool_calls" if reply.get("tool_calls") else "stop")
         if usage:  # as vLLM sends it: a last chunk with no choices (a word counts as a token)
             words = len(reply.get("content", "").split())

@@ -408,6 +408,7 @@ class ChatStream:
         self._replica = client.base_url  # the replica of the attempt under way
         self._url = client.base_url + "/chat/completions"
         self._result: ChatResult | None = None
+        self._reply: _Reply | None = None  # the attempt under way
         self._attempts = 0
         self._pieces = self._run()
 
@@ -416,6 +417,12 @@ class ChatStream:
         if self._result is None:
             raise RuntimeError("The stream has not finished: iterate it to the end first.")
         return self._result
+
+    @property
+    def last_token(self) -> float | None:
+        """time.monotonic() of the engine's latest token, text or tool call, shown or held back
+        (None before the first): progress while a tool call streams and yields no text."""
+        return self._reply.heard if self._reply else None
 
     def __aiter__(self):
         return self
@@ -479,7 +486,7 @@ class ChatStream:
         self._attempts += 1
         self._replica = self._failover.next()
         self._url = self._replica + "/chat/completions"
-        reply = _Reply(self._json_tools)
+        reply = self._reply = _Reply(self._json_tools)
         opened = None
         try:
             opened = await _Opened.post(self._client.stream_session(), self._url, self._request)
@@ -564,6 +571,7 @@ class _Reply:
         self.model = None
         self.usage = None
         self.ttft = None
+        self.heard: float | None = None  # time.monotonic() of the latest chunk from the first token
 
     def add(self, chunk: dict, started: float) -> str:
         self.model = chunk.get("model") or self.model
@@ -583,6 +591,10 @@ class _Reply:
                 self._add_call(call)
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
+        # From the first token on, any chunk is progress (the finish, the usage); before it
+        # only a token is, not the role chunk some engines send before their prefill.
+        if self.ttft is not None:
+            self.heard = time.monotonic()
         return piece
 
     def check_ended(self, url: str):

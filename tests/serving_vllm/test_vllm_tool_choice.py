@@ -24,7 +24,7 @@ def plain_vllm_url(vllm_ready, base_model, tmp_path_factory):
 
 
 async def test_vllm_arm_calls_a_tool_first_and_sends_no_seed(plain_vllm_url, settings):
-    settings.PARLEY_FIRST_TOKEN_TIMEOUT = 150  # a call is sent whole; this machine is shared
+    settings.PARLEY_FIRST_TOKEN_TIMEOUT = 150  # a long prompt's prefill; this machine is shared
     # sampled, as the demo's arms: a greedy request never touches the seeded generator
     participant = await demo_arm_participant(plain_vllm_url, temperature=0.7)
 

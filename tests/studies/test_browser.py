@@ -115,8 +115,8 @@ def test_tool_calls_show_as_cards_beside_the_scenario(web_server, browser, monke
 
 @pytest.fixture
 def patient_web_server(transactional_db, monkeypatch, request):
-    """The ASGI server waiting longer for a first token: a forced tool call shows nothing until
-    it is whole, and this machine's other work slows the model several times over."""
+    """The ASGI server waiting longer for a first token: the prefill of a tau2 prompt of some
+    3,000 tokens, which this machine's other work slows several times over."""
     monkeypatch.setenv("PARLEY_FIRST_TOKEN_TIMEOUT", "170")
     return request.getfixturevalue("web_server")
 

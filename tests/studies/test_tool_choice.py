@@ -6,6 +6,7 @@ The requests are read off a scripted engine; the last test has the real model an
 """
 
 import json
+import time
 
 import pytest
 from channels.db import database_sync_to_async
@@ -95,6 +96,43 @@ async def test_required_forces_calls_until_the_domain_budget_then_text():
     last = server.requests[budget]
     assert "tools" not in last and "tool_choice" not in last  # out of budget: it must answer
     assert events[-2]["type"] == "reply" and events[-2]["message"]["content"].strip() == "Done."
+
+
+# A forced call as JSON text in the content (what tool_format "structured" gets from vLLM),
+# indented so that it streams in several pieces; the client holds it back from the page.
+JSON_CALL = {
+    "content": "<tool_call>"
+    + json.dumps(
+        {"name": CALL["tool_calls"][0][0], "arguments": CALL["tool_calls"][0][1]}, indent=1
+    )
+    + "</tool_call>"
+}
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("tool_format, call", [("native", CALL), ("structured", JSON_CALL)])
+async def test_a_forced_call_streaming_for_longer_than_the_timeouts_is_not_a_stall(
+    tool_format, call, settings
+):
+    """A forced call shows no text until it is whole; its tokens, a chunk every PACE seconds
+    for several times the stall and first-token timeouts, keep the turn alive (issue 12)."""
+    timeout = 1.5
+    settings.PARLEY_STALL_TIMEOUT = settings.PARLEY_FIRST_TOKEN_TIMEOUT = timeout
+    with ScriptedServer([call, {"content": "It is pending."}], pace=0.5) as server:
+        participant = await participant_in(
+            server.url, tool_format=tool_format, tool_choice=ToolChoice.FIRST
+        )
+        began = time.monotonic()
+        events = await talk(participant, "Where is my order #W5785065?")
+        took = time.monotonic() - began
+    kinds = [e["type"] for e in events]
+    assert "error" not in kinds and "slow" not in kinds, events
+    assert kinds.index("tool_calls") < kinds.index("delta"), kinds  # the call showed no text
+    card = events[kinds.index("tool_calls")]["message"]["tool_calls"][0]
+    assert card["function"]["name"] == "get_order_details"
+    assert events[-2]["type"] == "reply"
+    assert events[-2]["message"]["content"].strip() == "It is pending."
+    assert took > 2 * timeout  # the call did stream for longer than the timeouts
 
 
 @pytest.mark.asyncio
@@ -251,5 +289,7 @@ def demo_arm_participant(engine_url, temperature=0.0):
 
 @pytest.mark.asyncio
 async def test_smollm2_makes_a_well_formed_tool_call_of_the_domain(engine_url, settings):
-    settings.PARLEY_FIRST_TOKEN_TIMEOUT = 120  # a call is sent whole, after the stall notice
+    # The prefill of the 3,235-token prompt alone took 21 s on a loaded 2-core machine; after
+    # the first token the call's tokens keep the turn alive (the stall timeout) though unshown.
+    settings.PARLEY_FIRST_TOKEN_TIMEOUT = 120
     await first_reply_calls_a_tool(await demo_arm_participant(engine_url))
