@@ -103,6 +103,24 @@ GOOD_ANSWERS = {
 }
 
 
+def finish(study, pid, answers=GOOD_ANSWERS, arm=None, text="hi"):
+    """A participant through the whole flow (arrival, consent, one message, questionnaire),
+    in `arm` when named (else where assignment puts them); returned as stored."""
+    from studies import flow
+    from studies.models import Participant
+
+    p, _ = flow.arrive(study, prolific(pid=pid))
+    if arm is not None:
+        Participant.objects.filter(pk=p.pk).update(arm=study.arms.get(name=arm))
+        p.refresh_from_db()
+    flow.give_consent(p, True)
+    flow.store_user_message(p, f"m-{pid}", text)
+    flow.end_chat(p)
+    assert flow.submit_questionnaire(p, answers) == {}
+    p.refresh_from_db()
+    return p
+
+
 @pytest.fixture
 def study(db):
     return make_study()

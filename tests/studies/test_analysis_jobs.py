@@ -8,8 +8,8 @@ from django.urls import reverse
 
 from studies import flow, reports
 from studies.analysis import build_report
-from studies.models import AnalysisRun, Participant, Study
-from tests.studies.conftest import make_study, prolific
+from studies.models import AnalysisRun, Study
+from tests.studies.conftest import finish, make_study, prolific
 
 
 def fill(study, answers_by_arm, attention="2"):
@@ -21,25 +21,10 @@ def fill(study, answers_by_arm, attention="2"):
             if k >= len(answers_by_arm[arm]):
                 continue
             i += 1
-            p, _ = flow.arrive(study, prolific(pid=f"p{i}"))
-            Participant.objects.filter(pk=p.pk).update(arm=study.arms.get(name=arm))
-            p.refresh_from_db()
-            flow.give_consent(p, True)
-            flow.store_user_message(p, f"m{i}", "hi")
-            flow.end_chat(p)
             value = answers_by_arm[arm][k]
-            assert (
-                flow.submit_questionnaire(
-                    p,
-                    {
-                        "helpful": str(value),
-                        "frustration": str(8 - value),
-                        "attn": attention,
-                        "donation": "1",
-                    },
-                )
-                == {}
-            )
+            answers = {"helpful": str(value), "frustration": str(8 - value), "attn": attention,
+                       "donation": "1"}  # fmt: skip
+            finish(study, f"p{i}", answers, arm=arm)
 
 
 @pytest.mark.django_db
@@ -101,13 +86,8 @@ def test_reaching_the_target_starts_one_analysis(celery_worker):
     study = make_study(target_per_arm=2)
     fill(study, {"a": [5, 6], "b": [2]})
     assert not AnalysisRun.objects.filter(study=study).exists()
-    p, _ = flow.arrive(Study.objects.get(pk=study.pk), prolific(pid="last"))
-    Participant.objects.filter(pk=p.pk).update(arm=study.arms.get(name="b"))
-    p.refresh_from_db()
-    flow.give_consent(p, True)
-    flow.store_user_message(p, "last", "hi")
-    flow.end_chat(p)
-    flow.submit_questionnaire(p, {"helpful": "3", "frustration": "4", "attn": "2", "donation": "0"})
+    answers = {"helpful": "3", "frustration": "4", "attn": "2", "donation": "0"}
+    finish(Study.objects.get(pk=study.pk), "last", answers, arm="b")
     run = wait_for_run(study)
     assert run.trigger == "target" and run.status == "done"
     assert AnalysisRun.objects.filter(study=study).count() == 1

@@ -10,22 +10,16 @@ import pandas as pd
 import pytest
 from django.urls import reverse
 
-from studies import flow, reports
+from studies import reports
 from studies.analysis import Settings, build_report, format_report
 from studies.analysis.plots import means_figure, render_png
-from studies.models import AnalysisRun, Participant
-from tests.studies.conftest import GOOD_ANSWERS, make_study, prolific
+from studies.models import AnalysisRun
+from tests.studies.conftest import GOOD_ANSWERS, finish, make_study
 
 
 def complete(study, arm, helpful, pid):
-    p, _ = flow.arrive(study, prolific(pid=pid))
-    Participant.objects.filter(pk=p.pk).update(arm=study.arms.get(name=arm))
-    p.refresh_from_db()
-    flow.give_consent(p, True)
-    flow.store_user_message(p, f"m-{pid}", "hi")
-    flow.end_chat(p)
     answers = {**GOOD_ANSWERS, "helpful": str(helpful), "frustration": str(8 - helpful)}
-    assert flow.submit_questionnaire(p, answers) == {}
+    finish(study, pid, answers, arm=arm)
 
 
 @pytest.fixture

@@ -9,7 +9,8 @@ from django.urls import reverse
 from studies import flow, reports
 from studies.analysis import pay
 from studies.models import AnalysisRun, Participant
-from tests.studies.conftest import GOOD_ANSWERS, make_study, prolific
+from tests.studies.conftest import finish as finish_participant
+from tests.studies.conftest import make_study, prolific
 
 MINUTE = 60
 
@@ -55,12 +56,7 @@ def test_no_completions_and_no_reward_say_so():
 
 
 def finish(study, pid, minutes, bot=False):
-    p, _ = flow.arrive(study, prolific(pid=pid))
-    flow.give_consent(p, True)
-    flow.store_user_message(p, f"m-{pid}", "hi")
-    flow.end_chat(p)
-    assert flow.submit_questionnaire(p, GOOD_ANSWERS) == {}
-    p.refresh_from_db()
+    p = finish_participant(study, pid)
     Participant.objects.filter(pk=p.pk).update(
         created_at=p.completed_at - timedelta(minutes=minutes), is_bot=bot
     )

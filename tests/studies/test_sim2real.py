@@ -18,11 +18,11 @@ from starlette.responses import JSONResponse, StreamingResponse
 
 from agents.domains.p4g.domain import P4GDomain
 from agents.models import Checkpoint
-from studies import flow, sim2real
-from studies.models import AnalysisRun, Item, Participant, SimulatorEvaluation
+from studies import sim2real
+from studies.models import AnalysisRun, Item, SimulatorEvaluation
 from studies.pools import import_pool
 from tests.scripted_server import ScriptedServer
-from tests.studies.conftest import make_study, prolific
+from tests.studies.conftest import finish, make_study
 from training.config import load_config
 from training.models import CONFIGS_DIR
 
@@ -100,12 +100,6 @@ def people(study, donations_by_arm):
     for arm, donations in donations_by_arm.items():
         for donation in donations:
             i += 1
-            p, _ = flow.arrive(study, prolific(pid=f"p{i}"))
-            Participant.objects.filter(pk=p.pk).update(arm=study.arms.get(name=arm))
-            p.refresh_from_db()
-            flow.give_consent(p, True)
-            flow.store_user_message(p, f"m{i}", "hi")
-            flow.end_chat(p)
             answers = {
                 "helpful": str(3 + i % 4),
                 "frustration": "3",
@@ -113,7 +107,7 @@ def people(study, donations_by_arm):
                 "donation": "1",
                 "intended_donation": str(donation),
             }
-            assert flow.submit_questionnaire(p, answers) == {}
+            finish(study, f"p{i}", answers, arm=arm)
 
 
 def wait_for(check, seconds=120):
@@ -305,12 +299,8 @@ def played_against(url, checkpoint, name, tmp_path):
     checkpoint.save()
     study.arms.filter(name="tuned").update(model_name=name, max_tokens=16)
     # One finished person, and the simulator `imitate_users` learns from them.
-    p, _ = flow.arrive(study, prolific(pid="person"))
-    flow.give_consent(p, True)
-    flow.store_user_message(p, "m1", "Who runs this charity? I might give a little.")
-    flow.end_chat(p)
     answers = {"helpful": "5", "frustration": "3", "attn": "2", "donation": "1"}
-    assert flow.submit_questionnaire(p, answers) == {}
+    finish(study, "person", answers, text="Who runs this charity? I might give a little.")
     call_command("imitate_users", "--study", "real", "--epochs", "1",
                  "--out", str(tmp_path / "real-humanlike"), stdout=io.StringIO(),
                  stderr=io.StringIO())  # fmt: skip
