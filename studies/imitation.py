@@ -3,15 +3,21 @@
 Who counts: participants who completed the study, are people (no bots, no previews), were not
 returned or timed out on Prolific (partial data), and are not excluded by the study's
 attention rule. What leaves: each conversation's Domain, scenario and messages, nothing that
-identifies a participant (no token, no Prolific ids). training/imitate.py reads this shape
+identifies a participant (no token, no Prolific ids), and the participants' own turns with
+e-mails, phone numbers, links and ids replaced (studies/redact.py; what the scenario gave
+them stays). training/imitate.py reads this shape
 (RealConversation.from_dict); platform/parley's `imitate_users` command joins the two.
 """
+
+import json
+from collections import Counter
 
 from agents.models import Checkpoint
 
 from .domains import OPEN_CHAT
 from .exports import humans_unless
 from .models import Message, Participant, Study
+from .redact import redact
 
 
 class NoConversations(ValueError):
@@ -29,7 +35,8 @@ def finished_participants(study: Study):
 
 def finished_conversations(study: Study) -> list[dict]:
     """One dict per finished conversation with at least one message from its participant:
-    {"domain", "data_dir", "scenario": {"id", "domain", "payload", "title"}, "messages"}."""
+    {"domain", "data_dir", "scenario": {"id", "domain", "payload", "title"}, "messages",
+    "redacted": {kind: count}} (what was replaced in the participant's turns)."""
     if study.domain == OPEN_CHAT:
         raise NoConversations(
             f"study {study.slug!r} has no Domain: a simulator's prompt is a Domain scenario's"
@@ -55,6 +62,13 @@ def finished_conversations(study: Study) -> list[dict]:
     out = []
     for p in participants:
         s = p.scenario
+        kept, counts = json.dumps(s.payload) + s.title, Counter()
+        turns = [
+            {**m, "content": redact(m["content"], kept, counts)}
+            if m["role"] == Message.Role.USER and isinstance(m.get("content"), str)
+            else m
+            for m in messages.get(p.conversation.pk, [])
+        ]
         out.append(
             {
                 "domain": s.domain,
@@ -65,7 +79,8 @@ def finished_conversations(study: Study) -> list[dict]:
                     "payload": s.payload,
                     "title": s.title,
                 },  # fmt: skip
-                "messages": messages.get(p.conversation.pk, []),
+                "messages": turns,
+                "redacted": dict(counts),
             }
         )
     return out

@@ -9,14 +9,14 @@ from django.core.management import CommandError, call_command
 from agents.domains import get_domain
 from agents.models import Checkpoint, adapters_dir
 from agents.serving.adapters import find_adapters
-from studies.imitation import heldout_table, humanlike_simulators
+from studies.imitation import finished_conversations, heldout_table, humanlike_simulators
 from studies.models import Conversation, Message, Participant, Scenario
 from tests.studies.conftest import make_study
 from training.config import RunConfig
 
 pytestmark = pytest.mark.django_db
 
-KEPT = ["Hi, who are you?", "I might give a little. Is it safe?"]
+KEPT = ["Hi, who are you?", "I might give a little. Is it safe? Mail me: jo@example.org"]
 
 
 @pytest.fixture
@@ -67,6 +67,11 @@ def test_the_study_s_finished_user_turns_become_a_registered_simulator(
     assert manifest["source"]["study"] == "p4g-real"
     assert manifest["source"]["conversations"] == 1  # only the completed, included person
     assert manifest["source"]["user_turns"] == len(KEPT)
+    assert manifest["source"]["redacted"] == {"email": 1}  # the participant's own address
+
+    (exported,) = finished_conversations(study)
+    said = [m["content"] for m in exported["messages"] if m["role"] == "user"]
+    assert said == [KEPT[0], KEPT[1].replace("jo@example.org", "[email]")]
 
     checkpoint = Checkpoint.objects.get(name="p4g-real-humanlike")
     folder = data_dir / "simulators" / "p4g-real-humanlike"

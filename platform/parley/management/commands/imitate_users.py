@@ -1,13 +1,15 @@
 """python manage.py imitate_users --study SLUG [--name NAME] [--out DIR] [--epochs N] [--lr LR]
 
 Fine-tunes a LoRA user simulator on the messages the study's finished participants wrote
-(studies/imitation.py exports them without participant ids; training/imitate.py trains) and
+(studies/imitation.py exports them without participant ids, with e-mails, phone numbers, links
+and ids in their own turns replaced; training/imitate.py trains) and
 registers it as a checkpoint (agents.models.Checkpoint), so a run's [[heldout]] table names it
 with `adapter = "NAME"` and the embedded engine serves it as NAME. Here because it joins
 studies and training, which do not import each other.
 """
 
 import json
+from collections import Counter
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
@@ -45,14 +47,20 @@ class Command(BaseCommand):
             raise CommandError(f"a checkpoint named {name!r} is registered: pass another --name")
         out = options["out"] or data_dir() / "simulators" / name
         try:
-            conversations = [RealConversation.from_dict(c) for c in finished_conversations(study)]
+            exported = finished_conversations(study)
+            conversations = [RealConversation.from_dict(c) for c in exported]
+            redacted = sum((Counter(c["redacted"]) for c in exported), Counter())
             settings = ImitationSettings(
                 name=name,
                 base_model=str(options["base_model"] or base_model_dir()),
                 epochs=options["epochs"],
                 lr=options["lr"],
                 seed=options["seed"],
-                source={"study": study.slug, "study_title": study.title},
+                source={
+                    "study": study.slug,
+                    "study_title": study.title,
+                    "redacted": dict(sorted(redacted.items())),
+                },
             )
             folder = imitate(conversations, settings, out, progress=self._progress)
         except (NoConversations, ImitationError, FileNotFoundError) as error:
@@ -65,6 +73,8 @@ class Command(BaseCommand):
         self.stdout.write(
             f"Registered simulator {checkpoint.name!r} at {folder}: "
             f"{source['conversations']} conversations, {source['user_turns']} user turns.\n"
+            f"Replaced in the participants' turns: {replaced(source['redacted'])} (names and"
+            " street addresses are not detected: read the turns if they may hold some).\n"
             f'Name it in a run\'s panel: [[heldout]] name = "human-like" adapter = "{name}"'
         )
 
@@ -72,3 +82,7 @@ class Command(BaseCommand):
         self.stderr.write(
             f"epoch {p['epoch']} step {p['step']}/{p['total_steps']} loss {p['loss']:.3f}"
         )
+
+
+def replaced(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} {kind}" for kind, n in counts.items()) or "nothing"
