@@ -114,3 +114,18 @@ def test_clear_errors(tiny_model, data_dir):
     with pytest.raises(CommandError, match="has no Domain"):
         call_command("imitate_users", "--study", open_chat.slug)
     assert not Checkpoint.objects.exists()
+
+
+def test_a_failed_registration_keeps_nothing_and_the_same_command_runs_again(tiny_model, data_dir):
+    study = seeded_study()
+    run = ["imitate_users", "--study", study.slug, "--base-model", str(tiny_model), "--epochs", "1"]
+    blocker = adapters_dir()  # a file where the adapters' folder must be: registration fails
+    blocker.parent.mkdir(parents=True, exist_ok=True)
+    blocker.write_text("not a folder")
+    with pytest.raises(CommandError, match="could not be registered.*can run again"):
+        call_command(*run)
+    assert not (data_dir / "simulators" / "p4g-real-humanlike").exists()
+    assert not Checkpoint.objects.exists()
+    blocker.unlink()
+    call_command(*run)
+    assert Checkpoint.objects.filter(name="p4g-real-humanlike").exists()

@@ -9,6 +9,7 @@ studies and training, which do not import each other.
 """
 
 import json
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -65,7 +66,15 @@ class Command(BaseCommand):
             folder = imitate(conversations, settings, out, progress=self._progress)
         except (NoConversations, ImitationError, FileNotFoundError) as error:
             raise CommandError(str(error)) from None
-        checkpoint = Checkpoint.register(folder)
+        try:
+            checkpoint = Checkpoint.register(folder)
+        except Exception as error:
+            # The folder is this command's own: left behind, it would refuse the re-run's name.
+            shutil.rmtree(folder, ignore_errors=True)
+            raise CommandError(
+                f"the simulator was trained but could not be registered ({error}); nothing was"
+                f" kept, so the same command can run again"
+            ) from error
         if options["json"]:
             self.stdout.write(json.dumps(checkpoint.manifest))
             return
