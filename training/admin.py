@@ -64,6 +64,10 @@ def free_name(name: str) -> str:
     return candidate
 
 
+def collapse_warnings_of(run: TrainingRun) -> list[dict]:
+    return [w for w in (run.progress or {}).get("warnings") or [] if isinstance(w, dict)]
+
+
 @admin.register(TrainingRun)
 class TrainingRunAdmin(admin.ModelAdmin):
     form = TrainingRunForm
@@ -75,6 +79,7 @@ class TrainingRunAdmin(admin.ModelAdmin):
         "step",
         "reward",
         "heldout",
+        "collapse",
         "eta",
         "created_at",
     ]
@@ -144,11 +149,19 @@ class TrainingRunAdmin(admin.ModelAdmin):
             )
         return f"{taken} of {summary['steps_logged']} logged step(s)"
 
+    @admin.display(description="Collapse")
+    def collapse(self, run):
+        """The list's column: which runs to open before trusting their checkpoints."""
+        keys = sorted({str(w.get("key", "?")) for w in collapse_warnings_of(run)})
+        if not keys:
+            return "-"
+        return format_html('<strong class="collapse-flag">{}</strong>', ", ".join(keys))
+
     @admin.display(description="Collapse warnings")
     def collapse_warnings(self, run):
         """The thresholds of the run's [collapse] table its steps crossed, each at the first
         step it did (stored by the task's progress callback)."""
-        warnings = [w for w in (run.progress or {}).get("warnings") or [] if isinstance(w, dict)]
+        warnings = collapse_warnings_of(run)
         if not warnings:
             return "-"
         return format_html(

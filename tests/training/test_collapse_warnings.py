@@ -105,6 +105,9 @@ def test_the_run_page_shows_the_warnings_the_task_stored(tiny_model, tmp_path, a
         in page
     )
     assert reverse("admin:training_trainingrun_plot", args=[run.pk, "diversity.png"]) in page
+    # the list of runs flags it too, by the measures that crossed
+    listing = admin_client.get(reverse("admin:training_trainingrun_changelist")).content.decode()
+    assert '<strong class="collapse-flag">sim/distinct_2, sim/top_opening_share</strong>' in listing
 
 
 @pytest.mark.django_db
