@@ -91,14 +91,21 @@ class ServedAdapter:
         self.model = ""  # the served adapter's name; set by load()
         self.endpoint = Endpoint(lambda: LLMClient(base_url, api_key=api_key, timeout=600))
 
-    def publish(self, policy: Any, folder: Path, name: str) -> None:
+    def publish(self, policy: Any, folder: Path, name: str, ranks: Any = None) -> None:
         """The adapter as `policy` holds it now, saved under `folder` and served as `name`;
-        the previous one is unloaded and its folder (a sibling of `folder`) deleted."""
-        policy.save(folder)
-        self.load(str(folder), name)
-        for old in folder.parent.glob("step-*"):
-            if old.name < folder.name:  # the server no longer has it; a long run keeps one
-                shutil.rmtree(old, ignore_errors=True)
+        the previous one is unloaded and its folder (a sibling of `folder`) deleted. With
+        several ranks (training.distributed.Ranks) rank 0 alone saves and loads it, and the
+        others then sample from it by name: loading it again would unload it under rank 0."""
+        if ranks is None or ranks.main:
+            policy.save(folder)
+            self.load(str(folder), name)
+            for old in folder.parent.glob("step-*"):
+                if old.name < folder.name:  # the server no longer has it; a long run keeps one
+                    shutil.rmtree(old, ignore_errors=True)
+        if ranks is not None:
+            ranks.barrier()
+            if not ranks.main:
+                self.model = name
 
     def load(self, folder: str, name: str, keep_previous: bool = False) -> None:
         """Serve `folder` as `name` and sample from it from now on; the previous adapter is

@@ -149,7 +149,8 @@ class CoTrain(Regime):
         it (after a resume, as the checkpoint holds it)."""
         if isinstance(self.user, ServedUser):
             name = f"{self.config.name}-simulator-live-{step - 1}"
-            self.user.server.publish(self.policy, self.live / f"step-{step - 1:06d}", name)
+            folder = self.live / f"step-{step - 1:06d}"
+            self.user.server.publish(self.policy, folder, name, self.ranks)
 
     def simulator_rewards(self, agent_rewards: torch.Tensor) -> torch.Tensor:
         return 1.0 - agent_rewards if self.config.adversarial_simulator else agent_rewards

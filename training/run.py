@@ -131,7 +131,7 @@ def _train(
         tasks = draw_tasks(train_tasks, config.batch_tasks, random.Random(f"{config.seed}-{step}"))
         if config.rollout_endpoint:  # the server samples from the adapter as it is now
             live = run_dir / "live" / f"step-{step - 1:06d}"
-            _serve_live(agent, speaker, live, f"{config.name}-live-{step - 1}", ranks)
+            speaker.publish(agent, live, f"{config.name}-live-{step - 1}", ranks)
         mine = []
         with regime.simulator(step) as user:
             for index, task in ranks.share(list(enumerate(tasks))):
@@ -237,16 +237,6 @@ def _play_task(config, domain, task, index, step, speaker, user) -> list[Any]:
 
 def _task_seed(seed: int, step: int, index: int) -> int:
     return random.Random(f"{seed}-{step}-{index}-torch").getrandbits(63)
-
-
-def _serve_live(agent: Any, speaker: Any, live: Path, name: str, ranks: Ranks) -> None:
-    """Rank 0 writes the adapter as it is now and loads it into the server; the other ranks then
-    sample from it by name (loading it again would unload it under rank 0's feet)."""
-    if ranks.main:
-        speaker.publish(agent, live, name)
-    ranks.barrier()
-    if not ranks.main:
-        speaker.model = name
 
 
 def select_tasks(domain: Domain, spec: TaskSpec, which: str) -> list[Scenario]:

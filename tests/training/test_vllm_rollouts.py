@@ -339,3 +339,47 @@ def test_verbalized_simulator_on_vllm_answers_the_k5_schema(vllm_url, base_model
         (written,) = r.decisions
         assert written.texts == markers and sum(written.probs) == pytest.approx(1.0)
         assert written.texts[written.index] == r.conversation[-1]["content"]
+
+
+def test_two_processes_share_one_served_simulator(vllm_url, base_model, tmp_path):
+    """Co-training on 2 processes with the simulator on vLLM: rank 0 alone saves and hot-loads
+    the simulator's adapter after each update and the other rank samples it by name (both
+    loading it would unload it under each other's feet); the run ends on the last one."""
+    from tests.training.test_distributed import launch
+
+    path = tmp_path / "cotrain-vllm.toml"
+    path.write_text(
+        "\n".join(
+            [
+                'name = "dp-sim"',
+                'domain = "p4g"',
+                'regime = "cotrain"',
+                f'base_model = "{base_model}"',
+                "steps = 2",
+                "group_size = 2",
+                "batch_tasks = 2",
+                "max_turns = 4",
+                "max_new_tokens = 6",
+                "temperature = 1.0",
+                "save_every = 2",
+                "eval_every = 100",
+                "threads = 1",
+                "heldout = []",
+                "[tasks]",
+                "max_train = 2",
+                "max_eval = 1",
+                "[simulator]",
+                'name = "persuadee"',
+                f'endpoint = "{vllm_url}"',
+                f'model = "{base_model}"',
+                "max_new_tokens = 6",
+                "temperature = 1.0",
+            ]
+        )  # fmt: skip
+    )
+    done = launch(path, tmp_path / "run")
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(row)["step"] for row in rows] == [1, 2]  # rank 0 alone wrote them
+    models = asyncio.run(_models(vllm_url))
+    assert "dp-sim-simulator-live-1" in models and "dp-sim-simulator-live-0" not in models
