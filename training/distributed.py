@@ -8,6 +8,11 @@ and gathers the ranks need, and how a rank's failure is recorded.
 `Ranks.start` joins them through accelerate's `Accelerator` (gloo on CPU, nccl on GPU). A plain
 `python -m training run` is one rank, and every method here is then a no-op.
 
+With `distributed.strategy = "fsdp"` (and more than one rank) each trained model is wrapped in
+torch FSDP (FULL_SHARD, one unit, use_orig_params so a frozen base and its LoRA share it): every
+forward pass through the wrapper is then a collective, so the trainer keeps the ranks in
+lockstep (see `Ranks.shard`, grpo.update and `gathered` in training/policy.py).
+
 A rank that raises writes its traceback to <run>/failures/rank-K.txt before it dies; the
 launcher then stops the other ranks, and whoever started the launcher (the CLI user, the
 TrainingRun's Celery task) reads those files to say which rank failed and why.
@@ -21,8 +26,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
-
-from training.dryrun import FSDP_NOT_IMPLEMENTED  # the dry run refuses it in the same words
 
 FAILURES = "failures"
 # Tests only: "RANK:STEP" makes that rank raise at the end of that step, once the update is
@@ -51,17 +54,16 @@ def _collective(call: Any, *args: Any) -> None:
 class Ranks:
     """This process's place among the run's processes (rank 0 of 1 when not launched)."""
 
-    def __init__(self, rank: int = 0, world: int = 1, accelerator: Any = None):
+    def __init__(self, rank: int = 0, world: int = 1, accelerator: Any = None, fsdp: bool = False):
         self.rank, self.world, self.accelerator = rank, world, accelerator
+        self.fsdp = fsdp and world > 1  # one process holds the whole model: nothing to shard
 
     @classmethod
     def start(cls, config: Any) -> Ranks:
-        """Join the launched processes (none: one rank). Refuses what is not data-parallel yet."""
+        """Join the launched processes (none: one rank)."""
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world == 1:
             return cls()
-        if config.distributed.strategy == "fsdp":
-            raise ValueError(FSDP_NOT_IMPLEMENTED)
         if config.batch_tasks < world:
             raise ValueError(
                 f"batch_tasks = {config.batch_tasks} gives some of the {world} processes no task:"
@@ -70,7 +72,23 @@ class Ranks:
         from accelerate import Accelerator
 
         accelerator = Accelerator(cpu=config.device == "cpu")
-        return cls(accelerator.process_index, accelerator.num_processes, accelerator)
+        fsdp = config.distributed.strategy == "fsdp"
+        return cls(accelerator.process_index, accelerator.num_processes, accelerator, fsdp)
+
+    def shard(self, model: torch.nn.Module) -> torch.nn.Module | None:
+        """Under FSDP, `model` wrapped in FSDP (its parameters sharded over the ranks from now
+        on: call it through the wrapper, or inside `gathered`); else None."""
+        if not self.fsdp:
+            return None
+        from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+
+        device = next(model.parameters()).device
+        return FullyShardedDataParallel(
+            model,
+            sharding_strategy=ShardingStrategy.FULL_SHARD,
+            use_orig_params=True,  # a frozen base and its trainable LoRA in one flat parameter
+            device_id=device,  # on CPU too (gloo): FSDP otherwise looks for a GPU
+        )
 
     @property
     def main(self) -> bool:
@@ -91,6 +109,14 @@ class Ranks:
         tensor = torch.tensor([float(value)], dtype=torch.float64)
         _collective(torch.distributed.all_reduce, tensor)
         return float(tensor)
+
+    def most(self, value: int) -> int:
+        """The largest `value` over the ranks (FSDP: how many passes every rank makes)."""
+        if self.world == 1:
+            return int(value)
+        tensor = torch.tensor([int(value)], dtype=torch.int64)
+        _collective(torch.distributed.all_reduce, tensor, torch.distributed.ReduceOp.MAX)
+        return int(tensor)
 
     def sum_gradients(self, params: list[torch.nn.Parameter]) -> None:
         """Replace each gradient by its sum over the ranks (a rank with nothing to train adds 0).

@@ -45,20 +45,6 @@ from typing import Any
 
 from training.config import ConfigError, RunConfig, SimulatorSpec, load_config
 
-# Why FSDP is refused with more than one process. Not torch: FSDP (FULL_SHARD, a frozen base with
-# LoRA via use_orig_params) trains on CPU over gloo in torch 2.13. The trainer's ranks are not
-# in lockstep, and FSDP needs them to be.
-FSDP_NOT_IMPLEMENTED = (
-    "distributed.strategy = 'fsdp' is not implemented by the trainer yet: use 'ddp' (every rank"
-    " holds the whole model) or one process. Under FSDP every forward pass is a collective (each"
-    " rank all-gathers the others' shards), so all ranks must make the same forward passes in"
-    " the same order; here they do not: each rank samples its own conversations to their own"
-    " lengths, updates on its own number of micro-batches (one or two passes each, depending on"
-    " whether a group shares its prompt), and rank 0 alone runs the held-out evaluation and"
-    " writes checkpoints (FSDP gathers a full state dict on every rank). The ranks would wait"
-    " for each other forever."
-)
-
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 GIB = 1024**3
 # Assumed device size when no GPU is visible (offline, or a login node): an 80 GB A100/H100.
@@ -283,13 +269,14 @@ def check_accelerate(config: RunConfig, path: str) -> tuple[list[Check], int]:
 
 
 def check_strategy(config: RunConfig) -> Check:
-    """The launch refuses FSDP with several processes (distributed.FSDP_NOT_IMPLEMENTED)."""
+    """What the launch does with several processes: DDP (whole model on each rank) or FSDP
+    (sharded; a model that needs it should sample on an endpoint, see training/README.md)."""
     strategy, n = config.distributed.strategy, config.distributed.processes
-    if strategy == "fsdp" and n > 1:
-        return Check("data-parallel strategy", False, FSDP_NOT_IMPLEMENTED)
     detail = f"{strategy} x {n}" if n > 1 else "one process"
     if config.trains_simulator and n > 1:
         detail += " (the co-trained simulator data-parallel too)"
+    if strategy == "fsdp" and n > 1 and not config.rollout_endpoint:
+        detail += "; the agent samples in-process, on its whole weights gathered on every rank"
     return Check("data-parallel strategy", True, detail)
 
 

@@ -3,11 +3,19 @@
 A Policy is the base model with a LoRA adapter (peft) or, with finetune = "full", every weight
 trainable. Its reference for the KL term is the same model with the adapter disabled (LoRA) or
 a frozen copy of the base (full), so LoRA runs never hold a second model.
+
+Under FSDP (training/distributed.py) a Policy's `model` stays the unwrapped model, whose weights
+are then shards: what uses it directly (sampling, the reference pass, evaluation, saving and
+loading weights) runs inside `gathered()`, entered by every rank together; the update's own
+passes go through the FSDP wrapper (`sharded`). Gathering holds the whole model on each rank
+while it lasts: a model large enough to need FSDP should sample on an endpoint (vLLM).
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +166,7 @@ class Policy(LocalModel):
         beta: float = 0.0,
         dtype: str = "float32",
         device: str = "cpu",
+        ranks: Any = None,
     ):
         model, tokenizer = load_base(path, dtype, device)
         self.base_path = str(path)
@@ -178,6 +187,7 @@ class Policy(LocalModel):
         elif beta > 0:
             self.reference_model = copy.deepcopy(model).eval().requires_grad_(False)
         super().__init__(model, tokenizer)
+        self.sharded = ranks.shard(self.model) if ranks is not None else None
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
 
@@ -190,6 +200,7 @@ class Policy(LocalModel):
         finetune: str = "lora",
         model: Path | None = None,
         beta: float | None = None,
+        ranks: Any = None,
     ) -> Policy:
         """The agent (defaults), or a co-trained simulator on its own `model` and `beta`."""
         return cls(
@@ -201,7 +212,66 @@ class Policy(LocalModel):
             beta=config.beta if beta is None else beta,
             dtype=config.dtype,
             device=config.device,
+            ranks=ranks,
         )
+
+    @contextmanager
+    def gathered(self, writeback: bool = False) -> Iterator[None]:
+        """FSDP: the full weights in `model` on every rank while it lasts (a collective: every
+        rank enters it); `writeback` keeps what was loaded into them. Otherwise nothing."""
+        if self.sharded is None:
+            yield
+            return
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        with FSDP.summon_full_params(self.sharded, writeback=writeback):
+            yield
+
+    def optimizer_state(self) -> dict[str, Any]:
+        """The optimizer's state in torch's plain layout (parameters by position), whole on
+        every rank: under FSDP gathered from the shards (a collective), so a checkpoint resumes
+        at any process count."""
+        if self.sharded is None:
+            return self.optimizer.state_dict()
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+        )
+
+        whole = StateDictOptions(full_state_dict=True)
+        named = get_optimizer_state_dict(self.sharded, self.optimizer, options=whole)
+        index = {name: i for i, name in enumerate(self._trained_names())}
+        return {
+            "state": {index[name]: value for name, value in named["state"].items()},
+            "param_groups": [
+                {**group, "params": [index[name] for name in group["params"]]}
+                for group in named["param_groups"]
+            ],
+        }
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        if self.sharded is None:
+            self.optimizer.load_state_dict(state)
+            return
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_optimizer_state_dict,
+        )
+
+        names = self._trained_names()
+        named = {
+            "state": {names[i]: value for i, value in state["state"].items()},
+            "param_groups": [
+                {**group, "params": [names[i] for i in group["params"]]}
+                for group in state["param_groups"]
+            ],
+        }
+        whole = StateDictOptions(full_state_dict=True)
+        set_optimizer_state_dict(self.sharded, self.optimizer, named, options=whole)
+
+    def _trained_names(self) -> list[str]:
+        """The optimizer's parameters by name, in its order (FSDP keys its state by name)."""
+        return [n for n, p in self.model.named_parameters() if p.requires_grad]
 
     def learn(
         self,
@@ -223,7 +293,7 @@ class Policy(LocalModel):
             [t.allowed for t in transcripts],
         )
         return update(
-            self.model,
+            self.sharded or self.model,
             self.optimizer,
             batch,
             adv,

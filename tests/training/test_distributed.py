@@ -9,6 +9,7 @@ what is compared is the distributed update itself."""
 
 import json
 import os
+import signal
 import subprocess
 import tomllib
 from pathlib import Path
@@ -20,7 +21,6 @@ from safetensors.torch import load_file
 from training import checkpoint
 from training.config import load_config
 from training.distributed import FAIL_AT_ENV, launch_command, read_failures
-from training.dryrun import FSDP_NOT_IMPLEMENTED
 from training.run import train
 from training.tiny import build_tiny_model
 
@@ -89,10 +89,22 @@ def cotrain_file(request, smooth_tiny_model, tmp_path):
     return path
 
 
-def launch(config_file, out, processes=2, env=None):
+def launch(config_file, out, processes=2, env=None, timeout=600):
+    """Run the launcher; ranks that hang past `timeout` (out of lockstep under FSDP) are killed
+    with it, launcher and ranks alike (their own process group), and the test fails."""
     command = launch_command(config_file, processes, args=["--output-dir", str(out)])
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'platform'}:{REPO}", **(env or {})}
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    with subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    ) as process:  # fmt: skip
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            pytest.fail(f"the ranks did not finish within {timeout} s (a hang?)")
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 def adapter(out, step):
@@ -174,11 +186,31 @@ def test_a_population_run_resumes_at_another_process_count(smooth_tiny_model, tm
     assert [e["step"] for e in manifest["entries"]] == [1, 2]
 
 
-def test_fsdp_with_several_processes_is_refused_with_the_reason(config_file, tmp_path):
-    config_file.write_text(config_file.read_text() + '\n[distributed]\nstrategy = "fsdp"\n')
-    done = launch(config_file, tmp_path / "run")
-    assert done.returncode != 0
-    assert FSDP_NOT_IMPLEMENTED in " ".join(done.stderr.split())
+def test_fsdp_two_processes_train_the_adapter_one_process_does(config_file, tmp_path):
+    """FSDP (the model sharded over 2 ranks) on 3 tasks: rank 0 has two micro-batches, rank 1
+    one (or none where a group's rewards tie), so rank 1 pads with zero-weight passes; the KL
+    term adds the reference pass with the adapter disabled."""
+    settings = config_file.read_text().replace("batch_tasks = 2", "batch_tasks = 3")
+    config_file.write_text(
+        "beta = 0.05\n" + settings + '\n[distributed]\nstrategy = "fsdp"\nprocesses = 2\n'
+    )
+    one, two = tmp_path / "one", tmp_path / "two"
+    train(load_config(config_file, {"output_dir": str(one)}), show_progress=False)
+    done = launch(config_file, two, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    for step in (1, 2):
+        assert_same(adapter(one, step), adapter(two, step))
+    assert any(float(t.abs().max()) > 0 for k, t in adapter(two, 2).items() if "lora_B" in k)
+    rows = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()]
+    single = [json.loads(x) for x in (one / "metrics.jsonl").read_text().splitlines()]
+    for row, ref in zip(rows, single, strict=True):
+        assert row["trained_sequences"] == ref["trained_sequences"] > 0
+        assert row["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-3)
+    # the checkpoint is the plain one: one process resumes it (its optimizer state too)
+    train(load_config(config_file, {"output_dir": str(two), "steps": 3}), show_progress=False)
+    train(load_config(config_file, {"output_dir": str(one), "steps": 3}), show_progress=False)
+    assert_same(adapter(one, 3), adapter(two, 3))
 
 
 def simulator(out, step):
