@@ -9,7 +9,8 @@ and gathers the ranks need, and how a rank's failure is recorded.
 `python -m training run` is one rank, and every method here is then a no-op.
 
 With `distributed.strategy = "fsdp"` (and more than one rank) each trained model is wrapped in
-torch FSDP (FULL_SHARD, one unit, use_orig_params so a frozen base and its LoRA share it): every
+torch FSDP (FULL_SHARD, a unit per decoder layer, use_orig_params so a frozen base and its LoRA
+share one): every
 forward pass through the wrapper is then a collective, so the trainer keeps the ranks in
 lockstep (see `Ranks.shard`, grpo.update and `gathered` in training/policy.py).
 
@@ -22,6 +23,8 @@ from __future__ import annotations
 
 import os
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -81,10 +84,16 @@ class Ranks:
         if not self.fsdp:
             return None
         from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
+        # a unit per decoder layer: a pass gathers one layer at a time, not the whole model
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        names = set(getattr(base, "_no_split_modules", None) or ())
+        layers = {type(m) for m in model.modules() if type(m).__name__ in names}
         device = next(model.parameters()).device
         return FullyShardedDataParallel(
             model,
+            auto_wrap_policy=ModuleWrapPolicy(layers) if layers else None,
             sharding_strategy=ShardingStrategy.FULL_SHARD,
             use_orig_params=True,  # a frozen base and its trainable LoRA in one flat parameter
             device_id=device,  # on CPU too (gloo): FSDP otherwise looks for a GPU
@@ -173,6 +182,29 @@ class Ranks:
     def close(self) -> None:
         if self.world > 1 and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+
+
+@contextmanager
+def full_weights(sharded: torch.nn.Module | None, writeback: bool = False) -> Iterator[None]:
+    """Under FSDP (`sharded` the wrapper from Ranks.shard), the wrapped model's full weights on
+    every rank while it lasts: a collective every rank enters, after which passes through the
+    unwrapped model make none (sampling to each rank's own lengths). Those passes skip FSDP's
+    per-layer units, each of which would otherwise gather and free its layer again: a collective
+    per layer. `writeback` keeps what was loaded into the weights. Without FSDP, nothing."""
+    if sharded is None:
+        yield
+        return
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    units = [u for u in FSDP.fsdp_modules(sharded) if u is not sharded]
+    with FSDP.summon_full_params(sharded, writeback=writeback):
+        for unit in units:
+            unit.forward = unit.module.forward  # the layer itself, on its gathered weights
+        try:
+            yield
+        finally:
+            for unit in units:
+                del unit.forward
 
 
 def read_failures(run_dir: Path) -> str:

@@ -7,7 +7,6 @@ model being trained (see training/tokens.py), so every sum below runs over those
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-from training.distributed import Ranks
+from training.distributed import Ranks, full_weights
 
 STD_EPS = 1e-4
 
@@ -259,8 +258,7 @@ def update(
     scale = ranks.world if sharded else 1
     totals = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "entropy": 0.0, "grad_norm": 0.0}
     old, ref = {}, {}
-    gathered = FSDP.summon_full_params(model, writeback=False) if sharded else nullcontext()
-    with torch.no_grad(), gathered:
+    with torch.no_grad(), full_weights(model if sharded else None):
         for c in chunks:
             if epochs > 1:
                 old[c] = token_logprobs(full, batch.rows(*c), temperature=temperature)[0]

@@ -14,8 +14,6 @@ while it lasts: a model large enough to need FSDP should sample on an endpoint (
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +27,11 @@ from transformers import (
 
 from training.choices import Choices, choice_logprobs
 from training.config import LoraSpec, RunConfig
+from training.distributed import full_weights
 from training.grpo import TokenBatch, token_logprobs, update
 from training.tokens import ChatFormat, Transcript
 
+FSDP_PREFIX = "_fsdp_wrapped_module."  # in parameter names under FSDP's per-layer units
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
@@ -187,6 +187,11 @@ class Policy(LocalModel):
         elif beta > 0:
             self.reference_model = copy.deepcopy(model).eval().requires_grad_(False)
         super().__init__(model, tokenizer)
+        if finetune != "lora" and ranks is not None and ranks.fsdp:
+            raise ValueError(
+                "distributed.strategy = 'fsdp' trains LoRA adapters (finetune = 'lora');"
+                " full fine-tuning runs data-parallel with strategy 'ddp'"
+            )
         self.sharded = ranks.shard(self.model) if ranks is not None else None
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
@@ -215,17 +220,11 @@ class Policy(LocalModel):
             ranks=ranks,
         )
 
-    @contextmanager
-    def gathered(self, writeback: bool = False) -> Iterator[None]:
+    def gathered(self, writeback: bool = False) -> Any:
         """FSDP: the full weights in `model` on every rank while it lasts (a collective: every
-        rank enters it); `writeback` keeps what was loaded into them. Otherwise nothing."""
-        if self.sharded is None:
-            yield
-            return
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-        with FSDP.summon_full_params(self.sharded, writeback=writeback):
-            yield
+        rank enters it; distributed.full_weights); `writeback` keeps what was loaded into them.
+        Otherwise nothing."""
+        return full_weights(self.sharded, writeback)
 
     def optimizer_state(self) -> dict[str, Any]:
         """The optimizer's state in torch's plain layout (parameters by position), whole on
@@ -271,7 +270,13 @@ class Policy(LocalModel):
 
     def _trained_names(self) -> list[str]:
         """The optimizer's parameters by name, in its order (FSDP keys its state by name)."""
-        return [n for n, p in self.model.named_parameters() if p.requires_grad]
+        return [n for n, p in self._weights().items() if p.requires_grad]
+
+    def _weights(self) -> dict[str, torch.nn.Parameter]:
+        """The model's parameters by their own names (without FSDP's wrapper prefixes). Under
+        FSDP the adapter is saved and loaded from these, not through state_dict, whose FSDP
+        hooks would gather each layer again (a collective)."""
+        return {n.replace(FSDP_PREFIX, ""): p for n, p in self.model.named_parameters()}
 
     def learn(
         self,
@@ -323,6 +328,13 @@ class Policy(LocalModel):
         """LoRA: the adapter (peft layout, what vLLM --lora-modules loads); full: the model
         folder with its tokenizer."""
         folder.mkdir(parents=True, exist_ok=True)
+        if self.sharded is not None:  # inside gathered(): the same files, from the weights
+            from safetensors.torch import save_file
+
+            self.model.peft_config[self.model.active_adapter].save_pretrained(folder)
+            weights = {k: p.detach().contiguous() for k, p in self._adapter_weights().items()}
+            save_file(weights, folder / ADAPTER_WEIGHTS, metadata={"format": "pt"})
+            return
         self.model.save_pretrained(folder)
         if self.finetune == "full":
             self.tokenizer.save_pretrained(folder)
@@ -330,7 +342,9 @@ class Policy(LocalModel):
     def load_weights(self, folder: Path) -> None:
         from safetensors.torch import load_file
 
-        if self.finetune == "lora":
+        if self.sharded is not None:  # inside gathered(writeback=True): the full weights
+            self._load_adapter_file(folder)
+        elif self.finetune == "lora":
             from peft import set_peft_model_state_dict
 
             result = set_peft_model_state_dict(self.model, load_file(folder / ADAPTER_WEIGHTS))
@@ -343,6 +357,24 @@ class Policy(LocalModel):
             for shard in sorted(folder.glob("*.safetensors")):
                 state.update(load_file(shard))
             self.model.load_state_dict(state, strict=False)
+
+    def _adapter_weights(self) -> dict[str, torch.nn.Parameter]:
+        """The LoRA weights by their keys in PEFT's adapter file (without the adapter's name)."""
+        adapter = f".{self.model.active_adapter}."
+        return {n.replace(adapter, "."): p for n, p in self._weights().items() if "lora_" in n}
+
+    def _load_adapter_file(self, folder: Path) -> None:
+        """The PEFT adapter file copied into the LoRA weights by name."""
+        from safetensors.torch import load_file
+
+        params = self._adapter_weights()
+        state = load_file(folder / ADAPTER_WEIGHTS)
+        unknown = [key for key in state if key not in params]
+        if unknown:
+            raise ValueError(f"{folder} is not an adapter of this model: {unknown[:3]}")
+        with torch.no_grad():
+            for key, value in state.items():
+                params[key].copy_(value)
 
     def adapter_state(self) -> dict[str, torch.Tensor]:
         """The trainable weights, copied (to swap pool snapshots in and out)."""

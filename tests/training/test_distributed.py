@@ -89,10 +89,10 @@ def cotrain_file(request, smooth_tiny_model, tmp_path):
     return path
 
 
-def launch(config_file, out, processes=2, env=None, timeout=600):
+def launch(config_file, out, processes=2, env=None, timeout=600, args=()):
     """Run the launcher; ranks that hang past `timeout` (out of lockstep under FSDP) are killed
     with it, launcher and ranks alike (their own process group), and the test fails."""
-    command = launch_command(config_file, processes, args=["--output-dir", str(out)])
+    command = launch_command(config_file, processes, args=["--output-dir", str(out), *args])
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'platform'}:{REPO}", **(env or {})}
     with subprocess.Popen(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -207,9 +207,11 @@ def test_fsdp_two_processes_train_the_adapter_one_process_does(config_file, tmp_
     for row, ref in zip(rows, single, strict=True):
         assert row["trained_sequences"] == ref["trained_sequences"] > 0
         assert row["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-3)
-    # the checkpoint is the plain one: one process resumes it (its optimizer state too)
+    # the checkpoints are the plain ones (adapter and optimizer): each run's step 3 resumes the
+    # other's checkpoint at the other process count
     train(load_config(config_file, {"output_dir": str(two), "steps": 3}), show_progress=False)
-    train(load_config(config_file, {"output_dir": str(one), "steps": 3}), show_progress=False)
+    resumed = launch(config_file, one, timeout=240, args=["--steps", "3"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same(adapter(one, 3), adapter(two, 3))
 
 
