@@ -187,11 +187,6 @@ class Policy(LocalModel):
         elif beta > 0:
             self.reference_model = copy.deepcopy(model).eval().requires_grad_(False)
         super().__init__(model, tokenizer)
-        if finetune != "lora" and ranks is not None and ranks.fsdp:
-            raise ValueError(
-                "distributed.strategy = 'fsdp' trains LoRA adapters (finetune = 'lora');"
-                " full fine-tuning runs data-parallel with strategy 'ddp'"
-            )
         self.sharded = ranks.shard(self.model) if ranks is not None else None
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
