@@ -13,7 +13,9 @@ A folder is written under a temporary name and renamed when complete, so a run k
 saving never leaves a half checkpoint that a resume would pick up. Data-parallel, rank 0 writes
 it (the state is global: every rank holds the same weights and optimizer) and renames it only
 after every rank has reached the step's barrier, so a step in which any rank died is never a
-checkpoint: a restart resumes from the last step all ranks finished.
+checkpoint: a restart resumes from the last step all ranks finished. Every rank calls `save`:
+under FSDP gathering the weights and optimizer state is a collective; the files stay the plain
+ones (a PEFT adapter, torch's optimizer layout), so any process count resumes them.
 """
 
 from __future__ import annotations
@@ -74,16 +76,24 @@ def save(
     metrics: dict[str, Any],
     ranks: Any = None,
 ) -> Path:
+    """Write the step's checkpoint (rank 0; every rank calls this and takes part in the
+    gathering) and return its folder."""
     final = checkpoint_dir(run_dir, step)
     temp = final.with_name(final.name + PARTIAL)
-    shutil.rmtree(temp, ignore_errors=True)
-    agent.save(temp)
+    main = ranks is None or ranks.main
     state = {
         "step": step,
-        "optimizer": agent.optimizer.state_dict(),
+        "optimizer": agent.optimizer_state(),
         "torch_rng": torch.get_rng_state(),
     }
-    state.update(regime.save(temp))
+    with agent.gathered():
+        if main:
+            shutil.rmtree(temp, ignore_errors=True)
+            agent.save(temp)
+    state.update(regime.save(temp if main else None))
+    if not main:
+        save_barrier(ranks)  # rank 0 renames the checkpoint after this
+        return final
     torch.save(state, temp / STATE)
     manifest = {
         "name": f"{config.name}-step{step}",
@@ -129,8 +139,9 @@ def resume(run_dir: Path, config: Any, agent: Any, regime: Any) -> int:
             "use another output_dir (or name) for a new run"
         )
     state = torch.load(folder / STATE, weights_only=False)
-    agent.load_weights(folder)
-    agent.optimizer.load_state_dict(state["optimizer"])
+    with agent.gathered(writeback=True):  # FSDP: every rank loads the same whole weights
+        agent.load_weights(folder)
+    agent.load_optimizer_state(state["optimizer"])
     torch.set_rng_state(state["torch_rng"])
     regime.load(folder, state, manifest["step"])
     return int(manifest["step"])

@@ -256,7 +256,8 @@ class DistributedSpec:
     strategy: Strategy = Field(
         "ddp",
         description="ddp: every rank holds the whole model, gradients are all-reduced"
-        " | fsdp: parameters sharded across ranks, for models that do not fit one device",
+        " | fsdp: parameters sharded across ranks, for models that do not fit one device"
+        " (LoRA only; see training/README.md)",
     )
 
 
@@ -421,6 +422,13 @@ class RunConfig:
                 "finetune",
                 self.finetune,
                 'must be "lora" with rollout_endpoint (the server loads adapters)',
+            )
+        if self.distributed.strategy == "fsdp" and self.finetune != "lora":
+            raise _refuse(
+                "finetune",
+                self.finetune,
+                'must be "lora" with distributed.strategy = "fsdp" (the sharded trainer saves'
+                ' and loads adapters); full fine-tuning runs data-parallel with "ddp"',
             )
         kind = self.simulator.kind
         if self.regime == "verbalized" and kind != "verbalized":

@@ -8,6 +8,12 @@ and gathers the ranks need, and how a rank's failure is recorded.
 `Ranks.start` joins them through accelerate's `Accelerator` (gloo on CPU, nccl on GPU). A plain
 `python -m training run` is one rank, and every method here is then a no-op.
 
+With `distributed.strategy = "fsdp"` (and more than one rank) each trained model is wrapped in
+torch FSDP (FULL_SHARD, a unit per decoder layer, use_orig_params so a frozen base and its LoRA
+share one): every
+forward pass through the wrapper is then a collective, so the trainer keeps the ranks in
+lockstep (see `Ranks.shard`, grpo.update and `gathered` in training/policy.py).
+
 A rank that raises writes its traceback to <run>/failures/rank-K.txt before it dies; the
 launcher then stops the other ranks, and whoever started the launcher (the CLI user, the
 TrainingRun's Celery task) reads those files to say which rank failed and why.
@@ -17,12 +23,12 @@ from __future__ import annotations
 
 import os
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
-
-from training.dryrun import FSDP_NOT_IMPLEMENTED  # the dry run refuses it in the same words
 
 FAILURES = "failures"
 # Tests only: "RANK:STEP" makes that rank raise at the end of that step, once the update is
@@ -51,17 +57,16 @@ def _collective(call: Any, *args: Any) -> None:
 class Ranks:
     """This process's place among the run's processes (rank 0 of 1 when not launched)."""
 
-    def __init__(self, rank: int = 0, world: int = 1, accelerator: Any = None):
+    def __init__(self, rank: int = 0, world: int = 1, accelerator: Any = None, fsdp: bool = False):
         self.rank, self.world, self.accelerator = rank, world, accelerator
+        self.fsdp = fsdp and world > 1  # one process holds the whole model: nothing to shard
 
     @classmethod
     def start(cls, config: Any) -> Ranks:
-        """Join the launched processes (none: one rank). Refuses what is not data-parallel yet."""
+        """Join the launched processes (none: one rank)."""
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world == 1:
             return cls()
-        if config.distributed.strategy == "fsdp":
-            raise ValueError(FSDP_NOT_IMPLEMENTED)
         if config.batch_tasks < world:
             raise ValueError(
                 f"batch_tasks = {config.batch_tasks} gives some of the {world} processes no task:"
@@ -70,7 +75,29 @@ class Ranks:
         from accelerate import Accelerator
 
         accelerator = Accelerator(cpu=config.device == "cpu")
-        return cls(accelerator.process_index, accelerator.num_processes, accelerator)
+        fsdp = config.distributed.strategy == "fsdp"
+        return cls(accelerator.process_index, accelerator.num_processes, accelerator, fsdp)
+
+    def shard(self, model: torch.nn.Module) -> torch.nn.Module | None:
+        """Under FSDP, `model` wrapped in FSDP (its parameters sharded over the ranks from now
+        on: call it through the wrapper, or inside `gathered`); else None."""
+        if not self.fsdp:
+            return None
+        from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        # a unit per decoder layer: a pass gathers one layer at a time, not the whole model
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        names = set(getattr(base, "_no_split_modules", None) or ())
+        layers = {type(m) for m in model.modules() if type(m).__name__ in names}
+        device = next(model.parameters()).device
+        return FullyShardedDataParallel(
+            model,
+            auto_wrap_policy=ModuleWrapPolicy(layers) if layers else None,
+            sharding_strategy=ShardingStrategy.FULL_SHARD,
+            use_orig_params=True,  # a frozen base and its trainable LoRA in one flat parameter
+            device_id=device,  # on CPU too (gloo): FSDP otherwise looks for a GPU
+        )
 
     @property
     def main(self) -> bool:
@@ -91,6 +118,14 @@ class Ranks:
         tensor = torch.tensor([float(value)], dtype=torch.float64)
         _collective(torch.distributed.all_reduce, tensor)
         return float(tensor)
+
+    def most(self, value: int) -> int:
+        """The largest `value` over the ranks (FSDP: how many passes every rank makes)."""
+        if self.world == 1:
+            return int(value)
+        tensor = torch.tensor([int(value)], dtype=torch.int64)
+        _collective(torch.distributed.all_reduce, tensor, torch.distributed.ReduceOp.MAX)
+        return int(tensor)
 
     def sum_gradients(self, params: list[torch.nn.Parameter]) -> None:
         """Replace each gradient by its sum over the ranks (a rank with nothing to train adds 0).
@@ -147,6 +182,29 @@ class Ranks:
     def close(self) -> None:
         if self.world > 1 and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+
+
+@contextmanager
+def full_weights(sharded: torch.nn.Module | None, writeback: bool = False) -> Iterator[None]:
+    """Under FSDP (`sharded` the wrapper from Ranks.shard), the wrapped model's full weights on
+    every rank while it lasts: a collective every rank enters, after which passes through the
+    unwrapped model make none (sampling to each rank's own lengths). Those passes skip FSDP's
+    per-layer units, each of which would otherwise gather and free its layer again: a collective
+    per layer. `writeback` keeps what was loaded into the weights. Without FSDP, nothing."""
+    if sharded is None:
+        yield
+        return
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    units = [u for u in FSDP.fsdp_modules(sharded) if u is not sharded]
+    with FSDP.summon_full_params(sharded, writeback=writeback):
+        for unit in units:
+            unit.forward = unit.module.forward  # the layer itself, on its gathered weights
+        try:
+            yield
+        finally:
+            for unit in units:
+                del unit.forward
 
 
 def read_failures(run_dir: Path) -> str:

@@ -20,6 +20,8 @@ Memory per device (bytes; b = bytes per weight of `dtype`, P = a model's paramet
     activations  = checkpointing off: L * s * m * h * 34 * b/2
                    checkpointing on:  L * s * m * h * b + s * m * h * 34 * b/2
                    + s * m * V * 8     (fp32 logits and their gradient, either way)
+    gathered     = (P_agent + P_sim) * b * (1 - 1/shard)    FSDP only, P_sim when co-trained
+    total        = weights + LoRA or full + max(activations, gathered)
 
 with L layers, h hidden size, V vocabulary, s sequence length, m = `micro_batch`. 34 s m h
 (16-bit) is one transformer layer's saved activations without the attention matrix (Korthikanti
@@ -28,7 +30,11 @@ checkpointing keeps only each layer's input and recomputes one layer at a time. 
 r * (fan_in + fan_out) over the targeted projections of every layer. s is the longest
 conversation the config allows: the Domain's prompt (PROMPT_TOKENS, a rough figure) plus every
 agent and user turn at its token cap (a Verbalized user's cap / k: one candidate is kept; tool
-results are not counted). In-process model copies:
+results are not counted). `gathered` is FSDP's other shards of the trained models while their
+full weights are gathered on every rank (in-process sampling, publishing an adapter, the
+update's gradient-free passes, evaluation, checkpoints), which no training pass overlaps; it
+counts both trained models, as a rollout with both sampling in-process does (an upper bound
+when they sample on endpoints). In-process model copies:
 the trainer loads one per distinct (model, adapter) among the in-process simulators (training
 and held-out), plus the co-trained simulator's own trainable copy. The trainer does not turn
 gradient checkpointing on today, so the "off" figure is the one checked.
@@ -44,20 +50,6 @@ from pathlib import Path
 from typing import Any
 
 from training.config import ConfigError, RunConfig, SimulatorSpec, load_config
-
-# Why FSDP is refused with more than one process. Not torch: FSDP (FULL_SHARD, a frozen base with
-# LoRA via use_orig_params) trains on CPU over gloo in torch 2.13. The trainer's ranks are not
-# in lockstep, and FSDP needs them to be.
-FSDP_NOT_IMPLEMENTED = (
-    "distributed.strategy = 'fsdp' is not implemented by the trainer yet: use 'ddp' (every rank"
-    " holds the whole model) or one process. Under FSDP every forward pass is a collective (each"
-    " rank all-gathers the others' shards), so all ranks must make the same forward passes in"
-    " the same order; here they do not: each rank samples its own conversations to their own"
-    " lengths, updates on its own number of micro-batches (one or two passes each, depending on"
-    " whether a group shares its prompt), and rank 0 alone runs the held-out evaluation and"
-    " writes checkpoints (FSDP gathers a full state dict on every rank). The ranks would wait"
-    " for each other forever."
-)
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 GIB = 1024**3
@@ -215,8 +207,11 @@ def memory(config: RunConfig, sequence: int | None = None) -> dict[str, Any]:
     layer = s * m * agent.hidden * 34 * b / 2
     out["activations_checkpointing_off"] = agent.layers * layer + logits
     out["activations_checkpointing_on"] = agent.layers * s * m * agent.hidden * b + layer + logits
+    p_trained = p_agent + (sim.parameters() if config.trains_simulator else 0)
+    out["gathered"] = p_trained * b * (1 - 1 / shard)
     for flag in ("off", "on"):
-        total = out["weights"] + out["trainable_state"] + out[f"activations_checkpointing_{flag}"]
+        passes = max(out[f"activations_checkpointing_{flag}"], out["gathered"])
+        total = out["weights"] + out["trainable_state"] + passes
         out[f"total_checkpointing_{flag}"] = total
         out[f"total_checkpointing_{flag}_gib"] = round(total / GIB, 2)
     return out
@@ -283,13 +278,14 @@ def check_accelerate(config: RunConfig, path: str) -> tuple[list[Check], int]:
 
 
 def check_strategy(config: RunConfig) -> Check:
-    """The launch refuses FSDP with several processes (distributed.FSDP_NOT_IMPLEMENTED)."""
+    """What the launch does with several processes: DDP (whole model on each rank) or FSDP
+    (sharded; a model that needs it should sample on an endpoint, see training/README.md)."""
     strategy, n = config.distributed.strategy, config.distributed.processes
-    if strategy == "fsdp" and n > 1:
-        return Check("data-parallel strategy", False, FSDP_NOT_IMPLEMENTED)
     detail = f"{strategy} x {n}" if n > 1 else "one process"
     if config.trains_simulator and n > 1:
         detail += " (the co-trained simulator data-parallel too)"
+    if strategy == "fsdp" and n > 1 and not config.rollout_endpoint:
+        detail += "; the agent samples in-process, on its whole weights gathered on every rank"
     return Check("data-parallel strategy", True, detail)
 
 

@@ -12,8 +12,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-from training.distributed import Ranks
+from training.distributed import Ranks, full_weights
 
 STD_EPS = 1e-4
 
@@ -169,7 +170,8 @@ def token_logprobs(
 def _logits_at(model: torch.nn.Module, batch: TokenBatch, positions: torch.Tensor) -> torch.Tensor:
     """The model's logits at `positions` for every row, [B, P, V]."""
     b, t = batch.ids.shape
-    shared = _shared_prefix(batch) if b > 1 else 0
+    # under FSDP each call is a collective: one pass per micro-batch on every rank, never two
+    shared = _shared_prefix(batch) if b > 1 and not isinstance(model, FSDP) else 0
     if shared < SHARED_PREFIX_MIN:
         out = model(input_ids=batch.ids, attention_mask=batch.attention, logits_to_keep=positions)
         return out.logits
@@ -241,20 +243,30 @@ def update(
     # ranks of (rank's token sum / global tokens) is exactly the 1-process loss over the whole
     # batch. Whether to step at all is decided on the global count of live rows, so every rank
     # steps (or skips) together and the weights stay identical.
+    #
+    # FSDP (`model` an FSDP wrapper, training/distributed.py): every pass through the wrapper is
+    # a collective, so every rank makes the same passes: the gradient-free ones (old, reference,
+    # idle rows) run on the full weights gathered once, without collectives, and the ranks agree
+    # on the number of micro-batches, a rank with fewer making zero-weight passes. FSDP averages
+    # gradients over the ranks where the sum above is wanted: the loss is scaled by the world.
     ranks = ranks or Ranks()
+    sharded = isinstance(model, FSDP)
+    full = model.module if sharded else model
     global_live = ranks.total(n_live)
     total_tokens = max(ranks.total(float(batch.mask.sum())), 1.0)
+    passes = ranks.most(len(chunks)) if sharded else len(chunks)
+    scale = ranks.world if sharded else 1
     totals = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "entropy": 0.0, "grad_norm": 0.0}
     old, ref = {}, {}
-    with torch.no_grad():
+    with torch.no_grad(), full_weights(model if sharded else None):
         for c in chunks:
             if epochs > 1:
-                old[c] = token_logprobs(model, batch.rows(*c), temperature=temperature)[0]
+                old[c] = token_logprobs(full, batch.rows(*c), temperature=temperature)[0]
             if beta > 0:
                 ref[c] = reference(batch.rows(*c), temperature)
         for i in range(n_live, len(batch), micro_batch):  # idle rows: entropy only
             rows = batch.rows(i, min(i + micro_batch, len(batch)))
-            entropy = token_logprobs(model, rows, with_entropy=True, temperature=temperature)[1]
+            entropy = token_logprobs(full, rows, with_entropy=True, temperature=temperature)[1]
             totals["entropy"] += float((entropy * rows.mask).sum()) / total_tokens
 
     model.train()
@@ -268,14 +280,20 @@ def update(
                 logp, old_logp, ref.get(c), adv[c[0] : c[1]], rows.mask, eps, eps_high, beta
             )
             weight = stats["tokens"] / total_tokens  # token-level mean over the whole batch
-            (loss * weight).backward()
+            (loss * weight * scale).backward()
             totals["loss"] += loss.item() * weight / epochs
             totals["kl"] += stats["kl"] * weight / epochs
             totals["clip_frac"] += stats["clip_frac"] * weight / epochs
             totals["entropy"] += float((entropy * rows.mask).sum()) / total_tokens / epochs
+        for _ in range(passes - len(chunks)):  # FSDP: the other ranks' extra micro-batches
+            _idle_pass(model, batch)
         params = [p for p in model.parameters() if p.requires_grad]
-        ranks.sum_gradients(params)
-        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
+        limit = grad_clip if grad_clip > 0 else float("inf")
+        if sharded:  # gradients already reduced; the norm is over every rank's shard
+            norm = model.clip_grad_norm_(limit)
+        else:
+            ranks.sum_gradients(params)
+            norm = torch.nn.utils.clip_grad_norm_(params, limit)
         totals["grad_norm"] += float(norm) / epochs
         optimizer.step()
     model.eval()
@@ -284,3 +302,10 @@ def update(
     totals["tokens"] = ranks.total(float(batch.mask.sum()))
     totals["trained_sequences"] = global_live
     return totals
+
+
+def _idle_pass(model: torch.nn.Module, batch: TokenBatch) -> None:
+    """A forward and backward pass that adds 0 to every gradient: under FSDP, a rank with fewer
+    micro-batches than another still makes the collectives of that one's passes."""
+    logits = model(input_ids=batch.ids[:1, :1]).logits
+    (logits.sum() * 0.0).backward()

@@ -3,6 +3,12 @@
 A Policy is the base model with a LoRA adapter (peft) or, with finetune = "full", every weight
 trainable. Its reference for the KL term is the same model with the adapter disabled (LoRA) or
 a frozen copy of the base (full), so LoRA runs never hold a second model.
+
+Under FSDP (training/distributed.py) a Policy's `model` stays the unwrapped model, whose weights
+are then shards: what uses it directly (sampling, the reference pass, evaluation, saving and
+loading weights) runs inside `gathered()`, entered by every rank together; the update's own
+passes go through the FSDP wrapper (`sharded`). Gathering holds the whole model on each rank
+while it lasts: a model large enough to need FSDP should sample on an endpoint (vLLM).
 """
 
 from __future__ import annotations
@@ -21,9 +27,11 @@ from transformers import (
 
 from training.choices import Choices, choice_logprobs
 from training.config import LoraSpec, RunConfig
+from training.distributed import full_weights
 from training.grpo import TokenBatch, token_logprobs, update
 from training.tokens import ChatFormat, Transcript
 
+FSDP_PREFIX = "_fsdp_wrapped_module."  # in parameter names under FSDP's per-layer units
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
@@ -158,6 +166,7 @@ class Policy(LocalModel):
         beta: float = 0.0,
         dtype: str = "float32",
         device: str = "cpu",
+        ranks: Any = None,
     ):
         model, tokenizer = load_base(path, dtype, device)
         self.base_path = str(path)
@@ -178,6 +187,7 @@ class Policy(LocalModel):
         elif beta > 0:
             self.reference_model = copy.deepcopy(model).eval().requires_grad_(False)
         super().__init__(model, tokenizer)
+        self.sharded = ranks.shard(self.model) if ranks is not None else None
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
 
@@ -190,6 +200,7 @@ class Policy(LocalModel):
         finetune: str = "lora",
         model: Path | None = None,
         beta: float | None = None,
+        ranks: Any = None,
     ) -> Policy:
         """The agent (defaults), or a co-trained simulator on its own `model` and `beta`."""
         return cls(
@@ -201,7 +212,66 @@ class Policy(LocalModel):
             beta=config.beta if beta is None else beta,
             dtype=config.dtype,
             device=config.device,
+            ranks=ranks,
         )
+
+    def gathered(self, writeback: bool = False) -> Any:
+        """FSDP: the full weights in `model` on every rank while it lasts (a collective: every
+        rank enters it; distributed.full_weights); `writeback` keeps what was loaded into them.
+        Otherwise nothing."""
+        return full_weights(self.sharded, writeback)
+
+    def optimizer_state(self) -> dict[str, Any]:
+        """The optimizer's state in torch's plain layout (parameters by position), whole on
+        every rank: under FSDP gathered from the shards (a collective), so a checkpoint resumes
+        at any process count."""
+        if self.sharded is None:
+            return self.optimizer.state_dict()
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+        )
+
+        whole = StateDictOptions(full_state_dict=True)
+        named = get_optimizer_state_dict(self.sharded, self.optimizer, options=whole)
+        index = {name: i for i, name in enumerate(self._trained_names())}
+        return {
+            "state": {index[name]: value for name, value in named["state"].items()},
+            "param_groups": [
+                {**group, "params": [index[name] for name in group["params"]]}
+                for group in named["param_groups"]
+            ],
+        }
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        if self.sharded is None:
+            self.optimizer.load_state_dict(state)
+            return
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_optimizer_state_dict,
+        )
+
+        names = self._trained_names()
+        named = {
+            "state": {names[i]: value for i, value in state["state"].items()},
+            "param_groups": [
+                {**group, "params": [names[i] for i in group["params"]]}
+                for group in state["param_groups"]
+            ],
+        }
+        whole = StateDictOptions(full_state_dict=True)
+        set_optimizer_state_dict(self.sharded, self.optimizer, named, options=whole)
+
+    def _trained_names(self) -> list[str]:
+        """The optimizer's parameters by name, in its order (FSDP keys its state by name)."""
+        return [n for n, p in self._weights().items() if p.requires_grad]
+
+    def _weights(self) -> dict[str, torch.nn.Parameter]:
+        """The model's parameters by their own names (without FSDP's wrapper prefixes). Under
+        FSDP the adapter is saved and loaded from these, not through state_dict, whose FSDP
+        hooks would gather each layer again (a collective)."""
+        return {n.replace(FSDP_PREFIX, ""): p for n, p in self.model.named_parameters()}
 
     def learn(
         self,
@@ -223,7 +293,7 @@ class Policy(LocalModel):
             [t.allowed for t in transcripts],
         )
         return update(
-            self.model,
+            self.sharded or self.model,
             self.optimizer,
             batch,
             adv,
@@ -253,6 +323,13 @@ class Policy(LocalModel):
         """LoRA: the adapter (peft layout, what vLLM --lora-modules loads); full: the model
         folder with its tokenizer."""
         folder.mkdir(parents=True, exist_ok=True)
+        if self.sharded is not None:  # inside gathered(): the same files, from the weights
+            from safetensors.torch import save_file
+
+            self.model.peft_config[self.model.active_adapter].save_pretrained(folder)
+            weights = {k: p.detach().contiguous() for k, p in self._adapter_weights().items()}
+            save_file(weights, folder / ADAPTER_WEIGHTS, metadata={"format": "pt"})
+            return
         self.model.save_pretrained(folder)
         if self.finetune == "full":
             self.tokenizer.save_pretrained(folder)
@@ -260,7 +337,9 @@ class Policy(LocalModel):
     def load_weights(self, folder: Path) -> None:
         from safetensors.torch import load_file
 
-        if self.finetune == "lora":
+        if self.sharded is not None:  # inside gathered(writeback=True): the full weights
+            self._load_adapter_file(folder)
+        elif self.finetune == "lora":
             from peft import set_peft_model_state_dict
 
             result = set_peft_model_state_dict(self.model, load_file(folder / ADAPTER_WEIGHTS))
@@ -273,6 +352,24 @@ class Policy(LocalModel):
             for shard in sorted(folder.glob("*.safetensors")):
                 state.update(load_file(shard))
             self.model.load_state_dict(state, strict=False)
+
+    def _adapter_weights(self) -> dict[str, torch.nn.Parameter]:
+        """The LoRA weights by their keys in PEFT's adapter file (without the adapter's name)."""
+        adapter = f".{self.model.active_adapter}."
+        return {n.replace(adapter, "."): p for n, p in self._weights().items() if "lora_" in n}
+
+    def _load_adapter_file(self, folder: Path) -> None:
+        """The PEFT adapter file copied into the LoRA weights by name."""
+        from safetensors.torch import load_file
+
+        params = self._adapter_weights()
+        state = load_file(folder / ADAPTER_WEIGHTS)
+        unknown = [key for key in state if key not in params]
+        if unknown:
+            raise ValueError(f"{folder} is not an adapter of this model: {unknown[:3]}")
+        with torch.no_grad():
+            for key, value in state.items():
+                params[key].copy_(value)
 
     def adapter_state(self) -> dict[str, torch.Tensor]:
         """The trainable weights, copied (to swap pool snapshots in and out)."""

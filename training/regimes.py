@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -91,11 +91,16 @@ class Regime:
         self.user.rng.seed(f"{self.config.seed}-{step}-user")
         yield self.user
 
+    def gathered(self, writeback: bool = False) -> Any:
+        """A learning simulator's full weights under FSDP (Policy.gathered); else nothing."""
+        return nullcontext()
+
     def learn(self, step: int, rollouts: list[Rollout]) -> dict[str, float]:
         return {}
 
-    def save(self, folder: Path) -> dict[str, Any]:
-        """Write this regime's state into a checkpoint folder; returns what goes in trainer_state."""
+    def save(self, folder: Path | None) -> dict[str, Any]:
+        """Write this regime's state into a checkpoint folder (None: another rank than the one
+        writing, which still takes part in the gathering); returns what goes in trainer_state."""
         return {}
 
     def load(self, folder: Path, state: dict[str, Any], step: int) -> None:
@@ -130,6 +135,7 @@ class CoTrain(Regime):
             lr=config.sim_lr,
             model=config.simulator_model_path(),
             beta=config.simulator_beta,
+            ranks=self.ranks,
         )
         rng = random.Random(config.seed)
         if config.simulator.endpoint:  # sampled by vLLM from the adapter published each step
@@ -151,6 +157,9 @@ class CoTrain(Regime):
             name = f"{self.config.name}-simulator-live-{step - 1}"
             folder = self.live / f"step-{step - 1:06d}"
             self.user.server.publish(self.policy, folder, name, self.ranks)
+
+    def gathered(self, writeback: bool = False) -> Any:
+        return self.policy.gathered(writeback)
 
     def simulator_rewards(self, agent_rewards: torch.Tensor) -> torch.Tensor:
         return 1.0 - agent_rewards if self.config.adversarial_simulator else agent_rewards
@@ -177,13 +186,17 @@ class CoTrain(Regime):
         out["sim/learned"] = float(stats.get("trained_sequences", 0) > 0)
         return out
 
-    def save(self, folder: Path) -> dict[str, Any]:
-        self.policy.save(folder / "simulator")
-        return {"simulator_optimizer": self.policy.optimizer.state_dict()}
+    def save(self, folder: Path | None) -> dict[str, Any]:
+        state = {"simulator_optimizer": self.policy.optimizer_state()}
+        with self.policy.gathered():
+            if folder is not None:
+                self.policy.save(folder / "simulator")
+        return state
 
     def load(self, folder: Path, state: dict[str, Any], step: int) -> None:
-        self.policy.load_weights(folder / "simulator")
-        self.policy.optimizer.load_state_dict(state["simulator_optimizer"])
+        with self.policy.gathered(writeback=True):
+            self.policy.load_weights(folder / "simulator")
+        self.policy.load_optimizer_state(state["simulator_optimizer"])
 
 
 class Population(CoTrain):
@@ -212,8 +225,9 @@ class Population(CoTrain):
     def learn(self, step: int, rollouts: list[Rollout]) -> dict[str, Any]:
         stats = super().learn(step, rollouts)
         if step % self.config.pool_every == 0:
-            if self.ranks.main:
-                self.pool.add(step, self.policy.save)
+            with self.policy.gathered():
+                if self.ranks.main:
+                    self.pool.add(step, self.policy.save)
             self._synced()
         stats["pool/size"] = float(len(self.pool))
         stats["pool/current_share"] = self.members.count("current") / len(self.members)

@@ -20,6 +20,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +86,7 @@ def _train(
     torch.manual_seed(config.seed)
 
     models = ModelCache(config)
-    agent = Policy.for_run(config, lr=config.lr, finetune=config.finetune)
+    agent = Policy.for_run(config, lr=config.lr, finetune=config.finetune, ranks=ranks)
     regime = make_regime(config, run_dir, models, ranks)
     panel = HeldOutPanel(config, domain, eval_tasks, models)
     # every rank loads the same global checkpoint (adapter, optimizer, RNG), so a run resumes at
@@ -131,9 +132,13 @@ def _train(
         tasks = draw_tasks(train_tasks, config.batch_tasks, random.Random(f"{config.seed}-{step}"))
         if config.rollout_endpoint:  # the server samples from the adapter as it is now
             live = run_dir / "live" / f"step-{step - 1:06d}"
-            speaker.publish(agent, live, f"{config.name}-live-{step - 1}", ranks)
+            with agent.gathered():  # FSDP: the adapter is gathered by every rank
+                speaker.publish(agent, live, f"{config.name}-live-{step - 1}", ranks)
         mine = []
-        with regime.simulator(step) as user:
+        # FSDP: the models sampling in this process do so on their full weights, gathered once
+        # for the whole phase by every rank (generation itself then makes no collectives)
+        sampling = agent.gathered() if not config.rollout_endpoint else nullcontext()
+        with sampling, regime.gathered(), regime.simulator(step) as user:
             for index, task in ranks.share(list(enumerate(tasks))):
                 mine += _play_task(config, domain, task, index, step, speaker, user)
         rewards = torch.tensor([r.reward for r in mine]).view(-1, config.group_size)
@@ -172,17 +177,19 @@ def _train(
         optimizer_steps += int(row["optimizer_step"])
         row["optimizer_steps"] = optimizer_steps  # so far: 0 means the adapter is still the base
 
-        # 4. held-out evaluation every eval_every steps and at the end (rank 0; the others wait
-        # at the next step's first collective)
-        if main and panel and _due(step, config.eval_every, config.steps):
-            heldout = panel.evaluate(agent, step)
-            row.update(heldout)
+        # 4. held-out evaluation every eval_every steps and at the end (rank 0, on the agent's
+        # full weights under FSDP; the others wait at the next step's first collective)
+        if panel and _due(step, config.eval_every, config.steps):
+            with agent.gathered():
+                if main:
+                    heldout = panel.evaluate(agent, step)
+                    row.update(heldout)
         row["time_step"] = time.monotonic() - t0
         # tests: a rank dies after the step's update, as rank 0 is about to write its checkpoint
         ranks.check_injected_failure(step)
         if not main:
-            if _due(step, config.save_every, config.steps):
-                checkpoint.save_barrier(ranks)  # rank 0 renames the checkpoint after this
+            if _due(step, config.save_every, config.steps):  # its part of the gathering
+                checkpoint.save(run_dir, step, config, agent, regime, row, ranks=ranks)
             continue
         log.write(row)
         for warning in warnings.check(row):  # once per threshold, when first crossed

@@ -112,6 +112,10 @@ def test_minimal_config_gets_defaults(tmp_path):
             MINIMAL + "[simulator]\nendpoint = 'http://x/v1'\n",
             "simulator.model must name the served",
         ),
+        (
+            MINIMAL + 'finetune = "full"\n[distributed]\nstrategy = "fsdp"\n',
+            'finetune must be "lora" with distributed.strategy = "fsdp"',
+        ),
         (MINIMAL + "steps = [\n", "not valid TOML"),
     ],
 )

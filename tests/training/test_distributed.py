@@ -13,6 +13,7 @@ import subprocess
 import tomllib
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -20,7 +21,6 @@ from safetensors.torch import load_file
 from training import checkpoint
 from training.config import load_config
 from training.distributed import FAIL_AT_ENV, launch_command, read_failures
-from training.dryrun import FSDP_NOT_IMPLEMENTED
 from training.run import train
 from training.tiny import build_tiny_model
 
@@ -89,10 +89,23 @@ def cotrain_file(request, smooth_tiny_model, tmp_path):
     return path
 
 
-def launch(config_file, out, processes=2, env=None):
-    command = launch_command(config_file, processes, args=["--output-dir", str(out)])
+def launch(config_file, out, processes=2, env=None, timeout=600, args=()):
+    """Run the launcher; ranks that hang past `timeout` (out of lockstep under FSDP) are killed
+    with it, and the test fails."""
+    command = launch_command(config_file, processes, args=["--output-dir", str(out), *args])
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'platform'}:{REPO}", **(env or {})}
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    with subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # the ranks run in sessions of their own (torchrun's): kill them by id, then it
+            for child in [*psutil.Process(process.pid).children(recursive=True), process]:
+                child.kill()
+            process.communicate()
+            pytest.fail(f"the ranks did not finish within {timeout} s (a hang?)")
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 def adapter(out, step):
@@ -174,11 +187,65 @@ def test_a_population_run_resumes_at_another_process_count(smooth_tiny_model, tm
     assert [e["step"] for e in manifest["entries"]] == [1, 2]
 
 
-def test_fsdp_with_several_processes_is_refused_with_the_reason(config_file, tmp_path):
-    config_file.write_text(config_file.read_text() + '\n[distributed]\nstrategy = "fsdp"\n')
-    done = launch(config_file, tmp_path / "run")
-    assert done.returncode != 0
-    assert FSDP_NOT_IMPLEMENTED in " ".join(done.stderr.split())
+FSDP = '\n[distributed]\nstrategy = "fsdp"\n'
+
+
+def uneven(settings):
+    """3 tasks on 2 ranks: rank 0 has two micro-batches, rank 1 one, so under FSDP rank 1 pads
+    with zero-weight passes (and its conversations end at other lengths)."""
+    return settings.replace("batch_tasks = 2", "batch_tasks = 3")
+
+
+def test_fsdp_two_processes_train_the_adapter_one_process_does(config_file, tmp_path):
+    """FSDP, the model sharded over 2 ranks, on uneven shares; the KL term adds the reference
+    pass with the adapter disabled."""
+    config_file.write_text("beta = 0.05\n" + uneven(config_file.read_text()) + FSDP)
+    one, two = tmp_path / "one", tmp_path / "two"
+    train(load_config(config_file, {"output_dir": str(one)}), show_progress=False)
+    done = launch(config_file, two, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    rows = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()]
+    single = [json.loads(x) for x in (one / "metrics.jsonl").read_text().splitlines()]
+    for row, ref in zip(rows, single, strict=True):
+        assert row["trained_sequences"] == ref["trained_sequences"] > 0
+        # the gradient itself, as one process has it (Adam would hide a constant factor)
+        assert row["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-3)
+    for step in (1, 2):
+        assert_same(adapter(one, step), adapter(two, step))
+    assert any(float(t.abs().max()) > 0 for k, t in adapter(two, 2).items() if "lora_B" in k)
+    # the checkpoints are the plain ones (adapter and optimizer): each run's step 3 resumes the
+    # other's checkpoint at the other process count
+    train(load_config(config_file, {"output_dir": str(two), "steps": 3}), show_progress=False)
+    resumed = launch(config_file, one, timeout=240, args=["--steps", "3"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same(adapter(one, 3), adapter(two, 3))
+
+
+def test_fsdp_two_processes_cotrain_the_simulator_one_process_does(smooth_tiny_model, tmp_path):
+    """Population under FSDP: the simulator sharded too, sampling on its gathered weights, pool
+    snapshots swapped in (step 2) and written by rank 0 on weights every rank gathered."""
+    head = uneven(CONFIG.format(model=smooth_tiny_model).split("[simulator]")[0])
+    path = tmp_path / "population.toml"
+    path.write_text(COTRAIN.format(regime="population", head=head) + FSDP)
+    one, two = tmp_path / "one", tmp_path / "two"
+    train(load_config(path, {"output_dir": str(one)}), show_progress=False)
+    done = launch(path, two, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    rows = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()]
+    single = [json.loads(x) for x in (one / "metrics.jsonl").read_text().splitlines()]
+    for row, ref in zip(rows, single, strict=True):
+        assert row["sim/learned"] == ref["sim/learned"] == 1.0
+        assert row["sim/grad_norm"] == pytest.approx(ref["sim/grad_norm"], rel=1e-3)
+    assert rows[1]["pool/size"] == 1.0 and rows[1]["pool/current_share"] < 1.0
+    for step in (1, 2):
+        assert_same(adapter(one, step), adapter(two, step))
+        assert_same(simulator(one, step), simulator(two, step))
+    [entry] = json.loads((two / "pool" / "manifest.json").read_text())["entries"]
+    snapshot = load_file(two / "pool" / entry["path"] / "adapter_model.safetensors")
+    assert entry["step"] == 2 and snapshot.keys() == simulator(two, 2).keys()
+    assert_same(snapshot, simulator(two, 2))  # the simulator as step 2 left it
 
 
 def simulator(out, step):

@@ -15,7 +15,6 @@ from tests.conftest import free_port
 from tests.scripted_server import ScriptedServer
 from training.__main__ import main
 from training.dryrun import (
-    FSDP_NOT_IMPLEMENTED,
     PUBLISHED,
     Architecture,
     architecture,
@@ -46,22 +45,20 @@ def fsdp(config: Path) -> bool:
     return 'strategy = "fsdp"' in config.read_text()
 
 
-def assert_ready_but_for_fsdp(result, config):
-    """Ready, except that an FSDP config with several processes fails the strategy check alone
-    (the launch refuses it: distributed.FSDP_NOT_IMPLEMENTED)."""
+def assert_ready(result, config):
+    """Every check passes, FSDP configs included (the launch shards their models)."""
     failed = [c for c in result["checks"] if not c["ok"]]
+    assert result["ok"], failed
+    strategy = next(c for c in result["checks"] if c["name"] == "data-parallel strategy")
     if fsdp(config):
-        assert [c["name"] for c in failed] == ["data-parallel strategy"], failed
-        assert failed[0]["detail"] == FSDP_NOT_IMPLEMENTED
-    else:
-        assert result["ok"], failed
+        assert strategy["detail"].startswith("fsdp x "), strategy
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: str(p.relative_to(REPO)))
 def test_every_shipped_config_passes_offline(config, capsys):
     code = main(["run", str(config), "--dry-run", "--offline", "--json"])
-    assert_ready_but_for_fsdp(json.loads(capsys.readouterr().out), config)
-    assert code == (1 if fsdp(config) else 0)
+    assert_ready(json.loads(capsys.readouterr().out), config)
+    assert code == 0
 
 
 @pytest.mark.parametrize(
@@ -72,13 +69,13 @@ def test_every_shipped_config_passes_offline(config, capsys):
 )  # fmt: skip
 def test_paper_configs_agree_with_their_accelerate_settings(config, settings):
     result = dry_run(str(config), offline=True, accelerate_config=str(ACCELERATE / settings))
-    assert_ready_but_for_fsdp(result, config)
+    assert_ready(result, config)
     two = "two_nodes_fsdp.yaml" if "fsdp" in settings else "two_nodes.yaml"
     result = dry_run(
         str(config), {"distributed.processes": 16}, offline=True,
         accelerate_config=str(ACCELERATE / two),
     )  # fmt: skip
-    assert_ready_but_for_fsdp(result, config)
+    assert_ready(result, config)
 
 
 def test_accelerate_settings_that_disagree_fail(tmp_path, base_model):
