@@ -136,7 +136,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.refuse(client_id, "The message needs text.")
             return
         client = self.scope.get("client") or [None]
-        if not ratelimit.message_allowed(self.participant.token, client[0]):
+        if not await ratelimit.message_allowed_async(self.participant.token, client[0]):
             await self.send_json(
                 {
                     "type": "error",
