@@ -19,6 +19,7 @@ import re
 import traceback
 from dataclasses import dataclass
 
+from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.urls import reverse
@@ -45,6 +46,15 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     (flow.store_user_message), so a turn costs two transactions (the message, the reply)."""
 
     stale = False
+
+    async def dispatch(self, message):
+        """As Channels' own, without its `close_old_connections` before every handler: that is
+        a hop to Channels' one sync thread for each frame, and this consumer's database work
+        (studies/threads.db) gives its connections back itself."""
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
 
     async def connect(self):
         token = self.scope["url_route"]["kwargs"]["token"]
@@ -126,7 +136,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.refuse(client_id, "The message needs text.")
             return
         client = self.scope.get("client") or [None]
-        if not ratelimit.message_allowed(self.participant.token, client[0]):
+        if not await ratelimit.message_allowed_async(self.participant.token, client[0]):
             await self.send_json(
                 {
                     "type": "error",

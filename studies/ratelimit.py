@@ -9,9 +9,11 @@ a proxy that hides clients' addresses must not put every participant in one buck
 and load runs on the machine itself must not be throttled.
 """
 
+import asyncio
 import functools
 import logging
 import time
+import weakref
 
 from django.conf import settings
 from django.core.cache import cache
@@ -38,16 +40,23 @@ def exempt(ip: str | None) -> bool:
     return ip is None or ip in getattr(settings, "PARLEY_RATE_EXEMPT_IPS", EXEMPT_IPS)
 
 
+def bucket(scope: str, key: str, window: int = WINDOW) -> str:
+    return f"parley-rate:{scope}:{key}:{int(time.time() // window)}"
+
+
 def hit(scope: str, key: str, allowed: int, window: int = WINDOW) -> bool:
     """Count one event for `key` in the current window; False once more than `allowed` fell in it."""
     if allowed <= 0:  # this limit is off
         return True
-    bucket = f"parley-rate:{scope}:{key}:{int(time.time() // window)}"
     try:
-        return count(bucket, window + 1) <= allowed
+        return count(bucket(scope, key, window), window + 1) <= allowed
     except Exception:  # an unreachable cache must not lock participants out
-        log.warning("rate limit cache unavailable; letting %s %s through", scope, key)
-        return True
+        return unavailable(scope, key)
+
+
+def unavailable(scope: str, key: str) -> bool:
+    log.warning("rate limit cache unavailable; letting %s %s through", scope, key)
+    return True
 
 
 _clients: dict[str, object] = {}
@@ -89,12 +98,58 @@ def count(bucket: str, timeout: int) -> int:
         return 1
 
 
+def message_limits(participant_token, ip: str | None) -> list[tuple[str, str, int]]:
+    """The limits a chat message frame counts against: the participant's, and the IP's."""
+    limits = [("message", str(participant_token), limit("PARLEY_RATE_MESSAGES_PER_PARTICIPANT"))]
+    if not exempt(ip):
+        limits.append(("message-ip", ip, limit("PARLEY_RATE_MESSAGES_PER_IP")))
+    return limits
+
+
 def message_allowed(participant_token, ip: str | None) -> bool:
     """One chat message frame: within both the participant's and the IP's limit."""
-    mine = limit("PARLEY_RATE_MESSAGES_PER_PARTICIPANT")
-    if not hit("message", str(participant_token), mine):
-        return False
-    return exempt(ip) or hit("message-ip", ip, limit("PARLEY_RATE_MESSAGES_PER_IP"))
+    return all(hit(*limit_) for limit_ in message_limits(participant_token, ip))
+
+
+_async_clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def async_redis_client():
+    """The running event loop's asyncio Redis client for the limiter, on the cache's server and
+    options (None when the cache is not Redis). One per loop: a client's connections belong to
+    the loop that opened them (a test's loop closes; a worker's lives as long as it)."""
+    backend = getattr(cache, "_cache", None)
+    if not hasattr(backend, "get_client"):
+        return None
+    loop = asyncio.get_running_loop()
+    client = _async_clients.get(loop)
+    if client is None:
+        import redis.asyncio
+
+        options = {k: v for k, v in backend._pool_options.items() if k != "parser_class"}
+        client = _async_clients[loop] = redis.asyncio.Redis.from_url(backend._servers[0], **options)
+    return client
+
+
+async def message_allowed_async(participant_token, ip: str | None) -> bool:
+    """message_allowed for the chat consumer, without blocking its event loop on Redis."""
+    client = async_redis_client()
+    if client is None:  # the cache in this process: nothing to wait for
+        return message_allowed(participant_token, ip)
+    for scope, key, allowed in message_limits(participant_token, ip):
+        if allowed <= 0:  # this limit is off
+            continue
+        name, timeout = cache.make_and_validate_key(bucket(scope, key)), WINDOW + 1
+        try:
+            counted = await client.incr(name)
+            if counted == 1:
+                await client.expire(name, timeout)
+        except Exception:  # an unreachable cache must not lock participants out
+            unavailable(scope, key)
+            continue
+        if counted > allowed:
+            return False
+    return True
 
 
 def limit_arrivals(view):

@@ -62,6 +62,27 @@ def redis_url():
     return url
 
 
+@pytest.fixture
+async def sockets():
+    """Opens chat sockets (Channels' WebsocketCommunicator) and disconnects, at the test's end and
+    in its own event loop, every one still running: also after a failure or a socket the server
+    closed. A consumer left running when the loop closes is cut off inside the Redis channel
+    layer's receive, which leaves the layer broken for the next loop (a hang)."""
+    from channels.testing import WebsocketCommunicator
+
+    opened = []
+
+    def open_socket(app, path):
+        socket = WebsocketCommunicator(app, path)
+        opened.append(socket)
+        return socket
+
+    yield open_socket
+    for socket in opened:
+        if socket._future is not None and not socket._future.done():
+            await socket.disconnect(timeout=10)
+
+
 @pytest.fixture(scope="session")
 def base_model():
     from agents.serving.prepare import ensure_base_model

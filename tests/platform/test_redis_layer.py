@@ -12,7 +12,6 @@ import pytest
 from channels.db import database_sync_to_async
 from channels.layers import channel_layers
 from channels.routing import URLRouter
-from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.utils.module_loading import import_string
 
@@ -57,7 +56,7 @@ def chatting_participant():
     return flow.give_consent(participant, True)
 
 
-async def test_idle_minute_on_redis_layer_without_reconnect(redis_layer):
+async def test_idle_minute_on_redis_layer_without_reconnect(redis_layer, sockets):
     """A bare receive and the real chat consumer idle together for 60 s, then still hear."""
     layer, name = redis_layer
     channel = await layer.new_channel()
@@ -65,7 +64,7 @@ async def test_idle_minute_on_redis_layer_without_reconnect(redis_layer):
 
     app = URLRouter(websocket_urlpatterns)
     participant = await chatting_participant()
-    first = WebsocketCommunicator(app, f"/ws/p/{participant.token}/")
+    first = sockets(app, f"/ws/p/{participant.token}/")
     assert (await first.connect(timeout=30))[0]
     assert (await first.receive_json_from(timeout=10))["type"] == "history"
     before = await sockets_named(layer, name)
@@ -87,8 +86,8 @@ async def test_idle_minute_on_redis_layer_without_reconnect(redis_layer):
         "text": "after a minute",
     }
     # ...and a second window tells the first one through the Redis group: it still listens.
-    second = WebsocketCommunicator(app, f"/ws/p/{participant.token}/")
+    second = sockets(app, f"/ws/p/{participant.token}/")
     assert (await second.connect(timeout=30))[0]
     assert (await first.receive_json_from(timeout=15))["type"] == "superseded"
     await second.disconnect()
-    await first.wait(timeout=10)
+    assert (await first.receive_output(timeout=10))["type"] == "websocket.close"

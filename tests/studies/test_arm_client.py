@@ -24,13 +24,13 @@ def two_participants(engine_url):
     return participants
 
 
-async def test_chat_turns_reuse_one_client_and_one_connection():
+async def test_chat_turns_reuse_one_client_and_one_connection(sockets):
     replies = [{"content": f"Answer {i}."} for i in range(4)]
     with ScriptedServer(replies) as server:
         participants = await two_participants(server.url)
         assert participants[0].arm_id != participants[1].arm_id
         for participant in participants:
-            window = await connect(participant)
+            window = await connect(sockets, participant)
             await window.receive_json_from()
             for turn in range(2):
                 await window.send_json_to({"type": "message", "id": f"m{turn}", "text": "Hi"})

@@ -3,7 +3,6 @@
 import pytest
 from channels.db import database_sync_to_async
 from channels.routing import URLRouter
-from channels.testing import WebsocketCommunicator
 
 from agents.models import ModelEndpoint
 from studies import flow
@@ -23,8 +22,8 @@ def chatting_participant(engine_url, pid="p1", **study_fields):
     return flow.give_consent(participant, True)
 
 
-async def connect(participant):
-    communicator = WebsocketCommunicator(app, f"/ws/p/{participant.token}/")
+async def connect(sockets, participant):
+    communicator = sockets(app, f"/ws/p/{participant.token}/")
     connected, _ = await communicator.connect(timeout=30)
     assert connected
     return communicator
@@ -45,9 +44,9 @@ def messages_of(participant):
     return list(Message.objects.filter(conversation__participant=participant).order_by("seq"))
 
 
-async def test_reply_streams_and_everything_is_stored(engine_url):
+async def test_reply_streams_and_everything_is_stored(engine_url, sockets):
     participant = await chatting_participant(engine_url)
-    chat = await connect(participant)
+    chat = await connect(sockets, participant)
     history = await chat.receive_json_from()
     assert history["type"] == "history" and history["messages"] == [] and not history["can_end"]
 
@@ -79,9 +78,9 @@ async def test_reply_streams_and_everything_is_stored(engine_url):
     await chat.disconnect()
 
 
-async def test_resent_message_is_idempotent(engine_url):
+async def test_resent_message_is_idempotent(engine_url, sockets):
     participant = await chatting_participant(engine_url, pid="p2")
-    chat = await connect(participant)
+    chat = await connect(sockets, participant)
     await chat.receive_json_from()
     await chat.send_json_to({"type": "message", "id": "same-id", "text": "Hi"})
     first = await receive_until(chat, "reply")
@@ -97,15 +96,15 @@ async def test_resent_message_is_idempotent(engine_url):
     await chat.disconnect()
 
 
-async def test_reopening_resumes_with_history(engine_url):
+async def test_reopening_resumes_with_history(engine_url, sockets):
     participant = await chatting_participant(engine_url, pid="p3")
-    chat = await connect(participant)
+    chat = await connect(sockets, participant)
     await chat.receive_json_from()
     await chat.send_json_to({"type": "message", "id": "a1", "text": "Hello"})
     await receive_until(chat, "status")
     await chat.disconnect()
 
-    chat = await connect(participant)
+    chat = await connect(sockets, participant)
     history = await chat.receive_json_from()
     assert [(m["role"], m["client_id"]) for m in history["messages"]] == [
         ("user", "a1"),
@@ -115,10 +114,10 @@ async def test_reopening_resumes_with_history(engine_url):
     await chat.disconnect()
 
 
-async def test_unanswered_message_is_answered_on_reconnect(engine_url):
+async def test_unanswered_message_is_answered_on_reconnect(engine_url, sockets):
     participant = await chatting_participant(engine_url, pid="p4")
     await database_sync_to_async(flow.store_user_message)(participant, "lost", "Are you there?")
-    chat = await connect(participant)
+    chat = await connect(sockets, participant)
     history = await chat.receive_json_from()
     assert [m["client_id"] for m in history["messages"]] == ["lost"]
     events = await receive_until(chat, "reply")
@@ -127,7 +126,7 @@ async def test_unanswered_message_is_answered_on_reconnect(engine_url):
     await chat.disconnect()
 
 
-async def test_engine_down_keeps_the_message_and_retry_answers_it(engine_url):
+async def test_engine_down_keeps_the_message_and_retry_answers_it(engine_url, sockets):
     participant = await chatting_participant(engine_url, pid="p5")
     dead = f"http://127.0.0.1:{free_port()}/v1"
     await database_sync_to_async(
@@ -135,7 +134,7 @@ async def test_engine_down_keeps_the_message_and_retry_answers_it(engine_url):
             endpoint=ModelEndpoint.of_url(dead)
         )
     )()
-    chat = await connect(participant)
+    chat = await connect(sockets, participant)
     await chat.receive_json_from()
     await chat.send_json_to({"type": "message", "id": "r1", "text": "Hello?"})
     assert (await chat.receive_json_from(timeout=30))["type"] == "ack"
@@ -173,9 +172,9 @@ async def test_engine_down_keeps_the_message_and_retry_answers_it(engine_url):
         ({"type": "end"}, "at least 1"),
     ],
 )
-async def test_bad_input_gets_a_clear_error_and_stores_nothing(engine_url, payload, words):
+async def test_bad_input_gets_a_clear_error_and_stores_nothing(engine_url, payload, words, sockets):
     participant = await chatting_participant(engine_url, pid="p6")
-    chat = await connect(participant)
+    chat = await connect(sockets, participant)
     await chat.receive_json_from()
     await chat.send_json_to(payload)
     error = await chat.receive_json_from(timeout=30)
@@ -184,9 +183,9 @@ async def test_bad_input_gets_a_clear_error_and_stores_nothing(engine_url, paylo
     await chat.disconnect()
 
 
-async def test_ending_the_chat_moves_to_the_questionnaire(engine_url):
+async def test_ending_the_chat_moves_to_the_questionnaire(engine_url, sockets):
     participant = await chatting_participant(engine_url, pid="p7")
-    chat = await connect(participant)
+    chat = await connect(sockets, participant)
     await chat.receive_json_from()
     await chat.send_json_to({"type": "message", "id": "e1", "text": "Bye"})
     await receive_until(chat, "status")
@@ -197,36 +196,46 @@ async def test_ending_the_chat_moves_to_the_questionnaire(engine_url):
     assert refreshed.status == "questionnaire" and refreshed.chat_ended_at
     await chat.disconnect()
     # A late socket for a finished chat is only told where to go.
-    late = await connect(participant)
+    late = await connect(sockets, participant)
     assert (await late.receive_json_from())["type"] == "redirect"
     await late.disconnect()
 
 
-async def test_unknown_participant_is_refused(engine_url):
-    communicator = WebsocketCommunicator(app, "/ws/p/00000000-0000-0000-0000-000000000000/")
+async def test_unknown_participant_is_refused(engine_url, sockets):
+    communicator = sockets(app, "/ws/p/00000000-0000-0000-0000-000000000000/")
     connected, code = await communicator.connect(timeout=30)
     assert not connected and code == 4404
 
 
-async def test_second_window_supersedes_the_first_over_redis(engine_url, redis_url, settings):
+async def test_second_window_supersedes_the_first_over_redis(
+    engine_url, redis_url, settings, sockets
+):
+    from channels.layers import channel_layers
+    from parley.settings import redis_options
+
+    # The site's socket options: without its read timeout redis-py's 5 s one races the layer's
+    # 5 s blocking read, and the consumer's receive fails with a TimeoutError.
     settings.CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [redis_url], "prefix": "parley-test"},
+            "CONFIG": {
+                "hosts": [{"address": redis_url, **redis_options()}],
+                "prefix": "parley-test",
+            },
         }
     }
-    from channels.layers import channel_layers
 
     channel_layers.backends.clear()
     try:
         participant = await chatting_participant(engine_url, pid="p8")
-        first = await connect(participant)
+        first = await connect(sockets, participant)
         await first.receive_json_from()
-        second = await connect(participant)
+        second = await connect(sockets, participant)
         await second.receive_json_from()
         notice = await first.receive_json_from(timeout=30)
         assert notice["type"] == "superseded"
         assert (await first.receive_output(timeout=30))["type"] == "websocket.close"
         await second.disconnect()
+        await first.disconnect()  # as the server does after its close: the consumer ends
     finally:
         channel_layers.backends.clear()

@@ -32,11 +32,11 @@ async def test_the_default_stall_timeout_gives_a_notice_within_10_s():
     assert stall < 10 and stall <= first < django_settings.PARLEY_LLM_TIMEOUT
 
 
-async def test_a_stalled_engine_gives_a_notice_and_retry_answers(settings):
+async def test_a_stalled_engine_gives_a_notice_and_retry_answers(settings, sockets):
     settings.PARLEY_STALL_TIMEOUT = STALL
     with FaultyEngine(["stall", "ok"]) as engine:
         participant = await chatting_participant(engine.url, pid="stall1")
-        window = await connect(participant)
+        window = await connect(sockets, participant)
         await window.receive_json_from()
         sent = time.monotonic()
         await window.send_json_to({"type": "message", "id": "s1", "text": "Hello?"})
@@ -58,11 +58,11 @@ async def test_a_stalled_engine_gives_a_notice_and_retry_answers(settings):
         await window.disconnect()
 
 
-async def test_frames_sent_during_a_stall_are_answered_and_end_always_is(settings):
+async def test_frames_sent_during_a_stall_are_answered_and_end_always_is(settings, sockets):
     settings.PARLEY_STALL_TIMEOUT = STALL
     with FaultyEngine(["stall", "stall"]) as engine:
         participant = await chatting_participant(engine.url, pid="stall2")
-        window = await connect(participant)
+        window = await connect(sockets, participant)
         await window.receive_json_from()
         await window.send_json_to({"type": "message", "id": "a", "text": "First"})
         await receive_until(window, "delta", timeout=10)  # the reply has begun, then stalls
@@ -79,11 +79,11 @@ async def test_frames_sent_during_a_stall_are_answered_and_end_always_is(setting
         await window.disconnect()
 
 
-async def test_an_engine_slow_to_start_is_announced_then_answers(settings):
+async def test_an_engine_slow_to_start_is_announced_then_answers(settings, sockets):
     settings.PARLEY_STALL_TIMEOUT = 0.5
     with FaultyEngine(["late"], pace=1.5) as engine:
         participant = await chatting_participant(engine.url, pid="late1")
-        window = await connect(participant)
+        window = await connect(sockets, participant)
         await window.receive_json_from()
         await window.send_json_to({"type": "message", "id": "l1", "text": "Hello?"})
         events = await receive_until(window, "reply", timeout=10)
@@ -92,11 +92,13 @@ async def test_an_engine_slow_to_start_is_announced_then_answers(settings):
         await window.disconnect()
 
 
-async def test_an_engine_that_never_starts_is_a_stall_after_the_first_token_timeout(settings):
+async def test_an_engine_that_never_starts_is_a_stall_after_the_first_token_timeout(
+    settings, sockets
+):
     settings.PARLEY_STALL_TIMEOUT, settings.PARLEY_FIRST_TOKEN_TIMEOUT = 0.5, 1.5
     with FaultyEngine(["mute"]) as engine:
         participant = await chatting_participant(engine.url, pid="mute1")
-        window = await connect(participant)
+        window = await connect(sockets, participant)
         await window.receive_json_from()
         sent = time.monotonic()
         await window.send_json_to({"type": "message", "id": "q1", "text": "Hello?"})
@@ -107,10 +109,10 @@ async def test_an_engine_that_never_starts_is_a_stall_after_the_first_token_time
         await window.disconnect()
 
 
-async def test_an_engine_dying_mid_reply_gives_an_error_at_once_and_retry_answers():
+async def test_an_engine_dying_mid_reply_gives_an_error_at_once_and_retry_answers(sockets):
     with FaultyEngine(["die", "ok"]) as engine:
         participant = await chatting_participant(engine.url, pid="die1")
-        window = await connect(participant)
+        window = await connect(sockets, participant)
         await window.receive_json_from()
         sent = time.monotonic()
         await window.send_json_to({"type": "message", "id": "d1", "text": "Hi"})
@@ -126,14 +128,14 @@ async def test_an_engine_dying_mid_reply_gives_an_error_at_once_and_retry_answer
         await window.disconnect()
 
 
-async def test_a_second_window_mid_reply_stores_one_reply_not_two():
+async def test_a_second_window_mid_reply_stores_one_reply_not_two(sockets):
     with FaultyEngine(["slow", "slow"], pace=0.15) as engine:
         participant = await chatting_participant(engine.url, pid="two1")
-        first = await connect(participant)
+        first = await connect(sockets, participant)
         await first.receive_json_from()
         await first.send_json_to({"type": "message", "id": "w1", "text": "Hello"})
         await receive_until(first, "delta", timeout=10)  # the first window's reply is streaming
-        second = await connect(participant)  # answers the pending message on connect
+        second = await connect(sockets, participant)  # answers the pending message on connect
         history = await second.receive_json_from()
         assert [m["client_id"] for m in history["messages"]] == ["w1"]
 

@@ -101,9 +101,11 @@ async def talk(participant, text, client_id):
     history = await socket.receive_json_from(timeout=30)
     await socket.send_json_to({"type": "message", "id": client_id, "text": text})
     events = []
-    while not events or events[-1]["type"] not in ("status", "redirect"):
-        events.append(await socket.receive_json_from(timeout=30))
-    await socket.disconnect()
+    try:
+        while not events or events[-1]["type"] not in ("status", "redirect"):
+            events.append(await socket.receive_json_from(timeout=30))
+    finally:  # a consumer left running breaks the Redis layer for the next event loop
+        await socket.disconnect()
     return history, events
 
 

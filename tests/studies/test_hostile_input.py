@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from studies import flow, ratelimit
 from studies.models import Message, Participant, Response, StudyError
 from studies.routing import websocket_urlpatterns
+from tests.conftest import need
 from tests.studies.conftest import GOOD_ANSWERS, make_study, prolific
 from tests.studies.faulty_engine import FaultyEngine
 
@@ -294,6 +295,28 @@ def test_messages_over_the_ip_limit_are_told_to_slow_down(engine, settings, one_
         return kinds
 
     assert async_to_sync(scenario)() == ["ack", "ack", "ack", "error"]
+
+
+@pytest.mark.asyncio
+async def test_the_sockets_limiter_counts_with_the_views_and_lets_through_with_redis_away(
+    settings, one_window, redis_url, monkeypatch
+):
+    """The consumer's asyncio client counts in the same buckets as the sync limiter; an
+    unreachable Redis lets the message through rather than locking the participant out."""
+    settings.PARLEY_RATE_MESSAGES_PER_PARTICIPANT = 2
+    need(ratelimit.async_redis_client() is not None, "needs the cache on Redis (REDIS_URL)")
+    token = uuid.uuid4().hex
+    assert ratelimit.message_allowed(token, "127.0.0.1")
+    assert await ratelimit.message_allowed_async(token, "127.0.0.1")
+    assert not await ratelimit.message_allowed_async(token, "127.0.0.1")
+    assert not ratelimit.message_allowed(token, "127.0.0.1")
+
+    class Away:
+        async def incr(self, name):
+            raise ConnectionError("Redis is away")
+
+    monkeypatch.setattr(ratelimit, "async_redis_client", Away)
+    assert await ratelimit.message_allowed_async(token, "127.0.0.1")
 
 
 # --- the forms ----------------------------------------------------------------------------------

@@ -243,13 +243,12 @@ def test_a_participant_completes_over_http_with_the_channel_layer_down(client, s
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.asyncio
-async def test_the_chat_socket_rides_out_redis_away_and_rejoins_when_it_returns(settings):
+async def test_the_chat_socket_rides_out_redis_away_and_rejoins_when_it_returns(settings, sockets):
     """With the layer's Redis unreachable the socket opens, keeps the participant's message and
     stays open (no 1011); once Redis is back, a second window takes over the first as usual."""
     from channels.db import database_sync_to_async
     from channels.layers import get_channel_layer
     from channels.routing import URLRouter
-    from channels.testing import WebsocketCommunicator
 
     from studies.routing import websocket_urlpatterns
 
@@ -270,7 +269,7 @@ async def test_the_chat_socket_rides_out_redis_away_and_rejoins_when_it_returns(
 
     participant = await chatting()
     app = URLRouter(websocket_urlpatterns)
-    first = WebsocketCommunicator(app, f"/ws/p/{participant.token}/")
+    first = sockets(app, f"/ws/p/{participant.token}/")
     assert (await first.connect(timeout=60))[0]
     assert (await first.receive_json_from(timeout=60))["type"] == "history"
     await first.send_json_to({"type": "message", "id": "away-1", "text": "Still there?"})
@@ -287,7 +286,7 @@ async def test_the_chat_socket_rides_out_redis_away_and_rejoins_when_it_returns(
             if not getattr(layer, "groups_to_join", None):
                 break
             await asyncio.sleep(0.2)
-        second = WebsocketCommunicator(app, f"/ws/p/{participant.token}/")
+        second = sockets(app, f"/ws/p/{participant.token}/")
         assert (await second.connect(timeout=30))[0]
         events = []
         while not events or events[-1].get("type") != "superseded":

@@ -39,13 +39,13 @@ async def turn(window, n: int) -> None:
     await receive_until(window, "status")
 
 
-async def test_a_conversation_keeps_its_replica_then_fails_over_to_the_other():
+async def test_a_conversation_keeps_its_replica_then_fails_over_to_the_other(sockets):
     replicas._down_until.clear()
     script = [{"content": "A reply of five words."}] * 10
     with ScriptedServer(script, models=["m"]) as a, ScriptedServer(script, models=["m"]) as b:
         servers = {a.url: a, b.url: b}
         participant = await participant_on([a.url, b.url])
-        window = await connect(participant)
+        window = await connect(sockets, participant)
         await window.receive_json_from()
         for n in range(3):
             await turn(window, n)

@@ -48,9 +48,11 @@ async def talk(participant, text, timeout=30):
     await socket.receive_json_from(timeout=30)  # history
     await socket.send_json_to({"type": "message", "id": "m1", "text": text})
     events = []
-    while not events or events[-1]["type"] not in ("status", "redirect", "error"):
-        events.append(await socket.receive_json_from(timeout=timeout))
-    await socket.disconnect()
+    try:
+        while not events or events[-1]["type"] not in ("status", "redirect", "error"):
+            events.append(await socket.receive_json_from(timeout=timeout))
+    finally:  # a consumer left running breaks the Redis layer for the next event loop
+        await socket.disconnect()
     return events
 
 
