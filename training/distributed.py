@@ -22,6 +22,7 @@ TrainingRun's Celery task) reads those files to say which rank failed and why.
 from __future__ import annotations
 
 import os
+import re
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,6 +46,26 @@ class InjectedFailure(RuntimeError):
 
 class PeerLost(RuntimeError):
     """A collective failed because another rank is gone: a consequence, not the cause."""
+
+
+# What the backends say when the other end of a collective is gone (gloo, then NCCL); FSDP's own
+# collectives, inside the model's passes and its state dicts, raise these as they are.
+PEER_GONE = re.compile(
+    r"Connection closed by peer|Connection reset by peer|remote worker crash|Broken pipe"
+    r"|communicator was aborted|Watchdog caught collective operation timeout"
+)
+
+
+def lost_peer(exc: BaseException) -> bool:
+    """Whether `exc` (or what it was raised from) is another rank being gone."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, PeerLost) or (
+            isinstance(seen, RuntimeError) and PEER_GONE.search(str(seen))
+        ):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _collective(call: Any, *args: Any) -> None:
@@ -167,7 +188,7 @@ class Ranks:
         folder.mkdir(parents=True, exist_ok=True)
         name = (
             f"rank-{self.rank}.stopped.txt"
-            if isinstance(exc, PeerLost)
+            if lost_peer(exc)
             else f"rank-{self.rank}.txt"
         )
         (folder / name).write_text(traceback.format_exc())
