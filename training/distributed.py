@@ -186,11 +186,7 @@ class Ranks:
         when this rank only lost a peer)."""
         folder = Path(run_dir) / FAILURES
         folder.mkdir(parents=True, exist_ok=True)
-        name = (
-            f"rank-{self.rank}.stopped.txt"
-            if lost_peer(exc)
-            else f"rank-{self.rank}.txt"
-        )
+        name = f"rank-{self.rank}.stopped.txt" if lost_peer(exc) else f"rank-{self.rank}.txt"
         (folder / name).write_text(traceback.format_exc())
 
     def clear_failures(self, run_dir: Path) -> None:
