@@ -52,6 +52,7 @@ from .models import (
     StudyError,
     arm_model_check,
     frozen_changes,
+    only_people,
 )
 from .pools import PoolError, import_pool
 
@@ -550,7 +551,7 @@ class StudyAdmin(PlanAdminMixin, admin.ModelAdmin):
         )
 
     def get_queryset(self, request):
-        people = Q(participants__is_bot=False, participants__is_preview=False)
+        people = only_people("participants")
         return (
             super()
             .get_queryset(request)
@@ -586,7 +587,7 @@ class StudyAdmin(PlanAdminMixin, admin.ModelAdmin):
     def progress(self, study):
         if not study.pk:
             return "-"
-        people = Q(participants__is_bot=False, participants__is_preview=False)
+        people = only_people("participants")
         arms = study.arms.annotate(
             done=Count(
                 "participants",

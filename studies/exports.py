@@ -7,7 +7,7 @@ from django.db.models import Count
 from django.http import StreamingHttpResponse
 
 from .analysis import csvfile
-from .models import Item, Message, Response
+from .models import Item, Message, Response, humans_unless
 
 # No participant token (the /p/<token>/ address): whoever holds it can act as the participant,
 # and exports travel. prolific_pid (unique per study) joins responses to transcripts.
@@ -100,13 +100,6 @@ def response_rows(participants, include_bots: bool = False) -> Iterator[list]:
         ]
         mine = answers.get(p.pk, {})
         yield row + [mine.get(key, "") for key in keys]
-
-
-def humans_unless(participants, include_bots: bool):
-    """Bot participants (studies/bots.py) are rehearsal data: out of exports unless asked for.
-    Previews (staff walking the flow) are never data."""
-    participants = participants.filter(is_preview=False)
-    return participants if include_bots else participants.filter(is_bot=False)
 
 
 def transcript_rows(participants, include_bots: bool = False) -> Iterator[list]:

@@ -15,8 +15,7 @@ from collections import Counter
 from agents.models import Checkpoint
 
 from .domains import OPEN_CHAT
-from .exports import humans_unless
-from .models import Message, Participant, Study
+from .models import Message, Participant, Study, humans_unless
 from .redact import redact
 
 

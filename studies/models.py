@@ -569,6 +569,24 @@ class Item(models.Model):
         return labels
 
 
+def only_people(via: str = "") -> models.Q:
+    """The participants who are data: not bots (rehearsals, studies/bots.py) and not previews
+    (staff walking the flow). `via`: the path to them from the queried model, e.g.
+    "participants" from Arm or Study."""
+    prefix = f"{via}__" if via else ""
+    return models.Q(**{f"{prefix}is_bot": False, f"{prefix}is_preview": False})
+
+
+def humans_unless(participants, include_bots: bool):
+    """Bot participants are rehearsal data: out of exports and analyses unless asked for.
+    Previews are never data."""
+    return (
+        participants.filter(is_preview=False)
+        if include_bots
+        else participants.filter(only_people())
+    )
+
+
 class Participant(models.Model):
     class Status(models.TextChoices):
         CONSENT = "consent", "Reading consent"

@@ -7,7 +7,7 @@ from statistics import median
 from django.db.models import Count, Max, Q
 from django.utils import timezone
 
-from .models import Participant, Study
+from .models import Participant, Study, only_people
 from .readiness import cached_health
 
 # Each stage and the two stored timestamps that bound it.
@@ -21,7 +21,7 @@ LATEST_ERRORS = 20
 
 
 def snapshot(study: Study) -> dict:
-    people = study.participants.filter(is_bot=False, is_preview=False)
+    people = study.participants.filter(only_people())
     return {
         "study": {
             "id": study.pk,

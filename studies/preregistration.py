@@ -18,6 +18,7 @@ from .models import (
     Preregistration,
     Study,
     frozen_values,
+    only_people,
 )
 from .reports import OUTCOME, plan_document, planned_settings, study_power
 
@@ -30,7 +31,7 @@ class FreezeRefused(Exception):
 
 def first_participants(study: Study):
     """People who took part (previews and bots are not participants of the study)."""
-    return Participant.objects.filter(study=study, is_preview=False, is_bot=False)
+    return Participant.objects.filter(only_people(), study=study)
 
 
 def plan_of(study: Study) -> dict:

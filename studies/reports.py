@@ -13,7 +13,7 @@ from .analysis import Settings, build_report, csvfile, pay, power
 from .analysis.plots import render_all
 from .analysis.report import control_named
 from .domains import get_domain
-from .models import AnalysisRun, Item, Participant, Response, Study
+from .models import AnalysisRun, Item, Participant, Response, Study, humans_unless, only_people
 
 OUTCOME = "outcome"
 log = logging.getLogger(__name__)
@@ -33,16 +33,10 @@ def participant_table(study: Study, include_bots: bool = False) -> pd.DataFrame:
     Bot participants are rehearsal data, left out unless asked for."""
     items = measures_of(study)
     rows = {}
-    participants = (
-        study.participants.exclude(
-            status__in=[Participant.Status.NO_CONSENT, Participant.Status.UNSTARTED]
-        )
-        .filter(is_preview=False)
-        .select_related("arm")
-    )
-    if not include_bots:
-        participants = participants.filter(is_bot=False)
-    for p in participants.order_by("created_at", "id"):
+    participants = study.participants.exclude(
+        status__in=[Participant.Status.NO_CONSENT, Participant.Status.UNSTARTED]
+    ).select_related("arm")
+    for p in humans_unless(participants, include_bots).order_by("created_at", "id"):
         rows[p.pk] = {
             "participant": p.prolific_pid,
             "arm": p.arm.name,
@@ -220,11 +214,8 @@ def target_reached(study: Study) -> bool:
     arms = study.arms.filter(active=True).annotate(
         done=Count(
             "participants",
-            filter=Q(
-                participants__status=Participant.Status.COMPLETED,
-                participants__is_bot=False,
-                participants__is_preview=False,
-            ),
+            filter=Q(participants__status=Participant.Status.COMPLETED)
+            & only_people("participants"),
         )
     )
     return bool(arms) and all(arm.done >= study.target_per_arm for arm in arms)
@@ -234,10 +225,7 @@ def completion_seconds(study: Study) -> list[float]:
     """Arrival to completion of every completed (human) participant, in seconds: Prolific's clock
     runs from when the participant opens the study, so reading the consent is paid time."""
     done = study.participants.filter(
-        status=Participant.Status.COMPLETED,
-        is_bot=False,
-        is_preview=False,
-        completed_at__isnull=False,
+        only_people(), status=Participant.Status.COMPLETED, completed_at__isnull=False
     )
     return [
         (completed - arrived).total_seconds()
