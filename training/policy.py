@@ -113,6 +113,10 @@ class LocalModel:
             attention_mask=attention.to(self.device),
             generation_config=config,
             logits_processor=processors,
+            # Under FSDP transformers would sync every decoding step across ranks (an all_reduce
+            # of "unfinished"): sampling runs on gathered weights, to each rank's own lengths,
+            # and on rank 0 alone in held-out evaluation, where that sync never returns.
+            synced_gpus=False,
         )
         samples = []
         for row in out[:, width:].tolist():

@@ -248,6 +248,47 @@ def test_fsdp_two_processes_cotrain_the_simulator_one_process_does(smooth_tiny_m
     assert_same(snapshot, simulator(two, 2))  # the simulator as step 2 left it
 
 
+VERBALIZED = """
+name = "fsdp-free-text"
+domain = "p4g"
+regime = "verbalized"
+base_model = "{model}"
+steps = 2
+group_size = 2
+batch_tasks = 3
+max_turns = 4
+max_new_tokens = 8
+eval_every = 2
+save_every = 2
+threads = 1
+[tasks]
+max_train = 3
+max_eval = 1
+[simulator]
+name = "vs"
+kind = "verbalized"
+max_new_tokens = 40
+[[heldout]]
+name = "steady"
+kind = "scripted"
+script = "steady"
+"""
+
+
+def test_fsdp_free_text_sampling_and_rank_0_evaluating_alone(smooth_tiny_model, tmp_path):
+    """Under FSDP the agent generates free text on its gathered weights, to each rank's own
+    lengths and number of turns, and rank 0 alone plays the held-out panel: neither may wait on
+    the other rank (transformers syncs generation across FSDP ranks unless told not to)."""
+    path = tmp_path / "verbalized.toml"
+    path.write_text(VERBALIZED.format(model=smooth_tiny_model) + FSDP)
+    done = launch(path, tmp_path / "run", timeout=150)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2]
+    assert "heldout/steady/success" in rows[1] and rows[1]["trained_sequences"] > 0
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path / "run")] == ["step-000002"]
+
+
 def simulator(out, step):
     folder = checkpoint.checkpoint_dir(out, step) / "simulator"
     return load_file(folder / "adapter_model.safetensors")
