@@ -120,18 +120,27 @@ def assert_same(a, b):
         torch.testing.assert_close(a[key], b[key], rtol=1e-3, atol=1e-4)
 
 
-def test_two_processes_train_the_adapter_one_process_does(config_file, tmp_path):
+def metrics(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def one_and_two(path, tmp_path, timeout=600):
+    """The run in this process and launched on 2, each in its own folder: (one, two)."""
     one, two = tmp_path / "one", tmp_path / "two"
-    train(load_config(config_file, {"output_dir": str(one)}), show_progress=False)
-    done = launch(config_file, two)
+    train(load_config(path, {"output_dir": str(one)}), show_progress=False)
+    done = launch(path, two, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
+    return one, two
+
+
+def test_two_processes_train_the_adapter_one_process_does(config_file, tmp_path):
+    one, two = one_and_two(config_file, tmp_path)
 
     assert_same(adapter(one, 2), adapter(two, 2))
     assert adapter(one, 2).keys() and any(  # the adapter did move (B starts at zero)
         float(t.abs().max()) > 0 for k, t in adapter(two, 2).items() if "lora_B" in k
     )
-    rows = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()]
-    single = [json.loads(x) for x in (one / "metrics.jsonl").read_text().splitlines()]
+    rows, single = metrics(two), metrics(one)
     assert [r["step"] for r in rows] == [1, 2]  # rank 0 alone wrote: one row per step
     for row, ref in zip(rows, single, strict=True):  # metrics cover the whole global batch
         assert row["tokens"] == ref["tokens"] > 0
@@ -142,18 +151,14 @@ def test_two_processes_train_the_adapter_one_process_does(config_file, tmp_path)
 
 
 def test_two_processes_cotrain_the_simulator_one_process_does(cotrain_file, tmp_path):
-    one, two = tmp_path / "one", tmp_path / "two"
-    train(load_config(cotrain_file, {"output_dir": str(one)}), show_progress=False)
-    done = launch(cotrain_file, two)
-    assert done.returncode == 0, done.stderr[-3000:]
+    one, two = one_and_two(cotrain_file, tmp_path)
 
     assert_same(simulator(one, 1), simulator(two, 1))  # the simulator's own update first
     assert_same(adapter(one, 2), adapter(two, 2))
     sim_one, sim_two = simulator(one, 2), simulator(two, 2)
     assert_same(sim_one, sim_two)
     assert any(float(t.abs().max()) > 0 for k, t in sim_two.items() if "lora_B" in k)
-    rows = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()]
-    single = [json.loads(x) for x in (one / "metrics.jsonl").read_text().splitlines()]
+    rows, single = metrics(two), metrics(one)
     for row, ref in zip(rows, single, strict=True):  # the simulator's step covers both ranks
         assert row["sim/learned"] == ref["sim/learned"] == 1.0
         assert row["sim/tokens"] == ref["sim/tokens"] > 0
@@ -200,13 +205,9 @@ def test_fsdp_two_processes_train_the_adapter_one_process_does(config_file, tmp_
     """FSDP, the model sharded over 2 ranks, on uneven shares; the KL term adds the reference
     pass with the adapter disabled."""
     config_file.write_text("beta = 0.05\n" + uneven(config_file.read_text()) + FSDP)
-    one, two = tmp_path / "one", tmp_path / "two"
-    train(load_config(config_file, {"output_dir": str(one)}), show_progress=False)
-    done = launch(config_file, two, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
+    one, two = one_and_two(config_file, tmp_path, timeout=240)
 
-    rows = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()]
-    single = [json.loads(x) for x in (one / "metrics.jsonl").read_text().splitlines()]
+    rows, single = metrics(two), metrics(one)
     for row, ref in zip(rows, single, strict=True):
         assert row["trained_sequences"] == ref["trained_sequences"] > 0
         # the gradient itself, as one process has it (Adam would hide a constant factor)
@@ -228,13 +229,9 @@ def test_fsdp_two_processes_cotrain_the_simulator_one_process_does(smooth_tiny_m
     head = uneven(CONFIG.format(model=smooth_tiny_model).split("[simulator]")[0])
     path = tmp_path / "population.toml"
     path.write_text(COTRAIN.format(regime="population", head=head) + FSDP)
-    one, two = tmp_path / "one", tmp_path / "two"
-    train(load_config(path, {"output_dir": str(one)}), show_progress=False)
-    done = launch(path, two, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
+    one, two = one_and_two(path, tmp_path, timeout=240)
 
-    rows = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()]
-    single = [json.loads(x) for x in (one / "metrics.jsonl").read_text().splitlines()]
+    rows, single = metrics(two), metrics(one)
     for row, ref in zip(rows, single, strict=True):
         assert row["sim/learned"] == ref["sim/learned"] == 1.0
         assert row["sim/grad_norm"] == pytest.approx(ref["sim/grad_norm"], rel=1e-3)
@@ -283,7 +280,7 @@ def test_fsdp_free_text_sampling_and_rank_0_evaluating_alone(smooth_tiny_model, 
     path.write_text(VERBALIZED.format(model=smooth_tiny_model) + FSDP)
     done = launch(path, tmp_path / "run", timeout=150)
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics(tmp_path / "run")
     assert [row["step"] for row in rows] == [1, 2]
     assert "heldout/steady/success" in rows[1] and rows[1]["trained_sequences"] > 0
     assert [p.name for p in checkpoint.list_checkpoints(tmp_path / "run")] == ["step-000002"]
