@@ -74,6 +74,28 @@ def simulator_exploit(
     }
 
 
+def mixture_exploit(found: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """The exploit of an even mixture of simulators (an Ensemble, whose rotation gives each
+    member the same share): each ask's expected reward averaged over `found`, one
+    simulator_exploit per member. None when any member's is."""
+    if not found or any(f is None for f in found):
+        return None
+    if len(found) == 1:
+        return found[0]
+    means = {
+        ask: statistics.fmean(f["expected_reward"][ask] for f in found)
+        for ask in found[0]["expected_reward"]
+    }
+    best = max(means.values())
+    return {
+        "tasks": found[0]["tasks"],
+        "expected_reward": means,
+        "exploit": [ask for ask, value in means.items() if value >= best - EXPLOIT_TOLERANCE],
+        "tolerance": EXPLOIT_TOLERANCE,
+        "members": [f["expected_reward"] for f in found],
+    }
+
+
 def load_or_find_exploit(run_dir: Path, find: Any) -> dict[str, Any] | None:
     """exploit.json of the run, computed by `find()` the first time (a resumed run reuses it)."""
     path = Path(run_dir) / EXPLOIT_FILE

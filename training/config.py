@@ -2,12 +2,13 @@
 
     name = "p4g-single-cpu"
     domain = "p4g"
-    regime = "single"            # single | verbalized | cotrain | population
+    regime = "single"            # single | persona | ensemble | verbalized | cotrain | population
     steps = 8
     group_size = 4               # G rollouts per task
     batch_tasks = 1              # tasks per step
     [tasks]    train_split / eval_split / train_ids / eval_ids / max_train / max_eval
     [simulator] the training simulator (see SimulatorSpec)
+    [[ensemble]] regime "ensemble": its K frozen simulators, one table each
     [[heldout]] the held-out panel, one table per simulator
     [lora]     r / alpha / dropout / targets  (finetune = "full" trains every weight instead)
     [collapse] the diversity warnings' thresholds, an optional embedding model (CollapseSpec)
@@ -54,11 +55,21 @@ from agents.simulators.verbalized import MODES as DRAW_MODES
 
 # -- the vocabularies: validation below, the admin's choices and filters and the CLI's help -----
 
+# the paper's names (its release keeps "cotrain" in its identifiers for Self-Play:
+# CHATS-lab/scope_usim cmd/slime/README.md)
 REGIMES = {
-    "single": "Single simulator",
+    "single": "RL single simulator",
+    "persona": "Persona-Guided",
+    "ensemble": "Ensemble",
     "verbalized": "Verbalized Sampling",
-    "cotrain": "Co-Training",
-    "population": "Population Co-Training",
+    "cotrain": "Self-Play (co-training)",
+    "population": "Population Self-Play",
+}
+# how an Ensemble run picks the member that plays a rollout's user (training/regimes.py Ensemble)
+ENSEMBLE_DRAWS = {
+    "rollout": "round-robin over the run's rollouts, as the release (each group meets every"
+    " member)",
+    "task": "round-robin over the run's tasks (a task's whole group meets one member)",
 }
 SIMULATOR_KINDS = ("plain", "verbalized", "scripted")
 SIMULATOR_REWARDS = ("auto", "adversarial", "cooperative")
@@ -97,6 +108,7 @@ def _known_domain(name: str) -> str:
 Name = Annotated[StrictStr, AfterValidator(_not_blank)]
 DomainName = Annotated[StrictStr, AfterValidator(_known_domain)]
 Regime = Literal[tuple(REGIMES)]
+EnsembleDraw = Literal[tuple(ENSEMBLE_DRAWS)]
 SimulatorKind = Literal[SIMULATOR_KINDS]
 DrawMode = Literal[DRAW_MODES]
 Script = Literal[(*SCRIPTED_TYPES, "")]
@@ -147,6 +159,11 @@ class SimulatorSpec:
     )
     persona: StrictStr = Field(
         "", description="extra text appended to the simulator's system prompt"
+    )
+    guidelines: StrictStr = Field(
+        "",
+        description='regime "persona": behavioural guidelines put before the simulator\'s system'
+        " prompt; \"\" = the Domain's default (tau2: the release's text)",
     )
     temperature: StrictFloat = Field(0.7, gt=0, description="sampling temperature")
     max_new_tokens: StrictInt = Field(64, ge=1, description="tokens per reply")
@@ -319,6 +336,16 @@ class RunConfig:
     simulator: SimulatorSpec = Field(
         default_factory=SimulatorSpec, description="the simulator the agent trains against"
     )
+    ensemble: list[SimulatorSpec] = Field(
+        default_factory=list,
+        description='regime "ensemble": the K >= 2 frozen simulators the agent trains against'
+        " (then `simulator` is left unset)",
+    )
+    ensemble_draw: EnsembleDraw = Field(
+        "rollout",
+        description='regime "ensemble": which member plays a rollout\'s user: '
+        + " | ".join(f"{k}: {v}" for k, v in ENSEMBLE_DRAWS.items()),
+    )
     heldout: list[SimulatorSpec] = Field(
         default_factory=list, description="the held-out panel: users the agent never trains on"
     )
@@ -402,16 +429,20 @@ class RunConfig:
 
     @model_validator(mode="after")
     def _rules(self) -> RunConfig:
-        training = self.simulator.weights(self.base_model_path())
+        self._supply_rules()
+        base = self.base_model_path()
         if self.trains_simulator:  # learnt in this process, on an endpoint or not
-            training = ("local", str(self.simulator_model_path().expanduser().resolve()))
+            training = [("local", str(self.simulator_model_path().expanduser().resolve()))]
+        else:
+            training = [spec.weights(base) for spec in self.training_simulators()]
         for i, spec in enumerate(self.heldout):
-            if training is not None and spec.weights(self.base_model_path()) == training:
+            weights = spec.weights(base)
+            if weights is not None and weights in training:
                 raise _refuse(
                     f"heldout[{i}]",
                     spec.name,
-                    f"runs on the training simulator's weights ({training[-1]}): a held-out user"
-                    " must share no weights with the simulator the agent trains against (another"
+                    f"runs on the training simulator's weights ({weights[-1]}): a held-out user"
+                    " must share no weights with a simulator the agent trains against (another"
                     ' model, an endpoint serving one, or kind = "scripted")',
                 )
         names = [s.name for s in self.heldout]
@@ -457,7 +488,79 @@ class RunConfig:
                     )
         return self
 
+    def _supply_rules(self) -> None:
+        """The Ensemble's members and the Persona-Guided guidelines: each read by its regime
+        only, so a table another regime would ignore is refused rather than trained without."""
+        if self.regime == "ensemble":
+            if len(self.ensemble) < 2:
+                raise _refuse(
+                    "ensemble",
+                    [s.name for s in self.ensemble],
+                    'needs K >= 2 [[ensemble]] simulators for regime = "ensemble"',
+                )
+            names = [s.name for s in self.ensemble]
+            if len(set(names)) != len(names):
+                raise _refuse("ensemble", names, "need distinct names")
+            if self.simulator != SimulatorSpec():
+                raise _refuse(
+                    "simulator",
+                    self.simulator.name,
+                    'must be left unset with regime = "ensemble": the agent trains against the'
+                    " [[ensemble]] members (simulator = {} clears a preset's)",
+                )
+        elif self.ensemble:
+            raise _refuse(
+                "ensemble",
+                [s.name for s in self.ensemble],
+                f'is read only with regime = "ensemble" (regime is "{self.regime}")',
+            )
+        others = [(f"ensemble[{i}]", s) for i, s in enumerate(self.ensemble)]
+        others += [(f"heldout[{i}]", s) for i, s in enumerate(self.heldout)]
+        if self.regime != "persona":
+            others.append(("simulator", self.simulator))
+        for key, spec in others:
+            if spec.guidelines:
+                raise _refuse(
+                    f"{key}.guidelines",
+                    spec.guidelines[:40],
+                    'is read only for the training simulator with regime = "persona"',
+                )
+        if self.regime == "persona":
+            if self.simulator.kind == "scripted":
+                raise _refuse(
+                    "simulator.kind",
+                    self.simulator.kind,
+                    'must be "plain" or "verbalized" for regime = "persona" (guidelines go in'
+                    " a system prompt)",
+                )
+            if not self.persona_guidelines():
+                raise _refuse(
+                    "simulator.guidelines",
+                    "",
+                    f'must be set for regime = "persona" on domain {self.domain}: it has no'
+                    " default guidelines (the release runs Persona-Guided on tau2 only, P4G's"
+                    " tasks already carrying personas)",
+                )
+
     # -- derived values -------------------------------------------------------------------------
+
+    def persona_guidelines(self) -> str:
+        """The Persona-Guided prefix: simulator.guidelines, else the Domain's default (tau2: the
+        release's text; agents/domains/tau2/prompts.py)."""
+        if self.simulator.guidelines:
+            return self.simulator.guidelines
+        from agents.domains import domain_class
+
+        return domain_class(self.domain).simulator_guidelines
+
+    def training_simulators(self) -> list[SimulatorSpec]:
+        """The simulators the agent trains against, as built: the Ensemble's members, the
+        Persona-Guided simulator with its guidelines filled in, else `simulator`."""
+        if self.regime == "ensemble":
+            return list(self.ensemble)
+        if self.regime == "persona":
+            return [dataclasses.replace(self.simulator, guidelines=self.persona_guidelines())]
+        return [self.simulator]
 
     @property
     def clip_high(self) -> float:

@@ -158,9 +158,12 @@ def sequence_length(config: RunConfig) -> int:
     turns = min(config.max_turns, domain_class(config.domain).max_turns)
     agent_turns, user_turns = math.ceil(turns / 2), turns // 2
     prompt = PROMPT_TOKENS.get(config.domain, DEFAULT_PROMPT_TOKENS)
-    user = config.simulator.max_new_tokens
-    if config.simulator.kind == "verbalized":  # the conversation keeps one of the k candidates
-        user = math.ceil(user / config.simulator.k)
+    # the longest reply of any simulator the agent trains against (an Ensemble has K)
+    user = max(
+        # the conversation keeps one of a Verbalized simulator's k candidates
+        math.ceil(s.max_new_tokens / s.k) if s.kind == "verbalized" else s.max_new_tokens
+        for s in config.training_simulators()
+    )
     return prompt + agent_turns * config.max_new_tokens + user_turns * user
 
 
@@ -176,7 +179,7 @@ def memory(config: RunConfig, sequence: int | None = None) -> dict[str, Any]:
     agent, source = architecture(config.base_model_path())
     p_agent = agent.parameters()
     copies = {(str(s.model or config.base_model_path()), s.adapter) for s in
-              [config.simulator, *config.heldout] if _in_process(s)}  # fmt: skip
+              [*config.training_simulators(), *config.heldout] if _in_process(s)}  # fmt: skip
     p_others = 0
     for model, _adapter in sorted(copies):
         p_others += architecture(model)[0].parameters()
@@ -326,7 +329,10 @@ def endpoints(config: RunConfig) -> list[tuple[str, str, str, str]]:
     out = []
     if config.rollout_endpoint:
         out.append(("agent sampler", config.rollout_endpoint, str(config.base_model_path()), ""))
-    specs = [] if config.trains_simulator else [("simulator", config.simulator)]
+    specs = []
+    if not config.trains_simulator:
+        role = "ensemble {}" if config.regime == "ensemble" else "simulator"
+        specs = [(role.format(s.name), s) for s in config.training_simulators()]
     if config.trains_simulator and config.simulator.endpoint:  # serves its base, loads adapters
         model, key = str(config.simulator_model_path()), config.simulator.api_key_env
         out.append(("simulator sampler", config.simulator.endpoint, model, key))
@@ -379,7 +385,7 @@ def check_local(config: RunConfig) -> list[Check]:
     folders = {"agent model": str(config.base_model_path())}
     if config.trains_simulator and config.simulator.endpoint:  # sampled there, learns here
         folders["simulator model"] = str(config.simulator_model_path())
-    for spec in [config.simulator, *config.heldout]:
+    for spec in [*config.training_simulators(), *config.heldout]:
         if _in_process(spec):
             folders[f"{spec.name} model"] = spec.model or str(config.base_model_path())
             if spec.adapter:

@@ -66,7 +66,15 @@ class TrainingRun(models.Model):
         max_length=100, blank=True, help_text="A config under training/configs to start from."
     )
     domain = models.CharField(max_length=20, choices=domain_choices, default="p4g")
-    regime = models.CharField(max_length=20, choices=regime_choices, default="single")
+    regime = models.CharField(
+        max_length=20,
+        choices=regime_choices,
+        default="single",
+        help_text="Which simulator the agent meets (the paper's names). Ensemble: its members in"
+        ' settings as "ensemble" (a list of simulator tables, K >= 2) and "ensemble_draw"'
+        ' (rollout | task); the preset\'s simulator is cleared. Persona-Guided:'
+        ' "simulator.guidelines" in settings (blank: the Domain\'s, tau2 the paper\'s text).',
+    )
     base_model = models.CharField(
         max_length=500, blank=True, help_text="Model folder; blank: SmolLM2 base."
     )
@@ -120,6 +128,10 @@ class TrainingRun(models.Model):
                 data[key] = value
         if self.regime == "verbalized":
             data["simulator.kind"] = "verbalized"
+        settings = self.settings or {}
+        if self.regime == "ensemble" and not any(key_overlaps("simulator", k) for k in settings):
+            # the members play the user: a preset's own simulator would be refused as unread
+            data["simulator"] = {}
         if self.processes:
             data["distributed.processes"] = self.processes
         return data

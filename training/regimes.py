@@ -1,6 +1,11 @@
 """Regimes: which simulator the agent trains against, and whether the simulator learns too.
 
     single       one frozen simulator
+    persona      Persona-Guided: one frozen simulator whose system prompt starts with behavioural
+                 guidelines (simulator.guidelines, default the Domain's: tau2 the release's text)
+    ensemble     K frozen simulators ([[ensemble]]) in rotation: the member that plays a rollout's
+                 user is round-robin over the run's rollouts (ensemble_draw = "rollout", the
+                 release's rule) or over its tasks ("task"); see Ensemble
     verbalized   one frozen Verbalized Sampling simulator (k candidates, one drawn)
     cotrain      the simulator is a LoRA on its own model (simulator.model, default the agent's
                  base) taking its own GRPO step on its own tokens, with its own KL weight to that
@@ -14,8 +19,8 @@
                  came from another policy).
 
 A regime (`Regime`) owns its simulator models; the trainer asks it for the simulator of a step
-(a context manager, so a pool snapshot can be swapped in and out) and lets it learn after the
-agent's step.
+(a context manager, so a pool snapshot can be swapped in and out), lets it learn after the
+agent's step and adds its `metrics` of the step's rollouts to the step's row.
 
 Data-parallel (training/distributed.py), a learning simulator learns like the agent: each rank
 passes `learn` the rollouts of its own share of the step's tasks, the loss is normalised by the
@@ -98,6 +103,10 @@ class Regime:
     def learn(self, step: int, rollouts: list[Rollout]) -> dict[str, float]:
         return {}
 
+    def metrics(self, step: int, rollouts: list[Rollout]) -> dict[str, float]:
+        """Its own measures of the whole step (`rollouts` in task order, every rank's)."""
+        return {}
+
     def save(self, folder: Path | None) -> dict[str, Any]:
         """Write this regime's state into a checkpoint folder (None: another rank than the one
         writing, which still takes part in the gathering); returns what goes in trainer_state."""
@@ -116,11 +125,118 @@ class Single(Regime):
         self, config: RunConfig, run_dir: Path, models: ModelCache, ranks: Ranks | None = None
     ):
         super().__init__(config, run_dir, models, ranks)
-        self.user = frozen_simulator(config.simulator, models, config.seed)
+        (spec,) = config.training_simulators()
+        self.user = frozen_simulator(spec, models, config.seed)
+
+
+class Persona(Single):
+    """Single, on the simulator with its guidelines filled in (RunConfig.training_simulators):
+    the prefix reaches the prompt in this process and on an endpoint (simulator.spec_prompt)."""
+
+    name = "persona"
 
 
 class Verbalized(Single):
     name = "verbalized"
+
+
+class Ensemble(Regime):
+    """K frozen simulators in rotation. The member of rollout `j` of the step's task `i` is
+    position mod K, position = ((step - 1) * batch_tasks + i) * G + j with ensemble_draw =
+    "rollout", (step - 1) * batch_tasks + i with "task". The release's rule is the first: its
+    rollout picks `sample.index % K` (CHATS-lab/scope_usim usim/slime/rollout.py and
+    usim/p4g/rollout.py `_get_*_config`, commit 9d3a41e26d27a26795fdd3818979f5fd489c17e7), and
+    its data sources number a step's samples consecutively, a task's G together, across the run
+    (usim/slime/data_source.py get_samples, commit 1c268eb026b6eca549e38001ab6805b904c35782).
+    So each group meets every member (GRPO's baseline spans them) and the shares stay even. A
+    draw depends on (step, task index, rollout index) only, not on the seed or the process
+    count: it is the same whichever rank plays the task."""
+
+    name = "ensemble"
+
+    def __init__(
+        self, config: RunConfig, run_dir: Path, models: ModelCache, ranks: Ranks | None = None
+    ):
+        super().__init__(config, run_dir, models, ranks)
+        self.members = {
+            spec.name: frozen_simulator(spec, models, config.seed) for spec in config.ensemble
+        }
+        self.names = list(self.members)
+        self.step = 0
+        self.user = EnsembleUser(self)
+
+    def member(self, step: int, task: int, rollout: int) -> str:
+        """The member that plays rollout `rollout` of the step's task number `task`."""
+        cfg = self.config
+        position = (step - 1) * cfg.batch_tasks + task
+        if cfg.ensemble_draw == "rollout":
+            position = position * cfg.group_size + rollout
+        return self.names[position % len(self.names)]
+
+    @contextmanager
+    def simulator(self, step: int) -> Iterator[Any]:
+        self.step = step
+        with super().simulator(step) as user:
+            yield user
+
+    def metrics(self, step: int, rollouts: list[Rollout]) -> dict[str, float]:
+        """Per member: the share of the step's rollouts it played, their mean reward and
+        success rate (no reward or success for a member that played none this step). A
+        rollout's member is its position's draw (the one it met, even had the user never
+        spoken)."""
+        g = self.config.group_size
+        drawn = [self.member(step, i // g, i % g) for i in range(len(rollouts))]
+        out: dict[str, float] = {}
+        for name in self.names:
+            mine = [r for r, member in zip(rollouts, drawn, strict=True) if member == name]
+            out[f"ensemble/{name}/share"] = len(mine) / len(rollouts)
+            if mine:
+                out[f"ensemble/{name}/reward"] = sum(r.reward for r in mine) / len(mine)
+                out[f"ensemble/{name}/success"] = sum(
+                    bool(r.outcome and r.outcome.success) for r in mine
+                ) / len(mine)
+        return out
+
+
+class _Reseeding(random.Random):
+    """The Ensemble's generator as the trainer sees it: seeding it seeds every member's own
+    generator from the same text and the member's name (members then draw independently)."""
+
+    def __init__(self, members: dict[str, Any]):
+        self.members = members
+        super().__init__(0)
+
+    def seed(self, a: Any = None, version: int = 2) -> None:
+        super().seed(a, version)
+        for name, user in self.members.items():
+            user.rng.seed(f"{a}-{name}")
+
+
+class EnsembleUser:
+    """The Ensemble as one Speaker: each rollout's user is the member its position draws
+    (Ensemble.member), which records itself as the rollout's `member`; each member speaks for
+    its own rollouts in one batched call."""
+
+    role = "user"
+
+    def __init__(self, regime: Ensemble):
+        self.regime = regime
+        self.rng = _Reseeding(regime.members)
+        self.task = 0
+
+    def begin_task(self, index: int) -> None:
+        """The trainer's next rollouts are of the step's task number `index`."""
+        self.task = index
+
+    def respond(self, domain: Any, rollouts: list[Rollout]) -> None:
+        regime = self.regime
+        by_member: dict[str, list[Rollout]] = {}
+        for r in rollouts:
+            r.member = regime.member(regime.step, self.task, r.index)
+            by_member.setdefault(r.member, []).append(r)
+        for name in regime.names:  # the declared order: the same calls on every rank
+            if name in by_member:
+                regime.members[name].respond(domain, by_member[name])
 
 
 class CoTrain(Regime):
@@ -289,7 +405,7 @@ class PoolUser:
                     server.model = live
 
 
-REGIMES = {r.name: r for r in (Single, Verbalized, CoTrain, Population)}
+REGIMES = {r.name: r for r in (Single, Persona, Ensemble, Verbalized, CoTrain, Population)}
 
 
 def make_regime(

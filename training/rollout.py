@@ -69,7 +69,7 @@ class Rollout:
     max_turns: int = 0  # set by play(): the user's last message is its `final` one
     decisions: list[Decision] = field(default_factory=list)
     index: int = 0  # position in play()'s batch
-    member: str = "current"  # population: which simulator played the user
+    member: str = "current"  # population, ensemble: which simulator played the user
     redraw_reward: float | None = None  # the reward had the user's last choice been redrawn
 
     @classmethod

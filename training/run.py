@@ -30,7 +30,12 @@ from tqdm import tqdm
 from agents.domains.base import Domain, Scenario
 from training import checkpoint
 from training.agent import EndpointAgent, LocalAgent
-from training.collapse import load_or_find_exploit, simulator_exploit, step_metrics
+from training.collapse import (
+    load_or_find_exploit,
+    mixture_exploit,
+    simulator_exploit,
+    step_metrics,
+)
 from training.config import RunConfig, TaskSpec
 from training.distributed import Ranks
 from training.diversity import Embedder, Warnings, step_diversity
@@ -98,15 +103,21 @@ def _train(
     if main:
         (run_dir / "config.json").write_text(_json(config.to_dict()))
     # the frozen simulator's dominant mode, where the task makes it exact (training/collapse.py):
-    # the training simulator as it starts, plain (a Verbalized one's underlying model)
-    base_user = dataclasses.replace(config.simulator, kind="plain") if (
-        config.simulator.kind == "verbalized") else config.simulator  # fmt: skip
+    # the training simulator as it starts, plain (a Verbalized one's underlying model); an
+    # Ensemble's is that of the even mixture of its members, which the rotation makes it
+    base_users = [
+        dataclasses.replace(s, kind="plain") if s.kind == "verbalized" else s
+        for s in config.training_simulators()
+    ]
     exploit = None
-    if main and domain.first_speaker == "agent" and not base_user.endpoint:
+    if main and domain.first_speaker == "agent" and not any(s.endpoint for s in base_users):
         exploit = load_or_find_exploit(
             run_dir,
-            lambda: simulator_exploit(
-                domain, train_tasks, frozen_simulator(base_user, models, config.seed)
+            lambda: mixture_exploit(
+                [
+                    simulator_exploit(domain, train_tasks, frozen_simulator(s, models, config.seed))
+                    for s in base_users
+                ]
             ),
         )
 
@@ -169,6 +180,7 @@ def _train(
             "fallbacks": sum(r.fallbacks for r in rollouts),
             "optimizer_step": float(stats.get("trained_sequences", 0) > 0),
             **stats,
+            **regime.metrics(step, rollouts),
             **step_metrics(rollouts, exploit),
             **(step_diversity([r.conversation for r in rollouts], embed) if main else {}),
             "time_rollout": t_rollout,
@@ -235,6 +247,8 @@ def _play_task(config, domain, task, index, step, speaker, user) -> list[Any]:
     torch.manual_seed(_task_seed(config.seed, step, index))
     if isinstance(getattr(user, "rng", None), random.Random):
         user.rng.seed(f"{config.seed}-{step}-{index}-user")
+    if hasattr(user, "begin_task"):  # an Ensemble draws each rollout's member from its position
+        user.begin_task(index)
     return play(
         domain, [task] * config.group_size, speaker, user,
         max_turns=config.max_turns, max_tool_rounds=config.max_tool_rounds,

@@ -46,6 +46,14 @@ def with_persona(prompt: str, persona: str) -> str:
     return f"{prompt}\n\n{persona}" if persona else prompt
 
 
+def spec_prompt(prompt: str, spec: SimulatorSpec) -> str:
+    """A simulator's system prompt as its SimulatorSpec shapes it: the Persona-Guided guidelines
+    first, a blank line, then the prompt (the release's order: CHATS-lab/scope_usim
+    usim/core/environment/tau2/environment.py, _ConfiguredAgentGymEnv), the persona after."""
+    prompt = with_persona(prompt, spec.persona)
+    return f"{spec.guidelines.strip()}\n\n{prompt}" if spec.guidelines else prompt
+
+
 class LocalUser:
     """A simulator as a LocalModel: plain or Verbalized Sampling; `tracked` when it is trained."""
 
@@ -71,7 +79,7 @@ class LocalUser:
         base = domain.simulator_system_prompt(scenario)
         if self.sampling is not None:
             base = self.sampling.system_prompt(base)
-        return with_persona(base, self.spec.persona)
+        return spec_prompt(base, self.spec)
 
     def respond(self, domain: Domain, rollouts: list[Rollout]) -> None:
         prompts = []
@@ -229,7 +237,7 @@ class EndpointUser:
 
     def _simulator_for(self, client: LLMClient) -> Simulator:
         """The agents.simulators simulator on the endpoint's client, with the same system prompt
-        as in this process, persona included."""
+        as in this process, guidelines and persona included."""
         if self._simulator is None:
             params = {"temperature": self.spec.temperature, "max_tokens": self.spec.max_new_tokens}
             if self.spec.kind == "verbalized":
@@ -239,8 +247,8 @@ class EndpointUser:
                 )  # fmt: skip
             else:
                 simulator = PlainSimulator(client, self.spec.model, **params)
-            base, persona = simulator.system_prompt, self.spec.persona
-            simulator.system_prompt = lambda d, s: with_persona(base(d, s), persona)
+            base, spec = simulator.system_prompt, self.spec
+            simulator.system_prompt = lambda d, s: spec_prompt(base(d, s), spec)
             self._simulator = simulator
         return self._simulator
 

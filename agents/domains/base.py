@@ -62,6 +62,9 @@ class Domain(abc.ABC):
     # on it (a Domain with another scale says so here)
     reward_range: tuple[float, float] = (0.0, 1.0)
     max_tool_calls_per_turn: int = 10
+    # the Persona-Guided simulator's default behavioural guidelines, put before its system
+    # prompt (training's regime "persona"); "" = none by default, a run must give its own
+    simulator_guidelines: str = ""
 
     @abc.abstractmethod
     def scenarios(self, split: str | None = None) -> list[Scenario]:

@@ -25,6 +25,8 @@ class Tau2Domain(Domain):
     max_steps = 100  # every message, tool calls and results included (tau2's default)
     max_errors = 10  # tool errors (tau2's default)
     gold_cache_size = 256
+    # the release runs Persona-Guided on retail; airline's customer simulator takes the same text
+    simulator_guidelines = prompts.PERSONA_GUIDELINES
 
     def __init__(self, data_dir: str | Path | None = None, nl_judge: NLJudge | None = None):
         """data_dir: a folder in the official layout (None: the bundled data).

@@ -32,6 +32,19 @@ Rules:
 {{scenario}}
 </scenario>"""
 
+# The Persona-Guided baseline's behavioural prefix of the simulator's system prompt, the release's
+# text verbatim (a setting of the paper's run, not the project's wording): `--usim-user-prompt-
+# prefix` of CHATS-lab/scope_usim cmd/slime/tau2/persona_guided.sh at commit
+# 30d4ed4b744dacad2ae535b996372c54f8d41a21, put before the user simulator's own prompt with a
+# blank line between (usim/core/environment/tau2/environment.py, _ConfiguredAgentGymEnv).
+PERSONA_GUIDELINES = """IMPORTANT behavioral guidelines for this conversation:
+- Vary your personality: sometimes be patient and cooperative, sometimes frustrated and impatient, sometimes confused about what you need.
+- Occasionally give contradictory or unclear requests. Real customers often don't know exactly what they want.
+- Show realistic emotional states: anger about service issues, anxiety about deadlines, confusion about policies.
+- Sometimes refuse to follow the agent's instructions or insist on unreasonable requests.
+- Occasionally go off-topic, ask unrelated questions, or provide irrelevant information.
+- Vary your communication style: sometimes verbose, sometimes terse, sometimes formal, sometimes casual."""
+
 SECTIONS = (
     ("reason_for_call", "Why you are contacting customer service", "Reason for call"),
     ("known_info", "What you know", "Known info"),
