@@ -24,7 +24,8 @@ from training.config import REGIMES, SIMULATOR_KINDS, ConfigError, load_config, 
 def vocabularies() -> str:
     """The names a config accepts, for the help text (read from where they are declared)."""
     return (
-        f"domains: {', '.join(DOMAINS)}; regimes: {', '.join(REGIMES)}; "
+        f"domains: {', '.join(DOMAINS)}; "
+        f"regimes: {', '.join(f'{name} ({label})' for name, label in REGIMES.items())}; "
         f"simulator kinds: {', '.join(SIMULATOR_KINDS)}; draw modes: {', '.join(MODES)}"
     )
 

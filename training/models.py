@@ -72,8 +72,8 @@ class TrainingRun(models.Model):
         default="single",
         help_text="Which simulator the agent meets (the paper's names). Ensemble: its members in"
         ' settings as "ensemble" (a list of simulator tables, K >= 2) and "ensemble_draw"'
-        ' (rollout | task); the preset\'s simulator is cleared. Persona-Guided:'
-        ' "simulator.guidelines" in settings (blank: the Domain\'s, tau2 the paper\'s text).',
+        " (rollout | task); the preset's simulator is cleared. Persona-Guided:"
+        " \"simulator.guidelines\" in settings (blank: the Domain's, tau2 the paper's text).",
     )
     base_model = models.CharField(
         max_length=500, blank=True, help_text="Model folder; blank: SmolLM2 base."

@@ -61,7 +61,8 @@ def test_minimal_config_gets_defaults(tmp_path):
         (MINIMAL + "scale_std = 1\n", "scale_std must be bool (got 1)"),
         (
             MINIMAL + 'regime = "duo"\n',
-            "regime must be one of single, verbalized, cotrain, population (got 'duo')",
+            "regime must be one of single, persona, ensemble, verbalized, cotrain, population (got"
+            " 'duo')",
         ),
         (MINIMAL + "group_size = 1\n", "group_size must be >= 2 (got 1)"),
         (MINIMAL + "eps = 1.5\n", "eps must be > 0 and < 1 (got 1.5)"),

@@ -99,7 +99,11 @@ def test_cli_help_lists_the_vocabularies(capsys):
     with pytest.raises(SystemExit):
         main(["run", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    assert "regimes: single, verbalized, cotrain, population" in help_text
+    assert (
+        "regimes: single (RL single simulator), persona (Persona-Guided), ensemble (Ensemble),"
+        " verbalized (Verbalized Sampling), cotrain (Self-Play (co-training)), population"
+        " (Population Self-Play)" in help_text
+    )
     assert "domains: retail, airline, p4g, p4g-decision" in help_text
     assert "draw modes: probability, uniform" in help_text
 

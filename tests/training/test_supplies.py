@@ -184,8 +184,10 @@ def test_an_ensembles_exploit_is_that_of_the_even_mixture():
         ),
         ({"regime": "persona", "domain": "p4g"}, "simulator.guidelines", "must be set"),
         (
-            {"regime": "persona", "simulator": {"kind": "scripted", "script": "steady",
-                                                "guidelines": "x"}},  # fmt: skip
+            {
+                "regime": "persona",
+                "simulator": {"kind": "scripted", "script": "steady", "guidelines": "x"},
+            },  # fmt: skip
             "simulator.kind",
             'must be "plain" or "verbalized"',
         ),

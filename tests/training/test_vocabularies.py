@@ -90,10 +90,15 @@ def test_the_trainer_builds_every_simulator_and_regime_the_config_accepts(
     built = set()
     for regime in accepted(RunConfig, "regime"):
         for kind, draw, script in SPECS:
+            simulator = {"simulator": spec(kind, draw, script)}
+            if regime == "persona":  # the toy Domain has no default guidelines
+                simulator["simulator"]["guidelines"] = "Be brief."
+            if regime == "ensemble":  # K = 2 members of this kind
+                simulator = {"ensemble": [spec(kind, draw, script) | {"name": n} for n in "ab"]}
             try:
                 config = RunConfig.from_dict({
                     "name": "vocab", "domain": "letters", "regime": regime,
-                    "base_model": str(tiny_model), "simulator": spec(kind, draw, script),
+                    "base_model": str(tiny_model), **simulator,
                 })  # fmt: skip
             except ConfigError:
                 continue  # a combination the config refuses (e.g. a scripted co-trainee)
