@@ -2,6 +2,7 @@
 release's rotation) and Persona-Guided (behavioural guidelines before the simulator's prompt)."""
 
 import json
+import random
 
 import pytest
 import torch
@@ -126,6 +127,11 @@ def test_in_process_members_reseed_per_task_so_a_task_plays_the_same_on_any_rank
     both = user_turns([0, 1])
     assert [m for m, _ in both[1]] == ["cold", "hot"]
     assert user_turns([1]) == {1: both[1]}  # as a second rank would play it alone
+    # each member's own generator (its choice draws, a Verbalized draw) was seeded for the task
+    # the trainer began, by name: the same on any rank, and independent of the other member's
+    for name, member in regime.members.items():
+        wanted = random.Random(f"{cfg.seed}-1-1-user-{name}")
+        assert member.rng.getstate() == wanted.getstate(), name
 
 
 def test_an_ensembles_exploit_is_that_of_the_even_mixture():
