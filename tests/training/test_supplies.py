@@ -367,3 +367,51 @@ def test_an_admin_ensemble_run_from_a_preset_clears_the_presets_simulator():
     persona = TrainingRun(name="pg", preset="retail-single-cpu", domain="retail", regime="persona")
     persona = persona.config()
     assert persona.training_simulators()[0].guidelines == PERSONA_GUIDELINES
+
+
+# -- what else reads the training simulator ------------------------------------------------------
+
+
+def test_an_ensembles_exploit_file_is_the_mixture_of_its_members(tiny_model, tmp_path):
+    """On the P4G decision episode the exploit is exact: the run's exploit.json averages each
+    ask's expected reward over the members (scripted types here, whose answers are known)."""
+    from training.collapse import simulator_exploit
+    from training.regimes import frozen_simulator
+
+    decision = get_domain("p4g-decision")
+    members = [{"name": s, "kind": "scripted", "script": s} for s in ("anchored", "reactant")]
+    cfg = RunConfig.from_dict({
+        "name": "decide", "domain": "p4g-decision", "regime": "ensemble", "ensemble": members,
+        "base_model": str(tiny_model), "steps": 1, "group_size": 2, "max_turns": 2,
+        "micro_batch": 4, "tasks": {"max_train": 2, "max_eval": 1},
+        "output_dir": str(tmp_path / "run"), "threads": 1,
+    })  # fmt: skip
+    train(cfg, show_progress=False)
+    found = json.loads((cfg.run_dir() / "exploit.json").read_text())
+    tasks = decision.scenarios("train")[:2]
+    each = [
+        simulator_exploit(decision, tasks, frozen_simulator(s, None, 0))["expected_reward"]
+        for s in cfg.ensemble
+    ]
+    assert found["members"] == each
+    for ask, value in found["expected_reward"].items():
+        assert value == pytest.approx((each[0][ask] + each[1][ask]) / 2)
+    row = rows(cfg)[0]
+    assert row["ensemble/anchored/share"] == row["ensemble/reactant/share"] == 0.5
+
+
+def test_the_dry_run_checks_every_ensemble_member():
+    from training.dryrun import endpoints, sequence_length
+
+    hosted = [
+        {"name": "gpt", "endpoint": "http://a/v1", "model": "gpt-5-mini", "max_new_tokens": 64},
+        {"name": "haiku", "endpoint": "http://b/v1", "model": "claude", "api_key_env": "KEY",
+         "max_new_tokens": 200},
+    ]  # fmt: skip
+    cfg = config(regime="ensemble", ensemble=hosted)
+    assert endpoints(cfg) == [
+        ("ensemble gpt", "http://a/v1", "gpt-5-mini", ""),
+        ("ensemble haiku", "http://b/v1", "claude", "KEY"),
+    ]
+    short = config(regime="ensemble", ensemble=[hosted[0], {**hosted[1], "max_new_tokens": 64}])
+    assert sequence_length(cfg) > sequence_length(short)  # the longest member's replies count
