@@ -1,4 +1,4 @@
-"""The population of Population Co-Training: a FIFO pool of the last K simulator snapshots.
+"""The population of Population Self-Play (regime "population"): a FIFO pool of the last K simulator snapshots.
 
     <run>/pool/manifest.json   {"size": K, "entries": [{"name", "step", "path"}, ...]} oldest first
     <run>/pool/sim-step-000016/ one adapter folder per snapshot

@@ -25,7 +25,7 @@ def test_every_shipped_config_loads():
         for d in ("p4g", "retail")
         for r in ("single", "verbalized", "cotrain", "population")
         for m in ("qwen3-4b", "qwen3-8b")
-    }
+    } | {"p4g-ensemble-cpu", "retail-persona-cpu"}
     for path in CONFIGS:
         config = load_config(path)
         if "qwen3" in path.stem:  # paper scale: hosted held-out panel, keys from the environment

@@ -11,6 +11,13 @@ from agents.domains import get_domain
 from agents.domains.tau2.prompts import PERSONA_GUIDELINES
 from agents.simulators.scripted import REMARKS
 from tests.scripted_server import ScriptedServer
+from tests.training.test_distributed import (  # the 1-vs-2-process helpers, and their model
+    adapter,
+    assert_same,
+    metrics,
+    one_and_two,
+    smooth_tiny_model,  # noqa: F401, F811 (a fixture)
+)
 from training.collapse import mixture_exploit
 from training.config import REGIMES, ConfigError, RunConfig
 from training.policy import LocalModel
@@ -415,3 +422,53 @@ def test_the_dry_run_checks_every_ensemble_member():
     ]
     short = config(regime="ensemble", ensemble=[hosted[0], {**hosted[1], "max_new_tokens": 64}])
     assert sequence_length(cfg) > sequence_length(short)  # the longest member's replies count
+
+
+ENSEMBLE_RUN = """
+name = "ddp-ensemble"
+domain = "p4g-decision"
+regime = "ensemble"
+base_model = "{model}"
+steps = 2
+group_size = 4
+batch_tasks = 2              # one task's group per rank
+lr = 1e-2
+temperature = 1.0
+max_new_tokens = 8
+max_turns = 2
+micro_batch = 4
+save_every = 2
+threads = 1
+[tasks]
+max_train = 4
+[[ensemble]]
+name = "anchored"
+kind = "scripted"
+script = "anchored"
+[[ensemble]]
+name = "reactant"
+kind = "scripted"
+script = "reactant"
+[[ensemble]]
+name = "steady"
+kind = "scripted"
+script = "steady"
+"""
+
+
+def test_an_ensemble_run_gives_the_same_result_on_two_processes(
+    smooth_tiny_model,  # noqa: F811 (the fixture imported above)
+    tmp_path,
+):
+    """The members' draws (each persuadee's donation is drawn from its own generator) and the
+    rotation are per (step, task, rollout): rank 1 playing the step's second task alone draws
+    what one process does, so the per-member metrics and the adapter are the same."""
+    path = tmp_path / "ensemble.toml"
+    path.write_text(ENSEMBLE_RUN.format(model=smooth_tiny_model))
+    one, two = one_and_two(path, tmp_path)
+    assert_same(adapter(one, 2), adapter(two, 2))
+    for row, ref in zip(metrics(two), metrics(one), strict=True):
+        per_member = {k: v for k, v in ref.items() if k.startswith("ensemble/")}
+        assert len(per_member) == 9  # share, reward and success of each of the 3 members
+        assert {k: row[k] for k in per_member} == pytest.approx(per_member)
+        assert sum(v for k, v in per_member.items() if k.endswith("/share")) == pytest.approx(1)
