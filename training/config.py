@@ -63,7 +63,7 @@ REGIMES = {
 SIMULATOR_KINDS = ("plain", "verbalized", "scripted")
 # a co-trained simulator's reward, r the agent's (formulas and sources: training/sim_rewards.py)
 SIMULATOR_REWARDS = {
-    "auto": "the Domain's own (Domain.simulator_reward: p4g adversarial, tau2 curriculum)",
+    "auto": "the Domain's own (its simulator_reward attribute)",
     "curriculum": "exp(-(var - 0.25)^2 / 0.02), var the variance of the agent's rewards over"
     " the task's group: highest when they split evenly (the release's tau2 default)",
     "cooperative": "r (the release's tau2 ablation)",

@@ -130,6 +130,7 @@ class CoTrain(Regime):
         self, config: RunConfig, run_dir: Path, models: ModelCache, ranks: Ranks | None = None
     ):
         super().__init__(config, run_dir, models, ranks)
+        self.reward_mode = config.simulator_reward_mode  # resolved now: a bad one fails at start
         self.policy = Policy.for_run(
             config,
             lr=config.sim_lr,
@@ -177,7 +178,7 @@ class CoTrain(Regime):
         per_group = len(own) * self.config.group_size // len(rollouts)
         if per_group < 2:
             return {"sim/learned": 0.0}
-        mode = self.config.simulator_reward_mode
+        mode = self.reward_mode
         rewards = torch.tensor([r.reward for r in own]).view(-1, per_group)
         sim_rewards, adv = simulator_advantages(mode, rewards, self.config.scale_std)
         adv = adv.flatten()
