@@ -2,19 +2,23 @@
 Domain's default under "auto", the one declaration the config reads, and a real co-training step
 whose simulator learns from the curriculum reward of its own rollouts."""
 
+import json
 import math
 import statistics
 import typing
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from agents.domains import DOMAINS, domain_class
+from training import checkpoint
 from training.agent import LocalAgent
 from training.config import SIMULATOR_REWARDS, ConfigError, RunConfig
 from training.policy import Policy
 from training.regimes import ModelCache, make_regime
 from training.rollout import play
+from training.run import train
 from training.sim_rewards import curriculum_reward, simulator_advantages, simulator_rewards
 
 # exp(-(var - 0.25)^2 / 0.02), worked by hand for each group
@@ -148,3 +152,24 @@ def test_snapshot_rollouts_count_in_no_groups_split(tiny_model, tmp_path, letter
     stats = regime.learn(1, rollouts)
     assert stats["sim/reward_mean"] == pytest.approx(statistics.fmean(map(by_hand, own)))
     assert stats["sim/tokens"] == sum(sum(r.user.mask) for r in rollouts if r.member == "current")
+
+
+def test_a_retail_cotrain_run_rewards_its_simulator_by_the_curriculum(tiny_model, tmp_path):
+    """The trainer on tau2 retail with the default (auto): a tiny agent solves nothing, so every
+    group's rewards are equal and the simulator's reward is exp(-0.25^2 / 0.02) on every
+    rollout; still positive, it is the simulator's advantage, so it moves the simulator."""
+    cfg = RunConfig.from_dict(
+        {"name": "retail-curriculum", "domain": "retail", "regime": "cotrain", "base_model":
+         str(tiny_model), "steps": 1, "group_size": 2, "batch_tasks": 2, "max_new_tokens": 6,
+         "max_turns": 4, "max_tool_rounds": 1, "threads": 1, "heldout": [],
+         "output_dir": str(tmp_path), "tasks": {"max_train": 2}, "simulator": {"max_new_tokens": 6}}
+    )  # fmt: skip
+    train(cfg, show_progress=False)
+    [row] = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert row["reward_mean"] == row["reward_std"] == 0.0  # all equal: variance 0
+    assert row["sim/reward_mean"] == pytest.approx(ALL_EQUAL)
+    assert row["sim/agent_variance"] == 0.0
+    folder = checkpoint.checkpoint_dir(tmp_path, 1) / "simulator"
+    adapter = load_file(folder / "adapter_model.safetensors")
+    # LoRA's B starts at 0 and the KL to the base has no gradient there: only the reward moved it
+    assert any(float(t.abs().max()) > 0 for k, t in adapter.items() if "lora_B" in k)
