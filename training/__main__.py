@@ -18,14 +18,22 @@ import sys
 
 from agents.domains import DOMAINS
 from agents.simulators.verbalized import MODES
-from training.config import REGIMES, SIMULATOR_KINDS, ConfigError, load_config, parse_assignment
+from training.config import (
+    REGIMES,
+    SIMULATOR_KINDS,
+    SIMULATOR_REWARDS,
+    ConfigError,
+    load_config,
+    parse_assignment,
+)
 
 
 def vocabularies() -> str:
     """The names a config accepts, for the help text (read from where they are declared)."""
     return (
         f"domains: {', '.join(DOMAINS)}; regimes: {', '.join(REGIMES)}; "
-        f"simulator kinds: {', '.join(SIMULATOR_KINDS)}; draw modes: {', '.join(MODES)}"
+        f"simulator kinds: {', '.join(SIMULATOR_KINDS)}; draw modes: {', '.join(MODES)}; "
+        f"simulator rewards: {', '.join(SIMULATOR_REWARDS)}"
     )
 
 

@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 from agents.domains import DOMAINS, domain_class
 from training import checkpoint
+from training.__main__ import vocabularies
 from training.agent import LocalAgent
 from training.config import SIMULATOR_REWARDS, ConfigError, RunConfig
 from training.policy import Policy
@@ -87,6 +88,7 @@ def test_config_reads_the_one_declaration():
     assert set(SIMULATOR_REWARDS) == {"auto", "curriculum", "cooperative", "adversarial"}
     for name, text in SIMULATOR_REWARDS.items():
         assert f"{name}: {text}" in info.description
+    assert f"simulator rewards: {', '.join(SIMULATOR_REWARDS)}" in vocabularies()  # CLI help
 
 
 def test_bad_value_names_the_key():
