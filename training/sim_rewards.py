@@ -39,6 +39,10 @@ from training.grpo import group_advantages
 # sample is marked `error` (a rollout that raised: its sample has no tokens, so nothing of it is
 # trained) or `tau2_tool_error` (set by no file of the release); parley has neither mark (a
 # rollout that raises stops the run), so the term is not carried.
+# adversarial and cooperative follow usim/core/co_training_orchestrator.py (P4G: 1 - the agent's
+# reward unless --cooperative-reward; commit 0a0747d97c3cb711f27e35d77398a7ae017e97a2, run by
+# cmd/slime/p4g/self_play.sh without that flag) and usim/slime/tau2_cotrain_rollout.py (tau2: the
+# agent's reward unless curriculum).
 CURRICULUM_CENTER = 0.25
 CURRICULUM_SIGMA2 = 0.02
 
