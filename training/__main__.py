@@ -18,7 +18,14 @@ import sys
 
 from agents.domains import DOMAINS
 from agents.simulators.verbalized import MODES
-from training.config import REGIMES, SIMULATOR_KINDS, ConfigError, load_config, parse_assignment
+from training.config import (
+    REGIMES,
+    SIMULATOR_KINDS,
+    SIMULATOR_REWARDS,
+    ConfigError,
+    load_config,
+    parse_assignment,
+)
 
 
 def vocabularies() -> str:
@@ -26,7 +33,8 @@ def vocabularies() -> str:
     return (
         f"domains: {', '.join(DOMAINS)}; "
         f"regimes: {', '.join(f'{name} ({label})' for name, label in REGIMES.items())}; "
-        f"simulator kinds: {', '.join(SIMULATOR_KINDS)}; draw modes: {', '.join(MODES)}"
+        f"simulator kinds: {', '.join(SIMULATOR_KINDS)}; draw modes: {', '.join(MODES)}; "
+        f"simulator rewards: {', '.join(SIMULATOR_REWARDS)}"
     )
 
 

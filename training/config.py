@@ -72,7 +72,14 @@ ENSEMBLE_DRAWS = {
     "task": "round-robin over the run's tasks (a task's whole group meets one member)",
 }
 SIMULATOR_KINDS = ("plain", "verbalized", "scripted")
-SIMULATOR_REWARDS = ("auto", "adversarial", "cooperative")
+# a co-trained simulator's reward, r the agent's (formulas and sources: training/sim_rewards.py)
+SIMULATOR_REWARDS = {
+    "auto": "the Domain's own (its simulator_reward attribute)",
+    "curriculum": "exp(-(var - 0.25)^2 / 0.02), var the variance of the agent's rewards over"
+    " the task's group: highest when they split evenly (the release's tau2 default)",
+    "cooperative": "r (the release's tau2 ablation)",
+    "adversarial": "1 - r (the release's p4g; it has no adversarial mode for tau2)",
+}
 FINETUNE = ("lora", "full")
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -112,7 +119,7 @@ EnsembleDraw = Literal[tuple(ENSEMBLE_DRAWS)]
 SimulatorKind = Literal[SIMULATOR_KINDS]
 DrawMode = Literal[DRAW_MODES]
 Script = Literal[(*SCRIPTED_TYPES, "")]
-SimulatorReward = Literal[SIMULATOR_REWARDS]
+SimulatorReward = Literal[tuple(SIMULATOR_REWARDS)]
 Finetune = Literal[FINETUNE]
 Dtype = Literal[DTYPES]
 Strings = Annotated[list[StrictStr], Field(strict=True)]
@@ -391,8 +398,8 @@ class RunConfig:
     pool_every: StrictInt = Field(16, ge=1, description="steps between snapshots")
     simulator_reward: SimulatorReward = Field(
         "auto",
-        description="auto: adversarial (1 - r) where the user opposes the agent (p4g), else"
-        " cooperative (r)",
+        description="a co-trained simulator's reward; "
+        + "; ".join(f"{name}: {text}" for name, text in SIMULATOR_REWARDS.items()),
     )
     # evaluation and checkpoints
     eval_every: StrictInt = Field(
@@ -575,12 +582,20 @@ class RunConfig:
         return self.regime in ("cotrain", "population")
 
     @property
-    def adversarial_simulator(self) -> bool:
-        if self.simulator_reward == "auto":
-            from agents.domains import domain_class
+    def simulator_reward_mode(self) -> str:
+        """simulator_reward with "auto" resolved to the Domain's own."""
+        if self.simulator_reward != "auto":
+            return self.simulator_reward
+        from agents.domains import domain_class
 
-            return domain_class(self.domain).user_opposes_agent
-        return self.simulator_reward == "adversarial"
+        mode = domain_class(self.domain).simulator_reward
+        if mode not in SIMULATOR_REWARDS or mode == "auto":
+            raise ConfigError(
+                f"simulator_reward auto: domain {self.domain!r} declares {mode!r}, not one of"
+                f" {_one_of(n for n in SIMULATOR_REWARDS if n != 'auto')}",
+                "simulator_reward",
+            )
+        return mode
 
     def run_dir(self) -> Path:
         from agents.paths import data_dir

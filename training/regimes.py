@@ -9,8 +9,8 @@
     verbalized   one frozen Verbalized Sampling simulator (k candidates, one drawn)
     cotrain      the simulator is a LoRA on its own model (simulator.model, default the agent's
                  base) taking its own GRPO step on its own tokens, with its own KL weight to that
-                 model (simulator_beta), rewarded 1 - agent reward where the user opposes the
-                 agent (P4G: it keeps its money) or the agent's reward (tau2)
+                 model (simulator_beta), rewarded as simulator_reward says (training/sim_rewards.py;
+                 by default the Domain's: P4G 1 - the agent's reward, tau2 the curriculum reward)
     population   cotrain, and the agent also meets a FIFO pool of the simulator's last K snapshots
                  (saved every S steps). Draw per rollout: in each task's group, the first
                  ceil(G/2) rollouts meet the current simulator and the others each a snapshot
@@ -41,10 +41,10 @@ import torch
 
 from training.config import RunConfig, SimulatorSpec
 from training.distributed import Ranks
-from training.grpo import group_advantages
 from training.policy import LocalModel, Policy
 from training.pool import SimulatorPool
 from training.rollout import Rollout
+from training.sim_rewards import group_variance, simulator_advantages
 from training.simulator import EndpointUser, LocalUser, ScriptedUser, ServedUser
 
 
@@ -246,6 +246,7 @@ class CoTrain(Regime):
         self, config: RunConfig, run_dir: Path, models: ModelCache, ranks: Ranks | None = None
     ):
         super().__init__(config, run_dir, models, ranks)
+        self.reward_mode = config.simulator_reward_mode  # resolved now: a bad one fails at start
         self.policy = Policy.for_run(
             config,
             lr=config.sim_lr,
@@ -277,20 +278,26 @@ class CoTrain(Regime):
     def gathered(self, writeback: bool = False) -> Any:
         return self.policy.gathered(writeback)
 
-    def simulator_rewards(self, agent_rewards: torch.Tensor) -> torch.Tensor:
-        return 1.0 - agent_rewards if self.config.adversarial_simulator else agent_rewards
-
     def learn(self, step: int, rollouts: list[Rollout]) -> dict[str, float]:
         """The simulator's GRPO step on its own sampled tokens, grouped like the agent's (only
-        the rollouts its current self played). `rollouts`: this rank's share of the step (every
-        group has the same members, so `per_group` is the same on every rank)."""
+        the rollouts its current self played). `rollouts`: this rank's share of the step, whole
+        groups of its own tasks (ranks.share splits tasks, not rollouts), so a group's
+        curriculum reward needs nothing from another rank. Every group has the same members,
+        so `per_group` is the same on every rank.
+
+        Population: a snapshot's rollouts count in no group's reward either. The curriculum
+        reward scores the split that the current simulator caused; in the release one
+        simulator plays every rollout of a group (its pool swaps one checkpoint in per rollout
+        batch: CHATS-lab/scope_usim usim/slime/cotrain_loop.py dual_selfplay, commit
+        6218b97532dd1c726746840486ef31801ce110e8), so its groups hold no other's rollouts."""
         own = [r for r in rollouts if r.member == "current"]
         per_group = len(own) * self.config.group_size // len(rollouts)
         if per_group < 2:
             return {"sim/learned": 0.0}
+        mode = self.reward_mode
         rewards = torch.tensor([r.reward for r in own]).view(-1, per_group)
-        sim_rewards = self.simulator_rewards(rewards)
-        adv = group_advantages(sim_rewards, self.config.scale_std).flatten()
+        sim_rewards, adv = simulator_advantages(mode, rewards, self.config.scale_std)
+        adv = adv.flatten()
         stats = self.policy.learn(
             [r.user for r in own], adv, self.config,
             temperature=self.config.simulator.temperature, beta=self.config.simulator_beta,
@@ -299,6 +306,10 @@ class CoTrain(Regime):
         out = {f"sim/{k}": v for k, v in stats.items()}
         count = self.ranks.total(sim_rewards.numel())
         out["sim/reward_mean"] = self.ranks.total(float(sim_rewards.sum())) / count
+        if mode == "curriculum":  # the release logs it too (user_curriculum/mean_variance)
+            groups = self.ranks.total(rewards.shape[0])
+            variance = sum(group_variance(row) for row in rewards.tolist())
+            out["sim/agent_variance"] = self.ranks.total(variance) / groups
         out["sim/learned"] = float(stats.get("trained_sequences", 0) > 0)
         return out
 

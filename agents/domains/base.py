@@ -54,9 +54,10 @@ class Domain(abc.ABC):
     name: str = ""
     title: str = ""  # what researchers read in the admin and in CLI help
     first_speaker: str = "user"  # "agent" when the agent opens without a fixed greeting
-    # the user's interest opposes the agent's (a persuadee keeps its money): a co-trained
-    # simulator's reward is then 1 - the agent's, else the agent's own
-    user_opposes_agent: bool = False
+    # a co-trained simulator's reward under simulator_reward = "auto": one of training/config.py
+    # SIMULATOR_REWARDS ("cooperative": the agent's own; P4G "adversarial": a persuadee keeps its
+    # money; tau2 "curriculum": the agent's successes over a task's group should split evenly)
+    simulator_reward: str = "cooperative"
     max_turns: int = 30  # messages of the user and agent, tool messages excluded
     # lowest and highest `Outcome.reward` this Domain gives: a study's outcome figure is drawn
     # on it (a Domain with another scale says so here)

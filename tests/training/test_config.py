@@ -49,7 +49,7 @@ def test_minimal_config_gets_defaults(tmp_path):
     assert config.simulator.temperature == 1.0 and isinstance(config.simulator.temperature, float)
     assert config.clip_high == config.eps  # eps_high 0 means symmetric
     assert config.run_dir().parts[-2:] == ("runs", "r")
-    assert config.adversarial_simulator  # p4g: the persuadee resists
+    assert config.simulator_reward_mode == "adversarial"  # p4g: the persuadee resists
 
 
 @pytest.mark.parametrize(

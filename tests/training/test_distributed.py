@@ -79,13 +79,17 @@ max_new_tokens = 8
 """
 
 
-@pytest.fixture(params=["cotrain", "population"])
+@pytest.fixture(params=["cotrain", "population", "population-curriculum"])
 def cotrain_file(request, smooth_tiny_model, tmp_path):
     """The same run with a co-trained simulator on the tiny model (the persuadee's decision is
-    drawn from its exact distribution over the markers, so its tokens are trained on)."""
+    drawn from its exact distribution over the markers, so its tokens are trained on). With the
+    curriculum reward, each rank scores the groups of its own tasks."""
+    regime, _, reward = request.param.partition("-")
     head = CONFIG.format(model=smooth_tiny_model).split("[simulator]")[0]
+    if reward:
+        head = f'simulator_reward = "{reward}"\n' + head
     path = tmp_path / "cotrain.toml"
-    path.write_text(COTRAIN.format(regime=request.param, head=head))
+    path.write_text(COTRAIN.format(regime=regime, head=head))
     return path
 
 
@@ -164,6 +168,8 @@ def test_two_processes_cotrain_the_simulator_one_process_does(cotrain_file, tmp_
         assert row["sim/tokens"] == ref["sim/tokens"] > 0
         assert row["sim/reward_mean"] == pytest.approx(ref["sim/reward_mean"])
         assert row["sim/loss"] == pytest.approx(ref["sim/loss"], abs=1e-6)
+        if "curriculum" in cotrain_file.read_text():  # the mean over both ranks' groups
+            assert row["sim/agent_variance"] == pytest.approx(ref["sim/agent_variance"])
     if "population" in cotrain_file.read_text():  # rank 0 wrote the pool: one snapshot, step 2
         manifest = json.loads((two / "pool" / "manifest.json").read_text())
         assert [e["step"] for e in manifest["entries"]] == [2]
