@@ -2,8 +2,9 @@
 
     single       one frozen simulator
     verbalized   one frozen Verbalized Sampling simulator (k candidates, one drawn)
-    cotrain      the simulator is a LoRA on its own model (simulator.model, default the agent's
-                 base) taking its own GRPO step on its own tokens, with its own KL weight to that
+    cotrain      the simulator is a LoRA (finetune = "full": every weight) on its own model
+                 (simulator.model, default the agent's base) taking its own GRPO step on its own
+                 tokens, with its own learning rate (sim_lr) and KL weight to that
                  model (simulator_beta), rewarded 1 - agent reward where the user opposes the
                  agent (P4G: it keeps its money) or the agent's reward (tau2)
     population   cotrain, and the agent also meets a FIFO pool of the simulator's last K snapshots
