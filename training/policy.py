@@ -395,7 +395,9 @@ class Policy(LocalModel):
         base.config.save_pretrained(folder)
         if base.generation_config is not None:
             base.generation_config.save_pretrained(folder)
-        weights = {k: p.detach().contiguous() for k, p in self._weights().items()}
+        # copies in host memory: the gathered weights are views of one flat buffer, which
+        # safetensors refuses (shared storage), and a copy on the GPU would double the model there
+        weights = {k: p.detach().to("cpu", copy=True) for k, p in self._weights().items()}
         save_torch_state_dict(weights, folder, max_shard_size="5GB")
         self.tokenizer.save_pretrained(folder)
 
