@@ -291,6 +291,39 @@ def test_fsdp_two_processes_fine_tune_every_weight_one_process_does(
     assert_same(model_weights(one, 3), model_weights(two, 3))
 
 
+def test_fsdp_two_processes_fully_fine_tune_a_population_one_process_does(
+    smooth_tiny_model, tmp_path
+):
+    """`finetune = "full"` applies to the co-trained simulator too: under FSDP both models are
+    sharded (the simulator's KL reference copy as well), pool snapshots are whole model folders
+    swapped into the sharded simulator's gathered weights, and both roles end where one
+    process leaves them."""
+    head = uneven(CONFIG.format(model=smooth_tiny_model).split("[simulator]")[0])
+    head = head.replace("lr = 1e-2", "lr = 1e-3")
+    settings = COTRAIN.format(regime="population", head=head).replace(
+        "simulator_lr = 1e-2", "simulator_lr = 1e-3"
+    )
+    path = tmp_path / "population.toml"
+    path.write_text('finetune = "full"\n' + settings + FSDP)
+    one, two = one_and_two(path, tmp_path, timeout=300)
+
+    rows, single = metrics(two), metrics(one)
+    for row, ref in zip(rows, single, strict=True):
+        assert row["sim/learned"] == ref["sim/learned"] == 1.0
+        assert row["sim/grad_norm"] == pytest.approx(ref["sim/grad_norm"], rel=1e-3)
+        assert row["sim/kl"] == pytest.approx(ref["sim/kl"], rel=1e-3, abs=1e-6)
+    assert rows[1]["pool/size"] == 1.0 and rows[1]["pool/current_share"] < 1.0
+    assert rows[1]["sim/kl"] > 0  # simulator_beta's reference pass, on the sharded copy
+    for step in (1, 2):
+        assert_same(model_weights(one, step), model_weights(two, step))
+        assert_same(model_weights(one, step, "simulator"), model_weights(two, step, "simulator"))
+    [entry] = json.loads((two / "pool" / "manifest.json").read_text())["entries"]
+    snapshot = {}
+    for shard in (two / "pool" / entry["path"]).glob("*.safetensors"):
+        snapshot.update(load_file(shard))
+    assert_same(snapshot, model_weights(two, 2, "simulator"))  # the simulator as step 2 left it
+
+
 VERBALIZED = """
 name = "fsdp-free-text"
 domain = "p4g"
