@@ -247,8 +247,10 @@ def test_fsdp_two_processes_cotrain_the_simulator_one_process_does(smooth_tiny_m
 
 def model_weights(out, step, role=""):
     """A full fine-tuning checkpoint's weights (a Hugging Face model folder, maybe sharded)."""
+    folder = checkpoint.checkpoint_dir(out, step) / role
+    assert (folder / "config.json").is_file() and not (folder / "adapter_config.json").exists()
     state = {}
-    for shard in sorted((checkpoint.checkpoint_dir(out, step) / role).glob("*.safetensors")):
+    for shard in sorted(folder.glob("*.safetensors")):
         state.update(load_file(shard))
     return state
 
