@@ -7,7 +7,8 @@
                                                          writes a whole model folder instead
         manifest.json        name, kind, base model, regime, domain, step, metrics, config
         trainer_state.pt     optimizer(s) and RNG state, for resuming
-        simulator/           co-training: the simulator's adapter at this step (+ manifest.json)
+        simulator/           co-training: the simulator's adapter (full fine-tuning: its
+                             model folder) at this step (+ manifest.json)
 
 A folder is written under a temporary name and renamed when complete, so a run killed while
 saving never leaves a half checkpoint that a resume would pick up. Data-parallel, rank 0 writes

@@ -281,13 +281,24 @@ class DistributedSpec:
         "ddp",
         description="ddp: every rank holds the whole model, gradients are all-reduced"
         " | fsdp: parameters sharded across ranks, for models that do not fit one device"
-        " (LoRA only; see training/README.md)",
+        " (LoRA or full fine-tuning; see training/README.md)",
     )
 
 
 @dataclass(config=TABLE)
 class LoraSpec:
     r: StrictInt = Field(8, ge=1, description="LoRA rank")
+    # LoRA's best learning rate is about 10x full fine-tuning's (Schulman et al. 2025, "LoRA
+    # Without Regret"; TRL's guide of that name says the same), so a recipe tuned for full
+    # fine-tuning (the paper's 1e-6) moves an adapter about 10x less unless it is scaled.
+    lr_scale: StrictFloat = Field(
+        1.0,
+        gt=0,
+        le=1000,
+        description='finetune = "lora": the optimizer\'s learning rate is lr x lr_scale (and the'
+        " co-trained simulator's simulator_lr x lr_scale); about 10 gives a full-fine-tuning"
+        ' rate\'s effect ("LoRA Without Regret"). Ignored under finetune = "full"',
+    )
     alpha: StrictInt = Field(16, gt=0, description="LoRA scaling numerator (scale = alpha / r)")
     dropout: StrictFloat = Field(0.0, ge=0, lt=1, description="dropout on the LoRA input")
     targets: Strings = Field(
@@ -324,6 +335,19 @@ class CollapseSpec:
         description="with embedding_model: warn when the user turns' mean pairwise cosine"
         " distance falls below (0 = never; calibrate per embedding model)",
     )  # fmt: skip
+
+
+# the GRPO block's own types (the estimators' formulas: grpo.KL_ESTIMATORS)
+KlEstimator = Literal["k1", "k2", "k3"]
+
+
+def _betas(betas: list[float]) -> list[float]:
+    if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+        raise PydanticCustomError("betas", "must be two numbers [b1, b2], each in [0, 1)")
+    return betas
+
+
+AdamBetas = Annotated[list[StrictFloat], Field(strict=True), AfterValidator(_betas)]
 
 
 @dataclass(config=TABLE)
@@ -367,20 +391,42 @@ class RunConfig:
         0.0, ge=0, description="the co-trained simulator's learning rate (0 = lr)"
     )
     simulator_beta: StrictFloat = Field(
-        0.1, ge=0, description="co-trained simulator's k3 KL weight to its own base model"
+        0.1,
+        ge=0,
+        description="co-trained simulator's KL weight (kl_estimator) to its own base model",
     )
     eps: StrictFloat = Field(0.2, gt=0, lt=1, description="clip range of the ratio")
     eps_high: StrictFloat = Field(
         0.0, ge=0, description="upper clip range (0 = eps, symmetric clipping)"
     )
-    beta: StrictFloat = Field(0.0, ge=0, description="k3 KL weight; 0 skips the reference model")
+    beta: StrictFloat = Field(
+        0.0,
+        ge=0,
+        description="the agent's KL weight to its starting model; 0 skips the reference model"
+        " (Population Self-Play as released: no agent KL)",
+    )
+    # the release's launchers: --kl-loss-type low_var_kl, which is k3 (CHATS-lab/scope_usim
+    # cmd/slime/p4g/rl_single_gpt5mini.sh @1470e27); the formulas are in grpo.grpo_loss
+    kl_estimator: KlEstimator = Field(
+        "k3",
+        description="the per-token KL estimator, d = log pi_ref - log pi: k1 = -d (the log"
+        " ratio) | k2 = d^2 / 2 | k3 = exp(d) - d - 1 (low variance, >= 0; the release's"
+        " low_var_kl); for the agent (beta) and a co-trained simulator (simulator_beta)",
+    )
+    adam_betas: AdamBetas = Field(
+        default_factory=lambda: [0.9, 0.999],
+        description="AdamW's (b1, b2) for the agent and a co-trained simulator; the release"
+        " uses [0.9, 0.98]",
+    )
     scale_std: StrictBool = Field(
         True, description="advantages (r - mean) / (std + 1e-4); false: r - mean"
     )
     ppo_epochs: StrictInt = Field(1, ge=1, description="passes over each step's rollouts")
     micro_batch: StrictInt = Field(2, ge=1, description="sequences per forward pass")
     grad_clip: StrictFloat = Field(1.0, ge=0, description="gradient norm clip (0 = no clipping)")
-    weight_decay: StrictFloat = Field(0.0, ge=0, description="AdamW weight decay")
+    weight_decay: StrictFloat = Field(
+        0.0, ge=0, description="AdamW weight decay (agent and co-trained simulator)"
+    )
     # rollouts
     temperature: StrictFloat = Field(0.7, gt=0, description="the agent's sampling temperature")
     max_new_tokens: StrictInt = Field(48, ge=1, description="tokens per agent turn")
@@ -412,7 +458,11 @@ class RunConfig:
         0, ge=0, description="steps between checkpoints (0 = only after the last step)"
     )
     # model
-    finetune: Finetune = Field("lora", description="lora: train an adapter | full: every weight")
+    finetune: Finetune = Field(
+        "lora",
+        description="lora: train an adapter | full: every weight. Applies to every model that"
+        " learns: the agent and a co-trained simulator",
+    )
     lora: LoraSpec = Field(default_factory=LoraSpec, description="the adapter")
     distributed: DistributedSpec = Field(
         default_factory=DistributedSpec,
@@ -461,12 +511,12 @@ class RunConfig:
                 self.finetune,
                 'must be "lora" with rollout_endpoint (the server loads adapters)',
             )
-        if self.distributed.strategy == "fsdp" and self.finetune != "lora":
+        if self.trains_simulator and self.simulator.endpoint and self.finetune != "lora":
             raise _refuse(
                 "finetune",
                 self.finetune,
-                'must be "lora" with distributed.strategy = "fsdp" (the sharded trainer saves'
-                ' and loads adapters); full fine-tuning runs data-parallel with "ddp"',
+                'must be "lora" with a served co-trained simulator (simulator.endpoint: the'
+                " server loads its adapter after each update)",
             )
         kind = self.simulator.kind
         if self.regime == "verbalized" and kind != "verbalized":
@@ -574,8 +624,20 @@ class RunConfig:
         return self.eps_high or self.eps
 
     @property
+    def lr_scale(self) -> float:
+        """What the learning rates are multiplied by: lora.lr_scale under LoRA, else 1."""
+        return self.lora.lr_scale if self.finetune == "lora" else 1.0
+
+    @property
+    def agent_lr(self) -> float:
+        """The agent optimizer's learning rate (lr, scaled for LoRA)."""
+        return self.lr * self.lr_scale
+
+    @property
     def sim_lr(self) -> float:
-        return self.simulator_lr or self.lr
+        """The co-trained simulator optimizer's learning rate (simulator_lr or lr, scaled for
+        LoRA)."""
+        return (self.simulator_lr or self.lr) * self.lr_scale
 
     @property
     def trains_simulator(self) -> bool:

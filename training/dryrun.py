@@ -13,17 +13,23 @@ folders on disk.
 Memory per device (bytes; b = bytes per weight of `dtype`, P = a model's parameters, N =
 `distributed.processes`, shard = N under FSDP else 1):
 
-    weights      = (P_agent + sum of P of every other in-process model copy) * b / shard
+    weights      = P_trained * b / shard + P_frozen * b
     LoRA         = 16 * P_lora / shard     (fp32 adapter 4 + its gradient 4 + AdamW m, v 8)
-    full         = 3 * P_agent * b / shard (gradient + AdamW m, v in the weights' dtype)
-                   + P_agent * b / shard   (the reference copy, when beta > 0)
+    full         = 3 * P_trained * b / shard  (gradient + AdamW m, v in the weights' dtype)
+                   + P_ref * b / shard     (the frozen reference copies: the agent's when
+                                            beta > 0, a co-trained simulator's when
+                                            simulator_beta > 0; sharded like the policy)
     activations  = checkpointing off: L * s * m * h * 34 * b/2
                    checkpointing on:  L * s * m * h * b + s * m * h * 34 * b/2
                    + s * m * V * 8     (fp32 logits and their gradient, either way)
     gathered     = (P_agent + P_sim) * b * (1 - 1/shard)    FSDP only, P_sim when co-trained
     total        = weights + LoRA or full + max(activations, gathered)
 
-with L layers, h hidden size, V vocabulary, s sequence length, m = `micro_batch`. 34 s m h
+with P_trained the models that learn (the agent; a co-trained simulator, LoRA or full as
+`finetune` says: it applies to both), P_frozen every other in-process model copy (whole on every
+rank: only the trained models are sharded), L layers, h hidden size, V vocabulary, s sequence
+length, m = `micro_batch`. Full fine-tuning keeps no fp32 master copy: weights, gradients and
+AdamW's m and v are all in `dtype` (hence `check_precision`). 34 s m h
 (16-bit) is one transformer layer's saved activations without the attention matrix (Korthikanti
 et al. 2022, "Reducing Activation Recomputation", with fused attention as SDPA/flash gives);
 checkpointing keeps only each layer's input and recomputes one layer at a time. P_lora sums
@@ -180,14 +186,14 @@ def memory(config: RunConfig, sequence: int | None = None) -> dict[str, Any]:
     p_agent = agent.parameters()
     copies = {(str(s.model or config.base_model_path()), s.adapter) for s in
               [*config.training_simulators(), *config.heldout] if _in_process(s)}  # fmt: skip
-    p_others = 0
+    p_frozen = 0
     for model, _adapter in sorted(copies):
-        p_others += architecture(model)[0].parameters()
-    trainable = [(agent, config.lora.r)]
+        p_frozen += architecture(model)[0].parameters()
+    trainable = [(agent, config.beta)]  # each learning model and its KL weight
     if config.trains_simulator:
         sim = architecture(config.simulator_model_path())[0]
-        p_others += sim.parameters()
-        trainable.append((sim, config.lora.r))
+        trainable.append((sim, config.simulator_beta))
+    p_trained = sum(a.parameters() for a, _ in trainable)
     out: dict[str, Any] = {
         "model": str(config.base_model_path()),
         "source": source,
@@ -196,21 +202,20 @@ def memory(config: RunConfig, sequence: int | None = None) -> dict[str, Any]:
         "strategy": config.distributed.strategy,
         "sequence_length": sequence or sequence_length(config),
         "micro_batch": config.micro_batch,
-        "weights": (p_agent + p_others) * b / shard,
+        "weights": p_trained * b / shard + p_frozen * b,
     }
     if config.finetune == "lora":
-        p_lora = sum(a.lora_parameters(r, config.lora.targets) for a, r in trainable)
+        p_lora = sum(a.lora_parameters(config.lora.r, config.lora.targets) for a, _ in trainable)
         out["lora_parameters"] = p_lora
         out["trainable_state"] = 16 * p_lora / shard
     else:
-        reference = 1 if config.beta > 0 else 0
-        out["trainable_state"] = (3 + reference) * p_agent * b / shard
+        p_ref = sum(a.parameters() for a, beta in trainable if beta > 0)
+        out["trainable_state"] = (3 * p_trained + p_ref) * b / shard
     s, m = out["sequence_length"], config.micro_batch
     logits = s * m * agent.vocab * 8
     layer = s * m * agent.hidden * 34 * b / 2
     out["activations_checkpointing_off"] = agent.layers * layer + logits
     out["activations_checkpointing_on"] = agent.layers * s * m * agent.hidden * b + layer + logits
-    p_trained = p_agent + (sim.parameters() if config.trains_simulator else 0)
     out["gathered"] = p_trained * b * (1 - 1 / shard)
     for flag in ("off", "on"):
         passes = max(out[f"activations_checkpointing_{flag}"], out["gathered"])
@@ -305,6 +310,31 @@ def check_batch(config: RunConfig) -> Check:
     )
 
 
+# the relative spacing of a dtype's numbers (its machine epsilon)
+EPSILON = {"float32": 2.0**-23, "bfloat16": 2.0**-7, "float16": 2.0**-10}
+TYPICAL_WEIGHT = 0.02  # the initialisation scale of Llama/Qwen linear layers
+
+
+def check_precision(config: RunConfig) -> Check:
+    """Full fine-tuning keeps its weights in `dtype` (no fp32 master copy): an AdamW step moves a
+    weight by about the learning rate, and one smaller than half the spacing of the dtype's
+    numbers near a typical weight rounds away, so the run would not learn."""
+    if config.finetune != "full":
+        return Check("full fine-tuning precision", True, "LoRA: the adapter trains in float32")
+    spacing = EPSILON[config.dtype] * 2.0 ** math.floor(math.log2(TYPICAL_WEIGHT))
+    lost = config.agent_lr < spacing / 2
+    detail = (
+        f"{config.dtype} weights near {TYPICAL_WEIGHT} are {spacing:.1e} apart; steps of about lr"
+        f" = {config.agent_lr:g} "
+        + (
+            'round away (no fp32 master copy is kept): use dtype = "float32"'
+            if lost
+            else "are kept"
+        )
+    )
+    return Check("full fine-tuning precision", not lost, detail)
+
+
 def check_memory(config: RunConfig, offline: bool, device_gib: float | None) -> tuple[Check, dict]:
     try:
         estimate = memory(config)
@@ -317,7 +347,8 @@ def check_memory(config: RunConfig, offline: bool, device_gib: float | None) -> 
     detail = (
         f"{need:.1f} GiB of {size:.0f} GiB ({where}); "
         f"{estimate['sequence_length']} tokens x micro_batch {config.micro_batch}, "
-        f"{config.finetune} r={config.lora.r}, {config.dtype}, "
+        f"{config.finetune if config.finetune == 'full' else f'lora r={config.lora.r}'},"
+        f" {config.dtype}, "
         f"{estimate['strategy']} x {estimate['processes']}; "
         f"with gradient checkpointing {estimate['total_checkpointing_on_gib']:.1f} GiB"
     )
@@ -431,6 +462,7 @@ def dry_run(
         config = dataclasses.replace(config, distributed=distributed)  # the launch's count
     checks.append(check_strategy(config))
     checks.append(check_batch(config))
+    checks.append(check_precision(config))
     mem_check, estimate = check_memory(config, offline, device_gib)
     checks.append(mem_check)
     if not offline:

@@ -32,6 +32,17 @@ def group_advantages(rewards: torch.Tensor, scale_std: bool = True) -> torch.Ten
     return adv
 
 
+# Per-token estimators of KL(pi || pi_ref) from the sampled token's d = ref_logp - logp (Schulman,
+# "Approximating KL Divergence", 2020), as Slime's compute_approx_kl names them (the release's
+# --kl-loss-type low_var_kl is k3; Slime also clamps low_var_kl to [-10, 10], which parley does
+# not: TRL's k3, which bench/grpo_vs_trl.py compares against, is unclamped).
+KL_ESTIMATORS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "k1": lambda d: -d,  # log pi - log pi_ref: unbiased, can be negative, high variance
+    "k2": lambda d: 0.5 * d * d,  # biased, >= 0; its gradient is that of the true KL
+    "k3": lambda d: torch.exp(d) - d - 1.0,  # unbiased, >= 0, low variance
+}
+
+
 def grpo_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -41,17 +52,23 @@ def grpo_loss(
     eps: float = 0.2,
     eps_high: float | None = None,
     beta: float = 0.0,
+    kl_estimator: str = "k3",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The GRPO loss, a token-level mean over the policy's own tokens:
 
         ratio_t = exp(logp_t - old_logp_t)
         L_t     = -min(ratio_t * A, clip(ratio_t, 1 - eps, 1 + eps_high) * A) + beta * KL_t
-        KL_t    = exp(ref_t - logp_t) - (ref_t - logp_t) - 1          (k3 estimator, >= 0)
+        d_t     = ref_t - logp_t
+        KL_t    = k1: -d_t                     (the log ratio logp - ref)
+                  k2: d_t^2 / 2
+                  k3: exp(d_t) - d_t - 1       (the default, >= 0; the release's low_var_kl)
         loss    = sum_t mask_t * L_t / sum_t mask_t
 
     logp/old_logp/ref_logp/mask: [B, T]; adv: [B] (one advantage per sequence).
     Returns the loss and stats: kl, clip_frac (tokens whose gradient the clip removed), tokens.
     """
+    if kl_estimator not in KL_ESTIMATORS:
+        raise ValueError(f"kl_estimator must be one of {', '.join(KL_ESTIMATORS)}")
     eps_high = eps if eps_high is None else eps_high
     mask = mask.to(logp.dtype)
     tokens = mask.sum().clamp(min=1.0)
@@ -62,8 +79,7 @@ def grpo_loss(
     per_token = -torch.minimum(unclipped, clipped)
     kl = torch.zeros_like(logp)
     if ref_logp is not None and beta > 0:
-        delta = ref_logp - logp
-        kl = torch.exp(delta) - delta - 1.0
+        kl = KL_ESTIMATORS[kl_estimator](ref_logp - logp)
         per_token = per_token + beta * kl
     loss = (per_token * mask).sum() / tokens
     with torch.no_grad():
@@ -215,14 +231,19 @@ def update(
     epochs: int = 1,
     grad_clip: float = 1.0,
     reference: Callable[..., torch.Tensor] | None = None,
+    reference_weights: Callable[[], Any] | None = None,
     temperature: float = 1.0,
     ranks: Any = None,
+    kl_estimator: str = "k3",
 ) -> dict[str, float]:
     """One GRPO step on `batch`: old and reference log-probs, then `epochs` optimizer steps.
 
     `reference(rows)` gives the reference policy's log-probs (Policy.reference_logprobs); it is
-    needed when beta > 0. With epochs == 1 the old log-probs are the current ones detached
-    (ratio 1), which saves a forward pass, as in TRL.
+    needed when beta > 0. It runs on `model`'s gathered weights (LoRA: the adapter disabled),
+    unless `reference_weights()` is given: the context in which a separate reference model's
+    weights are whole (FSDP full fine-tuning: its frozen shards gathered by every rank), entered
+    once for all of this rank's reference passes. With epochs == 1 the old log-probs are the
+    current ones detached (ratio 1), which saves a forward pass, as in TRL.
 
     With beta = 0 a sequence whose advantage is 0 adds exactly 0 to the loss and its gradient,
     so it is not back-propagated (its entropy is still measured); a batch with no signal at all
@@ -258,11 +279,15 @@ def update(
     scale = ranks.world if sharded else 1
     totals = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "entropy": 0.0, "grad_norm": 0.0}
     old, ref = {}, {}
+    if beta > 0 and reference_weights is not None:  # a model of its own: gathered on its own
+        with torch.no_grad(), reference_weights():
+            for c in chunks:
+                ref[c] = reference(batch.rows(*c), temperature)
     with torch.no_grad(), full_weights(model if sharded else None):
         for c in chunks:
             if epochs > 1:
                 old[c] = token_logprobs(full, batch.rows(*c), temperature=temperature)[0]
-            if beta > 0:
+            if beta > 0 and reference_weights is None:
                 ref[c] = reference(batch.rows(*c), temperature)
         for i in range(n_live, len(batch), micro_batch):  # idle rows: entropy only
             rows = batch.rows(i, min(i + micro_batch, len(batch)))
@@ -277,8 +302,9 @@ def update(
             logp, entropy = token_logprobs(model, rows, with_entropy=True, temperature=temperature)
             old_logp = old[c] if epochs > 1 else logp.detach()
             loss, stats = grpo_loss(
-                logp, old_logp, ref.get(c), adv[c[0] : c[1]], rows.mask, eps, eps_high, beta
-            )
+                logp, old_logp, ref.get(c), adv[c[0] : c[1]], rows.mask, eps, eps_high, beta,
+                kl_estimator,
+            )  # fmt: skip
             weight = stats["tokens"] / total_tokens  # token-level mean over the whole batch
             (loss * weight * scale).backward()
             totals["loss"] += loss.item() * weight / epochs

@@ -2,7 +2,8 @@
 
 A Policy is the base model with a LoRA adapter (peft) or, with finetune = "full", every weight
 trainable. Its reference for the KL term is the same model with the adapter disabled (LoRA) or
-a frozen copy of the base (full), so LoRA runs never hold a second model.
+a frozen copy of the base (full), so LoRA runs never hold a second model. Under FSDP a full
+Policy's reference copy is sharded too and gathered, on its own, for the reference passes.
 
 Under FSDP (training/distributed.py) a Policy's `model` stays the unwrapped model, whose weights
 are then shards: what uses it directly (sampling, the reference pass, evaluation, saving and
@@ -167,7 +168,9 @@ class Policy(LocalModel):
         lora: LoraSpec | None = None,
         lr: float = 1e-5,
         weight_decay: float = 0.0,
+        adam_betas: tuple[float, float] = (0.9, 0.999),
         beta: float = 0.0,
+        kl_estimator: str = "k3",
         dtype: str = "float32",
         device: str = "cpu",
         ranks: Any = None,
@@ -175,6 +178,7 @@ class Policy(LocalModel):
         model, tokenizer = load_base(path, dtype, device)
         self.base_path = str(path)
         self.finetune = finetune
+        self.kl_estimator = kl_estimator
         self.reference_model = None
         if finetune == "lora":
             from peft import LoraConfig, get_peft_model
@@ -192,8 +196,14 @@ class Policy(LocalModel):
             self.reference_model = copy.deepcopy(model).eval().requires_grad_(False)
         super().__init__(model, tokenizer)
         self.sharded = ranks.shard(self.model) if ranks is not None else None
+        # FSDP: the frozen reference copy is sharded like the policy (never a whole copy per rank)
+        self.reference_sharded = None
+        if self.reference_model is not None and ranks is not None:
+            self.reference_sharded = ranks.shard(self.reference_model)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            params, lr=lr, betas=tuple(adam_betas), weight_decay=weight_decay
+        )
 
     @classmethod
     def for_run(
@@ -201,19 +211,22 @@ class Policy(LocalModel):
         config: RunConfig,
         *,
         lr: float,
-        finetune: str = "lora",
         model: Path | None = None,
         beta: float | None = None,
         ranks: Any = None,
     ) -> Policy:
-        """The agent (defaults), or a co-trained simulator on its own `model` and `beta`."""
+        """The agent (defaults), or a co-trained simulator on its own `model` and `beta`; both
+        fine-tuned as config.finetune says, with the run's optimizer settings at `lr` (the
+        role's effective rate: config.agent_lr or config.sim_lr)."""
         return cls(
             model or config.base_model_path(),
-            finetune=finetune,
+            finetune=config.finetune,
             lora=config.lora,
             lr=lr,
             weight_decay=config.weight_decay,
+            adam_betas=tuple(config.adam_betas),
             beta=config.beta if beta is None else beta,
+            kl_estimator=config.kl_estimator,
             dtype=config.dtype,
             device=config.device,
             ranks=ranks,
@@ -308,11 +321,20 @@ class Policy(LocalModel):
             epochs=config.ppo_epochs,
             grad_clip=config.grad_clip,
             reference=self.reference_logprobs if beta > 0 else None,
+            reference_weights=self._reference_weights if self.reference_sharded else None,
             temperature=temperature,
             ranks=ranks,
+            kl_estimator=self.kl_estimator,
         )
 
+    def _reference_weights(self) -> Any:
+        """FSDP full fine-tuning: the reference copy's whole weights while it lasts (a
+        collective every rank enters, once per update)."""
+        return full_weights(self.reference_sharded)
+
     def reference_logprobs(self, batch: TokenBatch, temperature: float = 1.0) -> torch.Tensor:
+        """The starting model's log-probs (LoRA: the adapter disabled; full: the frozen copy,
+        under FSDP inside `_reference_weights`)."""
         with torch.no_grad():
             if self.finetune == "lora":
                 with self.model.disable_adapter():
@@ -327,6 +349,9 @@ class Policy(LocalModel):
         """LoRA: the adapter (peft layout, what vLLM --lora-modules loads); full: the model
         folder with its tokenizer."""
         folder.mkdir(parents=True, exist_ok=True)
+        if self.sharded is not None and self.finetune == "full":  # inside gathered()
+            self._save_full_model(folder)
+            return
         if self.sharded is not None:  # inside gathered(): the same files, from the weights
             from safetensors.torch import save_file
 
@@ -341,7 +366,9 @@ class Policy(LocalModel):
     def load_weights(self, folder: Path) -> None:
         from safetensors.torch import load_file
 
-        if self.sharded is not None:  # inside gathered(writeback=True): the full weights
+        if self.sharded is not None and self.finetune == "full":  # in gathered(writeback=True)
+            self._load_model_files(folder)
+        elif self.sharded is not None:  # inside gathered(writeback=True): the full weights
             self._load_adapter_file(folder)
         elif self.finetune == "lora":
             from peft import set_peft_model_state_dict
@@ -356,6 +383,43 @@ class Policy(LocalModel):
             for shard in sorted(folder.glob("*.safetensors")):
                 state.update(load_file(shard))
             self.model.load_state_dict(state, strict=False)
+
+    def _save_full_model(self, folder: Path) -> None:
+        """FSDP full fine-tuning, inside gathered(): the Hugging Face model folder save_pretrained
+        writes (config, generation config, safetensors shards under the parameters' own names,
+        a tied output embedding once, tokenizer), from the gathered weights by name: the
+        model's state_dict would run FSDP's per-layer hooks, each a collective."""
+        from huggingface_hub import save_torch_state_dict
+
+        base = self.model
+        base.config.save_pretrained(folder)
+        if base.generation_config is not None:
+            base.generation_config.save_pretrained(folder)
+        # copies in host memory: the gathered weights are views of one flat buffer, which
+        # safetensors refuses (shared storage), and a copy on the GPU would double the model there
+        weights = {k: p.detach().to("cpu", copy=True) for k, p in self._weights().items()}
+        save_torch_state_dict(weights, folder, max_shard_size="5GB")
+        self.tokenizer.save_pretrained(folder)
+
+    def _load_model_files(self, folder: Path) -> None:
+        """A full model folder's safetensors copied into the (gathered) weights by name; every
+        weight must be there (a tied output embedding is the input one)."""
+        from safetensors.torch import load_file
+
+        params = self._weights()
+        state: dict[str, torch.Tensor] = {}
+        for shard in sorted(folder.glob("*.safetensors")):
+            state.update(load_file(shard))
+        unknown = [key for key in state if key not in params]
+        missing = [key for key in params if key not in state]
+        if unknown or missing:
+            raise ValueError(
+                f"{folder} is not a model of this architecture: unknown {unknown[:3]},"
+                f" missing {missing[:3]}"
+            )
+        with torch.no_grad():
+            for key, value in state.items():
+                params[key].copy_(value)
 
     def _adapter_weights(self) -> dict[str, torch.nn.Parameter]:
         """The LoRA weights by their keys in PEFT's adapter file (without the adapter's name)."""

@@ -1,7 +1,7 @@
 """The population of Population Self-Play (regime "population"): a FIFO pool of the last K simulator snapshots.
 
     <run>/pool/manifest.json   {"size": K, "entries": [{"name", "step", "path"}, ...]} oldest first
-    <run>/pool/sim-step-000016/ one adapter folder per snapshot
+    <run>/pool/sim-step-000016/ one adapter folder per snapshot (full fine-tuning: a model folder)
 
 The manifest is rewritten atomically after each change, so a restarted run finds the pool as it
 was at its last snapshot. Snapshots from steps after the checkpoint a run resumes from are

@@ -7,10 +7,11 @@
                  user is round-robin over the run's rollouts (ensemble_draw = "rollout", the
                  release's rule) or over its tasks ("task"); see Ensemble
     verbalized   one frozen Verbalized Sampling simulator (k candidates, one drawn)
-    cotrain      the simulator is a LoRA on its own model (simulator.model, default the agent's
-                 base) taking its own GRPO step on its own tokens, with its own KL weight to that
-                 model (simulator_beta), rewarded as simulator_reward says (training/sim_rewards.py;
-                 by default the Domain's: P4G 1 - the agent's reward, tau2 the curriculum reward)
+    cotrain      the simulator is a LoRA (finetune = "full": every weight) on its own model
+                 (simulator.model, default the agent's base) taking its own GRPO step on its own
+                 tokens, with its own learning rate (sim_lr) and KL weight to that model
+                 (simulator_beta), rewarded as simulator_reward says (training/sim_rewards.py; by
+                 default the Domain's: P4G 1 - the agent's reward, tau2 the curriculum reward)
     population   cotrain, and the agent also meets a FIFO pool of the simulator's last K snapshots
                  (saved every S steps). Draw per rollout: in each task's group, the first
                  ceil(G/2) rollouts meet the current simulator and the others each a snapshot

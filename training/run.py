@@ -91,7 +91,7 @@ def _train(
     torch.manual_seed(config.seed)
 
     models = ModelCache(config)
-    agent = Policy.for_run(config, lr=config.lr, finetune=config.finetune, ranks=ranks)
+    agent = Policy.for_run(config, lr=config.agent_lr, ranks=ranks)
     regime = make_regime(config, run_dir, models, ranks)
     panel = HeldOutPanel(config, domain, eval_tasks, models)
     # every rank loads the same global checkpoint (adapter, optimizer, RNG), so a run resumes at
@@ -102,6 +102,8 @@ def _train(
     samples = MetricsLog(run_dir / "samples.jsonl", resume_step=start) if main else None
     if main:
         (run_dir / "config.json").write_text(_json(config.to_dict()))
+    # the optimizers' rates as set (LoRA scales them: lora.lr_scale), in every metrics row
+    rates = {"lr": config.agent_lr} | ({"sim/lr": config.sim_lr} if config.trains_simulator else {})
     # the frozen simulator's dominant mode, where the task makes it exact (training/collapse.py):
     # the training simulator as it starts, plain (a Verbalized one's underlying model); an
     # Ensemble's is that of the even mixture of its members, which the rotation makes it
@@ -179,6 +181,7 @@ def _train(
             "turns": statistics.fmean(len(r.conversation) for r in rollouts),
             "fallbacks": sum(r.fallbacks for r in rollouts),
             "optimizer_step": float(stats.get("trained_sequences", 0) > 0),
+            **rates,
             **stats,
             **regime.metrics(step, rollouts),
             **step_metrics(rollouts, exploit),

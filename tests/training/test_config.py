@@ -114,9 +114,26 @@ def test_minimal_config_gets_defaults(tmp_path):
             "simulator.model must name the served",
         ),
         (
-            MINIMAL + 'finetune = "full"\n[distributed]\nstrategy = "fsdp"\n',
-            'finetune must be "lora" with distributed.strategy = "fsdp"',
+            MINIMAL + 'finetune = "full"\nregime = "cotrain"\n[simulator]\n'
+            'endpoint = "http://x/v1"\nmodel = "m"\n',
+            'finetune must be "lora" with a served co-trained simulator',
         ),
+        (
+            MINIMAL + 'finetune = "full"\nrollout_endpoint = "http://x/v1"\n',
+            'finetune must be "lora" with rollout_endpoint',
+        ),
+        (MINIMAL + 'kl_estimator = "k4"\n', "kl_estimator must be one of k1, k2, k3 (got 'k4')"),
+        (
+            MINIMAL + "adam_betas = [0.9, 1.0]\n",
+            "adam_betas must be two numbers [b1, b2], each in [0, 1) (got [0.9, 1.0])",
+        ),
+        (
+            MINIMAL + "adam_betas = [0.9]\n",
+            "adam_betas must be two numbers [b1, b2], each in [0, 1) (got [0.9])",
+        ),
+        (MINIMAL + "adam_betas = [0.9, 'x']\n", "adam_betas[1] must be float (got 'x')"),
+        (MINIMAL + "adam_betas = 0.9\n", "adam_betas must be a list"),
+        (MINIMAL + "[lora]\nlr_scale = 0.0\n", "lora.lr_scale must be > 0 and <= 1000 (got 0.0)"),
         (MINIMAL + "steps = [\n", "not valid TOML"),
     ],
 )

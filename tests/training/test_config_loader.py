@@ -39,7 +39,7 @@ SCRIPTED = {"name": "steady", "kind": "scripted", "script": "steady"}
         (
             {**BASE, "lora": {"rank": 4}},
             "lora.rank",
-            "unknown key 'lora.rank' (got 4; known: alpha, dropout, r, targets)",
+            "unknown key 'lora.rank' (got 4; known: alpha, dropout, lr_scale, r, targets)",
         ),
         (
             {**BASE, "heldout": [SCRIPTED, SCRIPTED]},

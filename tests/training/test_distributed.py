@@ -251,6 +251,87 @@ def test_fsdp_two_processes_cotrain_the_simulator_one_process_does(smooth_tiny_m
     assert_same(snapshot, simulator(two, 2))  # the simulator as step 2 left it
 
 
+def model_weights(out, step, role=""):
+    """A full fine-tuning checkpoint's weights (a Hugging Face model folder, maybe sharded)."""
+    folder = checkpoint.checkpoint_dir(out, step) / role
+    assert (folder / "config.json").is_file() and not (folder / "adapter_config.json").exists()
+    state = {}
+    for shard in sorted(folder.glob("*.safetensors")):
+        state.update(load_file(shard))
+    return state
+
+
+def test_fsdp_two_processes_fine_tune_every_weight_one_process_does(
+    smooth_tiny_model, config_file, tmp_path
+):
+    """Full fine-tuning under FSDP: every weight, its gradient and AdamW state sharded, the KL's
+    frozen reference copy sharded too, on uneven shares; the checkpoints are whole Hugging Face
+    model folders (the same files one process writes), and each run's step 3 resumes the other's
+    checkpoint at the other process count."""
+    settings = uneven(config_file.read_text()).replace("lr = 1e-2", "lr = 1e-3")
+    config_file.write_text('finetune = "full"\nbeta = 0.05\n' + settings + FSDP)
+    one, two = one_and_two(config_file, tmp_path, timeout=300)
+
+    rows, single = metrics(two), metrics(one)
+    for row, ref in zip(rows, single, strict=True):
+        assert row["trained_sequences"] == ref["trained_sequences"] > 0
+        assert row["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-3)
+        assert row["kl"] == pytest.approx(ref["kl"], rel=1e-3, abs=1e-6)
+    assert rows[1]["kl"] > 0  # the reference pass ran on the sharded copy
+    base = {}
+    for shard in Path(smooth_tiny_model).glob("*.safetensors"):
+        base.update(load_file(shard))
+    for step in (1, 2):
+        saved = model_weights(two, step)
+        assert saved.keys() == base.keys()  # every weight, the tied embedding once
+        assert_same(model_weights(one, step), saved)
+    moved = model_weights(two, 2)
+    assert all(not torch.equal(moved[k], base[k]) for k in base if "layers.0." in k)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = checkpoint.checkpoint_dir(two, 2)
+    AutoModelForCausalLM.from_pretrained(folder)  # servable as it is
+    AutoTokenizer.from_pretrained(folder)
+
+    train(load_config(config_file, {"output_dir": str(two), "steps": 3}), show_progress=False)
+    resumed = launch(config_file, one, timeout=300, args=["--steps", "3"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same(model_weights(one, 3), model_weights(two, 3))
+
+
+def test_fsdp_two_processes_fully_fine_tune_a_population_one_process_does(
+    smooth_tiny_model, tmp_path
+):
+    """`finetune = "full"` applies to the co-trained simulator too: under FSDP both models are
+    sharded (the simulator's KL reference copy as well), pool snapshots are whole model folders
+    swapped into the sharded simulator's gathered weights, and both roles end where one
+    process leaves them."""
+    head = uneven(CONFIG.format(model=smooth_tiny_model).split("[simulator]")[0])
+    head = head.replace("lr = 1e-2", "lr = 1e-3")
+    settings = COTRAIN.format(regime="population", head=head).replace(
+        "simulator_lr = 1e-2", "simulator_lr = 1e-3"
+    )
+    path = tmp_path / "population.toml"
+    path.write_text('finetune = "full"\n' + settings + FSDP)
+    one, two = one_and_two(path, tmp_path, timeout=300)
+
+    rows, single = metrics(two), metrics(one)
+    for row, ref in zip(rows, single, strict=True):
+        assert row["sim/learned"] == ref["sim/learned"] == 1.0
+        assert row["sim/grad_norm"] == pytest.approx(ref["sim/grad_norm"], rel=1e-3)
+        assert row["sim/kl"] == pytest.approx(ref["sim/kl"], rel=1e-3, abs=1e-6)
+    assert rows[1]["pool/size"] == 1.0 and rows[1]["pool/current_share"] < 1.0
+    assert rows[1]["sim/kl"] > 0  # simulator_beta's reference pass, on the sharded copy
+    for step in (1, 2):
+        assert_same(model_weights(one, step), model_weights(two, step))
+        assert_same(model_weights(one, step, "simulator"), model_weights(two, step, "simulator"))
+    [entry] = json.loads((two / "pool" / "manifest.json").read_text())["entries"]
+    snapshot = {}
+    for shard in (two / "pool" / entry["path"]).glob("*.safetensors"):
+        snapshot.update(load_file(shard))
+    assert_same(snapshot, model_weights(two, 2, "simulator"))  # the simulator as step 2 left it
+
+
 VERBALIZED = """
 name = "fsdp-free-text"
 domain = "p4g"

@@ -149,8 +149,38 @@ def test_lora_and_shards_in_the_estimate(tmp_path, base_model):
             {"distributed.processes": 4, "distributed.strategy": "fsdp"},
         )
     )
-    assert fsdp["weights"] == ddp["weights"] / 4
+    # the agent's weights are sharded; the in-process simulator's frozen copy is whole on each
+    assert fsdp["weights"] == pytest.approx(ddp["weights"] / 2 / 4 + ddp["weights"] / 2)
     assert fsdp["activations_checkpointing_off"] == ddp["activations_checkpointing_off"]
+
+
+def test_full_fine_tuning_under_fsdp_shards_weights_gradients_adam_and_reference(
+    tmp_path, base_model
+):
+    from training.config import load_config
+
+    path = write_config(tmp_path, base_model, extra="beta = 0.01")
+    b, p = 4, PUBLISHED["SmolLM2-135M-Instruct"][1]
+    full = {"finetune": "full", "distributed.processes": 4}
+    ddp = memory(load_config(path, full))
+    fsdp = memory(load_config(path, {**full, "distributed.strategy": "fsdp"}))
+    # gradient + AdamW m, v + the reference copy (beta > 0), in float32, per rank
+    assert ddp["trainable_state"] == 4 * p * b
+    assert fsdp["trainable_state"] == 4 * p * b / 4
+    assert fsdp["gathered"] == p * b * 3 / 4
+    no_kl = memory(load_config(path, {**full, "distributed.strategy": "fsdp", "beta": 0.0}))
+    assert no_kl["trainable_state"] == 3 * p * b / 4
+
+
+def test_full_fine_tuning_in_bfloat16_at_a_small_rate_fails_the_dry_run(tmp_path, base_model):
+    path = write_config(tmp_path, base_model, extra='finetune = "full"\nlr = 1e-6')
+    lost = dry_run(str(path), {"dtype": "bfloat16"}, offline=True)
+    [check] = [c for c in lost["checks"] if c["name"] == "full fine-tuning precision"]
+    assert not lost["ok"] and not check["ok"] and 'use dtype = "float32"' in check["detail"]
+    kept = dry_run(str(path), {"dtype": "float32"}, offline=True)
+    assert [c["ok"] for c in kept["checks"] if c["name"] == "full fine-tuning precision"] == [True]
+    lora = dry_run(str(path), {"dtype": "bfloat16", "finetune": "lora"}, offline=True)
+    assert [c["ok"] for c in lora["checks"] if c["name"] == "full fine-tuning precision"] == [True]
 
 
 def test_served_model_on_the_real_engine_is_ready(tmp_path, base_model, engine_url, capsys):
