@@ -48,6 +48,13 @@ from pydantic.dataclasses import dataclass
 from pydantic_core import PydanticCustomError
 
 from agents.domains import DOMAINS
+from agents.llm.providers import (
+    PROVIDER_CHOICES,
+    REASONING_EFFORTS,
+    Provider,
+    provider_for,
+    sampling_params,
+)
 from agents.paths import secret
 from agents.simulators.scripted import TYPES as SCRIPTED_TYPES
 from agents.simulators.verbalized import MODES as DRAW_MODES
@@ -100,6 +107,8 @@ Regime = Literal[tuple(REGIMES)]
 SimulatorKind = Literal[SIMULATOR_KINDS]
 DrawMode = Literal[DRAW_MODES]
 Script = Literal[(*SCRIPTED_TYPES, "")]
+ProviderName = Literal[PROVIDER_CHOICES]
+ReasoningEffort = Literal[REASONING_EFFORTS]
 SimulatorReward = Literal[SIMULATOR_REWARDS]
 Finetune = Literal[FINETUNE]
 Dtype = Literal[DTYPES]
@@ -157,7 +166,28 @@ class SimulatorSpec:
         ' "random" variant)',
     )
     retries: StrictInt = Field(
-        2, ge=0, description="verbalized: re-asks after a malformed reply before using the raw text"
+        2,
+        ge=0,
+        description="re-asks after a malformed verbalized reply, or an endpoint simulator's"
+        " choice-turn answer that is none of the choices, before using the raw text",
+    )
+    provider: ProviderName = Field(
+        "auto",
+        description="endpoint: how requests are shaped for its API (agents/llm/providers.py);"
+        " auto = recognised from the endpoint URL and model id, generic = sent as given",
+    )
+    top_p: StrictFloat = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="endpoint: nucleus sampling (1.0 = not sent; the paper's panel uses 0.95)."
+        " GPT-5-family models sample with their own fixed settings and are sent neither this"
+        " nor temperature",
+    )
+    reasoning_effort: ReasoningEffort = Field(
+        "",
+        description="endpoint: a reasoning model's effort (\"\" = not sent, the provider's"
+        " default); refused for providers that ignore or refuse it",
     )
 
     @model_validator(mode="after")
@@ -186,7 +216,33 @@ class SimulatorSpec:
             raise _refuse(
                 "api_key_env", self.api_key_env, "is for an endpoint simulator (set `endpoint`)"
             )
+        if not self.endpoint:
+            for key, unset in (("provider", "auto"), ("top_p", 1.0), ("reasoning_effort", "")):
+                if getattr(self, key) != unset:
+                    raise _refuse(
+                        key,
+                        getattr(self, key),
+                        "is for an endpoint simulator (set `endpoint`; in-process sampling uses"
+                        " temperature alone)",
+                    )
+        else:
+            provider = self.provider_spec()
+            why = provider.refusal(self.temperature, self.reasoning_effort)
+            if why:
+                key = "reasoning_effort" if "reasoning_effort" in why else "temperature"
+                raise _refuse(key, getattr(self, key), f"cannot be sent as asked: {why}")
         return self
+
+    def provider_spec(self) -> Provider:
+        """The provider an endpoint simulator's requests are shaped for."""
+        return provider_for(self.provider, self.endpoint, self.model)
+
+    def request_params(self) -> dict[str, Any]:
+        """An endpoint simulator's generation settings in agents.llm's common vocabulary (the
+        client shapes them for the provider): what every turn sends, and the dry run too."""
+        return sampling_params(
+            self.temperature, self.max_new_tokens, self.top_p, self.reasoning_effort
+        )
 
     def api_key(self) -> str | None:
         if not self.api_key_env:
