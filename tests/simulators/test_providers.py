@@ -143,3 +143,24 @@ async def test_a_verbalized_choice_turn_on_anthropic_is_re_asked_until_its_json_
             turn = await simulator.answer(CHAT, choices)
     assert not turn.fell_back and turn.attempts == 2 and turn.text in choices
     assert "must be exactly one of: [DONATE $0]" in server.requests[0]["messages"][-1]["content"]
+
+
+async def test_the_sim_to_real_held_out_user_is_shaped_as_in_training():
+    """studies' sim-to-real evaluation builds the run's held-out simulator from its manifest:
+    the same provider shaping, top_p and retries reach the GPT-5-style stand-in."""
+    import random
+
+    from agents.domains import domain_class
+    from studies.heldout import make_user
+
+    domain = domain_class("p4g-decision")()
+    scenario = domain.scenarios("test")[0]
+    ask = [{"role": "assistant", "content": "Would you donate $1?"}]
+    with GPT5Server([{"content": '{"reply": "[DONATE $1]"}'}]) as server:
+        spec = {"name": "gpt5", "endpoint": server.url, "model": "gpt-5-mini", "top_p": 0.95,
+                "provider": "openai-reasoning", "temperature": 0.7, "max_new_tokens": 32}  # fmt: skip
+        user = make_user(spec, random.Random(0))
+        text = await user.reply(domain, scenario, ask, final=True)
+        await user.aclose()
+    assert text == "[DONATE $1]" and not server.refused
+    assert server.requests[-1]["max_completion_tokens"] == 32
