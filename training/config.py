@@ -226,10 +226,9 @@ class SimulatorSpec:
                         " temperature alone)",
                     )
         else:
-            provider = self.provider_spec()
-            why = provider.refusal(self.temperature, self.reasoning_effort)
-            if why:
-                key = "reasoning_effort" if "reasoning_effort" in why else "temperature"
+            refused = self.provider_spec().refusal(self.temperature, self.reasoning_effort)
+            if refused:
+                key, why = refused
                 raise _refuse(key, getattr(self, key), f"cannot be sent as asked: {why}")
         return self
 

@@ -93,19 +93,24 @@ class Provider:
             notes.append("response_format is not enforced: choices are read from the text")
         return out, notes
 
-    def refusal(self, temperature: float, reasoning_effort: str) -> str:
-        """Why a simulator asking this of this provider cannot be run as asked ("" = it can)."""
+    def refusal(self, temperature: float, reasoning_effort: str) -> tuple[str, str] | None:
+        """(the parameter, why) when a simulator asking this of this provider cannot be run as
+        asked; None when it can."""
         if reasoning_effort and not self.reasoning:
-            return f"{self.label} does not take reasoning_effort (leave it empty)"
+            return (
+                "reasoning_effort",
+                f"{self.label} does not take reasoning_effort (leave it empty)",
+            )
         if (
             self.max_temperature is not None
             and not self.fixed_sampling
             and temperature > self.max_temperature
         ):
-            return (
+            why = (
                 f"{self.label} caps temperature at {self.max_temperature:g} (asked {temperature:g})"
             )
-        return ""
+            return "temperature", why
+        return None
 
 
 # Most specific first: "auto" takes the first that matches.
