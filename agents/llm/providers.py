@@ -59,9 +59,13 @@ class Provider:
     # | "" (not accepted: a config asking for it is refused)
     why: str = ""  # one line for the README and the dry run
 
-    def matches(self, base_url: str, model: str) -> bool:
+    def serves(self, base_url: str) -> bool:
+        """`base_url` is this provider's own API (one of its hosts)."""
         host = (urlparse(base_url).hostname or "").lower()
-        if self.hosts and not any(host == h or host.endswith("." + h) for h in self.hosts):
+        return any(host == h or host.endswith("." + h) for h in self.hosts)
+
+    def matches(self, base_url: str, model: str) -> bool:
+        if self.hosts and not self.serves(base_url):
             return False
         return not self.models or re.search(self.models, model or "", re.IGNORECASE) is not None
 

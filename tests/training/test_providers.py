@@ -29,14 +29,19 @@ def run_table(**simulator) -> dict:
         ({"top_p": 0.95}, "heldout[0].top_p", "is for an endpoint simulator"),
         ({"reasoning_effort": "low"}, "heldout[0].reasoning_effort", "endpoint simulator"),
         (
+            {"endpoint": "https://openrouter.ai/api/v1", "model": "z-ai/glm-5"},
+            "heldout[0].api_key_env",
+            "the key of OpenRouter-style gateway (conventionally OPENROUTER_API_KEY)",
+        ),
+        (
             {"endpoint": "https://api.anthropic.com/v1", "model": "claude-haiku-4-5",
-             "reasoning_effort": "low"},
+             "api_key_env": "ANTHROPIC_API_KEY", "reasoning_effort": "low"},
             "heldout[0].reasoning_effort",
             "Anthropic (OpenAI-compatible endpoint) does not take reasoning_effort",
         ),
         (
             {"endpoint": "https://api.anthropic.com/v1", "model": "claude-haiku-4-5",
-             "temperature": 1.5},
+             "api_key_env": "ANTHROPIC_API_KEY", "temperature": 1.5},
             "heldout[0].temperature",
             "caps temperature at 1",
         ),
