@@ -226,7 +226,15 @@ class SimulatorSpec:
                         " temperature alone)",
                     )
         else:
-            refused = self.provider_spec().refusal(self.temperature, self.reasoning_effort)
+            provider = self.provider_spec()
+            if provider.serves(self.endpoint) and provider.key_env and not self.api_key_env:
+                raise _refuse(
+                    "api_key_env",
+                    self.api_key_env,
+                    f"must name the variable holding the key of {provider.label} (conventionally"
+                    f" {provider.key_env})",
+                )
+            refused = provider.refusal(self.temperature, self.reasoning_effort)
             if refused:
                 key, why = refused
                 raise _refuse(key, getattr(self, key), f"cannot be sent as asked: {why}")
