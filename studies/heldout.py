@@ -18,6 +18,7 @@ from typing import Any
 
 from agents.domains.base import Domain, Message, Outcome, Scenario, count_turns
 from agents.llm import LLMClient
+from agents.llm.providers import sampling_params
 from agents.paths import secret
 from agents.simulators import PlainSimulator, VerbalizedSimulator
 from agents.simulators.scripted import ScriptedPersuadee
@@ -106,18 +107,21 @@ def make_user(spec: dict[str, Any], rng: random.Random) -> User:
             raise HeldOutUnavailable(
                 f"held-out simulator {name!r}: environment variable {spec['api_key_env']} is not set"
             )
-    client = LLMClient(spec["endpoint"], api_key=key)
-    params = {
-        "temperature": spec.get("temperature", 0.7),
-        "max_tokens": spec.get("max_new_tokens", 64),
-    }
+    # shaped for its provider as in training (training/config.py SimulatorSpec.request_params)
+    client = LLMClient(spec["endpoint"], api_key=key, provider=spec.get("provider", "auto"))
+    params = sampling_params(
+        spec.get("temperature", 0.7),
+        spec.get("max_new_tokens", 64),
+        spec.get("top_p", 1.0),
+        spec.get("reasoning_effort", ""),
+    )
     if kind == "verbalized":
         simulator = VerbalizedSimulator(
             client, spec["model"], k=spec.get("k", 5), mode=spec.get("draw", "probability"),
             retries=spec.get("retries", 2), rng=rng, **params,
         )  # fmt: skip
     else:
-        simulator = PlainSimulator(client, spec["model"], **params)
+        simulator = PlainSimulator(client, spec["model"], retries=spec.get("retries", 2), **params)
     persona = spec.get("persona", "")
     if persona:  # the same prompt as the training process gives it (training/simulator.py)
         base = simulator.system_prompt

@@ -5,7 +5,8 @@ python -m training experiment collapse [--seeds N] [--steps N] [--out DIR] [--jo
 `run` trains the run the TOML file describes, with a progress bar; run it again to resume.
 `--set` changes any key of the file (dotted into tables: `--set lora.r=4`), checked with it.
 `--dry-run` checks the wiring without training (training/dryrun.py): config, accelerate settings,
-endpoints and their models, memory per device; `--offline` only what needs no network or weights.
+endpoints and their models, one request shaped for its provider per endpoint simulator, memory
+per device; `--offline` only what needs no network or weights.
 `experiment collapse` trains every regime on the P4G decision episode for each seed and writes
 DIR/results.json, DIR/results.md and plots (training/experiment.py); run it again to resume.
 """

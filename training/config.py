@@ -49,6 +49,13 @@ from pydantic.dataclasses import dataclass
 from pydantic_core import PydanticCustomError
 
 from agents.domains import DOMAINS
+from agents.llm.providers import (
+    PROVIDER_CHOICES,
+    REASONING_EFFORTS,
+    Provider,
+    provider_for,
+    sampling_params,
+)
 from agents.paths import secret
 from agents.simulators.scripted import TYPES as SCRIPTED_TYPES
 from agents.simulators.verbalized import MODES as DRAW_MODES
@@ -119,6 +126,8 @@ EnsembleDraw = Literal[tuple(ENSEMBLE_DRAWS)]
 SimulatorKind = Literal[SIMULATOR_KINDS]
 DrawMode = Literal[DRAW_MODES]
 Script = Literal[(*SCRIPTED_TYPES, "")]
+ProviderName = Literal[PROVIDER_CHOICES]
+ReasoningEffort = Literal[REASONING_EFFORTS]
 SimulatorReward = Literal[tuple(SIMULATOR_REWARDS)]
 Finetune = Literal[FINETUNE]
 Dtype = Literal[DTYPES]
@@ -181,7 +190,28 @@ class SimulatorSpec:
         ' "random" variant)',
     )
     retries: StrictInt = Field(
-        2, ge=0, description="verbalized: re-asks after a malformed reply before using the raw text"
+        2,
+        ge=0,
+        description="re-asks after a malformed verbalized reply, or an endpoint simulator's"
+        " choice-turn answer that is none of the choices, before using the raw text",
+    )
+    provider: ProviderName = Field(
+        "auto",
+        description="endpoint: how requests are shaped for its API (agents/llm/providers.py);"
+        " auto = recognised from the endpoint URL and model id, generic = sent as given",
+    )
+    top_p: StrictFloat = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="endpoint: nucleus sampling (1.0 = not sent; the paper's panel uses 0.95)."
+        " GPT-5-family models sample with their own fixed settings and are sent neither this"
+        " nor temperature",
+    )
+    reasoning_effort: ReasoningEffort = Field(
+        "",
+        description="endpoint: a reasoning model's effort (\"\" = not sent, the provider's"
+        " default); refused for providers that ignore or refuse it",
     )
 
     @model_validator(mode="after")
@@ -210,7 +240,40 @@ class SimulatorSpec:
             raise _refuse(
                 "api_key_env", self.api_key_env, "is for an endpoint simulator (set `endpoint`)"
             )
+        if not self.endpoint:
+            for key, unset in (("provider", "auto"), ("top_p", 1.0), ("reasoning_effort", "")):
+                if getattr(self, key) != unset:
+                    raise _refuse(
+                        key,
+                        getattr(self, key),
+                        "is for an endpoint simulator (set `endpoint`; in-process sampling uses"
+                        " temperature alone)",
+                    )
+        else:
+            provider = self.provider_spec()
+            if provider.serves(self.endpoint) and provider.key_env and not self.api_key_env:
+                raise _refuse(
+                    "api_key_env",
+                    self.api_key_env,
+                    f"must name the variable holding the key of {provider.label} (conventionally"
+                    f" {provider.key_env})",
+                )
+            refused = provider.refusal(self.temperature, self.reasoning_effort)
+            if refused:
+                key, why = refused
+                raise _refuse(key, getattr(self, key), f"cannot be sent as asked: {why}")
         return self
+
+    def provider_spec(self) -> Provider:
+        """The provider an endpoint simulator's requests are shaped for."""
+        return provider_for(self.provider, self.endpoint, self.model)
+
+    def request_params(self) -> dict[str, Any]:
+        """An endpoint simulator's generation settings in agents.llm's common vocabulary (the
+        client shapes them for the provider): what every turn sends, and the dry run too."""
+        return sampling_params(
+            self.temperature, self.max_new_tokens, self.top_p, self.reasoning_effort
+        )
 
     def api_key(self) -> str | None:
         if not self.api_key_env:

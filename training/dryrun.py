@@ -7,8 +7,12 @@ is one accelerate reads and agrees with the config (its num_processes, when give
 the rest is checked for, as the launch uses it), every rank gets at least one task,
 and the memory per device (below) fits. Online, in addition: every OpenAI-compatible endpoint
 the config names answers GET /v1/models (with the key from the variable it names; the key is
-never printed) and serves the named model or adapter, in-process models and adapters are
-folders on disk.
+never printed) and serves the named model or adapter; every frozen simulator on an endpoint
+(the training simulator, the held-out panel) answers one tiny chat request shaped exactly as
+its turns will be (its provider's shaping, agents/llm/providers.py, its temperature, top_p,
+token cap, reasoning effort, Verbalized Sampling's response_format), so a parameter the
+provider refuses is reported with the provider's own message before any step is taken; in-process
+models and adapters are folders on disk.
 
 Memory per device (bytes; b = bytes per weight of `dtype`, P = a model's parameters, N =
 `distributed.processes`, shard = N under FSDP else 1):
@@ -410,6 +414,64 @@ def check_endpoint(role: str, url: str, model: str, key_env: str, timeout: float
     return [reached, Check(f"{role} model", served, detail)]
 
 
+# The tiny request each endpoint simulator is sent: a few words back cost a few tokens.
+PROBE = [
+    {"role": "system", "content": "You are a user in a short chat."},
+    {"role": "user", "content": "Hello! Please answer in a few words."},
+]
+
+
+def endpoint_simulators(config: RunConfig) -> list[tuple[str, SimulatorSpec]]:
+    """(role, spec) of every frozen simulator on an endpoint: each is sent one request."""
+    specs = [] if config.trains_simulator else [("simulator", config.simulator)]
+    specs += [(f"held-out {s.name}", s) for s in config.heldout]
+    return [(role, s) for role, s in specs if s.endpoint and s.kind != "scripted"]
+
+
+def check_request(role: str, spec: SimulatorSpec, timeout: float) -> Check:
+    """One chat request to an endpoint simulator, shaped as its turns are (training/simulator.py
+    EndpointUser: the same client, provider and parameters), and what came back."""
+    import asyncio
+
+    from agents.llm import LLMClient, LLMError
+    from agents.simulators import VerbalizedSampling
+
+    provider = spec.provider_spec()
+    params = spec.request_params()
+    if spec.kind == "verbalized":  # every Verbalized turn carries its schema
+        params["response_format"] = VerbalizedSampling(
+            spec.k, spec.draw, spec.retries
+        ).response_format()
+    _, notes = provider.shape(params)
+    shaped = f"{provider.name}" + (f": {'; '.join(notes)}" if notes else "")
+
+    async def ask():
+        client = LLMClient(
+            spec.endpoint,
+            api_key=spec.api_key(),
+            provider=spec.provider,
+            timeout=timeout,
+            max_retries=1,
+        )
+        async with client:
+            return await client.chat(spec.model, PROBE, **params)
+
+    name = f"{role} request"
+    try:
+        result = asyncio.run(ask())
+    except LLMError as exc:  # the provider's own status and message (never the key)
+        return Check(name, False, f"{exc} [sent as {shaped}]")
+    if not result.content.strip() and result.finish_reason == "length":
+        return Check(
+            name,
+            False,
+            f"{spec.model} used all max_new_tokens = {spec.max_new_tokens} before any text"
+            " (a reasoning model's hidden reasoning counts against the cap: raise max_new_tokens"
+            f" or set reasoning_effort) [sent as {shaped}]",
+        )
+    return Check(name, True, f"{spec.model} answers [sent as {shaped}]")
+
+
 def check_local(config: RunConfig) -> list[Check]:
     """In-process models and adapters are folders on disk (weights are needed: online only)."""
     checks = []
@@ -446,8 +508,10 @@ def dry_run(
     accelerate_config: str = "",
     device_gib: float | None = None,
     timeout: float = 5.0,
+    request_timeout: float = 60.0,
 ) -> dict[str, Any]:
-    """Every check for the run `path` describes: {"ok", "checks": [...], "memory": {...}}."""
+    """Every check for the run `path` describes: {"ok", "checks": [...], "memory": {...}}.
+    `timeout`: for each GET /v1/models; `request_timeout`: for each simulator's one request."""
     checks: list[Check] = []
     try:
         config = load_config(path, overrides)
@@ -467,8 +531,14 @@ def dry_run(
     checks.append(mem_check)
     if not offline:
         checks += check_local(config)
+        reached: dict[str, bool] = {}
         for role, url, model, key_env in endpoints(config):
-            checks += check_endpoint(role, url, model, key_env, timeout)
+            found = check_endpoint(role, url, model, key_env, timeout)
+            reached[role] = all(c.ok for c in found)
+            checks += found
+        for role, spec in endpoint_simulators(config):
+            if reached.get(role):  # not reached, or not serving the model: already said
+                checks.append(check_request(role, spec, request_timeout))
     return _result(checks, estimate)
 
 

@@ -64,7 +64,7 @@ class Rollout:
     end_reason: str | None = None
     outcome: Outcome | None = None
     tool_rounds: int = 0  # consecutive agent turns that called tools
-    fallbacks: int = 0  # verbalized replies that fell back to raw text
+    fallbacks: int = 0  # verbalized replies (and endpoint choice turns) that fell back to raw text
     agent_first: bool = False
     max_turns: int = 0  # set by play(): the user's last message is its `final` one
     decisions: list[Decision] = field(default_factory=list)

@@ -232,21 +232,25 @@ class EndpointUser:
         # read now, as the run starts: a missing key fails it before any step, naming the
         # variable (not at the first held-out evaluation, steps later)
         api_key = spec.api_key()
-        self.endpoint = Endpoint(lambda: LLMClient(spec.endpoint, api_key=api_key))
+        self.endpoint = Endpoint(
+            lambda: LLMClient(spec.endpoint, api_key=api_key, provider=spec.provider)
+        )
         self._simulator: Simulator | None = None
 
     def _simulator_for(self, client: LLMClient) -> Simulator:
         """The agents.simulators simulator on the endpoint's client, with the same system prompt
         as in this process, guidelines and persona included."""
         if self._simulator is None:
-            params = {"temperature": self.spec.temperature, "max_tokens": self.spec.max_new_tokens}
+            params = self.spec.request_params()  # shaped for its provider by the client
             if self.spec.kind == "verbalized":
                 simulator = VerbalizedSimulator(
                     client, self.spec.model, k=self.spec.k, mode=self.spec.draw,
                     retries=self.spec.retries, rng=self.rng, **params,
                 )  # fmt: skip
             else:
-                simulator = PlainSimulator(client, self.spec.model, **params)
+                simulator = PlainSimulator(
+                    client, self.spec.model, retries=self.spec.retries, **params
+                )
             base, spec = simulator.system_prompt, self.spec
             simulator.system_prompt = lambda d, s: spec_prompt(base(d, s), spec)
             self._simulator = simulator

@@ -44,6 +44,11 @@ tool_format="structured" is the JSON format with the engine keeping every call w
 request carries a structural-tag `response_format` built from the tools (tool_call_format; vLLM
 and the embedded engine both enforce it), free text until `<tool_call>`, then a valid call of
 one of the tools; a `tool_choice` of "required" or a named function forces calls.
+
+Providers: every chat request is shaped for the API it goes to (agents.llm.providers: GPT-5's
+`max_completion_tokens` and fixed temperature, OpenRouter's reasoning form, ...). `provider`
+names one, or "auto" recognises it from the base URL and each call's model; a local engine is
+"generic" and gets the request as given.
 """
 
 import asyncio
@@ -64,6 +69,7 @@ from openai.resources.completions import AsyncCompletions as _Completions
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
 from agents.llm.errors import LLMConnectionError, LLMError, LLMHTTPError, LLMTimeout
+from agents.llm.providers import AUTO, Provider, provider_for
 from agents.llm.replicas import Failover, Replicas, mark_down, mark_up
 from agents.llm.tool_format import (
     ToolCallFilter,
@@ -115,8 +121,11 @@ class LLMClient:
         max_retries: int = 2,
         backoff: float = 0.5,
         tool_format: str = "native",
+        provider: str | Provider = AUTO,
     ):
         _check_tool_format(tool_format)
+        provider_for(provider, "", "")  # an unknown name fails here, not at the first call
+        self.provider = provider
         # one base URL, or the replicas of one endpoint (the first stands for them in messages)
         self.replicas = Replicas([base_url] if isinstance(base_url, str) else base_url)
         self.base_url = self.replicas.urls[0]
@@ -302,6 +311,10 @@ class LLMClient:
         except (AttributeError, TypeError) as error:
             raise LLMError(f"Malformed model list from {self.base_url}: {page!r}") from error
 
+    def provider_for(self, model: str) -> Provider:
+        """The provider this client's requests for `model` are shaped for."""
+        return provider_for(self.provider, self.base_url, model)
+
     def _chat_request(self, model, messages, tools, tool_format, params) -> tuple[dict, bool]:
         tool_format = tool_format or self.tool_format
         _check_tool_format(tool_format)
@@ -321,6 +334,7 @@ class LLMClient:
                         "tool_format='structured' sends its own response_format; do not set one"
                     )
                 params["response_format"] = tool_call_response_format(tools, choice, parallel)
+        params, _ = self.provider_for(model).shape(params)
         request = {"model": model, "messages": messages, **_request(_CHAT_PARAMS, params)}
         if tools and not json_tools:
             request["tools"] = tools

@@ -17,7 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agents.domains.base import Domain, Message, Scenario
-from agents.simulators.base import Candidate, Simulator, UserTurn
+from agents.simulators.base import (
+    Candidate,
+    Simulator,
+    UserTurn,
+    match_choice,
+    with_instruction,
+)
 
 K = 5
 PROBABILITY_FLOOR = 1e-6
@@ -190,8 +196,13 @@ class VerbalizedSampling:
         """The candidates of one answer; ValueError when it does not parse or, on a choice
         turn, a candidate is not one of the allowed texts."""
         candidates = parse_verbalized(raw, self.k)
-        if choices and any(c.text not in choices for c in candidates):
-            raise ValueError(f"a candidate is not one of the allowed texts {list(choices)}")
+        if choices:
+            texts = [match_choice(c.text, choices) for c in candidates]
+            if None in texts:
+                raise ValueError(f"a candidate is not one of the allowed texts {list(choices)}")
+            candidates = [
+                Candidate(t, c.probability) for t, c in zip(texts, candidates, strict=True)
+            ]
         return candidates
 
     def distribution(self, candidates: list[Candidate], choices: list[str]) -> list[float]:
@@ -265,6 +276,10 @@ class VerbalizedSimulator(Simulator):
         params = dict(self.params)
         if self.structured:
             params["response_format"] = self.sampling.response_format(choices)
+        if choices and not (self.structured and self.enforces_choices()):
+            # the schema's enum is not held here: the allowed texts are asked for in words
+            note = "(Every reply's text must be exactly one of: " + ", ".join(choices) + ".)"
+            messages = with_instruction(messages, note)
         answer, usage = self.sampling.answer(self.rng, choices), []
         while not answer.done:
             result = await self.client.chat(self.model, messages, **params)
