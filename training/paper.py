@@ -47,7 +47,7 @@ SHARED = (
     " users (eval_configs/*_6model.yaml); parley's agent samples at `temperature` (0.7) with"
     " top_p 1, the panel's users at their SimulatorSpec temperature and top_p (0.7, 0.95).",
     "Hosted training users: capped at 512 tokens a message on tau2 (a Verbalized reply 2560, five"
-    " candidates) and 2048 on P4G, and GPT-5-mini trains at reasoning_effort \"low\" on tau2:"
+    ' candidates) and 2048 on P4G, and GPT-5-mini trains at reasoning_effort "low" on tau2:'
     " the dry run counts every user turn at its cap, and GPT-5's reasoning counts against it;"
     " the release sends no cap and the provider's default effort (medium). The panel's users"
     " keep 4096 tokens and the default effort.",
@@ -136,19 +136,21 @@ _OWN: dict[str, tuple[str, ...]] = {
         "Gemini 3 Flash (google/gemini-3-flash-preview) trains through OpenRouter as released;"
         " not in this run's panel.",
     ),
-    "single-gpt5mini": ("GPT-5-mini trains through OpenAI's API as released; not in this run's panel.",),
+    "single-gpt5mini": (
+        "GPT-5-mini trains through OpenAI's API as released; not in this run's panel.",
+    ),
     "persona": (
         "The guidelines are the release's --usim-user-prompt-prefix, parley's default"
         " SimulatorSpec.guidelines; GPT-5-mini is not in the panel.",
     ),
     "ensemble": (
         "The release rotates the K=3 frozen users (its rotation's unit is not stated in the"
-        " launcher); parley draws one per task (ensemble_draw = \"task\"), so a GRPO group meets one"
+        ' launcher); parley draws one per task (ensemble_draw = "task"), so a GRPO group meets one'
         " user. The three ensemble members are not in the panel: it is GLM-5, Qwen3-30B-A3B and"
         " DeepSeek-V3.2.",
     ),
     "verbalized": (
-        "--usim-vs-method random is parley's draw = \"uniform\" (k = 5, --usim-vs-num-samples 5);"
+        '--usim-vs-method random is parley\'s draw = "uniform" (k = 5, --usim-vs-num-samples 5);'
         " the release's `random` prompt asks for candidates without probabilities, parley's asks"
         " for probabilities and ignores them.",
     ),
@@ -219,10 +221,17 @@ _P4G = (
 NOT_COVERED = (
     ("p4g", "persona", "the release's README: not applicable, P4G tasks already carry personas"),
     ("p4g", "cooperative", "a tau2 ablation in the release; P4G's user opposes the agent"),
-    ("all", "adversarial simulator reward on tau2", "none in the release: its tau2 rollout has"
-     " no adversarial mode"),  # fmt: skip
-    ("all", "Verbalized Sampling with Haiku 4.5 / GPT-4o", "ablations/vs_haiku_tau2.sh and"
-     " vs_gpt4o_tau2.sh: not in this registry (their 3-model panel)"),  # fmt: skip
+    (
+        "all",
+        "adversarial simulator reward on tau2",
+        "none in the release: its tau2 rollout has no adversarial mode",
+    ),  # fmt: skip
+    (
+        "all",
+        "Verbalized Sampling with Haiku 4.5 / GPT-4o",
+        "ablations/vs_haiku_tau2.sh and"
+        " vs_gpt4o_tau2.sh: not in this registry (their 3-model panel)",
+    ),  # fmt: skip
     ("all", "Qwen3-8B rows, pool size K in {1,3,5,10}", "none in the release"),
 )
 
