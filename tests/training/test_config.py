@@ -23,7 +23,7 @@ def test_every_shipped_config_loads():
     }
     for path in CONFIGS:
         config = load_config(path)
-        if "paper" in path.parts:  # paper scale (tests/training/test_paper.py): a hosted panel
+        if path.parent.name == "paper":  # paper scale (tests/training/test_paper.py): a hosted panel
             assert Path(config.base_model).name == "Qwen3-4B-Instruct-2507"
             assert {s.api_key_env for s in config.heldout} <= {
                 "OPENAI_API_KEY",
@@ -137,7 +137,7 @@ def test_round_trip_through_dict():
 def test_the_paper_configs_hold_out_a_hosted_panel():
     """The paper-scale configs' panel is on endpoints with keys from the environment and shares
     no model with the training simulator."""
-    paper = [path for path in CONFIGS if "paper" in path.parts]
+    paper = [path for path in CONFIGS if path.parent.name == "paper"]
     assert len(paper) == 31
     for path in paper:
         config = load_config(path)
