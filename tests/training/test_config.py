@@ -23,7 +23,7 @@ def test_every_shipped_config_loads():
     }
     for path in CONFIGS:
         config = load_config(path)
-        if path.parent.name == "paper":  # paper scale (tests/training/test_paper.py): a hosted panel
+        if path.parent.name == "paper":  # paper scale (test_paper.py): a hosted panel
             assert Path(config.base_model).name == "Qwen3-4B-Instruct-2507"
             assert {s.api_key_env for s in config.heldout} <= {
                 "OPENAI_API_KEY",
