@@ -132,20 +132,22 @@ def unpack(pack_dir: Path, out: Path) -> Path:
 
 
 def regime_config(regime: str, base_model: str, device: str, dtype: str, steps: int, out: Path):
-    """A P4G run of `regime` on in-process simulators, small enough for one step in seconds."""
-    simulator: dict = {"name": "base", "temperature": 0.7, "max_new_tokens": 24}
+    """A P4G run of `regime` on in-process simulators, small enough for one step in seconds on a
+    GPU; on CPU (a check of the script, on a shared machine) smaller still."""
+    small = device == "cpu"
+    simulator: dict = {"name": "base", "temperature": 0.7, "max_new_tokens": 12 if small else 24}
     data: dict = {
         "name": f"gpu-smoke-{regime}",
         "domain": "p4g",
         "regime": regime,
         "base_model": base_model,
         "steps": steps,
-        "group_size": 4,
-        "batch_tasks": 2,
+        "group_size": 2 if small else 4,
+        "batch_tasks": 1 if small else 2,
         "lr": 1e-5,
         "beta": 0.01,  # the reference model's forward pass is part of a paper step
-        "max_new_tokens": 32,
-        "max_turns": 10,
+        "max_new_tokens": 12 if small else 32,
+        "max_turns": 4 if small else 10,
         "micro_batch": 4,
         "eval_every": steps,
         "save_every": steps,
@@ -159,12 +161,12 @@ def regime_config(regime: str, base_model: str, device: str, dtype: str, steps: 
         "heldout": [{"name": "anchored", "kind": "scripted", "script": "anchored"}],
     }
     if regime == "verbalized":
-        simulator.update(kind="verbalized", max_new_tokens=160)
+        simulator.update(kind="verbalized", max_new_tokens=120 if small else 160)
     if regime == "persona":
         simulator["guidelines"] = ""  # the release's behavioural prefix
     if regime == "ensemble":
         data["ensemble"] = [
-            {"name": "base", "max_new_tokens": 24},
+            {"name": "base", "max_new_tokens": simulator["max_new_tokens"]},
             {"name": "reactant", "kind": "scripted", "script": "reactant"},
             {"name": "steady", "kind": "scripted", "script": "steady"},
         ]
