@@ -33,7 +33,7 @@ $PY -c "import torch, transformers, peft, accelerate; print('torch', torch.__ver
 $PY bench/gpu_smoke.py run --device "${DEVICE:-cuda}" --dtype "${DTYPE:-bfloat16}" \
     --steps "${STEPS:-1}" --out "${SMOKE_OUT:-/tmp/gpu-smoke}"
 status=$?
-nvidia-smi || echo "nvidia-smi: not here"
+if command -v nvidia-smi >/dev/null; then nvidia-smi; else echo "nvidia-smi: not on this machine"; fi
 if [ -n "${OUT:-}" ] && [ -f "${SMOKE_OUT:-/tmp/gpu-smoke}/results.json" ]; then
     cp "${SMOKE_OUT:-/tmp/gpu-smoke}/results.json" "$OUT/gpu_smoke.json"  # the device tool's $OUT
 fi
