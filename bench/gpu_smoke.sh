@@ -17,7 +17,8 @@ PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export PYTHONPATH="$PWD:$PWD/platform${PYTHONPATH:+:$PYTHONPATH}"
 export PARLEY_DATA_DIR=${PARLEY_DATA_DIR:-/tmp/gpu-smoke-data}
-echo "commit: $(git rev-parse HEAD 2>/dev/null || cat "$PACK/COMMIT" 2>/dev/null || echo unknown)"
+if git rev-parse HEAD >/dev/null 2>&1; then echo "commit: $(git rev-parse HEAD)"; else
+    echo "commit: no .git here; the pack was made at $(cat "$PACK/COMMIT" 2>/dev/null || echo "an unknown commit")"; fi
 if [ -d "$PACK/wheels" ]; then
     # --target: the device's own torch, transformers and peft stay as they are
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
