@@ -1,6 +1,7 @@
 """python -m training run CONFIG.toml [--set KEY=VALUE ...] [--steps N] [--output-dir DIR]
 python -m training run CONFIG.toml --dry-run [--offline] [--json] [--accelerate-config FILE]
 python -m training experiment collapse [--seeds N] [--steps N] [--out DIR] [--jobs J]
+python -m training paper [--json]
 
 `run` trains the run the TOML file describes, with a progress bar; run it again to resume.
 `--set` changes any key of the file (dotted into tables: `--set lora.r=4`), checked with it.
@@ -9,6 +10,8 @@ endpoints and their models, one request shaped for its provider per endpoint sim
 per device; `--offline` only what needs no network or weights.
 `experiment collapse` trains every regime on the P4G decision episode for each seed and writes
 DIR/results.json, DIR/results.md and plots (training/experiment.py); run it again to resume.
+`paper` lists the paper's results (training/paper.py): each one's config, the command for one
+8-GPU node, the memory per GPU from the offline dry run, and where it differs from the release.
 """
 
 from __future__ import annotations
@@ -90,7 +93,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     experiment.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
     experiment.add_argument("--config", help="another base config (default: the shipped one)")
+    paper = commands.add_parser(
+        "paper", help="the paper's results: config, 8-GPU command, memory, release differences"
+    )
+    paper.add_argument("--json", action="store_true", help="print the table as JSON")
     args = parser.parse_args(argv if argv is not None else sys.argv[1:])
+    if args.command == "paper":
+        return _paper(args)
     if args.command == "experiment":
         return _experiment(args, argv if argv is not None else sys.argv[1:])
 
@@ -155,6 +164,16 @@ def _dry_run(args: argparse.Namespace, overrides: dict) -> int:
     )  # fmt: skip
     print(json.dumps(result, indent=2) if args.json else render(result))
     return 0 if result["ok"] else 1
+
+
+def _paper(args: argparse.Namespace) -> int:
+    import json
+
+    from training.paper import render, table
+
+    data = table()
+    print(json.dumps(data, indent=2) if args.json else render(data))
+    return 0 if all(row["ready"] for row in data["results"]) else 1
 
 
 def _experiment(args: argparse.Namespace, argv: list[str]) -> int:

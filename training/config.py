@@ -448,7 +448,12 @@ class RunConfig:
         4, ge=2, description="G rollouts per task (GRPO compares within a group)"
     )
     batch_tasks: StrictInt = Field(1, ge=1, description="tasks per step")
-    steps: StrictInt = Field(10, ge=1, description="optimizer steps")
+    steps: StrictInt = Field(
+        10,
+        ge=0,
+        description="optimizer steps; 0 = a base evaluation: the starting policy on the held-out"
+        " panel, then stop (the paper's Base rows)",
+    )
     lr: StrictFloat = Field(1e-5, gt=0, description="the agent's learning rate")
     simulator_lr: StrictFloat = Field(
         0.0, ge=0, description="the co-trained simulator's learning rate (0 = lr)"

@@ -92,8 +92,10 @@ def _train(
 
     models = ModelCache(config)
     agent = Policy.for_run(config, lr=config.agent_lr, ranks=ranks)
-    regime = make_regime(config, run_dir, models, ranks)
     panel = HeldOutPanel(config, domain, eval_tasks, models)
+    if config.steps == 0:  # a base evaluation: no regime, no simulator loaded, no step taken
+        return _evaluate_start(config, run_dir, agent, panel, ranks)
+    regime = make_regime(config, run_dir, models, ranks)
     # every rank loads the same global checkpoint (adapter, optimizer, RNG), so a run resumes at
     # any process count
     start = checkpoint.resume(run_dir, config, agent, regime)
@@ -241,6 +243,24 @@ def _train(
             )
     bar.close()
     return saved
+
+
+def _evaluate_start(
+    config: RunConfig, run_dir: Path, agent: Policy, panel: HeldOutPanel, ranks: Ranks
+) -> list[Path]:
+    """`steps = 0`: the starting policy against the held-out panel, written as metrics row 0
+    (the release measures its Base rows the same way: the evaluation at rollout 0, before any
+    update; cmd/slime/eval_base.sh). Nothing else is written: there is no checkpoint."""
+    if not panel:
+        raise ValueError("steps = 0 evaluates the held-out panel, and this config has none")
+    with agent.gathered():  # FSDP: rank 0 evaluates on the full weights, as after a step
+        if ranks.main:
+            (run_dir / "config.json").write_text(_json(config.to_dict()))
+            row = {"step": 0, "optimizer_steps": 0, **panel.evaluate(agent, 0)}
+            metrics = run_dir / "metrics.jsonl"
+            metrics.unlink(missing_ok=True)  # evaluated again: the new figures replace the old
+            MetricsLog(metrics).write(row)
+    return []
 
 
 def _play_task(config, domain, task, index, step, speaker, user) -> list[Any]:

@@ -20,20 +20,14 @@ def test_every_shipped_config_loads():
         f"{d}-{r}-cpu"
         for d in ("p4g", "retail")
         for r in ("single", "verbalized", "cotrain", "population")
-    } | {
-        f"{d}-{r}-{m}"
-        for d in ("p4g", "retail")
-        for r in ("single", "verbalized", "cotrain", "population")
-        for m in ("qwen3-4b", "qwen3-8b")
     } | {"p4g-ensemble-cpu", "retail-persona-cpu"}
     for path in CONFIGS:
         config = load_config(path)
-        if "qwen3" in path.stem:  # paper scale: hosted held-out panel, keys from the environment
-            assert Path(config.base_model).name in ("Qwen3-4B-Instruct-2507", "Qwen3-8B")
-            assert {(s.name, s.api_key_env) for s in config.heldout} == {
-                ("gpt-5-mini", "OPENAI_API_KEY"),
-                ("claude-haiku-4.5", "ANTHROPIC_API_KEY"),
-                ("gemini-3-flash", "GEMINI_API_KEY"),
+        if path.parent.name == "paper":  # paper scale (test_paper.py): a hosted panel
+            assert Path(config.base_model).name == "Qwen3-4B-Instruct-2507"
+            assert {s.api_key_env for s in config.heldout} <= {
+                "OPENAI_API_KEY",
+                "OPENROUTER_API_KEY",
             }, path.name
             continue
         assert config.base_model == ""  # the prepared SmolLM2 folder
@@ -161,13 +155,14 @@ def test_round_trip_through_dict():
 def test_the_paper_configs_hold_out_a_hosted_panel():
     """The paper-scale configs' panel is on endpoints with keys from the environment and shares
     no model with the training simulator."""
-    paper = [path for path in CONFIGS if "qwen3" in path.stem]
-    assert len(paper) == 16
+    paper = [path for path in CONFIGS if path.parent.name == "paper"]
+    assert len(paper) == 31
     for path in paper:
         config = load_config(path)
-        assert len(config.heldout) == 3 and all(s.api_key_env for s in config.heldout)
+        assert len(config.heldout) >= 3 and all(s.api_key_env for s in config.heldout)
         models = {s.model for s in config.heldout} | {s.endpoint for s in config.heldout}
-        assert config.simulator.model not in models and "Qwen" not in " ".join(models)
+        assert config.simulator.model not in models
+        assert not any("qwen3-4b" in m.lower() for m in models)  # the agent's own model
 
 
 def test_every_role_on_its_endpoint(tmp_path):
