@@ -8,6 +8,13 @@ and is trained on them, so nothing is re-tokenized between sampling and the loss
 New messages are rendered as the difference between the template applied to
 [system, anchor, *new] and to [system, anchor] (the anchor is a stand-in assistant turn): the
 template's own formatting of a continuation, whatever the template is.
+
+Tools (training/agent.py): in the JSON format they are text in the system message; in a
+template's native format (Qwen3's) the opening is rendered with `tools=`, so the system turn
+carries them as the template writes them, and tool results enter as the template's `tool` role.
+The agent's tool-call turn is its sampled ids like any other turn: they are the template's own
+rendering of the call whenever the model writes the call as the template does (its tags,
+`{"name": ..., "arguments": ...}` JSON), so what is trained is what the template would render.
 """
 
 from __future__ import annotations
@@ -30,17 +37,20 @@ class ChatFormat:
         marked = self.render([_ANCHOR[0], {"role": "assistant", "content": _MARK}])
         self.turn_end = self.encode(marked[marked.index(_MARK) + len(_MARK) :])
 
-    def render(self, messages: list[dict], generation_prompt: bool = False) -> str:
+    def render(
+        self, messages: list[dict], generation_prompt: bool = False, tools: list[dict] | None = None
+    ) -> str:
         return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=generation_prompt
+            messages, tools=tools or None, tokenize=False, add_generation_prompt=generation_prompt
         )
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def opening(self, messages: list[dict]) -> list[int]:
-        """The first messages of a conversation (system prompt included)."""
-        return self.encode(self.render(messages))
+    def opening(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """The first messages of a conversation (system prompt included; `tools` rendered by
+        the template itself, for a native tool format)."""
+        return self.encode(self.render(messages, tools=tools))
 
     def continuation(self, messages: list[dict]) -> list[int]:
         """Messages that follow an assistant turn, formatted as the template would."""
@@ -68,12 +78,15 @@ class Transcript:
     consumed: int = 0
     _prompt_tail: int = 0
 
-    def prompt(self, fmt: ChatFormat, messages: list[dict]) -> list[int]:
+    def prompt(
+        self, fmt: ChatFormat, messages: list[dict], tools: list[dict] | None = None
+    ) -> list[int]:
         """Append `messages` (mask 0) and the generation prompt; return the ids to sample from.
-        The first call gets the opening messages, system prompt included."""
+        The first call gets the opening messages, system prompt included (with `tools`, the
+        template's own rendering of them)."""
         if self._prompt_tail:
             del self.ids[-self._prompt_tail :], self.mask[-self._prompt_tail :]
-        body = fmt.continuation(messages) if self.ids else fmt.opening(messages)
+        body = fmt.continuation(messages) if self.ids else fmt.opening(messages, tools)
         self._extend(body + fmt.generation_prompt, 0)
         self._prompt_tail = len(fmt.generation_prompt)
         return list(self.ids)
