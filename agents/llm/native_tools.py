@@ -67,16 +67,18 @@ def template_tool_style(tokenizer: Any) -> str | None:
 
 
 def model_tool_style(model_dir: Path | str, chat_template: Path | str | None = None) -> str | None:
-    """template_tool_style of a model folder's tokenizer (`chat_template`: a template file that
-    replaces the folder's, as vLLM's --chat-template does). None for a folder with no tokenizer."""
+    """template_tool_style of a model folder's tokenizer (`chat_template`: a template, or its
+    file, that replaces the folder's, as vLLM's --chat-template does). None for a folder with no
+    tokenizer."""
     folder = Path(model_dir)
     if not (folder / "tokenizer_config.json").is_file():
         return None
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    if chat_template:
-        tokenizer.chat_template = Path(chat_template).read_text()
+    if chat_template:  # a file, or the template itself (vLLM's --chat-template takes both)
+        path = Path(chat_template)
+        tokenizer.chat_template = path.read_text() if path.is_file() else str(chat_template)
     if not tokenizer.chat_template:
         return None
     return template_tool_style(tokenizer)
