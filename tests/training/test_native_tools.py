@@ -118,6 +118,21 @@ def test_a_native_call_trains_the_templates_own_tokens_and_runs_a_retail_tool(he
     assert "<tool_call>" not in masked.split("</tools>")[1].split("<tool_response>")[0]
 
 
+def test_the_agent_reads_native_replies_as_vllms_hermes_parser_does(retail):
+    """A call counts in training exactly when vLLM (--tool-call-parser hermes) would serve it."""
+    block = f'<tool_call>\n{{"name": "find_user_id_by_email", "arguments": {{"email": "{EMAIL}"}}}}\n</tool_call>'
+    r = Rollout.begin(retail, retail.scenarios("train")[0])
+    add_agent_reply(retail, r, f"Checking.\n{block}\nOne moment.", "native")
+    assistant, result = r.conversation[-2:]
+    assert assistant["content"] == "Checking."  # text after the calls is not content
+    assert result["content"] == "ada_abara_9334" and r.tool_rounds == 1
+    broken = f'Checking.\n{block}\n<tool_call>{{"name": "calculate"}}</tool_call>'
+    r = Rollout.begin(retail, retail.scenarios("train")[0])
+    add_agent_reply(retail, r, broken, "native")  # one bad block: no call runs at all
+    assert r.conversation[-1] == {"role": "assistant", "content": broken}
+    assert r.tool_rounds == 0 and r.next_speaker() == "user"
+
+
 def test_the_json_format_is_unchanged_for_smollm2(tiny_model, retail):
     lm = LocalModel.load(tiny_model)
     r = Rollout.begin(retail, retail.scenarios("train")[0])
