@@ -170,3 +170,27 @@ def test_replies_are_read_by_the_hermes_rule(reply, content, calls):
         pieces = [stream.feed(reply[i : i + size]) for i in range(0, len(reply), size)]
         assert "".join(pieces) + stream.finish() == content
         assert len(stream.tool_calls) == len(calls)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_run_trains_and_records_its_tool_format(
+    native, hermes_model, tiny_model, tool_letters, tmp_path
+):
+    """One step on the toy Domain with a tool: the checkpoint's manifest says how its agent
+    calls tools, so a study's arm serves it that way (studies' Arm.clean reads it)."""
+    from training.config import RunConfig
+    from training.run import train
+
+    model = hermes_model if native else tiny_model
+    config = RunConfig.from_dict({
+        "name": "tools", "domain": "letters", "base_model": str(model), "steps": 1,
+        "group_size": 2, "max_new_tokens": 6, "max_turns": 2, "threads": 1,
+        "simulator": {"max_new_tokens": 4}, "output_dir": str(tmp_path / "run"),
+    })  # fmt: skip
+    (saved,) = train(config, lambda progress: None, domain=tool_letters, show_progress=False)
+    manifest = json.loads((saved / "manifest.json").read_text())
+    assert manifest["tool_format"] == ("native" if native else "json")
+    if not native:  # the stock SmolLM2 template cannot do native calls: refused at the start
+        config = RunConfig.from_dict({**config.to_dict(), "tool_format": "native"})
+        with pytest.raises(ConfigError, match="ignores tools"):
+            train(config, lambda progress: None, domain=tool_letters, show_progress=False)
