@@ -194,3 +194,19 @@ def test_a_run_trains_and_records_its_tool_format(
         config = RunConfig.from_dict({**config.to_dict(), "tool_format": "native"})
         with pytest.raises(ConfigError, match="ignores tools"):
             train(config, lambda progress: None, domain=tool_letters, show_progress=False)
+
+
+def test_the_online_dry_run_says_which_tool_format_the_run_trains(
+    hermes_model, tiny_model, tmp_path
+):
+    from training.dryrun import dry_run
+
+    path = tmp_path / "run.toml"
+    checks = {}
+    for name, model, chosen in (("hermes", hermes_model, "auto"), ("smol", tiny_model, "native")):
+        path.write_text(f'name = "t"\ndomain = "retail"\nbase_model = "{model}"\n'
+                        f'tool_format = "{chosen}"\n')  # fmt: skip
+        checks[name] = next(c for c in dry_run(str(path))["checks"] if c["name"] == "tool format")
+    assert checks["hermes"]["ok"] and "auto -> native" in checks["hermes"]["detail"]
+    assert "--tool-call-parser hermes" in checks["hermes"]["detail"]
+    assert not checks["smol"]["ok"] and "ignores tools" in checks["smol"]["detail"]
