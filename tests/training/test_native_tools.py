@@ -56,15 +56,17 @@ def test_auto_is_native_for_a_template_with_tools_and_json_for_smollm2(tiny_mode
 
 
 def template_call(lm: LocalModel, system: str, user: str, call: dict, tools: list) -> str:
-    """The template's rendering of an assistant turn holding `call`: what follows the
-    generation prompt, up to and including its end-of-turn token."""
+    """The template's rendering of an assistant turn holding `call`, as a conversation's earlier
+    turn (a thinking template gives the last turn an empty <think> block, which a model would
+    sample and be trained on, but which the history drops): what follows the generation
+    prompt, up to and including its end-of-turn token."""
     head = [{"role": "system", "content": system}, {"role": "user", "content": user}]
     turn = {"role": "assistant", "content": "", "tool_calls": [call]}
     render = lm.tokenizer.apply_chat_template
     before = render(head, tools=tools, tokenize=False, add_generation_prompt=True)
-    after = render([*head, turn], tools=tools, tokenize=False)
+    after = render([*head, turn, {"role": "user", "content": "Next"}], tools=tools, tokenize=False)
     assert after.startswith(before)
-    return after[len(before) :].removesuffix("\n")  # the newline after <|im_end|> is scaffolding
+    return after[len(before) :].split("<|im_end|>")[0] + "<|im_end|>"
 
 
 def test_a_native_call_trains_the_templates_own_tokens_and_runs_a_retail_tool(hermes_lm, retail):
