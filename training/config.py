@@ -48,7 +48,7 @@ from pydantic.dataclasses import dataclass
 from pydantic_core import PydanticCustomError
 
 from agents.domains import DOMAINS
-from agents.llm.native_tools import TOOL_FORMATS
+from agents.llm.native_tools import TRAINED_TOOL_FORMATS
 from agents.paths import secret
 from agents.simulators.scripted import TYPES as SCRIPTED_TYPES
 from agents.simulators.verbalized import MODES as DRAW_MODES
@@ -104,7 +104,7 @@ Script = Literal[(*SCRIPTED_TYPES, "")]
 SimulatorReward = Literal[SIMULATOR_REWARDS]
 Finetune = Literal[FINETUNE]
 Dtype = Literal[DTYPES]
-ToolFormat = Literal[tuple(TOOL_FORMATS)]
+ToolFormat = Literal[tuple(TRAINED_TOOL_FORMATS)]
 Strings = Annotated[list[StrictStr], Field(strict=True)]
 
 TABLE = ConfigDict(extra="forbid")
@@ -361,7 +361,7 @@ class RunConfig:
     tool_format: ToolFormat = Field(
         "auto",
         description="how the agent writes tool calls, trained and served alike: "
-        + "; ".join(f"{name}: {what}" for name, what in TOOL_FORMATS.items()),
+        + "; ".join(f"{name}: {what}" for name, what in TRAINED_TOOL_FORMATS.items()),
     )
     rollout_endpoint: StrictStr = Field(
         "", description='vLLM base URL for the agent\'s rollouts; "" = in-process'

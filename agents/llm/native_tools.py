@@ -32,9 +32,10 @@ from typing import Any
 
 from agents.llm.tool_format import CLOSE, OPEN, partial_suffix
 
-# How the agent's tool calls are written, the one declaration (training's RunConfig.tool_format
-# and its help read it): what a run trains and what its checkpoints are served with.
-TOOL_FORMATS = {
+# How a trained agent writes tool calls, the one declaration (training's RunConfig.tool_format
+# and its help read it): what a run trains and what its checkpoints are served with. (A request's
+# format, agents.llm.client.TOOL_FORMATS, is the arm's: "native" there serves "native" here.)
+TRAINED_TOOL_FORMATS = {
     "auto": "native when the chat template renders tools (Qwen3), else json (SmolLM2)",
     "json": "agents.llm's JSON <tool_call> blocks, described in the system prompt",
     "native": "the chat template's own tool format (Hermes style: vLLM --tool-call-parser hermes)",
@@ -86,9 +87,11 @@ def model_tool_style(model_dir: Path | str, chat_template: Path | str | None = N
 
 def resolve_tool_format(tool_format: str, style: str | None) -> str:
     """The format a model is trained and served in ("json" or "native"), from the chosen one
-    (TOOL_FORMATS) and its template's style; ValueError for "native" the template cannot do."""
-    if tool_format not in TOOL_FORMATS:
-        raise ValueError(f"tool_format must be one of {', '.join(TOOL_FORMATS)}: {tool_format!r}")
+    (TRAINED_TOOL_FORMATS) and its template's style; ValueError for "native" the template cannot do."""
+    if tool_format not in TRAINED_TOOL_FORMATS:
+        raise ValueError(
+            f"tool_format must be one of {', '.join(TRAINED_TOOL_FORMATS)}: {tool_format!r}"
+        )
     if tool_format == "auto":
         return "native" if style == HERMES else "json"
     if tool_format == "native" and style != HERMES:
