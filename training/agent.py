@@ -6,7 +6,8 @@ Its tool format (RunConfig.tool_format, resolved by `agent_tool_format`): "json"
 JSON `<tool_call>` blocks described in the system prompt (SmolLM2, whose template ignores tools),
 or "native", the chat template's own (Qwen3's Hermes style, agents.llm.native_tools): the
 opening is rendered with the tools, results are the template's `tool` turns, and a sampled reply
-is read by vLLM's hermes parser's rule, so a call counts here exactly when it would served.
+is read by the rule of vLLM's hermes parser, so a call counts here exactly when it would count
+served by vLLM.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from training.config import ConfigError
 from training.endpoint import ServedAdapter
 from training.policy import LocalModel
 from training.rollout import AGENT, Rollout
+from training.tokens import ChatFormat
 from training.turns import speak
 
 
@@ -45,7 +47,9 @@ def agent_messages(domain: Domain, rollout: Rollout, tool_format: str = "json") 
     return messages_for_json_tools(new, None if rollout.agent.ids else rollout.tools)
 
 
-def agent_prompt(fmt, domain: Domain, rollout: Rollout, tool_format: str = "json") -> list[int]:
+def agent_prompt(
+    fmt: ChatFormat, domain: Domain, rollout: Rollout, tool_format: str = "json"
+) -> list[int]:
     """Grow the agent's transcript by its new messages; the ids it samples its turn from."""
     tools = rollout.tools if tool_format == "native" and not rollout.agent.ids else None
     return rollout.agent.prompt(fmt, agent_messages(domain, rollout, tool_format), tools)
