@@ -144,6 +144,12 @@ def resume(run_dir: Path, config: Any, agent: Any, regime: Any) -> int:
             f"{run_dir} holds a run with different {', '.join(changed)}; "
             "use another output_dir (or name) for a new run"
         )
+    trained = manifest.get("tool_format")  # absent from checkpoints written before it was kept
+    if trained and trained != agent_tool_format(config.tool_format, agent):
+        raise ResumeError(
+            f"{run_dir} holds a run whose agent calls tools in the {trained} format; "
+            "use another output_dir (or name) for a new run"
+        )
     state = torch.load(folder / STATE, weights_only=False)
     with agent.gathered(writeback=True):  # FSDP: every rank loads the same whole weights
         agent.load_weights(folder)
