@@ -408,7 +408,7 @@ class Arm(models.Model):
     def clean(self):
         if not isinstance(self.extra_params, dict):
             raise ValidationError({"extra_params": "Must be a JSON object."})
-        errors: dict[str, list[str]] = {"extra_params": [], "tool_choice": []}
+        errors: dict[str, list[str]] = {"extra_params": [], "tool_choice": [], "tool_format": []}
         if "tool_choice" in self.extra_params:
             errors["extra_params"].append("Set how tools are called in the Tool choice field.")
         if self.tool_choice != ToolChoice.AUTO and self.tool_format == "json":
@@ -416,6 +416,17 @@ class Arm(models.Model):
                 f"Tool choice {self.tool_choice!r} needs the tool format 'structured' or "
                 "'native': with calls only described in the prompt nothing makes the model "
                 "write one."
+            )
+        trained = self.trained_tool_format()
+        if trained == "native" and self.tool_format != "native":
+            errors["tool_format"].append(
+                f"Checkpoint {self.model_name} was trained with its chat template's native tool "
+                "calls: use 'native' (vLLM serves it with --tool-call-parser hermes)."
+            )
+        elif trained == "json" and self.tool_format == "native":
+            errors["tool_format"].append(
+                f"Checkpoint {self.model_name} was trained with the JSON tool format: use 'json' "
+                "or 'structured'."
             )
         endpoint = self.endpoint if self.endpoint_id else None
         if "seed" in self.extra_params and endpoint and endpoint.kind == ModelEndpoint.Kind.VLLM:
@@ -432,6 +443,17 @@ class Arm(models.Model):
         problem = self.model_problem() if self.retargeted() else None
         if problem and arm_model_check() != "warn":
             raise ValidationError({"model_name": f"Refused: {problem}."})
+
+    def trained_tool_format(self) -> str | None:
+        """How the checkpoint this arm serves was trained to call tools ("json" | "native", its
+        manifest's tool_format), or None: not a registered checkpoint, or written before
+        checkpoints recorded it."""
+        manifest = (
+            Checkpoint.objects.filter(name=self.model_name)
+            .values_list("manifest", flat=True)
+            .first()
+        )
+        return (manifest or {}).get("tool_format")
 
     def model_problem(self, refresh: bool = True) -> str | None:
         """Why no healthy replica of the arm's endpoint serves its model (None: one does);

@@ -5,7 +5,8 @@
                                                          vLLM --lora-modules NAME=<folder>, the
                                                          embedded engine); full fine-tuning
                                                          writes a whole model folder instead
-        manifest.json        name, kind, base model, regime, domain, step, metrics, config
+        manifest.json        name, kind, base model, regime, domain, tool format, step,
+                             metrics, config
         trainer_state.pt     optimizer(s) and RNG state, for resuming
         simulator/           co-training: the simulator's adapter (full fine-tuning: its
                              model folder) at this step (+ manifest.json)
@@ -29,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from training.agent import agent_tool_format
 
 CHECKPOINTS = "checkpoints"
 MANIFEST = "manifest.json"
@@ -103,6 +106,8 @@ def save(
         "base_model": str(config.base_model_path()),
         "domain": config.domain,
         "regime": config.regime,
+        # how its agent writes tool calls ("json" | "native"): a study's arm serves it so
+        "tool_format": agent_tool_format(config.tool_format, agent),
         "step": step,
         "metrics": metrics,
         "config": config.to_dict(),
@@ -111,6 +116,7 @@ def save(
     _write_json(temp / MANIFEST, manifest)
     if (temp / "simulator").is_dir():
         sim = {**manifest, "name": f"{config.name}-simulator-step{step}", "kind": "simulator"}
+        del sim["tool_format"]  # the simulator calls no tools
         _write_json(temp / "simulator" / MANIFEST, sim)
     if ranks is not None:
         save_barrier(ranks)
@@ -137,6 +143,12 @@ def resume(run_dir: Path, config: Any, agent: Any, regime: Any) -> int:
     if changed:
         raise ResumeError(
             f"{run_dir} holds a run with different {', '.join(changed)}; "
+            "use another output_dir (or name) for a new run"
+        )
+    trained = manifest.get("tool_format")  # absent from checkpoints written before it was kept
+    if trained and trained != agent_tool_format(config.tool_format, agent):
+        raise ResumeError(
+            f"{run_dir} holds a run whose agent calls tools in the {trained} format; "
             "use another output_dir (or name) for a new run"
         )
     state = torch.load(folder / STATE, weights_only=False)

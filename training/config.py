@@ -49,6 +49,7 @@ from pydantic.dataclasses import dataclass
 from pydantic_core import PydanticCustomError
 
 from agents.domains import DOMAINS
+from agents.llm.native_tools import TRAINED_TOOL_FORMATS
 from agents.llm.providers import (
     PROVIDER_CHOICES,
     REASONING_EFFORTS,
@@ -131,6 +132,7 @@ ReasoningEffort = Literal[REASONING_EFFORTS]
 SimulatorReward = Literal[tuple(SIMULATOR_REWARDS)]
 Finetune = Literal[FINETUNE]
 Dtype = Literal[DTYPES]
+ToolFormat = Literal[tuple(TRAINED_TOOL_FORMATS)]
 Strings = Annotated[list[StrictStr], Field(strict=True)]
 
 TABLE = ConfigDict(extra="forbid")
@@ -503,6 +505,11 @@ class RunConfig:
     )
     max_tool_rounds: StrictInt = Field(
         4, ge=1, description="consecutive tool-call turns of the agent before the turn is cut"
+    )
+    tool_format: ToolFormat = Field(
+        "auto",
+        description="how the agent writes tool calls, trained and served alike: "
+        + "; ".join(f"{name}: {what}" for name, what in TRAINED_TOOL_FORMATS.items()),
     )
     rollout_endpoint: StrictStr = Field(
         "", description='vLLM base URL for the agent\'s rollouts; "" = in-process'

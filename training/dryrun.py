@@ -500,6 +500,20 @@ def check_local(config: RunConfig) -> list[Check]:
     return checks
 
 
+def check_tool_format(config: RunConfig) -> Check:
+    """The agent's tool format for its base model's chat template (needs the model's folder)."""
+    from agents.llm.native_tools import model_tool_style, resolve_tool_format
+
+    folder = config.base_model_path()
+    try:
+        style = model_tool_style(folder)
+        chosen = resolve_tool_format(config.tool_format, style)
+    except (OSError, ValueError) as error:
+        return Check("tool format", False, f"{config.tool_format}: {error}")
+    served = " (served with vLLM --tool-call-parser hermes)" if chosen == "native" else ""
+    return Check("tool format", True, f"{config.tool_format} -> {chosen}{served}")
+
+
 def dry_run(
     path: str,
     overrides: dict[str, Any] | None = None,
@@ -531,6 +545,7 @@ def dry_run(
     checks.append(mem_check)
     if not offline:
         checks += check_local(config)
+        checks.append(check_tool_format(config))
         reached: dict[str, bool] = {}
         for role, url, model, key_env in endpoints(config):
             found = check_endpoint(role, url, model, key_env, timeout)

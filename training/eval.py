@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from agents.domains.base import Domain, Scenario
-from training.agent import LocalAgent
+from training.agent import LocalAgent, agent_tool_format
 from training.config import RunConfig
 from training.grpo import TokenBatch, token_logprobs
 from training.policy import LocalModel
@@ -33,7 +33,8 @@ class HeldOutPanel:
     def evaluate(self, agent: LocalModel, step: int) -> dict[str, Any]:
         cfg = self.config
         scenarios = [t for t in self.tasks for _ in range(cfg.eval_samples)]
-        speaker = LocalAgent(agent, cfg.temperature, cfg.max_new_tokens)
+        tool_format = agent_tool_format(cfg.tool_format, agent)
+        speaker = LocalAgent(agent, cfg.temperature, cfg.max_new_tokens, tool_format)
         row: dict[str, Any] = {}
         every: list[Rollout] = []
         for name, user in self.simulators.items():

@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from agents.domains.base import Domain, Scenario
 from training import checkpoint
-from training.agent import EndpointAgent, LocalAgent
+from training.agent import EndpointAgent, LocalAgent, agent_tool_format
 from training.collapse import (
     load_or_find_exploit,
     mixture_exploit,
@@ -125,11 +125,13 @@ def _train(
             ),
         )
 
-    speaker = LocalAgent(agent, config.temperature, config.max_new_tokens)
+    tool_format = agent_tool_format(config.tool_format, agent)  # "json" | "native"
+    speaker = LocalAgent(agent, config.temperature, config.max_new_tokens, tool_format)
     if config.rollout_endpoint:
         speaker = EndpointAgent(
             config.rollout_endpoint, agent, config.temperature, config.max_new_tokens
         )
+        speaker.tool_format = tool_format
     rows = log.rows() if main else []
     warnings = Warnings(config.collapse, rows)  # a resumed run keeps the warnings it gave
     # rank 0 alone measures the step's diversity (every rank has the gathered rollouts)

@@ -1,8 +1,9 @@
 """Every model call in parley goes through here: one async OpenAI-compatible client.
 
-See agents.llm.client for timeouts, retries and timing, and agents.llm.tool_format for the
-JSON tool-call format used with models that have no native tool calling; see
-agents.llm.providers for how each hosted API's requests are shaped (declared once).
+See agents.llm.client for timeouts, retries and timing, agents.llm.tool_format for the JSON
+tool-call format used with models that have no native tool calling, agents.llm.native_tools
+for the Hermes-style format of those that have (Qwen3), and agents.llm.providers for how each
+hosted API's requests are shaped (declared once).
 """
 
 from agents.llm.client import ChatResult, ChatStream, CompletionResult, LLMClient, shared_client

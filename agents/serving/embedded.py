@@ -35,6 +35,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from agents.llm.native_tools import HermesCallFilter
 from agents.llm.tool_format import ToolCallFilter
 from agents.serving import protocol
 from agents.serving.adapters import Adapter, serving_args
@@ -104,8 +105,13 @@ class Completion:
         self.chat, self.adapter, self.job = chat, adapter, job
         self.cancel = threading.Event()
         self.id, self.created = protocol.completion_id(), protocol.now()
-        # a forced tool_choice: the text is call blocks, answered as tool_calls
-        self.calls = ToolCallFilter() if job.tool_calls else None
+        # a forced tool_choice: the text is call blocks, answered as tool_calls; a template
+        # with native tools: its Hermes-style calls, read by vLLM's hermes parser's rule
+        self.calls: ToolCallFilter | HermesCallFilter | None = None
+        if job.tool_calls:
+            self.calls = ToolCallFilter()
+        elif job.native_tool_calls:
+            self.calls = HermesCallFilter()
 
     async def __call__(self, scope, receive, send):
         failure = None

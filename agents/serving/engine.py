@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from agents.llm.native_tools import HERMES, template_tool_style
 from agents.llm.tool_format import messages_for_json_tools, partial_suffix
 from agents.serving.adapters import Adapter, find_adapters
 from agents.serving.constraints import Constraint, Grammars
@@ -56,6 +57,7 @@ class Generation:
     stop: list[str] = field(default_factory=list)
     constraint: Constraint | None = None  # response_format / forced tool_choice, or None
     tool_calls: bool = False  # the text is read as JSON-format tool calls (a forced tool_choice)
+    native_tool_calls: bool = False  # read as the template's Hermes-style calls (tool_choice auto)
     completion_tokens: int = 0
     finish_reason: str | None = None  # "stop" (end of turn or stop sequence), "length", "abort"
 
@@ -115,6 +117,8 @@ class Engine:
         self.max_batch = max(1, max_batch)
         self.default_max_tokens = default_max_tokens
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        # HERMES: the template renders tools itself (Qwen3) and replies are parsed for its calls
+        self.tool_style = template_tool_style(self.tokenizer)
         # prepare() runs beside the decoding thread; the Rust tokenizer must not be used by both
         self._tokenizer_lock = threading.Lock()
         self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
@@ -181,7 +185,8 @@ class Engine:
                 param=name,
             )
         constraint, tool_calls = self.grammars.constraint(request)
-        messages, tools = request.template_messages(), request.template_tools()
+        native = self.tool_style == HERMES
+        messages, tools = request.template_messages(native), request.template_tools()
         text = self._render(messages, tools)
         if request.forces_tool_calls and text == self._render(messages, None):
             # the template ignores tools (SmolLM2's): describe them in the format the grammar
@@ -206,6 +211,8 @@ class Engine:
             stop=sampling.stop,
             constraint=constraint,
             tool_calls=tool_calls,
+            # as vLLM's auto tool choice: the model's own calls, parsed when tools are offered
+            native_tool_calls=native and bool(tools) and request.tool_choice == "auto",
         )
 
     def _render(self, messages: list[dict], tools: list[dict] | None) -> str:

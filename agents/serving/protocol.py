@@ -8,8 +8,11 @@ reply that silently ignored what it asked. `response_format` (json_object, json_
 vLLM's structural_tag) and `tool_choice` "required" or a named function are enforced by
 constrained decoding (agents.serving.constraints); the forced calls are written in agents.llm's
 JSON tool format and answered as OpenAI `tool_calls`. With "auto" (the default when tools are
-given) `tools` go to the chat template (SmolLM2's ignores them) and the text is returned as is:
-callers use agents.llm's JSON tool format, whose `structured` variant keeps calls well formed.
+given) `tools` go to the chat template. SmolLM2's ignores them and the text is returned as is:
+callers use agents.llm's JSON tool format, whose `structured` variant keeps calls well formed. A
+template that renders tools in the Hermes style (Qwen3's) gets the conversation's tool calls
+structured, and its reply's `<tool_call>` blocks are answered as `tool_calls` by the rule of
+vLLM's hermes parser (agents.llm.native_tools), as vLLM with `--tool-call-parser hermes` does.
 
 Errors have vLLM's body, `{"error": {"message", "type", "param", "code"}}`, and its two kinds:
   - a body that does not fit the declared models is answered as vLLM's FastAPI layer answers a
@@ -162,12 +165,15 @@ class ChatMessageParam(OpenAIBaseModel):
     )
     tool_call_id: str | None = None
 
-    def for_template(self) -> dict:
+    def for_template(self, native_tools: bool = False) -> dict:
         """The message as the chat template takes it: a system/user/assistant/tool role and
-        text, an assistant's tool calls written as the `<tool_call>` blocks the model reads."""
+        text, an assistant's tool calls written as the `<tool_call>` blocks the model reads (or,
+        `native_tools`, left structured for a template that renders them itself)."""
         content = self.content if isinstance(self.content, str) else ""
         if isinstance(self.content, list):
             content = "".join(part.text for part in self.content)
+        if self.role == "assistant" and self.tool_calls and native_tools:
+            return {"role": "assistant", "content": content, "tool_calls": self.tool_calls}
         if self.role == "assistant" and self.tool_calls:
             blocks = render_tool_calls(self.tool_calls)
             content = f"{content}\n{blocks}" if content else blocks
@@ -345,8 +351,8 @@ class ChatCompletionRequest(OpenAIBaseModel):
     def forces_tool_calls(self) -> bool:
         return self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice)
 
-    def template_messages(self) -> list[dict]:
-        return [message.for_template() for message in self.messages]
+    def template_messages(self, native_tools: bool = False) -> list[dict]:
+        return [message.for_template(native_tools) for message in self.messages]
 
     def template_tools(self) -> list[dict] | None:
         return [tool.model_dump(exclude_none=True) for tool in self.tools] if self.tools else None

@@ -20,11 +20,12 @@ replicas load a checkpoint when the admin attaches it to an arm). launch_vllm an
 are the two halves of start_vllm, for several replicas started side by side
 (agents.serving.replicas).
 
-Tool calls: a model with native tool calling (the Qwen family) is served with
-`tool_call_parser="hermes"` (`--tool-call-parser hermes`), which adds vLLM's
-`--enable-auto-tool-choice`, and its arms use tool_format "native". A model without it (SmolLM2)
-needs no flag: its arms use tool_format "structured", whose structural-tag `response_format`
-vLLM's structured outputs enforce (agents.llm.tool_format.tool_call_format).
+Tool calls: a model whose chat template renders tools in the Hermes style (the Qwen family;
+agents.llm.native_tools, the folder's template or the one `--chat-template` gives) is served
+with `--enable-auto-tool-choice --tool-call-parser hermes` (tool_call_parser "auto", the
+default, finds it), and its arms use tool_format "native", as its training did. A model without
+it (SmolLM2) gets no flag: its arms use tool_format "json" or "structured", whose structural-tag
+`response_format` vLLM's structured outputs enforce (agents.llm.tool_format.tool_call_format).
 """
 
 import argparse
@@ -34,6 +35,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from agents.llm.native_tools import HERMES, model_tool_style
 from agents.paths import vllm_python
 from agents.serving.adapters import ADAPTER_CONFIG, find_adapters, serving_args
 from agents.serving.process import free_port, serving, spawn, stop, wait_healthy
@@ -41,6 +43,7 @@ from agents.serving.process import free_port, serving, spawn, stop, wait_healthy
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # the `vllm` command wants a `vllm` dist
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the ranks vLLM's --max-lora-rank accepts
 MAX_MODEL_LEN = 8192  # SmolLM2's own: a tau2 retail prompt alone is about 4.5k tokens
+AUTO_PARSER = "auto"  # tool_call_parser: found from the chat template (native_tool_parser)
 KV_CACHE_GIB = "2"  # vLLM-CPU's KV cache (VLLM_CPU_KVCACHE_SPACE) unless the environment says
 
 
@@ -91,7 +94,7 @@ def build_command(
     max_model_len: int = MAX_MODEL_LEN,
     max_loras: int = 4,
     runtime_lora_rank: int = 0,
-    tool_call_parser: str | None = None,
+    tool_call_parser: str | None = "auto",
     compact_json: bool = False,
     extra_args: list[str] = (),
 ) -> list[str]:
@@ -100,7 +103,9 @@ def build_command(
     `runtime_lora_rank` > 0 enables LoRA for adapters loaded later through /v1/load_lora_adapter
     (a trainer's live adapter) up to that rank; vllm_env(runtime_lora=True) allows those calls.
     `tool_call_parser` (e.g. "hermes" for Qwen) turns on native tool calls with tool_choice
-    "auto": vLLM parses the model's own tool-call syntax into `tool_calls`.
+    "auto": vLLM parses the model's own tool-call syntax into `tool_calls`. "auto": "hermes"
+    when the chat template (the folder's, or `--chat-template` in `extra_args`) renders tools
+    in the Hermes style, else none; None or "none": never.
     `compact_json`: structured outputs (a `response_format` JSON schema) allow no whitespace
     between tokens of the JSON; a small model otherwise spends its token budget on indentation
     and a Verbalized Sampling simulator's k candidates are cut off (xgrammar only)."""
@@ -118,7 +123,9 @@ def build_command(
         count = len(loras or {}) + (2 if runtime_lora_rank else 0)
         command += ["--enable-lora", "--max-lora-rank", str(rank)]
         command += ["--max-loras", str(max(1, min(max_loras, count)))]
-    if tool_call_parser:
+    if tool_call_parser == AUTO_PARSER:
+        tool_call_parser = native_tool_parser(model_dir, extra_args)
+    if tool_call_parser and tool_call_parser != "none":
         command += ["--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser]
     if compact_json:
         compact = {"backend": "xgrammar", "disable_any_whitespace": True}
@@ -127,6 +134,18 @@ def build_command(
         command += ["--lora-modules"]
         command += [f"{name}={Path(path).resolve()}" for name, path in loras.items()]
     return command + list(extra_args)
+
+
+def native_tool_parser(model_dir: Path | str, extra_args: list[str] = ()) -> str | None:
+    """HERMES when the model's chat template (`--chat-template` in `extra_args` replaces the
+    folder's, as in vLLM) renders tools in the Hermes style; None otherwise."""
+    args, template = list(extra_args), None
+    for i, arg in enumerate(args):
+        if arg == "--chat-template" and i + 1 < len(args):
+            template = args[i + 1]
+        elif arg.startswith("--chat-template="):
+            template = arg.split("=", 1)[1]
+    return HERMES if model_tool_style(model_dir, template) == HERMES else None
 
 
 def vllm_env(runtime_lora: bool = False) -> dict[str, str]:
@@ -233,7 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-loras", type=int, default=4, help="adapters in one batch at once")
     parser.add_argument(
         "--tool-call-parser",
-        help="native tool calls with tool_choice auto, for models that have them (hermes: Qwen)",
+        default=AUTO_PARSER,
+        help="native tool calls with tool_choice auto (hermes: Qwen); auto (the default): "
+        "hermes when the chat template renders tools in its style; none: never",
     )
     parser.add_argument("--python", type=Path, help="python with vLLM (default: .venv-vllm's)")
     parser.add_argument("--dry-run", action="store_true", help="print the command, do not run it")

@@ -1,8 +1,10 @@
 """The vLLM launcher without vLLM: its command line, the adapters it serves, its errors."""
 
 import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -142,3 +144,37 @@ def test_cli_errors_are_clear(tmp_path, model_dir):
     assert bad_lora.returncode == 2 and "expected NAME=PATH" in bad_lora.stderr
     no_folder = run_cli("--model", str(model_dir), "--adapters", str(tmp_path / "nope"))
     assert no_folder.returncode == 2 and "is not a folder" in no_folder.stderr
+
+
+HERMES_TEMPLATE = Path(__file__).parents[1] / "fixtures" / "hermes_chat_template.jinja"
+
+
+@pytest.fixture
+def tokenizer_dir(tmp_path, base_model):
+    """SmolLM2's config and tokenizer (its stock template ignores tools), without weights."""
+    folder = tmp_path / "SmolLM2"
+    folder.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(Path(base_model) / name, folder / name)
+    return folder
+
+
+def test_a_template_with_hermes_tools_is_served_with_the_hermes_parser(tokenizer_dir, tmp_path):
+    """tool_call_parser "auto" (the default): the parser when the model's template renders
+    tools in the Hermes style (Qwen3's), nothing for SmolLM2's."""
+    assert not {"--enable-auto-tool-choice", "--tool-call-parser"} & set(
+        build_command(tokenizer_dir, 8123, None, python="/opt/py")
+    )
+    # the template given to vLLM (--chat-template) is the one that counts
+    given = build_command(tokenizer_dir, 8123, python="/opt/py",
+                          extra_args=["--chat-template", str(HERMES_TEMPLATE)])  # fmt: skip
+    assert "--enable-auto-tool-choice" in given
+    assert option_values(given, "--tool-call-parser") == ["hermes"]
+    shutil.copy(HERMES_TEMPLATE, tokenizer_dir / "chat_template.jinja")  # the folder's own
+    native = build_command(tokenizer_dir, 8123, None, python="/opt/py")
+    assert option_values(native, "--tool-call-parser") == ["hermes"]
+    off = build_command(tokenizer_dir, 8123, None, python="/opt/py", tool_call_parser="none")
+    assert "--tool-call-parser" not in off
+    result = run_cli("--model", str(tokenizer_dir), "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert option_values(result.stdout.split(), "--tool-call-parser") == ["hermes"]
