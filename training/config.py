@@ -491,6 +491,12 @@ class RunConfig:
     scale_std: StrictBool = Field(
         True, description="advantages (r - mean) / (std + 1e-4); false: r - mean"
     )
+    center_rewards: StrictBool = Field(
+        True,
+        description="advantages relative to the task's group (r - mean, see scale_std); false:"
+        " the raw reward r is the advantage, as Slime's --disable-rewards-normalization in every"
+        " launcher of the paper's release (needs scale_std = false)",
+    )
     ppo_epochs: StrictInt = Field(1, ge=1, description="passes over each step's rollouts")
     micro_batch: StrictInt = Field(2, ge=1, description="sequences per forward pass")
     grad_clip: StrictFloat = Field(1.0, ge=0, description="gradient norm clip (0 = no clipping)")
@@ -592,6 +598,12 @@ class RunConfig:
                 self.finetune,
                 'must be "lora" with a served co-trained simulator (simulator.endpoint: the'
                 " server loads its adapter after each update)",
+            )
+        if not self.center_rewards and self.scale_std:
+            raise _refuse(
+                "scale_std",
+                self.scale_std,
+                "must be false with center_rewards = false (raw rewards are not std-scaled)",
             )
         kind = self.simulator.kind
         if self.regime == "verbalized" and kind != "verbalized":

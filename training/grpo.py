@@ -19,13 +19,23 @@ from training.distributed import Ranks, full_weights
 STD_EPS = 1e-4
 
 
-def group_advantages(rewards: torch.Tensor, scale_std: bool = True) -> torch.Tensor:
+def group_advantages(
+    rewards: torch.Tensor, scale_std: bool = True, center: bool = True
+) -> torch.Tensor:
     """A_i = (r_i - mean(r)) / (std(r) + 1e-4) within each group (rows of `rewards`, [groups, G]).
 
     std is the unbiased sample std, as in DeepSeekMath and TRL. scale_std=False gives r_i - mean(r)
-    (Dr. GRPO), which does not up-weight groups whose rewards barely differ.
+    (Dr. GRPO), which does not up-weight groups whose rewards barely differ. center=False gives
+    A_i = r_i, the raw reward: what Slime computes with --disable-rewards-normalization, which
+    every launcher of the paper's release passes (THUDM/slime slime/ray/rollout.py
+    `_post_process_rewards` at 00de6b00714ea329e8f82a24340ac7f27ea63087: without
+    rewards_normalization the raw rewards are returned as the advantages).
     """
     rewards = rewards.float()
+    if not center:
+        if scale_std:
+            raise ValueError("scale_std needs center: raw rewards are not scaled")
+        return rewards.clone()
     adv = rewards - rewards.mean(dim=-1, keepdim=True)
     if scale_std:
         adv = adv / (rewards.std(dim=-1, keepdim=True) + STD_EPS)

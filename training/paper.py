@@ -161,9 +161,12 @@ _OWN: dict[str, tuple[str, ...]] = {
         ' "probability").',
     ),
     "selfplay": (
-        "The release trains the user as a second full Qwen3-4B (dual_cotrain, 4 + 4 GPUs);"
-        " parley's co-trained simulator is a LoRA on the base model (training/regimes.py CoTrain),"
-        " its learning rate scaled for LoRA (lora.lr_scale).",
+        "The release trains the user as a second full Qwen3-4B on 4 of the node's GPUs and the"
+        " agent on the other 4 (dual_cotrain); parley fully fine-tunes both (finetune = full"
+        " applies to the co-trained simulator too), sharded together over all 8 GPUs.",
+        "The release samples the user at top_p 0.95 (tau2_cotrain_rollout.py"
+        " opp_sampling_params); parley samples a co-trained model in process from its whole"
+        " distribution, the one whose log-probs the loss uses.",
         "The release's KL 0.005 applies to both roles: beta = simulator_beta = 0.005.",
     ),
     "population": (
@@ -176,7 +179,7 @@ _OWN: dict[str, tuple[str, ...]] = {
         " (simulator_beta = 0.01), as dual_selfplay does.",
         "--trainable-role agent: dual_selfplay still trains the user's group every step on its"
         " own tokens (cotrain_loop.py), as parley's population trains its simulator.",
-        "The co-trained simulator is a LoRA (see selfplay).",
+        "The co-trained simulator is fully fine-tuned and sampled without top_p (see selfplay).",
     ),
     "cooperative": (
         "--trainable-role agent with dual_cotrain: the release README reads it as only the agent"
@@ -185,7 +188,7 @@ _OWN: dict[str, tuple[str, ...]] = {
         " the agent's reward; parley's cotrain with simulator_reward = cooperative does that.",
         "--no-agent-kl: beta = 0; the user keeps KL 0.01 (simulator_beta = 0.01); 100 rollouts;"
         " lr 1e-6.",
-        "The co-trained simulator is a LoRA (see selfplay).",
+        "The co-trained simulator is fully fine-tuned and sampled without top_p (see selfplay).",
     ),
 }
 

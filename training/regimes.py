@@ -297,7 +297,9 @@ class CoTrain(Regime):
             return {"sim/learned": 0.0}
         mode = self.reward_mode
         rewards = torch.tensor([r.reward for r in own]).view(-1, per_group)
-        sim_rewards, adv = simulator_advantages(mode, rewards, self.config.scale_std)
+        sim_rewards, adv = simulator_advantages(
+            mode, rewards, self.config.scale_std, self.config.center_rewards
+        )
         adv = adv.flatten()
         stats = self.policy.learn(
             [r.user for r in own], adv, self.config,

@@ -163,7 +163,7 @@ def _train(
 
         # 2. the agent's GRPO step on its own tokens (data-parallel: this rank's rows, the
         # gradients summed over the ranks)
-        adv = group_advantages(rewards, config.scale_std).flatten()
+        adv = group_advantages(rewards, config.scale_std, config.center_rewards).flatten()
         stats = agent.learn(
             [r.agent for r in mine],
             adv,

@@ -74,11 +74,11 @@ def simulator_rewards(mode: str, rewards: Sequence[float]) -> list[float]:
 
 
 def simulator_advantages(
-    mode: str, agent_rewards: torch.Tensor, scale_std: bool
+    mode: str, agent_rewards: torch.Tensor, scale_std: bool, center: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(simulator rewards, advantages), both [groups, n], from the agent's rewards [groups, n]
     (one row per task's group)."""
     sim = torch.tensor([simulator_rewards(mode, row) for row in agent_rewards.tolist()])
     if mode == "curriculum":  # constant over the group: the reward is the advantage (see above)
         return sim, sim.clone()
-    return sim, group_advantages(sim, scale_std)
+    return sim, group_advantages(sim, scale_std, center)

@@ -128,6 +128,10 @@ def test_minimal_config_gets_defaults(tmp_path):
         (MINIMAL + "adam_betas = [0.9, 'x']\n", "adam_betas[1] must be float (got 'x')"),
         (MINIMAL + "adam_betas = 0.9\n", "adam_betas must be a list"),
         (MINIMAL + "[lora]\nlr_scale = 0.0\n", "lora.lr_scale must be > 0 and <= 1000 (got 0.0)"),
+        (
+            MINIMAL + "center_rewards = false\n",
+            "scale_std must be false with center_rewards = false (raw rewards are not std-scaled) (got True)",
+        ),
         (MINIMAL + "steps = [\n", "not valid TOML"),
     ],
 )

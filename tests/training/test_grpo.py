@@ -69,6 +69,15 @@ def test_group_advantages():
     )
 
 
+def test_raw_reward_advantages_as_slime_without_rewards_normalization():
+    """center=False: the advantage is the reward itself (no group mean, no std), as Slime gives
+    with --disable-rewards-normalization, so an all-success group still pushes its tokens up."""
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.5, 0.5, 0.5, 0.5]])
+    assert torch.equal(group_advantages(rewards, scale_std=False, center=False), rewards)
+    with pytest.raises(ValueError, match="scale_std needs center"):
+        group_advantages(rewards, scale_std=True, center=False)
+
+
 def test_token_logprobs_match_full_softmax(tiny_model):
     from transformers import AutoModelForCausalLM
 
