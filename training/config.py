@@ -183,6 +183,12 @@ class SimulatorSpec:
         description='regime "persona": behavioural guidelines put before the simulator\'s system'
         " prompt; \"\" = the Domain's default (tau2: the release's text)",
     )
+    seen: StrictBool = Field(
+        False,
+        description="[[heldout]] only: this panel member IS a simulator the agent trains against"
+        " (the release's 6-model panel keeps each run's training simulators): allowed on its"
+        " weights, reported beside the others and left out of the heldout/unseen_* means",
+    )
     temperature: StrictFloat = Field(0.7, gt=0, description="sampling temperature")
     max_new_tokens: StrictInt = Field(64, ge=1, description="tokens per reply")
     k: StrictInt = Field(5, ge=2, description="verbalized: candidates per reply")
@@ -573,8 +579,22 @@ class RunConfig:
             training = [("local", str(self.simulator_model_path().expanduser().resolve()))]
         else:
             training = [spec.weights(base) for spec in self.training_simulators()]
+        for key, spec in [("simulator", self.simulator)] + [
+            (f"ensemble[{i}]", s) for i, s in enumerate(self.ensemble)
+        ]:
+            if spec.seen:
+                raise _refuse(f"{key}.seen", True, "is for [[heldout]] members only")
         for i, spec in enumerate(self.heldout):
             weights = spec.weights(base)
+            if spec.seen:
+                if weights is None or weights not in training:
+                    raise _refuse(
+                        f"heldout[{i}].seen",
+                        True,
+                        "marks a panel member that is a training simulator (the same model on"
+                        " the same endpoint); this one is not: remove `seen`",
+                    )
+                continue
             if weights is not None and weights in training:
                 raise _refuse(
                     f"heldout[{i}]",

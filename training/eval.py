@@ -55,6 +55,15 @@ class HeldOutPanel:
             row[f"heldout/{n}/reward"] for n in self.simulators
         )
         row["heldout/worst_reward"] = min(row[f"heldout/{n}/reward"] for n in self.simulators)
+        # The release's means span its whole panel, training simulators included; the unseen
+        # means are the held-out ones proper (written only when the panel has a seen member)
+        unseen = [s.name for s in cfg.heldout if not s.seen]
+        if unseen and len(unseen) < len(self.simulators):
+            for measure in ("success", "reward"):
+                row[f"heldout/unseen_{measure}"] = statistics.fmean(
+                    row[f"heldout/{n}/{measure}"] for n in unseen
+                )
+            row["heldout/unseen_worst_reward"] = min(row[f"heldout/{n}/reward"] for n in unseen)
         row["heldout/entropy"] = mean_entropy(agent, every, cfg.micro_batch, cfg.temperature)
         return row
 

@@ -39,10 +39,10 @@ SHARED = (
     "Turns: the release's --max-turns counts agent actions (a message or one tool call, each"
     " answered by the user or the tool; usim/core/orchestrator.py); parley's max_turns counts"
     " user and agent messages and bounds tool calls per agent turn (max_tool_rounds).",
-    "Held-out panel: the release's 6-model panel includes the training simulator(s); parley"
-    " refuses a held-out user on the training simulator's weights (training/config.py), so a run"
-    " trained against a hosted model evaluates on the other panel models and the training"
-    " reward stands for the in-distribution column.",
+    "Held-out panel: the release's 6-model panel includes the run's training simulator(s);"
+    " parley keeps them, marked `seen = true`, so heldout/success and heldout/reward are the"
+    " release's whole-panel means, and adds heldout/unseen_* over the members the agent never"
+    " met (training/eval.py).",
     "Held-out sampling: the release evaluates at temperature 0.7, top_p 0.95 for agent and"
     " users (eval_configs/*_6model.yaml); parley's agent samples at `temperature` (0.7) with"
     " top_p 1, the panel's users at their SimulatorSpec temperature and top_p (0.7, 0.95).",
@@ -129,25 +129,23 @@ _OWN: dict[str, tuple[str, ...]] = {
         " never loads, so the whole 6-model panel is held out.",
     ),
     "single-haiku": (
-        "Claude Haiku 4.5 trains through the OpenRouter gateway as released; it is therefore"
-        " not in this run's panel (see SHARED).",
+        "Claude Haiku 4.5 trains through the OpenRouter gateway as released; it stays in the"
+        " panel as a seen member (see SHARED).",
     ),
     "single-gemini": (
         "Gemini 3 Flash (google/gemini-3-flash-preview) trains through OpenRouter as released;"
-        " not in this run's panel.",
+        " a seen panel member.",
     ),
     "single-gpt5mini": (
-        "GPT-5-mini trains through OpenAI's API as released; not in this run's panel.",
+        "GPT-5-mini trains through OpenAI's API as released; a seen panel member.",
     ),
     "persona": (
         "The guidelines are the release's --usim-user-prompt-prefix, parley's default"
-        " SimulatorSpec.guidelines; GPT-5-mini is not in the panel.",
+        " SimulatorSpec.guidelines; GPT-5-mini is a seen panel member.",
     ),
     "ensemble": (
-        "The release rotates the K=3 frozen users (its rotation's unit is not stated in the"
-        ' launcher); parley draws one per task (ensemble_draw = "task"), so a GRPO group meets one'
-        " user. The three ensemble members are not in the panel: it is GLM-5, Qwen3-30B-A3B and"
-        " DeepSeek-V3.2.",
+        "The three ensemble members are seen panel members; heldout/unseen_* are GLM-5,"
+        " Qwen3-30B-A3B and DeepSeek-V3.2.",
     ),
     "verbalized": (
         '--usim-vs-method random is parley\'s draw = "uniform" (k = 5, --usim-vs-num-samples 5);'

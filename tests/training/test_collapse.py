@@ -201,6 +201,45 @@ def test_a_panel_on_the_training_simulators_weights_is_refused(tiny_model, tmp_p
             decision_config(tiny_model, tmp_path, heldout=[spec])
 
 
+def test_a_seen_panel_member_runs_on_the_training_simulator_and_stays_out_of_unseen_means(
+    tiny_model, tmp_path, decision
+):
+    """The release's panel keeps each run's training simulator: `seen = true` allows it, the
+    panel-wide means include it as the release's do, the unseen means leave it out."""
+    from training.config import ConfigError
+
+    seen = {"name": "trained-on", "seen": True}
+    cfg = decision_config(tiny_model, tmp_path, heldout=[seen, *PANEL], eval_samples=8)
+    panel = HeldOutPanel(cfg, decision, decision.scenarios("test")[:1], ModelCache(cfg))
+    row = panel.evaluate(LocalModel.load(tiny_model), 1)
+    names = ["trained-on", *(s["name"] for s in PANEL)]
+    unseen = names[1:]
+    assert row["heldout/reward"] == pytest.approx(
+        statistics.fmean(row[f"heldout/{n}/reward"] for n in names)
+    )
+    assert row["heldout/unseen_reward"] == pytest.approx(
+        statistics.fmean(row[f"heldout/{n}/reward"] for n in unseen)
+    )
+    assert row["heldout/unseen_success"] == pytest.approx(
+        statistics.fmean(row[f"heldout/{n}/success"] for n in unseen)
+    )
+    assert row["heldout/unseen_worst_reward"] == min(row[f"heldout/{n}/reward"] for n in unseen)
+    # a panel without a seen member writes no unseen means (they would equal the others)
+    plain = decision_config(tiny_model, tmp_path, heldout=PANEL, eval_samples=1)
+    assert "heldout/unseen_reward" not in HeldOutPanel(
+        plain, decision, decision.scenarios("test")[:1], ModelCache(plain)
+    ).evaluate(LocalModel.load(tiny_model), 1)
+    # `seen` must be true to the config: not on a member that is not a training simulator, nor
+    # on the training simulator itself
+    with pytest.raises(ConfigError, match=r"heldout\[0\]\.seen marks a panel member"):
+        decision_config(tiny_model, tmp_path, heldout=[{**PANEL[0], "seen": True}])
+    with pytest.raises(ConfigError, match=r"simulator\.seen is for \[\[heldout\]\] members"):
+        decision_config(
+            tiny_model, tmp_path, heldout=PANEL,
+            simulator={"temperature": 1.0, "max_new_tokens": 150, "seen": True},
+        )  # fmt: skip
+
+
 def test_an_endpoint_simulator_decides_with_its_key_from_the_environment(decision, monkeypatch):
     """A hosted held-out user: the key comes from the variable the config names, the choice turn
     asks for one of the markers by JSON schema, and a missing key is a clear error."""

@@ -157,14 +157,18 @@ def test_round_trip_through_dict():
 
 
 def test_the_paper_configs_hold_out_a_hosted_panel():
-    """The paper-scale configs' panel is on endpoints with keys from the environment and shares
-    no model with the training simulator."""
+    """The paper-scale configs' panel is the release's 6 models on endpoints with keys from the
+    environment; a member the run trains against is marked seen, the others share no model with
+    a training simulator."""
     paper = [path for path in CONFIGS if path.parent.name == "paper"]
     assert len(paper) == 31
     for path in paper:
         config = load_config(path)
-        assert len(config.heldout) >= 3 and all(s.api_key_env for s in config.heldout)
-        models = {s.model for s in config.heldout} | {s.endpoint for s in config.heldout}
+        assert len(config.heldout) == 6 and all(s.api_key_env for s in config.heldout)
+        trained = {s.model for s in config.training_simulators() if s.endpoint}
+        assert {s.model for s in config.heldout if s.seen} == trained, path.name
+        unseen = [s for s in config.heldout if not s.seen]
+        models = {s.model for s in unseen} | {s.endpoint for s in unseen}
         assert config.simulator.model not in models
         assert not any("qwen3-4b" in m.lower() for m in models)  # the agent's own model
 
