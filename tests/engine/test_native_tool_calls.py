@@ -12,25 +12,10 @@ import httpx
 import pytest
 
 from agents.serving.launch import start_engine, stop_engine
+from tests.hermes import CALL, HERMES_TEMPLATE, TOOL
 
 pytestmark = pytest.mark.model
 
-HERMES_TEMPLATE = Path(__file__).parents[1] / "fixtures" / "hermes_chat_template.jinja"
-TOOL = {
-    "type": "function",
-    "function": {
-        "name": "find_user_id_by_email",
-        "description": "Find a user id by email.",
-        "parameters": {
-            "type": "object",
-            "properties": {"email": {"type": "string"}},
-            "required": ["email"],
-        },
-    },
-}
-CALL = (
-    '<tool_call>\n{"name": "find_user_id_by_email", "arguments": {"email": "a@b.c"}}\n</tool_call>'
-)
 MESSAGES = [
     {"role": "system", "content": "You help shoppers."},
     {"role": "user", "content": "My email is a@b.c."},

@@ -13,25 +13,9 @@ import pytest
 
 from agents.serving.launch import stop_engine
 from agents.serving.vllm import start_vllm
+from tests.hermes import CALL, HERMES_TEMPLATE, TOOL
 
 pytestmark = pytest.mark.model
-
-HERMES_TEMPLATE = Path(__file__).parents[1] / "fixtures" / "hermes_chat_template.jinja"
-TOOL = {
-    "type": "function",
-    "function": {
-        "name": "find_user_id_by_email",
-        "description": "Find a user id by email.",
-        "parameters": {
-            "type": "object",
-            "properties": {"email": {"type": "string"}},
-            "required": ["email"],
-        },
-    },
-}
-CALL = (
-    '<tool_call>\n{"name": "find_user_id_by_email", "arguments": {"email": "a@b.c"}}\n</tool_call>'
-)
 
 
 @pytest.fixture(scope="module")

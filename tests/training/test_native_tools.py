@@ -12,12 +12,12 @@ import pytest
 
 from agents.domains import get_domain
 from agents.llm.native_tools import HermesCallFilter, parse_hermes_tool_calls
+from tests.hermes import HERMES_TEMPLATE
 from training.agent import LocalAgent, add_agent_reply, agent_prompt, agent_tool_format
 from training.config import ConfigError, parse_config
 from training.policy import LocalModel
 from training.rollout import Rollout
 
-HERMES_TEMPLATE = Path(__file__).parents[1] / "fixtures" / "hermes_chat_template.jinja"
 EMAIL = "ada.abara154@example.com"  # retail task 0's user, in the bundled data
 
 
