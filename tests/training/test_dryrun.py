@@ -194,6 +194,10 @@ def test_mixed_precision_counts_float32_master_state_and_a_16_bit_compute_copy(
     assert mixed["compute_copy"] == (root + (p - root) // arch.layers) * 2
     assert mixed["gathered"] == p * 4 * 3 / 4
     assert mixed["activations_checkpointing_off"] == plain["activations_checkpointing_off"]
+    update = mixed["activations_checkpointing_off"] + mixed["compute_copy"]
+    assert mixed["total_checkpointing_off"] == pytest.approx(
+        mixed["weights"] + mixed["trainable_state"] + max(update, mixed["gathered"])
+    )
     one = memory(load_config(path, {**full, "distributed.processes": 1, "mixed_precision": True}))
     assert one["compute_copy"] == p * 2 and one["trainable_state"] == 3 * p * 4 + p * 2
     # float32 has nothing to mix
