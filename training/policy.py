@@ -125,25 +125,23 @@ class LocalModel:
             pad_token_id=self.pad_id,
         )
         processors = LogitsProcessorList([logits_processor] if logits_processor else [])
-        with self.compute():
-            out = self._generate(ids, attention, config, processors)
+        with self.compute():  # mixed precision: 16-bit passes over the float32 weights
+            out = self.model.generate(
+                input_ids=ids.to(self.device),
+                attention_mask=attention.to(self.device),
+                generation_config=config,
+                logits_processor=processors,
+                # Under FSDP transformers would sync every decoding step across ranks (an
+                # all_reduce of "unfinished"): sampling runs on gathered weights, to each rank's
+                # own lengths, and on rank 0 alone in held-out evaluation, where that sync never
+                # returns.
+                synced_gpus=False,
+            )
         samples = []
         for row in out[:, width:].tolist():
             cut = next((i + 1 for i, t in enumerate(row) if t in self.stop_ids), len(row))
             samples.append(row[:cut])
         return samples
-
-    def _generate(self, ids: Any, attention: Any, config: Any, processors: Any) -> Any:
-        return self.model.generate(
-            input_ids=ids.to(self.device),
-            attention_mask=attention.to(self.device),
-            generation_config=config,
-            logits_processor=processors,
-            # Under FSDP transformers would sync every decoding step across ranks (an all_reduce
-            # of "unfinished"): sampling runs on gathered weights, to each rank's own lengths,
-            # and on rank 0 alone in held-out evaluation, where that sync never returns.
-            synced_gpus=False,
-        )
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
