@@ -34,10 +34,13 @@ Memory per device (bytes; b = bytes per weight of `dtype`, P = a model's paramet
                    the root's embeddings, output head and final norm, and one decoder layer)
     gathered     = (P_agent + P_sim) * w * (1 - 1/shard)    FSDP only, P_sim when co-trained
                    (FSDP's summon_full_params gathers the float32 master weights)
+                   + Population: P_sim * w (full) or P_sim_lora * 4 (LoRA), the live
+                   simulator's weights copied aside while a pool snapshot samples
     total        = weights + LoRA or full + max(activations + compute, gathered)
 
 with P_trained the models that learn (the agent; a co-trained simulator, LoRA or full as
-`finetune` says: it applies to both), P_frozen every other in-process model copy (whole on every
+`finetune` says: it applies to both), P_frozen every other in-process model copy (a co-trained
+simulator is its trainable copy only) (whole on every
 rank: only the trained models are sharded), L layers, h hidden size, V vocabulary, s sequence
 length, m = `micro_batch`. Without mixed_precision full fine-tuning keeps no fp32 master copy:
 weights, gradients and AdamW's m and v are all in `dtype` (hence `check_precision`); with it they
@@ -203,8 +206,10 @@ def memory(config: RunConfig, sequence: int | None = None) -> dict[str, Any]:
     shard = n if config.distributed.strategy == "fsdp" else 1
     agent, source = architecture(config.base_model_path())
     p_agent = agent.parameters()
+    # a co-trained simulator is its trainable Policy (counted below), not a frozen copy too
+    frozen = [] if config.trains_simulator else config.training_simulators()
     copies = {(str(s.model or config.base_model_path()), s.adapter) for s in
-              [*config.training_simulators(), *config.heldout] if _in_process(s)}  # fmt: skip
+              [*frozen, *config.heldout] if _in_process(s)}  # fmt: skip
     p_frozen = 0
     for model, _adapter in sorted(copies):
         p_frozen += architecture(model)[0].parameters()
@@ -241,6 +246,11 @@ def memory(config: RunConfig, sequence: int | None = None) -> dict[str, Any]:
         unit = lambda a: a.parameters() if shard == 1 else _root_and_layer(a)  # noqa: E731
         out["compute_copy"] = max(unit(a) for a, _ in trainable) * b
     out["gathered"] = p_trained * w * (1 - 1 / shard)
+    out["pool_swap"] = 0
+    if config.regime == "population":  # the live simulator, copied aside while a snapshot samples
+        lora = sim.lora_parameters(config.lora.r, config.lora.targets) * 4
+        out["pool_swap"] = sim.parameters() * w if config.finetune == "full" else lora
+        out["gathered"] += out["pool_swap"]
     for flag in ("off", "on"):
         update = out[f"activations_checkpointing_{flag}"] + out["compute_copy"]
         passes = max(update, out["gathered"])

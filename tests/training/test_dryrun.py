@@ -206,6 +206,23 @@ def test_mixed_precision_counts_float32_master_state_and_a_16_bit_compute_copy(
                     "mixed_precision": False}  # fmt: skip
 
 
+def test_a_cotrained_simulator_is_counted_once_and_a_population_its_swap(tmp_path, base_model):
+    """A co-trained simulator is its trainable copy only (no frozen copy beside it); Population
+    copies the live simulator's weights aside while a pool snapshot samples, on the gathered
+    weights."""
+    from training.config import load_config
+
+    path = write_config(tmp_path, base_model)
+    p = PUBLISHED["SmolLM2-135M-Instruct"][1]
+    fsdp = {"finetune": "full", "distributed.processes": 4, "distributed.strategy": "fsdp"}
+    single = memory(load_config(path, fsdp))  # the agent sharded, its simulator a frozen copy
+    cotrain = memory(load_config(path, {**fsdp, "regime": "cotrain"}))
+    assert cotrain["weights"] == single["weights"] - p * 4 + p * 4 / 4
+    population = memory(load_config(path, {**fsdp, "regime": "population"}))
+    assert population["pool_swap"] == p * 4 and cotrain["pool_swap"] == 0
+    assert population["gathered"] == cotrain["gathered"] + p * 4
+
+
 def test_full_fine_tuning_in_bfloat16_at_a_small_rate_fails_the_dry_run(tmp_path, base_model):
     path = write_config(tmp_path, base_model, extra='finetune = "full"\nlr = 1e-6')
     lost = dry_run(str(path), {"dtype": "bfloat16"}, offline=True)
