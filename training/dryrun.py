@@ -57,8 +57,8 @@ full weights are gathered on every rank (in-process sampling, publishing an adap
 update's gradient-free passes, evaluation, checkpoints), which no training pass overlaps; it
 counts both trained models, as a rollout with both sampling in-process does (an upper bound
 when they sample on endpoints). In-process model copies:
-the trainer loads one per distinct (model, adapter) among the in-process simulators (training
-and held-out), plus the co-trained simulator's own trainable copy. The trainer does not turn
+the trainer loads one per distinct (model, adapter) among the frozen in-process simulators
+(training and held-out), plus the co-trained simulator's own trainable copy (and no frozen one). The trainer does not turn
 gradient checkpointing on today, so the "off" figure is the one checked.
 """
 
