@@ -560,6 +560,16 @@ class RunConfig:
         description="collapse diagnostics: embedding model and the warning thresholds",
     )
     dtype: Dtype = Field("float32", description="weights' dtype")
+    mixed_precision: StrictBool = Field(
+        False,
+        description="keep every trained model's weights, gradients and AdamW state in float32"
+        " (master weights) and run its forward/backward passes in `dtype` (bfloat16/float16:"
+        " autocast in one process, FSDP's MixedPrecision when sharded), as Megatron (the"
+        " release's stack) does; needed for full fine-tuning at learning rates near 1e-6, whose"
+        " steps round away in 16-bit weights. Frozen models (in-process simulators, held-out"
+        " users, a full fine-tuning reference copy) stay in `dtype`. Checkpoints hold the float32"
+        ' weights (resume is exact). With dtype = "float32" there is nothing to mix: a no-op',
+    )
     device: StrictStr = Field("cpu", description="torch device")
     threads: StrictInt = Field(
         0,

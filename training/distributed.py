@@ -99,12 +99,22 @@ class Ranks:
         fsdp = config.distributed.strategy == "fsdp"
         return cls(accelerator.process_index, accelerator.num_processes, accelerator, fsdp)
 
-    def shard(self, model: torch.nn.Module) -> torch.nn.Module | None:
+    def shard(
+        self, model: torch.nn.Module, compute_dtype: torch.dtype | None = None
+    ) -> torch.nn.Module | None:
         """Under FSDP, `model` wrapped in FSDP (its parameters sharded over the ranks from now
-        on: call it through the wrapper, or inside `gathered`); else None."""
+        on: call it through the wrapper, or inside `gathered`); else None. `compute_dtype`
+        (mixed_precision: `model` is float32): the wrapper's passes gather and compute in it
+        while the shards, their gradients (reduced in float32) and AdamW state stay float32.
+        Buffers keep their own dtype: Llama/Qwen's rotary frequencies are computed in float32,
+        as in one process. `gathered` weights (sampling, evaluation, saving) are float32."""
         if not self.fsdp:
             return None
-        from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+        from torch.distributed.fsdp import (
+            FullyShardedDataParallel,
+            MixedPrecision,
+            ShardingStrategy,
+        )
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
         # a unit per decoder layer: a pass gathers one layer at a time, not the whole model
@@ -118,6 +128,11 @@ class Ranks:
             sharding_strategy=ShardingStrategy.FULL_SHARD,
             use_orig_params=True,  # a frozen base and its trainable LoRA in one flat parameter
             device_id=device,  # on CPU too (gloo): FSDP otherwise looks for a GPU
+            mixed_precision=MixedPrecision(
+                param_dtype=compute_dtype, reduce_dtype=torch.float32, buffer_dtype=None
+            )
+            if compute_dtype is not None
+            else None,
         )
 
     @property

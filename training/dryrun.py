@@ -15,25 +15,37 @@ provider refuses is reported with the provider's own message before any step is 
 models and adapters are folders on disk.
 
 Memory per device (bytes; b = bytes per weight of `dtype`, P = a model's parameters, N =
-`distributed.processes`, shard = N under FSDP else 1):
+`distributed.processes`, shard = N under FSDP else 1; w = the trained models' bytes per weight:
+4 under mixed_precision (float32 master weights), else b):
 
-    weights      = P_trained * b / shard + P_frozen * b
+    weights      = P_trained * w / shard + P_frozen * b
     LoRA         = 16 * P_lora / shard     (fp32 adapter 4 + its gradient 4 + AdamW m, v 8)
-    full         = 3 * P_trained * b / shard  (gradient + AdamW m, v in the weights' dtype)
+    full         = 3 * P_trained * w / shard  (gradient + AdamW m, v in the weights' dtype)
                    + P_ref * b / shard     (the frozen reference copies: the agent's when
                                             beta > 0, a co-trained simulator's when
-                                            simulator_beta > 0; sharded like the policy)
+                                            simulator_beta > 0; sharded like the policy, in
+                                            `dtype` under mixed precision too)
     activations  = checkpointing off: L * s * m * h * 34 * b/2
                    checkpointing on:  L * s * m * h * b + s * m * h * 34 * b/2
                    + s * m * V * 8     (fp32 logits and their gradient, either way)
-    gathered     = (P_agent + P_sim) * b * (1 - 1/shard)    FSDP only, P_sim when co-trained
-    total        = weights + LoRA or full + max(activations, gathered)
+    compute      = mixed_precision only, the 16-bit copy of the weights the update's passes use:
+                   one process: max P_trained * b (autocast's casts, saved for the backward pass)
+                   FSDP: max (P_root + P_layer) * b (MixedPrecision gathers one unit at a time:
+                   the root's embeddings, output head and final norm, and one decoder layer)
+    gathered     = (P_agent + P_sim) * w * (1 - 1/shard)    FSDP only, P_sim when co-trained
+                   (FSDP's summon_full_params gathers the float32 master weights)
+                   + Population: P_sim * w (full) or P_sim_lora * 4 (LoRA), the live
+                   simulator's weights copied aside while a pool snapshot samples
+    total        = weights + LoRA or full + max(activations + compute, gathered)
 
 with P_trained the models that learn (the agent; a co-trained simulator, LoRA or full as
-`finetune` says: it applies to both), P_frozen every other in-process model copy (whole on every
+`finetune` says: it applies to both), P_frozen every other in-process model copy (a co-trained
+simulator is its trainable copy only) (whole on every
 rank: only the trained models are sharded), L layers, h hidden size, V vocabulary, s sequence
-length, m = `micro_batch`. Full fine-tuning keeps no fp32 master copy: weights, gradients and
-AdamW's m and v are all in `dtype` (hence `check_precision`). 34 s m h
+length, m = `micro_batch`. Without mixed_precision full fine-tuning keeps no fp32 master copy:
+weights, gradients and AdamW's m and v are all in `dtype` (hence `check_precision`); with it they
+are float32 and only the passes are 16-bit (activations counted at b: under autocast in one
+process the residual stream stays float32, so that figure is a little low there). 34 s m h
 (16-bit) is one transformer layer's saved activations without the attention matrix (Korthikanti
 et al. 2022, "Reducing Activation Recomputation", with fused attention as SDPA/flash gives);
 checkpointing keeps only each layer's input and recomputes one layer at a time. P_lora sums
@@ -45,8 +57,8 @@ full weights are gathered on every rank (in-process sampling, publishing an adap
 update's gradient-free passes, evaluation, checkpoints), which no training pass overlaps; it
 counts both trained models, as a rollout with both sampling in-process does (an upper bound
 when they sample on endpoints). In-process model copies:
-the trainer loads one per distinct (model, adapter) among the in-process simulators (training
-and held-out), plus the co-trained simulator's own trainable copy. The trainer does not turn
+the trainer loads one per distinct (model, adapter) among the frozen in-process simulators
+(training and held-out), plus the co-trained simulator's own trainable copy (and no frozen one). The trainer does not turn
 gradient checkpointing on today, so the "off" figure is the one checked.
 """
 
@@ -181,15 +193,23 @@ def _in_process(spec: SimulatorSpec) -> bool:
     return spec.kind != "scripted" and not spec.endpoint
 
 
+def mixed(config: RunConfig) -> bool:
+    """Whether the trained models keep float32 master weights under 16-bit passes."""
+    return config.mixed_precision and config.dtype != "float32"
+
+
 def memory(config: RunConfig, sequence: int | None = None) -> dict[str, Any]:
     """The estimate of the module docstring, in bytes and GiB, per device."""
     b = BYTES[config.dtype]
+    w = BYTES["float32"] if mixed(config) else b  # the trained models' weights
     n = config.distributed.processes
     shard = n if config.distributed.strategy == "fsdp" else 1
     agent, source = architecture(config.base_model_path())
     p_agent = agent.parameters()
+    # a co-trained simulator is its trainable Policy (counted below), not a frozen copy too
+    frozen = [] if config.trains_simulator else config.training_simulators()
     copies = {(str(s.model or config.base_model_path()), s.adapter) for s in
-              [*config.training_simulators(), *config.heldout] if _in_process(s)}  # fmt: skip
+              [*frozen, *config.heldout] if _in_process(s)}  # fmt: skip
     p_frozen = 0
     for model, _adapter in sorted(copies):
         p_frozen += architecture(model)[0].parameters()
@@ -206,7 +226,8 @@ def memory(config: RunConfig, sequence: int | None = None) -> dict[str, Any]:
         "strategy": config.distributed.strategy,
         "sequence_length": sequence or sequence_length(config),
         "micro_batch": config.micro_batch,
-        "weights": p_trained * b / shard + p_frozen * b,
+        "mixed_precision": mixed(config),
+        "weights": p_trained * w / shard + p_frozen * b,
     }
     if config.finetune == "lora":
         p_lora = sum(a.lora_parameters(config.lora.r, config.lora.targets) for a, _ in trainable)
@@ -214,19 +235,36 @@ def memory(config: RunConfig, sequence: int | None = None) -> dict[str, Any]:
         out["trainable_state"] = 16 * p_lora / shard
     else:
         p_ref = sum(a.parameters() for a, beta in trainable if beta > 0)
-        out["trainable_state"] = (3 * p_trained + p_ref) * b / shard
+        out["trainable_state"] = (3 * p_trained * w + p_ref * b) / shard
     s, m = out["sequence_length"], config.micro_batch
     logits = s * m * agent.vocab * 8
     layer = s * m * agent.hidden * 34 * b / 2
     out["activations_checkpointing_off"] = agent.layers * layer + logits
     out["activations_checkpointing_on"] = agent.layers * s * m * agent.hidden * b + layer + logits
-    out["gathered"] = p_trained * b * (1 - 1 / shard)
+    out["compute_copy"] = 0
+    if mixed(config):  # the update's 16-bit weights, one model's update at a time
+        unit = lambda a: a.parameters() if shard == 1 else _root_and_layer(a)  # noqa: E731
+        out["compute_copy"] = max(unit(a) for a, _ in trainable) * b
+    out["gathered"] = p_trained * w * (1 - 1 / shard)
+    out["pool_swap"] = 0
+    if config.regime == "population":  # the live simulator, copied aside while a snapshot samples
+        lora = sim.lora_parameters(config.lora.r, config.lora.targets) * 4
+        out["pool_swap"] = sim.parameters() * w if config.finetune == "full" else lora
+        out["gathered"] += out["pool_swap"]
     for flag in ("off", "on"):
-        passes = max(out[f"activations_checkpointing_{flag}"], out["gathered"])
+        update = out[f"activations_checkpointing_{flag}"] + out["compute_copy"]
+        passes = max(update, out["gathered"])
         total = out["weights"] + out["trainable_state"] + passes
         out[f"total_checkpointing_{flag}"] = total
         out[f"total_checkpointing_{flag}_gib"] = round(total / GIB, 2)
     return out
+
+
+def _root_and_layer(arch: Architecture) -> int:
+    """FSDP's largest gathered units at once: the root (embeddings, output head, final norm)
+    and one decoder layer (training/distributed.py: a unit per decoder layer)."""
+    root = arch.vocab * arch.hidden * (1 if arch.tied else 2) + arch.hidden
+    return root + (arch.parameters() - root) // arch.layers
 
 
 def device_memory(config: RunConfig, offline: bool, given_gib: float | None) -> tuple[float, str]:
@@ -320,18 +358,27 @@ TYPICAL_WEIGHT = 0.02  # the initialisation scale of Llama/Qwen linear layers
 
 
 def check_precision(config: RunConfig) -> Check:
-    """Full fine-tuning keeps its weights in `dtype` (no fp32 master copy): an AdamW step moves a
-    weight by about the learning rate, and one smaller than half the spacing of the dtype's
-    numbers near a typical weight rounds away, so the run would not learn."""
+    """Full fine-tuning without mixed_precision keeps its weights in `dtype` (no fp32 master
+    copy): an AdamW step moves a weight by about the learning rate, and one smaller than half
+    the spacing of the dtype's numbers near a typical weight rounds away, so the run would not
+    learn. With mixed_precision the weights are float32 and only the passes are 16-bit."""
     if config.finetune != "full":
         return Check("full fine-tuning precision", True, "LoRA: the adapter trains in float32")
+    if mixed(config):
+        return Check(
+            "full fine-tuning precision",
+            True,
+            f"float32 master weights, gradients and AdamW state (mixed_precision), passes in"
+            f" {config.dtype}: steps of about lr = {config.agent_lr:g} are kept",
+        )
     spacing = EPSILON[config.dtype] * 2.0 ** math.floor(math.log2(TYPICAL_WEIGHT))
     lost = config.agent_lr < spacing / 2
     detail = (
         f"{config.dtype} weights near {TYPICAL_WEIGHT} are {spacing:.1e} apart; steps of about lr"
         f" = {config.agent_lr:g} "
         + (
-            'round away (no fp32 master copy is kept): use dtype = "float32"'
+            "round away (no fp32 master copy is kept): set mixed_precision = true (or dtype ="
+            ' "float32")'
             if lost
             else "are kept"
         )
@@ -352,7 +399,7 @@ def check_memory(config: RunConfig, offline: bool, device_gib: float | None) -> 
         f"{need:.1f} GiB of {size:.0f} GiB ({where}); "
         f"{estimate['sequence_length']} tokens x micro_batch {config.micro_batch}, "
         f"{config.finetune if config.finetune == 'full' else f'lora r={config.lora.r}'},"
-        f" {config.dtype}, "
+        f" {config.dtype}{' mixed (float32 master weights)' if mixed(config) else ''}, "
         f"{estimate['strategy']} x {estimate['processes']}; "
         f"with gradient checkpointing {estimate['total_checkpointing_on_gib']:.1f} GiB"
     )

@@ -88,7 +88,10 @@ def mean_entropy(
             agent.pad_id,
             [r.agent.allowed for r in chunk],
         )
-        _, entropy = token_logprobs(agent.model, batch, with_entropy=True, temperature=temperature)
+        with agent.compute():  # mixed precision: the dtype its turns were sampled in
+            _, entropy = token_logprobs(
+                agent.model, batch, with_entropy=True, temperature=temperature
+            )
         total += float((entropy * batch.mask).sum())
         tokens += float(batch.mask.sum())
     return total / tokens if tokens else 0.0

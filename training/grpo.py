@@ -7,6 +7,7 @@ model being trained (see training/tokens.py), so every sum below runs over those
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -245,6 +246,7 @@ def update(
     temperature: float = 1.0,
     ranks: Any = None,
     kl_estimator: str = "k3",
+    autocast: Callable[[], Any] = nullcontext,
 ) -> dict[str, float]:
     """One GRPO step on `batch`: old and reference log-probs, then `epochs` optimizer steps.
 
@@ -253,7 +255,9 @@ def update(
     unless `reference_weights()` is given: the context in which a separate reference model's
     weights are whole (FSDP full fine-tuning: its frozen shards gathered by every rank), entered
     once for all of this rank's reference passes. With epochs == 1 the old log-probs are the
-    current ones detached (ratio 1), which saves a forward pass, as in TRL.
+    current ones detached (ratio 1), which saves a forward pass, as in TRL. `autocast()` is the
+    context every forward pass runs in (Policy.compute: mixed precision's 16-bit passes over
+    float32 weights); the losses, backward passes and the optimizer step stay outside it.
 
     With beta = 0 a sequence whose advantage is 0 adds exactly 0 to the loss and its gradient,
     so it is not back-propagated (its entropy is still measured); a batch with no signal at all
@@ -296,12 +300,15 @@ def update(
     with torch.no_grad(), full_weights(model if sharded else None):
         for c in chunks:
             if epochs > 1:
-                old[c] = token_logprobs(full, batch.rows(*c), temperature=temperature)[0]
+                with autocast():
+                    old[c] = token_logprobs(full, batch.rows(*c), temperature=temperature)[0]
             if beta > 0 and reference_weights is None:
                 ref[c] = reference(batch.rows(*c), temperature)
         for i in range(n_live, len(batch), micro_batch):  # idle rows: entropy only
             rows = batch.rows(i, min(i + micro_batch, len(batch)))
-            entropy = token_logprobs(full, rows, with_entropy=True, temperature=temperature)[1]
+            with autocast():
+                entropy = token_logprobs(full, rows, with_entropy=True, temperature=temperature)
+            entropy = entropy[1]
             totals["entropy"] += float((entropy * rows.mask).sum()) / total_tokens
 
     model.train()
@@ -309,7 +316,10 @@ def update(
         optimizer.zero_grad(set_to_none=True)
         for c in chunks:
             rows = batch.rows(*c)
-            logp, entropy = token_logprobs(model, rows, with_entropy=True, temperature=temperature)
+            with autocast():
+                logp, entropy = token_logprobs(
+                    model, rows, with_entropy=True, temperature=temperature
+                )
             old_logp = old[c] if epochs > 1 else logp.detach()
             loss, stats = grpo_loss(
                 logp, old_logp, ref.get(c), adv[c[0] : c[1]], rows.mask, eps, eps_high, beta,
@@ -322,7 +332,9 @@ def update(
             totals["clip_frac"] += stats["clip_frac"] * weight / epochs
             totals["entropy"] += float((entropy * rows.mask).sum()) / total_tokens / epochs
         for _ in range(passes - len(chunks)):  # FSDP: the other ranks' extra micro-batches
-            _idle_pass(model, batch)
+            with autocast():
+                logits = model(input_ids=batch.ids[:1, :1]).logits
+            _idle_backward(logits)
         params = [p for p in model.parameters() if p.requires_grad]
         limit = grad_clip if grad_clip > 0 else float("inf")
         if sharded:  # gradients already reduced; the norm is over every rank's shard
@@ -340,8 +352,7 @@ def update(
     return totals
 
 
-def _idle_pass(model: torch.nn.Module, batch: TokenBatch) -> None:
-    """A forward and backward pass that adds 0 to every gradient: under FSDP, a rank with fewer
-    micro-batches than another still makes the collectives of that one's passes."""
-    logits = model(input_ids=batch.ids[:1, :1]).logits
+def _idle_backward(logits: torch.Tensor) -> None:
+    """The backward pass of an idle forward pass, which adds 0 to every gradient: under FSDP, a
+    rank with fewer micro-batches than another still makes the collectives of that one's passes."""
     (logits.sum() * 0.0).backward()

@@ -10,11 +10,18 @@ are then shards: what uses it directly (sampling, the reference pass, evaluation
 loading weights) runs inside `gathered()`, entered by every rank together; the update's own
 passes go through the FSDP wrapper (`sharded`). Gathering holds the whole model on each rank
 while it lasts: a model large enough to need FSDP should sample on an endpoint (vLLM).
+
+With mixed_precision (and a 16-bit `dtype`) a Policy's weights, gradients and AdamW state are
+float32, as Megatron's master weights are, and its passes compute in `dtype`: under
+`compute()` (autocast) on the unwrapped model, through FSDP's MixedPrecision in the wrapper.
+Frozen models (LocalModel, a full fine-tuning reference copy) stay in `dtype`.
 """
 
 from __future__ import annotations
 
 import copy
+import json
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +60,7 @@ class LocalModel:
     """A causal LM with its tokenizer and chat format, sampling batches of token-id prompts."""
 
     frozen = True  # its weights never change, so choice distributions can be remembered
+    compute_dtype: torch.dtype | None = None  # mixed_precision: its passes' dtype (Policy)
 
     def __init__(self, model: Any, tokenizer: Any):
         self.model, self.tokenizer = model, tokenizer
@@ -83,6 +91,14 @@ class LocalModel:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    def compute(self) -> Any:
+        """Where its forward passes run: under mixed_precision, autocast to the run's `dtype`
+        over the float32 weights (sampling, choice and reference log-probs, the update's passes
+        on the unwrapped model); otherwise in the weights' own dtype."""
+        if self.compute_dtype is None:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute_dtype)
+
     @torch.no_grad()
     def sample(
         self,
@@ -109,16 +125,18 @@ class LocalModel:
             pad_token_id=self.pad_id,
         )
         processors = LogitsProcessorList([logits_processor] if logits_processor else [])
-        out = self.model.generate(
-            input_ids=ids.to(self.device),
-            attention_mask=attention.to(self.device),
-            generation_config=config,
-            logits_processor=processors,
-            # Under FSDP transformers would sync every decoding step across ranks (an all_reduce
-            # of "unfinished"): sampling runs on gathered weights, to each rank's own lengths,
-            # and on rank 0 alone in held-out evaluation, where that sync never returns.
-            synced_gpus=False,
-        )
+        with self.compute():  # mixed precision: 16-bit passes over the float32 weights
+            out = self.model.generate(
+                input_ids=ids.to(self.device),
+                attention_mask=attention.to(self.device),
+                generation_config=config,
+                logits_processor=processors,
+                # Under FSDP transformers would sync every decoding step across ranks (an
+                # all_reduce of "unfinished"): sampling runs on gathered weights, to each rank's
+                # own lengths, and on rank 0 alone in held-out evaluation, where that sync never
+                # returns.
+                synced_gpus=False,
+            )
         samples = []
         for row in out[:, width:].tolist():
             cut = next((i + 1 for i, t in enumerate(row) if t in self.stop_ids), len(row))
@@ -145,9 +163,10 @@ class LocalModel:
         found: dict[tuple, list[float]] = {}
         for start in range(0, len(todo), 8):  # 8 prompts x the texts per forward pass
             chunk = todo[start : start + 8]
-            logp = choice_logprobs(
-                self.model, [list(k[0]) for k in chunk], choices, temperature, self.pad_id
-            )
+            with self.compute():
+                logp = choice_logprobs(
+                    self.model, [list(k[0]) for k in chunk], choices, temperature, self.pad_id
+                )
             for key, row in zip(chunk, torch.softmax(logp, -1).tolist(), strict=True):
                 found[key] = row
         if self.frozen:
@@ -172,10 +191,14 @@ class Policy(LocalModel):
         beta: float = 0.0,
         kl_estimator: str = "k3",
         dtype: str = "float32",
+        mixed_precision: bool = False,
         device: str = "cpu",
         ranks: Any = None,
     ):
-        model, tokenizer = load_base(path, dtype, device)
+        # mixed precision: float32 master weights (LoRA: the frozen base too, so every FSDP unit
+        # holds one dtype, as its flat parameters require); passes run in `dtype` (compute)
+        mixed = mixed_precision and dtype != "float32"
+        model, tokenizer = load_base(path, "float32" if mixed else dtype, device)
         self.base_path = str(path)
         self.finetune = finetune
         self.kl_estimator = kl_estimator
@@ -192,10 +215,14 @@ class Policy(LocalModel):
                 task_type="CAUSAL_LM",
             )
             model = get_peft_model(model, config)
+        elif beta > 0 and mixed:  # frozen, it never steps: in `dtype`, read again from disk
+            self.reference_model = load_base(path, dtype, device)[0].requires_grad_(False)
         elif beta > 0:
             self.reference_model = copy.deepcopy(model).eval().requires_grad_(False)
         super().__init__(model, tokenizer)
-        self.sharded = ranks.shard(self.model) if ranks is not None else None
+        self.dtype = dtype
+        self.compute_dtype = DTYPES[dtype] if mixed else None
+        self.sharded = ranks.shard(self.model, self.compute_dtype) if ranks is not None else None
         # FSDP: the frozen reference copy is sharded like the policy (never a whole copy per rank)
         self.reference_sharded = None
         if self.reference_model is not None and ranks is not None:
@@ -228,6 +255,7 @@ class Policy(LocalModel):
             beta=config.beta if beta is None else beta,
             kl_estimator=config.kl_estimator,
             dtype=config.dtype,
+            mixed_precision=config.mixed_precision,
             device=config.device,
             ranks=ranks,
         )
@@ -325,6 +353,7 @@ class Policy(LocalModel):
             temperature=temperature,
             ranks=ranks,
             kl_estimator=self.kl_estimator,
+            autocast=self.compute,
         )
 
     def _reference_weights(self) -> Any:
@@ -335,7 +364,7 @@ class Policy(LocalModel):
     def reference_logprobs(self, batch: TokenBatch, temperature: float = 1.0) -> torch.Tensor:
         """The starting model's log-probs (LoRA: the adapter disabled; full: the frozen copy,
         under FSDP inside `_reference_weights`)."""
-        with torch.no_grad():
+        with torch.no_grad(), self.compute():
             if self.finetune == "lora":
                 with self.model.disable_adapter():
                     return token_logprobs(self.model, batch, temperature=temperature)[0]
@@ -351,6 +380,7 @@ class Policy(LocalModel):
         folder.mkdir(parents=True, exist_ok=True)
         if self.sharded is not None and self.finetune == "full":  # inside gathered()
             self._save_full_model(folder)
+            self._serve_in_compute_dtype(folder)
             return
         if self.sharded is not None:  # inside gathered(): the same files, from the weights
             from safetensors.torch import save_file
@@ -362,6 +392,20 @@ class Policy(LocalModel):
         self.model.save_pretrained(folder)
         if self.finetune == "full":
             self.tokenizer.save_pretrained(folder)
+            self._serve_in_compute_dtype(folder)
+
+    def _serve_in_compute_dtype(self, folder: Path) -> None:
+        """Mixed precision: the folder keeps the float32 master weights (a resume is exact), and
+        its config.json names `dtype`, so what loads it with dtype "auto" (vLLM, transformers)
+        serves it in the dtype it was trained to compute in."""
+        if self.compute_dtype is None:
+            return
+        path = folder / "config.json"
+        config = json.loads(path.read_text())
+        config["dtype"] = self.dtype
+        if "torch_dtype" in config:  # transformers' older name for the same key
+            config["torch_dtype"] = self.dtype
+        path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
     def load_weights(self, folder: Path) -> None:
         from safetensors.torch import load_file

@@ -172,13 +172,68 @@ def test_full_fine_tuning_under_fsdp_shards_weights_gradients_adam_and_reference
     assert no_kl["trainable_state"] == 3 * p * b / 4
 
 
+def test_mixed_precision_counts_float32_master_state_and_a_16_bit_compute_copy(
+    tmp_path, base_model
+):
+    """Trained weights, gradients and AdamW m, v at 4 + 4 + 8 bytes (sharded), the frozen
+    reference copy in bf16, FSDP's bf16 units (root + one layer) or one process's bf16 copy of
+    every weight, and summon_full_params' float32 gathered weights."""
+    from training.config import load_config
+
+    path = write_config(tmp_path, base_model, extra="beta = 0.01")
+    arch, p = PUBLISHED["SmolLM2-135M-Instruct"]
+    full = {"finetune": "full", "distributed.processes": 4, "dtype": "bfloat16"}
+    fsdp = {**full, "distributed.strategy": "fsdp"}
+    plain = memory(load_config(path, fsdp))
+    mixed = memory(load_config(path, {**fsdp, "mixed_precision": True}))
+    assert plain["compute_copy"] == 0 and mixed["mixed_precision"]
+    frozen = plain["weights"] - p * 2 / 4  # the in-process simulator's bf16 copy, whole
+    assert mixed["weights"] == pytest.approx(p * 4 / 4 + frozen)
+    assert mixed["trainable_state"] == (3 * p * 4 + p * 2) / 4  # + the bf16 reference copy
+    root = arch.vocab * arch.hidden + arch.hidden  # tied embeddings and the final norm
+    assert mixed["compute_copy"] == (root + (p - root) // arch.layers) * 2
+    assert mixed["gathered"] == p * 4 * 3 / 4
+    assert mixed["activations_checkpointing_off"] == plain["activations_checkpointing_off"]
+    update = mixed["activations_checkpointing_off"] + mixed["compute_copy"]
+    assert mixed["total_checkpointing_off"] == pytest.approx(
+        mixed["weights"] + mixed["trainable_state"] + max(update, mixed["gathered"])
+    )
+    one = memory(load_config(path, {**full, "distributed.processes": 1, "mixed_precision": True}))
+    assert one["compute_copy"] == p * 2 and one["trainable_state"] == 3 * p * 4 + p * 2
+    # float32 has nothing to mix
+    same = memory(load_config(path, {**fsdp, "dtype": "float32", "mixed_precision": True}))
+    assert same == {**memory(load_config(path, {**fsdp, "dtype": "float32"})),
+                    "mixed_precision": False}  # fmt: skip
+
+
+def test_a_cotrained_simulator_is_counted_once_and_a_population_its_swap(tmp_path, base_model):
+    """A co-trained simulator is its trainable copy only (no frozen copy beside it); Population
+    copies the live simulator's weights aside while a pool snapshot samples, on the gathered
+    weights."""
+    from training.config import load_config
+
+    path = write_config(tmp_path, base_model)
+    p = PUBLISHED["SmolLM2-135M-Instruct"][1]
+    fsdp = {"finetune": "full", "distributed.processes": 4, "distributed.strategy": "fsdp"}
+    single = memory(load_config(path, fsdp))  # the agent sharded, its simulator a frozen copy
+    cotrain = memory(load_config(path, {**fsdp, "regime": "cotrain"}))
+    assert cotrain["weights"] == single["weights"] - p * 4 + p * 4 / 4
+    population = memory(load_config(path, {**fsdp, "regime": "population"}))
+    assert population["pool_swap"] == p * 4 and cotrain["pool_swap"] == 0
+    assert population["gathered"] == cotrain["gathered"] + p * 4
+
+
 def test_full_fine_tuning_in_bfloat16_at_a_small_rate_fails_the_dry_run(tmp_path, base_model):
     path = write_config(tmp_path, base_model, extra='finetune = "full"\nlr = 1e-6')
     lost = dry_run(str(path), {"dtype": "bfloat16"}, offline=True)
     [check] = [c for c in lost["checks"] if c["name"] == "full fine-tuning precision"]
-    assert not lost["ok"] and not check["ok"] and 'use dtype = "float32"' in check["detail"]
+    assert not lost["ok"] and not check["ok"] and "set mixed_precision = true" in check["detail"]
     kept = dry_run(str(path), {"dtype": "float32"}, offline=True)
     assert [c["ok"] for c in kept["checks"] if c["name"] == "full fine-tuning precision"] == [True]
+    # float32 master weights under bf16 passes keep the steps
+    mixed = dry_run(str(path), {"dtype": "bfloat16", "mixed_precision": True}, offline=True)
+    [check] = [c for c in mixed["checks"] if c["name"] == "full fine-tuning precision"]
+    assert check["ok"] and "float32 master weights" in check["detail"]
     lora = dry_run(str(path), {"dtype": "bfloat16", "finetune": "lora"}, offline=True)
     assert [c["ok"] for c in lora["checks"] if c["name"] == "full fine-tuning precision"] == [True]
 
