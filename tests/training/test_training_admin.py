@@ -100,7 +100,7 @@ def test_the_form_shows_what_will_run(admin_client):
         url, {**UNTOUCHED, "preset": "retail-single-cpu", "domain": "retail", "steps": "7"}
     ).json()
     assert changed["config"]["steps"] == 7 and changed["config"]["tasks"]["max_train"] == 4
-    bad = admin_client.get(url, {**UNTOUCHED, "preset": "retail-single-cpu", "steps": "0"}).json()
+    bad = admin_client.get(url, {**UNTOUCHED, "preset": "retail-single-cpu", "steps": "-1"}).json()
     assert "steps" in bad["error"]
     assert admin_client.get(url, {"preset": "../../etc/passwd"}).status_code == 400
 

@@ -41,7 +41,7 @@ def test_a_run_reads_its_preset_through_the_loader():
 @pytest.mark.parametrize(
     ("fields", "field", "message"),
     [
-        ({"steps": 0}, "steps", "steps must be >= 1 (got 0)"),
+        ({"steps": -1}, "steps", "steps must be >= 0 (got -1)"),
         ({"settings": {"lora": {"r": 0}}}, "settings", "lora.r must be >= 1 (got 0)"),
         (
             {"settings": {"simulator.draw": "random"}},
