@@ -169,14 +169,19 @@ def regime_config(regime: str, base_model: str, device: str, dtype: str, steps: 
     if regime == "verbalized":
         simulator.update(kind="verbalized", max_new_tokens=120 if small else 160)
     if regime == "persona":
-        simulator["guidelines"] = ""  # the release's behavioural prefix
+        # P4G has no default guidelines (the release runs Persona-Guided on tau2 only): the
+        # release's tau2 text stands in, the same prompt length a paper run carries
+        from agents.domains.tau2.prompts import PERSONA_GUIDELINES
+
+        simulator["guidelines"] = PERSONA_GUIDELINES
     if regime == "ensemble":
+        del data["simulator"]  # an Ensemble's users are its members
         data["ensemble"] = [
             {"name": "base", "max_new_tokens": simulator["max_new_tokens"]},
             {"name": "reactant", "kind": "scripted", "script": "reactant"},
             {"name": "steady", "kind": "scripted", "script": "steady"},
         ]
-        data["ensemble_draw"] = "task"
+        data["ensemble_draw"] = "rollout"  # the release's rule
     if regime == "population":
         data["pool_every"] = 1
     return data
