@@ -2,8 +2,10 @@
 
 A bot arrives by the Prolific link, consents, chats (canned messages, or the study Domain's
 user simulator), answers the questionnaire with valid values and follows the completion
-redirect, as a person's browser would. Its PROLIFIC_PID carries an HMAC of the study only this
-server can make, so the server marks it a bot on arrival and a real participant cannot.
+redirect, as a person's browser would. Its PROLIFIC_PID carries an HMAC under the study's bot key,
+which only the site can make, so the server marks it a bot on arrival and a real participant
+cannot. The key lives in the database, not in settings: the command line, a Celery worker and
+every web worker read the same one, whatever DJANGO_SECRET_KEY each process was given.
 """
 
 import asyncio
@@ -44,9 +46,11 @@ CSRF = re.compile(r'name="csrfmiddlewaretoken" value="([^"]+)"')
 
 
 def signature(study: Study, nonce: str) -> str:
-    """The study-specific HMAC of a bot's nonce, keyed by the server's secret."""
+    """The study-specific HMAC of a bot's nonce, keyed by the study's stored bot key."""
+    if not study.bot_key:  # an empty key would let anyone sign
+        raise ValueError(f"study {study.slug!r} has no bot key")
     message = f"parley-bot:{study.slug}:{nonce}".encode()
-    return hmac.new(settings.SECRET_KEY.encode(), message, hashlib.sha256).hexdigest()[:20]
+    return hmac.new(study.bot_key.encode(), message, hashlib.sha256).hexdigest()[:20]
 
 
 def bot_pid(study: Study, nonce: str | None = None) -> str:
@@ -55,7 +59,7 @@ def bot_pid(study: Study, nonce: str | None = None) -> str:
 
 
 def is_bot_pid(study: Study, pid: str) -> bool:
-    if not pid.startswith(BOT_PREFIX) or "-" not in pid:
+    if not study.bot_key or not pid.startswith(BOT_PREFIX) or "-" not in pid:
         return False
     nonce, _, signed = pid[len(BOT_PREFIX) :].partition("-")
     return hmac.compare_digest(signed, signature(study, nonce))

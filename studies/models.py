@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import secrets
 import uuid
 from datetime import timedelta
 
@@ -27,6 +28,11 @@ def domain_choices() -> list[tuple[str, str]]:
 
 def default_engine_url() -> str:  # the default of a field migration 0001 still makes
     return settings.PARLEY_ENGINE_URL
+
+
+def new_bot_key() -> str:
+    """A study's key for signing its bot participants (studies/bots.py)."""
+    return secrets.token_urlsafe(32)
 
 
 def arm_model_check() -> str:
@@ -139,6 +145,9 @@ class Study(models.Model):
         help_text="Measure keys, comma-separated, where a lower value is the better outcome "
         "(after reverse coding); every other measure: higher is better.",
     )
+    # Signs this study's bot participants. In the database, the one thing every process of the
+    # site shares: a bot is a bot to every web worker whatever each process's SECRET_KEY.
+    bot_key = models.CharField(max_length=64, default=new_bot_key, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

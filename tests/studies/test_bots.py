@@ -3,28 +3,29 @@ they complete, balance the arms among themselves, get the code, and stay out of 
 
 import json
 
+import httpx
 import pytest
 from django.core.management import CommandError, call_command
+from django.urls import reverse
 
 from studies import bots, exports, flow, reports
 from studies.models import Message, Participant
-from tests.conftest import need
+from tests.conftest import child_env, need, python
 from tests.scripted_server import ScriptedServer
 from tests.studies.conftest import make_study, prolific
 
-SECRET = "bots-test-secret-shared-by-the-test-and-its-server"
-
 
 @pytest.fixture
-def server(monkeypatch, settings, transactional_db, request):
-    """The ASGI server, sharing this process's secret key so both sign bots alike."""
+def server(monkeypatch, transactional_db, request):
+    """The ASGI server in its own process, with no DJANGO_SECRET_KEY: its development key is
+    its own, unlike this process's, as in `make demo` (bots are signed under the database's
+    study key, not the settings' key)."""
     from django.db import connection
 
     # Concurrent bots write at once, and SQLite answers concurrent writers "database is locked"
     # (a 503 page); the production layout and CI run on PostgreSQL.
     need(connection.vendor == "postgresql", "concurrent bots need DATABASE_URL on PostgreSQL")
-    monkeypatch.setenv("DJANGO_SECRET_KEY", SECRET)
-    settings.SECRET_KEY = SECRET
+    monkeypatch.delenv("DJANGO_SECRET_KEY", raising=False)
     return request.getfixturevalue("web_server")
 
 
@@ -67,16 +68,48 @@ def test_bots_complete_balanced_coded_and_absent_from_exports(server, engine, ca
     assert len(reports.participant_table(study, include_bots=True)) == 5
 
 
+def test_bots_run_from_another_process_are_bots_to_the_web_server(server, engine, admin_client):
+    """`manage.py run_bots` in its own process against the web server in another, neither with
+    DJANGO_SECRET_KEY (so each has its own development key): the bots are stored as bots, the
+    monitor counts them, and they take no real participant's place."""
+    study = make_study(slug="elsewhere", engine=engine.url, target_per_arm=1)
+    ran = python(
+        "manage.py", "run_bots", "--study", "elsewhere", "--n", "2", "--concurrency", "2",
+        "--url", server, "--json", env=child_env(), timeout=300,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stdout + ran.stderr[-3000:]
+    assert json.loads(ran.stdout)["completed"] == 2
+
+    made = Participant.objects.filter(study=study)
+    assert made.count() == 2 and all(p.is_bot for p in made)
+    shown = admin_client.get(reverse("admin:studies_study_monitor_json", args=[study.pk])).json()
+    assert "2 bot(s)" in shown["html"]
+    # Both arms' one place is still free: a person arriving by the link is placed, not refused.
+    link = f"{server}/s/elsewhere/?PROLIFIC_PID=areal0person&STUDY_ID=X&SESSION_ID=S1"
+    arrived = httpx.get(link, follow_redirects=True, timeout=30)
+    assert arrived.status_code == 200 and "full" not in arrived.text, arrived.text[:500]
+    person = study.participants.get(prolific_pid="areal0person")
+    assert not person.is_bot and person.status == Participant.Status.CONSENT
+
+
 @pytest.mark.django_db
-def test_only_the_server_can_mark_a_bot(settings):
+def test_only_the_site_can_mark_a_bot(settings):
     study = make_study(slug="marks")
     forged = flow.arrive(study, prolific(pid="BOTabc-0123456789abcdef0123"))[0]
     signed = flow.arrive(study, prolific(pid=bots.bot_pid(study)))[0]
     other = make_study(slug="other")
     elsewhere = flow.arrive(other, prolific(pid=bots.bot_pid(study)))[0]
     assert (forged.is_bot, signed.is_bot, elsewhere.is_bot) == (False, True, False)
-    settings.SECRET_KEY = "another server"
+    # The mark is the study's stored key, not the process's: another SECRET_KEY still knows it,
+    # another study key (another installation's) does not, and a study without one marks none.
+    settings.SECRET_KEY = "another process"
+    assert bots.is_bot_pid(study, signed.prolific_pid)
+    study.bot_key = "another installation"
     assert not bots.is_bot_pid(study, signed.prolific_pid)
+    study.bot_key = ""
+    assert not bots.is_bot_pid(study, signed.prolific_pid)
+    with pytest.raises(ValueError, match="no bot key"):
+        bots.bot_pid(study)
 
 
 @pytest.mark.django_db
@@ -142,3 +175,26 @@ def test_the_admin_runs_bots_on_a_study(server, engine, admin_client, settings):
         assert len(lines) == 1  # the header
         lines = b"".join(admin_client.get(url + "?bots=1").streaming_content).decode().splitlines()
         assert len(lines) == 1 + with_bots
+
+
+def test_the_migration_gives_each_existing_study_its_own_bot_key(transactional_db):
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    before, after = [("studies", "0013_arm_tool_choice")], [("studies", "0014_study_bot_key")]
+    executor = MigrationExecutor(connection)
+    executor.migrate(before)
+    old = executor.loader.project_state(before).apps.get_model("studies", "Study")
+    for slug in ("one", "two"):
+        old.objects.create(slug=slug, title=slug)
+    try:
+        executor = MigrationExecutor(connection)
+        executor.loader.build_graph()
+        executor.migrate(after)
+        new = executor.loader.project_state(after).apps.get_model("studies", "Study")
+        keys = list(new.objects.values_list("bot_key", flat=True))
+        assert len(keys) == 2 and all(len(k) >= 40 for k in keys) and keys[0] != keys[1]
+    finally:
+        MigrationExecutor(connection).migrate(
+            MigrationExecutor(connection).loader.graph.leaf_nodes()
+        )

@@ -14,9 +14,6 @@ from tests.scripted_server import ScriptedServer
 
 pytestmark = pytest.mark.browser
 
-# The server marks bots by an HMAC only it can make: the web server and the worker share a key.
-SECRET = "researcher-browser-test-key-shared-by-server-and-worker"
-
 
 @pytest.fixture
 def isolated(monkeypatch, tmp_path, transactional_db):
@@ -28,7 +25,9 @@ def isolated(monkeypatch, tmp_path, transactional_db):
     # bots arrive concurrently: SQLite's single writer answers them "database is locked"
     need(connection.vendor == "postgresql", "needs DATABASE_URL pointing at PostgreSQL")
 
-    monkeypatch.setenv("DJANGO_SECRET_KEY", SECRET)
+    # No shared key: the web server and the worker each make their own development key, as in
+    # `make demo`, and still agree on who is a bot (the study's key is in the database).
+    monkeypatch.delenv("DJANGO_SECRET_KEY", raising=False)
     monkeypatch.setenv("PARLEY_DATA_DIR", str(tmp_path))
     if os.environ.get("REDIS_URL"):
         monkeypatch.setenv("CELERY_BROKER_URL", os.environ["REDIS_URL"].rsplit("/", 1)[0] + "/7")
