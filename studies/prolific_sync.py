@@ -485,9 +485,10 @@ def set_up(payment_id: int, api: Prolific) -> BonusPayment:
     payment = BonusPayment.objects.select_for_update().select_related("study").get(pk=payment_id)
     if payment.state != BonusPayment.State.NEW:
         return payment
+    # By participant id: the rows come back in no order of their own (a join's plan decides).
     lines = [
         (b.participant.prolific_pid, b.amount)
-        for b in payment.bonuses.select_related("participant")
+        for b in payment.bonuses.select_related("participant").order_by("participant__prolific_pid")
     ]
     try:
         setup = api.set_up_bonuses(payment.study.prolific_study_id, lines)

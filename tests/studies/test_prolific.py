@@ -325,9 +325,9 @@ def test_attention_rejections_only_as_prolific_allows(linked, minutes, failures,
 # --- bonuses, exactly once -------------------------------------------------------------------
 
 
-def p4g_participants(study, fake, donations):
+def p4g_participants(study, fake, donations, numbers=None):
     people = []
-    for n, donation in enumerate(donations):
+    for n, donation in zip(numbers or range(len(donations)), donations, strict=True):
         sid, pid = f"SUB{n}", f"PID{n}"
         fake.add_submission(sid, pid, study.prolific_study_id, status="AWAITING REVIEW")
         outcome = {"reward": 0, "success": bool(donation), "components": {"donation": donation}}
@@ -350,7 +350,7 @@ def test_donation_match_rule(fake, linked):
 
 def test_bonus_paid_once_even_when_run_again(fake, api, linked):
     fake.add_study("STUDYP")
-    p4g_participants(linked, fake, [1.5, 0.5])
+    p4g_participants(linked, fake, [0.5, 1.5], numbers=[1, 0])  # arrived out of id order
     lines = prolific_sync.donation_match(linked.participants.all())
     payment, _ = prolific_sync.create_payment(linked, lines, "rule")
     assert prolific_sync.pay(payment.pk, api).state == BonusPayment.State.PAID
@@ -358,7 +358,7 @@ def test_bonus_paid_once_even_when_run_again(fake, api, linked):
         prolific_sync.pay(payment.pk, api)
         prolific_sync.sync_study(linked, api)
     assert len(fake.setups) == 1 and len(fake.pays) == 1
-    setup = fake.called("POST", "bonus-payments")[0][2]
+    setup = fake.called("POST", "bonus-payments")[0][2]  # the file lists them by participant id
     assert setup == {"study_id": "STUDYP", "csv_bonuses": "PID0,1.50\nPID1,0.50"}
     assert fake.submissions["SUB0"]["bonus_payments"] == [150]
     # the same participants again (another rule run, or a CSV naming them) are skipped
