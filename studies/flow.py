@@ -493,9 +493,11 @@ def check_can_send(participant: Participant, ended_at, text: str, sent: int) -> 
         raise chat_closed(participant)
     if not text.strip():
         raise FlowError("Empty message", "Please type a message first.")
-    if len(text) > study.max_message_chars:
+    if len(text) > study.max_message_chars:  # refused whole and said so, never cut
         raise FlowError(
-            "Message too long", f"Please keep messages under {study.max_message_chars} characters."
+            "Message too long",
+            f"This message was not sent: it is {len(text):,} characters long and the limit is "
+            f"{study.max_message_chars:,}. Please shorten it and send it again.",
         )
     if sent >= study.max_exchanges:
         raise FlowError(
