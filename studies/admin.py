@@ -1246,7 +1246,7 @@ class AnalysisRunAdmin(admin.ModelAdmin):
                     "view",
                 ),
                 (
-                    "<int:pk>/figure/<str:name>.svg",
+                    "<int:pk>/figure/<str:figure>.svg",
                     self.figure,
                     "studies_analysisrun_figure",
                     "view",
@@ -1255,9 +1255,9 @@ class AnalysisRunAdmin(admin.ModelAdmin):
             + super().get_urls()
         )
 
-    def figure(self, request, pk, name):
+    def figure(self, request, pk, figure):
         run = get_object_or_404(AnalysisRun, pk=pk)
-        svg = (run.figures or {}).get(name)
+        svg = (run.figures or {}).get(figure)
         if svg is None:
             raise Http404("No such figure.")
         # Runs stored before figures were styled by attributes are converted as they are served.
