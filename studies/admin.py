@@ -14,7 +14,6 @@ from django.shortcuts import get_object_or_404, render
 from django.template.loader import render_to_string
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
-from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_http_methods, require_POST
 
 from agents.models import Checkpoint, ModelEndpoint
@@ -32,6 +31,7 @@ from . import (
     reports,
     tasks,
 )
+from .analysis.plots import styles_as_attributes
 from .analysis.text import with_labels
 from .forms import BonusCSVForm, DonationMatchForm, ExploreForm, ImportPoolForm, RejectForm
 from .models import (
@@ -1220,20 +1220,20 @@ class AnalysisRunAdmin(admin.ModelAdmin):
 
     @admin.display(description="Figures")
     def figures_view(self, run):
+        # Each figure an image of its own URL, not SVG inlined in the page: the page's CSP
+        # refuses inline styles, and an image's own scripts never run.
         shown = format_html_join(
             "",
-            '<div class="figure" style="margin:1em 0">{}</div>',
-            ((mark_safe(svg),) for svg in (run.figures or {}).values()),
+            '<div class="figure"><img src="{}" alt="{}"></div>',
+            (
+                (reverse("admin:studies_analysisrun_figure", args=[run.pk, name]), name)
+                for name in (run.figures or {})
+            ),
         )
-        if not shown:
-            return "-"
-        # Each SVG shrinks to the column (it keeps its viewBox): a wide figure is never cut at
-        # the page's edge.
-        return format_html(
-            "<style>.analysis-figures svg {{max-width: 100%; height: auto}}</style>"
-            '<div class="analysis-figures">{}</div>',
-            shown,
-        )
+        return format_html('<div class="analysis-figures">{}</div>', shown) if shown else "-"
+
+    class Media:
+        css = {"all": ["admin/studies/analysis.css"]}
 
     def get_urls(self):
         return (
@@ -1245,9 +1245,26 @@ class AnalysisRunAdmin(admin.ModelAdmin):
                     "studies_analysisrun_download",
                     "view",
                 ),
+                (
+                    "<int:pk>/figure/<str:figure>.svg",
+                    self.figure,
+                    "studies_analysisrun_figure",
+                    "view",
+                ),
             )
             + super().get_urls()
         )
+
+    def figure(self, request, pk, figure):
+        run = get_object_or_404(AnalysisRun, pk=pk)
+        svg = (run.figures or {}).get(figure)
+        if svg is None:
+            raise Http404("No such figure.")
+        # Runs stored before figures were styled by attributes are converted as they are served.
+        response = HttpResponse(styles_as_attributes(svg), content_type="image/svg+xml")
+        # Opened on its own it is a document: it needs nothing, so it may load and run nothing.
+        response["Content-Security-Policy"] = "default-src 'none'"
+        return response
 
     def download(self, request, pk, kind):
         run = get_object_or_404(AnalysisRun, pk=pk)

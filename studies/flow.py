@@ -120,11 +120,16 @@ def arrive(study: Study, params, known_token: str | None = None) -> tuple[Partic
     return resume(participant, values, known_token), True
 
 
+# What happened and what the participant can do about it, in their words: a new Prolific
+# submission (they returned the study and took it again) cannot take over the earlier one here.
 SESSION_TAKEN = (
-    "This study link was already used in another session",
-    "Someone has already started this study with your Prolific ID in another session, so this "
-    "link cannot open it. If that was you, please reopen the study in the browser where you "
-    "started it. Otherwise, please contact the researcher through Prolific.",
+    "This study was already started with your Prolific ID",
+    "Your Prolific ID was already used to start this study from an earlier Prolific submission, "
+    "and this link belongs to a new submission, so it cannot open that study. This happens if "
+    "you returned the study on Prolific and then took it again. To carry on where you left off, "
+    "open the study from Prolific on the same device and browser you used the first time. If "
+    "you cannot, please message the researcher through Prolific and say you saw this page; do "
+    "not take the study again.",
 )
 
 
@@ -488,9 +493,11 @@ def check_can_send(participant: Participant, ended_at, text: str, sent: int) -> 
         raise chat_closed(participant)
     if not text.strip():
         raise FlowError("Empty message", "Please type a message first.")
-    if len(text) > study.max_message_chars:
+    if len(text) > study.max_message_chars:  # refused whole and said so, never cut
         raise FlowError(
-            "Message too long", f"Please keep messages under {study.max_message_chars} characters."
+            "Message too long",
+            f"This message was not sent: it is {len(text):,} characters long and the limit is "
+            f"{study.max_message_chars:,}. Please shorten it and send it again.",
         )
     if sent >= study.max_exchanges:
         raise FlowError(

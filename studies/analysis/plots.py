@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 from typing import Any
 
 import matplotlib
@@ -178,11 +179,34 @@ def render_png(figure: Figure, dpi: int = 110) -> bytes:
 
 
 def render_svg(figure: Figure) -> str:
-    """SVG text; fixed hash salt and no date, so the same report gives the same file."""
+    """SVG text; fixed hash salt and no date, so the same report gives the same file. Styled by
+    attributes only, so a page or viewer that refuses inline CSS still draws it."""
     buffer = io.StringIO()
-    with matplotlib.rc_context({"svg.hashsalt": "parley"}):
+    # Text as paths: matplotlib writes a font only as the CSS `font` shorthand, not an attribute.
+    with matplotlib.rc_context({"svg.hashsalt": "parley", "svg.fonttype": "path"}):
         figure.savefig(buffer, format="svg", metadata={"Date": None}, **TIGHT)
-    return buffer.getvalue()
+    return styles_as_attributes(buffer.getvalue())
+
+
+_STYLE_SHEET = re.compile(r"\s*<style[^>]*>\*\{([^}]*)\}</style>")
+_STYLE = re.compile(r' style="([^"]*)"')
+
+
+def _attributes(declarations: str) -> str:
+    pairs = (d.split(":", 1) for d in declarations.split(";") if d.strip())
+    return "".join(f' {name.strip()}="{value.strip()}"' for name, value in pairs)
+
+
+def styles_as_attributes(svg: str) -> str:
+    """matplotlib's SVG with its CSS (a `*{...}` sheet, `style="..."` on each element) turned
+    into presentation attributes, which a Content-Security-Policy without 'unsafe-inline' for
+    styles allows. The sheet's rules go on the root element, whence every element inherits them.
+    Idempotent, so figures stored in the older form can be passed through it when served."""
+    sheet = _STYLE_SHEET.search(svg)
+    if sheet:
+        svg = _STYLE_SHEET.sub("", svg, count=1)
+        svg = svg.replace("<svg ", "<svg" + _attributes(sheet.group(1)) + " ", 1)
+    return _STYLE.sub(lambda m: _attributes(m.group(1)), svg)
 
 
 def render_all(report: dict[str, Any], fmt: str = "png") -> dict[str, bytes | str]:

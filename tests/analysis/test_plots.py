@@ -1,5 +1,7 @@
 """Figures drawn from a report: diverging Likert bars and means with CIs."""
 
+import io
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -12,6 +14,7 @@ from studies.analysis.plots import (
     means_figure,
     render_png,
     render_svg,
+    styles_as_attributes,
 )
 
 
@@ -72,3 +75,23 @@ def test_rendering_and_the_figure_set(report):
     with pytest.raises(ValueError, match="not a Likert item"):
         likert_figure(report, "score")
     assert figures({**report, "errors": ["bad"]}) == {}
+
+
+def test_svg_is_styled_by_attributes_not_css(report):
+    """A page whose Content-Security-Policy refuses inline styles draws the figure only if it
+    has no <style> sheet and no style="" attributes; the older, CSS-styled form converts."""
+    from xml.dom.minidom import parseString
+
+    svg = render_svg(figures(report)["means"])
+    assert "<style" not in svg and 'style="' not in svg
+    root = parseString(svg).documentElement
+    assert root.getAttribute("stroke-linecap") == "butt"  # the sheet's rule, inherited
+    assert 'fill="#ffffff"' in svg  # the figure's white ground, once a style attribute
+    buffer = io.StringIO()
+    figures(report)["means"].savefig(buffer, format="svg")  # as stored before
+    older = buffer.getvalue()
+    assert "<style" in older and 'style="' in older
+    converted = styles_as_attributes(older)
+    assert "<style" not in converted and 'style="' not in converted
+    parseString(converted)
+    assert styles_as_attributes(svg) == svg

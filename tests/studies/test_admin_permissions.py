@@ -30,13 +30,14 @@ pytestmark = pytest.mark.django_db
 APPS = ("studies", "training", "agents")
 BUILT_IN = ("changelist", "add", "change", "delete", "history", "autocomplete")
 # A value for each URL parameter that is not the object's pk.
-SAMPLE = {"kind": "csv", "name": "train_reward.png"}
+SAMPLE = {"kind": "csv", "name": "train_reward.png", "figure": "means"}
 # What the custom pages do: read (view permission) or act (change permission).
 READS = {
     "studies_study_responses",
     "studies_study_transcripts",
     "studies_participant_transcript",
     "studies_analysisrun_download",
+    "studies_analysisrun_figure",
     "training_trainingrun_progress",
     "studies_study_monitor",
     "studies_study_monitor_json",

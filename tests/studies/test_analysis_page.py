@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from django.contrib.auth import get_user_model
 from django.urls import reverse
 
 from studies import reports
@@ -183,3 +184,25 @@ def test_cli_takes_a_measure_range_and_writes_n_a(tmp_path):
     assert "helpful (reversed)" in text and "n/a" in text and "(control)" not in text
     outcome = next(m for m in report["measures"] if m["name"] == "outcome")
     assert outcome["range"] == [0.0, 1.0] and outcome["range_from"] == "settings"
+
+
+@pytest.mark.django_db
+def test_a_figure_is_served_to_whoever_may_view_the_run_only(admin_client, client, db):
+    study = make_study(slug="figures", arms=("base", "vs"))
+    for i, helpful in enumerate([6, 5, 2, 3]):
+        finish(study, f"p{i}", {**GOOD_ANSWERS, "helpful": str(helpful)}, arm=("base", "vs")[i % 2])
+    run = reports.compute(AnalysisRun.objects.create(study=study))
+    url = reverse("admin:studies_analysisrun_figure", args=[run.pk, "means"])
+
+    response = admin_client.get(url)
+    assert response.status_code == 200
+    assert response["Content-Type"] == "image/svg+xml"
+    svg = response.content.decode()
+    assert svg.startswith("<?xml") and "<style" not in svg and 'style="' not in svg
+    assert admin_client.get(url.replace("means", "nothing")).status_code == 404
+
+    staff = get_user_model().objects.create_user("helper", password="pw", is_staff=True)
+    client.force_login(staff)  # staff without the permission to view analysis runs
+    assert client.get(url).status_code == 403
+    client.logout()
+    assert client.get(url).status_code == 302  # to the admin's login

@@ -179,6 +179,21 @@ def test_end_chat_requires_min_exchanges(client, db):
         flow.end_chat(participant)
 
 
+def test_an_over_long_message_is_refused_whole_saying_by_how_much(client, db):
+    study = make_study(slug="s2", max_message_chars=2000)
+    arrive(client, slug="s2", **prolific())
+    participant = Participant.objects.get(study=study)
+    flow.give_consent(participant, True)
+    with pytest.raises(flow.FlowError) as refused:
+        flow.store_user_message(participant, "m1", "word " * 420)  # 2,100 characters
+    assert refused.value.detail == (
+        "This message was not sent: it is 2,100 characters long and the limit is 2,000. "
+        "Please shorten it and send it again."
+    )
+    assert not Message.objects.filter(conversation__participant=participant).exists()
+    flow.store_user_message(participant, "m2", "x" * 2000)  # the limit itself is allowed
+
+
 def questionnaire_participant(client):
     arrive(client, **prolific())
     participant = Participant.objects.get()

@@ -41,8 +41,12 @@ def snapshot():
 def assert_refused(response):
     assert response.status_code == 403
     page = response.content.decode()
-    assert "already used in another session" in page
-    assert "contact the researcher through Prolific" in page
+    # What happened, in the participant's terms, and what they can do about it.
+    assert "already started with your Prolific ID" in page
+    assert "returned the study on Prolific and then took it again" in page
+    assert "open the study from Prolific on the same device and browser" in page
+    assert "message the researcher through Prolific" in page
+    assert "another session" not in page  # a word a participant cannot act on
     assert "Location" not in response  # no way on to the participant's pages
     assert str(Participant.objects.get(prolific_pid=VICTIM).token) not in page
     assert views.ARRIVAL_COOKIE not in response.cookies
@@ -124,7 +128,7 @@ def test_the_same_rule_when_the_victim_wins_a_race(study, monkeypatch):
         monkeypatch.setattr(flow, "_assign", victim_first_then(attacker_assign))
         with pytest.raises(flow.FlowError) as refused:
             flow.arrive(study, attacker)
-        assert refused.value.status == 403 and "already used" in refused.value.title
+        assert refused.value.status == 403 and "already started" in refused.value.title
         victim = Participant.objects.get()
         assert victim.prolific_session_id == "victim-session"
         # The victim's own second tab in that race is let in.

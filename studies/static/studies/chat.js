@@ -10,6 +10,20 @@
   let lastSent = null;  // the id of the last message frame, dropped if the server closes on it
   let lastErrorAt = 0;  // when a refusal or an end was last shown (readable before a redirect)
 
+  // The message limit, said as the participant types: no maxlength, which cuts a pasted text
+  // mid-word without a word; an over-long message stays whole and is not sent until shortened.
+  const maxChars = Number(text.dataset.maxChars), charCount = $("char-count");
+  const typed = () => Array.from(text.value.trim()).length;  // code points, as the server counts
+  const tooLong = () => typed() > maxChars;
+  function showCount() {
+    const n = typed();
+    charCount.classList.toggle("over", n > maxChars);
+    charCount.textContent = n > maxChars
+      ? "Your message is " + n + " characters, " + (n - maxChars) + " over the limit of " + maxChars + ": please shorten it to send it."
+      : n + " / " + maxChars + " characters";
+    updateControls();
+  }
+
   // The time limit: the server's seconds_left (page, history and status events) counted down
   // on this page's clock; a warning two minutes before, and the composer closes at zero.
   const WARN_SECONDS = 120;
@@ -93,7 +107,8 @@
   function updateControls() {
     const open = socket && socket.readyState === WebSocket.OPEN;
     const canSend = open && !busy && lastStatus.can_send !== false && secondsLeft() > 0;
-    text.disabled = send.disabled = !canSend;
+    text.disabled = !canSend;
+    send.disabled = !canSend || tooLong();
     end.disabled = !open || busy || !lastStatus.can_end;
     if (lastStatus.max_exchanges) {
       $("exchange-count").textContent = "Messages sent: " + (lastStatus.sent || 0) + " of at most " + lastStatus.max_exchanges +
@@ -101,8 +116,10 @@
     }
   }
 
-  function showNotice(message, retryId) {
+  // A notice is an error (refused, failed, lost) unless said to be news ("info": the engine slow, the chat over).
+  function showNotice(message, retryId, info) {
     notice.hidden = false;
+    notice.classList.toggle("info", Boolean(info));
     notice.textContent = message + " ";
     if (retryId) {
       const button = document.createElement("button");
@@ -155,7 +172,7 @@
         setBusy(true);
         break;
       case "slow":  // the engine is slow to start: say so, keep waiting
-        showNotice(event.message);
+        showNotice(event.message, null, true);
         break;
       case "delta":
         if (!streaming) streaming = bubble("assistant", "", "streaming");
@@ -196,7 +213,7 @@
         showNotice(event.message);
         break;
       case "ended":  // the task is over (e.g. a donation): the agent's last reply stays readable
-        showNotice("The conversation is over. Taking you to the next step…");
+        showNotice("The conversation is over. Taking you to the next step…", null, true);
         lastErrorAt = Date.now();
         break;
       case "redirect": {
@@ -243,14 +260,16 @@
   $("composer").addEventListener("submit", (e) => {
     e.preventDefault();
     const body = text.value.trim();
-    if (!body || busy) return;
+    if (!body || busy || tooLong()) return;
     const id = newId();
     const p = pending(); p[id] = body; savePending(p);
     bubble("user", body, "unconfirmed").dataset.clientId = id;
     text.value = "";
+    showCount();
     notice.hidden = true;
     transmit(id, body);
   });
+  text.addEventListener("input", showCount);
   text.addEventListener("keydown", (e) => {
     if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); $("composer").requestSubmit(); }
   });
