@@ -969,8 +969,33 @@ class StudyAdmin(PlanAdminMixin, admin.ModelAdmin):
         return exports.csv_response(exports.transcript_rows(participants), "transcripts.csv")
 
 
+class ItemFormSet(forms.BaseInlineFormSet):
+    """The answers the study's Domain reads are offered for its items, each to one item only."""
+
+    def add_fields(self, form, index):  # every form, the empty one (added rows) included
+        super().add_fields(form, index)
+        study = self.instance.study if self.instance.study_id else None
+        if study is not None and "domain_input" in form.fields:  # else: checked at go-live
+            needs = [(need.name, need.describe()) for need in study.domain_inputs()]
+            form.fields["domain_input"].choices = [("", "---------"), *needs]
+
+    def clean(self):
+        super().clean()
+        mapped = [
+            form.cleaned_data.get("domain_input")
+            for form in self.forms
+            if form.cleaned_data and not form.cleaned_data.get("DELETE")
+        ]
+        repeated = sorted({m for m in mapped if m and mapped.count(m) > 1})
+        if repeated:
+            raise forms.ValidationError(
+                f"One item per answer the task reads: {', '.join(repeated)} is given twice."
+            )
+
+
 class ItemInline(admin.TabularInline):
     model = Item
+    formset = ItemFormSet
     extra = 0
     fields = [
         "order",
@@ -985,6 +1010,7 @@ class ItemInline(admin.TabularInline):
         "max_value",
         "required",
         "expected_answer",
+        "domain_input",
     ]
 
 
