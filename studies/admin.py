@@ -173,6 +173,17 @@ class GoLiveRefused(Exception):
 class StudyForm(forms.ModelForm):
     golive_problems: list[str] = []  # set by StudyAdmin.get_form on the second pass
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        field = self.fields.get("control_arm")
+        if field is None:
+            return
+        # only this study's arms; a new study has none until it is saved with them
+        study = self.instance
+        field.queryset = study.arms.all() if study.pk else Arm.objects.none()
+        if not study.pk or not field.queryset.exists():
+            field.help_text = "Save the study with its arms first, then choose its control arm."
+
     def clean(self):
         cleaned = super().clean()
         for problem in self.golive_problems:
