@@ -59,7 +59,8 @@ from .pools import PoolError, import_pool
 
 def pages(model_admin: admin.ModelAdmin, *routes) -> list:
     """A ModelAdmin's own pages, each (route, view, url name, permission), behind the admin's
-    login and, like the built-in pages, the model permission: "view" to read, "change" to act."""
+    login and, like the built-in pages, the model permission: "view" to read, "change" to act,
+    "participants" to read what participants wrote (see can_read_participants)."""
     return [
         path(
             route, model_admin.admin_site.admin_view(permitted(model_admin, perm, view)), name=name
@@ -68,11 +69,24 @@ def pages(model_admin: admin.ModelAdmin, *routes) -> list:
     ]
 
 
+def can_read_participants(request) -> bool:
+    """The one rule for participants' own data (transcripts, answers, every per-participant page
+    and export): the permission to view participants, as their list and pages require."""
+    opts = Participant._meta
+    return any(
+        request.user.has_perm(f"{opts.app_label}.{get_permission_codename(action, opts)}")
+        for action in ("view", "change")  # as ModelAdmin.has_view_permission
+    )
+
+
 def permitted(model_admin: admin.ModelAdmin, perm: str, view):
     """The view, refused (403) to whoever lacks the permission on the model or its object."""
     has_permission = {
         "view": model_admin.has_view_permission,
         "change": model_admin.has_change_permission,
+        "participants": lambda request, obj: (
+            model_admin.has_view_permission(request, obj) and can_read_participants(request)
+        ),
     }[perm]
 
     @functools.wraps(view)
@@ -158,6 +172,17 @@ class GoLiveRefused(Exception):
 
 class StudyForm(forms.ModelForm):
     golive_problems: list[str] = []  # set by StudyAdmin.get_form on the second pass
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        field = self.fields.get("control_arm")
+        if field is None:
+            return
+        # only this study's arms; a new study has none until it is saved with them
+        study = self.instance
+        field.queryset = study.arms.all() if study.pk else Arm.objects.none()
+        if not study.pk or not field.queryset.exists():
+            field.help_text = "Save the study with its arms first, then choose its control arm."
 
     def clean(self):
         cleaned = super().clean()
@@ -808,12 +833,17 @@ class StudyAdmin(PlanAdminMixin, admin.ModelAdmin):
                     "studies_study_analyse",
                     "change",
                 ),
-                ("<int:pk>/responses.csv", self.responses_csv, "studies_study_responses", "view"),
+                (
+                    "<int:pk>/responses.csv",
+                    self.responses_csv,
+                    "studies_study_responses",
+                    "participants",
+                ),
                 (
                     "<int:pk>/transcripts.csv",
                     self.transcripts_csv,
                     "studies_study_transcripts",
-                    "view",
+                    "participants",
                 ),
                 ("<int:pk>/monitor/", self.monitor, "studies_study_monitor", "view"),
                 ("<int:pk>/monitor.json", self.monitor_json, "studies_study_monitor_json", "view"),
@@ -931,21 +961,52 @@ class StudyAdmin(PlanAdminMixin, admin.ModelAdmin):
             f"{study.slug}-transcripts.csv",
         )
 
+    def has_participants_permission(self, request, obj=None) -> bool:
+        """The export actions' permission: the study's, and the one rule for participants' data."""
+        return self.has_view_permission(request, obj) and can_read_participants(request)
+
     @admin.action(
-        permissions=["view"], description="Export responses (CSV, one row per participant)"
+        permissions=["participants"], description="Export responses (CSV, one row per participant)"
     )
     def export_responses(self, request, queryset):
         participants = Participant.objects.filter(study__in=queryset)
         return exports.csv_response(exports.response_rows(participants), "responses.csv")
 
-    @admin.action(permissions=["view"], description="Export transcripts (CSV, one row per message)")
+    @admin.action(
+        permissions=["participants"], description="Export transcripts (CSV, one row per message)"
+    )
     def export_transcripts(self, request, queryset):
         participants = Participant.objects.filter(study__in=queryset)
         return exports.csv_response(exports.transcript_rows(participants), "transcripts.csv")
 
 
+class ItemFormSet(forms.BaseInlineFormSet):
+    """The answers the study's Domain reads are offered for its items, each to one item only."""
+
+    def add_fields(self, form, index):  # every form, the empty one (added rows) included
+        super().add_fields(form, index)
+        study = self.instance.study if self.instance.study_id else None
+        if study is not None and "domain_input" in form.fields:  # else: checked at go-live
+            needs = [(need.name, need.describe()) for need in study.domain_inputs()]
+            form.fields["domain_input"].choices = [("", "---------"), *needs]
+
+    def clean(self):
+        super().clean()
+        mapped = [
+            form.cleaned_data.get("domain_input")
+            for form in self.forms
+            if form.cleaned_data and not form.cleaned_data.get("DELETE")
+        ]
+        repeated = sorted({m for m in mapped if m and mapped.count(m) > 1})
+        if repeated:
+            raise forms.ValidationError(
+                f"One item per answer the task reads: {', '.join(repeated)} is given twice."
+            )
+
+
 class ItemInline(admin.TabularInline):
     model = Item
+    formset = ItemFormSet
     extra = 0
     fields = [
         "order",
@@ -960,6 +1021,7 @@ class ItemInline(admin.TabularInline):
         "max_value",
         "required",
         "expected_answer",
+        "domain_input",
     ]
 
 
@@ -1118,7 +1180,12 @@ class ParticipantAdmin(admin.ModelAdmin):
         return (
             pages(
                 self,
-                ("<int:pk>/transcript/", self.transcript, "studies_participant_transcript", "view"),
+                (
+                    "<int:pk>/transcript/",
+                    self.transcript,
+                    "studies_participant_transcript",
+                    "participants",
+                ),
             )
             + super().get_urls()
         )
@@ -1273,7 +1340,9 @@ class AnalysisRunAdmin(admin.ModelAdmin):
             body, ctype, ext = json.dumps(run.results, indent=2), "application/json", "json"
         elif kind == "csv":
             body, ctype, ext = reports.comparisons_csv(run.results or {}), "text/csv", "csv"
-        elif kind == "input":
+        elif kind == "input":  # one row per participant: their answers, under the same rule
+            if not can_read_participants(request):
+                raise PermissionDenied
             body, ctype, ext, name = run.inputs.get("csv", ""), "text/csv", "csv", name + "-input"
         else:
             raise Http404("Unknown download.")

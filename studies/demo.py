@@ -5,7 +5,7 @@ checkpoints exist, base-model arms otherwise)."""
 from django.conf import settings
 from django.db import transaction
 
-from agents.domains.p4g import INTENDED_DONATION
+from agents.domains.p4g import DONATION, INTENDED_DONATION
 from agents.models import ModelEndpoint
 from agents.paths import BASE_MODEL_NAME
 
@@ -148,6 +148,7 @@ PAPER_ITEMS = {
             kind="number",
             min_value=0,
             max_value=2,
+            domain_input=DONATION.name,  # the participant's outcome
         ),
         dict(key="argument_quality", prompt="The other person's arguments were convincing."),
         dict(key="empathy", prompt="The other person understood my point of view."),

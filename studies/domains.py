@@ -7,7 +7,7 @@ and the Domain interface (agents/domains/base.py), never from testing a domain's
 from functools import lru_cache
 
 from agents.domains import get_domain as load
-from agents.domains.base import Domain, Outcome
+from agents.domains.base import Domain, Outcome, QuestionnaireInput
 from agents.domains.base import Scenario as DomainScenario
 
 from .errors import FlowError
@@ -119,14 +119,37 @@ def score_conversation(participant: Participant, conversation: Conversation) -> 
     return domain.score(history(conversation), state, conversation.end_reason).to_dict()
 
 
-def outcome_after_questionnaire(participant: Participant, answers: dict) -> dict | None:
-    """The Domain's outcome from the answers (P4G: the donation a person intends), else the
-    chat's own score."""
+def questionnaire_inputs(participant: Participant) -> dict[str, QuestionnaireInput]:
+    """What the participant's Domain reads from the questionnaire, by name."""
+    domain, _ = domain_of(participant)
+    return {need.name: need for need in domain.questionnaire_inputs} if domain else {}
+
+
+def outcome_after_questionnaire(
+    participant: Participant, inputs: dict[str, float]
+) -> tuple[dict | None, str | None]:
+    """The Domain's outcome from the answers mapped to its inputs (P4G: the donation a person
+    intends), else the chat's own score; and the problem, in words, when the Domain needed an
+    answer it did not get or could not use (the chat's score stands then, and the researcher
+    must be told: the answer is never dropped quietly)."""
     domain, _ = domain_of(participant)
     if domain is None:
-        return participant.outcome
-    outcome = domain.outcome_from_answers(answers, history(participant.conversation))
-    return outcome.to_dict() if outcome is not None else participant.outcome
+        return participant.outcome, None
+    missing = [need for need in domain.questionnaire_inputs if need.name not in inputs]
+    if missing:
+        return participant.outcome, (
+            "The questionnaire gave no answer for "
+            + "; ".join(need.describe() for need in missing)
+            + ": no item is mapped to it (\"answers the task's\"). The outcome is the chat's "
+            "own score."
+        )
+    try:
+        outcome = domain.outcome_from_answers(inputs, history(participant.conversation))
+    except ValueError as error:
+        return participant.outcome, (
+            f"The task could not use the answers ({error}). The outcome is the chat's own score."
+        )
+    return (outcome.to_dict() if outcome is not None else participant.outcome), None
 
 
 def debrief(participant: Participant) -> dict:

@@ -14,12 +14,13 @@ from django.db.models import Count, Q
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
-from . import bots, prolific_sync, tasks
+from . import bots, problems, prolific_sync, tasks
 from .domains import (  # noqa: F401 - debrief: the debrief page's words, for views
     debrief,
     get_domain,
     opening_messages,
     outcome_after_questionnaire,
+    questionnaire_inputs,
     score_conversation,
 )
 from .errors import FlowError, NotFound, StudyFull, StudyNotOpen
@@ -566,16 +567,21 @@ def end_chat(participant: Participant, reason: str = "participant") -> Participa
 # --- questionnaire ------------------------------------------------------------------------------
 
 
-def validate_answers(items: list[Item], data) -> tuple[dict[int, float | str], dict[str, str]]:
-    """Check every answer on the server: (values by item id, errors by item key)."""
+def validate_answers(
+    items: list[Item], data, needs: dict | None = None
+) -> tuple[dict[int, float | str], dict[str, str]]:
+    """Check every answer on the server: (values by item id, errors by item key). `needs`: the
+    Domain's inputs by name; an item mapped to one must be answered within its bounds."""
     values, errors = {}, {}
+    needs = needs or {}
     for item in items:
+        need = needs.get(item.domain_input)
         raw = (data.get(item.key) or "").strip()
         if raw != storable_text(raw):  # a NUL or broken character: say so, never a 500
             errors[item.key] = "Please remove the unusual characters from this answer."
             continue
         if not raw:
-            if item.required or item.kind == Item.Kind.ATTENTION:
+            if item.required or item.kind == Item.Kind.ATTENTION or need:
                 errors[item.key] = "Please answer this question."
             continue
         if item.kind == Item.Kind.TEXT:
@@ -603,6 +609,11 @@ def validate_answers(items: list[Item], data) -> tuple[dict[int, float | str], d
             if item.max_value is not None and number > item.max_value:
                 errors[item.key] = f"Please enter a number of at most {item.max_value:g}."
                 continue
+        if need and not need.min_value <= number <= need.max_value:
+            errors[item.key] = (
+                f"Please enter a number from {need.min_value:g} to {need.max_value:g}."
+            )
+            continue
         values[item.id] = number
     return values, errors
 
@@ -614,7 +625,8 @@ def submit_questionnaire(participant: Participant, data) -> dict[str, str]:
     if participant.status != Participant.Status.QUESTIONNAIRE:
         return {}
     items = list(participant.study.questionnaire_items())
-    values, errors = validate_answers(items, data)
+    needs = questionnaire_inputs(participant)
+    values, errors = validate_answers(items, data, needs)
     if errors:
         return errors
     by_id = {item.id: item for item in items}
@@ -628,9 +640,15 @@ def submit_questionnaire(participant: Participant, data) -> dict[str, str]:
         participant.attention_passed = all(
             values.get(item.id) == float(item.expected_answer) for item in checks
         )
-    participant.outcome = outcome_after_questionnaire(
-        participant, {by_id[i].key: v for i, v in values.items()}
-    )
+    inputs = {by_id[i].domain_input: v for i, v in values.items() if by_id[i].domain_input in needs}
+    participant.outcome, problem = outcome_after_questionnaire(participant, inputs)
+    if problem:  # the participant is done all the same; the researcher sees it on the monitor
+        problems.record(
+            participant.study,
+            participant,
+            "questionnaire",
+            FlowError("The outcome was not taken from the questionnaire", problem),
+        )
     participant.status = Participant.Status.COMPLETED
     participant.completed_at = timezone.now()
     participant.save()

@@ -14,7 +14,7 @@ from django.db.models.signals import pre_save
 from django.dispatch import receiver
 from django.utils import timezone
 
-from agents.domains import STUDY_DOMAINS
+from agents.domains import STUDY_DOMAINS, QuestionnaireInput, domain_class, input_choices
 from agents.domains import domain_choices as registered_domains
 from agents.models import Checkpoint, ModelEndpoint
 
@@ -24,6 +24,11 @@ COMPLETE_URL = "https://app.prolific.com/submissions/complete?cc={code}"
 def domain_choices() -> list[tuple[str, str]]:
     """Open chat, then every Domain people can take part in, from the one registry."""
     return [(Study.OPEN_CHAT, "Open chat (no task)"), *registered_domains(STUDY_DOMAINS)]
+
+
+def domain_input_choices() -> list[tuple[str, str]]:
+    """Every answer a study's Domain may read from its questionnaire, from the one registry."""
+    return input_choices(STUDY_DOMAINS)
 
 
 def default_engine_url() -> str:  # the default of a field migration 0001 still makes
@@ -197,6 +202,16 @@ class Study(models.Model):
             return self.preregistration
         except Preregistration.DoesNotExist:
             return None
+
+    def domain_inputs(self) -> tuple[QuestionnaireInput, ...]:
+        """What the study's Domain reads from the questionnaire (none for open chat, or for a
+        domain no longer registered: the go-live checks name that)."""
+        if self.domain == self.OPEN_CHAT:
+            return ()
+        try:
+            return domain_class(self.domain).questionnaire_inputs
+        except ValueError:
+            return ()
 
     def questionnaire_items(self):
         """The items participants answer, in order; none when the study has no questionnaire."""
@@ -553,11 +568,25 @@ class Item(models.Model):
     expected_answer = models.CharField(
         max_length=100, blank=True, help_text="Attention check: the point (1..k) to choose."
     )
+    domain_input = models.CharField(
+        "answers the task's",
+        max_length=40,
+        blank=True,
+        choices=domain_input_choices,
+        help_text="Which answer the study's task reads from this item (P4G: the donation, the "
+        "participant's outcome). Going live checks that each one the task needs has an item.",
+    )
 
     class Meta:
         ordering = ["questionnaire", "order", "id"]
         constraints = [
-            models.UniqueConstraint(fields=["questionnaire", "key"], name="unique_item_key")
+            models.UniqueConstraint(fields=["questionnaire", "key"], name="unique_item_key"),
+            models.UniqueConstraint(
+                fields=["questionnaire", "domain_input"],
+                condition=~models.Q(domain_input=""),
+                name="one_item_per_domain_input",
+                violation_error_message="Another item already answers this for the task.",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -588,8 +617,42 @@ class Item(models.Model):
             and self.min_value > self.max_value
         ):
             errors["min_value"] = "Must not exceed max_value."
+        if self.domain_input and self.questionnaire_id and not errors:
+            study = self.questionnaire.study
+            need = {n.name: n for n in study.domain_inputs()}.get(self.domain_input)
+            problem = (
+                self.input_problem(need)
+                if need
+                else f"The study's task ({study.get_domain_display()}) reads no such answer."
+            )
+            if problem:
+                errors["domain_input"] = problem
         if errors:
             raise ValidationError(errors)
+
+    def answer_range(self) -> tuple[float | None, float | None]:
+        """The lowest and highest answer this item accepts (None: no bound)."""
+        if self.is_scale:
+            return 1, self.scale_points
+        return self.min_value, self.max_value
+
+    def input_problem(self, need: QuestionnaireInput) -> str | None:
+        """Why this item cannot supply the Domain's `need` (every answer it accepts must be one
+        the Domain can use, and every participant must give one), or None."""
+        if self.kind not in (self.Kind.NUMBER, self.Kind.LIKERT):
+            return f"A {self.get_kind_display().lower()} item cannot hold {need.describe()}."
+        low, high = self.answer_range()
+        if low is None or high is None or low < need.min_value or high > need.max_value:
+            shown = (
+                f"{'-' if low is None else f'{low:g}'} to {'-' if high is None else f'{high:g}'}"
+            )
+            return (
+                f"Its answers ({shown}) must lie within {need.min_value:g} to "
+                f"{need.max_value:g}: it holds {need.describe()}. Set its min and max values."
+            )
+        if not self.required:
+            return f"It must be required: it holds {need.describe()}."
+        return None
 
     def labels(self) -> list[str]:
         """One label per point: the full list if given, else the anchors at the ends."""

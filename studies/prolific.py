@@ -10,13 +10,18 @@ import hashlib
 import hmac
 import json
 import logging
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from decimal import Decimal
+from email.utils import parsedate_to_datetime
 
 import httpx
 from django.conf import settings
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt
+from tenacity.wait import wait_base, wait_exponential
 
 log = logging.getLogger(__name__)
 
@@ -147,8 +152,59 @@ def error_detail(response: httpx.Response) -> str:
     return json.dumps(body)[:500]
 
 
+# Answers that say "not now": 429 (too many requests: nothing was done) and 503 (unavailable).
+BUSY = frozenset({429, 503})
+MAX_RETRY_AFTER = 60.0  # seconds waited inside one call; longer: the call fails, the job retries
+
+
+class Busy(Exception):
+    """A busy answer, retried inside `Prolific.request`; never leaves it."""
+
+    def __init__(self, response: httpx.Response):
+        super().__init__(response.status_code)
+        self.response = response
+
+
+def retry_after(response: httpx.Response) -> float | None:
+    """The seconds a Retry-After header asks for (delta-seconds or an HTTP date), or None."""
+    value = response.headers.get("retry-after", "").strip()
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - datetime.now(UTC)).total_seconds()
+    return max(0.0, seconds) if math.isfinite(seconds) else None
+
+
+class wait_retry_after(wait_base):
+    """Prolific's Retry-After when it sends one, else exponential back-off (1, 2, 4, ... s)."""
+
+    def __init__(self, fallback: wait_base):
+        self.fallback = fallback
+
+    def __call__(self, retry_state: RetryCallState) -> float:
+        error = retry_state.outcome.exception() if retry_state.outcome else None
+        asked = retry_after(error.response) if isinstance(error, Busy) else None
+        return self.fallback(retry_state) if asked is None else asked
+
+
+def asks_too_long(retry_state: RetryCallState) -> bool:
+    """Stop at once when Retry-After asks longer than a call waits (honoured, not shortened)."""
+    error = retry_state.outcome.exception() if retry_state.outcome else None
+    asked = retry_after(error.response) if isinstance(error, Busy) else None
+    return asked is not None and asked > MAX_RETRY_AFTER
+
+
 class Prolific:
-    """One client per job. `retries` applies to 429 only, with exponential back-off; money calls
+    """One client per job. `retries` applies to busy answers (429; 503 unless the call must not
+    be repeated), after Retry-After when given, else with exponential back-off; money calls
     (approvals, bonuses) are sent one after another by their callers."""
 
     def __init__(self, token: str | None = None, base_url: str | None = None, retries: int = 4):
@@ -175,28 +231,44 @@ class Prolific:
     def __exit__(self, *exc):
         self.close()
 
-    def request(self, method: str, path: str, json_body=None, params=None, url=None):
+    def request(self, method: str, path: str, json_body=None, params=None, url=None, repeat=True):
+        """One call, retried while Prolific is busy. `repeat=False`: a call that must not be
+        sent twice (paying bonuses) is retried on 429 only, which says nothing was done."""
         target = url or f"/api/v1/{path.strip('/')}/"
-        wait = 1.0
-        for attempt in range(self.retries + 1):
+        busy = BUSY if repeat else {429}
+
+        def attempt():
             try:
                 response = self._http.request(method, target, json=json_body, params=params)
             except httpx.HTTPError as error:
                 # No answer: the request may or may not have been done (the caller decides).
                 raise ProlificError(method, target, None, type(error).__name__) from None
-            if response.status_code == 429 and attempt < self.retries:
-                time.sleep(wait)
-                wait *= 2
-                continue
-            if response.status_code >= 400:
-                raise ProlificError(method, target, response.status_code, error_detail(response))
-            if not response.content:
-                return {}
-            try:
-                return response.json()
-            except ValueError:
-                raise ProlificError(method, target, response.status_code, "not JSON") from None
-        raise AssertionError("unreachable")
+            if response.status_code in busy:
+                raise Busy(response)
+            return response
+
+        retrying = Retrying(
+            retry=retry_if_exception_type(Busy),
+            stop=stop_after_attempt(self.retries + 1) | asks_too_long,
+            wait=wait_retry_after(wait_exponential(multiplier=1, max=MAX_RETRY_AFTER)),
+            sleep=lambda seconds: time.sleep(seconds),  # looked up per call: tests may stub it
+            reraise=True,
+        )
+        try:
+            response = retrying(attempt)
+        except Busy as busy_answer:
+            response = busy_answer.response
+        if response.status_code >= 400:
+            detail, asked = error_detail(response), retry_after(response)
+            if asked is not None:
+                detail += f" (Prolific asks to retry after {asked:.0f} s)"
+            raise ProlificError(method, target, response.status_code, detail)
+        if not response.content:
+            return {}
+        try:
+            return response.json()
+        except ValueError:
+            raise ProlificError(method, target, response.status_code, "not JSON") from None
 
     def same_origin(self, href: str) -> httpx.URL:
         """A link from an answer, followed only on the API's own host: the token goes nowhere else."""
@@ -261,4 +333,4 @@ class Prolific:
         )
 
     def pay_bonuses(self, setup_id: str) -> None:
-        self.request("POST", f"bulk-bonus-payments/{setup_id}/pay")
+        self.request("POST", f"bulk-bonus-payments/{setup_id}/pay", repeat=False)

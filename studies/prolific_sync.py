@@ -168,13 +168,15 @@ def sync_study(study: Study, api: Prolific) -> dict:
     minutes = details.get("estimated_completion_time")
     if isinstance(minutes, int | float) and minutes != study.estimated_minutes:
         Study.objects.filter(pk=study.pk).update(estimated_minutes=int(minutes))
-    ours = {p.prolific_session_id: p for p in study.participants.all()}
+    ours = {p.prolific_session_id: p for p in study.participants.select_related("review")}
     for submission in api.submissions(study.prolific_study_id):
         counts["submissions"] += 1
         participant = ours.get(str(submission.get("id")))
         if participant is None:
             continue
         status = normal_status(submission.get("status"))
+        if awaits_our_approval(participant, status):
+            continue
         freeable = FREED_AS.get(status) and participant.status != FREED_AS[status]
         if status != participant.prolific_status or freeable:
             apply_status(participant, status)
@@ -298,7 +300,8 @@ def decide(participants, action: str, message: str = "", category: str = "") -> 
 
 def push_reviews(study: Study, api: Prolific) -> int:
     """Send the pending decisions, approvals in bulk batches, one request after another.
-    Transitions are idempotent on Prolific: resending after a crash changes nothing."""
+    Transitions are idempotent on Prolific: resending after a crash changes nothing. Each sent
+    decision's status is stored at once (the admin shows it before the next sync)."""
     pending = Review.objects.filter(
         participant__study=study, state=Review.State.PENDING
     ).select_related("participant")
@@ -320,9 +323,14 @@ def push_reviews(study: Study, api: Prolific) -> int:
     return sent
 
 
+# What a sent decision makes of the submission. A rejection's answer is the submission, with its
+# status; a bulk approval answers 202 with no statuses (Prolific approves them asynchronously).
+DECIDED = {Review.Action.APPROVE: prolific.APPROVED, Review.Action.REJECT: prolific.REJECTED}
+
+
 def send(reviews: list[Review], call) -> int:
     try:
-        call()
+        answer = call()
     except ProlificError as error:
         if not error.refused:
             raise  # no answer: left pending for the next try
@@ -333,7 +341,23 @@ def send(reviews: list[Review], call) -> int:
     Review.objects.filter(pk__in=[r.pk for r in reviews]).update(
         state=Review.State.SENT, sent_at=timezone.now(), error=""
     )
+    answered = (answer or {}).get("status") if isinstance(answer, dict) else None
+    for review in reviews:
+        apply_status(review.participant, answered or DECIDED[review.action])
     return len(reviews)
+
+
+def awaits_our_approval(participant: Participant, status: str) -> bool:
+    """A submission we approved that Prolific still lists as before (its bulk approval runs
+    asynchronously): the APPROVED we stored stands, as an approval is never undone."""
+    review = getattr(participant, "review", None)
+    return (
+        participant.prolific_status == prolific.APPROVED
+        and status in (AWAITING_REVIEW, prolific.PROCESSING)
+        and review is not None
+        and review.action == Review.Action.APPROVE
+        and review.state == Review.State.SENT
+    )
 
 
 # --- bonuses ----------------------------------------------------------------------------------

@@ -94,6 +94,7 @@ def problems(study: Study, fresh: bool = True) -> list[str]:
         found.append("There is no questionnaire.")
     elif not study.questionnaire.items.exists():
         found.append("The questionnaire has no items.")
+    found += input_problems(study)
     arms = list(study.arms.filter(active=True))
     if not arms:
         found.append("There is no active arm.")
@@ -105,6 +106,32 @@ def problems(study: Study, fresh: bool = True) -> list[str]:
         if not getattr(study, field).strip() and not study.other_code.strip():
             label = field.replace("_", " ")  # codes are CompletionCode rows, read by ending
             found.append(f"The {label} is missing (or set the other code as the way back).")
+    return found
+
+
+def input_problems(study: Study) -> list[str]:
+    """Each answer the Domain reads from the questionnaire needs one item mapped to it that can
+    hold it; an item mapped to an answer the Domain does not read is a mistake too."""
+    needs = {need.name: need for need in study.domain_inputs()}
+    items = [item for item in study.questionnaire_items() if item.domain_input]
+    found = []
+    for need in needs.values():
+        mapped = [item for item in items if item.domain_input == need.name]
+        if not mapped:
+            found.append(
+                f"The task ({study.get_domain_display()}) needs {need.describe()} from the "
+                'questionnaire: set "answers the task\'s" on the item that asks it.'
+            )
+        for item in mapped:
+            problem = item.input_problem(need)
+            if problem:
+                found.append(f"Questionnaire item {item.key}: {problem}")
+    for item in items:
+        if item.domain_input not in needs:
+            found.append(
+                f"Questionnaire item {item.key} answers {item.domain_input!r}, which the task "
+                f"({study.get_domain_display()}) does not read."
+            )
     return found
 
 

@@ -1,9 +1,11 @@
 """A local fake of Prolific's researcher API with the documented shapes (../shared/reference/
 prolific.md): a real HTTP server in a thread that records every call, keeps submissions and
-bonus set-ups, and can be told to fail around the bonus pay call."""
+bonus set-ups, and can be told to fail around the bonus pay call or to answer busy (429, 503,
+with or without Retry-After)."""
 
 import csv
 import io
+import time
 import uuid
 
 import uvicorn
@@ -46,7 +48,10 @@ class FakeProlific(ThreadedServer):
         self.pays: list[str] = []  # setup ids, once per pay call that paid
         # "after": pay, then answer 500 (as if the answer was lost); "before": 500, not paid
         self.pay_fault: str | None = None
-        self.fail_next: list[int] = []  # statuses the next requests answer (e.g. 429), in order
+        # statuses the next requests answer (e.g. 429), in order; (status, Retry-After) sends
+        # the header too
+        self.fail_next: list[int | tuple[int, str]] = []
+        self.times: list[float] = []  # time.monotonic() of each call, beside `calls`
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         routes = [
@@ -99,11 +104,16 @@ class FakeProlific(ThreadedServer):
     async def check(self, request: Request):
         body = await request.json() if await request.body() else None
         self.calls.append((request.method, request.url.path, body))
+        self.times.append(time.monotonic())
         if request.headers.get("authorization") != f"Token {self.token}":
             return None, error(401, "Invalid token")
         if self.fail_next:
-            status = self.fail_next.pop(0)
-            return None, JSONResponse({"message": "slow down", "detail": str(status)}, status)
+            status, after = self.fail_next.pop(0), None
+            if isinstance(status, tuple):
+                status, after = status
+            headers = {"Retry-After": after} if after is not None else None
+            body = {"message": "slow down", "detail": str(status)}
+            return None, JSONResponse(body, status, headers=headers)
         return body, None
 
     async def me(self, request):

@@ -10,7 +10,7 @@ import importlib
 from collections.abc import Iterable
 from pathlib import Path
 
-from .base import Domain, Message, Outcome, Scenario
+from .base import Domain, Message, Outcome, QuestionnaireInput, Scenario
 
 DOMAINS: dict[str, str] = {
     "retail": "agents.domains.tau2:RetailDomain",
@@ -37,6 +37,16 @@ def domain_choices(names: Iterable[str] | None = None) -> list[tuple[str, str]]:
     ]
 
 
+def input_choices(names: Iterable[str] | None = None) -> list[tuple[str, str]]:
+    """(name, description) of every questionnaire input the Domains declare, for choices."""
+    choices = {}
+    for name in DOMAINS if names is None else names:
+        cls = domain_class(name)
+        for need in cls.questionnaire_inputs:
+            choices.setdefault(need.name, f"{cls.title or name}: {need.describe()}")
+    return list(choices.items())
+
+
 def get_domain(name: str, data_dir: str | Path | None = None) -> Domain:
     """A fresh Domain; data_dir points at official data (None: the project's bundled data)."""
     cls = domain_class(name)
@@ -49,8 +59,10 @@ __all__ = [
     "Domain",
     "Message",
     "Outcome",
+    "QuestionnaireInput",
     "Scenario",
     "domain_choices",
     "domain_class",
     "get_domain",
+    "input_choices",
 ]

@@ -18,7 +18,15 @@ from typing import Any
 
 from agents.messages import Message, count_turns, message_text
 
-__all__ = ["Domain", "Message", "Outcome", "Scenario", "count_turns", "message_text"]
+__all__ = [
+    "Domain",
+    "Message",
+    "Outcome",
+    "QuestionnaireInput",
+    "Scenario",
+    "count_turns",
+    "message_text",
+]
 
 
 @dataclass
@@ -47,6 +55,28 @@ class Outcome:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class QuestionnaireInput:
+    """An answer a Domain reads from a study's questionnaire to score a person (P4G: the
+    donation): a number from `min_value` to `max_value`, in `unit`. The researcher says which
+    item asks it; a study whose questionnaire supplies it nowhere cannot go live."""
+
+    name: str
+    label: str
+    min_value: float
+    max_value: float
+    unit: str = ""
+
+    def describe(self) -> str:
+        """E.g. "donation (the donation the participant intends): a number in dollars from 0
+        to 2"."""
+        unit = f" in {self.unit}" if self.unit else ""
+        return (
+            f"{self.name} ({self.label}): a number{unit} "
+            f"from {self.min_value:g} to {self.max_value:g}"
+        )
+
+
 class Domain(abc.ABC):
     """What a task family must provide. State is domain-specific but JSON-serialisable
     through `dump_state` / `load_state`, so a study can keep it between WebSocket reconnects."""
@@ -66,6 +96,9 @@ class Domain(abc.ABC):
     # the Persona-Guided simulator's default behavioural guidelines, put before its system
     # prompt (training's regime "persona"); "" = none by default, a run must give its own
     simulator_guidelines: str = ""
+    # what `outcome_from_answers` reads from a person's questionnaire, each mapped to one item
+    # in the study's admin and checked at go-live; none: the chat's own score is the outcome
+    questionnaire_inputs: tuple[QuestionnaireInput, ...] = ()
 
     @abc.abstractmethod
     def scenarios(self, split: str | None = None) -> list[Scenario]:
@@ -141,8 +174,10 @@ class Domain(abc.ABC):
     def outcome_from_answers(
         self, answers: dict[str, Any], conversation: list[Message]
     ) -> Outcome | None:
-        """A person's Outcome when the questionnaire decides it (answers by item key), or None to
-        keep the chat's own score. Only studies call this: simulated users answer no questions."""
+        """A person's Outcome when the questionnaire decides it, or None to keep the chat's own
+        score. `answers`: by the name of each of `questionnaire_inputs` (studies pass every one,
+        a number within its bounds); ValueError for one it cannot use. Only studies call this:
+        simulated users answer no questions."""
         return None
 
     @abc.abstractmethod

@@ -124,9 +124,26 @@ def test_human_outcome_uses_the_questionnaire_and_records_the_chat():
     assert (silent.reward, silent.success, silent.details["chat_donation"]) == (0.0, False, None)
     unanswered = human_outcome(None, conversation)
     assert unanswered.reward == 0.0 and not unanswered.details["answered"]
-    # through the Domain interface, as a study asks: the answer by the item's key decides
-    assert P4GDomain().outcome_from_answers({"intended_donation": 2}, conversation).reward == 1.0
-    assert P4GDomain().outcome_from_answers({"other": 2}, conversation) is None
+    # through the Domain interface, as a study asks: the answer to its declared input decides
+    (donation,) = P4GDomain.questionnaire_inputs
+    assert (donation.name, donation.min_value, donation.max_value) == ("donation", 0, 2)
+    assert "dollars from 0 to 2" in donation.describe()
+    assert P4GDomain().outcome_from_answers({"donation": 2}, conversation).reward == 1.0
+    # an answer it needs and did not get is an error, never "no donation"
+    with pytest.raises(ValueError, match="no answer for donation"):
+        P4GDomain().outcome_from_answers({"intended_donation": 1}, conversation)
+
+
+def test_the_confirmation_never_turns_a_missing_decision_into_no_donation():
+    domain = P4GDomain()
+    silent = domain.score(exchange("Hello!", "Interesting."), {})
+    assert silent.components["donation"] == 0.0  # the training reward's 0
+    assert domain.confirmation(silent) == "You did not choose a donation."
+    declined = domain.score(exchange("Hello!", "[DONATE $0]"), {})
+    assert declined.details["chat_donation"] == 0.0
+    assert "chose not to donate" in domain.confirmation(declined)
+    answered = human_outcome(1.0, exchange("Hello!", "Interesting."))
+    assert "donate $1.00" in domain.confirmation(answered)
 
 
 @pytest.mark.parametrize("bad", [-0.5, 2.5, float("nan"), "1", True])

@@ -115,3 +115,30 @@ def test_export_actions_on_the_changelist(admin_client, finished):
         url, {"action": "export_responses", "_selected_action": [finished.pk]}
     )
     assert len(read_csv(response)) == 2
+
+
+def test_the_control_arm_is_chosen_among_the_study_s_own_arms(admin_client):
+    import re
+
+    from tests.studies.test_golive import change_form_data
+
+    mine, other = make_study(slug="mine"), make_study(slug="other")
+
+    def offered(page) -> set[str]:
+        select = re.search(r'<select name="control_arm".*?</select>', page, re.DOTALL)[0]
+        return set(re.findall(r'<option value="(\d+)"', select))
+
+    add = admin_client.get(reverse("admin:studies_study_add")).content.decode()
+    assert offered(add) == set()  # a new study has no arms yet: none of the others'
+    assert "Save the study with its arms first" in add
+    url = reverse("admin:studies_study_change", args=[mine.pk])
+    page = admin_client.get(url).content.decode()
+    assert offered(page) == {str(pk) for pk in mine.arms.values_list("pk", flat=True)}
+    data = change_form_data(admin_client, url)
+    data["control_arm"] = other.arms.first().pk
+    response = admin_client.post(url, data)
+    assert response.status_code == 200 and "Select a valid choice" in response.content.decode()
+    data["control_arm"] = mine.arms.get(name="b").pk
+    assert admin_client.post(url, data).status_code == 302
+    mine.refresh_from_db()
+    assert mine.control_arm.name == "b"

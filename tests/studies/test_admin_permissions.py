@@ -221,3 +221,44 @@ def test_attaching_a_checkpoint_needs_the_permission_to_change_arms(client, data
     client.force_login(staff("arms", "view_checkpoint", "change_arm"))
     run_action(client, Checkpoint, "attach_to_arm", **form)
     assert set(Arm.objects.values_list("model_name", flat=True)) == {"ckpt1"}
+
+
+# Every page and export holding what participants wrote or answered, one row per participant.
+PARTICIPANT_DATA = {
+    "studies_study_responses",
+    "studies_study_transcripts",
+    "studies_participant_transcript",
+}
+PARTICIPANT_EXPORTS = ("export_responses", "export_transcripts")
+
+
+def test_participants_data_needs_the_permission_to_view_participants(client, data):
+    """One rule for transcripts, answers and their exports: a staff user who may view studies
+    (and analyses) but not participants gets none of them; one who may view participants does."""
+    urls = custom_admin_urls()
+    run = AnalysisRun.objects.get()
+    input_csv = reverse("admin:studies_analysisrun_download", args=[run.pk, "input"])
+    pids = list(Participant.objects.values_list("prolific_pid", flat=True))
+    assert pids
+    everything_but_participants = [p for p in view_permissions() if p != "view_participant"]
+    client.force_login(staff("studies-only", *everything_but_participants))
+    for name in PARTICIPANT_DATA:
+        assert client.get(urls[name]).status_code == 403, name
+    assert client.get(input_csv).status_code == 403
+    for name in PARTICIPANT_EXPORTS:
+        response = run_action(client, Study, name)
+        assert "Content-Disposition" not in response, name
+        text = response.content.decode()
+        assert not [pid for pid in pids if pid in text], name
+    # what holds no participant's data stays readable
+    assert client.get(urls["studies_study_monitor"]).status_code == 200
+    assert client.get(urls["studies_analysisrun_download"]).status_code == 200
+
+    client.force_login(staff("reader", *everything_but_participants, "view_participant"))
+    for name in PARTICIPANT_DATA:
+        assert client.get(urls[name]).status_code == 200, name
+    assert client.get(input_csv).status_code == 200
+    for name in PARTICIPANT_EXPORTS:
+        response = run_action(client, Study, name)
+        assert response["Content-Type"] == "text/csv", name
+        assert any(pid in b"".join(response.streaming_content).decode() for pid in pids), name

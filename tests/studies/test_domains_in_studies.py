@@ -197,6 +197,7 @@ def test_p4g_outcome_is_the_intended_donation_with_the_chat_amount_beside_it(cli
         questionnaire=study.questionnaire,
         order=9,
         key="intended_donation",
+        domain_input="donation",
         prompt="How much do you donate?",
         kind="number",
         min_value=0,

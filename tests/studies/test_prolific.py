@@ -6,9 +6,11 @@ import json
 import logging
 import re
 import time
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
+import httpx
 import pytest
 from django.core import serializers
 from django.test import override_settings
@@ -658,6 +660,49 @@ def test_429_is_retried_with_back_off_and_errors_explain(fake, api, monkeypatch)
         api.study("NOPE")
     assert error.value.status == 404 and "No such study" in str(error.value)
     assert error.value.refused
+
+
+def test_a_busy_answer_waits_at_least_its_retry_after(fake, api):
+    """429 and 503 honour Retry-After (seconds, or an HTTP date): the next try is not sooner."""
+    fake.add_study("STUDYP")
+    fake.fail_next = [(429, "2"), (503, "3")]  # longer than the back-off's 1 and 2 s
+    assert api.study("STUDYP")["id"] == "STUDYP"
+    assert len(fake.called("GET", "/studies/STUDYP")) == 3
+    gaps = [b - a for a, b in zip(fake.times, fake.times[1:], strict=False)]
+    assert gaps[0] >= 2.0 and gaps[1] >= 3.0, gaps
+
+
+def test_retry_after_reads_seconds_and_http_dates():
+    from email.utils import format_datetime
+
+    def answer(value):
+        return httpx.Response(429, headers={"Retry-After": value} if value is not None else {})
+
+    assert prolific.retry_after(answer("3")) == 3.0
+    soon = format_datetime(datetime.now(UTC) + timedelta(seconds=30), usegmt=True)
+    assert 28 <= prolific.retry_after(answer(soon)) <= 30
+    past = format_datetime(datetime.now(UTC) - timedelta(seconds=30), usegmt=True)
+    assert prolific.retry_after(answer(past)) == 0.0
+    assert prolific.retry_after(answer("soon")) is None
+    assert prolific.retry_after(answer(None)) is None
+
+
+def test_a_retry_after_longer_than_a_call_waits_fails_at_once(fake, api, monkeypatch):
+    slept = []
+    monkeypatch.setattr(prolific.time, "sleep", slept.append)
+    fake.add_study("STUDYP")
+    fake.fail_next = [(429, "3600")]
+    with pytest.raises(prolific.ProlificError) as error:
+        api.study("STUDYP")
+    assert error.value.status == 429 and "retry after 3600 s" in str(error.value)
+    assert len(fake.called("GET", "/studies/STUDYP")) == 1 and slept == []
+    # without the header: exponential back-off; the pay call (not repeatable) not on 503
+    fake.fail_next = [429, 503]
+    assert api.study("STUDYP")["id"] == "STUDYP" and slept == [1.0, 2.0]
+    fake.fail_next = [503]
+    with pytest.raises(prolific.ProlificError) as error:
+        api.pay_bonuses("nope")
+    assert error.value.status == 503 and len(fake.called("POST", "/pay")) == 1
 
 
 def test_the_periodic_sync_is_on_celery_beat():

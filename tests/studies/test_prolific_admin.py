@@ -2,12 +2,15 @@
 with a message), reject with a validated message and category, bonuses from the donation rule
 or a CSV; each needs the permission to change participants."""
 
+import re
+
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 from parley.celery import app
 
+from studies import prolific_sync
 from studies.models import BonusPayment, Participant, Review
 from tests.studies import test_prolific
 from tests.studies.test_prolific import LONG_MESSAGE, join
@@ -62,6 +65,22 @@ def test_bulk_approve_only_awaiting_review(
     assert fake.submissions["SUB1"]["status"] == "APPROVED"
     assert fake.submissions["SUB2"]["status"] == "ACTIVE"
     assert fake.called("POST", "bulk-approve")[0][2] == {"submission_ids": ["SUB1"]}
+    # the row says so at once, before any sync
+    assert fake.called("GET", "/submissions") == []
+    ready.refresh_from_db()
+    assert ready.prolific_status == "APPROVED"
+    assert "AWAITING REVIEW" not in changelist_row(client, "PID1")
+    # Prolific approves a bulk request asynchronously: a sync meanwhile does not undo it
+    fake.submissions["SUB1"]["status"] = "AWAITING REVIEW"
+    prolific_sync.sync_all()
+    ready.refresh_from_db()
+    assert ready.prolific_status == "APPROVED"
+
+
+def changelist_row(client, pid) -> str:
+    page = client.get(CHANGELIST).content.decode()
+    [row] = re.findall(rf"<tr[^>]*>(?:(?!</tr>).)*{pid}(?:(?!</tr>).)*</tr>", page, re.DOTALL)
+    return row
 
 
 def test_reject_form_validates_message_and_category(
@@ -103,6 +122,8 @@ def test_reject_form_validates_message_and_category(
         )
     assert Review.objects.get().state == Review.State.SENT
     assert fake.submissions["SUB1"]["status"] == "REJECTED"
+    p.refresh_from_db()
+    assert p.prolific_status == "REJECTED"  # from the transition's answer, before any sync
 
 
 def test_bonuses_from_csv_and_rule_in_the_admin(

@@ -67,6 +67,7 @@ def study_with_checkpoints(engine_url):
         questionnaire=study.questionnaire,
         order=5,
         key="intended_donation",
+        domain_input="donation",
         prompt="How much of your $2 bonus will you donate?",
         kind="number",
         min_value=0,

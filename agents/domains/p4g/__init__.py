@@ -1,6 +1,7 @@
 """Persuasion for Good (Wang et al., 2019) as a parley Domain."""
 
 from agents.domains.p4g.domain import (
+    DONATION,
     INTENDED_DONATION,
     P4GDomain,
     donation_reward,
@@ -10,6 +11,7 @@ from agents.domains.p4g.donation import conversation_donation, parse_donation
 from agents.domains.p4g.personas import load_bundled, load_full_info, persona_from_record
 
 __all__ = [
+    "DONATION",
     "INTENDED_DONATION",
     "P4GDomain",
     "conversation_donation",

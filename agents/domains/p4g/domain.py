@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from agents.domains.base import Domain, Message, Outcome, Scenario
+from agents.domains.base import Domain, Message, Outcome, QuestionnaireInput, Scenario
 from agents.domains.p4g import prompts
 from agents.domains.p4g.donation import (
     DECISION_AMOUNTS,
@@ -16,7 +16,13 @@ from agents.domains.p4g.donation import (
 )
 from agents.domains.p4g.personas import load_bundled, load_full_info
 
-# The questionnaire item whose answer is a participant's outcome in a P4G study.
+# A person's outcome in a P4G study: the donation they intend, asked after the chat (the paper's
+# measure) by the questionnaire item the researcher maps to it.
+DONATION = QuestionnaireInput(
+    "donation", "the donation the participant intends", 0.0, MAX_DONATION, "dollars"
+)
+# The key the seeded questionnaires give that item (existing items with it were mapped by
+# studies' migration 0014); any other key works once the item is mapped.
 INTENDED_DONATION = "intended_donation"
 
 
@@ -57,6 +63,7 @@ class P4GDomain(Domain):
     simulator_reward = "adversarial"  # the release: 1 - the agent's reward
     max_turns = 10  # messages; the persuader opens, so each side writes 5
     max_tool_calls_per_turn = 0
+    questionnaire_inputs = (DONATION,)
 
     def __init__(self, data_dir: Path | str | None = None):
         self.data_dir = Path(data_dir) if data_dir is not None else None
@@ -108,8 +115,10 @@ class P4GDomain(Domain):
 
     def confirmation(self, outcome: Outcome) -> str | None:
         """The donation that counts (the questionnaire's answer, else the amount stated in the
-        chat), and the chat's amount beside it when the two differ."""
-        amount = outcome.components.get("donation")
+        chat), and the chat's amount beside it when the two differ. The chat's score puts 0 for
+        no stated amount (the reward): that is no decision, never "you chose not to donate"."""
+        answered = outcome.details.get("source") == "questionnaire"
+        amount = outcome.components.get("donation") if answered else None
         stated = outcome.details.get("chat_donation")
         if amount is None:
             amount = stated
@@ -143,7 +152,6 @@ class P4GDomain(Domain):
     def outcome_from_answers(
         self, answers: dict[str, Any], conversation: list[Message]
     ) -> Outcome | None:
-        # A person's donation is what they intend, asked after the chat (the paper's measure).
-        if INTENDED_DONATION not in answers:
-            return None
-        return human_outcome(answers[INTENDED_DONATION], conversation)
+        if DONATION.name not in answers:
+            raise ValueError(f"no answer for {DONATION.describe()}")
+        return human_outcome(answers[DONATION.name], conversation)
