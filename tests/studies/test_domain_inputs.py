@@ -159,7 +159,7 @@ def test_the_migration_maps_the_seeded_intended_donation_item(transactional_db):
     from django.db import connection
     from django.db.migrations.executor import MigrationExecutor
 
-    before, after = [("studies", "0013_arm_tool_choice")], [("studies", "0014_item_domain_input")]
+    before, after = [("studies", "0014_study_bot_key")], [("studies", "0015_item_domain_input")]
     executor = MigrationExecutor(connection)
     executor.migrate(before)
     old = executor.loader.project_state(before).apps

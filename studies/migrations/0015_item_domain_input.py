@@ -19,7 +19,7 @@ def unmap(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("studies", "0013_arm_tool_choice"),
+        ("studies", "0014_study_bot_key"),
     ]
 
     operations = [
