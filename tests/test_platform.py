@@ -1,8 +1,13 @@
 """The project layout and settings: `platform` stays the standard library everywhere."""
 
+import ast
 import json
+import re
+import sys
 import sysconfig
+import tomllib
 import urllib.request
+from importlib.metadata import packages_distributions
 from pathlib import Path
 
 import pytest
@@ -31,6 +36,43 @@ def test_layout():
     ]:
         assert (REPO / name).exists(), name
     assert not (REPO / "platform" / "__init__.py").exists()
+
+
+def imported_modules(folder: Path) -> dict[str, str]:
+    """Top-level module -> a file importing it, for every absolute import under `folder`."""
+    found = {}
+    for path in sorted(folder.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                found.setdefault(name.split(".")[0], str(path.relative_to(REPO)))
+    return found
+
+
+def test_every_imported_package_is_declared():
+    """A package the code imports is a declared dependency, not one that arrives only because
+    another needs it today (openai brings httpx2; the next openai may not)."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    declared = {
+        re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9_.-]+", spec)[0]).lower()
+        for spec in project["dependencies"]
+    }
+    distributions = packages_distributions()
+    first_party = {"agents", "training", "studies", "parley"}
+    undeclared = {}
+    for folder in ["agents", "training", "studies", "platform"]:
+        for module, path in imported_modules(REPO / folder).items():
+            if module in sys.stdlib_module_names or module in first_party:
+                continue
+            names = {re.sub(r"[-_.]+", "-", d).lower() for d in distributions.get(module, [])}
+            if not names & declared:
+                undeclared[module] = path
+    assert not undeclared, f"imported but not in pyproject's dependencies: {undeclared}"
 
 
 def test_platform_under_pytest():
