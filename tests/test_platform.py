@@ -160,6 +160,45 @@ def test_production_settings_from_environment():
     }
 
 
+POOL_PROBE = (
+    "import json, django; from django.conf import settings as s; django.setup(); "
+    "print(json.dumps(s.DATABASES['default']['OPTIONS']['pool']['max_size']))"
+)
+
+
+def pool_size(**env):
+    return python(
+        "-c",
+        POOL_PROBE,
+        env={
+            **child_env(),
+            "DJANGO_SETTINGS_MODULE": "parley.settings",
+            "DATABASE_URL": "postgres://u@db.example:5432/parley",
+            **env,
+        },
+    )
+
+
+def test_pool_is_each_web_workers_share_of_max_connections():
+    """Every web worker opens a pool of its own: together they stay within what PostgreSQL
+    allows, and each gets all of its share (a burst waits on a small pool, then gets 503s)."""
+    sized = pool_size(WEB_CONCURRENCY="4", PARLEY_DB_MAX_CONNECTIONS="100")
+    assert sized.returncode == 0, sized.stderr
+    assert json.loads(sized.stdout) == (100 - 10) // 4
+    assert json.loads(pool_size(WEB_CONCURRENCY="2", PARLEY_DB_MAX_CONNECTIONS="200").stdout) == 95
+    assert json.loads(pool_size(PARLEY_DB_POOL_MAX="8").stdout) == 8  # a smaller pool, if set
+
+    too_big = pool_size(WEB_CONCURRENCY="4", PARLEY_DB_POOL_MAX="30")
+    assert too_big.returncode != 0
+    assert "PARLEY_DB_POOL_MAX=30 x 4 web workers" in too_big.stderr
+    assert "set it to 22 or less" in too_big.stderr
+    crowded = pool_size(WEB_CONCURRENCY="60")
+    assert crowded.returncode != 0
+    assert "60 web workers get 1 database connections each" in crowded.stderr
+    bad = pool_size(WEB_CONCURRENCY="four")
+    assert "WEB_CONCURRENCY must be a whole number of 1 or more (got 'four')" in bad.stderr
+
+
 @pytest.mark.django_db
 def test_production_refuses_missing_secret():
     result = python(
