@@ -144,10 +144,14 @@ def restart_replica(replica: Replica) -> None:
     log = Path(replica.process.log_path)
     if not getattr(replica.process, "own_log", False) and log.exists():
         log.replace(log.with_suffix(".stopped.log"))
-    started = replica.launch()
+    started, url = replica.launch(), replica.url
     replica.process, replica.restarts = started.process, replica.restarts + 1
     replica.url = started.url  # vLLM's, known at once; the embedded engine's once it is ready
-    _wait(replica)
+    try:
+        _wait(replica)
+    except BaseException:
+        replica.url = url  # its port's, which the next start has again
+        raise
 
 
 def _wait(replica: Replica) -> None:
