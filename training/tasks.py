@@ -123,7 +123,7 @@ def heartbeat(run: TrainingRun):
         yield
     finally:
         stop.set()
-        thread.join(timeout=10)  # a beat held up by the database must not hold the task
+        thread.join(timeout=1)  # a beat held up by the database must not hold the task up
 
 
 class LaunchFailed(RuntimeError):
