@@ -197,9 +197,12 @@ class ModelEndpoint(models.Model):
 
     @classmethod
     @transaction.atomic
-    def register(cls, name: str, kind: str, urls: list[str], api_key_env: str = ""):
+    def register(
+        cls, name: str, kind: str, urls: list[str], api_key_env: str = "", keep_stored=False
+    ):
         """Create or update the endpoint `name` with exactly these replica URLs, in this order;
-        a URL it already had keeps its stored health."""
+        a URL it already had keeps its stored health. `keep_stored`: the replicas it already
+        had stay too, after these (one added in the admin outlives a restart of the engine)."""
         if kind not in cls.Kind.values:
             raise ValidationError(f"kind must be one of {cls.Kind.values}, not {kind!r}")
         urls = [url.rstrip("/") for url in urls]
@@ -209,6 +212,9 @@ class ModelEndpoint(models.Model):
             name=name, defaults={"kind": kind, "api_key_env": api_key_env}
         )
         endpoint.full_clean()
+        if keep_stored:
+            stored = endpoint.replicas.order_by("position", "id").values_list("url", flat=True)
+            urls += [url for url in stored if url not in urls]
         endpoint.replicas.exclude(url__in=urls).delete()
         for position, url in enumerate(urls):
             replica, _ = Replica.objects.update_or_create(

@@ -112,7 +112,7 @@ def start(args, env: dict, engine_port: int, web_port: int) -> list[subprocess.P
             *("--log-level", "warning", "--no-access-log", "--ws-per-message-deflate", "false"),
         ],
         cwd=REPO,
-        env=env,
+        env={**env, "WEB_CONCURRENCY": str(args.workers)},  # each worker's database pool share
     )
     wait_for(f"http://127.0.0.1:{engine_port}/v1/chat/completions", engine, "the engine")
     wait_for(f"http://127.0.0.1:{web_port}/healthz", web, "the web server")

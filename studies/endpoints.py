@@ -17,11 +17,12 @@ from .models import Arm, PlanFrozen, Study, arm_model_check, frozen_changes
 
 
 def register_endpoint(
-    name: str, kind: str, urls: list[str], api_key_env: str = ""
+    name: str, kind: str, urls: list[str], api_key_env: str = "", keep_stored: bool = False
 ) -> ModelEndpoint:
     """Create or update the endpoint `name` with exactly these replica base URLs (".../v1"), in
-    this order; replicas it keeps keep their stored health. `kind`: vllm, embedded or hosted."""
-    return ModelEndpoint.register(name, kind, urls, api_key_env)
+    this order; replicas it keeps keep their stored health. `kind`: vllm, embedded or hosted.
+    `keep_stored`: the replicas it already had stay as well, after these."""
+    return ModelEndpoint.register(name, kind, urls, api_key_env, keep_stored)
 
 
 def check_endpoint(endpoint: ModelEndpoint) -> ModelEndpoint:

@@ -1,8 +1,13 @@
 """The project layout and settings: `platform` stays the standard library everywhere."""
 
+import ast
 import json
+import re
+import sys
 import sysconfig
+import tomllib
 import urllib.request
+from importlib.metadata import packages_distributions
 from pathlib import Path
 
 import pytest
@@ -31,6 +36,43 @@ def test_layout():
     ]:
         assert (REPO / name).exists(), name
     assert not (REPO / "platform" / "__init__.py").exists()
+
+
+def imported_modules(folder: Path) -> dict[str, str]:
+    """Top-level module -> a file importing it, for every absolute import under `folder`."""
+    found = {}
+    for path in sorted(folder.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                found.setdefault(name.split(".")[0], str(path.relative_to(REPO)))
+    return found
+
+
+def test_every_imported_package_is_declared():
+    """A package the code imports is a declared dependency, not one that arrives only because
+    another needs it today (openai brings httpx2; the next openai may not)."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    declared = {
+        re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9_.-]+", spec)[0]).lower()
+        for spec in project["dependencies"]
+    }
+    distributions = packages_distributions()
+    first_party = {"agents", "training", "studies", "parley"}
+    undeclared = {}
+    for folder in ["agents", "training", "studies", "platform"]:
+        for module, path in imported_modules(REPO / folder).items():
+            if module in sys.stdlib_module_names or module in first_party:
+                continue
+            names = {re.sub(r"[-_.]+", "-", d).lower() for d in distributions.get(module, [])}
+            if not names & declared:
+                undeclared[module] = path
+    assert not undeclared, f"imported but not in pyproject's dependencies: {undeclared}"
 
 
 def test_platform_under_pytest():
@@ -116,6 +158,45 @@ def test_production_settings_from_environment():
         "layer_read_timeout": [30.0],
         "broker_read_timeout": 30.0,
     }
+
+
+POOL_PROBE = (
+    "import json, django; from django.conf import settings as s; django.setup(); "
+    "print(json.dumps(s.DATABASES['default']['OPTIONS']['pool']['max_size']))"
+)
+
+
+def pool_size(**env):
+    return python(
+        "-c",
+        POOL_PROBE,
+        env={
+            **child_env(),
+            "DJANGO_SETTINGS_MODULE": "parley.settings",
+            "DATABASE_URL": "postgres://u@db.example:5432/parley",
+            **env,
+        },
+    )
+
+
+def test_pool_is_each_web_workers_share_of_max_connections():
+    """Every web worker opens a pool of its own: together they stay within what PostgreSQL
+    allows, and each gets all of its share (a burst waits on a small pool, then gets 503s)."""
+    sized = pool_size(WEB_CONCURRENCY="4", PARLEY_DB_MAX_CONNECTIONS="100")
+    assert sized.returncode == 0, sized.stderr
+    assert json.loads(sized.stdout) == (100 - 10) // 4
+    assert json.loads(pool_size(WEB_CONCURRENCY="2", PARLEY_DB_MAX_CONNECTIONS="200").stdout) == 95
+    assert json.loads(pool_size(PARLEY_DB_POOL_MAX="8").stdout) == 8  # a smaller pool, if set
+
+    too_big = pool_size(WEB_CONCURRENCY="4", PARLEY_DB_POOL_MAX="30")
+    assert too_big.returncode != 0
+    assert "PARLEY_DB_POOL_MAX=30 x 4 web workers" in too_big.stderr
+    assert "set it to 22 or less" in too_big.stderr
+    crowded = pool_size(WEB_CONCURRENCY="60")
+    assert crowded.returncode != 0
+    assert "60 web workers get 1 database connections each" in crowded.stderr
+    bad = pool_size(WEB_CONCURRENCY="four")
+    assert "WEB_CONCURRENCY must be a whole number of 1 or more (got 'four')" in bad.stderr
 
 
 @pytest.mark.django_db

@@ -124,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     from training.run import train  # torch and transformers load only for a valid config
 
     try:
-        checkpoints = train(config, progress_callback=_progress_file(args.progress_file))
+        write = _progress_file(args.progress_file)  # the TrainingRun's task follows both
+        checkpoints = train(config, progress_callback=write, within_step=write)
     except (ResumeError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

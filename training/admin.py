@@ -1,12 +1,16 @@
 import json
+from datetime import timedelta
 from pathlib import Path
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.db.models import Q
 from django.http import FileResponse, Http404, JsonResponse
 from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from agents.models import Checkpoint
@@ -75,7 +79,7 @@ class TrainingRunAdmin(admin.ModelAdmin):
         "name",
         "domain",
         "regime",
-        "status",
+        "state",
         "step",
         "reward",
         "heldout",
@@ -84,9 +88,9 @@ class TrainingRunAdmin(admin.ModelAdmin):
         "created_at",
     ]
     list_filter = ["status", "domain", "regime"]
-    actions = ["cancel"]
+    actions = ["cancel", "resume"]
     readonly_fields = [
-        "status",
+        "state",
         "live_progress",
         "collapse_warnings",
         "optimizer_steps",
@@ -216,14 +220,44 @@ class TrainingRunAdmin(admin.ModelAdmin):
             tasks.start(obj)
             messages.info(request, f"Training run {obj} queued on the `training` queue.")
 
+    @admin.display(description="Status")
+    def state(self, run):
+        """The stored status, or that the run's worker is gone (its heartbeat stopped)."""
+        if run.worker_lost():
+            return f"{run.get_status_display()}: worker lost"
+        return run.get_status_display()
+
     @admin.display(description="Step")
     def step(self, run):
         p = run.progress or {}
-        if "step" not in p:
+        current = p.get("current") or {}
+        if "step" not in p and not current:
             return "-"
         # the run's own count so far (training/run.py): 0 means the adapter is still the base
         still_base = (p.get("metrics") or {}).get("optimizer_steps") == 0
-        return f"{p['step']}/{p['total_steps']}" + (" (no optimizer step)" if still_base else "")
+        done = f"{p.get('step', 0)}/{p.get('total_steps', '?')}"
+        done += " (no optimizer step)" if still_base and "step" in p else ""
+        if not current or run.status not in (run.Status.RUNNING, run.Status.CANCELLING):
+            return done
+        return f"{done}; step {current.get('step', '?')}: {self.phase(current)}"
+
+    @staticmethod
+    def phase(current: dict) -> str:
+        """Where the step in progress is (training/run.py's `current`)."""
+        if current.get("phase") == "rollouts":
+            return f"rollouts {current.get('rollouts_done', 0)} of {current.get('rollouts_total')}"
+        if current.get("phase") == "evaluation":
+            return "held-out evaluation"
+        return "updating the policy"
+
+    def progress_text(self, run) -> str:
+        text = (
+            f"{self.state(run)} · step {self.step(run)} · reward {self.reward(run)} · "
+            f"held-out {self.heldout(run)} · ETA {self.eta(run)}"
+        )
+        if run.worker_lost():
+            text += f" · {worker_lost_help(run)}"
+        return text
 
     @admin.display(description="Reward")
     def reward(self, run):
@@ -252,13 +286,10 @@ class TrainingRunAdmin(admin.ModelAdmin):
     def live_progress(self, run):
         url = reverse("admin:training_trainingrun_progress", args=[run.pk])
         return format_html(
-            '<div id="run-progress" data-url="{}">{} · step {} · reward {} · held-out {} · ETA {}</div>',
+            '<div id="run-progress" data-url="{}" class="{}">{}</div>',
             url,
-            run.get_status_display(),
-            self.step(run),
-            self.reward(run),
-            self.heldout(run),
-            self.eta(run),
+            "errornote" if run.worker_lost() else "",
+            self.progress_text(run),
         )
 
     @admin.display(description="Checkpoints")
@@ -277,10 +308,7 @@ class TrainingRunAdmin(admin.ModelAdmin):
         run = get_object_or_404(TrainingRun, pk=pk)
         if not self.has_view_permission(request, run):
             raise PermissionDenied
-        text = (
-            f"{run.get_status_display()} · step {self.step(run)} · reward {self.reward(run)} · "
-            f"held-out {self.heldout(run)} · ETA {self.eta(run)}"
-        )
+        text = self.progress_text(run)
         active = run.status in (
             TrainingRun.Status.QUEUED,
             TrainingRun.Status.RUNNING,
@@ -352,13 +380,62 @@ class TrainingRunAdmin(admin.ModelAdmin):
         permissions=["change"], description="Cancel the selected runs (after their current step)"
     )
     def cancel(self, request, queryset):
-        n = queryset.filter(status=TrainingRun.Status.RUNNING).update(
+        # a run whose worker is gone has nobody to see CANCELLING: it is cancelled now
+        lost = [run.pk for run in queryset if run.worker_lost()]
+        n = queryset.filter(pk__in=lost).update(
+            status=TrainingRun.Status.CANCELLED, finished_at=timezone.now()
+        )
+        n += queryset.filter(status=TrainingRun.Status.RUNNING).update(
             status=TrainingRun.Status.CANCELLING
         )
         n += queryset.filter(status=TrainingRun.Status.QUEUED).update(
             status=TrainingRun.Status.CANCELLED
         )
         self.message_user(request, f"{n} run(s) cancelled.")
+
+    @admin.action(
+        permissions=["change"],
+        description="Resume the selected runs whose worker was lost (from their last checkpoint)",
+    )
+    def resume(self, request, queryset):
+        resumed, skipped = [], []
+        for run in queryset:
+            # the same check in the UPDATE: a run whose worker beat meanwhile is left alone
+            lost_since = timezone.now() - timedelta(seconds=settings.PARLEY_TRAINING_LOST_AFTER)
+            claimed = run.worker_lost() and (
+                TrainingRun.objects.filter(pk=run.pk, status=TrainingRun.Status.RUNNING)
+                .filter(Q(heartbeat_at__lt=lost_since) | Q(heartbeat_at=None))
+                .update(status=TrainingRun.Status.QUEUED, heartbeat_at=None)
+            )
+            if claimed:
+                tasks.start(run)
+                resumed.append(run.name)
+            else:
+                skipped.append(run.name)
+        if resumed:
+            self.message_user(
+                request,
+                f"Resumed {', '.join(resumed)}: queued on the `training` queue, to continue from "
+                "the last checkpoint in the run's folder.",
+            )
+        if skipped:
+            self.message_user(
+                request,
+                f"Not resumed (not running with its worker lost): {', '.join(skipped)}.",
+                messages.WARNING,
+            )
+
+
+def worker_lost_help(run: TrainingRun) -> str:
+    """What happened to a run whose heartbeat stopped, and what to do."""
+    since = run.heartbeat_at or run.started_at
+    minutes = int((timezone.now() - since).total_seconds() // 60)
+    return (
+        f"Worker lost: no heartbeat from the Celery worker running this run for {minutes} min "
+        "(it was stopped or killed, or its machine went down). Start a worker on the `training` "
+        'queue, then select the run in the list and use "Resume the selected runs whose worker '
+        'was lost": it continues from the last checkpoint in its folder (or "Cancel" it).'
+    )
 
 
 # agents' checkpoint registry knows no runs (agents installs alone); training owns the link, so

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from training.kvcache import cache_arg, cache_of
+
 
 @dataclass
 class Choices:
@@ -73,7 +75,7 @@ def choice_logprobs(
     cache = None
     if shared > 0:
         out = model(input_ids=torch.tensor([prompts[0][:shared]], device=device), use_cache=True)
-        cache = out.past_key_values
+        cache = cache_of(out)
         cache.batch_repeat_interleave(n_prompts)
     rests = [p[shared:] for p in prompts]
     width = max(len(r) for r in rests)
@@ -88,12 +90,12 @@ def choice_logprobs(
         input_ids=ids.to(device),
         attention_mask=attention.to(device),
         position_ids=positions.to(device),
-        past_key_values=cache,
         use_cache=True,
+        **cache_arg(model, cache),
     )
     ends = torch.tensor([len(r) - 1 for r in rests])
     first = out.logits[torch.arange(n_prompts), ends].float() / temperature  # predicts token 0
-    cache = out.past_key_values
+    cache = cache_of(out)
     cache.batch_repeat_interleave(n_texts)  # rows: prompt 0 x every text, prompt 1 x ...
     length = max(len(t) for t in choices.ids)
     text_ids = torch.full((n_texts, length), pad_id, dtype=torch.long)
@@ -108,7 +110,7 @@ def choice_logprobs(
             [attention.repeat_interleave(n_texts, 0), text_attention.repeat(n_prompts, 1)], 1
         ).to(device),
         position_ids=(lengths.unsqueeze(1) + torch.arange(length)).to(device),
-        past_key_values=cache,
+        **cache_arg(model, cache),
     )
     logits = out.logits.float() / temperature  # [prompts * texts, length, V]
     result = torch.zeros((n_prompts, n_texts))

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
 from training.distributed import Ranks, full_weights
+from training.kvcache import cache_arg, cache_of
 
 STD_EPS = 1e-4
 
@@ -208,15 +209,15 @@ def _logits_at(model: torch.nn.Module, batch: TokenBatch, positions: torch.Tenso
         use_cache=True,
         logits_to_keep=early if early.numel() else 1,
     )
-    cache = prefix.past_key_values
+    cache = cache_of(prefix)
     cache.batch_repeat_interleave(b)
     parts = [prefix.logits.expand(b, -1, -1)] if early.numel() else []
     if late.numel():
         rest = model(
             input_ids=batch.ids[:, shared:],
             attention_mask=batch.attention,
-            past_key_values=cache,
             logits_to_keep=late - shared,
+            **cache_arg(model, cache),
         )
         parts.append(rest.logits)
     return torch.cat(parts, dim=1)

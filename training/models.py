@@ -1,9 +1,12 @@
 """A training run started from the admin (the only Django-facing part of training/ with tasks.py)."""
 
+from datetime import timedelta
 from pathlib import Path
 
+from django.conf import settings
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import models
+from django.utils import timezone
 
 from agents.domains import domain_choices
 from agents.models import Checkpoint
@@ -99,6 +102,9 @@ class TrainingRun(models.Model):
     error = models.TextField(blank=True)
     output_dir = models.CharField(max_length=500, blank=True)
     task_id = models.CharField(max_length=64, blank=True)
+    heartbeat_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the worker running it last said it was alive."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -111,6 +117,16 @@ class TrainingRun(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def worker_lost(self) -> bool:
+        """Running (or cancelling), but its worker has not beaten for PARLEY_TRAINING_LOST_AFTER
+        seconds: the worker process died (killed, out of memory, the machine went down), and
+        the run will not move until it is resumed."""
+        if self.status not in (self.Status.RUNNING, self.Status.CANCELLING):
+            return False
+        last = self.heartbeat_at or self.started_at
+        lost_after = timedelta(seconds=settings.PARLEY_TRAINING_LOST_AFTER)
+        return last is not None and timezone.now() - last > lost_after
 
     def register_checkpoint(self, folder: str | Path) -> Checkpoint:
         """Put a checkpoint folder this run wrote in agents' registry, and link it to the run."""

@@ -14,6 +14,7 @@ simulator is untracked: its history is the text it said, as with a simulator on 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -129,17 +130,20 @@ def play(
     max_turns: int,
     max_tool_rounds: int = 4,
     redraw: random.Random | None = None,
+    on_finished: Callable[[int], None] | None = None,
 ) -> list[Rollout]:
     """Run one conversation per scenario to its end and score it with the Domain.
 
     With `redraw`, a conversation that ended on a user choice turn is also scored with that
     choice drawn a second time from the same distribution (`redraw_reward`): two simulator
     draws per agent message, which split the reward's variance into the simulator's part and
-    the agent's (training/collapse.py)."""
+    the agent's (training/collapse.py). `on_finished` gets the count of conversations that
+    have ended each time it grows (the run page's progress within a step)."""
     max_turns = min(max_turns, domain.max_turns)
     rollouts = [Rollout.begin(domain, s) for s in scenarios]
     for i, r in enumerate(rollouts):
         r.max_turns, r.index = max_turns, i
+    finished = 0
     while any(r.end_reason is None for r in rollouts):
         for speaker in (user, agent):
             waiting = [
@@ -149,6 +153,10 @@ def play(
                 speaker.respond(domain, waiting)
                 for r in waiting:
                     r.check_end(domain, max_turns, max_tool_rounds)
+        ended = sum(r.end_reason is not None for r in rollouts)
+        if on_finished is not None and ended > finished:
+            on_finished(ended)
+        finished = ended
     for r in rollouts:
         r.outcome = domain.score(r.conversation, r.state, r.end_reason)
         last = r.decision(USER)

@@ -9,7 +9,9 @@ Running it again with the same output folder resumes from the last checkpoint.
     {"step", "total_steps", "reward", "heldout_success", "eta_seconds", "metrics", "checkpoint",
      "warnings"}
 `warnings` lists the run's collapse warnings so far (training/diversity.py), each printed once
-when its threshold is first crossed.
+when its threshold is first crossed. `within_step` gets, while a step runs (rank 0), the last
+step's dict with `current`: {"step", "phase": rollouts | update | evaluation, "rollouts_done",
+"rollouts_total"} (rank 0's share of the step's rollouts), so a long step shows it is moving.
 """
 
 from __future__ import annotations
@@ -55,9 +57,11 @@ def train(
     *,
     domain: Domain | None = None,
     show_progress: bool = True,
+    within_step: Progress | None = None,
 ) -> list[Path]:
     """Train (or resume) the run `config` describes; returns its checkpoint folders, oldest
-    first. `domain` overrides the registry lookup of config.domain (tests use a toy Domain)."""
+    first. `domain` overrides the registry lookup of config.domain (tests use a toy Domain).
+    `within_step` gets the progress within each step (the module's docstring)."""
     threads = torch.get_num_threads()
     if config.threads:
         # OpenMP threads spin-wait for each other: on a machine shared with other work, fewer
@@ -65,7 +69,7 @@ def train(
         torch.set_num_threads(config.threads)
     ranks = Ranks.start(config)
     try:
-        return _train(config, progress_callback, domain, show_progress, ranks)
+        return _train(config, progress_callback, domain, show_progress, ranks, within_step)
     except Exception as exc:
         # the launcher stops the other ranks; this file says which one failed and why
         ranks.record_failure(config.run_dir(), exc)
@@ -81,6 +85,7 @@ def _train(
     domain: Domain | None,
     show_progress: bool,
     ranks: Ranks,
+    within_step: Progress | None = None,
 ) -> list[Path]:
     run_dir = config.run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -143,10 +148,14 @@ def _train(
     started, saved = time.monotonic(), checkpoint.list_checkpoints(run_dir)
     show_progress = show_progress and main
     bar = tqdm(total=config.steps, initial=start, desc=config.name, disable=not show_progress)
+    last: dict[str, Any] = {"total_steps": config.steps}  # the last step's progress, as sent
     for step in range(start + 1, config.steps + 1):
         t0 = time.monotonic()
         # 1. rollouts: G conversations for each of this rank's share of the step's tasks
         tasks = draw_tasks(train_tasks, config.batch_tasks, random.Random(f"{config.seed}-{step}"))
+        share = ranks.share(list(enumerate(tasks)))
+        within = _within_step(within_step if main else None, last, step, share, config)
+        within("rollouts", 0)
         if config.rollout_endpoint:  # the server samples from the adapter as it is now
             live = run_dir / "live" / f"step-{step - 1:06d}"
             with agent.gathered():  # FSDP: the adapter is gathered by every rank
@@ -156,10 +165,13 @@ def _train(
         # for the whole phase by every rank (generation itself then makes no collectives)
         sampling = agent.gathered() if not config.rollout_endpoint else nullcontext()
         with sampling, regime.gathered(), regime.simulator(step) as user:
-            for index, task in ranks.share(list(enumerate(tasks))):
-                mine += _play_task(config, domain, task, index, step, speaker, user)
+            for index, task in share:
+                done = len(mine)
+                ended = lambda n, done=done, within=within: within("rollouts", done + n)  # noqa: E731
+                mine += _play_task(config, domain, task, index, step, speaker, user, ended)
         rewards = torch.tensor([r.reward for r in mine]).view(-1, config.group_size)
         t_rollout = time.monotonic() - t0
+        within("update", len(mine))
 
         # 2. the agent's GRPO step on its own tokens (data-parallel: this rank's rows, the
         # gradients summed over the ranks)
@@ -199,6 +211,7 @@ def _train(
         # 4. held-out evaluation every eval_every steps and at the end (rank 0, on the agent's
         # full weights under FSDP; the others wait at the next step's first collective)
         if panel and _due(step, config.eval_every, config.steps):
+            within("evaluation", len(mine))
             with agent.gathered():
                 if main:
                     heldout = panel.evaluate(agent, step)
@@ -231,18 +244,17 @@ def _train(
         if progress_callback is not None:
             done = step - start
             eta = (time.monotonic() - started) / done * (config.steps - step)
-            progress_callback(
-                {
-                    "step": step,
-                    "total_steps": config.steps,
-                    "reward": row["reward_mean"],
-                    "heldout_success": _heldout_summary(heldout),
-                    "eta_seconds": eta,
-                    "metrics": row,
-                    "checkpoint": str(folder) if folder else None,
-                    "warnings": list(warnings.seen),
-                }
-            )
+            last = {
+                "step": step,
+                "total_steps": config.steps,
+                "reward": row["reward_mean"],
+                "heldout_success": _heldout_summary(heldout),
+                "eta_seconds": eta,
+                "metrics": row,
+                "checkpoint": str(folder) if folder else None,
+                "warnings": list(warnings.seen),
+            }
+            progress_callback(last)
     bar.close()
     return saved
 
@@ -265,7 +277,24 @@ def _evaluate_start(
     return []
 
 
-def _play_task(config, domain, task, index, step, speaker, user) -> list[Any]:
+def _within_step(
+    callback: Progress | None, last: dict, step: int, share: list, config: RunConfig
+) -> Callable[[str, int], None]:
+    """Sends the last step's progress with where this step is (`current`), or nothing."""
+    total = len(share) * config.group_size
+    # the last step's checkpoint stays: a reader of the progress file may not have seen it
+    before = dict(last)
+
+    def within(phase: str, rollouts_done: int) -> None:
+        if callback is not None:
+            current = {"step": step, "phase": phase, "rollouts_done": rollouts_done,
+                       "rollouts_total": total}  # fmt: skip
+            callback({**before, "current": current})
+
+    return within
+
+
+def _play_task(config, domain, task, index, step, speaker, user, on_finished=None) -> list[Any]:
     """The G conversations of the step's task number `index`. Torch's and the simulator's
     generators are seeded from (seed, step, index), so a task's rollouts are the same whichever
     rank plays it: a run gives the same result at any process count."""
@@ -277,7 +306,7 @@ def _play_task(config, domain, task, index, step, speaker, user) -> list[Any]:
     return play(
         domain, [task] * config.group_size, speaker, user,
         max_turns=config.max_turns, max_tool_rounds=config.max_tool_rounds,
-        redraw=random.Random(f"{config.seed}-{step}-{index}-redraw"),
+        redraw=random.Random(f"{config.seed}-{step}-{index}-redraw"), on_finished=on_finished,
     )  # fmt: skip
 
 

@@ -5,15 +5,20 @@ launcher as on the command line (`accelerate launch ... -m training run`), follo
 progress file rank 0 writes, and a failed launch stores which rank failed and why.
 """
 
+import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
+import threading
 import time
 import traceback
 from pathlib import Path
 
 from celery import shared_task
+from django.conf import settings
+from django.db import connection
 from django.utils import timezone
 
 from .models import TrainingRun
@@ -23,11 +28,15 @@ class RunCancelled(Exception):
     pass
 
 
+log = logging.getLogger(__name__)
+
+
 def progress_writer(run: TrainingRun, every: float = 1.0):
     """A progress callback that stores the latest figures (at most once a second, but at once
-    when a new collapse warning came) and stops the run when a researcher cancelled it. The run
-    page shows the progress's `warnings`, every one so far (training/diversity.py)."""
-    last, warned = [0.0], [0]
+    when a new collapse warning came or the step moved to another phase) and stops the run when
+    a researcher cancelled it. The run page shows the progress's `warnings`, every one so far
+    (training/diversity.py), and where the step is (`current`: rollouts done of total)."""
+    last, warned, phase = [0.0], [0], [None]
 
     def write(progress: dict) -> None:
         if progress.get("checkpoint"):  # servable (and attachable to an arm) as soon as it exists
@@ -35,10 +44,13 @@ def progress_writer(run: TrainingRun, every: float = 1.0):
         now = time.monotonic()
         final = progress.get("step") == progress.get("total_steps")
         new_warning = len(progress.get("warnings") or []) > warned[0]
-        if now - last[0] < every and not final and not new_warning:
+        current = progress.get("current") or {}
+        new_phase = (current.get("step"), current.get("phase")) != phase[0]
+        if now - last[0] < every and not final and not new_warning and not new_phase:
             return
         last[0], warned[0] = now, len(progress.get("warnings") or [])
-        TrainingRun.objects.filter(pk=run.pk).update(progress=progress)
+        phase[0] = (current.get("step"), current.get("phase"))
+        TrainingRun.objects.filter(pk=run.pk).update(progress=progress, heartbeat_at=timezone.now())
         if TrainingRun.objects.filter(pk=run.pk, status=TrainingRun.Status.CANCELLING).exists():
             raise RunCancelled()
 
@@ -68,10 +80,14 @@ def run_training(run_id: int) -> str:
     if not claimed:
         return TrainingRun.objects.get(pk=run.pk).status
     try:
-        if config.distributed.processes > 1:
-            folders = launch(run, config)
-        else:
-            folders = train(config, progress_callback=progress_writer(run), show_progress=False)
+        with heartbeat(run):
+            if config.distributed.processes > 1:
+                folders = launch(run, config)
+            else:
+                write = progress_writer(run)
+                folders = train(
+                    config, progress_callback=write, within_step=write, show_progress=False
+                )
         for folder in folders:
             run.register_checkpoint(folder)
         run.status = TrainingRun.Status.DONE
@@ -82,6 +98,32 @@ def run_training(run_id: int) -> str:
     run.finished_at = timezone.now()
     run.save(update_fields=["status", "error", "finished_at"])
     return run.status
+
+
+@contextlib.contextmanager
+def heartbeat(run: TrainingRun):
+    """While the run trains, its worker says so every quarter of PARLEY_TRAINING_LOST_AFTER
+    (a thread: one step can take many minutes without a progress write); a run whose beats
+    stop has lost its worker (TrainingRun.worker_lost)."""
+    every, stop = settings.PARLEY_TRAINING_LOST_AFTER / 4, threading.Event()
+
+    def beat():
+        try:  # the claim's started_at is the first beat
+            while not stop.wait(every):
+                try:
+                    TrainingRun.objects.filter(pk=run.pk).update(heartbeat_at=timezone.now())
+                except Exception:  # a database away for a moment: the next beat tries again
+                    log.exception("training run %s: could not store its heartbeat", run.pk)
+        finally:
+            connection.close()  # this thread's own connection
+
+    thread = threading.Thread(target=beat, name=f"heartbeat-{run.pk}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=1)  # a beat held up by the database must not hold the task up
 
 
 class LaunchFailed(RuntimeError):

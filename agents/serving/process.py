@@ -85,6 +85,66 @@ def spawn(
     return process
 
 
+class Supervised:
+    """A child that is started again whenever it stops, so that one crash never ends the rest:
+    `first` seconds after it stops, twice the last wait each time it stops again within
+    `steady` seconds of starting (up to `longest`), so a child that cannot run costs little.
+
+        engine = Supervised("engine", spawn_engine(), spawn_engine)
+        while True:
+            if line := engine.check(): print(line)
+            time.sleep(1)
+    """
+
+    def __init__(
+        self,
+        name: str,
+        process: subprocess.Popen,
+        start: Callable[[], subprocess.Popen],
+        *,
+        first: float = 1.0,
+        longest: float = 60.0,
+        steady: float = 60.0,
+    ):
+        self.name, self.process, self._start = name, process, start
+        self.first, self.longest, self.steady = first, longest, steady
+        self.starts = 0  # starts after the first
+        self._wait, self._started, self._due = first, time.monotonic(), None
+
+    def check(self) -> str | None:
+        """Call every second or so: a line saying what happened, when something did. A start
+        that raises is tried again later (a port still held, an engine that cannot load)."""
+        now = time.monotonic()
+        if self._due is None:
+            if self.process.poll() is None:
+                return None
+            self._due = now + self._next_wait(now)
+            log = getattr(self.process, "log_path", None)
+            return (
+                f"{self.name} stopped (code {self.process.returncode}); starting it again in "
+                f"{self._due - now:.0f} s" + (f" (see {log})" if log else "")
+            )
+        if now < self._due:
+            return None
+        try:
+            process = self._start()
+        except Exception as error:
+            self._due = now + self._next_wait(now)
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+            return (
+                f"{self.name} could not start again ({reason}); next try in {self._due - now:.0f} s"
+            )
+        self.process, self.starts, self._due = process, self.starts + 1, None
+        self._started = time.monotonic()
+        return f"{self.name} started again (pid {process.pid})"
+
+    def _next_wait(self, now: float) -> float:
+        if now - self._started >= self.steady:  # it ran for a while: a fresh failure
+            self._wait = self.first
+        wait, self._wait = self._wait, min(self._wait * 2, self.longest)
+        return wait
+
+
 def wait_healthy(
     process: subprocess.Popen,
     health: str | Callable[[], str | None],

@@ -8,7 +8,8 @@
 vLLM replicas serve every adapter given as --lora-modules and accept more at run time
 (/v1/load_lora_adapter, up to `max_lora_rank`); the embedded engine serves the given adapters
 and rescans `adapters_root` on every request. Each replica leads its own process group, so a
-Ctrl-C meant for the launcher reaches only the launcher, which then stops them all.
+Ctrl-C meant for the launcher reaches only the launcher, which then stops them all. A
+replica that stops can be started again as it was (`restart_replica`; serve_agents does so).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from agents.serving.adapters import find_adapters
@@ -31,6 +33,9 @@ RUNTIME_LORA_RANK = 16  # adapters loaded later may have up to this rank (traini
 class Replica:
     url: str  # base URL, ending in /v1
     process: subprocess.Popen
+    launch: Callable[[], Replica] | None = field(default=None, repr=False)  # the same again
+    startup_timeout: float = 900.0
+    restarts: int = 0
 
 
 def replica_ports(port: int, count: int, host: str = "127.0.0.1") -> list[int]:
@@ -74,7 +79,8 @@ def start_replicas(
 ) -> list[Replica]:
     """Start `count` replicas of `engine` on ports port, port+1, ...; return once every one
     answers /health (if one cannot start, all are stopped and its StartError is raised).
-    `options` go to the engine's launcher (vLLM: max_model_len, max_loras, extra_args...)."""
+    `options` go to the engine's launcher (vLLM: max_model_len, max_loras, extra_args...).
+    Each replica can be started again on its port, as it was (`restart_replica`)."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
     if engine == "vllm" and adapters_root is not None:
@@ -82,14 +88,13 @@ def start_replicas(
         found = find_adapters(Path(adapters_root))
         loras = {**{a.name: a.path for a in found.values()}, **(loras or {})}
     # the embedded engine's launcher imports torch: only when it is the engine asked for
-    from agents.serving.launch import launch_engine, wait_engine
+    from agents.serving.launch import launch_engine
 
-    replicas = []
-    try:
-        ports = replica_ports(port, count, host)
-        for replica_port, bind in zip(ports, cpu_binds(count), strict=True):
-            log_path = Path(log_dir) / f"{engine}-{replica_port}.log" if log_dir else None
-            if engine == "vllm":
+    def launcher(replica_port: int, bind: dict[str, str]) -> Callable[[], Replica]:
+        log_path = Path(log_dir) / f"{engine}-{replica_port}.log" if log_dir else None
+        if engine == "vllm":
+
+            def launch() -> Replica:
                 url, process = launch_vllm(
                     model_dir,
                     replica_port,
@@ -100,28 +105,62 @@ def start_replicas(
                     runtime_lora_rank=max_lora_rank,
                     **options,
                 )
-                replicas.append(Replica(url, process))
-            else:
-                process = launch_engine(
-                    model_dir,
-                    replica_port,
-                    adapters_root,
-                    loras=loras,
-                    host=host,
-                    log_path=log_path,
-                    own_group=True,
-                    **options,
-                )
-                replicas.append(Replica("", process))
+                return Replica(url, process, launch, startup_timeout)
+
+            return launch
+
+        def launch() -> Replica:
+            process = launch_engine(
+                model_dir,
+                replica_port,
+                adapters_root,
+                loras=loras,
+                host=host,
+                log_path=log_path,
+                own_group=True,
+                **options,
+            )
+            return Replica("", process, launch, startup_timeout)
+
+        return launch
+
+    replicas = []
+    try:
+        ports = replica_ports(port, count, host)
+        for replica_port, bind in zip(ports, cpu_binds(count), strict=True):
+            replicas.append(launcher(replica_port, bind)())
         for replica in replicas:
-            if engine == "vllm":
-                wait_vllm(replica.url, replica.process, startup_timeout)
-            else:
-                replica.url = wait_engine(replica.process, startup_timeout)
+            _wait(replica)
     except BaseException:
         stop_replicas(replicas)
         raise
     return replicas
+
+
+def restart_replica(replica: Replica) -> None:
+    """Start a replica that stopped again, on its port and as it was, and return once it
+    answers /health (StartError if it cannot; its last log is kept beside as *.stopped.log)."""
+    stop(replica.process)  # reaps it, and ends what is left of its process group
+    log = Path(replica.process.log_path)
+    if not getattr(replica.process, "own_log", False) and log.exists():
+        log.replace(log.with_suffix(".stopped.log"))
+    started, url = replica.launch(), replica.url
+    replica.process, replica.restarts = started.process, replica.restarts + 1
+    replica.url = started.url  # vLLM's, known at once; the embedded engine's once it is ready
+    try:
+        _wait(replica)
+    except BaseException:
+        replica.url = url  # its port's, which the next start has again
+        raise
+
+
+def _wait(replica: Replica) -> None:
+    if replica.url:  # vLLM: its URL is known from the start
+        wait_vllm(replica.url, replica.process, replica.startup_timeout)
+    else:  # the embedded engine writes its address on its ready line
+        from agents.serving.launch import wait_engine
+
+        replica.url = wait_engine(replica.process, replica.startup_timeout)
 
 
 def stop_replicas(replicas: list[Replica], timeout: float = 20.0) -> None:

@@ -5,6 +5,7 @@ The engine (`manage.py serve_agents`, serving the checkpoints folder) is the emb
 vLLM with `make demo ENGINE=vllm` (`python -m parley.demo --engine vllm`).
 
 Prints the admin URL with its credentials and a participant link; Ctrl-C stops everything.
+A child that stops is started again (after 1 s, longer if it keeps stopping); the rest go on.
 """
 
 import argparse
@@ -19,7 +20,14 @@ from pathlib import Path
 from django.conf import settings
 
 from agents.paths import REPO_DIR, base_model_dir, data_dir
-from agents.serving.process import StartError, port_is_free, spawn, stop, wait_healthy
+from agents.serving.process import (
+    StartError,
+    Supervised,
+    port_is_free,
+    spawn,
+    stop,
+    wait_healthy,
+)
 from agents.serving.replicas import ENGINES
 from parley.celery import SERVICE_QUEUES, TRAINING_QUEUES, beat_args, worker_args
 from parley.credentials import admin_password
@@ -104,14 +112,14 @@ def main(argv: list[str] | None = None) -> None:
     ]
     checkpoints = data_dir() / "checkpoints"
     checkpoints.mkdir(parents=True, exist_ok=True)
-    processes = {
-        "engine": start("engine", *engine_command(engine, checkpoints)),
+    launchers = {
+        "engine": lambda: start("engine", *engine_command(engine, checkpoints)),
         # analysis and bot runs never queue behind a training run: each has its own worker
-        "worker": start(
+        "worker": lambda: start(
             "worker",
             *worker_args("--concurrency", "1", "--loglevel", "INFO", queues=SERVICE_QUEUES),
         ),
-        "trainer": start(
+        "trainer": lambda: start(
             "trainer",
             *worker_args(
                 "--concurrency",
@@ -124,10 +132,10 @@ def main(argv: list[str] | None = None) -> None:
             ),
         ),
         # the periodic tasks: participants past the time limit are timed out, places freed
-        "beat": start(
+        "beat": lambda: start(
             "beat", *beat_args(str(data_dir() / "celerybeat-schedule"), "--loglevel", "INFO")
         ),
-        "web": start(
+        "web": lambda: start(
             "web",
             "-m",
             "uvicorn",
@@ -138,22 +146,26 @@ def main(argv: list[str] | None = None) -> None:
             str(WEB_PORT),
         ),
     }
+    # one child that stops is started again; the others go on (a dead engine replica is
+    # serve_agents' to start again, and the endpoint's other replicas serve meanwhile)
+    children = {name: Supervised(name, launch(), launch) for name, launch in launchers.items()}
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        serve(processes, engine_url, slugs, engine)
+        serve(children, engine_url, slugs, engine)
     except KeyboardInterrupt:
         print("\nStopping...", flush=True)
     finally:  # whatever happens, no server is left behind
-        stop(*processes.values(), timeout=30)  # serve_agents stops its replicas first
+        # serve_agents stops its replicas first
+        stop(*(child.process for child in children.values()), timeout=30)
 
 
-def serve(processes: dict, engine_url: str, slugs: list[str], engine: str) -> None:
+def serve(children: dict[str, Supervised], engine_url: str, slugs: list[str], engine: str) -> None:
     print("Waiting for the model engine and the web server...", flush=True)
     # vLLM's first start compiles for minutes (later ones take about one)
     seconds = 900 if engine == "vllm" else 600
-    wait_for(f"http://{HOST}:{ENGINE_PORT}/health", "engine", processes["engine"], seconds)
-    wait_for(f"http://{HOST}:{WEB_PORT}/healthz", "web", processes["web"])
+    wait_for(f"http://{HOST}:{ENGINE_PORT}/health", "engine", children["engine"].process, seconds)
+    wait_for(f"http://{HOST}:{WEB_PORT}/healthz", "web", children["web"].process)
     base = f"http://{HOST}:{WEB_PORT}"
     links = "\n".join(f"  Participant:  {participant_link(base, slug)}" for slug in slugs)
     print(
@@ -169,13 +181,15 @@ parley demo is running (logs in {log_path("web").parent}).
 Press Ctrl-C to stop.""",
         flush=True,
     )
+    keep_running(children.values())
+
+
+def keep_running(children) -> None:
+    """Until Ctrl-C: each child that stops is reported and started again."""
     while True:
-        for name, process in processes.items():
-            if process.poll() is not None:
-                print(
-                    f"{name} stopped (code {process.returncode}); see {log_path(name)}", flush=True
-                )
-                return
+        for child in children:
+            if line := child.check():
+                print(line, flush=True)
         time.sleep(1)
 
 

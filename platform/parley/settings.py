@@ -125,7 +125,44 @@ TEMPLATES = [
     },
 ]
 
+
 # --- database -----------------------------------------------------------------------------
+def env_count(name: str, default: int, least: int = 1) -> int:
+    value = os.environ.get(name, "").strip() or str(default)
+    if not value.isdigit() or int(value) < least:
+        raise ImproperlyConfigured(
+            f"{name} must be a whole number of {least} or more (got {value!r})."
+        )
+    return int(value)
+
+
+def pool_max_size() -> int:
+    """The most connections one process's pool opens: its share of what PostgreSQL allows
+    (max_connections less those kept for Celery, beat and the superuser) among the web
+    workers, each of which opens a pool of its own. A burst of arrivals waits for a pooled
+    connection, up to the pool's timeout, once a worker has them all in use."""
+    workers = env_count("WEB_CONCURRENCY", 1)  # uvicorn's own default for --workers
+    allowed = env_count("PARLEY_DB_MAX_CONNECTIONS", 100)  # PostgreSQL's default
+    kept = env_count("PARLEY_DB_OTHER_CONNECTIONS", 10, least=0)
+    share = (allowed - kept) // workers
+    if share < 2:
+        raise ImproperlyConfigured(
+            f"{workers} web workers get {share} database connections each out of "
+            f"PARLEY_DB_MAX_CONNECTIONS={allowed} less PARLEY_DB_OTHER_CONNECTIONS={kept}: "
+            "raise PostgreSQL's max_connections (and PARLEY_DB_MAX_CONNECTIONS) or run fewer workers."
+        )
+    if "PARLEY_DB_POOL_MAX" not in os.environ:
+        return share
+    size = env_count("PARLEY_DB_POOL_MAX", share)
+    if size > share:
+        raise ImproperlyConfigured(
+            f"PARLEY_DB_POOL_MAX={size} x {workers} web workers (WEB_CONCURRENCY) is more than "
+            f"PARLEY_DB_MAX_CONNECTIONS={allowed} less PARLEY_DB_OTHER_CONNECTIONS={kept}; "
+            f"set it to {share} or less, or leave it unset."
+        )
+    return size
+
+
 DATABASE_URL = os.environ.get("DATABASE_URL", "")
 if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL)}
@@ -133,8 +170,8 @@ if DATABASE_URL:
         # psycopg 3 connection pool; Django then keeps no persistent connections of its own.
         DATABASES["default"]["CONN_MAX_AGE"] = 0
         DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
-            "min_size": int(os.environ.get("PARLEY_DB_POOL_MIN", "1")),
-            "max_size": int(os.environ.get("PARLEY_DB_POOL_MAX", "20")),
+            "min_size": env_count("PARLEY_DB_POOL_MIN", 1, least=0),
+            "max_size": pool_max_size(),
             "timeout": 10,
         }
 else:
@@ -265,6 +302,11 @@ PARLEY_SIM2REAL_CONVERSATIONS = int(os.environ.get("PARLEY_SIM2REAL_CONVERSATION
 if PARLEY_SIM2REAL_CONVERSATIONS < 1:
     raise ImproperlyConfigured("PARLEY_SIM2REAL_CONVERSATIONS must be at least 1.")
 # Model endpoints (agents/models.py): how often beat probes every replica's /health and /v1/models
+# A running training run whose worker has not beaten this long is shown as "worker lost"; the
+# worker beats every quarter of it.
+PARLEY_TRAINING_LOST_AFTER = float(os.environ.get("PARLEY_TRAINING_LOST_AFTER") or "120")
+if not PARLEY_TRAINING_LOST_AFTER > 0:
+    raise ImproperlyConfigured("PARLEY_TRAINING_LOST_AFTER must be a number of seconds above 0.")
 PARLEY_ENDPOINT_CHECK_INTERVAL = float(os.environ.get("PARLEY_ENDPOINT_CHECK_INTERVAL") or "30")
 if not PARLEY_ENDPOINT_CHECK_INTERVAL > 0:
     raise ImproperlyConfigured(

@@ -1,5 +1,6 @@
 """agents.serving.process: the one way parley starts, waits for and stops its servers."""
 
+import os
 import signal
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import pytest
 
 from agents.serving.process import (
     StartError,
+    Supervised,
     free_port,
     port_is_free,
     spawn,
@@ -117,3 +119,67 @@ def test_a_child_dies_with_the_process_that_spawned_it(tmp_path):
         assert gone(pid)
     finally:
         parent.kill()
+
+
+def checked_until(children, words: str, seconds: float = 30) -> list[str]:
+    """What the children's checks say, up to the first line with `words`."""
+    lines, deadline = [], time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        lines += [line for child in children if (line := child.check())]
+        if any(words in line for line in lines):
+            return lines
+        time.sleep(0.05)
+    pytest.fail(f"no line with {words!r} in {seconds}s: {lines}")
+
+
+def test_a_killed_child_is_started_again_and_the_others_run_on(tmp_path):
+    """`make demo` and serve_agents: one child killed outright (a replica, the web server) is
+    started again, after longer waits if it keeps dying, and the others never stop."""
+    (tmp_path / "health").write_text("ok")
+    ports = [free_port(), free_port()]
+    children = []
+    for port in ports:
+        launch = lambda port=port: spawn(file_server(tmp_path, port))  # noqa: E731
+        children.append(Supervised(f"server {port}", launch(), launch, first=1.0))
+    first, other = children
+    try:
+        for port, child in zip(ports, children, strict=True):
+            wait_healthy(child.process, f"http://127.0.0.1:{port}/health", timeout=30)
+        other_pid = other.process.pid
+        for wait in (1, 2):  # it stops again soon after starting: the wait doubles
+            killed = first.process.pid
+            os.kill(killed, signal.SIGKILL)
+            stopped, started = checked_until(children, "started again")
+            assert stopped.startswith(f"server {ports[0]} stopped (code -9); ")
+            assert f"starting it again in {wait} s" in stopped
+            assert started == f"server {ports[0]} started again (pid {first.process.pid})"
+            assert first.process.pid != killed
+            wait_healthy(first.process, f"http://127.0.0.1:{ports[0]}/health", timeout=30)
+        assert other.process.pid == other_pid and other.process.poll() is None
+        wait_healthy(other.process, f"http://127.0.0.1:{ports[1]}/health", timeout=5)
+        assert first.starts == 2 and other.starts == 0
+    finally:
+        stop(*(child.process for child in children))
+
+
+def test_a_child_that_cannot_start_again_is_tried_later(tmp_path):
+    """A start that fails (the port still held, the model not loading) is tried again."""
+    tries = []
+
+    def start():
+        tries.append(1)
+        if len(tries) == 1:
+            raise StartError("port 8001 on 127.0.0.1 is taken\nmore")
+        return spawn([sys.executable, "-c", "import time; time.sleep(600)"])
+
+    child = Supervised("engine", spawn([sys.executable, "-c", "pass"]), start, first=0.2)
+    try:
+        lines = checked_until([child], "started again")
+        assert lines[0].startswith("engine stopped (code 0)")
+        assert lines[1] == (
+            "engine could not start again (port 8001 on 127.0.0.1 is taken); next try in 0 s"
+        )
+        assert lines[2] == f"engine started again (pid {child.process.pid})"
+        assert len(tries) == 2 and child.process.poll() is None
+    finally:
+        stop(child.process)

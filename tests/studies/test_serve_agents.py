@@ -3,13 +3,14 @@ replicas on consecutive ports, the endpoint registered and the study's arms poin
 every replica's process group gone when the command is stopped. Bad input is refused before
 anything starts."""
 
+import os
 import signal
 
 import httpx
 import pytest
 from django.core.management import CommandError, call_command
 
-from agents.models import Checkpoint, ModelEndpoint
+from agents.models import Checkpoint, ModelEndpoint, Replica
 from agents.serving.process import free_port, port_is_free
 from studies.models import Arm
 from tests.conftest import CHECKPOINT_NAME, ServeAgents, child_env, group_alive
@@ -56,6 +57,48 @@ def test_serves_the_study_on_two_replicas_and_stops_them_all(base_model, checkpo
         code = command.interrupt(sig=signal.SIGTERM)
     assert code == 0, command.log()
     assert not [url for url, pid in command.replicas.items() if group_alive(pid)]
+
+
+def next_saying(command: ServeAgents, start: str) -> str:
+    """The command's next line that starts with `start` (httpx logs its requests between)."""
+    while not (line := command.next_line(300)).startswith(start):
+        pass
+    return line
+
+
+@pytest.mark.model
+def test_a_killed_replica_is_started_again_and_the_admins_replicas_are_kept(base_model, tmp_path):
+    """`make demo`'s engine: its replica killed outright (SIGKILL) is started again on its port
+    while the command serves on; a replica added to the endpoint in the admin survives the
+    command's (re)start, and the endpoint's stored health follows the replica."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/v1"
+    added = "http://127.0.0.1:9/v1"  # another server, added in the admin
+    ModelEndpoint.register("default", "embedded", [url])
+    Replica.objects.create(endpoint=ModelEndpoint.objects.get(name="default"), url=added)
+    command = ServeAgents(
+        *("--engine", "embedded", "--adapters", str(tmp_path), "--port", str(port)),
+        env=child_env(),
+        timeout=300,
+    )
+    try:
+        endpoint = ModelEndpoint.objects.get(name="default")
+        assert endpoint.urls() == [url, added]  # nothing stored is lost
+        (pid,) = command.replicas.values()
+        os.killpg(pid, signal.SIGKILL)
+        stopped = next_saying(command, f"replica {url} stopped")
+        assert stopped.startswith(f"replica {url} stopped (code -9); starting it again in 1 s")
+        started = next_saying(command, f"replica {url} ")
+        assert started.startswith(f"replica {url} started again (pid "), command.log()
+        assert command.process.poll() is None
+        assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
+        assert httpx.get(f"{url}/models").json()["data"][0]["id"] == "SmolLM2-135M-Instruct"
+        statuses = dict(endpoint.replicas.values_list("url", "status"))
+        assert statuses == {url: "up", added: "down"}
+    finally:
+        code = command.interrupt(sig=signal.SIGTERM)
+    assert code == 0, command.log()
+    assert not group_alive(int(started.split("pid ")[1].rstrip(")")))
 
 
 def test_refuses_what_it_cannot_serve(base_model):

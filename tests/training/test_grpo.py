@@ -1,4 +1,5 @@
 import math
+import types
 
 import pytest
 import torch
@@ -142,3 +143,66 @@ def test_rows_without_policy_tokens_take_no_step(tiny_model):
     stats = update(model, sgd, batch, torch.tensor([1.0, -1.0]), eps=0.2, eps_high=0.2, beta=0.0,
                    micro_batch=2)  # fmt: skip
     assert stats["trained_sequences"] == 0 and stats["grad_norm"] == 0
+
+
+class CacheOnly(torch.nn.Module):
+    """A model with the forward of transformers >= 5.40: the KV cache goes in and comes out as
+    `cache`; `past_key_values` is no longer a keyword or an output."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self,
+        input_ids,
+        attention_mask=None,
+        position_ids=None,
+        cache=None,
+        use_cache=None,
+        logits_to_keep=0,
+    ):
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=use_cache,
+            logits_to_keep=logits_to_keep,
+        )
+        return types.SimpleNamespace(logits=out.logits, cache=out.cache)
+
+
+def test_shared_prefix_passes_the_kv_cache_as_cache(tiny_model):
+    """The rows' common prompt runs once and reaches the rest through the `cache` keyword, so
+    log-probs match a full pass per row with a transformers that has dropped `past_key_values`."""
+    from transformers import AutoModelForCausalLM
+
+    from training.choices import Choices, choice_logprobs
+    from training.grpo import SHARED_PREFIX_MIN
+
+    lm = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
+    model = CacheOnly(lm)
+    prompt = list(range(10, 10 + SHARED_PREFIX_MIN + 4))
+    ids = [prompt + [5, 17, 300, 2], prompt + [7, 8, 1000, 2]]
+    masks = [[0] * len(prompt) + [1, 1, 0, 1], [0] * len(prompt) + [1, 0, 1, 1]]
+    batch = TokenBatch.from_lists(ids, masks, pad_id=2)
+    with torch.no_grad():
+        logp, _ = token_logprobs(model, batch)
+        full = torch.log_softmax(lm(batch.ids, attention_mask=batch.attention).logits, -1)
+    for b, (seq, m) in enumerate(zip(ids, masks, strict=True)):
+        for t in range(1, len(seq)):
+            expected = full[b, t - 1, seq[t]] if m[t] else torch.tensor(0.0)
+            assert torch.isclose(logp[b, t], expected, atol=1e-4)
+
+    # choice turns share the prompts' prefix the same way
+    choices = Choices.build(["yes", "no"], {"yes": [40, 41], "no": [40, 42]}.get, stop_id=2)
+    prompts = [prompt + [50], prompt + [51, 52]]
+    got = choice_logprobs(model, prompts, choices, temperature=1.0, pad_id=2)
+    with torch.no_grad():
+        for i, p in enumerate(prompts):
+            logits = lm(input_ids=torch.tensor([p + [40, 41, 2]])).logits[0]
+            # "yes" and "no" share token 40 (forced); they differ at the second token only
+            row = logits[len(p)]
+            expected = float(row[41] - torch.logsumexp(row[[41, 42]], 0))
+            assert got[i, 0] == pytest.approx(expected, abs=1e-4)

@@ -6,9 +6,12 @@ P, each serving the base model and every arm's adapter (vLLM: one process with -
 --lora-modules, and runtime adapter loading for checkpoints attached later). Once all answer
 /health it registers (or updates) the endpoint, points the study's arms at it, prints one line
 per replica and a `ready:` line, and serves until Ctrl-C (or SIGTERM), which stops every
-replica's process group. A replica that dies is reported; the others go on serving.
+replica's process group. A replica that dies is reported and started again on its port (after
+1 s, longer if it keeps dying); the others go on serving. The endpoint keeps replicas added to
+it in the admin.
 """
 
+import logging
 import signal
 import sys
 import time
@@ -20,12 +23,20 @@ from django.db import transaction
 
 from agents.models import ModelEndpoint, adapters_dir
 from agents.paths import base_model_dir, data_dir
-from agents.serving.process import StartError
-from agents.serving.replicas import ENGINES, RUNTIME_LORA_RANK, start_replicas, stop_replicas
+from agents.serving.process import StartError, Supervised
+from agents.serving.replicas import (
+    ENGINES,
+    RUNTIME_LORA_RANK,
+    restart_replica,
+    start_replicas,
+    stop_replicas,
+)
 from agents.serving.vllm import MAX_MODEL_LEN, VLLMNotInstalled
 from studies.adapters import UnknownAdapter, study_adapters
 from studies.endpoints import check_endpoint, point_arms, register_endpoint
 from studies.models import Study
+
+log = logging.getLogger(__name__)
 
 
 class Command(BaseCommand):
@@ -121,7 +132,8 @@ class Command(BaseCommand):
                 name = options["name"] or (
                     study.slug if study else ModelEndpoint.of_url(urls[0], engine).name
                 )
-                endpoint = register_endpoint(name, engine, urls)
+                # replicas stored for it (added in the admin) stay: they serve when ours do not
+                endpoint = register_endpoint(name, engine, urls, keep_stored=True)
                 if study is not None:
                     point_arms(study, endpoint, None)
             check_endpoint(endpoint)  # its health as of now, in the admin's list
@@ -130,7 +142,7 @@ class Command(BaseCommand):
             arms = ", ".join(study.arms.values_list("name", flat=True)) if study else "none"
             self.stdout.write(f"ready: endpoint {name} ({engine}); arms pointed here: {arms}")
             self.stdout.flush()
-            self.watch(replicas)
+            self.watch(replicas, endpoint)
         except ValidationError as refused:  # an arm's model is not served after all
             raise CommandError("; ".join(refused.messages)) from refused
         except KeyboardInterrupt:
@@ -143,15 +155,25 @@ class Command(BaseCommand):
             stop_replicas(replicas)
             self.stdout.write("Stopped.")
 
-    def watch(self, replicas):
-        """Serve until interrupted; report a replica that stops, and end when none is left."""
-        running = list(replicas)
-        while running:
+    def watch(self, replicas, endpoint):
+        """Serve until interrupted; a replica that stops is reported and started again, and the
+        endpoint's stored health follows (a down replica is routed around until then)."""
+        watched = [
+            Supervised(f"replica {r.url}", r.process, lambda r=r: self.restart(r)) for r in replicas
+        ]
+        while True:
             time.sleep(1)
-            for replica in [r for r in running if r.process.poll() is not None]:
-                running.remove(replica)
-                self.stderr.write(
-                    f"replica {replica.url} stopped (code {replica.process.returncode}); "
-                    f"see {replica.process.log_path}"
-                )
-        raise CommandError("every replica has stopped")
+            for replica in watched:
+                if line := replica.check():
+                    self.stderr.write(line)
+                    self.check_health(endpoint)
+
+    def restart(self, replica):
+        restart_replica(replica)
+        return replica.process
+
+    def check_health(self, endpoint):
+        try:
+            check_endpoint(endpoint)
+        except Exception:  # a database that is away must not stop the serving
+            log.exception("could not store the health of endpoint %s", endpoint.name)
