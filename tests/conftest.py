@@ -314,3 +314,16 @@ class ServeAgents:
         except subprocess.TimeoutExpired:
             self.process.kill()
             return self.process.wait()
+
+
+def requests_running(base_url: str) -> float:
+    """The engine's own count of requests it is generating (vLLM's Prometheus gauge
+    `vllm:num_requests_running`, which the embedded engine's /metrics gives too)."""
+    import re
+
+    import httpx
+
+    text = httpx.get(base_url.removesuffix("/v1") + "/metrics", timeout=10).text
+    counts = re.findall(r"^vllm:num_requests_running\{[^}]*\} ([0-9.e+]+)$", text, re.M)
+    assert counts, f"no vllm:num_requests_running in {base_url}'s /metrics"
+    return sum(float(count) for count in counts)

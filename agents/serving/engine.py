@@ -147,6 +147,7 @@ class Engine:
         self._prefixes: OrderedDict[tuple[str, tuple[int, ...]], list] = OrderedDict()
         self.prefix_cache = max(0, prefix_cache)
         self._waiting: deque[_Sequence] = deque()
+        self._admitting = 0  # taken from the line, not yet in the batch (being prefilled)
         self._wake = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name="engine-batch", daemon=True)
@@ -240,6 +241,11 @@ class Engine:
             self._waiting.append(_Sequence(job, adapter, emit, cancel))
             self._wake.notify()
 
+    def load(self) -> tuple[int, int]:
+        """(requests in the batch or joining it, requests waiting for a place), as vLLM's
+        gauges count them; read from any thread (each count is read atomically)."""
+        return len(self._running) + self._admitting, len(self._waiting)
+
     def generate(self, job: Generation, adapter: Adapter | None = None) -> str:
         """The whole reply, waiting for it (warm-up, scripts and tests)."""
         done = threading.Event()
@@ -285,12 +291,14 @@ class Engine:
                 arrived = []
                 while self._waiting and len(self._running) + len(arrived) < self.max_batch:
                     arrived.append(self._waiting.popleft())
+                self._admitting = len(arrived)  # counted as running while they prefill
                 for sequence in [s for s in self._waiting if s.cancel.is_set()]:
                     self._waiting.remove(sequence)  # a cancelled request frees its place in line
                     sequence.finish("abort")
             try:
                 for sequence in arrived:
                     self._admit(sequence)
+                    self._admitting -= 1
                 if self._running:
                     self._step()
                 self._leave()
@@ -300,6 +308,7 @@ class Engine:
                     if not sequence.done:
                         sequence.fail(error)
                 self._running, self._cache, self._mask = [], None, None
+                self._admitting = 0
 
     def _admit(self, sequence: _Sequence):
         """Load its adapter, prefill its prompt, choose its first token, and add its row."""

@@ -507,6 +507,26 @@ class ModelList(OpenAIBaseModel):
     data: list[ModelCard] = []
 
 
+# vLLM's Prometheus gauges of the scheduler's load, by the same names, so that one probe reads
+# both engines (a request whose client hung up must leave `running` within a step).
+GAUGES = {
+    "num_requests_running": "Number of requests in model execution batches.",
+    "num_requests_waiting": "Number of requests waiting to be processed.",
+}
+
+
+def metrics(model: str, *, running: int, waiting: int) -> str:
+    values = {"num_requests_running": running, "num_requests_waiting": waiting}
+    lines = []
+    for name, help_text in GAUGES.items():
+        lines += [
+            f"# HELP vllm:{name} {help_text}",
+            f"# TYPE vllm:{name} gauge",
+            f'vllm:{name}{{model_name="{model}"}} {float(values[name])}',
+        ]
+    return "\n".join(lines) + "\n"
+
+
 def sse(data: BaseModel | str) -> bytes:
     """One server-sent event: a model as compact JSON, or a literal such as "[DONE]"."""
     payload = data if isinstance(data, str) else data.model_dump_json()

@@ -2,6 +2,7 @@
 and Retry, frames sent meanwhile are answered, an engine that dies mid-reply gives an error
 at once, and two windows answering one message store one reply."""
 
+import asyncio
 import time
 
 import pytest
@@ -55,6 +56,36 @@ async def test_a_stalled_engine_gives_a_notice_and_retry_answers(settings, socke
             ("user", "s1", "Hello?"),
             ("assistant", "s1", REPLY),
         ]
+        await window.disconnect()
+
+
+async def hung_up(engine, within: float) -> bool:
+    """Whether every reply the engine was streaming has lost its client within `within` s."""
+    deadline = time.monotonic() + within
+    while engine.open_streams and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return engine.open_streams == 0
+
+
+@pytest.mark.parametrize("fault", ["mute", "stall"])  # before the first token, and after it
+async def test_a_stalled_reply_is_hung_up_so_the_engine_stops_generating_it(
+    fault, settings, sockets
+):
+    """Issue 23: a stalled request the chat gave up on went on at the engine beside the retry.
+    The client closes its stream, which is what makes an engine abort the request."""
+    settings.PARLEY_STALL_TIMEOUT = settings.PARLEY_FIRST_TOKEN_TIMEOUT = STALL
+    with FaultyEngine([fault, "ok"]) as engine:
+        participant = await chatting_participant(engine.url, pid=f"hangup-{fault}")
+        window = await connect(sockets, participant)
+        await window.receive_json_from()
+        await window.send_json_to({"type": "message", "id": "h1", "text": "Hello?"})
+        events = await receive_until(window, "error", timeout=10)
+        assert events[-1]["stalled"]
+        assert await hung_up(engine, within=2.0), "the stalled reply's stream was left open"
+        await receive_until(window, "status")
+        await window.send_json_to({"type": "message", "id": "h1", "text": "Hello?"})  # Retry
+        events = await receive_until(window, "reply", timeout=10)
+        assert events[-1]["message"]["content"].strip() == REPLY
         await window.disconnect()
 
 
