@@ -316,14 +316,20 @@ class ServeAgents:
             return self.process.wait()
 
 
-def requests_running(base_url: str) -> float:
-    """The engine's own count of requests it is generating (vLLM's Prometheus gauge
-    `vllm:num_requests_running`, which the embedded engine's /metrics gives too)."""
+def engine_metric(base_url: str, name: str, **labels: str) -> float:
+    """One of vLLM's Prometheus metrics (the embedded engine's /metrics gives the scheduler's
+    too), summed over the series with these labels: `vllm:num_requests_running`,
+    `vllm:request_success_total` with finished_reason="abort", ..."""
     import re
 
     import httpx
 
     text = httpx.get(base_url.removesuffix("/v1") + "/metrics", timeout=10).text
-    counts = re.findall(r"^vllm:num_requests_running\{[^}]*\} ([0-9.e+]+)$", text, re.M)
-    assert counts, f"no vllm:num_requests_running in {base_url}'s /metrics"
-    return sum(float(count) for count in counts)
+    total, found = 0.0, False
+    for series, value in re.findall(r"^(vllm:\S+?(?:\{[^}]*\})?) (\S+)$", text, re.M):
+        metric, _, rest = series.partition("{")
+        given = dict(re.findall(r'(\w+)="([^"]*)"', rest))
+        if metric == name and all(given.get(k) == v for k, v in labels.items()):
+            total, found = total + float(value), True
+    assert found, f"no {name} {labels} in {base_url}'s /metrics"
+    return total

@@ -21,7 +21,7 @@ import atexit
 import inspect
 import logging
 import threading
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from agents.llm.native_tools import HERMES, template_tool_style
-from agents.llm.tool_format import messages_for_json_tools, partial_suffix
+from agents.llm.tool_format import partial_suffix
 from agents.serving.adapters import Adapter, find_adapters
 from agents.serving.constraints import Constraint, Grammars
 from agents.serving.protocol import ChatCompletionRequest, EngineError
@@ -65,8 +65,16 @@ class Generation:
 class _Sequence:
     """A request inside the engine: its job, where its pieces go, and its decoding state."""
 
-    def __init__(self, job: Generation, adapter, emit: Callable, cancel: threading.Event):
+    def __init__(
+        self,
+        job: Generation,
+        adapter,
+        emit: Callable,
+        cancel: threading.Event,
+        finished: Counter | None = None,
+    ):
         self.job, self.adapter, self.emit, self.cancel = job, adapter, emit, cancel
+        self.finished = finished if finished is not None else Counter()  # the engine's tally
         self.key = BASE  # the peft adapter key its rows are computed with
         self.generator = torch.Generator().manual_seed(job.seed) if job.seed is not None else None
         self.stops = _StopText(job.stop)
@@ -87,6 +95,7 @@ class _Sequence:
         if not self.started:  # cancelled before it joined: callers still see the usual order
             self.start()
         self.job.finish_reason = reason
+        self.finished[reason] += 1
         tail = self.stops.flush() if flush else ""
         if tail:
             self.emit(tail)
@@ -148,6 +157,7 @@ class Engine:
         self.prefix_cache = max(0, prefix_cache)
         self._waiting: deque[_Sequence] = deque()
         self._admitting = 0  # taken from the line, not yet in the batch (being prefilled)
+        self.finished: Counter[str] = Counter()  # requests ended, by finish_reason
         self._wake = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name="engine-batch", daemon=True)
@@ -177,6 +187,12 @@ class Engine:
         """Check the sampling settings, render the chat template and fit the reply into the
         context, as vLLM does: a budget beyond the model's length, or a prompt that fills it,
         is a 400; a budget beyond the room the prompt leaves is cut to that room."""
+        native = self.tool_style == HERMES
+        if not native:
+            # as vLLM for this model: it is served with a tool-call parser only for a template
+            # that renders tools in the Hermes style (agents.serving.vllm), and refuses tools
+            # without one, so a request means the same on both engines
+            request.refuse_tools_without_parser()
         sampling = request.sampling_params()
         if sampling.max_tokens is not None and sampling.max_tokens > self.max_model_len:
             name = request.max_tokens_param
@@ -186,13 +202,8 @@ class Engine:
                 param=name,
             )
         constraint, tool_calls = self.grammars.constraint(request)
-        native = self.tool_style == HERMES
         messages, tools = request.template_messages(native), request.template_tools()
         text = self._render(messages, tools)
-        if request.forces_tool_calls and text == self._render(messages, None):
-            # the template ignores tools (SmolLM2's): describe them in the format the grammar
-            # forces, or the model would call tools it was never shown
-            text = self._render(messages_for_json_tools(messages, tools), None)
         with self._tokenizer_lock:
             prompt_ids = self.tokenizer(text, add_special_tokens=False).input_ids
         room = self.max_model_len - len(prompt_ids)
@@ -238,7 +249,7 @@ class Engine:
         if self._closed:
             raise EngineError("The engine is shutting down.", status=500)
         with self._wake:
-            self._waiting.append(_Sequence(job, adapter, emit, cancel))
+            self._waiting.append(_Sequence(job, adapter, emit, cancel, self.finished))
             self._wake.notify()
 
     def load(self) -> tuple[int, int]:
