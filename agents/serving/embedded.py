@@ -3,9 +3,9 @@
     python -m agents.serving.embedded --model DIR [--adapters DIR] [--lora NAME=PATH ...]
         [--host 127.0.0.1] [--port 8001] [--served-name NAME]
 
-Routes: `GET /health`, `GET /metrics` (vLLM's running and waiting gauges and its count of
-ended requests by finish reason, in Prometheus' text format), `GET /v1/models` (the base
-model, then every LoRA adapter), `POST /v1/chat/completions` (streamed as server-sent events, or whole). Requests and replies
+Routes: `GET /health`, `GET /metrics` (vLLM's gauges of running and waiting requests, in
+Prometheus' text format), `GET /v1/models` (the base model, then every LoRA adapter),
+`POST /v1/chat/completions` (streamed as server-sent events, or whole). Requests and replies
 are the declared models of agents.serving.protocol; errors are vLLM's, `{"error": {"message",
 "type", "param", "code"}}`: 400 for a bad body or parameter, 404 for an unknown model.
 
@@ -68,9 +68,7 @@ def create_app(engine: Engine) -> Starlette:
     async def metrics(request: Request):
         running, waiting = engine.load()
         return PlainTextResponse(
-            protocol.metrics(
-                engine.name, running=running, waiting=waiting, finished=dict(engine.finished)
-            ),
+            protocol.metrics(engine.name, running=running, waiting=waiting),
             media_type="text/plain; version=0.0.4",
         )
 

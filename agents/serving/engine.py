@@ -21,7 +21,7 @@ import atexit
 import inspect
 import logging
 import threading
-from collections import Counter, OrderedDict, deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,16 +65,8 @@ class Generation:
 class _Sequence:
     """A request inside the engine: its job, where its pieces go, and its decoding state."""
 
-    def __init__(
-        self,
-        job: Generation,
-        adapter,
-        emit: Callable,
-        cancel: threading.Event,
-        finished: Counter | None = None,
-    ):
+    def __init__(self, job: Generation, adapter, emit: Callable, cancel: threading.Event):
         self.job, self.adapter, self.emit, self.cancel = job, adapter, emit, cancel
-        self.finished = finished if finished is not None else Counter()  # the engine's tally
         self.key = BASE  # the peft adapter key its rows are computed with
         self.generator = torch.Generator().manual_seed(job.seed) if job.seed is not None else None
         self.stops = _StopText(job.stop)
@@ -95,7 +87,6 @@ class _Sequence:
         if not self.started:  # cancelled before it joined: callers still see the usual order
             self.start()
         self.job.finish_reason = reason
-        self.finished[reason] += 1
         tail = self.stops.flush() if flush else ""
         if tail:
             self.emit(tail)
@@ -157,7 +148,6 @@ class Engine:
         self.prefix_cache = max(0, prefix_cache)
         self._waiting: deque[_Sequence] = deque()
         self._admitting = 0  # taken from the line, not yet in the batch (being prefilled)
-        self.finished: Counter[str] = Counter()  # requests ended, by finish_reason
         self._wake = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name="engine-batch", daemon=True)
@@ -249,7 +239,7 @@ class Engine:
         if self._closed:
             raise EngineError("The engine is shutting down.", status=500)
         with self._wake:
-            self._waiting.append(_Sequence(job, adapter, emit, cancel, self.finished))
+            self._waiting.append(_Sequence(job, adapter, emit, cancel))
             self._wake.notify()
 
     def load(self) -> tuple[int, int]:

@@ -530,32 +530,23 @@ class ModelList(OpenAIBaseModel):
     data: list[ModelCard] = []
 
 
-# vLLM's Prometheus metrics of the scheduler, by the same names, so that one probe reads both
-# engines (a request whose client hung up must leave `running` within a step, as an "abort").
+# vLLM's Prometheus gauges of the scheduler's load, by the same names, so that one probe reads
+# both engines (a request whose client hung up leaves `running` within a step on both).
 GAUGES = {
     "num_requests_running": "Number of requests in model execution batches.",
     "num_requests_waiting": "Number of requests waiting to be processed.",
 }
-FINISH_REASONS = ("stop", "length", "abort")
 
 
-def metrics(model: str, *, running: int, waiting: int, finished: dict[str, int]) -> str:
-    label = f'model_name="{model}"'
+def metrics(model: str, *, running: int, waiting: int) -> str:
     values = {"num_requests_running": running, "num_requests_waiting": waiting}
     lines = []
     for name, help_text in GAUGES.items():
         lines += [
             f"# HELP vllm:{name} {help_text}",
             f"# TYPE vllm:{name} gauge",
-            f"vllm:{name}{{{label}}} {float(values[name])}",
+            f'vllm:{name}{{model_name="{model}"}} {float(values[name])}',
         ]
-    lines += [
-        "# HELP vllm:request_success_total Count of successfully processed requests.",
-        "# TYPE vllm:request_success_total counter",
-    ]
-    for reason in FINISH_REASONS:
-        count = float(finished.get(reason, 0))
-        lines.append(f'vllm:request_success_total{{finished_reason="{reason}",{label}}} {count}')
     return "\n".join(lines) + "\n"
 
 
