@@ -36,6 +36,12 @@ STALL_TIMEOUT = 8.0  # default for PARLEY_STALL_TIMEOUT: a notice well within 10
 FIRST_TOKEN_TIMEOUT = 45.0
 
 
+# The least token budget of a step that must be a tool call: SmolLM2's forced tau2 airline
+# calls (passengers, flights) ran past the demo arms' 96 tokens in 2 of 4 tries, and a call cut
+# off is no call: its `<tool_call>` text reached the page (issue 23). The reply is then only
+# the call, so the arm's max_tokens, which bounds its text, is not stretched.
+FORCED_CALL_TOKENS = 384
+
 # Pieces that arrive within this many seconds of the last delta sent travel together: a frame
 # per token costs the server a write and the page a render; ten updates a second still read as
 # a smooth stream, and the first piece always goes at once.
@@ -148,12 +154,14 @@ async def agent_turn(
 
 def step_params(arm: Arm, params: dict, offer_tools: list[dict] | None, step: int) -> dict:
     """The request parameters of one step of a reply: a tool call forced when the arm's tool
-    choice asks for one at this step; no tool_choice at all when no tools are offered (a
-    Domain without tools, or the budget spent), as engines refuse one without tools."""
+    choice asks for one at this step, with room for a whole call; no tool_choice at all when
+    no tools are offered (a Domain without tools, or the budget spent), as engines refuse one
+    without tools."""
     if not offer_tools:
         return {k: v for k, v in params.items() if k != "tool_choice"}
     if arm.forces_tool_call(step):
-        return {**params, "tool_choice": "required"}
+        budget = max(params.get("max_tokens") or 0, FORCED_CALL_TOKENS)
+        return {**params, "tool_choice": "required", "max_tokens": budget}
     return params
 
 

@@ -314,3 +314,22 @@ class ServeAgents:
         except subprocess.TimeoutExpired:
             self.process.kill()
             return self.process.wait()
+
+
+def engine_metric(base_url: str, name: str, **labels: str) -> float:
+    """One of vLLM's Prometheus metrics (the embedded engine's /metrics gives the scheduler's
+    too), summed over the series with these labels: `vllm:num_requests_running`,
+    `vllm:request_success_total` with finished_reason="abort", ..."""
+    import re
+
+    import httpx
+
+    text = httpx.get(base_url.removesuffix("/v1") + "/metrics", timeout=10).text
+    total, found = 0.0, False
+    for series, value in re.findall(r"^(vllm:\S+?(?:\{[^}]*\})?) (\S+)$", text, re.M):
+        metric, _, rest = series.partition("{")
+        given = dict(re.findall(r'(\w+)="([^"]*)"', rest))
+        if metric == name and all(given.get(k) == v for k, v in labels.items()):
+            total, found = total + float(value), True
+    assert found, f"no {name} {labels} in {base_url}'s /metrics"
+    return total

@@ -511,9 +511,14 @@ class ChatStream:
             else:
                 piece = ""
                 reply.check_ended(self._url)
-        except Exception as error:
+        except BaseException as error:
+            # Cancelled too (a stall, the participant gone): the stream is closed at once, so
+            # the engine sees the disconnect and stops generating (a reply that is all tool
+            # calls is read here to its end: the window where a stall is most likely).
             if opened is not None:
                 await opened.close()
+            if not isinstance(error, Exception):
+                raise
             raise _failed_at(self._replica, _as_llm_error(error, self._url)) from error
         mark_up(self._replica)
         return reply, opened, piece

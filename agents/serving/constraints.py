@@ -9,7 +9,8 @@ What is enforced:
   - response_format {"type": "json_object"}: any JSON object; {"type": "json_schema", ...}: that
     schema; {"type": "structural_tag", "format": ...}: xgrammar's structural tag, as vLLM takes
     it (agents.llm.tool_format's `structured` tool format sends one);
-  - tool_choice "required" or a named function: only `<tool_call>` blocks of agents.llm's JSON
+  - tool_choice "required" or a named function (taken only for a template with Hermes-style
+    tools, as vLLM: agents.serving.protocol): only `<tool_call>` blocks of agents.llm's JSON
     tool format whose arguments match the tool's schema (tool_format.tool_call_format, the one
     builder vLLM requests use too). "auto" and "none" leave the text free.
 """

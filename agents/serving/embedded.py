@@ -3,7 +3,8 @@
     python -m agents.serving.embedded --model DIR [--adapters DIR] [--lora NAME=PATH ...]
         [--host 127.0.0.1] [--port 8001] [--served-name NAME]
 
-Routes: `GET /health`, `GET /v1/models` (the base model, then every LoRA adapter),
+Routes: `GET /health`, `GET /metrics` (vLLM's gauges of running and waiting requests, in
+Prometheus' text format), `GET /v1/models` (the base model, then every LoRA adapter),
 `POST /v1/chat/completions` (streamed as server-sent events, or whole). Requests and replies
 are the declared models of agents.serving.protocol; errors are vLLM's, `{"error": {"message",
 "type", "param", "code"}}`: 400 for a bad body or parameter, 404 for an unknown model.
@@ -32,7 +33,7 @@ from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from agents.llm.native_tools import HermesCallFilter
@@ -64,6 +65,13 @@ def create_app(engine: Engine) -> Starlette:
     async def health(request: Request):
         return JSONResponse({"status": "ok"})
 
+    async def metrics(request: Request):
+        running, waiting = engine.load()
+        return PlainTextResponse(
+            protocol.metrics(engine.name, running=running, waiting=waiting),
+            media_type="text/plain; version=0.0.4",
+        )
+
     async def models(request: Request):
         base = ModelCard(
             id=engine.name, root=str(engine.model_dir), max_model_len=engine.max_model_len
@@ -84,6 +92,7 @@ def create_app(engine: Engine) -> Starlette:
     return Starlette(
         routes=[
             Route("/health", health),
+            Route("/metrics", metrics),
             Route("/v1/models", models),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         ],

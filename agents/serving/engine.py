@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from agents.llm.native_tools import HERMES, template_tool_style
-from agents.llm.tool_format import messages_for_json_tools, partial_suffix
+from agents.llm.tool_format import partial_suffix
 from agents.serving.adapters import Adapter, find_adapters
 from agents.serving.constraints import Constraint, Grammars
 from agents.serving.protocol import ChatCompletionRequest, EngineError
@@ -147,6 +147,7 @@ class Engine:
         self._prefixes: OrderedDict[tuple[str, tuple[int, ...]], list] = OrderedDict()
         self.prefix_cache = max(0, prefix_cache)
         self._waiting: deque[_Sequence] = deque()
+        self._admitting = 0  # taken from the line, not yet in the batch (being prefilled)
         self._wake = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name="engine-batch", daemon=True)
@@ -176,6 +177,12 @@ class Engine:
         """Check the sampling settings, render the chat template and fit the reply into the
         context, as vLLM does: a budget beyond the model's length, or a prompt that fills it,
         is a 400; a budget beyond the room the prompt leaves is cut to that room."""
+        native = self.tool_style == HERMES
+        if not native:
+            # as vLLM for this model: it is served with a tool-call parser only for a template
+            # that renders tools in the Hermes style (agents.serving.vllm), and refuses tools
+            # without one, so a request means the same on both engines
+            request.refuse_tools_without_parser()
         sampling = request.sampling_params()
         if sampling.max_tokens is not None and sampling.max_tokens > self.max_model_len:
             name = request.max_tokens_param
@@ -185,13 +192,8 @@ class Engine:
                 param=name,
             )
         constraint, tool_calls = self.grammars.constraint(request)
-        native = self.tool_style == HERMES
         messages, tools = request.template_messages(native), request.template_tools()
         text = self._render(messages, tools)
-        if request.forces_tool_calls and text == self._render(messages, None):
-            # the template ignores tools (SmolLM2's): describe them in the format the grammar
-            # forces, or the model would call tools it was never shown
-            text = self._render(messages_for_json_tools(messages, tools), None)
         with self._tokenizer_lock:
             prompt_ids = self.tokenizer(text, add_special_tokens=False).input_ids
         room = self.max_model_len - len(prompt_ids)
@@ -240,6 +242,11 @@ class Engine:
             self._waiting.append(_Sequence(job, adapter, emit, cancel))
             self._wake.notify()
 
+    def load(self) -> tuple[int, int]:
+        """(requests in the batch or joining it, requests waiting for a place), as vLLM's
+        gauges count them; read from any thread (each count is read atomically)."""
+        return len(self._running) + self._admitting, len(self._waiting)
+
     def generate(self, job: Generation, adapter: Adapter | None = None) -> str:
         """The whole reply, waiting for it (warm-up, scripts and tests)."""
         done = threading.Event()
@@ -285,12 +292,14 @@ class Engine:
                 arrived = []
                 while self._waiting and len(self._running) + len(arrived) < self.max_batch:
                     arrived.append(self._waiting.popleft())
+                self._admitting = len(arrived)  # counted as running while they prefill
                 for sequence in [s for s in self._waiting if s.cancel.is_set()]:
                     self._waiting.remove(sequence)  # a cancelled request frees its place in line
                     sequence.finish("abort")
             try:
                 for sequence in arrived:
                     self._admit(sequence)
+                    self._admitting -= 1
                 if self._running:
                     self._step()
                 self._leave()
@@ -300,6 +309,7 @@ class Engine:
                     if not sequence.done:
                         sequence.fail(error)
                 self._running, self._cache, self._mask = [], None, None
+                self._admitting = 0
 
     def _admit(self, sequence: _Sequence):
         """Load its adapter, prefill its prompt, choose its first token, and add its row."""

@@ -5,14 +5,15 @@ Requests: what the engine honours is declared, and every other field is refused 
 naming it (`refuse_unsupported`) unless it cannot change the reply (`user`, `metadata`, ...) or
 holds its neutral value (`logprobs: false`, `presence_penalty: 0`), so a caller never gets a
 reply that silently ignored what it asked. `response_format` (json_object, json_schema, and
-vLLM's structural_tag) and `tool_choice` "required" or a named function are enforced by
-constrained decoding (agents.serving.constraints); the forced calls are written in agents.llm's
-JSON tool format and answered as OpenAI `tool_calls`. With "auto" (the default when tools are
-given) `tools` go to the chat template. SmolLM2's ignores them and the text is returned as is:
-callers use agents.llm's JSON tool format, whose `structured` variant keeps calls well formed. A
-template that renders tools in the Hermes style (Qwen3's) gets the conversation's tool calls
-structured, and its reply's `<tool_call>` blocks are answered as `tool_calls` by the rule of
-vLLM's hermes parser (agents.llm.native_tools), as vLLM with `--tool-call-parser hermes` does.
+vLLM's structural_tag) is enforced by constrained decoding (agents.serving.constraints).
+`tools` are taken as vLLM takes them when agents.serving.vllm serves the same model: a template
+that renders tools in the Hermes style (Qwen3's) is served with `--tool-call-parser hermes`, so
+here it gets the tools and the conversation's calls structured, its reply's `<tool_call>` blocks
+are answered as `tool_calls` by the rule of vLLM's hermes parser (agents.llm.native_tools), and
+`tool_choice` "required" or a named function is enforced by constrained decoding (calls in that
+format, answered as `tool_calls`). A template that renders no tools (SmolLM2's) has no parser:
+tools with any tool_choice but "none" are vLLM's 400 (`refuse_tools_without_parser`); callers
+use agents.llm's JSON tool format, whose `structured` variant keeps calls well formed.
 
 Errors have vLLM's body, `{"error": {"message", "type", "param", "code"}}`, and its two kinds:
   - a body that does not fit the declared models is answered as vLLM's FastAPI layer answers a
@@ -347,6 +348,28 @@ class ChatCompletionRequest(OpenAIBaseModel):
                 param=refused[0],
             )
 
+    def refuse_tools_without_parser(self) -> None:
+        """vLLM's 400 (its words) for tools it cannot serve: one started without
+        `--tool-call-parser` (SmolLM2's template renders no tools) takes them only with
+        tool_choice "none". The rest of the message says what to use instead."""
+        choice = self.tool_choice
+        if not self.tools or choice in (None, "none"):
+            return
+        if choice == "auto":
+            message = (
+                '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
+                "to be set"
+            )
+        elif choice == "required":
+            message = 'tool_choice="required" requires --tool-call-parser to be set'
+        else:
+            message = f'tool_choice=function "{choice.function.name}" requires --tool-call-parser to be set'
+        raise EngineError(
+            f"{message}. (This model's chat template renders no tools, so neither vLLM nor the "
+            "embedded engine parses tool calls for it: use agents.llm's 'json' or "
+            "'structured' tool format.)"
+        )
+
     @property
     def forces_tool_calls(self) -> bool:
         return self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice)
@@ -505,6 +528,26 @@ class ModelCard(OpenAIBaseModel):
 class ModelList(OpenAIBaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard] = []
+
+
+# vLLM's Prometheus gauges of the scheduler's load, by the same names, so that one probe reads
+# both engines (a request whose client hung up leaves `running` within a step on both).
+GAUGES = {
+    "num_requests_running": "Number of requests in model execution batches.",
+    "num_requests_waiting": "Number of requests waiting to be processed.",
+}
+
+
+def metrics(model: str, *, running: int, waiting: int) -> str:
+    values = {"num_requests_running": running, "num_requests_waiting": waiting}
+    lines = []
+    for name, help_text in GAUGES.items():
+        lines += [
+            f"# HELP vllm:{name} {help_text}",
+            f"# TYPE vllm:{name} gauge",
+            f'vllm:{name}{{model_name="{model}"}} {float(values[name])}',
+        ]
+    return "\n".join(lines) + "\n"
 
 
 def sse(data: BaseModel | str) -> bytes:

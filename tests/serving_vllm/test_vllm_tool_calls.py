@@ -9,6 +9,8 @@ import pytest
 
 from agents.domains.tau2 import RetailDomain
 from agents.llm import LLMClient
+from tests.engine.test_client_engine import give_up_on_a_forced_call
+from tests.engine.test_constrained import check_tools_refused_without_a_parser
 
 pytestmark = pytest.mark.model
 
@@ -58,3 +60,15 @@ async def test_vllm_auto_calls_are_well_formed_or_absent(vllm_url, base_model):
                 assert "<tool_call>" not in result.content  # no block left unread
             for call in result.tool_calls:
                 check_call(call, tools)
+
+
+def test_vllm_refuses_tools_for_smollm2_as_the_embedded_engine_does(vllm_url, base_model):
+    """Issue 23: vLLM, started for SmolLM2 without a tool-call parser, answers tools with any
+    tool_choice but "none" with a 400; the embedded engine answers the same (test_constrained)."""
+    check_tools_refused_without_a_parser(vllm_url, Path(base_model).name)
+
+
+async def test_a_reply_given_up_on_mid_call_stops_at_vllm(vllm_url, base_model):
+    """Issue 23: the client hangs up on a reply it gave up on, and vLLM aborts it, as the
+    embedded engine does (test_client_engine)."""
+    await give_up_on_a_forced_call(vllm_url, Path(base_model).name)

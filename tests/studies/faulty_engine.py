@@ -27,6 +27,7 @@ class FaultyEngine(ScriptedServer):
         super().__init__([])
         self.script = list(script)
         self.pace = pace
+        self.open_streams = 0
         self.server.config.timeout_graceful_shutdown = 1  # a stalled stream must not hold exit
 
     async def complete(self, request: Request):
@@ -37,6 +38,14 @@ class FaultyEngine(ScriptedServer):
         return StreamingResponse(chunks, media_type="text/event-stream")
 
     async def faulty_chunks(self, model, behaviour):
+        self.open_streams += 1
+        try:
+            async for chunk in self.behaving(model, behaviour):
+                yield chunk
+        finally:  # the reply ended, or the client hung up (Starlette cancels the body)
+            self.open_streams -= 1
+
+    async def behaving(self, model, behaviour):
         n = 0
         async for chunk in self.chunks(model, {"content": REPLY}):
             if n == 1 and behaviour == "late":

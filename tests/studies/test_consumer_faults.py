@@ -2,6 +2,7 @@
 and Retry, frames sent meanwhile are answered, an engine that dies mid-reply gives an error
 at once, and two windows answering one message store one reply."""
 
+import asyncio
 import time
 
 import pytest
@@ -9,9 +10,10 @@ from channels.db import database_sync_to_async
 from django.conf import settings as django_settings
 
 from studies import chat
-from studies.models import Message
+from studies.models import Message, ToolChoice
 from tests.studies.faulty_engine import REPLY, FaultyEngine
 from tests.studies.test_consumer import chatting_participant, connect, receive_until
+from tests.studies.test_tool_choice import forced, participant_in
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 STALL = 1.0  # the tests' stall timeout; the default is checked on its own
@@ -56,6 +58,58 @@ async def test_a_stalled_engine_gives_a_notice_and_retry_answers(settings, socke
             ("assistant", "s1", REPLY),
         ]
         await window.disconnect()
+
+
+async def hung_up(engine, within: float) -> bool:
+    """Whether every reply the engine was streaming has lost its client within `within` s."""
+    deadline = time.monotonic() + within
+    while engine.open_streams and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return engine.open_streams == 0
+
+
+@pytest.mark.parametrize("fault", ["mute", "stall"])  # before the first token, and after it
+async def test_a_stalled_reply_is_hung_up_so_the_engine_stops_generating_it(
+    fault, settings, sockets
+):
+    """Issue 23: a stalled request the chat gave up on went on at the engine beside the retry.
+    The client closes its stream, which is what makes an engine abort the request."""
+    settings.PARLEY_STALL_TIMEOUT = settings.PARLEY_FIRST_TOKEN_TIMEOUT = STALL
+    with FaultyEngine([fault, "ok"]) as engine:
+        participant = await chatting_participant(engine.url, pid=f"hangup-{fault}")
+        window = await connect(sockets, participant)
+        await window.receive_json_from()
+        await window.send_json_to({"type": "message", "id": "h1", "text": "Hello?"})
+        events = await receive_until(window, "error", timeout=10)
+        assert events[-1]["stalled"]
+        assert await hung_up(engine, within=2.0), "the stalled reply's stream was left open"
+        await receive_until(window, "status")
+        await window.send_json_to({"type": "message", "id": "h1", "text": "Hello?"})  # Retry
+        events = await receive_until(window, "reply", timeout=10)
+        assert events[-1]["message"]["content"].strip() == REPLY
+        await window.disconnect()
+
+
+async def test_a_retry_after_a_stall_sends_the_first_trys_request(settings, sockets):
+    """Issue 23: a Retry after a stall on an airline arm asks for the same tool use as the
+    first try: the same tools, the same forced call (structured format, tool choice "first")
+    and the same conversation."""
+    settings.PARLEY_STALL_TIMEOUT = settings.PARLEY_FIRST_TOKEN_TIMEOUT = STALL
+    with FaultyEngine(["mute", "ok"]) as engine:
+        participant = await participant_in(
+            engine.url, "airline", tool_format="structured", tool_choice=ToolChoice.FIRST
+        )
+        window = await connect(sockets, participant)
+        await window.receive_json_from()
+        await window.send_json_to({"type": "message", "id": "r1", "text": "Change my flight."})
+        assert (await receive_until(window, "error", timeout=10))[-1]["stalled"]
+        await receive_until(window, "status")
+        await window.send_json_to({"type": "message", "id": "r1", "text": "Change my flight."})
+        await receive_until(window, "reply", timeout=10)
+        await window.disconnect()
+    first, retry = engine.requests[:2]
+    assert forced(first) and first["response_format"]["format"]["tags"]
+    assert retry == first
 
 
 async def test_frames_sent_during_a_stall_are_answered_and_end_always_is(settings, sockets):

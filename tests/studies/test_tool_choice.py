@@ -16,7 +16,7 @@ from django.core.exceptions import ValidationError
 from django.urls import reverse
 
 from agents.models import ModelEndpoint
-from studies import domains, flow
+from studies import chat, domains, flow
 from studies.demo import seed_task_studies
 from studies.models import Arm, Message, Scenario, ToolChoice
 from studies.pools import import_pool
@@ -98,6 +98,20 @@ async def test_required_forces_calls_until_the_domain_budget_then_text():
     last = server.requests[budget]
     assert "tools" not in last and "tool_choice" not in last  # out of budget: it must answer
     assert events[-2]["type"] == "reply" and events[-2]["message"]["content"].strip() == "Done."
+
+
+@pytest.mark.asyncio
+async def test_a_forced_call_has_room_for_a_whole_call_and_text_keeps_the_arms_budget():
+    """Issue 23: a forced airline call cut off by the arm's 96 tokens reached the page as raw
+    `<tool_call>` text; the forced step gets room for a whole call, the text step the arm's."""
+    with ScriptedServer([CALL, {"content": "It is pending."}]) as server:
+        participant = await participant_in(
+            server.url, tool_format="structured", tool_choice=ToolChoice.FIRST, max_tokens=96
+        )
+        await talk(participant, "Where is my order #W5785065?")
+    first, second = server.requests
+    assert forced(first) and first["max_tokens"] == chat.FORCED_CALL_TOKENS
+    assert not forced(second) and second["max_tokens"] == 96
 
 
 # A forced call as JSON text in the content (what tool_format "structured" gets from vLLM),
