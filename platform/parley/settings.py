@@ -301,12 +301,12 @@ PARLEY_LLM_TIMEOUT = float(os.environ.get("PARLEY_LLM_TIMEOUT", "120"))
 PARLEY_SIM2REAL_CONVERSATIONS = int(os.environ.get("PARLEY_SIM2REAL_CONVERSATIONS") or "1")
 if PARLEY_SIM2REAL_CONVERSATIONS < 1:
     raise ImproperlyConfigured("PARLEY_SIM2REAL_CONVERSATIONS must be at least 1.")
-# Model endpoints (agents/models.py): how often beat probes every replica's /health and /v1/models
 # A running training run whose worker has not beaten this long is shown as "worker lost"; the
 # worker beats every quarter of it.
 PARLEY_TRAINING_LOST_AFTER = float(os.environ.get("PARLEY_TRAINING_LOST_AFTER") or "120")
 if not PARLEY_TRAINING_LOST_AFTER > 0:
     raise ImproperlyConfigured("PARLEY_TRAINING_LOST_AFTER must be a number of seconds above 0.")
+# Model endpoints (agents/models.py): how often beat probes every replica's /health and /v1/models
 PARLEY_ENDPOINT_CHECK_INTERVAL = float(os.environ.get("PARLEY_ENDPOINT_CHECK_INTERVAL") or "30")
 if not PARLEY_ENDPOINT_CHECK_INTERVAL > 0:
     raise ImproperlyConfigured(
