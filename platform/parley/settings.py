@@ -132,10 +132,20 @@ if DATABASE_URL:
     if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
         # psycopg 3 connection pool; Django then keeps no persistent connections of its own.
         DATABASES["default"]["CONN_MAX_AGE"] = 0
+        # Each connection the pool hands out is checked first (one empty query): after
+        # PostgreSQL restarts, its idle ones are dead, and the first request would get one.
+        DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+        # Seconds a request waits for a connection: while PostgreSQL is down, this is how long
+        # a participant waits to hear that something could not be saved.
+        _pool_timeout = float(os.environ.get("PARLEY_DB_POOL_TIMEOUT") or "5")
         DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
             "min_size": int(os.environ.get("PARLEY_DB_POOL_MIN", "1")),
             "max_size": int(os.environ.get("PARLEY_DB_POOL_MAX", "20")),
-            "timeout": 10,
+            "timeout": _pool_timeout,
+            # The pool's reconnection attempts back off (1, 2, 4 ... s) until this runs out; the
+            # next request then tries at once. Never longer than a request waits, so the first
+            # one after PostgreSQL returns is not left waiting on a long backoff.
+            "reconnect_timeout": _pool_timeout,
         }
 else:
     DATABASES = {

@@ -1,0 +1,93 @@
+"""The real server (uvicorn, its log kept) meeting faults and hostile clients: PostgreSQL lost in
+the middle of a reply, a tab closed mid-reply, malformed frames and requests. Each is refused or
+ridden out cleanly: at most a line in the log, never a traceback."""
+
+import json
+import time
+
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect as ws_connect
+
+from studies import flow
+from studies.models import Message
+from tests.studies.conftest import make_study, prolific
+from tests.studies.faulty_engine import REPLY, FaultyEngine
+from tests.studies.live_server import LoggedServer, Relay, postgres_address, relayed_database_url
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def chatting(engine_url, pid):
+    study = make_study(slug=f"live-{pid}", engine=engine_url)
+    participant, _ = flow.arrive(study, prolific(pid=pid))
+    return flow.give_consent(participant, True)
+
+
+def open_socket(server, participant, **kwargs):
+    url = server.url.replace("http", "ws") + f"/ws/p/{participant.token}/"
+    return ws_connect(url, origin=server.url, open_timeout=30, **kwargs)
+
+
+def until(socket, kind, timeout=30) -> list[dict]:
+    events = []
+    while True:
+        events.append(json.loads(socket.recv(timeout=timeout)))
+        if events[-1]["type"] == kind:
+            return events
+
+
+def stored(participant):
+    return list(
+        Message.objects.filter(conversation__participant=participant)
+        .order_by("seq")
+        .values_list("role", "content")
+    )
+
+
+def test_postgresql_lost_mid_reply_is_said_at_once_and_the_first_reconnect_works(
+    postgres, tmp_path
+):
+    """PostgreSQL goes away while the reply streams: the reply cannot be stored, and the page
+    hears so within the pool's timeout (it was 20.6 s: a pool wait for the reply, another for
+    recording the problem), with Retry. While it is down, a reconnect is closed 1013 (try
+    again). It stays down long enough for the pool's reconnection backoff to grow past a
+    request's wait (1, 2, 4, 8, 16 s): the first reconnect after it returns still works."""
+    relay = Relay(postgres_address())
+    with FaultyEngine(["slow", "ok"], pace=0.2) as engine:
+        participant = chatting(engine.url, "pg-lost")
+        # connections idle in the pool when PostgreSQL goes, left there by the pool when it returns
+        server = LoggedServer(
+            tmp_path / "server.log", relayed_database_url(relay), PARLEY_DB_POOL_MIN="4"
+        )
+        try:
+            with open_socket(server, participant) as socket:
+                until(socket, "history")
+                socket.send(json.dumps({"type": "message", "id": "lost1", "text": "Hello"}))
+                assert [e["type"] for e in until(socket, "delta")] == ["ack", "start", "delta"]
+                relay.cut()
+                cut = time.monotonic()
+                events = until(socket, "error")
+                assert time.monotonic() - cut < 5 + 3  # the pool timeout, and the reply's end
+                assert "reply" not in [e["type"] for e in events]
+                assert events[-1]["retry"] and events[-1]["reply_to"] == "lost1"
+                assert "could not be saved" in events[-1]["message"]
+                assert until(socket, "status")[-1]["sent"] == 1
+
+            with pytest.raises(ConnectionClosed) as closed, open_socket(server, participant) as s:
+                s.recv(timeout=30)
+            assert closed.value.rcvd.code == 1013
+
+            time.sleep(max(0, cut + 18 - time.monotonic()))
+            relay.restore()
+            with open_socket(server, participant) as socket:
+                history = until(socket, "history", timeout=10)[-1]
+                assert [m["client_id"] for m in history["messages"]] == ["lost1"]
+                # the message without a reply is answered on connecting, as after any drop
+                assert until(socket, "reply", timeout=10)[-1]["message"]["content"] == REPLY
+        finally:
+            server.stop()
+            relay.close()
+        log = server.text()
+        assert "Traceback" not in log, log
+        assert stored(participant) == [("user", "Hello"), ("assistant", REPLY)]
