@@ -70,11 +70,11 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         except Left:  # a normal event: the disconnect that follows ends the consumer
             log.info("participant %s left mid-turn", getattr(self, "participant", None))
 
-    async def send(self, message):
-        """Every frame out; a socket closed meanwhile is Left, not a server error (uvicorn
+    async def send_json(self, content, close=False):
+        """Every event out; a socket closed meanwhile is Left, not a server error (uvicorn
         raises its ClientDisconnected, an OSError, only for this)."""
         try:
-            await super().send(message)
+            await super().send_json(content, close=close)
         except OSError as gone:
             raise Left from gone
 

@@ -10,7 +10,10 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from parley import server_log  # noqa: E402
 from studies.routing import websocket_urlpatterns  # noqa: E402
+
+server_log.install()
 
 application = ProtocolTypeRouter(
     {

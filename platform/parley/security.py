@@ -36,6 +36,27 @@ def content_security_policy(request) -> str:
     )
 
 
+class RequestBodyLimitMiddleware:
+    """A body declared over DATA_UPLOAD_MAX_MEMORY_SIZE is refused 413 before anything reads it
+    (Django would read it, then answer 400 with a traceback in the log). Multipart bodies are
+    Django's to judge: their files do not count against that limit."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        length = request.META.get("CONTENT_LENGTH") or ""
+        if (
+            limit is not None
+            and length.isdigit()
+            and int(length) > limit
+            and not request.content_type.startswith("multipart/")
+        ):
+            return HttpResponse("Request body too large.", status=413, content_type="text/plain")
+        return self.get_response(request)
+
+
 class ContentSecurityPolicyMiddleware:
     def __init__(self, get_response):
         self.get_response = get_response

@@ -95,6 +95,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "parley.security.RequestBodyLimitMiddleware",  # 413 before a too-large body is read
     "parley.security.ContentSecurityPolicyMiddleware",
     "studies.middleware.DatabaseUnavailableMiddleware",  # 503 and retry, not 500, while it is down
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -352,8 +353,17 @@ WHITENOISE_USE_FINDERS = True
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler", "stream": sys.stderr}},
+    "filters": {"client_faults": {"()": "parley.server_log.ClientFaultsInOneLine"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "stream": sys.stderr,
+            "filters": ["client_faults"],
+        }
+    },
     "root": {"handlers": ["console"], "level": os.environ.get("PARLEY_LOG_LEVEL", "INFO")},
+    # Django's own console handler (DEBUG) would print its records a second time, unfiltered.
+    "loggers": {"django": {"handlers": [], "level": "INFO", "propagate": True}},
 }
 
 # --- cache: admin login limits, rate limits; shared by all workers when Redis is there --------

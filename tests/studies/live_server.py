@@ -43,10 +43,11 @@ class LoggedServer:
     def text(self) -> str:
         return self.log.read_text(errors="replace")
 
-    def wait_for(self, line: str, timeout: float = 20) -> None:
-        """Until the log holds `line` (the server's own word that it did something)."""
+    def wait_for(self, line: str, timeout: float = 20, also: str | None = None) -> None:
+        """Until the log holds `line` (the server's own word that it did something), or `also`
+        when given (the word that it failed instead)."""
         deadline = time.monotonic() + timeout
-        while line not in self.text():
+        while line not in (text := self.text()) and (also is None or also not in text):
             assert time.monotonic() < deadline, f"no {line!r} in the log:\n{self.text()[-3000:]}"
             time.sleep(0.05)
 

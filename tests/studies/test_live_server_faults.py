@@ -2,15 +2,18 @@
 the middle of a reply, a tab closed mid-reply, malformed frames and requests. Each is refused or
 ridden out cleanly: at most a line in the log, never a traceback."""
 
+import http.cookiejar
 import json
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
 from studies import flow
-from studies.models import Message
+from studies.models import Message, StudyError
 from tests.studies.conftest import make_study, prolific
 from tests.studies.faulty_engine import REPLY, FaultyEngine
 from tests.studies.live_server import LoggedServer, Relay, postgres_address, relayed_database_url
@@ -91,3 +94,74 @@ def test_postgresql_lost_mid_reply_is_said_at_once_and_the_first_reconnect_works
         log = server.text()
         assert "Traceback" not in log, log
         assert stored(participant) == [("user", "Hello"), ("assistant", REPLY)]
+
+
+@pytest.fixture
+def server(transactional_db, tmp_path):
+    server = LoggedServer(tmp_path / "server.log")
+    yield server
+    server.stop()
+
+
+def test_a_tab_closed_mid_reply_is_a_normal_event(server):
+    """No traceback and no problem for the researcher: the reply stops with the socket, and the
+    message, stored, is answered when the participant comes back."""
+    with FaultyEngine(["slow", "ok"], pace=0.2) as engine:
+        participant = chatting(engine.url, "tab-closed")
+        with open_socket(server, participant) as socket:
+            until(socket, "history")
+            socket.send(json.dumps({"type": "message", "id": "gone1", "text": "Hello"}))
+            until(socket, "delta")
+        server.wait_for("left mid-turn", also="Traceback")
+        assert "Traceback" not in server.text(), server.text()
+        assert not StudyError.objects.exists()
+        assert stored(participant) == [("user", "Hello")]
+        with open_socket(server, participant) as socket:
+            assert until(socket, "reply")[-1]["message"]["content"] == REPLY
+
+
+def test_an_invalid_utf8_frame_is_closed_1007_without_a_traceback(server):
+    with FaultyEngine() as engine:
+        participant = chatting(engine.url, "utf8")
+        with pytest.raises(ConnectionClosed) as closed, open_socket(server, participant) as s:
+            until(s, "history")
+            s.send(b'{"type": "message", "id": "u", "text": "\xff\xfe"}', text=True)
+            s.recv(timeout=10)
+        assert closed.value.rcvd.code == 1007
+    server.wait_for("Invalid UTF-8 sequence")  # uvicorn's one line (it was a traceback)
+    assert "Traceback" not in server.text(), server.text()
+
+
+def post_form(page, url, body: bytes) -> int:
+    """POST `body` to `url` as a browser sends the form of `page`: with its CSRF cookie and
+    token."""
+    jar = http.cookiejar.CookieJar()
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+    opener.open(page, timeout=30).read()
+    token = next(cookie.value for cookie in jar if cookie.name == "csrftoken")
+    body = f"csrfmiddlewaretoken={token}&".encode() + body
+    request = urllib.request.Request(url, body, {"Referer": page}, method="POST")
+    try:
+        with opener.open(request, timeout=30) as answer:
+            return answer.status
+    except urllib.error.HTTPError as refused:
+        return refused.code
+
+
+@pytest.mark.parametrize(
+    "body, status",
+    [
+        ("&".join(f"f{n}=x" for n in range(1001)).encode(), 400),  # Django's field limit
+        (b"comment=" + b"x" * 3_000_000, 413),  # over DATA_UPLOAD_MAX_MEMORY_SIZE
+    ],
+)
+def test_oversized_forms_are_refused_in_one_log_line(server, body, status):
+    study = make_study(slug="forms")
+    participant, _ = flow.arrive(study, prolific(pid="forms"))
+    before = server.text().count("\n")
+    page = f"{server.url}/p/{participant.token}/"
+    assert post_form(page, page + "consent/", body) == status
+    server.wait_for(f'"POST /p/{participant.token}/consent/ HTTP/1.1" {status}')
+    added = [line for line in server.text().splitlines()[before:] if '"GET ' not in line]
+    assert "Traceback" not in server.text(), server.text()
+    assert len(added) <= 2, added  # uvicorn's access line and at most one of ours
