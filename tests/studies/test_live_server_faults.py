@@ -6,6 +6,7 @@ import http.cookiejar
 import json
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -165,3 +166,16 @@ def test_oversized_forms_are_refused_in_one_log_line(server, body, status):
     added = [line for line in server.text().splitlines()[before:] if '"GET ' not in line]
     assert "Traceback" not in server.text(), server.text()
     assert len(added) <= 2, added  # uvicorn's access line and at most one of ours
+
+
+def test_the_access_log_keeps_no_prolific_ids(server):
+    """SESSION_ID is the participant's credential now: uvicorn's access log wrote the arrival's
+    whole query string."""
+    study = make_study(slug="quiet")
+    query = urllib.parse.urlencode(
+        prolific(pid="pid-never-logged", session_id="session-never-logged")
+    )
+    with urllib.request.urlopen(f"{server.url}/s/{study.slug}/?{query}", timeout=30) as page:
+        assert page.status == 200  # followed to the consent page
+    server.wait_for(f'"GET /s/{study.slug}/?[query redacted] HTTP/1.1" 302')
+    assert "never-logged" not in server.text(), server.text()
