@@ -49,8 +49,15 @@ def stored(participant):
     )
 
 
+@pytest.mark.parametrize(
+    "pool_min",
+    [
+        "1",  # the pool's one connection is gone at once; its reconnection attempts back off
+        "4",  # connections idle in the pool when PostgreSQL goes, still there when it returns
+    ],
+)
 def test_postgresql_lost_mid_reply_is_said_at_once_and_the_first_reconnect_works(
-    postgres, tmp_path
+    postgres, tmp_path, pool_min
 ):
     """PostgreSQL goes away while the reply streams: the reply cannot be stored, and the page
     hears so within the pool's timeout (it was 20.6 s: a pool wait for the reply, another for
@@ -60,9 +67,8 @@ def test_postgresql_lost_mid_reply_is_said_at_once_and_the_first_reconnect_works
     relay = Relay(postgres_address())
     with FaultyEngine(["slow", "ok"], pace=0.2) as engine:
         participant = chatting(engine.url, "pg-lost")
-        # connections idle in the pool when PostgreSQL goes, left there by the pool when it returns
         server = LoggedServer(
-            tmp_path / "server.log", relayed_database_url(relay), PARLEY_DB_POOL_MIN="4"
+            tmp_path / "server.log", relayed_database_url(relay), PARLEY_DB_POOL_MIN=pool_min
         )
         try:
             with open_socket(server, participant) as socket:
