@@ -11,6 +11,9 @@ PARLEY_MAX_FRAME_BYTES 1009; anything else that is not a message we can take (no
 nested, unknown type, bad id or text) is answered with an error event. A refused message carries
 "drop": true so the page stops resending it; one refused for its rate ("slow down") carries
 "retry": true instead.
+
+PostgreSQL unreachable is said at once, with Retry (on connecting: close 1013, and the page comes
+back); a tab closed mid-reply stops the turn quietly, and its message is answered on return.
 """
 
 import json
