@@ -11,6 +11,9 @@ PARLEY_MAX_FRAME_BYTES 1009; anything else that is not a message we can take (no
 nested, unknown type, bad id or text) is answered with an error event. A refused message carries
 "drop": true so the page stops resending it; one refused for its rate ("slow down") carries
 "retry": true instead.
+
+PostgreSQL unreachable is said at once, with Retry (on connecting: close 1013, and the page comes
+back); a tab closed mid-reply stops the turn quietly, and its message is answered on return.
 """
 
 import json
@@ -28,16 +31,27 @@ from agents.llm import LLMError
 
 from . import chat, domains, flow, problems, ratelimit
 from .errors import FlowError
+from .middleware import OUTAGE
 from .models import Conversation, Message, Participant
 from .threads import db
 
 log = logging.getLogger(__name__)
-CLIENT_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+CLIENT_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # fullmatch: `$` would let "abc\n" through
 MAX_FRAME_BYTES = 64 * 1024  # default for PARLEY_MAX_FRAME_BYTES; a message is far smaller
 
 
 def max_frame_bytes() -> int:
     return int(getattr(settings, "PARLEY_MAX_FRAME_BYTES", MAX_FRAME_BYTES))
+
+
+class Left(Exception):
+    """The participant's socket closed while we were sending (the tab closed mid-reply)."""
+
+
+NOT_SAVED = (
+    "The study's database is briefly unavailable, so your last message could not be saved "
+    "with its answer. Please press Retry in a moment."
+)
 
 
 class ChatConsumer(AsyncJsonWebsocketConsumer):
@@ -54,11 +68,28 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:
             raise ValueError(f"No handler for message type {message['type']}")
-        await handler(message)
+        try:
+            await handler(message)
+        except Left:  # a normal event: the disconnect that follows ends the consumer
+            log.info("participant %s left mid-turn", getattr(self, "participant", None))
+
+    async def send_json(self, content, close=False):
+        """Every event out; a socket closed meanwhile is Left, not a server error (uvicorn
+        raises its ClientDisconnected, an OSError, only for this)."""
+        try:
+            await super().send_json(content, close=close)
+        except OSError as gone:
+            raise Left from gone
 
     async def connect(self):
         token = self.scope["url_route"]["kwargs"]["token"]
-        self.participant, opening = await db(open_chat)(token)
+        try:
+            self.participant, opening = await db(open_chat)(token)
+        except OUTAGE as error:  # the page reconnects by itself, as after any close
+            log.warning("chat not opened, database unavailable: %s", error)
+            await self.accept()
+            await self.close(code=1013)  # try again later
+            return
         if self.participant is None:
             await self.close(code=4404)
             return
@@ -124,7 +155,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def on_message(self, content):
         client_id, text = content.get("id"), content.get("text")
-        if not isinstance(client_id, str) or not CLIENT_ID.match(client_id):
+        if not isinstance(client_id, str) or not CLIENT_ID.fullmatch(client_id):
             await self.send_json(
                 {
                     "type": "error",
@@ -147,12 +178,19 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 }
             )
             return
-        if self.stale:
-            self.participant, self.stale = await db(load_participant)(self.participant.token), False
         try:
+            if self.stale:
+                self.participant = await db(load_participant)(self.participant.token)
+                self.stale = False
             if self.participant is None:
                 raise Participant.DoesNotExist
             stored = await db(flow.store_user_message)(self.participant, client_id, text)
+        except OUTAGE as error:  # not acknowledged: the page keeps it for Retry
+            log.warning("message not stored for %s, database unavailable: %s", client_id, error)
+            await self.send_json(
+                {"type": "error", "reply_to": client_id, "retry": True, "message": NOT_SAVED}
+            )
+            return
         except (Participant.DoesNotExist, Conversation.DoesNotExist):  # deleted meanwhile
             await self.close(code=4404)
             return
@@ -200,6 +238,16 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         failure = {"type": "error", "reply_to": message.client_id, "retry": True}
         try:
             return await chat.agent_turn(self.participant, messages, message, self.send_json)
+        except Left:
+            raise  # the tab closed: the reply stops; the message is answered on reconnecting
+        except OUTAGE as error:
+            # The streamed reply could not be stored: the page takes it back and offers Retry
+            # at once. Recording the problem would only wait on the same database.
+            log.warning(
+                "reply not stored for %s, database unavailable: %s", self.participant, error
+            )
+            self.stale = True
+            await self.send_json({**failure, "message": NOT_SAVED})
         except chat.EngineStalled as stalled:
             log.warning("agent reply stalled for %s: %s", self.participant, stalled)
             await self.failed("The agent stalled", stalled)
@@ -234,6 +282,11 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def on_end(self):
         try:
             self.participant = await db(flow.end_chat)(self.participant)
+        except OUTAGE as error:
+            log.warning("chat not ended, database unavailable: %s", error)
+            notice = "The chat could not be ended just now; please try again in a moment."
+            await self.send_json({"type": "error", "message": notice})
+            return
         except flow.FlowError as error:
             await self.send_json({"type": "error", "message": error.detail})
             return

@@ -7,11 +7,14 @@ few inline blocks in templates carry the per-request nonce, `nonce="{{ request.c
 import hashlib
 import logging
 import secrets
+from urllib.parse import urlsplit
 
+from channels.security.websocket import WebsocketDenier
 from django.conf import settings
 from django.contrib import admin
 from django.core.cache import cache
 from django.http import HttpResponse
+from django.http.request import split_domain_port, validate_host
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +37,27 @@ def content_security_policy(request) -> str:
             "frame-ancestors 'none'",
         ]
     )
+
+
+class RequestBodyLimitMiddleware:
+    """A body declared over DATA_UPLOAD_MAX_MEMORY_SIZE is refused 413 before anything reads it
+    (Django would read it, then answer 400 with a traceback in the log). Multipart bodies are
+    Django's to judge: their files do not count against that limit."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        length = request.META.get("CONTENT_LENGTH") or ""
+        if (
+            limit is not None
+            and length.isdigit()
+            and int(length) > limit
+            and not request.content_type.startswith("multipart/")
+        ):
+            return HttpResponse("Request body too large.", status=413, content_type="text/plain")
+        return self.get_response(request)
 
 
 class ContentSecurityPolicyMiddleware:
@@ -104,3 +128,52 @@ def limited_admin_login(request, extra_context=None):
     except Exception:
         log.warning("admin login limiter: cache unavailable, failure not counted")
     return response
+
+
+# --- the chat's WebSocket: only pages of this site may open it -----------------------------------
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def origin_of(url: str) -> str | None:
+    """scheme://host:port, the port always written: "https://a.org" and "https://a.org:443" are
+    one origin, "http://a.org" and "https://a.org:8443" are others."""
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port or DEFAULT_PORTS.get(parts.scheme.lower())
+    except ValueError:  # a port that is no number
+        return None
+    if parts.scheme.lower() not in DEFAULT_PORTS or not parts.hostname or port is None:
+        return None
+    return f"{parts.scheme.lower()}://{parts.hostname.lower()}:{port}"
+
+
+def site_origins(scope) -> set[str]:
+    """The origins whose pages may open a socket, as Django's CSRF check allows forms: the
+    site's own (the scheme and Host of this request, when the host is allowed), its public URL
+    and CSRF_TRUSTED_ORIGINS."""
+    origins = {settings.PUBLIC_URL, *settings.CSRF_TRUSTED_ORIGINS}
+    host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin1")
+    if host and validate_host(split_domain_port(host)[0], settings.ALLOWED_HOSTS):
+        scheme = "https" if scope.get("scheme") in ("wss", "https") else "http"
+        origins.add(f"{scheme}://{host}")
+    return {origin for origin in map(origin_of, origins) if origin}
+
+
+class SameOriginWebSocket:
+    """Channels' AllowedHostsOriginValidator compares the Origin's host alone: a page of the
+    site's host on another port or scheme (another service there) could open a participant's
+    chat. This compares scheme, host and port. No Origin (not a browser) only where every host
+    is allowed (a laptop), as Channels did."""
+
+    def __init__(self, application):
+        self.application = application
+
+    async def __call__(self, scope, receive, send):
+        raw = dict(scope.get("headers") or []).get(b"origin")
+        if raw is None:
+            allowed = "*" in settings.ALLOWED_HOSTS
+        else:
+            allowed = origin_of(raw.decode("latin1")) in site_origins(scope)
+        if not allowed:
+            return await WebsocketDenier()(scope, receive, send)
+        return await self.application(scope, receive, send)

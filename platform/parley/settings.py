@@ -95,6 +95,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "parley.security.RequestBodyLimitMiddleware",  # 413 before a too-large body is read
     "parley.security.ContentSecurityPolicyMiddleware",
     "studies.middleware.DatabaseUnavailableMiddleware",  # 503 and retry, not 500, while it is down
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -136,6 +137,17 @@ def env_count(name: str, default: int, least: int = 1) -> int:
     return int(value)
 
 
+def env_number(name: str, default: float) -> float:
+    value = os.environ.get(name, "").strip() or str(default)
+    try:
+        number = float(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a number (got {value!r}).") from None
+    if number < 0:
+        raise ImproperlyConfigured(f"{name} must be 0 or more (got {value!r}).")
+    return number
+
+
 def pool_max_size() -> int:
     """The most connections one process's pool opens: its share of what PostgreSQL allows
     (max_connections less those kept for Celery, beat and the superuser) among the web
@@ -169,10 +181,24 @@ if DATABASE_URL:
     if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
         # psycopg 3 connection pool; Django then keeps no persistent connections of its own.
         DATABASES["default"]["CONN_MAX_AGE"] = 0
+        # Each connection the pool hands out is checked first (one empty query): after
+        # PostgreSQL restarts, its idle ones are dead, and the first request would get one.
+        DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+        # Seconds a request waits for a connection: while PostgreSQL is down, this is how long
+        # a participant waits to hear that something could not be saved.
+        _pool_timeout = env_number("PARLEY_DB_POOL_TIMEOUT", 5)
+        if not _pool_timeout > 0:
+            raise ImproperlyConfigured(
+                "PARLEY_DB_POOL_TIMEOUT must be a number of seconds above 0."
+            )
         DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
             "min_size": env_count("PARLEY_DB_POOL_MIN", 1, least=0),
             "max_size": pool_max_size(),
-            "timeout": 10,
+            "timeout": _pool_timeout,
+            # The pool's reconnection attempts back off (1, 2, 4 ... s) until this runs out; the
+            # next request then tries at once. Never longer than a request waits, so the first
+            # one after PostgreSQL returns is not left waiting on a long backoff.
+            "reconnect_timeout": _pool_timeout,
         }
 else:
     DATABASES = {
@@ -326,16 +352,6 @@ if PARLEY_ARM_MODEL_CHECK not in ("refuse", "warn"):
 
 
 # --- the chat's guards (studies/consumers.py, chat.py, ratelimit.py, middleware.py) ------------
-def env_number(name: str, default: float) -> float:
-    value = os.environ.get(name, "").strip() or str(default)
-    try:
-        number = float(value)
-    except ValueError:
-        raise ImproperlyConfigured(f"{name} must be a number (got {value!r}).") from None
-    if number < 0:
-        raise ImproperlyConfigured(f"{name} must be 0 or more (got {value!r}).")
-    return number
-
 
 PARLEY_STALL_TIMEOUT = env_number("PARLEY_STALL_TIMEOUT", 8)  # s without a token mid-reply
 PARLEY_FIRST_TOKEN_TIMEOUT = env_number("PARLEY_FIRST_TOKEN_TIMEOUT", 45)  # s to the first one
@@ -384,8 +400,17 @@ WHITENOISE_USE_FINDERS = True
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler", "stream": sys.stderr}},
+    "filters": {"client_faults": {"()": "parley.server_log.ClientFaultsInOneLine"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "stream": sys.stderr,
+            "filters": ["client_faults"],
+        }
+    },
     "root": {"handlers": ["console"], "level": os.environ.get("PARLEY_LOG_LEVEL", "INFO")},
+    # Django's own console handler (DEBUG) would print its records a second time, unfiltered.
+    "loggers": {"django": {"handlers": [], "level": "INFO", "propagate": True}},
 }
 
 # --- cache: admin login limits, rate limits; shared by all workers when Redis is there --------

@@ -178,6 +178,7 @@ CASES = [
     ("[1, 2]", "Unknown message type"),
     ('{"type": {"nested": [[[]]]}}', "Unknown message type"),
     ('{"type": "message", "id": "a\\u0000b", "text": "hi"}', "needs an id"),
+    ('{"type": "message", "id": "abc\\n", "text": "hi"}', "needs an id"),  # `$` took it
 ]
 
 
@@ -238,6 +239,37 @@ async def test_malformed_socket_addresses_close_cleanly(path):
     window = WebsocketCommunicator(app, path)
     connected, code = await window.connect(timeout=10)
     assert not connected and code == 4404
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    "origin, opens",
+    [
+        ("https://study.example.org", True),
+        ("https://study.example.org:443", True),
+        ("https://STUDY.example.org", True),
+        ("http://study.example.org", False),  # the site's host, another scheme
+        ("https://study.example.org:8443", False),  # ... another port
+        ("https://evil.example", False),
+        ("null", False),
+        (None, False),  # no Origin: refused where the hosts are named
+    ],
+)
+async def test_only_the_sites_own_pages_open_a_chat_socket(settings, origin, opens):
+    from parley.asgi import application
+
+    settings.ALLOWED_HOSTS = ["study.example.org"]
+    settings.PUBLIC_URL = "https://study.example.org"
+    participant = await database_sync_to_async(chatting)("http://127.0.0.1:9/v1", "origin")
+    headers = [(b"host", b"study.example.org")]
+    if origin is not None:
+        headers.append((b"origin", origin.encode()))
+    window = WebsocketCommunicator(application, f"/ws/p/{participant.token}/", headers=headers)
+    window.scope["scheme"] = "wss"  # behind the TLS proxy (uvicorn --proxy-headers)
+    connected, _ = await window.connect(timeout=10)
+    assert connected is opens
+    await window.disconnect()
 
 
 # --- rate limits on messages --------------------------------------------------------------------
