@@ -167,7 +167,7 @@ async def test_engine_down_keeps_the_message_and_retry_answers_it(engine_url, so
         ({"type": "message", "id": "bad id!", "text": "x"}, "needs an id"),
         ({"type": "message", "id": "ok", "text": "   "}, "type a message"),
         ({"type": "message", "id": "ok"}, "needs text"),
-        ({"type": "message", "id": "ok", "text": "x" * 3000}, "under 2000"),
+        ({"type": "message", "id": "ok", "text": "x" * 3000}, "the limit is 2,000"),
         ({"type": "dance"}, "Unknown message type"),
         ({"type": "end"}, "at least 1"),
     ],
