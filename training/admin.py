@@ -107,6 +107,7 @@ class TrainingRunAdmin(admin.ModelAdmin):
 
     class Media:
         js = ["training/training_run.js"]  # the preset loader and the live progress (CSP: a file)
+        css = {"all": ["training/training_run.css"]}
 
     def get_fields(self, request, obj=None):
         if obj is None:  # starting a run: only what shapes it, and what it will run
@@ -182,7 +183,7 @@ class TrainingRunAdmin(admin.ModelAdmin):
             return "-"
         return format_html_join(
             "",
-            '<figure style="display:inline-block;margin:0 1em 1em 0"><img src="{}" alt="{}" '
+            '<figure class="training-plot"><img src="{}" alt="{}" '
             'width="480"><figcaption>{}</figcaption></figure>',
             (
                 (reverse("admin:training_trainingrun_plot", args=[run.pk, name]), name, name)

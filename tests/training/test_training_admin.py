@@ -150,6 +150,8 @@ def test_the_run_page_shows_plots_samples_and_warns_of_no_optimizer_step(admin_c
     assert 'id="no-optimizer-step"' in page and "took no optimizer step in 2" in page
     # live progress from the static script (the site's CSP refuses inline scripts)
     assert 'id="run-progress" data-url="' in page and "training/training_run.js" in page
+    # the plots' layout from the stylesheet: the CSP refuses style attributes too
+    assert "training/training_run.css" in page and " style=" not in page
     for name in ("train_reward.png", "entropy.png"):
         url = reverse("admin:training_trainingrun_plot", args=[run.pk, name])
         assert f'src="{url}"' in page
