@@ -694,6 +694,26 @@ class StudyAdmin(PlanAdminMixin, admin.ModelAdmin):
         }
         return render(request, "admin/studies/import_pool.html", context)
 
+    def get_fieldsets(self, request, obj=None):
+        # No download links for whoever may not read what participants wrote (they would 403).
+        fieldsets = super().get_fieldsets(request, obj)
+        if can_read_participants(request):
+            return fieldsets
+        return [
+            (name, {**options, "fields": [
+                "downloads_withheld" if field == "downloads" else field
+                for field in options["fields"]
+            ]})
+            for name, options in fieldsets
+        ]  # fmt: skip
+
+    def get_readonly_fields(self, request, obj=None):
+        return [*super().get_readonly_fields(request, obj), "downloads_withheld"]
+
+    @admin.display(description="Downloads")
+    def downloads_withheld(self, study):
+        return "Responses and transcripts need the permission to view participants."
+
     @admin.display(description="Downloads")
     def downloads(self, study):
         if not study.pk:

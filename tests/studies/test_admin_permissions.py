@@ -250,11 +250,17 @@ def test_participants_data_needs_the_permission_to_view_participants(client, dat
         assert "Content-Disposition" not in response, name
         text = response.content.decode()
         assert not [pid for pid in pids if pid in text], name
-    # what holds no participant's data stays readable
+    # what holds no participant's data stays readable, and offers no link that would 403
     assert client.get(urls["studies_study_monitor"]).status_code == 200
+    study_page = reverse("admin:studies_study_change", args=[Study.objects.first().pk])
+    page = client.get(study_page).content.decode()
+    assert (
+        urls["studies_study_transcripts"] not in page and "permission to view participants" in page
+    )
     assert client.get(urls["studies_analysisrun_download"]).status_code == 200
 
     client.force_login(staff("reader", *everything_but_participants, "view_participant"))
+    assert urls["studies_study_transcripts"] in client.get(study_page).content.decode()
     for name in PARTICIPANT_DATA:
         assert client.get(urls[name]).status_code == 200, name
     assert client.get(input_csv).status_code == 200
