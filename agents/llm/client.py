@@ -160,8 +160,14 @@ class LLMClient:
         """Mark the stream pool closed once its event loop has ended (nothing can be awaited
         there any more), so that it is not reported as left open."""
         if self._streams is not None and not self._streams.closed:
+            connector = self._streams.connector
             with contextlib.suppress(Exception):  # its transports belong to the closed loop
-                self._streams.connector.close()
+                # aiohttp 3.12+ made close() a coroutine, which cannot run now; its synchronous
+                # part (_close) is what marks the pool closed and drops the transports.
+                closing = getattr(connector, "_close", None) or connector.close
+                result = closing()
+                if inspect.iscoroutine(result):
+                    result.close()
 
     def _api(self, url: str) -> openai.AsyncOpenAI:
         """The openai client of one replica (a copy sharing the first one's pool)."""
