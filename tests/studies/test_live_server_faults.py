@@ -168,15 +168,15 @@ def test_oversized_forms_are_refused_in_one_log_line(server, body, status):
     before = server.text().count("\n")
     page = f"{server.url}/p/{participant.token}/"
     assert post_form(page, page + "consent/", body) == status
-    server.wait_for(f'"POST /p/{participant.token}/consent/ HTTP/1.1" {status}')
+    server.wait_for(f'"POST /p/[token]/consent/ HTTP/1.1" {status}')  # the token masked
     added = [line for line in server.text().splitlines()[before:] if '"GET ' not in line]
     assert "Traceback" not in server.text(), server.text()
     assert len(added) <= 2, added  # uvicorn's access line and at most one of ours
 
 
 def test_the_access_log_keeps_no_prolific_ids(server):
-    """SESSION_ID is the participant's credential now: uvicorn's access log wrote the arrival's
-    whole query string."""
+    """SESSION_ID is the participant's credential now, and the page token another: uvicorn's
+    access log wrote the arrival's whole query string and every page's path."""
     study = make_study(slug="quiet")
     query = urllib.parse.urlencode(
         prolific(pid="pid-never-logged", session_id="session-never-logged")
@@ -184,4 +184,8 @@ def test_the_access_log_keeps_no_prolific_ids(server):
     with urllib.request.urlopen(f"{server.url}/s/{study.slug}/?{query}", timeout=30) as page:
         assert page.status == 200  # followed to the consent page
     server.wait_for(f'"GET /s/{study.slug}/?[query redacted] HTTP/1.1" 302')
+    # the participant's page is reached by its token alone: a credential too
+    server.wait_for('"GET /p/[token]/ HTTP/1.1" 200')
+    token = str(study.participants.get().token)
     assert "never-logged" not in server.text(), server.text()
+    assert token not in server.text(), server.text()
