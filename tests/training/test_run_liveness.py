@@ -12,16 +12,27 @@ from datetime import timedelta
 import pytest
 from django.urls import reverse
 from django.utils import timezone
-from parley.celery import TRAINING_QUEUES, worker_args
+from parley.celery import worker_args
 
 from tests.conftest import REPO, child_env
+from training import tasks
 from training.config import RunConfig
 from training.models import TrainingRun
 from training.run import train
-from training.tasks import start
+from training.tasks import run_training, start
 
 SAME_WORDS = {"name": "steady", "kind": "scripted", "script": "steady"}
 LOST_AFTER = 6  # seconds without a heartbeat: the worker beats every 1.5 s
+# This test's worker alone may take the run: the suite's shared worker serves `training` too, and
+# would train it on (500 steps) after this one is killed.
+OWN_QUEUE = f"training-lost-{os.getpid()}"
+
+
+class OnOwnQueue:
+    """training.tasks.run_training as start() and the admin's Resume send it: to OWN_QUEUE."""
+
+    def delay(self, *args):
+        return run_training.apply_async(args, queue=OWN_QUEUE)
 
 
 def tiny_settings(tiny_model, out, **more):
@@ -61,10 +72,10 @@ def test_progress_within_a_step_counts_rollouts(tiny_model, tmp_path, letters):
 
 
 def start_worker(log) -> subprocess.Popen:
-    """A real Celery worker on the training queue, beating every LOST_AFTER / 4 seconds."""
+    """A real Celery worker on this test's own queue, beating every LOST_AFTER / 4 seconds."""
     process = subprocess.Popen(
         [sys.executable, *worker_args("--pool", "solo", "-n", f"lost-{os.getpid()}@%h",
-                                      queues=TRAINING_QUEUES)],
+                                      queues=(OWN_QUEUE,))],
         cwd=REPO, env=child_env(PARLEY_TRAINING_LOST_AFTER=str(LOST_AFTER)),
         stdout=log.open("wb"), stderr=subprocess.STDOUT,
     )  # fmt: skip
@@ -82,9 +93,10 @@ def wait_until(check, seconds: float, what: str):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_run_whose_worker_is_killed_is_shown_lost_and_resumed(
-    tiny_model, tmp_path, admin_client, settings
+    tiny_model, tmp_path, admin_client, settings, monkeypatch
 ):
     settings.PARLEY_TRAINING_LOST_AFTER = LOST_AFTER
+    monkeypatch.setattr(tasks, "run_training", OnOwnQueue())
     run = TrainingRun.objects.create(
         name="killed", domain="p4g", regime="single",
         settings=tiny_settings(tiny_model, tmp_path / "out", steps=500),
