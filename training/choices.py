@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from training.kvcache import cache_arg, cache_of
+from agents.serving.kvcache import cache_arg, cache_of
 
 
 @dataclass

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
+from agents.serving.kvcache import cache_arg, cache_of
 from training.distributed import Ranks, full_weights
-from training.kvcache import cache_arg, cache_of
 
 STD_EPS = 1e-4
 

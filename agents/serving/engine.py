@@ -34,6 +34,7 @@ from agents.llm.native_tools import HERMES, template_tool_style
 from agents.llm.tool_format import partial_suffix
 from agents.serving.adapters import Adapter, find_adapters
 from agents.serving.constraints import Constraint, Grammars
+from agents.serving.kvcache import cache_keyword
 from agents.serving.protocol import ChatCompletionRequest, EngineError
 
 log = logging.getLogger(__name__)
@@ -127,10 +128,10 @@ class Engine:
         self.max_model_len = min(max_model_len or 10**9, config.max_position_embeddings)
         self.end_ids = _end_ids(self.tokenizer, self.model)
         self.grammars = Grammars(self.tokenizer, config.vocab_size, self.end_ids)
-        # transformers 5 renamed past_key_values to cache; logits for the last position only
-        # keep a long prompt's prefill from materialising prompt_len x vocab logits.
+        # The KV cache keyword of this transformers (agents/serving/kvcache.py); logits for the
+        # last position only keep a long prompt's prefill from materialising prompt_len x vocab.
         parameters = inspect.signature(self.model.forward).parameters
-        self._cache_kw = "cache" if "cache" in parameters else "past_key_values"
+        self._cache_kw = cache_keyword(self.model)
         self._last_logits = {"logits_to_keep": 1} if "logits_to_keep" in parameters else {}
         self._peft = False  # the model is wrapped by peft once an adapter is loaded
         self._loaded: OrderedDict[str, tuple[str, tuple]] = OrderedDict()  # name -> (key, stamp)

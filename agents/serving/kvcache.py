@@ -1,5 +1,6 @@
 """The KV cache keyword of the installed transformers: `cache` from 5.x (5.40 drops
-`past_key_values`), `past_key_values` before it. Read once per model class from its forward."""
+`past_key_values`), `past_key_values` before it. Read once per model class from its forward;
+the embedded engine and training's forwards both ask here."""
 
 from __future__ import annotations
 
@@ -8,9 +9,14 @@ import inspect
 from typing import Any
 
 
+def cache_keyword(model: Any) -> str:
+    """The name under which `model`'s forward takes a KV cache."""
+    return _cache_keyword(type(_unwrapped(model)))
+
+
 def cache_arg(model: Any, cache: Any) -> dict[str, Any]:
     """The keyword argument that hands `cache` to `model`'s forward."""
-    return {_cache_keyword(type(_unwrapped(model))): cache}
+    return {cache_keyword(model): cache}
 
 
 def cache_of(out: Any) -> Any:
