@@ -127,19 +127,21 @@ class ArmInline(admin.StackedInline):
     ]
 
 
+def repeated(formset: forms.BaseInlineFormSet, field: str) -> list[str]:
+    """The values of `field` that more than one kept row of `formset` gives (blanks aside)."""
+    values = [
+        form.cleaned_data.get(field)
+        for form in formset.forms
+        if form.cleaned_data and not form.cleaned_data.get("DELETE")
+    ]
+    return sorted({v for v in values if v and values.count(v) > 1})
+
+
 class CompletionCodeFormSet(forms.BaseInlineFormSet):
     def clean(self):
         super().clean()
-        endings = [
-            form.cleaned_data.get("ending")
-            for form in self.forms
-            if form.cleaned_data and not form.cleaned_data.get("DELETE")
-        ]
-        repeated = {e for e in endings if e and endings.count(e) > 1}
-        if repeated:
-            raise forms.ValidationError(
-                "One code per ending: " + ", ".join(sorted(repeated)) + " is given twice."
-            )
+        if twice := repeated(self, "ending"):
+            raise forms.ValidationError(f"One code per ending: {', '.join(twice)} is given twice.")
 
 
 class CompletionCodeInline(admin.TabularInline):
@@ -1012,15 +1014,9 @@ class ItemFormSet(forms.BaseInlineFormSet):
 
     def clean(self):
         super().clean()
-        mapped = [
-            form.cleaned_data.get("domain_input")
-            for form in self.forms
-            if form.cleaned_data and not form.cleaned_data.get("DELETE")
-        ]
-        repeated = sorted({m for m in mapped if m and mapped.count(m) > 1})
-        if repeated:
+        if twice := repeated(self, "domain_input"):
             raise forms.ValidationError(
-                f"One item per answer the task reads: {', '.join(repeated)} is given twice."
+                f"One item per answer the task reads: {', '.join(twice)} is given twice."
             )
 
 
