@@ -183,6 +183,12 @@ def retry_after(response: httpx.Response) -> float | None:
     return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
+def asked_wait(retry_state: RetryCallState) -> float | None:
+    """The Retry-After of the busy answer the last attempt got, if it sent one."""
+    error = retry_state.outcome.exception() if retry_state.outcome else None
+    return retry_after(error.response) if isinstance(error, Busy) else None
+
+
 class wait_retry_after(wait_base):
     """Prolific's Retry-After when it sends one, else exponential back-off (1, 2, 4, ... s)."""
 
@@ -190,15 +196,13 @@ class wait_retry_after(wait_base):
         self.fallback = fallback
 
     def __call__(self, retry_state: RetryCallState) -> float:
-        error = retry_state.outcome.exception() if retry_state.outcome else None
-        asked = retry_after(error.response) if isinstance(error, Busy) else None
+        asked = asked_wait(retry_state)
         return self.fallback(retry_state) if asked is None else asked
 
 
 def asks_too_long(retry_state: RetryCallState) -> bool:
     """Stop at once when Retry-After asks longer than a call waits (honoured, not shortened)."""
-    error = retry_state.outcome.exception() if retry_state.outcome else None
-    asked = retry_after(error.response) if isinstance(error, Busy) else None
+    asked = asked_wait(retry_state)
     return asked is not None and asked > MAX_RETRY_AFTER
 
 
