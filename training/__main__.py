@@ -1,6 +1,7 @@
 """python -m training run CONFIG.toml [--set KEY=VALUE ...] [--steps N] [--output-dir DIR]
 python -m training run CONFIG.toml --dry-run [--offline] [--json] [--accelerate-config FILE]
 python -m training experiment collapse [--seeds N] [--steps N] [--out DIR] [--jobs J]
+python -m training experiment collapse2 [--out DIR] [--jobs J]
 python -m training paper [--json]
 
 `run` trains the run the TOML file describes, with a progress bar; run it again to resume.
@@ -10,6 +11,8 @@ endpoints and their models, one request shaped for its provider per endpoint sim
 per device; `--offline` only what needs no network or weights.
 `experiment collapse` trains every regime on the P4G decision episode for each seed and writes
 DIR/results.json, DIR/results.md and plots (training/experiment.py); run it again to resume.
+`experiment collapse2` is the pre-registered one (training/collapse2/: its design, analysis and
+verdict rule are fixed; --seeds, --steps and --config do not apply).
 `paper` lists the paper's results (training/paper.py): each one's config, the command for one
 8-GPU node, the memory per GPU from the offline dry run, and where it differs from the release.
 """
@@ -85,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     experiment = commands.add_parser(
         "experiment", help="reproduce simulator collapse: every regime x seeds (see README)"
     )
-    experiment.add_argument("name", choices=["collapse"], help="the experiment")
+    experiment.add_argument("name", choices=["collapse", "collapse2"], help="the experiment")
     experiment.add_argument("--seeds", type=int, default=3, help="seeds per regime (default 3)")
     experiment.add_argument("--steps", type=int, help="override the config's steps")
     experiment.add_argument(
@@ -187,6 +190,8 @@ def _experiment(args: argparse.Namespace, argv: list[str]) -> int:
     from training.experiment import command_line, run
 
     out = Path(args.out) if args.out else data_dir() / "experiments" / args.name
+    if args.name == "collapse2":
+        return _collapse2(args, argv, out)
     try:
         results = run(
             args.name, out, seeds=args.seeds, steps=args.steps, jobs=args.jobs,
@@ -198,6 +203,28 @@ def _experiment(args: argparse.Namespace, argv: list[str]) -> int:
     print(f"results: {out / 'results.json'}")
     print(f"report:  {out / 'results.md'}")
     print(f"runtime: {results['runtime_s'] / 60:.1f} minutes")
+    return 0
+
+
+def _collapse2(args: argparse.Namespace, argv: list[str], out) -> int:
+    from training.collapse2.runner import run
+    from training.experiment import command_line
+
+    fixed = [f"--{k}" for k in ("seeds", "steps", "config")
+             if f"--{k}" in argv or any(a.startswith(f"--{k}=") for a in argv)]  # fmt: skip
+    if fixed:
+        print(f"error: collapse2's design is fixed: {', '.join(fixed)} does not apply",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    try:
+        results = run(out, jobs=args.jobs, command=command_line(argv))
+    except (ConfigError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"report:  {out / 'results.md'}")
+    for regime, block in results["regimes"].items():
+        if regime != "single":
+            print(f"{regime}: {block['verdict']}")
     return 0
 
 

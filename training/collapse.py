@@ -33,19 +33,18 @@ EXPLOIT_TOLERANCE = 0.02  # reward units: asks this close to the best count as t
 EXPLOIT_FILE = "exploit.json"
 
 
-def simulator_exploit(
+def user_decisions(
     domain: Domain, tasks: list[Scenario], user: Any, max_tasks: int = 8
-) -> dict[str, Any] | None:
-    """For an episode the agent opens with a choice and the user answers with one: each opening
-    ask's exact expected reward against the frozen simulator `user` (a Speaker that records its
-    Decisions: LocalUser, ScriptedUser), averaged over up to `max_tasks` training tasks, and the
-    exploit set. None for any other kind of episode."""
+) -> dict[str, list[Any]] | None:
+    """For an episode the agent opens with a choice and the user answers with one: per opening
+    ask, one (Decision, reward of each of its choices) per task, for up to `max_tasks` tasks.
+    None for any other kind of episode."""
     if domain.first_speaker != AGENT or not tasks:
         return None
     asks = domain.agent_choices(tasks[0], [])
     if not asks:
         return None
-    expected: dict[str, list[float]] = {ask: [] for ask in asks}
+    found: dict[str, list[Any]] = {ask: [] for ask in asks}
     for task in tasks[:max_tasks]:
         rollouts = []
         for ask in asks:
@@ -63,8 +62,25 @@ def simulator_exploit(
                 domain.score([*base, {"role": "user", "content": text}], rollout.state).reward
                 for text in decision.texts
             ]
-            expected[ask].append(sum(p * r for p, r in zip(decision.probs, rewards, strict=True)))
-    means = {ask: statistics.fmean(v) for ask, v in expected.items()}
+            found[ask].append((decision, rewards))
+    return found
+
+
+def simulator_exploit(
+    domain: Domain, tasks: list[Scenario], user: Any, max_tasks: int = 8
+) -> dict[str, Any] | None:
+    """Each opening ask's exact expected reward against the frozen simulator `user` (a Speaker
+    that records its Decisions: LocalUser, ScriptedUser), averaged over up to `max_tasks`
+    training tasks, and the exploit set. None where `user_decisions` is."""
+    found = user_decisions(domain, tasks, user, max_tasks)
+    if found is None:
+        return None
+    means = {
+        ask: statistics.fmean(
+            sum(p * r for p, r in zip(d.probs, rewards, strict=True)) for d, rewards in pairs
+        )
+        for ask, pairs in found.items()
+    }
     best = max(means.values())
     return {
         "tasks": [t.id for t in tasks[:max_tasks]],

@@ -73,8 +73,6 @@ def run(
     config: Path | None = None,
     command: str = "",
 ) -> dict[str, Any]:
-    from tqdm import tqdm
-
     base = load_config(config or EXPERIMENTS[name])
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -82,8 +80,23 @@ def run(
         regime_config(base, regime, seed, out, steps) for regime in ORDER for seed in range(seeds)
     ]
     started = time.monotonic()
+    train_all(runs, jobs, f"{name}: {len(runs)} runs")
+    runtime = _add_runtime(out, time.monotonic() - started)
+    results = summarize(runs, base, runtime, command)
+    for regime, block in results["regimes"].items():
+        mine = sorted((c for c in runs if c.regime == regime), key=lambda c: c.seed)
+        block["final_simulator_reward_per_ask"] = [final_simulator(c) for c in mine]
+    write(results, out)
+    return results
+
+
+def train_all(runs: list[RunConfig], jobs: int, desc: str) -> None:
+    """Train `runs` (those not finished yet), `jobs` at a time, each in its own spawned process,
+    with one progress bar over all their steps. RuntimeError naming every run that failed."""
+    from tqdm import tqdm
+
     total = sum(c.steps for c in runs)
-    bar = tqdm(total=total, desc=f"{name}: {len(runs)} runs", unit="step")
+    bar = tqdm(total=total, desc=desc, unit="step")
     failures: list[str] = []
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
@@ -103,13 +116,29 @@ def run(
     bar.close()
     if failures:
         raise RuntimeError("runs failed:\n" + "\n".join(failures))
-    runtime = _add_runtime(out, time.monotonic() - started)
-    results = summarize(runs, base, runtime, command)
-    for regime, block in results["regimes"].items():
-        mine = sorted((c for c in runs if c.regime == regime), key=lambda c: c.seed)
-        block["final_simulator_reward_per_ask"] = [final_simulator(c) for c in mine]
-    write(results, out)
-    return results
+
+
+def provenance(config: dict[str, Any]) -> dict[str, Any]:
+    """What a results file came from: the commit (with "dirty": uncommitted changes to tracked
+    files) and the SHA-256 of the configuration as canonical JSON."""
+    import hashlib
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
+                                  check=True).stdout.strip()  # fmt: skip
+        except (OSError, subprocess.CalledProcessError):
+            return ""
+
+    canonical = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
+    return {
+        "commit": git("rev-parse", "HEAD") or "unknown",
+        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "config_sha256": hashlib.sha256(canonical.encode()).hexdigest(),
+    }
 
 
 def summarize(runs: list[RunConfig], base: RunConfig, runtime: float, command: str) -> dict:
@@ -147,6 +176,7 @@ def summarize(runs: list[RunConfig], base: RunConfig, runtime: float, command: s
     return {
         "experiment": "collapse",
         "command": command,
+        "provenance": provenance(base.to_dict()),
         "steps": max(c.steps for c in runs),
         "group_size": base.group_size,
         "batch_tasks": base.batch_tasks,
@@ -203,6 +233,8 @@ def markdown(results: dict[str, Any]) -> str:
         f"seeds, {results['steps']} steps of {results['batch_tasks']} task x G = "
         f"{results['group_size']} rollouts, {results['runtime_s'] / 60:.0f} minutes in all.",
         "",
+        provenance_line(results.get("provenance")),
+        "",
         "Mean over seeds (min to max in brackets). Final = the last step; held-out = the "
         "scripted panel after the last step.",
         "",
@@ -246,6 +278,15 @@ def markdown(results: dict[str, Any]) -> str:
             lines.append(f"- {value:.3f}{mark}: {ask}")
     lines += ["", "![per step](collapse.png)", "", "![held-out](heldout.png)", ""]
     return "\n".join(lines)
+
+
+def provenance_line(found: dict[str, Any] | None) -> str:
+    if not found:
+        return "Commit and configuration hash: not recorded."
+    dirty = " (with uncommitted changes)" if found.get("dirty") else ""
+    return f"Commit {found['commit']}{dirty}; configuration SHA-256 {found['config_sha256']}." + (
+        f" {found['note']}" if found.get("note") else ""
+    )
 
 
 def plot(results: dict[str, Any], out: Path) -> None:
