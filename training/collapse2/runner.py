@@ -194,6 +194,7 @@ def run(
     from training.run import select_tasks
 
     design = load_design(design_path)
+    source = provenance({})["commit"], provenance({})["dirty"]  # the code the runs start from
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -234,11 +235,16 @@ def run(
     if "verbalized" not in regimes:
         result["regimes"]["verbalized"] = {"verdict": "not run",
                                            "uninformative_because": ["C3 failed: not run"]}  # fmt: skip
+    # the configuration hashed without this machine's folders (flat prior, SmolLM2)
+    portable = base.to_dict() | {
+        "base_model": "",
+        "simulator": {**base.to_dict()["simulator"], "model": ""},
+    }
     results = {
         "experiment": "collapse2",
         "command": command,
-        "provenance": provenance({"design": design, "run": base.to_dict() | {"base_model": "",
-                                  "simulator": {**base.to_dict()["simulator"], "model": ""}}}),
+        "provenance": provenance({"design": design, "run": portable})
+        | {"commit": source[0], "dirty": source[1]},
         "runtime_s": round(runtime, 1),
         "design": design,
         "flat_prior": prior,
