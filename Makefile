@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # `make demo ENGINE=vllm` serves the demo's agents with vLLM (installed first: `make vllm`)
 ENGINE ?= embedded
 
-.PHONY: install model demo test lint format bench clean vllm
+.PHONY: install model demo test lint docs format bench clean vllm
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,11 @@ lint: install
 	@# known vulnerabilities in the installed set (says so when the database cannot be reached)
 	$(BIN)/python -m parley.audit
 
+# The manual (docs/, mkdocs.yml) into site/; --strict: a broken link or anchor fails the build.
+# NO_MKDOCS_2_WARNING silences Material's banner about MkDocs 2, which is not an error.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 format: install
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
@@ -62,4 +67,4 @@ $(VLLM_STAMP):
 vllm: $(VLLM_STAMP)
 
 clean:
-	rm -rf $(VENV) .venv-vllm data/test.sqlite3 .pytest_cache
+	rm -rf $(VENV) .venv-vllm data/test.sqlite3 .pytest_cache site
