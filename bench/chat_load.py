@@ -10,7 +10,7 @@ token rate), so any time above the engine's own is the platform's. Bot participa
 no pause) and with think time (a pause before every message). Reported per run: added time to
 first token (p50, p95, p99), whole reply time, server CPU (all worker processes) per chat turn
 and per participant session, database transactions per turn, and errors. Results go to
-OUT.json and OUT.md, which the README quotes.
+OUT.json and OUT.md, which docs/capacity.md quotes.
 
 Needs PostgreSQL (database BENCH_DB, default h_load, created if missing) and Redis
 (BENCH_REDIS, default redis://127.0.0.1:6379/15). The bench client shares the machine's cores

@@ -14,7 +14,7 @@ from it. The architecture, and so the memory and the work per token, are SmolLM2
 rounding leaves a model that writes fluent-looking nonsense (greedy, to "What is the capital of
 France?": not "Paris"), so its replies' lengths, which the timings depend on, are not the real
 model's. The wheels of the Python packages the device lacks travel in the same folder
-(bench/gpu_smoke.sh, training/README.md "GPU smoke check").
+(bench/gpu_smoke.sh, docs/paper.md "GPU smoke check").
 
 `run` trains each regime for `--steps` steps on the Persuasion for Good domain (its bundled
 personas: no data to carry) against in-process simulators (the base model, scripted persuadee

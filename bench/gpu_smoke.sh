@@ -3,7 +3,7 @@
 # process, on CUDA in bfloat16, with seconds per step and peak GPU memory per regime; then
 # nvidia-smi and the commit. Made for the device tool's one H200 (no network, no vLLM): it reads
 # SmolLM2 and the missing Python packages from the pack folder carried with the call
-# (bench/gpu_smoke.py pack; training/README.md, "GPU smoke check", says how).
+# (bench/gpu_smoke.py pack; docs/paper.md, "GPU smoke check", says how).
 #
 #   bash bench/gpu_smoke.sh                       # on the lent GPU, with .gpu_smoke carried
 #   DEVICE=cpu DTYPE=float32 bash bench/gpu_smoke.sh   # here, as a check of the script

@@ -171,7 +171,7 @@ class TrainingRunAdmin(admin.ModelAdmin):
             return "-"
         return format_html(
             '<div class="errornote" id="collapse-warnings"><strong>Signs of collapse:</strong>'
-            "<ul>{}</ul>Thresholds: the run's [collapse] table (training/README.md, "
+            "<ul>{}</ul>Thresholds: the run's [collapse] table (docs/training.md, "
             '"Collapse warnings"); the measures are in diversity.png and metrics.jsonl.</div>',
             format_html_join("", "<li>{}</li>", ((w.get("message", w),) for w in warnings)),
         )

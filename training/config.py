@@ -352,7 +352,7 @@ class DistributedSpec:
         "ddp",
         description="ddp: every rank holds the whole model, gradients are all-reduced"
         " | fsdp: parameters sharded across ranks, for models that do not fit one device"
-        " (LoRA or full fine-tuning; see training/README.md)",
+        " (LoRA or full fine-tuning; see docs/paper.md)",
     )
 
 
@@ -382,7 +382,7 @@ class LoraSpec:
 @dataclass(config=TABLE)
 class CollapseSpec:
     """When a step's diversity measures (training/diversity.py) warn of collapse; the defaults are
-    justified in training/README.md ("Collapse warnings"). A bound of 0 (a `max_`: 1) never
+    justified in docs/training.md ("Collapse warnings"). A bound of 0 (a `max_`: 1) never
     warns."""
 
     min_sim_distinct_2: StrictFloat = Field(

@@ -329,7 +329,7 @@ def check_accelerate(config: RunConfig, path: str) -> tuple[list[Check], int]:
 
 def check_strategy(config: RunConfig) -> Check:
     """What the launch does with several processes: DDP (whole model on each rank) or FSDP
-    (sharded; a model that needs it should sample on an endpoint, see training/README.md)."""
+    (sharded; a model that needs it should sample on an endpoint, see docs/paper.md)."""
     strategy, n = config.distributed.strategy, config.distributed.processes
     detail = f"{strategy} x {n}" if n > 1 else "one process"
     if config.trains_simulator and n > 1:

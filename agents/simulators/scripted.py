@@ -1,7 +1,7 @@
 """Scripted P4G persuadees with hidden types: a held-out panel that shares no weights with any
 model being trained or simulated.
 
-Written down before any collapse run (see training/README.md) and not tuned after: each type is a
+Written down before any collapse run (see docs/training.md) and not tuned after: each type is a
 rule from the persuasion literature turning what the persuader said (the amount it asked for,
 the kind of appeal it made) into a distribution over the five decisions $0, $0.50, $1, $1.50, $2.
 The persuader never sees the type. At the paper's scale the panel is other LLMs (hosted
