@@ -224,6 +224,22 @@ def test_a_running_analysis_is_left_alone_unless_its_worker_was_lost():
     assert deliver(9_999_999) == "missing"  # a run deleted meanwhile is no error
 
 
+@pytest.mark.django_db
+def test_a_run_deleted_while_it_is_computed_stays_deleted(monkeypatch):
+    """A researcher deletes the run (or its study) in the admin while a worker computes it: the
+    worker's result is dropped, not stored again as the run it had."""
+    study = study_one_short_of_target()
+    run = tasks.start_analysis(study)
+
+    def deleted_meanwhile(study):  # the last section computed
+        AnalysisRun.objects.filter(pk=run.pk).delete()
+        return {}, {}
+
+    monkeypatch.setattr(tasks.sim2real, "analysis_section", deleted_meanwhile)
+    assert deliver(run.pk) == "missing"
+    assert not AnalysisRun.objects.filter(pk=run.pk).exists()
+
+
 def test_analysis_and_training_tasks_are_acknowledged_late():
     from training.tasks import run_training
 
