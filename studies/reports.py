@@ -163,7 +163,8 @@ Section = Callable[[Study], tuple[dict, dict[str, str]]]
 
 def compute(run: AnalysisRun, sections: dict[str, Section] | None = None) -> AnalysisRun:
     """Compute the run's report; `sections` add more of it by key (the sim-to-real gap, which
-    lives above this module), each with its figures."""
+    lives above this module), each with its figures. A run deleted meanwhile comes back with
+    no pk."""
     run.status, run.started_at = AnalysisRun.Status.RUNNING, timezone.now()
     run.save(update_fields=["status", "started_at"])
     try:
@@ -193,7 +194,12 @@ def compute(run: AnalysisRun, sections: dict[str, Section] | None = None) -> Ana
     except Exception:  # noqa: BLE001 - a failed run is stored with its traceback, not lost
         run.status, run.error = AnalysisRun.Status.FAILED, traceback.format_exc()
     run.finished_at = timezone.now()
-    run.save()
+    # An UPDATE only: save() inserts a run deleted meanwhile (from the admin, or with its study)
+    # again, or fails on its study's foreign key.
+    computed = ["status", "settings", "inputs", "results", "figures", "error", "finished_at"]
+    if not AnalysisRun.objects.filter(pk=run.pk).update(**{f: getattr(run, f) for f in computed}):
+        log.info("analysis run %s was deleted while it was computed", run.pk)
+        run.pk = None  # as Django leaves a deleted instance
     return run
 
 

@@ -39,6 +39,8 @@ def run_analysis(self, run_id: int) -> str:
         status = AnalysisRun.objects.filter(pk=run_id).values_list("status", flat=True).first()
         return status or "missing"
     run = compute(run, {"sim2real": sim2real.analysis_section})
+    if run.pk is None:  # deleted while it was computed
+        return "missing"
     if (run.results or {}).get("sim2real", {}).get("missing"):
         start_simulator_evaluation(run)
     return run.status

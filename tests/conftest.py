@@ -5,6 +5,7 @@ Under CI (PARLEY_CI=1) a test whose service is missing fails; on a laptop it is 
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -39,6 +40,45 @@ def close_connection_pool(django_db_setup, django_db_blocker):
         for connection in connections.all():
             if hasattr(connection, "close_pool"):
                 connection.close_pool()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A transactional test's teardown whose flush fails says why beside the error: the cause
+    (a deadlock, a pool timeout) and who else was on the test database (a worker still at work)."""
+    report = yield
+    error = call.excinfo.value if call.excinfo is not None else None
+    if call.when == "teardown" and "couldn't be flushed" in str(error):
+        report.sections.append(("the failed flush", flush_failure(error)))
+    return report
+
+
+def flush_failure(error: BaseException) -> str:
+    from django.db import connection
+
+    lines, cause = [], error.__cause__
+    while cause is not None:
+        lines.append(f"caused by {type(cause).__module__}.{type(cause).__name__}: {cause}")
+        cause = cause.__cause__
+    if connection.vendor != "postgresql":
+        return "\n".join(lines)
+    try:  # a connection of its own: Django's may be the broken one, and may be blocked here
+        import psycopg
+
+        params = {**connection.get_connection_params(), "connect_timeout": 5}
+        # the database named in the error: after the last test, the test database is gone
+        params["dbname"] = re.search(r"Database (.+) couldn't be flushed", str(error))[1]
+        with psycopg.connect(**params, autocommit=True) as other:
+            rows = other.execute(
+                "SELECT pid, application_name, client_addr, client_port, state, wait_event_type,"
+                " wait_event, xact_start, left(query, 300) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).fetchall()
+        lines.append(f"{len(rows)} other session(s) on {params.get('dbname')} just after:")
+        lines += [repr(row) for row in rows]
+    except Exception as failure:  # noqa: BLE001 - the report is a help, never a second error
+        lines.append(f"pg_stat_activity not read: {failure!r}")
+    return "\n".join(lines)
 
 
 @pytest.fixture
@@ -181,7 +221,7 @@ def celery_worker(django_db_setup, django_db_blocker):
     (REPO / "data").mkdir(exist_ok=True)  # a fresh checkout has none until `make model`
     log = open(REPO / "data" / "test-worker.log", "wb")  # noqa: SIM115
     with django_db_blocker.unblock():
-        env = child_env()
+        env = child_env(PGAPPNAME="suite celery worker")  # named in pg_stat_activity
     process = subprocess.Popen(
         [
             sys.executable,
