@@ -2,6 +2,7 @@
 
 import ast
 import json
+import os
 import re
 import sys
 import sysconfig
@@ -197,6 +198,43 @@ def test_pool_is_each_web_workers_share_of_max_connections():
     assert "60 web workers get 1 database connections each" in crowded.stderr
     bad = pool_size(WEB_CONCURRENCY="four")
     assert "WEB_CONCURRENCY must be a whole number of 1 or more (got 'four')" in bad.stderr
+
+
+def import_settings(probe: str = "", **env):
+    return python("-c", "import parley.settings as s; " + probe, env={**os.environ, **env})
+
+
+@pytest.mark.parametrize(
+    "name, value, expected",
+    [
+        ("PARLEY_LOGIN_WINDOW", "15m", "a whole number of 1 or more"),
+        ("PARLEY_LLM_TIMEOUT", "two minutes", "a number above 0"),
+        ("CELERY_TASK_ALWAYS_EAGER", "sometimes", "a yes or no: 1/0, true/false, yes/no or on/off"),
+        ("PARLEY_PORT", "80800", "a whole number from 1 to 65535"),
+        ("PARLEY_REDIS_SOCKET_TIMEOUT", "5", "a number above 10"),
+        ("PARLEY_ARM_MODEL_CHECK", "ask", "one of refuse, warn"),
+    ],
+)
+def test_a_bad_value_stops_start_up_naming_the_variable_and_what_it_must_be(name, value, expected):
+    """One error for every variable, whatever its type: an int, a float, a bool, a bounded one
+    and a choice each stop settings with ImproperlyConfigured, the name, the rule and the value."""
+    result = import_settings(**{name: value})
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"django.core.exceptions.ImproperlyConfigured: {name} must be {expected} (got {value!r})."
+    )
+
+
+def test_a_blank_value_is_unset_but_a_blank_list_is_empty_and_a_blank_debug_is_refused():
+    """A `NAME=` line left blank in an env file: the default, for a number as for text; an empty
+    list (no address exempt from the limits); and never debugging on in production."""
+    probe = "print(json.dumps([s.PARLEY_LOGIN_WINDOW, s.PARLEY_HOST, s.PARLEY_RATE_EXEMPT_IPS]))"
+    blank = import_settings(
+        "import json; " + probe, PARLEY_LOGIN_WINDOW=" ", PARLEY_HOST="", PARLEY_RATE_EXEMPT_IPS=""
+    )
+    assert json.loads(blank.stdout) == [900, "127.0.0.1", []], blank.stderr
+    debug = import_settings(DJANGO_DEBUG="")
+    assert debug.returncode != 0 and "DJANGO_DEBUG is blank" in debug.stderr
 
 
 @pytest.mark.django_db

@@ -10,23 +10,59 @@ import secrets
 import sys
 
 import dj_database_url
+import environs
 from django.core.exceptions import ImproperlyConfigured
 
 from agents.paths import REPO_DIR, data_dir
 
+# Every variable is parsed here, one way: environs (marshmallow's fields and validators) rather
+# than django-environ, which casts with int()/float() (an error that names no variable) and
+# takes any bool it does not know as False.
+_environment = environs.Env()
 
-def env_bool(name: str, default: bool = False) -> bool:
-    value = os.environ.get(name)
-    if value is None:
+
+@_environment.parser_for("names")
+def _names(value: str) -> tuple[str, ...]:
+    """A comma-separated list, each name stripped, empty ones dropped."""
+    return tuple(part.strip() for part in value.split(",") if part.strip())
+
+
+def env(kind: str, name: str, default, *, least=None, most=None, above=None, among=None):
+    """The variable `name` parsed as `kind` ("str", "int", "float", "bool", "names"), or
+    `default` when it is unset or blank (a `NAME=` line left in an env file), except that a
+    blank list is the empty one. A value that is no `kind`, or outside the bounds, stops
+    start-up with ImproperlyConfigured naming the variable, what it must be and what it got."""
+    raw = os.environ.get(name)
+    if raw is None:
         return default
-    return value.strip().lower() in ("1", "true", "yes", "on")
-
-
-def env_port(name: str, default: int) -> int:
-    value = os.environ.get(name, "").strip() or str(default)
-    if not value.isdigit() or not 0 < int(value) < 65536:
-        raise ImproperlyConfigured(f"{name} must be a port number from 1 to 65535 (got {value!r}).")
-    return int(value)
+    if not raw.strip():
+        return () if kind == "names" else default
+    rules = []
+    if least is not None or most is not None:
+        rules.append(environs.validate.Range(min=least, max=most))
+    if above is not None:
+        rules.append(environs.validate.Range(min=above, min_inclusive=False))
+    if among is not None:
+        rules.append(environs.validate.OneOf(among))
+    try:
+        return getattr(_environment, kind)(name, **({"validate": rules} if rules else {}))
+    except environs.EnvError:
+        expected = {
+            "int": "a whole number",
+            "float": "a number",
+            "bool": "a yes or no: 1/0, true/false, yes/no or on/off",
+        }.get(kind, "text")
+        if among is not None:
+            expected = "one of " + ", ".join(among)
+        elif least is not None and most is not None:
+            expected += f" from {least} to {most}"
+        elif least is not None:
+            expected += f" of {least} or more"
+        elif most is not None:
+            expected += f" of {most} or less"
+        elif above is not None:
+            expected += f" above {above}"
+        raise ImproperlyConfigured(f"{name} must be {expected} (got {raw!r}).") from None
 
 
 BASE_DIR = REPO_DIR
@@ -53,31 +89,29 @@ def production_secret_key(key: str) -> str:
     return key
 
 
-DEBUG = env_bool("DJANGO_DEBUG", default=True)
+# Blank is unset everywhere else; here unset means on, and a production env file's blank line
+# must not turn debugging on.
+if "DJANGO_DEBUG" in os.environ and not os.environ["DJANGO_DEBUG"].strip():
+    raise ImproperlyConfigured("DJANGO_DEBUG is blank: set it to 0 in production, or unset it.")
+DEBUG = env("bool", "DJANGO_DEBUG", True)
 if DEBUG:
     # A development key that changes per process: fine for a laptop, never for production.
-    SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or "dev-insecure-" + secrets.token_urlsafe(32)
+    SECRET_KEY = env("str", "DJANGO_SECRET_KEY", "") or "dev-insecure-" + secrets.token_urlsafe(32)
 else:
-    SECRET_KEY = production_secret_key(os.environ.get("DJANGO_SECRET_KEY", ""))
+    SECRET_KEY = production_secret_key(env("str", "DJANGO_SECRET_KEY", ""))
 # Any host only on a laptop; production names its hosts, or Host headers are the client's word.
-ALLOWED_HOSTS = [
-    h.strip()
-    for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "*" if DEBUG else "").split(",")
-    if h.strip()
-]
+ALLOWED_HOSTS = list(env("names", "DJANGO_ALLOWED_HOSTS", ("*",) if DEBUG else ()))
 if not DEBUG and (not ALLOWED_HOSTS or "*" in ALLOWED_HOSTS):
     raise ImproperlyConfigured(
         "DJANGO_ALLOWED_HOSTS must name the site's hosts (comma-separated, no '*') when "
         "DJANGO_DEBUG is off, e.g. DJANGO_ALLOWED_HOSTS=study.example.org."
     )
-CSRF_TRUSTED_ORIGINS = [
-    o for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o
-]
+CSRF_TRUSTED_ORIGINS = list(env("names", "DJANGO_CSRF_TRUSTED_ORIGINS", ()))
 # Where `make demo` serves the site and the embedded engine; the URLs below default to them.
-PARLEY_HOST = os.environ.get("PARLEY_HOST", "127.0.0.1")
-PARLEY_PORT = env_port("PARLEY_PORT", 8000)
-PARLEY_ENGINE_PORT = env_port("PARLEY_ENGINE_PORT", 8001)
-PUBLIC_URL = os.environ.get("PARLEY_PUBLIC_URL", f"http://{PARLEY_HOST}:{PARLEY_PORT}").rstrip("/")
+PARLEY_HOST = env("str", "PARLEY_HOST", "127.0.0.1")
+PARLEY_PORT = env("int", "PARLEY_PORT", 8000, least=1, most=65535)
+PARLEY_ENGINE_PORT = env("int", "PARLEY_ENGINE_PORT", 8001, least=1, most=65535)
+PUBLIC_URL = env("str", "PARLEY_PUBLIC_URL", f"http://{PARLEY_HOST}:{PARLEY_PORT}").rstrip("/")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -128,34 +162,14 @@ TEMPLATES = [
 
 
 # --- database -----------------------------------------------------------------------------
-def env_count(name: str, default: int, least: int = 1) -> int:
-    value = os.environ.get(name, "").strip() or str(default)
-    if not value.isdigit() or int(value) < least:
-        raise ImproperlyConfigured(
-            f"{name} must be a whole number of {least} or more (got {value!r})."
-        )
-    return int(value)
-
-
-def env_number(name: str, default: float) -> float:
-    value = os.environ.get(name, "").strip() or str(default)
-    try:
-        number = float(value)
-    except ValueError:
-        raise ImproperlyConfigured(f"{name} must be a number (got {value!r}).") from None
-    if number < 0:
-        raise ImproperlyConfigured(f"{name} must be 0 or more (got {value!r}).")
-    return number
-
-
 def pool_max_size() -> int:
     """The most connections one process's pool opens: its share of what PostgreSQL allows
     (max_connections less those kept for Celery, beat and the superuser) among the web
     workers, each of which opens a pool of its own. A burst of arrivals waits for a pooled
     connection, up to the pool's timeout, once a worker has them all in use."""
-    workers = env_count("WEB_CONCURRENCY", 1)  # uvicorn's own default for --workers
-    allowed = env_count("PARLEY_DB_MAX_CONNECTIONS", 100)  # PostgreSQL's default
-    kept = env_count("PARLEY_DB_OTHER_CONNECTIONS", 10, least=0)
+    workers = env("int", "WEB_CONCURRENCY", 1, least=1)  # uvicorn's own default for --workers
+    allowed = env("int", "PARLEY_DB_MAX_CONNECTIONS", 100, least=1)  # PostgreSQL's default
+    kept = env("int", "PARLEY_DB_OTHER_CONNECTIONS", 10, least=0)
     share = (allowed - kept) // workers
     if share < 2:
         raise ImproperlyConfigured(
@@ -163,9 +177,9 @@ def pool_max_size() -> int:
             f"PARLEY_DB_MAX_CONNECTIONS={allowed} less PARLEY_DB_OTHER_CONNECTIONS={kept}: "
             "raise PostgreSQL's max_connections (and PARLEY_DB_MAX_CONNECTIONS) or run fewer workers."
         )
-    if "PARLEY_DB_POOL_MAX" not in os.environ:
+    size = env("int", "PARLEY_DB_POOL_MAX", None, least=1)
+    if size is None:
         return share
-    size = env_count("PARLEY_DB_POOL_MAX", share)
     if size > share:
         raise ImproperlyConfigured(
             f"PARLEY_DB_POOL_MAX={size} x {workers} web workers (WEB_CONCURRENCY) is more than "
@@ -175,7 +189,7 @@ def pool_max_size() -> int:
     return size
 
 
-DATABASE_URL = os.environ.get("DATABASE_URL", "")
+DATABASE_URL = env("str", "DATABASE_URL", "")
 if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL)}
     if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
@@ -186,13 +200,9 @@ if DATABASE_URL:
         DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
         # Seconds a request waits for a connection: while PostgreSQL is down, this is how long
         # a participant waits to hear that something could not be saved.
-        _pool_timeout = env_number("PARLEY_DB_POOL_TIMEOUT", 5)
-        if not _pool_timeout > 0:
-            raise ImproperlyConfigured(
-                "PARLEY_DB_POOL_TIMEOUT must be a number of seconds above 0."
-            )
+        _pool_timeout = env("float", "PARLEY_DB_POOL_TIMEOUT", 5.0, above=0)
         DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
-            "min_size": env_count("PARLEY_DB_POOL_MIN", 1, least=0),
+            "min_size": env("int", "PARLEY_DB_POOL_MIN", 1, least=0),
             "max_size": pool_max_size(),
             "timeout": _pool_timeout,
             # The pool's reconnection attempts back off (1, 2, 4 ... s) until this runs out; the
@@ -218,17 +228,14 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # its blocking BZPOPMIN: every idle WebSocket died every ~5 s (django/channels_redis#422). So
 # each Redis client gets its options here, never from REDIS_URL's query string (which kombu
 # would also read as its own options and break).
-REDIS_URL = os.environ.get("REDIS_URL", "")
+REDIS_URL = env("str", "REDIS_URL", "")
 # Seconds channels-redis's BZPOPMIN waits for a message (RedisChannelLayer.brpop_timeout).
 CHANNELS_BLOCKING_READ = 5
 # Longer than any blocking read (channels-redis 5 s, kombu's BRPOP 1 s), yet finite so a server
-# that vanished without closing the socket is noticed.
-REDIS_SOCKET_TIMEOUT = float(os.environ.get("PARLEY_REDIS_SOCKET_TIMEOUT", "30"))
-if REDIS_SOCKET_TIMEOUT <= 2 * CHANNELS_BLOCKING_READ:
-    raise ImproperlyConfigured(
-        "PARLEY_REDIS_SOCKET_TIMEOUT must exceed 10 seconds: channels-redis blocks reads "
-        f"for {CHANNELS_BLOCKING_READ} s (got {REDIS_SOCKET_TIMEOUT})."
-    )
+# that vanished without closing the socket is noticed: above twice channels-redis's wait.
+REDIS_SOCKET_TIMEOUT = env(
+    "float", "PARLEY_REDIS_SOCKET_TIMEOUT", 30.0, above=2 * CHANNELS_BLOCKING_READ
+)
 REDIS_CONNECT_TIMEOUT = 5
 REDIS_HEALTH_CHECK_INTERVAL = 25  # a PING first on a connection idle this long
 
@@ -246,13 +253,15 @@ def redis_options() -> dict:
 
 
 # --- channel layer ------------------------------------------------------------------------
+# Names this site's keys in a Redis it may share: the layer's groups, the cache and the limits.
+PARLEY_CHANNEL_PREFIX = env("str", "PARLEY_CHANNEL_PREFIX", "parley")
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "studies.layers.ResilientRedisChannelLayer",  # a Redis outage never crashes a socket
             "CONFIG": {
                 "hosts": [{"address": REDIS_URL, **redis_options()}],
-                "prefix": os.environ.get("PARLEY_CHANNEL_PREFIX", "parley"),
+                "prefix": PARLEY_CHANNEL_PREFIX,
             },
         }
     }
@@ -260,7 +269,7 @@ else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 # --- Celery ---------------------------------------------------------------------------------
-CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or REDIS_URL or "filesystem://"
+CELERY_BROKER_URL = env("str", "CELERY_BROKER_URL", "") or REDIS_URL or "filesystem://"
 CELERY_BROKER_TRANSPORT_OPTIONS = {}
 if CELERY_BROKER_URL.startswith("filesystem://"):
     # A broker that needs no server: messages are files in the data folder.
@@ -277,12 +286,12 @@ elif CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
         **redis_options(),
         # acks_late: a task unacknowledged this long is given to another worker, so it must
         # outlast the longest task (a training run), not kombu's default hour.
-        "visibility_timeout": int(os.environ.get("PARLEY_CELERY_VISIBILITY_TIMEOUT", "43200")),
+        "visibility_timeout": env("int", "PARLEY_CELERY_VISIBILITY_TIMEOUT", 43200, least=1),
     }
 # Workers started before the broker keep trying instead of exiting (and Celery 5 asks for it).
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_CONNECTION_TIMEOUT = REDIS_CONNECT_TIMEOUT
-CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND") or (
+CELERY_RESULT_BACKEND = env("str", "CELERY_RESULT_BACKEND", "") or (
     REDIS_URL or f"file://{DATA_DIR / 'celery-results'}"
 )
 # The result backend's own Redis client (used when it is Redis), with the same socket options.
@@ -297,14 +306,9 @@ CELERY_TASK_ROUTES = {
     "studies.tasks.evaluate_simulators": {"queue": "analysis"},
     "training.tasks.*": {"queue": "training"},
 }
-CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+CELERY_TASK_ALWAYS_EAGER = env("bool", "CELERY_TASK_ALWAYS_EAGER", False)
 # Celery beat (`make demo` and deploy/ start it): periodic tasks, one entry each.
-try:
-    PARLEY_TIMEOUT_SWEEP_SECONDS = float(os.environ.get("PARLEY_TIMEOUT_SWEEP_SECONDS") or "60")
-except ValueError:
-    PARLEY_TIMEOUT_SWEEP_SECONDS = -1.0
-if not PARLEY_TIMEOUT_SWEEP_SECONDS > 0:
-    raise ImproperlyConfigured("PARLEY_TIMEOUT_SWEEP_SECONDS must be a number of seconds above 0.")
+PARLEY_TIMEOUT_SWEEP_SECONDS = env("float", "PARLEY_TIMEOUT_SWEEP_SECONDS", 60.0, above=0)
 CELERY_BEAT_SCHEDULE = {
     # free the arm places of participants past their study's time limit
     "time-out-overdue-participants": {
@@ -319,61 +323,50 @@ CELERY_TASK_ACKS_LATE = True
 
 # --- model engine -----------------------------------------------------------------------------
 # The embedded engine's URL; demo arms point here. Arms may point at any OpenAI-compatible server.
-PARLEY_ENGINE_URL = os.environ.get(
-    "PARLEY_ENGINE_URL", f"http://{PARLEY_HOST}:{PARLEY_ENGINE_PORT}/v1"
-)
-PARLEY_LLM_TIMEOUT = float(os.environ.get("PARLEY_LLM_TIMEOUT", "120"))
+PARLEY_ENGINE_URL = env("str", "PARLEY_ENGINE_URL", f"http://{PARLEY_HOST}:{PARLEY_ENGINE_PORT}/v1")
+PARLEY_LLM_TIMEOUT = env("float", "PARLEY_LLM_TIMEOUT", 120.0, above=0)
 # The sim-to-real report: conversations per held-out simulator and scenario of the study's pool.
-PARLEY_SIM2REAL_CONVERSATIONS = int(os.environ.get("PARLEY_SIM2REAL_CONVERSATIONS") or "1")
-if PARLEY_SIM2REAL_CONVERSATIONS < 1:
-    raise ImproperlyConfigured("PARLEY_SIM2REAL_CONVERSATIONS must be at least 1.")
+PARLEY_SIM2REAL_CONVERSATIONS = env("int", "PARLEY_SIM2REAL_CONVERSATIONS", 1, least=1)
 # A running training run whose worker has not beaten this long is shown as "worker lost"; the
 # worker beats every quarter of it.
-PARLEY_TRAINING_LOST_AFTER = float(os.environ.get("PARLEY_TRAINING_LOST_AFTER") or "120")
-if not PARLEY_TRAINING_LOST_AFTER > 0:
-    raise ImproperlyConfigured("PARLEY_TRAINING_LOST_AFTER must be a number of seconds above 0.")
+PARLEY_TRAINING_LOST_AFTER = env("float", "PARLEY_TRAINING_LOST_AFTER", 120.0, above=0)
 # Model endpoints (agents/models.py): how often beat probes every replica's /health and /v1/models
-PARLEY_ENDPOINT_CHECK_INTERVAL = float(os.environ.get("PARLEY_ENDPOINT_CHECK_INTERVAL") or "30")
-if not PARLEY_ENDPOINT_CHECK_INTERVAL > 0:
-    raise ImproperlyConfigured(
-        "PARLEY_ENDPOINT_CHECK_INTERVAL must be a number of seconds above 0."
-    )
+PARLEY_ENDPOINT_CHECK_INTERVAL = env("float", "PARLEY_ENDPOINT_CHECK_INTERVAL", 30.0, above=0)
 CELERY_BEAT_SCHEDULE["check-model-endpoints"] = {
     "task": "agents.tasks.check_endpoints",
     "schedule": PARLEY_ENDPOINT_CHECK_INTERVAL,
     "options": {"expires": PARLEY_ENDPOINT_CHECK_INTERVAL},  # a late check is superseded
 }
 # An arm pointed at a model no healthy replica serves: "refuse" the save, or only "warn".
-PARLEY_ARM_MODEL_CHECK = os.environ.get("PARLEY_ARM_MODEL_CHECK", "").strip() or "refuse"
-if PARLEY_ARM_MODEL_CHECK not in ("refuse", "warn"):
-    raise ImproperlyConfigured(
-        f"PARLEY_ARM_MODEL_CHECK must be refuse or warn (got {PARLEY_ARM_MODEL_CHECK!r})."
-    )
+PARLEY_ARM_MODEL_CHECK = env("str", "PARLEY_ARM_MODEL_CHECK", "refuse", among=("refuse", "warn"))
 
 
 # --- the chat's guards (studies/consumers.py, chat.py, ratelimit.py, middleware.py) ------------
 
-PARLEY_STALL_TIMEOUT = env_number("PARLEY_STALL_TIMEOUT", 8)  # s without a token mid-reply
-PARLEY_FIRST_TOKEN_TIMEOUT = env_number("PARLEY_FIRST_TOKEN_TIMEOUT", 45)  # s to the first one
-PARLEY_MAX_FRAME_BYTES = int(env_number("PARLEY_MAX_FRAME_BYTES", 65536))
-PARLEY_DB_RETRY_AFTER = int(env_number("PARLEY_DB_RETRY_AFTER", 5))  # s, a 503's Retry-After
+# s without a token mid-reply (a notice well within 10 s), and before the first one (a busy
+# engine may be slow to start: prefill, a queue; until then the page is only told it is slow)
+PARLEY_STALL_TIMEOUT = env("float", "PARLEY_STALL_TIMEOUT", 8.0, least=0)
+PARLEY_FIRST_TOKEN_TIMEOUT = env("float", "PARLEY_FIRST_TOKEN_TIMEOUT", 45.0, least=0)
+# a larger chat frame closes the socket (1009); a message is far smaller
+PARLEY_MAX_FRAME_BYTES = env("int", "PARLEY_MAX_FRAME_BYTES", 64 * 1024, least=0)
+PARLEY_DB_RETRY_AFTER = env("int", "PARLEY_DB_RETRY_AFTER", 5, least=0)  # s, a 503's Retry-After
 # per minute; 0 turns a limit off. Loopback is exempt from the per-IP limits (bots, load runs).
-PARLEY_RATE_ARRIVALS_PER_IP = int(env_number("PARLEY_RATE_ARRIVALS_PER_IP", 30))
-PARLEY_RATE_MESSAGES_PER_PARTICIPANT = int(env_number("PARLEY_RATE_MESSAGES_PER_PARTICIPANT", 20))
-PARLEY_RATE_MESSAGES_PER_IP = int(env_number("PARLEY_RATE_MESSAGES_PER_IP", 120))
-PARLEY_RATE_EXEMPT_IPS = tuple(
-    ip.strip() for ip in os.environ.get("PARLEY_RATE_EXEMPT_IPS", "127.0.0.1,::1").split(",")
+PARLEY_RATE_ARRIVALS_PER_IP = env("int", "PARLEY_RATE_ARRIVALS_PER_IP", 30, least=0)
+PARLEY_RATE_MESSAGES_PER_PARTICIPANT = env(
+    "int", "PARLEY_RATE_MESSAGES_PER_PARTICIPANT", 20, least=0
 )
+PARLEY_RATE_MESSAGES_PER_IP = env("int", "PARLEY_RATE_MESSAGES_PER_IP", 120, least=0)
+PARLEY_RATE_EXEMPT_IPS = env("names", "PARLEY_RATE_EXEMPT_IPS", ("127.0.0.1", "::1"))
 
 # --- Prolific (studies/prolific.py): the token and the webhook secret live only here, in memory;
 # never in the database or a log. Both unset: the Prolific features say they are not configured.
-PROLIFIC_API_TOKEN = os.environ.get("PROLIFIC_API_TOKEN", "").strip()
-PROLIFIC_WEBHOOK_SECRET = os.environ.get("PROLIFIC_WEBHOOK_SECRET", "").strip()
-PROLIFIC_API_URL = os.environ.get("PROLIFIC_API_URL", "https://api.prolific.com").rstrip("/")
-PROLIFIC_TIMEOUT = env_number("PROLIFIC_TIMEOUT", 30)  # seconds per API request
+PROLIFIC_API_TOKEN = env("str", "PROLIFIC_API_TOKEN", "").strip()
+PROLIFIC_WEBHOOK_SECRET = env("str", "PROLIFIC_WEBHOOK_SECRET", "").strip()
+PROLIFIC_API_URL = env("str", "PROLIFIC_API_URL", "https://api.prolific.com").rstrip("/")
+PROLIFIC_TIMEOUT = env("float", "PROLIFIC_TIMEOUT", 30.0, least=0)  # seconds per API request
 # A webhook whose X-Prolific-Request-Timestamp is further than this from now is refused (s).
-PROLIFIC_WEBHOOK_MAX_AGE = int(env_number("PROLIFIC_WEBHOOK_MAX_AGE", 300))
-PROLIFIC_SYNC_INTERVAL = env_number("PROLIFIC_SYNC_INTERVAL", 300)  # s between periodic syncs
+PROLIFIC_WEBHOOK_MAX_AGE = env("int", "PROLIFIC_WEBHOOK_MAX_AGE", 300, least=0)
+PROLIFIC_SYNC_INTERVAL = env("float", "PROLIFIC_SYNC_INTERVAL", 300.0, least=0)  # s between syncs
 # Prolific submissions both ways (studies/prolific_sync.py), beside the webhook's fast path.
 CELERY_BEAT_SCHEDULE["prolific-sync"] = {
     "task": "studies.tasks.sync_prolific",
@@ -381,11 +374,11 @@ CELERY_BEAT_SCHEDULE["prolific-sync"] = {
 }
 # Seconds after a bonus pay call of unknown result (timeout, 5xx, crash) before, if no submission
 # shows the bonus, it counts as unpaid and may be paid again (the pay call is asynchronous).
-PROLIFIC_BONUS_CONFIRM_AFTER = env_number("PROLIFIC_BONUS_CONFIRM_AFTER", 3600)
+PROLIFIC_BONUS_CONFIRM_AFTER = env("float", "PROLIFIC_BONUS_CONFIRM_AFTER", 3600.0, least=0)
 
 # --- the demo's admin account (make demo; seed_demo) -----------------------------------------
-PARLEY_ADMIN_USER = os.environ.get("PARLEY_ADMIN_USER", "admin")
-PARLEY_ADMIN_PASSWORD = os.environ.get("PARLEY_ADMIN_PASSWORD", "")  # "" = one kept in DATA_DIR
+PARLEY_ADMIN_USER = env("str", "PARLEY_ADMIN_USER", "admin")
+PARLEY_ADMIN_PASSWORD = env("str", "PARLEY_ADMIN_PASSWORD", "")  # "" = one kept in DATA_DIR
 
 # --- i18n / static --------------------------------------------------------------------------
 LANGUAGE_CODE = "en-us"
@@ -408,7 +401,15 @@ LOGGING = {
             "filters": ["client_faults"],
         }
     },
-    "root": {"handlers": ["console"], "level": os.environ.get("PARLEY_LOG_LEVEL", "INFO")},
+    "root": {
+        "handlers": ["console"],
+        "level": env(
+            "str",
+            "PARLEY_LOG_LEVEL",
+            "INFO",
+            among=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
+        ),
+    },
     # Django's own console handler (DEBUG) would print its records a second time, unfiltered.
     "loggers": {"django": {"handlers": [], "level": "INFO", "propagate": True}},
 }
@@ -419,7 +420,7 @@ if REDIS_URL:
         "default": {
             "BACKEND": "django.core.cache.backends.redis.RedisCache",
             "LOCATION": REDIS_URL,
-            "KEY_PREFIX": os.environ.get("PARLEY_CHANNEL_PREFIX", "parley"),
+            "KEY_PREFIX": PARLEY_CHANNEL_PREFIX,
             "OPTIONS": redis_options(),
         }
     }
@@ -427,20 +428,20 @@ else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 # --- admin login limiter (parley/security.py): failures within the window, then 429 ---------
-PARLEY_LOGIN_FAILURES_PER_USER = int(os.environ.get("PARLEY_LOGIN_FAILURES_PER_USER", "5"))
-PARLEY_LOGIN_FAILURES_PER_IP = int(os.environ.get("PARLEY_LOGIN_FAILURES_PER_IP", "20"))
-PARLEY_LOGIN_WINDOW = int(os.environ.get("PARLEY_LOGIN_WINDOW", "900"))  # seconds
+PARLEY_LOGIN_FAILURES_PER_USER = env("int", "PARLEY_LOGIN_FAILURES_PER_USER", 5, least=1)
+PARLEY_LOGIN_FAILURES_PER_IP = env("int", "PARLEY_LOGIN_FAILURES_PER_IP", 20, least=1)
+PARLEY_LOGIN_WINDOW = env("int", "PARLEY_LOGIN_WINDOW", 900, least=1)  # seconds
 
 # --- HTTPS (production) ---------------------------------------------------------------------
 if not DEBUG:
     # Behind a proxy that terminates TLS (platform/deploy/nginx.conf) and sets
     # X-Forwarded-Proto itself, overwriting any client's: that header says the request was https.
-    if env_bool("DJANGO_BEHIND_TLS_PROXY", True):
+    if env("bool", "DJANGO_BEHIND_TLS_PROXY", True):
         SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-    SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", True)
+    SECURE_SSL_REDIRECT = env("bool", "DJANGO_SECURE_SSL_REDIRECT", True)
     # Probes reach the workers directly over http: /healthz answers there without a redirect.
     SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
-    SECURE_HSTS_SECONDS = int(os.environ.get("DJANGO_SECURE_HSTS_SECONDS", str(365 * 24 * 3600)))
-    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
-    SECURE_HSTS_PRELOAD = env_bool("DJANGO_SECURE_HSTS_PRELOAD", True)
+    SECURE_HSTS_SECONDS = env("int", "DJANGO_SECURE_HSTS_SECONDS", 365 * 24 * 3600, least=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env("bool", "DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env("bool", "DJANGO_SECURE_HSTS_PRELOAD", True)
     SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
