@@ -69,11 +69,11 @@ ENV_NAME = RegexValidator(
     r"^[A-Za-z_][A-Za-z0-9_]*$", "The NAME of an environment variable (letters, digits, _)."
 )
 DEFAULT_ENDPOINT = "default"  # the endpoint of PARLEY_ENGINE_URL, made when an arm needs it
-CHECK_INTERVAL = 30.0  # default for PARLEY_ENDPOINT_CHECK_INTERVAL (seconds)
 
 
 def check_interval() -> float:
-    return float(getattr(settings, "PARLEY_ENDPOINT_CHECK_INTERVAL", CHECK_INTERVAL))
+    """PARLEY_ENDPOINT_CHECK_INTERVAL: seconds between beat's health checks of the replicas."""
+    return settings.PARLEY_ENDPOINT_CHECK_INTERVAL
 
 
 class ModelEndpoint(models.Model):

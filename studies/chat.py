@@ -30,11 +30,6 @@ from .prepared import Prepared
 from .threads import db
 
 Send = Callable[[dict], Awaitable[None]]
-STALL_TIMEOUT = 8.0  # default for PARLEY_STALL_TIMEOUT: a notice well within 10 s
-# Default for PARLEY_FIRST_TOKEN_TIMEOUT: a busy engine may be slow to start (prefill, a queue);
-# after the stall timeout the page is told it is slow, and only after this one is it a stall.
-FIRST_TOKEN_TIMEOUT = 45.0
-
 
 # The least token budget of a step that must be a tool call: SmolLM2's forced tau2 airline
 # calls (passengers, flights) ran past the demo arms' 96 tokens in 2 of 4 tries, and a call cut
@@ -53,11 +48,14 @@ class EngineStalled(Exception):
 
 
 def stall_timeout() -> float:
-    return float(getattr(settings, "PARLEY_STALL_TIMEOUT", STALL_TIMEOUT))
+    # Read at each turn, not at import: a test (or a shell) may change the setting.
+    return settings.PARLEY_STALL_TIMEOUT
 
 
 def first_token_timeout() -> float:
-    return float(getattr(settings, "PARLEY_FIRST_TOKEN_TIMEOUT", FIRST_TOKEN_TIMEOUT))
+    """After the stall timeout the page is told the engine is slow; only after this one is it
+    a stall (a busy engine may be slow to start: prefill, a queue)."""
+    return settings.PARLEY_FIRST_TOKEN_TIMEOUT
 
 
 def arm_client(arm: Arm) -> LLMClient:

@@ -37,11 +37,10 @@ from .threads import db
 
 log = logging.getLogger(__name__)
 CLIENT_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # fullmatch: `$` would let "abc\n" through
-MAX_FRAME_BYTES = 64 * 1024  # default for PARLEY_MAX_FRAME_BYTES; a message is far smaller
 
 
 def max_frame_bytes() -> int:
-    return int(getattr(settings, "PARLEY_MAX_FRAME_BYTES", MAX_FRAME_BYTES))
+    return settings.PARLEY_MAX_FRAME_BYTES
 
 
 class Left(Exception):

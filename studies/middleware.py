@@ -17,7 +17,7 @@ OUTAGE = (OperationalError, InterfaceError)  # connection refused, lost, pool ti
 
 
 def retry_after() -> int:
-    return int(getattr(settings, "PARLEY_DB_RETRY_AFTER", 5))
+    return settings.PARLEY_DB_RETRY_AFTER
 
 
 def retrying_response(request) -> HttpResponse:

@@ -43,7 +43,7 @@ def new_bot_key() -> str:
 def arm_model_check() -> str:
     """PARLEY_ARM_MODEL_CHECK: "refuse" (default) or "warn", when an arm is pointed at a model
     that no healthy replica of its endpoint serves."""
-    return getattr(settings, "PARLEY_ARM_MODEL_CHECK", "refuse")
+    return settings.PARLEY_ARM_MODEL_CHECK
 
 
 class Study(models.Model):

@@ -46,12 +46,12 @@ from .reports import OUTCOME, analysis_settings, measures_of, participant_table
 
 log = logging.getLogger(__name__)
 
-CONVERSATIONS = 1  # default of PARLEY_SIM2REAL_CONVERSATIONS: per simulator and scenario
 CONCURRENCY = 4  # conversations played at once per arm (the engine batches them)
 
 
 def conversations_per_scenario() -> int:
-    return int(getattr(settings, "PARLEY_SIM2REAL_CONVERSATIONS", CONVERSATIONS))
+    """PARLEY_SIM2REAL_CONVERSATIONS: conversations per held-out simulator and scenario."""
+    return settings.PARLEY_SIM2REAL_CONVERSATIONS
 
 
 @dataclass
