@@ -1,101 +1,102 @@
-"""Fixed-window rate limits on Django's cache: arrivals per IP, chat messages per participant
-and per IP. With several workers the cache must be shared (Redis) for a limit to hold across
-them; a per-process cache (locmem) still limits each worker on its own.
+"""Rate limits on the `limits` library: arrivals per IP, chat messages per participant and per
+IP (and, through `limiter`, failed admin logins: parley/security.py). They count where the cache
+is: on its Redis (one Lua INCR-and-EXPIRE, atomic, shared by all workers), or with the cache in
+each process (locmem, a laptop) in the process's own memory, so each worker limits on its own.
 
-Limits are settings with defaults: PARLEY_RATE_ARRIVALS_PER_IP (arrivals per IP a minute),
+Limits are settings: PARLEY_RATE_ARRIVALS_PER_IP (arrivals per IP a minute),
 PARLEY_RATE_MESSAGES_PER_PARTICIPANT and PARLEY_RATE_MESSAGES_PER_IP (chat messages a minute);
 0 turns one off. Addresses in PARLEY_RATE_EXEMPT_IPS (default: loopback) are not limited by IP:
 a proxy that hides clients' addresses must not put every participant in one bucket, and bots
 and load runs on the machine itself must not be throttled.
+
+Fixed windows (a window opens at its first event and lasts its length): one round trip per
+event, where a moving window keeps and trims a list of every event's time.
 """
 
 import asyncio
 import functools
 import logging
-import time
+import threading
 import weakref
 
 from django.conf import settings
-from django.core.cache import cache
 from django.shortcuts import render
+from limits import RateLimitItemPerSecond
+from limits.aio import storage as async_storage
+from limits.aio import strategies as async_strategies
+from limits.storage import MemoryStorage, RedisStorage
+from limits.strategies import FixedWindowRateLimiter
 
 from .errors import FlowError
 
 log = logging.getLogger(__name__)
 WINDOW = 60  # seconds
-
-DEFAULTS = {
-    "PARLEY_RATE_ARRIVALS_PER_IP": 30,
-    "PARLEY_RATE_MESSAGES_PER_PARTICIPANT": 20,
-    "PARLEY_RATE_MESSAGES_PER_IP": 120,
-}
-EXEMPT_IPS = ("127.0.0.1", "::1")
+# Options of Django's Redis cache that are its own, not the Redis client's.
+CACHE_ONLY_OPTIONS = ("parser_class", "pool_class", "serializer")
 
 
 def limit(name: str) -> int:
-    return int(getattr(settings, name, DEFAULTS[name]))
+    return getattr(settings, name)
 
 
 def exempt(ip: str | None) -> bool:
-    return ip is None or ip in getattr(settings, "PARLEY_RATE_EXEMPT_IPS", EXEMPT_IPS)
+    return ip is None or ip in settings.PARLEY_RATE_EXEMPT_IPS
 
 
-def bucket(scope: str, key: str, window: int = WINDOW) -> str:
-    return f"parley-rate:{scope}:{key}:{int(time.time() // window)}"
+def per_window(allowed: int, window: int = WINDOW) -> RateLimitItemPerSecond:
+    return RateLimitItemPerSecond(allowed, window)
+
+
+def cache_redis() -> tuple[str, str, dict] | None:
+    """(URL, key prefix, client options) of the cache's Redis, from its settings; None when the
+    cache is not Redis."""
+    cache = settings.CACHES["default"]
+    if not cache["BACKEND"].endswith(".RedisCache"):
+        return None
+    location = cache["LOCATION"]
+    url = location[0] if isinstance(location, list | tuple) else location.split(",")[0]
+    options = {k: v for k, v in cache.get("OPTIONS", {}).items() if k not in CACHE_ONLY_OPTIONS}
+    prefix = ":".join(part for part in (cache.get("KEY_PREFIX"), "limits") if part)
+    return url, prefix, options
+
+
+# One limiter per place it counts: a Redis client's constructor costs more than its round trip.
+# Made under a lock: threads that each made one for their first event would each count in a
+# memory of their own (the race test let 57 of 400 through a limit of 50).
+_limiters: dict[str, FixedWindowRateLimiter] = {}
+_making = threading.Lock()
+
+
+def limiter() -> FixedWindowRateLimiter:
+    """The process's limiter, on the cache's Redis, or in this process's memory."""
+    redis = cache_redis()
+    place = repr(redis)
+    if place in _limiters:
+        return _limiters[place]
+    with _making:
+        if place not in _limiters:
+            if redis is None:
+                counts = MemoryStorage()
+            else:
+                url, prefix, options = redis
+                counts = RedisStorage(url, key_prefix=prefix, **options)
+            _limiters[place] = FixedWindowRateLimiter(counts)
+        return _limiters[place]
 
 
 def hit(scope: str, key: str, allowed: int, window: int = WINDOW) -> bool:
-    """Count one event for `key` in the current window; False once more than `allowed` fell in it."""
+    """Count one event for `key` in its window; False once more than `allowed` fell in it."""
     if allowed <= 0:  # this limit is off
         return True
     try:
-        return count(bucket(scope, key, window), window + 1) <= allowed
-    except Exception:  # an unreachable cache must not lock participants out
+        return limiter().hit(per_window(allowed, window), scope, key)
+    except Exception:  # an unreachable Redis must not lock participants out
         return unavailable(scope, key)
 
 
 def unavailable(scope: str, key: str) -> bool:
-    log.warning("rate limit cache unavailable; letting %s %s through", scope, key)
+    log.warning("rate limit storage unavailable; letting %s %s through", scope, key)
     return True
-
-
-_clients: dict[str, object] = {}
-
-
-def redis_client():
-    """The process's one Redis client for the limiter (None when the cache is not Redis).
-    Django's cache gives every async context (every socket) a backend, a connection pool and,
-    per call, a client of its own; redis-py's constructor alone cost more than the round trip.
-    One client per server, on the pool of the first backend that met it (the write server, the
-    only one we set)."""
-    backend = getattr(cache, "_cache", None)
-    if not hasattr(backend, "get_client"):
-        return None
-    server = backend._servers[0]
-    client = _clients.get(server)
-    if client is None:
-        client = _clients[server] = backend.get_client(write=True)
-    return client
-
-
-def count(bucket: str, timeout: int) -> int:
-    """The bucket's count after this event. On Redis one round trip (INCR; EXPIRE only for the
-    window's first event): every chat message passes here, and the cache's add-then-incr took
-    two or three. Elsewhere (locmem in development) the cache's own add and incr."""
-    client = redis_client()
-    if client is not None:  # Django's RedisCache
-        name = cache.make_and_validate_key(bucket)
-        counted = client.incr(name)
-        if counted == 1:
-            client.expire(name, timeout)
-        return counted
-    if cache.add(bucket, 1, timeout=timeout):
-        return 1
-    try:
-        return cache.incr(bucket)
-    except ValueError:  # the bucket expired between add and incr: this is its first event
-        cache.add(bucket, 1, timeout=timeout)
-        return 1
 
 
 def message_limits(participant_token, ip: str | None) -> list[tuple[str, str, int]]:
@@ -111,43 +112,41 @@ def message_allowed(participant_token, ip: str | None) -> bool:
     return all(hit(*limit_) for limit_ in message_limits(participant_token, ip))
 
 
-_async_clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_async_limiters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def async_redis_client():
-    """The running event loop's asyncio Redis client for the limiter, on the cache's server and
-    options (None when the cache is not Redis). One per loop: a client's connections belong to
-    the loop that opened them (a test's loop closes; a worker's lives as long as it)."""
-    backend = getattr(cache, "_cache", None)
-    if not hasattr(backend, "get_client"):
+def async_limiter() -> async_strategies.FixedWindowRateLimiter | None:
+    """The running event loop's limiter on the cache's Redis (None when the cache is not
+    Redis), counting in the same keys as `limiter`. One per loop: a client's connections
+    belong to the loop that opened them (a test's loop closes; a worker's lives as long as it)."""
+    redis = cache_redis()
+    if redis is None:
         return None
-    loop = asyncio.get_running_loop()
-    client = _async_clients.get(loop)
-    if client is None:
-        import redis.asyncio
-
-        options = {k: v for k, v in backend._pool_options.items() if k != "parser_class"}
-        client = _async_clients[loop] = redis.asyncio.Redis.from_url(backend._servers[0], **options)
-    return client
+    per_loop = _async_limiters.setdefault(asyncio.get_running_loop(), {})
+    place = repr(redis)
+    if place not in per_loop:
+        url, prefix, options = redis
+        counts = async_storage.RedisStorage(
+            "async+" + url, implementation="redispy", key_prefix=prefix, **options
+        )
+        per_loop[place] = async_strategies.FixedWindowRateLimiter(counts)
+    return per_loop[place]
 
 
 async def message_allowed_async(participant_token, ip: str | None) -> bool:
     """message_allowed for the chat consumer, without blocking its event loop on Redis."""
-    client = async_redis_client()
-    if client is None:  # the cache in this process: nothing to wait for
+    limiter_ = async_limiter()
+    if limiter_ is None:  # counted in this process's memory: nothing to wait for
         return message_allowed(participant_token, ip)
     for scope, key, allowed in message_limits(participant_token, ip):
         if allowed <= 0:  # this limit is off
             continue
-        name, timeout = cache.make_and_validate_key(bucket(scope, key)), WINDOW + 1
         try:
-            counted = await client.incr(name)
-            if counted == 1:
-                await client.expire(name, timeout)
-        except Exception:  # an unreachable cache must not lock participants out
+            within = await limiter_.hit(per_window(allowed), scope, key)
+        except Exception:  # an unreachable Redis must not lock participants out
             unavailable(scope, key)
             continue
-        if counted > allowed:
+        if not within:
             return False
     return True
 

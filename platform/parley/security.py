@@ -12,9 +12,10 @@ from urllib.parse import urlsplit
 from channels.security.websocket import WebsocketDenier
 from django.conf import settings
 from django.contrib import admin
-from django.core.cache import cache
 from django.http import HttpResponse
 from django.http.request import split_domain_port, validate_host
+
+from studies import ratelimit
 
 log = logging.getLogger(__name__)
 
@@ -84,29 +85,33 @@ def login_limits() -> tuple[int, int, int]:
     )
 
 
-def login_failure_keys(request) -> tuple[str, str]:
+def login_failure_keys(request) -> tuple[tuple[str, str], tuple[str, str]]:
+    """What failures count against: the username typed, and the address it came from."""
     username = request.POST.get("username", "").strip().lower()
-    # Hashed: any text may be typed there, and cache keys must be short and plain.
+    # Hashed: any text may be typed there, and storage keys must be short and plain.
     username = hashlib.sha256(username.encode()).hexdigest()[:32]
     # REMOTE_ADDR is the client's own: uvicorn --proxy-headers takes it from the trusted proxy.
-    return (
-        f"parley:login-fail:user:{username}",
-        f"parley:login-fail:ip:{request.META.get('REMOTE_ADDR', '')}",
-    )
+    return ("login-fail-user", username), ("login-fail-ip", request.META.get("REMOTE_ADDR", ""))
 
 
 def limited_admin_login(request, extra_context=None):
-    """admin.site.login, answering 429 once a username or an address has failed too often."""
+    """admin.site.login, answering 429 once a username or an address has failed too often
+    within the window (which opens at the first failure)."""
     per_user, per_ip, window = login_limits()
     if request.method != "POST":
         return admin.site.login(request, extra_context)
-    user_key, ip_key = login_failure_keys(request)
+    user, ip = login_failure_keys(request)
+    limits = [
+        (ratelimit.per_window(per_user, window), user),
+        (ratelimit.per_window(per_ip, window), ip),
+    ]
     try:
-        failures = cache.get_many([user_key, ip_key])
-    except Exception:  # the cache (Redis) is down: log in as Django would rather than 500
-        log.warning("admin login limiter: cache unavailable, not limiting")
+        failures = ratelimit.limiter()
+        refused = not all(failures.test(item, *key) for item, key in limits)
+    except Exception:  # Redis is down: log in as Django would rather than 500
+        log.warning("admin login limiter: storage unavailable, not limiting")
         return admin.site.login(request, extra_context)
-    if failures.get(user_key, 0) >= per_user or failures.get(ip_key, 0) >= per_ip:
+    if refused:
         minutes = max(1, window // 60)
         response = HttpResponse(
             f"Too many failed sign-in attempts. Try again in {minutes} minutes.",
@@ -118,15 +123,12 @@ def limited_admin_login(request, extra_context=None):
     response = admin.site.login(request, extra_context)
     try:
         if request.user.is_authenticated and request.user.is_staff:
-            cache.delete(user_key)
+            failures.clear(limits[0][0], *user)
         else:  # wrong password, unknown or non-staff account: the form is shown again
-            for key in (user_key, ip_key):
-                if not cache.add(key, 1, timeout=window):  # the window starts at the first
-                    cache.incr(key)
-    except ValueError:  # a counter expired between add and incr: its window is over anyway
-        pass
+            for item, key in limits:
+                failures.hit(item, *key)
     except Exception:
-        log.warning("admin login limiter: cache unavailable, failure not counted")
+        log.warning("admin login limiter: storage unavailable, failure not counted")
     return response
 
 

@@ -414,7 +414,7 @@ LOGGING = {
     "loggers": {"django": {"handlers": [], "level": "INFO", "propagate": True}},
 }
 
-# --- cache: admin login limits, rate limits; shared by all workers when Redis is there --------
+# --- cache; the rate limits count on its Redis, or in each process (studies/ratelimit.py) ------
 if REDIS_URL:
     CACHES = {
         "default": {
