@@ -6,7 +6,7 @@
 The production layout on this machine: uvicorn workers (DJANGO_DEBUG=0) on PostgreSQL and Redis,
 and a fake OpenAI-compatible engine streaming at a fixed rate (fixed time to first token and
 token rate), so any time above the engine's own is the platform's. Bot participants
-(studies/bots.py) go through the whole flow over HTTP and WebSocket, as a burst (all at once,
+(studies/rehearsal/bots.py) go through the whole flow over HTTP and WebSocket, as a burst (all at once,
 no pause) and with think time (a pause before every message). Reported per run: added time to
 first token (p50, p95, p99), whole reply time, server CPU (all worker processes) per chat turn
 and per participant session, database transactions per turn, and errors. Results go to
@@ -202,7 +202,7 @@ def load_study(slug: str, engine_url: str, turns: int):
 
 
 def one_run(args, web: subprocess.Popen, url: str, engine_url: str, n: int, mode: str) -> dict:
-    from studies.bots import Plan, drive, percentiles
+    from studies.rehearsal.bots import Plan, drive, percentiles
 
     think = args.think if mode == "think" else (0.0, 0.0)
     slug = f"load-{mode}-{n}-{secrets.token_hex(3)}"
@@ -248,7 +248,7 @@ def turn_cpu(
     seconds per second) over the same time."""
     import websockets
 
-    from studies import flow
+    from studies.participation import flow
 
     study = load_study(f"turns-{secrets.token_hex(3)}", engine_url, turns)
     tokens = []
@@ -311,8 +311,8 @@ def queries_per_turn(engine_url: str) -> dict[str, int]:
     from django.db import connection
     from django.db.backends.signals import connection_created
 
-    from studies import flow
-    from studies.routing import websocket_urlpatterns
+    from studies.chat.routing import websocket_urlpatterns
+    from studies.participation import flow
 
     statements = []
 

@@ -36,7 +36,7 @@ def default_engine_url() -> str:  # the default of a field migration 0001 still 
 
 
 def new_bot_key() -> str:
-    """A study's key for signing its bot participants (studies/bots.py)."""
+    """A study's key for signing its bot participants (studies/rehearsal/bots.py)."""
     return secrets.token_urlsafe(32)
 
 
@@ -664,7 +664,7 @@ class Item(models.Model):
 
 
 def only_people(via: str = "") -> models.Q:
-    """The participants who are data: not bots (rehearsals, studies/bots.py) and not previews
+    """The participants who are data: not bots (rehearsals, studies/rehearsal/bots.py) and not previews
     (staff walking the flow). `via`: the path to them from the queried model, e.g.
     "participants" from Arm or Study."""
     prefix = f"{via}__" if via else ""
@@ -711,10 +711,10 @@ class Participant(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.CONSENT)
     attention_passed = models.BooleanField(null=True, blank=True)
     outcome = models.JSONField(null=True, blank=True, help_text="The Domain's Outcome.")
-    # Set on arrival from a PROLIFIC_PID only this server can sign (studies/bots.py): rehearsal
+    # Set on arrival from a PROLIFIC_PID only this server can sign (studies/rehearsal/bots.py): rehearsal
     # participants, left out of arm balance, exports and analysis unless asked for.
     is_bot = models.BooleanField(default=False, editable=False)
-    # The submission's status on Prolific (studies/prolific_sync.py keeps it, by webhook and sync).
+    # The submission's status on Prolific (studies/prolific/sync.py keeps it, by webhook and sync).
     prolific_status = models.CharField(max_length=24, blank=True, editable=False)
     prolific_synced_at = models.DateTimeField(null=True, blank=True, editable=False)
     partial_data = models.BooleanField(
@@ -956,7 +956,7 @@ class AnalysisRun(models.Model):
 class SimulatorEvaluation(models.Model):
     """One conversation of an arm's checkpoint with one of its training run's held-out
     simulators on one scenario of the study's pool, scored by the Domain (the sim-to-real gap
-    report, studies/sim2real.py). Kept so that a report never plays a conversation twice: the
+    report, studies/research/simulator_evaluations.py). Kept so that a report never plays a conversation twice: the
     key is (arm, checkpoint, simulator, scenario, sample)."""
 
     arm = models.ForeignKey(Arm, on_delete=models.CASCADE, related_name="simulator_evaluations")
@@ -993,7 +993,7 @@ class SimulatorEvaluation(models.Model):
         return f"{self.arm} x {self.simulator} on {self.scenario_id}#{self.sample}"
 
 
-# --- Prolific: webhook events, review decisions, bonuses (studies/prolific_sync.py) ------------
+# --- Prolific: webhook events, review decisions, bonuses (studies/prolific/sync.py) ------------
 
 
 class ProlificEvent(models.Model):
@@ -1220,7 +1220,7 @@ class Preregistration(models.Model):
     SHA-256 (anyone can recompute it from the export), and the plan parsed for the analysis."""
 
     study = models.OneToOneField(Study, on_delete=models.CASCADE, related_name="preregistration")
-    plan = models.JSONField(help_text="The frozen plan (studies/preregistration.py).")
+    plan = models.JSONField(help_text="The frozen plan (studies/research/preregistration.py).")
     # The exact bytes hashed: jsonb reorders keys, so the text is kept as it was hashed.
     canonical = models.TextField(help_text="The plan as canonical JSON, the text hashed.")
     sha256 = models.CharField(max_length=64, help_text="SHA-256 of the canonical text.")

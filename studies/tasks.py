@@ -11,9 +11,11 @@ from celery.signals import worker_ready
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from . import prolific, prolific_sync, sim2real
-from .models import AnalysisRun, BonusPayment, Study, time_out_overdue
-from .reports import compute, target_reached
+from studies.models import AnalysisRun, BonusPayment, Study, time_out_overdue
+from studies.prolific import client as prolific_client
+from studies.prolific import sync as prolific_sync
+from studies.research import simulator_evaluations
+from studies.research.analysis_runs import compute, target_reached
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +40,7 @@ def run_analysis(self, run_id: int) -> str:
     if run is None:
         status = AnalysisRun.objects.filter(pk=run_id).values_list("status", flat=True).first()
         return status or "missing"
-    run = compute(run, {"sim2real": sim2real.analysis_section})
+    run = compute(run, {"sim2real": simulator_evaluations.analysis_section})
     if run.pk is None:  # deleted while it was computed
         return "missing"
     if (run.results or {}).get("sim2real", {}).get("missing"):
@@ -65,10 +67,10 @@ def evaluate_simulators(study_id: int, run_id: int | None = None) -> dict:
     """Play the sim-to-real report's missing conversations (each arm's checkpoint against its
     run's held-out simulators on the study's pool, queue `analysis`), then redo the run's
     `sim2real` section and figure."""
-    played = sim2real.evaluate_missing(Study.objects.get(pk=study_id))
+    played = simulator_evaluations.evaluate_missing(Study.objects.get(pk=study_id))
     run = AnalysisRun.objects.filter(pk=run_id).select_related("study").first()
     if run is not None:
-        section, figures = sim2real.analysis_section(run.study)
+        section, figures = simulator_evaluations.analysis_section(run.study)
         section["notes"] += [f"not played: {problem}" for problem in played["failed"]]
         results = {**(run.results or {}), "sim2real": section}
         AnalysisRun.objects.filter(pk=run.pk).update(
@@ -120,7 +122,9 @@ def time_out_overdue_participants() -> int:
 @shared_task(name="studies.tasks.run_bots")
 def run_bots(study_id: int, n: int, concurrency: int, kind: str = "scripted") -> dict:
     """Bot participants through the study's real flow (queue `default`); returns their report."""
-    from .bots import run_bots as drive  # the HTTP and WebSocket clients only load here
+    from studies.rehearsal.bots import (
+        run_bots as drive,  # the HTTP and WebSocket clients only load here
+    )
 
     return drive(Study.objects.get(pk=study_id), n, concurrency, kind=kind).to_dict()
 
@@ -130,7 +134,7 @@ def start_bots(study: Study, n: int, concurrency: int) -> str:
     return run_bots.delay(study.pk, n, concurrency).id
 
 
-# --- Prolific (studies/prolific_sync.py) -------------------------------------------------------
+# --- Prolific (studies/prolific/sync.py) -------------------------------------------------------
 
 
 @shared_task(name="studies.tasks.sync_prolific")
@@ -145,10 +149,10 @@ def push_prolific_reviews(self, study_id: int) -> int:
     """Send a study's pending approvals and rejections; a failure without an answer is retried
     (transitions are idempotent on Prolific), and the periodic sync sends what is left."""
     try:
-        with prolific.Prolific() as api:
+        with prolific_client.Prolific() as api:
             return prolific_sync.push_reviews(Study.objects.get(pk=study_id), api)
-    except prolific.ProlificError as error:
-        if error.refused or isinstance(error, prolific.NotConfigured):
+    except prolific_client.ProlificError as error:
+        if error.refused or isinstance(error, prolific_client.NotConfigured):
             raise
         raise self.retry(countdown=min(60 * 2**self.request.retries, 3600)) from None
 
@@ -163,10 +167,10 @@ def push_prolific_reviews(self, study_id: int) -> int:
 )
 def pay_prolific_bonuses(self, payment_id: int) -> str:
     try:
-        with prolific.Prolific() as api:
+        with prolific_client.Prolific() as api:
             return prolific_sync.pay(payment_id, api).state
-    except prolific.ProlificError as error:
-        if error.refused or isinstance(error, prolific.NotConfigured):
+    except prolific_client.ProlificError as error:
+        if error.refused or isinstance(error, prolific_client.NotConfigured):
             raise
         raise self.retry(countdown=min(60 * 2**self.request.retries, 3600)) from None
 

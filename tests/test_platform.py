@@ -150,15 +150,18 @@ def test_production_settings_from_environment():
     got = probe(
         DATABASE_URL="postgres://u@db.example:5432/parley", REDIS_URL="redis://cache:6379/1"
     )
-    assert got == {
-        "db": "django.db.backends.postgresql",
-        "pool": True,
-        "layer": "studies.layers.ResilientRedisChannelLayer",  # channels-redis, outage-proof
-        "broker": "redis://cache:6379/1",
-        # Longer than channels-redis's 5 s blocking read (redis-py 8 would cut it at 5 s).
-        "layer_read_timeout": [30.0],
-        "broker_read_timeout": 30.0,
-    }
+    assert (
+        got
+        == {
+            "db": "django.db.backends.postgresql",
+            "pool": True,
+            "layer": "studies.chat.redis_layer.ResilientRedisChannelLayer",  # channels-redis, outage-proof
+            "broker": "redis://cache:6379/1",
+            # Longer than channels-redis's 5 s blocking read (redis-py 8 would cut it at 5 s).
+            "layer_read_timeout": [30.0],
+            "broker_read_timeout": 30.0,
+        }
+    )
 
 
 POOL_PROBE = (

@@ -14,7 +14,7 @@ log-probs its `token_logprobs`. The result is a simulator checkpoint folder (ada
 manifest.json, kind "simulator") that a run's [simulator] or [[heldout]] table names by its
 folder or, once registered, by its name (`adapter = "<name>"`), and that the embedded engine
 and vLLM serve like any other adapter. Nothing here knows where the conversations came from:
-the platform exports them (studies/imitation.py) without participant ids.
+the platform exports them (studies/research/imitation_data.py) without participant ids.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from parley import server_log  # noqa: E402
 from parley.security import SameOriginWebSocket  # noqa: E402
-from studies.routing import websocket_urlpatterns  # noqa: E402
+from studies.chat.routing import websocket_urlpatterns  # noqa: E402
 
 server_log.install()
 

@@ -15,7 +15,7 @@ from django.contrib import admin
 from django.http import HttpResponse
 from django.http.request import split_domain_port, validate_host
 
-from studies import ratelimit
+from studies.participation import ratelimit
 
 log = logging.getLogger(__name__)
 

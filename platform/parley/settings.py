@@ -131,7 +131,7 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "parley.security.RequestBodyLimitMiddleware",  # 413 before a too-large body is read
     "parley.security.ContentSecurityPolicyMiddleware",
-    "studies.middleware.DatabaseUnavailableMiddleware",  # 503 and retry, not 500, while it is down
+    "studies.participation.middleware.DatabaseUnavailableMiddleware",  # 503 and retry, not 500, while it is down
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -258,7 +258,7 @@ PARLEY_CHANNEL_PREFIX = env("str", "PARLEY_CHANNEL_PREFIX", "parley")
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "studies.layers.ResilientRedisChannelLayer",  # a Redis outage never crashes a socket
+            "BACKEND": "studies.chat.redis_layer.ResilientRedisChannelLayer",  # a Redis outage never crashes a socket
             "CONFIG": {
                 "hosts": [{"address": REDIS_URL, **redis_options()}],
                 "prefix": PARLEY_CHANNEL_PREFIX,
@@ -341,7 +341,7 @@ CELERY_BEAT_SCHEDULE["check-model-endpoints"] = {
 PARLEY_ARM_MODEL_CHECK = env("str", "PARLEY_ARM_MODEL_CHECK", "refuse", among=("refuse", "warn"))
 
 
-# --- the chat's guards (studies/consumers.py, chat.py, ratelimit.py, middleware.py) ------------
+# --- the chat's guards (studies/chat/consumers.py, chat.py, ratelimit.py, middleware.py) ------------
 
 # s without a token mid-reply (a notice well within 10 s), and before the first one (a busy
 # engine may be slow to start: prefill, a queue; until then the page is only told it is slow)
@@ -358,7 +358,7 @@ PARLEY_RATE_MESSAGES_PER_PARTICIPANT = env(
 PARLEY_RATE_MESSAGES_PER_IP = env("int", "PARLEY_RATE_MESSAGES_PER_IP", 120, least=0)
 PARLEY_RATE_EXEMPT_IPS = env("names", "PARLEY_RATE_EXEMPT_IPS", ("127.0.0.1", "::1"))
 
-# --- Prolific (studies/prolific.py): the token and the webhook secret live only here, in memory;
+# --- Prolific (studies/prolific/client.py): the token and the webhook secret live only here, in memory;
 # never in the database or a log. Both unset: the Prolific features say they are not configured.
 PROLIFIC_API_TOKEN = env("str", "PROLIFIC_API_TOKEN", "").strip()
 PROLIFIC_WEBHOOK_SECRET = env("str", "PROLIFIC_WEBHOOK_SECRET", "").strip()
@@ -367,7 +367,7 @@ PROLIFIC_TIMEOUT = env("float", "PROLIFIC_TIMEOUT", 30.0, least=0)  # seconds pe
 # A webhook whose X-Prolific-Request-Timestamp is further than this from now is refused (s).
 PROLIFIC_WEBHOOK_MAX_AGE = env("int", "PROLIFIC_WEBHOOK_MAX_AGE", 300, least=0)
 PROLIFIC_SYNC_INTERVAL = env("float", "PROLIFIC_SYNC_INTERVAL", 300.0, least=0)  # s between syncs
-# Prolific submissions both ways (studies/prolific_sync.py), beside the webhook's fast path.
+# Prolific submissions both ways (studies/prolific/sync.py), beside the webhook's fast path.
 CELERY_BEAT_SCHEDULE["prolific-sync"] = {
     "task": "studies.tasks.sync_prolific",
     "schedule": PROLIFIC_SYNC_INTERVAL,
@@ -414,7 +414,7 @@ LOGGING = {
     "loggers": {"django": {"handlers": [], "level": "INFO", "propagate": True}},
 }
 
-# --- cache; the rate limits count on its Redis, or in each process (studies/ratelimit.py) ------
+# --- cache; the rate limits count on its Redis, or in each process (studies/participation/ratelimit.py) ------
 if REDIS_URL:
     CACHES = {
         "default": {

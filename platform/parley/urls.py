@@ -8,5 +8,5 @@ urlpatterns = [
     path("admin/login/", security.limited_admin_login, name="admin-login"),
     path("admin/", admin.site.urls),
     path("healthz", views.healthz, name="healthz"),
-    path("", include("studies.urls")),
+    path("", include("studies.participation.urls")),
 ]

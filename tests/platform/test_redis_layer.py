@@ -15,8 +15,8 @@ from channels.routing import URLRouter
 from django.conf import settings
 from django.utils.module_loading import import_string
 
-from studies import flow
-from studies.routing import websocket_urlpatterns
+from studies.chat.routing import websocket_urlpatterns
+from studies.participation import flow
 from tests.conftest import need
 from tests.studies.conftest import make_study, prolific
 

@@ -151,7 +151,7 @@ async def test_the_sim_to_real_held_out_user_is_shaped_as_in_training():
     import random
 
     from agents.domains import domain_class
-    from studies.heldout import make_user
+    from studies.research.heldout_conversations import make_user
 
     domain = domain_class("p4g-decision")()
     scenario = domain.scenarios("test")[0]

@@ -106,8 +106,8 @@ GOOD_ANSWERS = {
 def finish(study, pid, answers=GOOD_ANSWERS, arm=None, text="hi"):
     """A participant through the whole flow (arrival, consent, one message, questionnaire),
     in `arm` when named (else where assignment puts them); returned as stored."""
-    from studies import flow
     from studies.models import Participant
+    from studies.participation import flow
 
     p, _ = flow.arrive(study, prolific(pid=pid))
     if arm is not None:

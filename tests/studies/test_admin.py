@@ -6,8 +6,8 @@ import io
 import pytest
 from django.urls import reverse
 
-from studies import flow
 from studies.models import Message, Participant
+from studies.participation import flow
 from tests.studies.conftest import GOOD_ANSWERS, make_study, prolific
 
 pytestmark = pytest.mark.django_db

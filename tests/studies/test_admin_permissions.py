@@ -11,7 +11,6 @@ from django.contrib.auth.models import Permission, User
 from django.urls import get_resolver, reverse
 
 from agents.models import Checkpoint, ModelEndpoint
-from studies import reports
 from studies.models import (
     AnalysisRun,
     Arm,
@@ -21,6 +20,7 @@ from studies.models import (
     Scenario,
     Study,
 )
+from studies.research import analysis_runs
 from tests.studies.conftest import make_study
 from tests.studies.test_analysis_jobs import fill
 from training.models import TrainingRun
@@ -88,7 +88,7 @@ def data(db):
     """One of everything the custom pages and actions work on."""
     study = make_study(comparisons="all")
     fill(study, {"a": [5], "b": [2]})
-    run = reports.compute(AnalysisRun.objects.create(study=study))
+    run = analysis_runs.compute(AnalysisRun.objects.create(study=study))
     assert run.status == AnalysisRun.Status.DONE, run.error
     TrainingRun.objects.create(name="run1")
     Checkpoint.objects.create(name="ckpt1", path="/nowhere/ckpt1")

@@ -6,9 +6,10 @@ import time
 import pytest
 from django.urls import reverse
 
-from studies import flow, reports
 from studies.analysis import build_report
 from studies.models import AnalysisRun, Study
+from studies.participation import flow
+from studies.research import analysis_runs
 from tests.studies.conftest import finish, make_study, prolific
 
 
@@ -32,9 +33,9 @@ def test_participant_table_and_settings_follow_the_study():
     study = make_study(comparisons="all")
     fill(study, {"a": [5, 6, 7], "b": [2, 3, 3]})
     p, _ = flow.arrive(study, prolific(pid="unfinished"))
-    table = reports.participant_table(study)
+    table = analysis_runs.participant_table(study)
     assert len(table) == 7 and table["finished"].sum() == 6
-    settings = reports.analysis_settings(study, table)
+    settings = analysis_runs.analysis_settings(study, table)
     assert settings.measures == (
         "helpful",
         "frustration",
@@ -60,8 +61,8 @@ def test_analysis_runs_on_a_real_worker_and_shows_in_the_admin(celery_worker, ad
     run = wait_for_run(study)
     assert run.status == "done", run.error
     local = build_report(
-        reports.participant_table(study),
-        reports.analysis_settings(study, reports.participant_table(study)),
+        analysis_runs.participant_table(study),
+        analysis_runs.analysis_settings(study, analysis_runs.participant_table(study)),
     )
     assert run.results["comparisons"] == json.loads(json.dumps(local["comparisons"]))
     assert "means" in run.figures and run.figures["means"].lstrip().startswith("<?xml")

@@ -11,10 +11,10 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.urls import reverse
 
-from studies import reports
 from studies.analysis import Settings, build_report, format_report
 from studies.analysis.plots import means_figure, render_png
 from studies.models import AnalysisRun
+from studies.research import analysis_runs
 from tests.studies.conftest import GOOD_ANSWERS, finish, make_study
 
 
@@ -34,7 +34,7 @@ def analysed(db):
 
 
 def run_page(admin_client, study):
-    run = reports.compute(AnalysisRun.objects.create(study=study))
+    run = analysis_runs.compute(AnalysisRun.objects.create(study=study))
     assert run.status == "done", run.error
     page = admin_client.get(reverse("admin:studies_analysisrun_change", args=[run.pk]))
     return run, page.content.decode()
@@ -109,7 +109,7 @@ def test_every_csv_keeps_the_item_key_and_says_reversed_in_its_column(admin_clie
 
 @pytest.mark.django_db
 def test_figures_use_each_measure_own_scale(analysed):
-    run = reports.compute(AnalysisRun.objects.create(study=analysed))
+    run = analysis_runs.compute(AnalysisRun.objects.create(study=analysed))
     figure = means_figure(run.results)
     limits = {ax.get_title(): tuple(ax.get_ylim()) for ax in figure.axes if ax.get_visible()}
     assert limits == {
@@ -147,7 +147,7 @@ def test_study_outcome_is_drawn_on_the_domain_reward_range():
     class P4GStudy:
         domain = "p4g"
 
-    assert reports.own_ranges(P4GStudy(), [], ["outcome"]) == {"outcome": (0.0, 1.0)}
+    assert analysis_runs.own_ranges(P4GStudy(), [], ["outcome"]) == {"outcome": (0.0, 1.0)}
 
 
 def test_means_figure_is_not_cut_off():
@@ -191,7 +191,7 @@ def test_a_figure_is_served_to_whoever_may_view_the_run_only(admin_client, clien
     study = make_study(slug="figures", arms=("base", "vs"))
     for i, helpful in enumerate([6, 5, 2, 3]):
         finish(study, f"p{i}", {**GOOD_ANSWERS, "helpful": str(helpful)}, arm=("base", "vs")[i % 2])
-    run = reports.compute(AnalysisRun.objects.create(study=study))
+    run = analysis_runs.compute(AnalysisRun.objects.create(study=study))
     url = reverse("admin:studies_analysisrun_figure", args=[run.pk, "means"])
 
     response = admin_client.get(url)

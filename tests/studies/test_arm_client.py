@@ -3,8 +3,9 @@
 import pytest
 from channels.db import database_sync_to_async
 
-from studies import chat, flow
-from studies.consumers import load_participant
+from studies.chat import turns
+from studies.chat.consumers import load_participant
+from studies.participation import flow
 from tests.scripted_server import ScriptedServer
 from tests.studies.conftest import make_study, prolific
 from tests.studies.test_consumer import connect, receive_until
@@ -37,7 +38,7 @@ async def test_chat_turns_reuse_one_client_and_one_connection(sockets):
                 await receive_until(window, "reply")
                 await receive_until(window, "status")
             await window.disconnect()
-        client = chat.arm_client(participants[0].arm)
-        assert chat.arm_client(participants[1].arm) is client
+        client = turns.arm_client(participants[0].arm)
+        assert turns.arm_client(participants[1].arm) is client
     assert len(server.requests) == 4
     assert len(set(server.client_ports)) == 1, "each turn opened its own connection"

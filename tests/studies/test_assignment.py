@@ -4,8 +4,8 @@ from collections import Counter
 
 import pytest
 
-from studies import flow
 from studies.models import Participant, Scenario
+from studies.participation import flow
 from tests.studies.conftest import at_once, make_study, prolific
 
 

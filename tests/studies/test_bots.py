@@ -8,8 +8,10 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.urls import reverse
 
-from studies import bots, exports, flow, reports
 from studies.models import Message, Participant
+from studies.participation import flow
+from studies.rehearsal import bots
+from studies.research import analysis_runs, exports
 from tests.conftest import child_env, need, python
 from tests.scripted_server import ScriptedServer
 from tests.studies.conftest import make_study, prolific
@@ -64,8 +66,8 @@ def test_bots_complete_balanced_coded_and_absent_from_exports(server, engine, ca
     assert transcripts == []  # the person has not chatted; the bots' 16 messages are left out
     assert len(rows(exports.response_rows(everyone, include_bots=True))) == 1 + 5
     assert len(rows(exports.transcript_rows(everyone, include_bots=True))) == 1 + 16
-    assert list(reports.participant_table(study)["participant"]) == ["areal0person"]
-    assert len(reports.participant_table(study, include_bots=True)) == 5
+    assert list(analysis_runs.participant_table(study)["participant"]) == ["areal0person"]
+    assert len(analysis_runs.participant_table(study, include_bots=True)) == 5
 
 
 def test_bots_run_from_another_process_are_bots_to_the_web_server(server, engine, admin_client):
@@ -131,7 +133,7 @@ def test_bots_do_not_count_towards_the_target(settings):
             study=study, arm=arm, prolific_pid=bots.bot_pid(study), is_bot=True, status="completed"
         )
         assert bot.is_bot
-    assert not reports.target_reached(study)
+    assert not analysis_runs.target_reached(study)
 
 
 def test_the_simulator_plays_the_participant(server, engine, settings):

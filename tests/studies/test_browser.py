@@ -73,7 +73,7 @@ def test_participant_completes_the_study_in_a_browser(
 def shop_chat(browser, web_server: str, engine: str, pid: str, **arm_fields):
     """A tau2 retail study on `engine` (its task retail-0, one arm with these settings) and a
     participant's page, consented and ready to type."""
-    from studies.pools import import_pool
+    from studies.setup.scenario_pools import import_pool
 
     study = make_study(slug="shop", domain="retail", engine=engine, arms=("a",))
     study.arms.update(**arm_fields)
@@ -127,7 +127,7 @@ def test_smollm2_tool_call_shows_as_a_card(
     """The demo's tau2 arm with the real model: its reply starts with a tool call (the arm's
     tool choice "first"), which the page shows as a card with the tool's result."""
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    from studies.domains import get_domain
+    from studies.lib.domain_bridge import get_domain
     from studies.models import ToolChoice
 
     page = shop_chat(

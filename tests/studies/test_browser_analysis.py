@@ -7,8 +7,8 @@ import pytest
 from django.urls import reverse
 from matplotlib.image import imread
 
-from studies import reports
 from studies.models import AnalysisRun
+from studies.research import analysis_runs
 from tests.studies.conftest import GOOD_ANSWERS, finish, make_study
 
 pytestmark = pytest.mark.browser
@@ -41,7 +41,7 @@ def test_every_figure_shows_its_axes_and_nothing_breaks_the_csp(
     for i, helpful in enumerate([6, 5, 2, 3, 5, 4]):
         answers = {**GOOD_ANSWERS, "helpful": str(helpful), "frustration": str(8 - helpful)}
         finish(study, f"p{i}", answers, arm=("base", "vs")[i % 2])
-    run = reports.compute(AnalysisRun.objects.create(study=study))
+    run = analysis_runs.compute(AnalysisRun.objects.create(study=study))
     assert run.status == "done", run.error
     assert set(run.figures) == {"means", "likert-helpful", "likert-frustration"}
     get_user_model().objects.create_superuser("researcher", "r@example.org", "pw")

@@ -4,8 +4,8 @@ message with a NUL or a lone surrogate is stored cleaned."""
 
 import pytest
 
-from studies import flow
 from studies.models import Message
+from studies.participation import flow
 from tests.studies.conftest import make_study, prolific
 from tests.studies.faulty_engine import FaultyEngine
 

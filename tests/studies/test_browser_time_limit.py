@@ -8,8 +8,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from studies import flow
 from studies.models import Participant
+from studies.participation import flow
 from tests.studies.conftest import make_study, prolific
 
 pytestmark = pytest.mark.browser

@@ -6,9 +6,10 @@ from collections import Counter
 import pytest
 from django.urls import reverse
 
-from studies import bots, flow
-from studies.errors import StudyFull
+from studies.lib.errors import StudyFull
 from studies.models import Participant, Study
+from studies.participation import flow
+from studies.rehearsal import bots
 from tests.studies.conftest import GOOD_ANSWERS, at_once, make_study, prolific
 
 pytestmark = pytest.mark.django_db

@@ -5,9 +5,9 @@ from channels.db import database_sync_to_async
 from channels.routing import URLRouter
 
 from agents.models import ModelEndpoint
-from studies import flow
+from studies.chat.routing import websocket_urlpatterns
 from studies.models import Arm, Message, Participant, StudyError
-from studies.routing import websocket_urlpatterns
+from studies.participation import flow
 from tests.conftest import free_port
 from tests.studies.conftest import make_study, prolific
 

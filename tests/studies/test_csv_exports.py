@@ -14,9 +14,10 @@ from django.urls import reverse
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from studies import flow, reports
 from studies.analysis import csvfile
 from studies.models import AnalysisRun, Message, Participant
+from studies.participation import flow
+from studies.research import analysis_runs
 from tests.studies.conftest import GOOD_ANSWERS, make_study, prolific
 
 REPO = Path(__file__).resolve().parents[2]
@@ -124,7 +125,7 @@ def test_transcripts_csv_neutralises_messages(admin_client, hostile):
 
 @pytest.mark.django_db
 def test_analysis_downloads_neutralise_and_write_integers(admin_client, hostile):
-    run = reports.compute(AnalysisRun.objects.create(study=hostile))
+    run = analysis_runs.compute(AnalysisRun.objects.create(study=hostile))
     assert run.status == "done", run.error
     inputs = list(csv.DictReader(io.StringIO(run.inputs["csv"])))
     assert inputs[0]["arm"] == "'=arm" and inputs[0]["helpful"] == "6"

@@ -6,9 +6,9 @@ import json
 import pytest
 from django.core.management import CommandError, call_command
 
-from studies import flow
-from studies.demo import PAPER_ITEMS, seed_demo_study, seed_task_studies
 from studies.models import Participant, Study
+from studies.participation import flow
+from studies.rehearsal.demo_studies import PAPER_ITEMS, seed_demo_study, seed_task_studies
 from tests.studies.conftest import prolific
 
 pytestmark = pytest.mark.django_db

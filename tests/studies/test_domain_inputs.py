@@ -7,9 +7,10 @@ from django.core.cache import cache
 from django.core.exceptions import ValidationError
 from django.urls import reverse
 
-from studies import flow, readiness
 from studies.models import Item, Participant, Study, StudyError
-from studies.pools import import_pool
+from studies.participation import flow
+from studies.setup import go_live
+from studies.setup.scenario_pools import import_pool
 from tests.scripted_server import ScriptedServer
 from tests.studies.conftest import make_study, prolific
 from tests.studies.test_golive import change_form_data
@@ -54,8 +55,8 @@ def debrief(client, participant) -> str:
 def test_a_donation_item_mapped_in_the_admin_is_the_outcome(admin_client, client, engine):
     study = p4g_study(engine.url, status=Study.Status.DRAFT)
     # unmapped: going live is refused, naming what the task needs
-    with pytest.raises(readiness.NotReady) as refused:
-        readiness.set_live(study)
+    with pytest.raises(go_live.NotReady) as refused:
+        go_live.set_live(study)
     assert any("needs donation" in p and "answers the task's" in p for p in refused.value.problems)
 
     # the researcher maps the item in the questionnaire's admin page
@@ -75,7 +76,7 @@ def test_a_donation_item_mapped_in_the_admin_is_the_outcome(admin_client, client
     assert response.status_code == 302, response.context and response.context["errors"]
     assert Item.objects.get(pk=item.pk).domain_input == "donation"
 
-    readiness.set_live(study)
+    go_live.set_live(study)
     participant = chatted(study, "giver")
     assert flow.submit_questionnaire(participant, ANSWERS) == {}
     participant.refresh_from_db()
@@ -102,7 +103,7 @@ def test_going_live_refuses_an_item_that_cannot_hold_the_donation(admin_client):
         with pytest.raises(ValidationError, match=words):
             bad.full_clean()
         Item.objects.filter(pk=item.pk).update(domain_input="donation", **change)
-        assert any(words in p for p in readiness.problems(study)), change
+        assert any(words in p for p in go_live.problems(study)), change
         Item.objects.filter(pk=item.pk).update(
             kind=Item.Kind.NUMBER, min_value=0, max_value=2, required=True
         )

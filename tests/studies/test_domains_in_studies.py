@@ -9,10 +9,11 @@ from django.core.management import call_command
 from django.urls import reverse
 
 from agents.paths import reference_dir
-from studies import domains, flow
+from studies.chat.routing import websocket_urlpatterns
+from studies.lib import domain_bridge
 from studies.models import Item, Message, Participant, Scenario
-from studies.pools import PoolError, import_pool
-from studies.routing import websocket_urlpatterns
+from studies.participation import flow
+from studies.setup.scenario_pools import PoolError, import_pool
 from tests.conftest import need
 from tests.scripted_server import ScriptedServer
 from tests.studies.conftest import make_study, prolific
@@ -159,7 +160,7 @@ async def test_tool_calls_run_on_the_server_on_this_conversations_own_state():
         participant = Participant.objects.select_related("study", "arm", "scenario").get(
             pk=participant.pk
         )
-        domain, scenario = domains.domain_of(participant)
+        domain, scenario = domain_bridge.domain_of(participant)
         state = domain.load_state(scenario, participant.conversation.state)
         return domain.execute_tool(state, "get_order_details", {"order_id": "#W5785065"})
 
@@ -182,7 +183,7 @@ async def test_tool_calls_per_turn_are_capped():
     looping = [{"tool_calls": [("get_order_details", {"order_id": "#W5785065"})]}] * 20
     with ScriptedServer(looping + [{"content": "Done."}]) as server:
         (participant,) = await retail_participants(server.url, n=1)
-        cap = domains.get_domain("retail").max_tool_calls_per_turn
+        cap = domain_bridge.get_domain("retail").max_tool_calls_per_turn
         _, events = await talk(participant, "Where is my order?", "loop")
         assert [e["type"] for e in events].count("tool_result") == cap
         assert "tools" not in server.requests[-1]  # out of budget: the agent must answer
@@ -208,8 +209,10 @@ def test_p4g_outcome_is_the_intended_donation_with_the_chat_amount_beside_it(cli
     assert participant.conversation.messages.first().content  # the persuader opens
     flow.store_user_message(participant, "g1", "Fine, I'll donate $0.50 to the children.")
     participant = Participant.objects.get(pk=participant.pk)
-    assert domains.end_reason(participant) is None  # the persuader's closing reply comes first
-    assert domains.end_after_reply(participant) is True
+    assert (
+        domain_bridge.end_reason(participant) is None
+    )  # the persuader's closing reply comes first
+    assert domain_bridge.end_after_reply(participant) is True
     participant = flow.end_chat(participant, "donation")
     assert participant.outcome["components"]["donation"] == 0.5
     answers = {

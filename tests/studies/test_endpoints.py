@@ -12,8 +12,8 @@ from starlette.responses import JSONResponse
 
 from agents.models import ModelEndpoint, Replica
 from agents.tasks import check_endpoints
-from studies.endpoints import check_endpoint, point_arms, register_endpoint
 from studies.models import Arm
+from studies.setup.arm_endpoints import check_endpoint, point_arms, register_endpoint
 from tests.conftest import free_port
 from tests.scripted_server import ScriptedServer
 from tests.studies.conftest import make_study

@@ -5,8 +5,8 @@ A token is the /p/<token>/ address; whoever holds it acts as that participant.""
 import pytest
 from django.urls import reverse
 
-from studies import reports
 from studies.models import AnalysisRun, Participant
+from studies.research import analysis_runs
 from tests.studies.conftest import make_study
 from tests.studies.test_analysis_jobs import fill
 
@@ -23,7 +23,7 @@ def body(response) -> str:
 def test_no_export_carries_a_participant_token(admin_client):
     study = make_study(comparisons="all")
     fill(study, {"a": [5, 6, 7], "b": [2, 3, 3]})
-    run = reports.compute(AnalysisRun.objects.create(study=study))
+    run = analysis_runs.compute(AnalysisRun.objects.create(study=study))
     assert run.status == AnalysisRun.Status.DONE, run.error
     tokens = [str(p.token) for p in Participant.objects.all()]
     pids = list(Participant.objects.values_list("prolific_pid", flat=True))

@@ -7,9 +7,10 @@ from django.core.cache import cache
 from django.urls import reverse
 
 from agents.models import ModelEndpoint
-from studies import flow, readiness
 from studies.models import Arm, Item, Participant, Questionnaire, Study, StudyError
-from studies.pools import import_pool
+from studies.participation import flow
+from studies.setup import go_live
+from studies.setup.scenario_pools import import_pool
 from tests.scripted_server import ScriptedServer
 from tests.studies.conftest import make_study, prolific
 
@@ -39,67 +40,67 @@ def ready_study(engine, slug="ready", **fields):
 
 def test_a_bare_study_lists_everything_that_is_wrong():
     study = Study.objects.create(slug="bare", title="Bare", domain="retail", completion_code="")
-    found = readiness.problems(study)
+    found = go_live.problems(study)
     text = "\n".join(found)
     assert "scenario" in text
     assert "no questionnaire" in text
     assert "no active arm" in text
     assert "completion code is missing" in text
     assert "no consent code" in text.lower() and "timeout code" in text.lower()
-    with pytest.raises(readiness.NotReady):
-        readiness.set_live(study)
+    with pytest.raises(go_live.NotReady):
+        go_live.set_live(study)
     assert Study.objects.get(pk=study.pk).status == Study.Status.DRAFT
 
 
 def test_open_chat_needs_no_scenario_and_the_other_code_covers_the_ending_codes(engine):
     study = ready_study(engine, no_consent_code="", timeout_code="", other_code="OTHER1")
-    assert readiness.problems(study) == []
-    readiness.set_live(study)
+    assert go_live.problems(study) == []
+    go_live.set_live(study)
     assert Study.objects.get(pk=study.pk).status == Study.Status.LIVE
 
 
 def test_a_task_study_needs_active_scenarios_of_its_domain(engine):
     study = ready_study(engine, domain="retail")
-    assert any("scenario" in p for p in readiness.problems(study))
+    assert any("scenario" in p for p in go_live.problems(study))
     import_pool(study, "retail", 2, None, "", 0)
-    assert readiness.problems(study) == []
+    assert go_live.problems(study) == []
     study.scenarios.update(active=False)
-    assert any("scenario" in p for p in readiness.problems(study))
+    assert any("scenario" in p for p in go_live.problems(study))
 
 
 def test_an_empty_questionnaire_is_refused(engine):
     study = ready_study(engine)
     Item.objects.filter(questionnaire__study=study).delete()
-    assert readiness.problems(study) == ["The questionnaire has no items."]
+    assert go_live.problems(study) == ["The questionnaire has no items."]
     Questionnaire.objects.filter(study=study).delete()
-    assert readiness.problems(Study.objects.get(pk=study.pk)) == ["There is no questionnaire."]
+    assert go_live.problems(Study.objects.get(pk=study.pk)) == ["There is no questionnaire."]
 
 
 def test_each_arm_needs_an_endpoint_that_serves_its_model(engine, monkeypatch):
     study = ready_study(engine)
     Arm.objects.filter(study=study, name="a").update(model_name="missing-adapter")
     Arm.objects.filter(study=study, name="b").update(endpoint=ModelEndpoint.of_url(UNREACHABLE))
-    found = readiness.problems(study)
+    found = go_live.problems(study)
     assert len(found) == 2, found
     assert "Arm a" in found[0] and "missing-adapter" in found[0] and "served-model" in found[0]
     assert "Arm b" in found[1] and "no replica" in found[1] and UNREACHABLE in found[1]
     # An inactive arm takes nobody: it is not checked.
     Arm.objects.filter(study=study, name="b").update(active=False)
-    assert len(readiness.problems(study)) == 1
+    assert len(go_live.problems(study)) == 1
     # A key named but unset in the environment is a problem too.
     monkeypatch.delenv("PARLEY_TEST_KEY", raising=False)
     Arm.objects.filter(study=study, name="a").update(model_name="served-model")
     ModelEndpoint.objects.filter(arms__name="a").update(api_key_env="PARLEY_TEST_KEY")
-    assert "PARLEY_TEST_KEY" in readiness.problems(study)[0]
+    assert "PARLEY_TEST_KEY" in go_live.problems(study)[0]
 
 
 def test_the_health_panel_is_cached_briefly(engine):
     study = ready_study(engine)
     arms = list(study.arms.all())
-    readiness.cached_health(arms)
+    go_live.cached_health(arms)
     asked = engine.model_lists
     assert asked == 1  # one request for the endpoint both arms share
-    readiness.cached_health(arms)
+    go_live.cached_health(arms)
     assert engine.model_lists == asked
 
 

@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from studies import flow, ratelimit
+from studies.chat.routing import websocket_urlpatterns
 from studies.models import Message, Participant, Response, StudyError
-from studies.routing import websocket_urlpatterns
+from studies.participation import flow, ratelimit
 from tests.conftest import need
 from tests.studies.conftest import GOOD_ANSWERS, make_study, prolific
 from tests.studies.faulty_engine import FaultyEngine

@@ -19,8 +19,9 @@ from django.urls import reverse
 from django.utils import timezone
 from parley.celery import app as celery_app
 
-from studies import flow, tasks
+from studies import tasks
 from studies.models import AnalysisRun, Participant
+from studies.participation import flow
 from tests.conftest import free_port, need
 from tests.studies.conftest import GOOD_ANSWERS, make_study, prolific
 
@@ -262,7 +263,7 @@ def test_analysis_and_training_tasks_are_acknowledged_late():
 def test_a_participant_completes_over_http_with_the_channel_layer_down(client, settings):
     settings.CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "studies.layers.ResilientRedisChannelLayer",
+            "BACKEND": "studies.chat.redis_layer.ResilientRedisChannelLayer",
             "CONFIG": {"hosts": [f"redis://127.0.0.1:{free_port()}/14"]},
         }
     }
@@ -290,13 +291,13 @@ async def test_the_chat_socket_rides_out_redis_away_and_rejoins_when_it_returns(
     from channels.layers import get_channel_layer
     from channels.routing import URLRouter
 
-    from studies.routing import websocket_urlpatterns
+    from studies.chat.routing import websocket_urlpatterns
 
     need(shutil.which("redis-server") is not None, "needs redis-server to bring Redis back")
     port = free_port()
     settings.CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "studies.layers.ResilientRedisChannelLayer",
+            "BACKEND": "studies.chat.redis_layer.ResilientRedisChannelLayer",
             "CONFIG": {"hosts": [f"redis://127.0.0.1:{port}/14"]},
         }
     }

@@ -13,8 +13,8 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
-from studies import flow
 from studies.models import Message, StudyError
+from studies.participation import flow
 from tests.studies.conftest import make_study, prolific
 from tests.studies.faulty_engine import REPLY, FaultyEngine
 from tests.studies.live_server import LoggedServer, Relay, postgres_address, relayed_database_url

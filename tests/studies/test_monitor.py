@@ -10,8 +10,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from agents.models import ModelEndpoint
-from studies import flow, monitor
 from studies.models import Arm, Participant, Study, StudyError
+from studies.participation import flow
+from studies.research import monitor
 from tests.scripted_server import ScriptedServer
 from tests.studies.conftest import GOOD_ANSWERS, make_study, prolific
 

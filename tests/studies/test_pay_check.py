@@ -6,9 +6,10 @@ from datetime import timedelta
 import pytest
 from django.urls import reverse
 
-from studies import flow, reports
 from studies.analysis import pay
 from studies.models import AnalysisRun, Participant
+from studies.participation import flow
+from studies.research import analysis_runs
 from tests.studies.conftest import finish as finish_participant
 from tests.studies.conftest import make_study, prolific
 
@@ -72,7 +73,7 @@ def test_study_page_warns_below_minimum(admin_client):
         finish(study, pid, minutes)
     finish(study, "bot1", 1, bot=True)  # rehearsal data: not a completion time
     abandoned, _ = flow.arrive(study, prolific(pid="p4"))
-    check = reports.pay_check(study)
+    check = analysis_runs.pay_check(study)
     assert check.completions == 3 and check.median_seconds == pytest.approx(1200, abs=1)
     page = admin_client.get(url).content.decode()
     assert "below Prolific&#x27;s minimum" in page or "below Prolific's minimum" in page
@@ -81,14 +82,14 @@ def test_study_page_warns_below_minimum(admin_client):
     study.save()
     page = admin_client.get(url).content.decode()
     assert "recommended" in page and "minimum of" not in page
-    assert reports.pay_check(study).level == pay.BELOW_RECOMMENDED
+    assert analysis_runs.pay_check(study).level == pay.BELOW_RECOMMENDED
 
 
 @pytest.mark.django_db
 def test_analysis_report_carries_the_pay_check(admin_client):
     study = make_study(reward=50, reward_currency="USD")
     finish(study, "p1", 15)
-    run = reports.compute(AnalysisRun.objects.create(study=study))
+    run = analysis_runs.compute(AnalysisRun.objects.create(study=study))
     assert run.status == "done", run.error
     assert run.results["pay"]["level"] == pay.BELOW_MINIMUM and run.results["pay"]["warning"]
     page = admin_client.get(reverse("admin:studies_analysisrun_change", args=[run.pk]))

@@ -1,13 +1,13 @@
-"""Prepared reads (studies/prepared.py) give exactly what their querysets give."""
+"""Prepared reads (studies/lib/prepared_queries.py) give exactly what their querysets give."""
 
 import pytest
 from django.db import transaction
 
-from studies import flow
-from studies.chat import LATER_MESSAGES, LOCK_CONVERSATION
-from studies.flow import LOCK_CHAT, MESSAGES
+from studies.chat.turns import LATER_MESSAGES, LOCK_CONVERSATION
+from studies.lib.prepared_queries import Prepared, fields_of, instances
 from studies.models import Message
-from studies.prepared import Prepared, fields_of, instances
+from studies.participation import flow
+from studies.participation.flow import LOCK_CHAT, MESSAGES
 
 from .conftest import prolific
 

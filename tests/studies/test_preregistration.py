@@ -10,13 +10,15 @@ from django.test import override_settings
 from django.urls import reverse
 
 from agents.models import ModelEndpoint
-from studies import flow, preregistration, reports, tasks
+from studies import tasks
 from studies.analysis import Settings, build_report, format_report
 from studies.analysis.cli import run as cli_run
 from studies.analysis.plan import canonical, digest
 from studies.analysis.plots import figures
-from studies.bots import bot_pid
 from studies.models import AnalysisRun, Arm, Item, Preregistration, Study, frozen_changes
+from studies.participation import flow
+from studies.rehearsal.bots import bot_pid
+from studies.research import analysis_runs, preregistration
 from tests.studies.conftest import make_study, prolific
 from tests.studies.test_analysis_jobs import fill
 from tests.studies.test_golive import change_form_data
@@ -164,7 +166,7 @@ def test_analysis_uses_the_frozen_plan_and_labels_others_exploratory(admin_clien
         questionnaire=study.questionnaire, order=9, key="extra", prompt="More?", required=False
     )
     fill(study, {"a": [5, 6, 7, 6], "b": [2, 3, 3, 4]})
-    run = reports.compute(AnalysisRun.objects.create(study=study))
+    run = analysis_runs.compute(AnalysisRun.objects.create(study=study))
     assert run.status == "done", run.error
     run.refresh_from_db()  # as stored
     report = run.results
@@ -179,7 +181,7 @@ def test_analysis_uses_the_frozen_plan_and_labels_others_exploratory(admin_clien
 
     planned = frozen.plan["analysis"]
     asked = {**planned, "pairs": "all", "measures": [*planned["measures"], "extra"]}
-    other = reports.compute(AnalysisRun.objects.create(study=study, settings=asked))
+    other = analysis_runs.compute(AnalysisRun.objects.create(study=study, settings=asked))
     assert other.status == "done" and not other.results["errors"], other.results["errors"]
     label = other.results["preregistration"]
     assert label["analysis"] == "exploratory"
@@ -197,7 +199,7 @@ def test_exports_carry_the_snapshot_and_its_hash(admin_client, tmp_path):
     study, frozen = frozen_study()
     fill(study, {"a": [5, 6, 7], "b": [2, 3, 3]})
     run = tasks.start_analysis(study)  # eager or not, compute it here
-    run = reports.compute(AnalysisRun.objects.get(pk=run.pk))
+    run = analysis_runs.compute(AnalysisRun.objects.get(pk=run.pk))
     body = admin_client.get(reverse("admin:studies_analysisrun_download", args=[run.pk, "json"]))
     exported = json.loads(body.content)["preregistration"]
     assert exported["sha256"] == frozen.sha256
@@ -214,7 +216,7 @@ def test_exports_carry_the_snapshot_and_its_hash(admin_client, tmp_path):
     assert digest(saved["canonical"]) == saved["sha256"] == frozen.sha256
 
     # The command line reads the same document: the plan's settings are confirmatory, others not.
-    table = reports.participant_table(study)
+    table = analysis_runs.participant_table(study)
     csv_file = tmp_path / "data.csv"
     table.to_csv(csv_file, index=False)
     analysis = frozen.plan["analysis"]
@@ -249,7 +251,7 @@ def test_another_analysis_from_the_admin_is_labelled_exploratory(admin_client):
         url, {"measures": ["helpful"], "pairs": "all", "family": "study", "control": ""}
     )
     assert response.status_code == 302
-    run = reports.compute(AnalysisRun.objects.get(study=study))
+    run = analysis_runs.compute(AnalysisRun.objects.get(study=study))
     assert run.results["settings"]["measures"] == ["helpful"]
     label = run.results["preregistration"]
     assert label["analysis"] == "exploratory" and label["sha256"] == frozen.sha256
@@ -264,7 +266,7 @@ def test_another_analysis_from_the_admin_is_labelled_exploratory(admin_client):
             "control": analysis["control"],
         },
     )
-    again = reports.compute(AnalysisRun.objects.filter(study=study).first())
+    again = analysis_runs.compute(AnalysisRun.objects.filter(study=study).first())
     assert again.results["preregistration"]["analysis"] == "confirmatory"
 
 

@@ -6,8 +6,9 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.urls import reverse
 
-from studies import exports, flow, reports
 from studies.models import Participant, Study
+from studies.participation import flow
+from studies.research import analysis_runs, exports
 from tests.studies.conftest import GOOD_ANSWERS, make_study, prolific
 
 pytestmark = pytest.mark.django_db
@@ -126,9 +127,9 @@ def test_a_preview_runs_the_real_flow_and_counts_nowhere(admin_client, client):
         assert all("preview" not in row[1] for row in rows[1:]) and len(rows) == 3
         messages = list(exports.transcript_rows(study.participants.all(), include_bots))
         assert len(messages) == 1  # the header: the preview's messages stay out
-    table = reports.participant_table(study, include_bots=True)
+    table = analysis_runs.participant_table(study, include_bots=True)
     assert list(table["participant"]) == ["person", "second"]
-    assert not reports.target_reached(study)
+    assert not analysis_runs.target_reached(study)
 
 
 def test_previews_are_marked_in_the_admin(admin_client):

@@ -10,8 +10,8 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 from parley.celery import app
 
-from studies import prolific_sync
 from studies.models import BonusPayment, Participant, Review
+from studies.prolific import sync as prolific_sync
 from tests.studies import test_prolific
 from tests.studies.test_prolific import LONG_MESSAGE, join
 

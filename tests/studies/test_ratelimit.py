@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from studies import ratelimit
+from studies.participation import ratelimit
 
 LOCMEM = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
@@ -58,6 +58,6 @@ def test_an_unreachable_redis_lets_events_through_with_a_warning(settings, caplo
             "LOCATION": "redis://127.0.0.1:1/0",
         }
     }
-    with caplog.at_level(logging.WARNING, logger="studies.ratelimit"):
+    with caplog.at_level(logging.WARNING, logger="studies.participation.ratelimit"):
         assert all(ratelimit.hit("away", "k", 1) for _ in range(3))
     assert "rate limit storage unavailable; letting away k through" in caplog.text

@@ -6,9 +6,9 @@ import pytest
 from channels.db import database_sync_to_async
 
 from agents.llm import replicas
-from studies import flow
-from studies.endpoints import point_arms, register_endpoint
 from studies.models import Message
+from studies.participation import flow
+from studies.setup.arm_endpoints import point_arms, register_endpoint
 from tests.scripted_server import ScriptedServer
 from tests.studies.conftest import make_study, prolific
 from tests.studies.test_consumer import connect, receive_until

@@ -8,8 +8,8 @@ from django.http import HttpResponse
 from django.test import Client
 from django.urls import reverse
 
-from studies import flow, views
 from studies.models import Message, Participant
+from studies.participation import flow, views
 from tests.studies.conftest import make_study, prolific
 
 pytestmark = pytest.mark.django_db

@@ -18,9 +18,9 @@ from starlette.responses import JSONResponse, StreamingResponse
 
 from agents.domains.p4g.domain import P4GDomain
 from agents.models import Checkpoint
-from studies import sim2real
 from studies.models import AnalysisRun, Item, SimulatorEvaluation
-from studies.pools import import_pool
+from studies.research import simulator_evaluations
+from studies.setup.scenario_pools import import_pool
 from tests.scripted_server import ScriptedServer
 from tests.studies.conftest import finish, make_study
 from training.config import load_config
@@ -131,7 +131,7 @@ def test_gap_report_from_a_real_worker_on_the_page_in_json_and_on_the_command_li
         humanlike("pilot-humanlike", "pilot")  # another study's: not a column unless named
         people(study, {"a": [0, 0.5, 1.0], "b": [2, 1.5, 2, 1]})
         # arms x (the run's panel + the human-like simulator) x pool
-        assert len(sim2real.missing(study)) == 2 * (len(panel) + 1) * 2
+        assert len(simulator_evaluations.missing(study)) == 2 * (len(panel) + 1) * 2
 
         admin_client.post(reverse("admin:studies_study_analyse", args=[study.pk]))
         run = wait_for(lambda: AnalysisRun.objects.filter(study=study, status="done").first())
@@ -217,7 +217,7 @@ def test_gap_report_from_a_real_worker_on_the_page_in_json_and_on_the_command_li
     assert listed.status_code == 200 and "run-b-step8" in listed.content.decode()
 
     # Stored conversations are not played again, and the command line reads the same report.
-    assert sim2real.evaluate_missing(study) == {"played": 0, "failed": []}
+    assert simulator_evaluations.evaluate_missing(study) == {"played": 0, "failed": []}
     out = io.StringIO()
     call_command("sim2real", "--study", "gap", "--json", stdout=out)
     assert json.loads(out.getvalue())["arms"] == section["arms"]
@@ -255,7 +255,7 @@ def test_unknown_study_is_a_clear_error():
 def test_arms_without_a_checkpoint_or_people_are_said_so():
     study = make_study(slug="bare", domain="p4g")
     import_pool(study, "p4g", count=1)
-    report = sim2real.study_report(study)
+    report = simulator_evaluations.study_report(study)
     assert report["missing"] == 0
     assert any("no registered checkpoint" in n for n in report["notes"])
     assert report["ranking"]["tau"] is None and "at least 2 arms" in report["ranking"]["note"]
@@ -263,7 +263,7 @@ def test_arms_without_a_checkpoint_or_people_are_said_so():
 
 @pytest.mark.django_db
 def test_an_open_chat_study_has_no_gap_to_report():
-    report = sim2real.study_report(make_study(slug="chat"))
+    report = simulator_evaluations.study_report(make_study(slug="chat"))
     assert report["errors"] == [
         "an open-chat study has no task: no outcome to set simulators against people"
     ]

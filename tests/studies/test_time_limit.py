@@ -11,8 +11,9 @@ from django.urls import reverse
 from django.utils import timezone
 from parley.celery import app
 
-from studies import flow, tasks
+from studies import tasks
 from studies.models import TIME_LIMIT, Participant, time_out_overdue
+from studies.participation import flow
 from tests.studies.conftest import make_study, prolific
 
 
@@ -200,7 +201,7 @@ async def test_a_late_message_over_the_socket_gets_the_time_up_notice_before_the
     from channels.routing import URLRouter
     from channels.testing import WebsocketCommunicator
 
-    from studies.routing import websocket_urlpatterns
+    from studies.chat.routing import websocket_urlpatterns
 
     participant = await database_sync_to_async(
         lambda: chatting(make_study(time_limit_minutes=5), "late", 4.99)

@@ -16,11 +16,13 @@ from django.core.exceptions import ValidationError
 from django.urls import reverse
 
 from agents.models import ModelEndpoint
-from studies import chat, domains, flow
-from studies.demo import seed_task_studies
+from studies.chat import turns
+from studies.chat.routing import websocket_urlpatterns
+from studies.lib import domain_bridge
 from studies.models import Arm, Message, Scenario, ToolChoice
-from studies.pools import import_pool
-from studies.routing import websocket_urlpatterns
+from studies.participation import flow
+from studies.rehearsal.demo_studies import seed_task_studies
+from studies.setup.scenario_pools import import_pool
 from tests.scripted_server import ScriptedServer
 from tests.studies.conftest import make_study, prolific
 from tests.studies.test_golive import change_form_data
@@ -87,7 +89,7 @@ async def test_first_forces_a_call_at_the_start_of_each_reply_only(tool_format):
 
 @pytest.mark.asyncio
 async def test_required_forces_calls_until_the_domain_budget_then_text():
-    budget = domains.get_domain("retail").max_tool_calls_per_turn
+    budget = domain_bridge.get_domain("retail").max_tool_calls_per_turn
     with ScriptedServer([CALL] * budget + [{"content": "Done."}]) as server:
         participant = await participant_in(
             server.url, tool_format="native", tool_choice=ToolChoice.REQUIRED
@@ -110,7 +112,7 @@ async def test_a_forced_call_has_room_for_a_whole_call_and_text_keeps_the_arms_b
         )
         await talk(participant, "Where is my order #W5785065?")
     first, second = server.requests
-    assert forced(first) and first["max_tokens"] == chat.FORCED_CALL_TOKENS
+    assert forced(first) and first["max_tokens"] == turns.FORCED_CALL_TOKENS
     assert not forced(second) and second["max_tokens"] == 96
 
 
@@ -279,7 +281,7 @@ async def first_reply_calls_a_tool(participant) -> Message:
         return agent, results
 
     agent, results = await stored()
-    domain, scenario = await database_sync_to_async(domains.domain_of)(participant)
+    domain, scenario = await database_sync_to_async(domain_bridge.domain_of)(participant)
     tools = {t["function"]["name"]: t["function"] for t in domain.tools(scenario)}
     assert agent is not None and agent.tool_calls
     for call in agent.tool_calls:

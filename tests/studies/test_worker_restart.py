@@ -12,8 +12,8 @@ import urllib.request
 import pytest
 from websockets.asyncio.client import connect
 
-from studies import flow
 from studies.models import Message
+from studies.participation import flow
 from tests.conftest import REPO, child_env, free_port
 from tests.studies.conftest import make_study, prolific
 from tests.studies.faulty_engine import REPLY, FaultyEngine

@@ -9,8 +9,12 @@ from django.core.management import CommandError, call_command
 from agents.domains import get_domain
 from agents.models import Checkpoint, adapters_dir
 from agents.serving.adapters import find_adapters
-from studies.imitation import finished_conversations, heldout_table, humanlike_simulators
 from studies.models import Conversation, Message, Participant, Scenario
+from studies.research.imitation_data import (
+    finished_conversations,
+    heldout_table,
+    humanlike_simulators,
+)
 from tests.studies.conftest import make_study
 from training.config import RunConfig
 

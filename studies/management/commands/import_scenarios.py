@@ -1,7 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from studies.models import Study
-from studies.pools import PoolError, import_pool
+from studies.setup.scenario_pools import PoolError, import_pool
 
 
 class Command(BaseCommand):

@@ -1,7 +1,7 @@
 """``manage.py run_bots --study SLUG --n N --concurrency C [--url URL] [--kind K] [--json]``.
 
 Bot participants go through the real flow of a live study over HTTP and WebSocket (see
-studies/bots.py); they are marked on arrival and left out of exports and analysis.
+studies/rehearsal/bots.py); they are marked on arrival and left out of exports and analysis.
 """
 
 import json
@@ -9,8 +9,8 @@ import logging
 
 from django.core.management.base import BaseCommand, CommandError
 
-from studies.bots import KINDS, run_bots
 from studies.models import Study
+from studies.rehearsal.bots import KINDS, run_bots
 
 
 class Command(BaseCommand):

@@ -2,7 +2,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from studies.demo import seed_demo_study, seed_task_studies
+from studies.rehearsal.demo_studies import seed_demo_study, seed_task_studies
 
 
 class Command(BaseCommand):

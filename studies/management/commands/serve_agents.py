@@ -32,9 +32,9 @@ from agents.serving.replicas import (
     stop_replicas,
 )
 from agents.serving.vllm import MAX_MODEL_LEN, VLLMNotInstalled
-from studies.adapters import UnknownAdapter, study_adapters
-from studies.endpoints import check_endpoint, point_arms, register_endpoint
 from studies.models import Study
+from studies.setup.arm_adapters import UnknownAdapter, study_adapters
+from studies.setup.arm_endpoints import check_endpoint, point_arms, register_endpoint
 
 log = logging.getLogger(__name__)
 

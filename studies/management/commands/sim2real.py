@@ -1,6 +1,6 @@
 """``manage.py sim2real --study SLUG [--json] [--evaluate]``.
 
-The sim-to-real gap report of a study from what is stored (studies/sim2real.py): each arm's
+The sim-to-real gap report of a study from what is stored (studies/research/simulator_evaluations.py): each arm's
 checkpoint against its training run's held-out simulators beside its participants, and the
 arms' rankings compared (Kendall's tau). ``--evaluate`` first plays the missing simulator
 conversations in this process, as the Celery job does. Human-like simulators fine-tuned on this
@@ -12,9 +12,9 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from studies import sim2real
 from studies.analysis.sim2real import format_sim2real
 from studies.models import Study
+from studies.research import simulator_evaluations
 
 
 class Command(BaseCommand):
@@ -59,14 +59,16 @@ class Command(BaseCommand):
             raise CommandError("--conversations must be at least 1.")
         humanlike = [] if options["no_humanlike"] else options["humanlike"]
         try:
-            sim2real.humanlike_columns(study, humanlike)
-        except sim2real.UnknownSimulator as error:
+            simulator_evaluations.humanlike_columns(study, humanlike)
+        except simulator_evaluations.UnknownSimulator as error:
             raise CommandError(str(error)) from None
         if options["evaluate"]:
-            done = sim2real.evaluate_missing(study, options["conversations"], humanlike)
+            done = simulator_evaluations.evaluate_missing(
+                study, options["conversations"], humanlike
+            )
             for problem in done["failed"]:
                 self.stderr.write(f"not played: {problem}")
-        report = sim2real.study_report(
+        report = simulator_evaluations.study_report(
             study, conversations=options["conversations"], humanlike=humanlike
         )
         if options["json"]:

@@ -1,7 +1,7 @@
 """python manage.py imitate_users --study SLUG [--name NAME] [--out DIR] [--epochs N] [--lr LR]
 
 Fine-tunes a LoRA user simulator on the messages the study's finished participants wrote
-(studies/imitation.py exports them without participant ids, with e-mails, phone numbers, links
+(studies/research/imitation_data.py exports them without participant ids, with e-mails, phone numbers, links
 and ids in their own turns replaced; training/imitate.py trains) and
 registers it as a checkpoint (agents.models.Checkpoint), so a run's [[heldout]] table names it
 with `adapter = "NAME"` and the embedded engine serves it as NAME. Here because it joins
@@ -17,8 +17,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from agents.models import Checkpoint
 from agents.paths import base_model_dir, data_dir
-from studies.imitation import NoConversations, finished_conversations
 from studies.models import Study
+from studies.research.imitation_data import NoConversations, finished_conversations
 from training.imitate import ImitationError, ImitationSettings, RealConversation, imitate
 
 

@@ -1,0 +1,93 @@
+from decimal import Decimal
+
+from django import forms
+
+from agents.domains import STUDY_DOMAINS
+from agents.paths import reference_dir
+from studies.models import Study
+from studies.prolific.client import REJECTION_CATEGORIES, REJECTION_MESSAGE_MIN
+
+
+def source_choices():
+    choices = [("", "Bundled data (written for parley)")]
+    reference = reference_dir()
+    if reference:
+        for name, folder in (
+            ("retail", "tau2/retail"),
+            ("airline", "tau2/airline"),
+            ("p4g", "p4g"),
+        ):
+            if (reference / folder).is_dir():
+                choices.append(
+                    (str(reference / folder), f"Official {name} data ({reference / folder})")
+                )
+    return choices
+
+
+class ImportPoolForm(forms.Form):
+    domain = forms.ChoiceField(choices=[(name, name) for name in STUDY_DOMAINS])
+    source = forms.ChoiceField(choices=source_choices, required=False)
+    split = forms.ChoiceField(
+        choices=[("", "all"), ("train", "train"), ("test", "test")], required=False
+    )
+    count = forms.IntegerField(min_value=1, required=False, help_text="Blank: every scenario.")
+    seed = forms.IntegerField(initial=0, help_text="Which random sample of `count` scenarios.")
+
+
+# --- an analysis other than the study's own (studies/admin.py, issue 14) -------------------------
+
+
+class ExploreForm(forms.Form):
+    """Measures, comparisons, family and control of one analysis; in a pre-registered study
+    anything but the plan's is labelled exploratory."""
+
+    measures = forms.MultipleChoiceField(widget=forms.CheckboxSelectMultiple)
+    pairs = forms.ChoiceField(label="comparisons", choices=Study.Comparisons.choices)
+    family = forms.ChoiceField(label="Holm family", choices=Study.Family.choices)
+    control = forms.ChoiceField(required=False, help_text="Blank: the first arm.")
+
+    def __init__(self, *args, measures: list[str], arms: list[str], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["measures"].choices = [(m, m) for m in measures]
+        self.fields["control"].choices = [("", "-")] + [(a, a) for a in arms]
+
+
+# --- Prolific decisions and bonuses (studies/admin.py) -------------------------------------------
+
+
+class RejectForm(forms.Form):
+    rejection_category = forms.ChoiceField(choices=list(REJECTION_CATEGORIES.items()))
+    message = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 5, "cols": 80}),
+        min_length=REJECTION_MESSAGE_MIN,
+        strip=True,
+        help_text=f"Shown to the participant; Prolific requires at least "
+        f"{REJECTION_MESSAGE_MIN} characters.",
+    )
+
+
+class DonationMatchForm(forms.Form):
+    factor = forms.DecimalField(
+        initial=1,
+        min_value=Decimal("0.01"),
+        max_value=Decimal(100),
+        decimal_places=2,
+        help_text="Bonus = the participant's P4G donation x this factor (1: matched 1:1).",
+    )
+
+
+class BonusCSVForm(forms.Form):
+    file = forms.FileField(
+        help_text="Rows of 'participant id, amount' (PROLIFIC_PID or submission id; amount in "
+        "pounds/dollars, e.g. 1.50); a header row is allowed."
+    )
+    max_bytes = 1_000_000
+
+    def clean_file(self):
+        upload = self.cleaned_data["file"]
+        if upload.size > self.max_bytes:
+            raise forms.ValidationError("The file is larger than 1 MB.")
+        try:
+            return upload.read().decode("utf-8-sig")
+        except UnicodeDecodeError:
+            raise forms.ValidationError("The file is not UTF-8 text.") from None

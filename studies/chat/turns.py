@@ -1,0 +1,300 @@
+"""One agent turn in a participant's chat.
+
+The consumer calls `agent_turn`; it streams the reply through agents/llm, runs the agent's
+tool calls on this conversation's own Domain state (through studies/lib/domain_bridge.py), and stores
+every message before the browser hears of it.
+
+A turn that hears nothing from the engine for PARLEY_STALL_TIMEOUT seconds (well under the
+client's read timeout) ends with EngineStalled, so the page can offer Retry within seconds.
+Two windows may answer the same message at once (a second tab opened mid-reply): the first
+to store wins under the conversation's row lock, the other stores nothing and shows that reply.
+"""
+
+import asyncio
+import itertools
+import json
+import time
+from collections.abc import Awaitable, Callable
+
+from django.conf import settings
+from django.db import transaction
+
+from agents.domains.base import Domain
+from agents.domains.base import Scenario as DomainScenario
+from agents.llm import LLMClient, shared_client
+from studies.lib.db_threads import db
+from studies.lib.domain_bridge import domain_of, system_prompt
+from studies.lib.prepared_queries import Prepared
+from studies.models import Arm, Conversation, Message, Participant
+from studies.participation import flow
+
+Send = Callable[[dict], Awaitable[None]]
+
+# The least token budget of a step that must be a tool call: SmolLM2's forced tau2 airline
+# calls (passengers, flights) ran past the demo arms' 96 tokens in 2 of 4 tries, and a call cut
+# off is no call: its `<tool_call>` text reached the page (issue 23). The reply is then only
+# the call, so the arm's max_tokens, which bounds its text, is not stretched.
+FORCED_CALL_TOKENS = 384
+
+# Pieces that arrive within this many seconds of the last delta sent travel together: a frame
+# per token costs the server a write and the page a render; ten updates a second still read as
+# a smooth stream, and the first piece always goes at once.
+DELTA_INTERVAL = 0.1
+
+
+class EngineStalled(Exception):
+    """The engine sent nothing for the stall timeout in the middle of a turn."""
+
+
+def stall_timeout() -> float:
+    # Read at each turn, not at import: a test (or a shell) may change the setting.
+    return settings.PARLEY_STALL_TIMEOUT
+
+
+def first_token_timeout() -> float:
+    """After the stall timeout the page is told the engine is slow; only after this one is it
+    a stall (a busy engine may be slow to start: prefill, a queue)."""
+    return settings.PARLEY_FIRST_TOKEN_TIMEOUT
+
+
+def arm_client(arm: Arm) -> LLMClient:
+    """The worker's one long-lived client for the arm's endpoint on this event loop, shared by
+    every turn and every arm on that endpoint (one connection pool, not one per turn)."""
+    urls, _ = arm.endpoint.routing()
+    return shared_client(urls, api_key=arm.endpoint.api_key(), timeout=settings.PARLEY_LLM_TIMEOUT)
+
+
+def metrics(result) -> dict:
+    """The one place a stored agent message gets its serving record from the client's result."""
+    usage = result.usage or {}
+    return {
+        "model": result.model or "",
+        "replica": result.replica,
+        "finish_reason": result.finish_reason or "",
+        "ttft_ms": round(result.ttft * 1000) if result.ttft is not None else None,
+        "latency_ms": round(result.latency * 1000),
+        "prompt_tokens": usage.get("prompt_tokens"),
+        "completion_tokens": usage.get("completion_tokens"),
+    }
+
+
+async def agent_turn(
+    participant: Participant, messages: list[Message], user_message: Message, send: Send
+) -> Message | None:
+    """Stream the agent's answer to `user_message`; loop over tool calls up to the Domain's cap.
+
+    `messages` is the conversation as read when the turn began (flow.Stored.messages); each
+    message this turn stores is appended to it, so the only database work is storing them.
+    """
+    domain, scenario = domain_of(participant)
+    system = system_prompt(participant)
+    tools = domain.tools(scenario) if domain else []
+    budget = domain.max_tool_calls_per_turn if domain else 0
+    params = participant.arm.generation_params()
+    reply_to = user_message.client_id
+    client = arm_client(participant.arm)
+    # The conversation keeps to its own replica; those the last health check found down go last.
+    conversation, (_, down) = str(participant.token), participant.arm.endpoint.routing()
+    # Replies of an earlier, broken turn count as this turn's; any other is another window's.
+    mine = [m.pk for m in messages if m.reply_to_id == user_message.pk]
+    for step in itertools.count():
+        chat = [m.to_chat() for m in messages]
+        if system:
+            chat.insert(0, {"role": "system", "content": system})
+        offer_tools = tools if budget > 0 else None  # out of budget: the agent must answer
+        await send({"type": "start", "reply_to": reply_to})
+        # `async with`: a turn cut short (the browser gone) frees its connection at once
+        async with client.stream_chat(
+            participant.arm.model_name,
+            chat,
+            tools=offer_tools,
+            tool_format=participant.arm.tool_format,
+            conversation=conversation,
+            avoid=down,
+            **step_params(participant.arm, params, offer_tools, step),
+        ) as stream:
+            await relay(stream, send, reply_to)
+        result = stream.result
+        calls = result.tool_calls[:budget] if offer_tools else []
+        stored = await db(store_turn_message)(
+            user_message,
+            mine,
+            role=Message.Role.ASSISTANT,
+            content=result.content,
+            tool_calls=calls or None,
+            reply_to=user_message,
+            **metrics(result),
+        )
+        if stored is None:  # another window answered this message first
+            return await answered_elsewhere(user_message, send)
+        mine.append(stored.pk)
+        messages.append(stored)
+        if not calls:
+            await send({"type": "reply", "reply_to": reply_to, "message": stored.to_client()})
+            return stored
+        await send({"type": "tool_calls", "reply_to": reply_to, "message": stored.to_client()})
+        for call in calls:
+            result_message = await db(run_tool)(
+                user_message.conversation_id, domain, scenario, call, user_message
+            )
+            mine.append(result_message.pk)
+            messages.append(result_message)
+            await send(
+                {
+                    "type": "tool_result",
+                    "reply_to": reply_to,
+                    "message": result_message.to_client(),
+                }
+            )
+        budget -= len(calls)
+
+
+def step_params(arm: Arm, params: dict, offer_tools: list[dict] | None, step: int) -> dict:
+    """The request parameters of one step of a reply: a tool call forced when the arm's tool
+    choice asks for one at this step, with room for a whole call; no tool_choice at all when
+    no tools are offered (a Domain without tools, or the budget spent), as engines refuse one
+    without tools."""
+    if not offer_tools:
+        return {k: v for k, v in params.items() if k != "tool_choice"}
+    if arm.forces_tool_call(step):
+        budget = max(params.get("max_tokens") or 0, FORCED_CALL_TOKENS)
+        return {**params, "tool_choice": "required", "max_tokens": budget}
+    return params
+
+
+async def relay(stream, send: Send, reply_to: str) -> None:
+    """Pass the stream's text on as deltas: the first piece at once; a later one goes with
+    those that arrived within DELTA_INTERVAL of the last delta sent (it waits at most one gap
+    between the engine's pieces, and never past the reply's end).
+
+    Any token is the engine's progress, text or a tool call that shows none (a forced call
+    streams no text until it is whole): before its first token the page hears "slow" after
+    the stall timeout, and EngineStalled comes after the first-token timeout; after it,
+    EngineStalled comes when no token has come for the stall timeout."""
+    stall = stall_timeout()
+    pieces = aiter(stream)
+    began = time.monotonic()
+    told_slow = False
+
+    async def next_piece() -> str | None:
+        nonlocal told_slow
+        # A task of its own, so that waiting for the piece can be told apart from the piece.
+        piece = asyncio.ensure_future(anext(pieces, None))
+        try:
+            while not piece.done():
+                heard = stream.last_token
+                if heard is not None:
+                    limit = heard + stall
+                else:
+                    limit = began + (first_token_timeout() if told_slow else stall)
+                await asyncio.wait({piece}, timeout=max(limit - time.monotonic(), 0))
+                if piece.done() or stream.last_token != heard or time.monotonic() < limit:
+                    continue  # a piece, or a token that shows no text: the engine is at work
+                if heard is not None:
+                    raise EngineStalled(f"no token from the engine for {stall:g} s")
+                if told_slow:
+                    raise EngineStalled(
+                        f"no first token from the engine in {first_token_timeout():g} s"
+                    )
+                notice = "The assistant is slow to answer just now; please wait a little."
+                await send({"type": "slow", "reply_to": reply_to, "message": notice})
+                told_slow = True
+        finally:
+            if not piece.done():  # the turn is cut short: end the read before the stream closes
+                piece.cancel()
+                await asyncio.gather(piece, return_exceptions=True)
+        return piece.result()
+
+    sent_at, held = None, []  # sent_at: when the last delta went; None before the first
+    while (delta := await next_piece()) is not None:
+        now = time.monotonic()
+        held.append(delta)
+        if sent_at is None or now - sent_at >= DELTA_INTERVAL:
+            await send({"type": "delta", "reply_to": reply_to, "text": "".join(held)})
+            sent_at, held = now, []
+    if held:
+        await send({"type": "delta", "reply_to": reply_to, "text": "".join(held)})
+
+
+def final_reply(user_message: Message) -> Message | None:
+    return (
+        user_message.replies.filter(role=Message.Role.ASSISTANT, tool_calls__isnull=True)
+        .order_by("seq")
+        .first()
+    )
+
+
+# The reply's reads, compiled once (studies/lib/prepared_queries.py).
+LOCK_CONVERSATION = Prepared(
+    lambda pk: Conversation.objects.select_for_update().filter(pk=pk).values_list("pk"), 1
+)
+LATER_MESSAGES = Prepared(
+    lambda conversation, seq: (
+        Message.objects.filter(conversation=conversation, seq__gt=seq)
+        .order_by()  # unordered: only the largest seq matters
+        .values_list("seq", "reply_to_id", "pk")
+    ),
+    2,
+)
+
+
+@transaction.atomic
+def store_turn_message(user_message: Message, mine: list[int], **fields) -> Message | None:
+    """Store this turn's agent message unless another turn already answers `user_message`
+    (the conversation's row lock orders two windows' writes, on every worker); None when one
+    does. One read after the lock gives both the other replies and the next seq."""
+    LOCK_CONVERSATION.rows(user_message.conversation_id)
+    later = LATER_MESSAGES.rows(user_message.conversation_id, user_message.seq)
+    if any(reply_to == user_message.pk and pk not in mine for _, reply_to, pk in later):
+        return None
+    last = max((seq for seq, _, _ in later), default=user_message.seq)
+    return Message.objects.create(
+        conversation_id=user_message.conversation_id, seq=last + 1, **fields
+    )
+
+
+async def answered_elsewhere(user_message: Message, send: Send) -> Message | None:
+    """Show the other turn's stored reply, or, while it is still running tools, say so."""
+    reply = await db(final_reply)(user_message)
+    reply_to = user_message.client_id
+    if reply is not None:
+        await send({"type": "reply", "reply_to": reply_to, "message": reply.to_client()})
+        return reply
+    await send(
+        {
+            "type": "error",
+            "reply_to": reply_to,
+            "retry": True,
+            "message": "This message is being answered in another window; press Retry in a moment.",
+        }
+    )
+    return None
+
+
+def run_tool(
+    conversation_id: int,
+    domain: Domain,
+    scenario: DomainScenario,
+    call: dict,
+    user_message: Message,
+) -> Message:
+    """Run one tool call on this conversation's own state and store its result."""
+    with transaction.atomic():
+        conversation = Conversation.objects.select_for_update().get(pk=conversation_id)
+        state = domain.load_state(scenario, conversation.state)
+        function = call.get("function", {})
+        arguments = function.get("arguments") or "{}"
+        output = domain.execute_tool(state, function.get("name", ""), arguments)
+        if not isinstance(output, str):
+            output = json.dumps(output)
+        conversation.state = domain.dump_state(state)
+        conversation.save(update_fields=["state"])
+        return Message.objects.create(
+            conversation=conversation,
+            seq=flow.next_seq(conversation),
+            role=Message.Role.TOOL,
+            content=output,
+            tool_call_id=call.get("id", ""),
+            tool_name=function.get("name", ""),
+            reply_to=user_message,
+        )

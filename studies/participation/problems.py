@@ -1,0 +1,42 @@
+"""Problems participants meet, kept for the researcher: a StudyError per flow error or
+unexpected exception (the participant sees a friendly page, the monitor lists these)."""
+
+import logging
+
+from django.db import DatabaseError, transaction
+
+from studies.lib.errors import FlowError
+from studies.models import Participant, Study, StudyError
+
+log = logging.getLogger(__name__)
+
+UNEXPECTED = FlowError(
+    "Something went wrong",
+    "The study met an unexpected problem on our side. The researchers have been told. You can "
+    "reload this page in a moment; if it happens again, please return to Prolific.",
+    status=503,
+)
+
+
+def record(
+    study: Study | None,
+    participant: Participant | None,
+    path: str,
+    error: FlowError,
+    traceback: str = "",
+) -> None:
+    """Keep the problem for the researcher; never fails the page that reports it."""
+    if study is None or not error.recorded:
+        return
+    try:
+        with transaction.atomic():
+            StudyError.objects.create(
+                study=study,
+                participant=participant,
+                path=path[:500],
+                title=error.title[:200],
+                detail=error.detail,
+                traceback=traceback,
+            )
+    except DatabaseError:
+        log.exception("could not record a participant's problem on study %s", study.pk)

@@ -1,0 +1,199 @@
+"""Participant pages. Thin: the flow module holds the rules, templates the words."""
+
+import functools
+import logging
+import traceback
+
+from django.conf import settings
+from django.db import DatabaseError
+from django.http import Http404, HttpResponse, HttpResponseRedirect
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET, require_POST
+
+from studies.models import Participant, Study
+from studies.participation import flow, problems
+from studies.participation.middleware import OUTAGE
+from studies.participation.ratelimit import limit_arrivals
+from studies.prolific import sync as prolific_sync
+
+log = logging.getLogger(__name__)
+
+
+def problem(request, error: flow.FlowError, study=None, participant=None):
+    """The friendly page of a step that cannot go on, with the study's way back to Prolific."""
+    back = None
+    if study is not None and study.other_code and not getattr(participant, "is_preview", False):
+        back = flow.PROLIFIC_COMPLETE_URL.format(code=study.other_code)
+    context = {"error": error, "study": study, "participant": participant, "prolific_url": back}
+    return render(request, "studies/problem.html", context, status=error.status)
+
+
+def whose(kwargs) -> tuple[Study | None, Participant | None]:
+    """The study and participant a participant URL names, if they can be read."""
+    try:
+        if "token" in kwargs:
+            participant = flow.find_participant(kwargs["token"])
+            return participant.study, participant
+        if "slug" in kwargs:
+            return flow.open_study(kwargs["slug"]), None
+    except (flow.FlowError, DatabaseError):
+        pass
+    return None, None
+
+
+def friendly(view):
+    """A participant never sees a server error: a flow error, or any unexpected exception,
+    gives the friendly page and is recorded for the researcher (the monitor lists it). A
+    database outage is left to DatabaseUnavailableMiddleware (its page retries by itself)."""
+
+    @functools.wraps(view)
+    def guarded(request, *args, **kwargs):
+        try:
+            return view(request, *args, **kwargs)
+        except (Http404, *OUTAGE):
+            raise
+        except flow.FlowError as error:
+            study, participant = whose(kwargs)
+            problems.record(study, participant, request.path, error)
+            return problem(request, error, study, participant)
+        except Exception:
+            log.exception("participant page %s failed", request.path)
+            study, participant = whose(kwargs)
+            problems.record(
+                study, participant, request.path, problems.UNEXPECTED, traceback.format_exc()
+            )
+            return problem(request, problems.UNEXPECTED, study, participant)
+
+    return guarded
+
+
+# The browser that first arrived keeps its participant's token in a signed cookie, so the same
+# person can come back with a new SESSION_ID (see flow.resume). Signed per study and sent only to
+# that study's link; a week outlasts Prolific's longest allowed time (under 24 h).
+ARRIVAL_COOKIE = "parley_arrival"
+ARRIVAL_COOKIE_AGE = 7 * 24 * 3600
+
+
+def arrival_salt(study) -> str:
+    return f"studies.arrival.{study.pk}"
+
+
+@require_GET
+@limit_arrivals
+@friendly
+def arrive(request, slug):
+    """The Prolific link: /s/<slug>/?PROLIFIC_PID=...&STUDY_ID=...&SESSION_ID=..."""
+    study = flow.open_study(slug)
+    known_token = request.get_signed_cookie(
+        ARRIVAL_COOKIE, None, salt=arrival_salt(study), max_age=ARRIVAL_COOKIE_AGE
+    )
+    participant, _ = flow.arrive(study, request.GET, known_token)
+    response = redirect("studies:participant", token=participant.token)
+    # Set at the first arrival and renewed on every resume: each of them proved its right.
+    response.set_signed_cookie(
+        ARRIVAL_COOKIE,
+        str(participant.token),
+        salt=arrival_salt(study),
+        max_age=ARRIVAL_COOKIE_AGE,
+        path=reverse("studies:arrive", args=[study.slug]),
+        secure=not settings.DEBUG,
+        httponly=True,
+        samesite="Lax",  # sent on the top-level link from Prolific, not on cross-site requests
+    )
+    return response
+
+
+def load(token) -> Participant:
+    return flow.expire_if_overdue(flow.find_participant(token))
+
+
+@require_GET
+@friendly
+def participant(request, token):
+    """Whatever step the participant is at: re-opening the link resumes here."""
+    p = load(token)
+    if p.status == Participant.Status.UNSTARTED:  # could not start before: a place anew
+        flow.restart(p)
+        p = load(token)
+    study = p.study
+    context = {"participant": p, "study": study}
+    match p.status:
+        case Participant.Status.CONSENT:
+            return render(request, "studies/consent.html", context)
+        case Participant.Status.CHAT:
+            context["scenario"] = p.scenario
+            return render(request, "studies/chat.html", context)
+        case Participant.Status.QUESTIONNAIRE:
+            return render_questionnaire(request, p, {}, request.GET)
+        case Participant.Status.COMPLETED:
+            context["completion_url"] = flow.completion_url(p)
+            context["told"] = flow.debrief(p)
+            context["completion_code"] = flow.completion_code(p)
+            return render(request, "studies/debrief.html", context)
+        case _:  # declined consent or timed out
+            context["completion_url"] = flow.completion_url(p)
+            # the chat page sends here a message the server no longer took: say so
+            context["unsent"] = request.GET.get("unsent") == "1"
+            return render(request, "studies/ended.html", context)
+
+
+def render_questionnaire(request, p, errors, data, status=200):
+    context = {
+        "participant": p,
+        "study": p.study,
+        "questionnaire": getattr(p.study, "questionnaire", None),
+        "fields": [
+            {"item": item, "value": data.get(item.key, ""), "error": errors.get(item.key)}
+            for item in p.study.questionnaire_items()
+        ],
+        "errors": errors,
+    }
+    return render(request, "studies/questionnaire.html", context, status=status)
+
+
+@require_POST
+@friendly
+def consent(request, token):
+    p = load(token)
+    # Only the page's two buttons decide: anything else (a stray or forged post) changes nothing,
+    # so a participant is never declined for good by a request they did not make.
+    decision = request.POST.get("decision")
+    if decision not in ("accept", "decline"):
+        raise flow.FlowError("Please choose", "Please choose whether you agree to take part.")
+    flow.give_consent(p, decision == "accept")
+    return redirect("studies:participant", token=p.token)
+
+
+@require_POST
+@friendly
+def questionnaire(request, token):
+    p = load(token)
+    errors = flow.submit_questionnaire(p, request.POST)
+    if errors:
+        return render_questionnaire(request, p, errors, request.POST, status=400)
+    return redirect("studies:participant", token=p.token)
+
+
+@require_GET
+@friendly
+def done(request, token):
+    """Back to Prolific with the code that fits how the participant finished."""
+    p = load(token)
+    url = flow.completion_url(p)
+    if url is None:
+        return redirect("studies:participant", token=p.token)
+    return HttpResponseRedirect(url)
+
+
+@csrf_exempt  # Prolific signs its requests; a CSRF token cannot come from another server
+@require_POST
+def prolific_webhook(request):
+    """Prolific's webhook: 2xx for every valid event (a repeated one is acknowledged, not redone),
+    4xx for a forged or stale one."""
+    try:
+        result = prolific_sync.receive_webhook(request.headers, request.body)
+    except prolific_sync.WebhookRefused as refused:
+        return HttpResponse(refused.reason, status=refused.status, content_type="text/plain")
+    return HttpResponse(result, content_type="text/plain")
