@@ -12,7 +12,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from studies.models import AnalysisRun, BonusPayment, Study, time_out_overdue
-from studies.prolific import client as prolific_client
+from studies.prolific import api as prolific_api
 from studies.prolific import sync as prolific_sync
 from studies.research import simulator_evaluations
 from studies.research.analysis_runs import compute, target_reached
@@ -149,10 +149,10 @@ def push_prolific_reviews(self, study_id: int) -> int:
     """Send a study's pending approvals and rejections; a failure without an answer is retried
     (transitions are idempotent on Prolific), and the periodic sync sends what is left."""
     try:
-        with prolific_client.Prolific() as api:
+        with prolific_api.Prolific() as api:
             return prolific_sync.push_reviews(Study.objects.get(pk=study_id), api)
-    except prolific_client.ProlificError as error:
-        if error.refused or isinstance(error, prolific_client.NotConfigured):
+    except prolific_api.ProlificError as error:
+        if error.refused or isinstance(error, prolific_api.NotConfigured):
             raise
         raise self.retry(countdown=min(60 * 2**self.request.retries, 3600)) from None
 
@@ -167,10 +167,10 @@ def push_prolific_reviews(self, study_id: int) -> int:
 )
 def pay_prolific_bonuses(self, payment_id: int) -> str:
     try:
-        with prolific_client.Prolific() as api:
+        with prolific_api.Prolific() as api:
             return prolific_sync.pay(payment_id, api).state
-    except prolific_client.ProlificError as error:
-        if error.refused or isinstance(error, prolific_client.NotConfigured):
+    except prolific_api.ProlificError as error:
+        if error.refused or isinstance(error, prolific_api.NotConfigured):
             raise
         raise self.retry(countdown=min(60 * 2**self.request.retries, 3600)) from None
 

@@ -358,7 +358,7 @@ PARLEY_RATE_MESSAGES_PER_PARTICIPANT = env(
 PARLEY_RATE_MESSAGES_PER_IP = env("int", "PARLEY_RATE_MESSAGES_PER_IP", 120, least=0)
 PARLEY_RATE_EXEMPT_IPS = env("names", "PARLEY_RATE_EXEMPT_IPS", ("127.0.0.1", "::1"))
 
-# --- Prolific (studies/prolific/client.py): the token and the webhook secret live only here, in memory;
+# --- Prolific (studies/prolific/api.py): the token and the webhook secret live only here, in memory;
 # never in the database or a log. Both unset: the Prolific features say they are not configured.
 PROLIFIC_API_TOKEN = env("str", "PROLIFIC_API_TOKEN", "").strip()
 PROLIFIC_WEBHOOK_SECRET = env("str", "PROLIFIC_WEBHOOK_SECRET", "").strip()

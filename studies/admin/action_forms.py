@@ -5,7 +5,7 @@ from django import forms
 from agents.domains import STUDY_DOMAINS
 from agents.paths import reference_dir
 from studies.models import Study
-from studies.prolific.client import REJECTION_CATEGORIES, REJECTION_MESSAGE_MIN
+from studies.prolific.api import REJECTION_CATEGORIES, REJECTION_MESSAGE_MIN
 
 
 def source_choices():

@@ -28,10 +28,10 @@ from django.conf import settings
 from django.urls import reverse
 
 from agents.llm import LLMError
-from studies.chat import turns
+from studies.chat import agent_turn
 from studies.lib import domain_bridge
 from studies.lib.db_threads import db
-from studies.lib.errors import FlowError
+from studies.lib.flow_errors import FlowError
 from studies.models import Conversation, Message, Participant
 from studies.participation import flow, problems, ratelimit
 from studies.participation.middleware import OUTAGE
@@ -237,7 +237,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def answer(self, messages: list[Message], message: Message) -> Message | None:
         failure = {"type": "error", "reply_to": message.client_id, "retry": True}
         try:
-            return await turns.agent_turn(self.participant, messages, message, self.send_json)
+            return await agent_turn.agent_turn(self.participant, messages, message, self.send_json)
         except Left:
             raise  # the tab closed: the reply stops; the message is answered on reconnecting
         except OUTAGE as error:
@@ -248,7 +248,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             )
             self.stale = True
             await self.send_json({**failure, "message": NOT_SAVED})
-        except turns.EngineStalled as stalled:
+        except agent_turn.EngineStalled as stalled:
             log.warning("agent reply stalled for %s: %s", self.participant, stalled)
             await self.failed("The agent stalled", stalled)
             notice = "The assistant has stopped answering. Your message is saved; press Retry."
@@ -269,7 +269,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         the researcher has fixed meanwhile (another endpoint, another model)."""
         arm = self.participant.arm
         detail = f"Arm {arm.name} ({arm.model_name} on endpoint {arm.endpoint.name}): {error}"
-        trace = "" if isinstance(error, LLMError | turns.EngineStalled) else traceback.format_exc()
+        trace = (
+            "" if isinstance(error, LLMError | agent_turn.EngineStalled) else traceback.format_exc()
+        )
         await db(problems.record)(
             self.participant.study,
             self.participant,

@@ -9,7 +9,7 @@ from functools import lru_cache
 from agents.domains import get_domain as load
 from agents.domains.base import Domain, Outcome, QuestionnaireInput
 from agents.domains.base import Scenario as DomainScenario
-from studies.lib.errors import FlowError
+from studies.lib.flow_errors import FlowError
 from studies.models import Conversation, Participant, Study
 
 OPEN_CHAT = Study.OPEN_CHAT  # a study with no Domain: free conversation, no scenario

@@ -23,7 +23,7 @@ from studies.lib.domain_bridge import (  # noqa: F401 - debrief: the debrief pag
     questionnaire_inputs,
     score_conversation,
 )
-from studies.lib.errors import FlowError, NotFound, StudyFull, StudyNotOpen
+from studies.lib.flow_errors import FlowError, NotFound, StudyFull, StudyNotOpen
 from studies.lib.prepared_queries import Prepared, fields_of, instances
 from studies.models import (
     COMPLETE_URL,

@@ -5,7 +5,7 @@ import logging
 
 from django.db import DatabaseError, transaction
 
-from studies.lib.errors import FlowError
+from studies.lib.flow_errors import FlowError
 from studies.models import Participant, Study, StudyError
 
 log = logging.getLogger(__name__)

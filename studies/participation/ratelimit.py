@@ -27,7 +27,7 @@ from limits.aio import strategies as async_strategies
 from limits.storage import MemoryStorage, RedisStorage
 from limits.strategies import FixedWindowRateLimiter
 
-from studies.lib.errors import FlowError
+from studies.lib.flow_errors import FlowError
 
 log = logging.getLogger(__name__)
 WINDOW = 60  # seconds

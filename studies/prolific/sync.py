@@ -1,6 +1,6 @@
 """Prolific both ways: submission statuses in (webhook and periodic sync), the researcher's
 decisions and bonuses out. Views, admin and tasks call these functions; the HTTP calls are in
-studies/prolific/client.py.
+studies/prolific/api.py.
 
 A submission is matched to its Participant by the submission id, which is the SESSION_ID the
 participant arrived with (a participant who returned and took the study again has a new one, so
@@ -28,15 +28,15 @@ from studies.models import (
     Review,
     Study,
 )
-from studies.prolific import client as prolific_client
-from studies.prolific.client import AWAITING_REVIEW, Prolific, ProlificError, normal_status
+from studies.prolific import api as prolific_api
+from studies.prolific.api import AWAITING_REVIEW, Prolific, ProlificError, normal_status
 
 log = logging.getLogger(__name__)
 
 # Our status for a participant whose submission Prolific reopened (their place is freed).
 FREED_AS = {
-    prolific_client.RETURNED: Participant.Status.RETURNED,
-    prolific_client.TIMED_OUT: Participant.Status.TIMED_OUT,
+    prolific_api.RETURNED: Participant.Status.RETURNED,
+    prolific_api.TIMED_OUT: Participant.Status.TIMED_OUT,
 }
 
 
@@ -48,7 +48,7 @@ def apply_status(participant: Participant, status: str) -> str:
     """Record the submission's Prolific status; RETURNED and TIMED-OUT free the participant's
     place (no longer in Participant.ACTIVE) and keep what they gave, flagged as partial."""
     status = normal_status(status)
-    if status not in prolific_client.KNOWN_STATUSES:
+    if status not in prolific_api.KNOWN_STATUSES:
         return f"{participant.prolific_pid}: unknown status {status[:40]!r}, not applied"
     participant = Participant.objects.select_for_update().get(pk=participant.pk)
     participant.prolific_status = status
@@ -102,7 +102,7 @@ def receive_webhook(headers, body: bytes, now: float | None = None) -> str:
         raise WebhookRefused(503, "PROLIFIC_WEBHOOK_SECRET is not set")
     timestamp = headers.get("X-Prolific-Request-Timestamp", "")
     given = headers.get("X-Prolific-Request-Signature", "")
-    if not prolific_client.signature_valid(secret, timestamp, body, given):
+    if not prolific_api.signature_valid(secret, timestamp, body, given):
         raise WebhookRefused(403, "signature does not match")
     try:
         age = (time.time() if now is None else now) - event_time(timestamp)
@@ -143,9 +143,7 @@ def act_on(event: dict) -> str:
     if participant is None:
         return "submission of no participant here"
     status = normal_status(str(event.get("status", "")))
-    if prolific_client.status_rank(status) < prolific_client.status_rank(
-        participant.prolific_status
-    ):
+    if prolific_api.status_rank(status) < prolific_api.status_rank(participant.prolific_status):
         # An older event delivered late, or a real step back (UNREJECT, UNRETURN): Prolific's
         # own record decides; without the API the later status we hold stands.
         if not settings.PROLIFIC_API_TOKEN:
@@ -276,7 +274,7 @@ def reviewable(participant: Participant) -> str | None:
 def decide(participants, action: str, message: str = "", category: str = "") -> tuple[list, list]:
     """Queue a decision for each submission AWAITING REVIEW; returns (queued, [(p, why)])."""
     if action == Review.Action.REJECT:
-        prolific_client.check_rejection(message, category)
+        prolific_api.check_rejection(message, category)
     queued, skipped = [], []
     for participant in participants:
         participant = Participant.objects.select_for_update().get(pk=participant.pk)
@@ -309,8 +307,8 @@ def push_reviews(study: Study, api: Prolific) -> int:
     ).select_related("participant")
     approvals = [r for r in pending if r.action == Review.Action.APPROVE]
     sent = 0
-    for start in range(0, len(approvals), prolific_client.BULK_APPROVE_MAX):
-        batch = approvals[start : start + prolific_client.BULK_APPROVE_MAX]
+    for start in range(0, len(approvals), prolific_api.BULK_APPROVE_MAX):
+        batch = approvals[start : start + prolific_api.BULK_APPROVE_MAX]
         sent += send(
             batch,
             lambda b=batch: api.bulk_approve([r.participant.prolific_session_id for r in b]),
@@ -328,8 +326,8 @@ def push_reviews(study: Study, api: Prolific) -> int:
 # What a sent decision makes of the submission. A rejection's answer is the submission, with its
 # status; a bulk approval answers 202 with no statuses (Prolific approves them asynchronously).
 DECIDED = {
-    Review.Action.APPROVE: prolific_client.APPROVED,
-    Review.Action.REJECT: prolific_client.REJECTED,
+    Review.Action.APPROVE: prolific_api.APPROVED,
+    Review.Action.REJECT: prolific_api.REJECTED,
 }
 
 
@@ -357,8 +355,8 @@ def awaits_our_approval(participant: Participant, status: str) -> bool:
     asynchronously): the APPROVED we stored stands, as an approval is never undone."""
     review = getattr(participant, "review", None)
     return (
-        participant.prolific_status == prolific_client.APPROVED
-        and status in (AWAITING_REVIEW, prolific_client.PROCESSING)
+        participant.prolific_status == prolific_api.APPROVED
+        and status in (AWAITING_REVIEW, prolific_api.PROCESSING)
         and review is not None
         and review.action == Review.Action.APPROVE
         and review.state == Review.State.SENT

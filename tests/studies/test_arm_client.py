@@ -3,7 +3,7 @@
 import pytest
 from channels.db import database_sync_to_async
 
-from studies.chat import turns
+from studies.chat import agent_turn
 from studies.chat.consumers import load_participant
 from studies.participation import flow
 from tests.scripted_server import ScriptedServer
@@ -38,7 +38,7 @@ async def test_chat_turns_reuse_one_client_and_one_connection(sockets):
                 await receive_until(window, "reply")
                 await receive_until(window, "status")
             await window.disconnect()
-        client = turns.arm_client(participants[0].arm)
-        assert turns.arm_client(participants[1].arm) is client
+        client = agent_turn.arm_client(participants[0].arm)
+        assert agent_turn.arm_client(participants[1].arm) is client
     assert len(server.requests) == 4
     assert len(set(server.client_ports)) == 1, "each turn opened its own connection"

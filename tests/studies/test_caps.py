@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 from django.urls import reverse
 
-from studies.lib.errors import StudyFull
+from studies.lib.flow_errors import StudyFull
 from studies.models import Participant, Study
 from studies.participation import flow
 from studies.rehearsal import bots

@@ -9,7 +9,7 @@ import pytest
 from channels.db import database_sync_to_async
 from django.conf import settings as django_settings
 
-from studies.chat import turns
+from studies.chat import agent_turn
 from studies.models import Message, ToolChoice
 from tests.studies.faulty_engine import REPLY, FaultyEngine
 from tests.studies.test_consumer import chatting_participant, connect, receive_until
@@ -30,7 +30,7 @@ def stored(participant):
 
 
 async def test_the_default_stall_timeout_gives_a_notice_within_10_s():
-    stall, first = turns.stall_timeout(), turns.first_token_timeout()
+    stall, first = agent_turn.stall_timeout(), agent_turn.first_token_timeout()
     assert stall < 10 and stall <= first < django_settings.PARLEY_LLM_TIMEOUT
 
 

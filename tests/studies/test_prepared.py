@@ -3,7 +3,7 @@
 import pytest
 from django.db import transaction
 
-from studies.chat.turns import LATER_MESSAGES, LOCK_CONVERSATION
+from studies.chat.agent_turn import LATER_MESSAGES, LOCK_CONVERSATION
 from studies.lib.prepared_queries import Prepared, fields_of, instances
 from studies.models import Message
 from studies.participation import flow

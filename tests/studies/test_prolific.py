@@ -31,7 +31,7 @@ from studies.models import (
     Review,
 )
 from studies.participation import flow
-from studies.prolific import client as prolific_client
+from studies.prolific import api as prolific_api
 from studies.prolific import sync as prolific_sync
 from tests.prolific_server import FakeProlific
 from tests.studies.conftest import make_study
@@ -63,7 +63,7 @@ def fake():
 
 @pytest.fixture
 def api(fake):
-    with prolific_client.Prolific() as client:
+    with prolific_api.Prolific() as client:
         yield client
 
 
@@ -92,7 +92,7 @@ def deliver(client, event: dict, event_id="E1", timestamp=None, secret=SECRET, r
         data=body,
         content_type="application/json",
         headers={
-            "X-Prolific-Request-Signature": prolific_client.signature(secret, timestamp, body),
+            "X-Prolific-Request-Signature": prolific_api.signature(secret, timestamp, body),
             "X-Prolific-Request-Timestamp": timestamp,
             "X-Event-ID": event_id,
         },
@@ -118,15 +118,15 @@ def test_signature_matches_the_reference_check_vector():
     )
     assert vector, "the check vector is in the reference file"
     secret, timestamp, body, expected = vector.groups()
-    assert prolific_client.signature(secret, timestamp, body.encode()) == expected
-    assert prolific_client.signature_valid(secret, timestamp, body.encode(), expected)
-    assert not prolific_client.signature_valid(
+    assert prolific_api.signature(secret, timestamp, body.encode()) == expected
+    assert prolific_api.signature_valid(secret, timestamp, body.encode(), expected)
+    assert not prolific_api.signature_valid(
         secret, str(int(timestamp) + 1), body.encode(), expected
     )
-    assert not prolific_client.signature_valid("other", timestamp, body.encode(), expected)
+    assert not prolific_api.signature_valid("other", timestamp, body.encode(), expected)
     # the documentation's example signs json.dumps of the parsed body: accepted as a fallback
     compact = json.dumps(json.loads(body), separators=(",", ":")).encode()
-    assert prolific_client.signature_valid(secret, timestamp, compact, expected)
+    assert prolific_api.signature_valid(secret, timestamp, compact, expected)
 
 
 # --- webhook ----------------------------------------------------------------------------------
@@ -158,7 +158,7 @@ def test_webhook_applies_a_signed_event_and_refuses_forged_and_stale_ones(client
         data=body,
         content_type="application/json",
         headers={
-            "X-Prolific-Request-Signature": prolific_client.signature(SECRET, ts, body),
+            "X-Prolific-Request-Signature": prolific_api.signature(SECRET, ts, body),
             "X-Prolific-Request-Timestamp": ts,
             "X-Event-ID": "E2",
         },
@@ -384,7 +384,7 @@ def test_retry_pays_an_existing_setup_and_never_sets_up_twice(fake, api, linked,
         api.pay_bonuses = lambda setup_id: (_ for _ in ()).throw(RuntimeError("worker killed"))
     else:
         fake.pay_fault = "before"  # set up, then the pay call fails on Prolific's side
-    with pytest.raises((RuntimeError, prolific_client.ProlificError)):
+    with pytest.raises((RuntimeError, prolific_api.ProlificError)):
         prolific_sync.pay(payment.pk, api)
     payment.refresh_from_db()
     assert payment.state == BonusPayment.State.PAYING and payment.setup_id
@@ -434,7 +434,7 @@ def test_a_pay_whose_answer_is_lost_is_reconciled_not_paid_again(fake, api, link
             raise SystemExit("killed")
 
         api.pay_bonuses = pay_then_crash
-    with pytest.raises((prolific_client.ProlificError, SystemExit)):
+    with pytest.raises((prolific_api.ProlificError, SystemExit)):
         prolific_sync.pay(payment.pk, api)
     assert BonusPayment.objects.get().state == BonusPayment.State.PAYING
     fake.pay_fault, api.pay_bonuses = None, real_pay
@@ -557,8 +557,8 @@ def test_token_and_secret_never_logged_stored_or_shown(fake, api, linked, client
     )
     prolific_sync.sync_study(linked, api)
     with override_settings(PROLIFIC_API_TOKEN="wrong-token-xyz"):
-        with prolific_client.Prolific() as bad:
-            with pytest.raises(prolific_client.ProlificError) as error:
+        with prolific_api.Prolific() as bad:
+            with pytest.raises(prolific_api.ProlificError) as error:
                 bad.me()
             shown = [repr(bad), str(error.value), repr(error.value)]
     assert error.value.status == 401
@@ -655,12 +655,12 @@ def test_too_quickly_only_more_than_three_sd_below_the_mean(linked):
 
 
 def test_429_is_retried_with_back_off_and_errors_explain(fake, api, monkeypatch):
-    monkeypatch.setattr(prolific_client.time, "sleep", lambda s: None)
+    monkeypatch.setattr(prolific_api.time, "sleep", lambda s: None)
     fake.add_study("STUDYP")
     fake.fail_next = [429, 429]
     assert api.study("STUDYP")["id"] == "STUDYP"
     assert len(fake.called("GET", "/studies/STUDYP")) == 3
-    with pytest.raises(prolific_client.ProlificError) as error:
+    with pytest.raises(prolific_api.ProlificError) as error:
         api.study("NOPE")
     assert error.value.status == 404 and "No such study" in str(error.value)
     assert error.value.refused
@@ -682,21 +682,21 @@ def test_retry_after_reads_seconds_and_http_dates():
     def answer(value):
         return httpx.Response(429, headers={"Retry-After": value} if value is not None else {})
 
-    assert prolific_client.retry_after(answer("3")) == 3.0
+    assert prolific_api.retry_after(answer("3")) == 3.0
     soon = format_datetime(datetime.now(UTC) + timedelta(seconds=30), usegmt=True)
-    assert 28 <= prolific_client.retry_after(answer(soon)) <= 30
+    assert 28 <= prolific_api.retry_after(answer(soon)) <= 30
     past = format_datetime(datetime.now(UTC) - timedelta(seconds=30), usegmt=True)
-    assert prolific_client.retry_after(answer(past)) == 0.0
-    assert prolific_client.retry_after(answer("soon")) is None
-    assert prolific_client.retry_after(answer(None)) is None
+    assert prolific_api.retry_after(answer(past)) == 0.0
+    assert prolific_api.retry_after(answer("soon")) is None
+    assert prolific_api.retry_after(answer(None)) is None
 
 
 def test_a_retry_after_longer_than_a_call_waits_fails_at_once(fake, api, monkeypatch):
     slept = []
-    monkeypatch.setattr(prolific_client.time, "sleep", slept.append)
+    monkeypatch.setattr(prolific_api.time, "sleep", slept.append)
     fake.add_study("STUDYP")
     fake.fail_next = [(429, "3600")]
-    with pytest.raises(prolific_client.ProlificError) as error:
+    with pytest.raises(prolific_api.ProlificError) as error:
         api.study("STUDYP")
     assert error.value.status == 429 and "retry after 3600 s" in str(error.value)
     assert len(fake.called("GET", "/studies/STUDYP")) == 1 and slept == []
@@ -704,7 +704,7 @@ def test_a_retry_after_longer_than_a_call_waits_fails_at_once(fake, api, monkeyp
     fake.fail_next = [429, 503]
     assert api.study("STUDYP")["id"] == "STUDYP" and slept == [1.0, 2.0]
     fake.fail_next = [503]
-    with pytest.raises(prolific_client.ProlificError) as error:
+    with pytest.raises(prolific_api.ProlificError) as error:
         api.pay_bonuses("nope")
     assert error.value.status == 503 and len(fake.called("POST", "/pay")) == 1
 
@@ -729,5 +729,5 @@ def test_the_error_page_hides_the_token_and_the_secret():
 def test_a_next_link_to_another_host_is_not_followed(api):
     assert api.same_origin(f"{api.base_url}/api/v1/x/?offset=2").path == "/api/v1/x/"
     assert api.same_origin("/api/v1/x/?offset=2").path == "/api/v1/x/"
-    with pytest.raises(prolific_client.ProlificError, match="another host"):
+    with pytest.raises(prolific_api.ProlificError, match="another host"):
         api.same_origin("https://evil.example/api/v1/x/")

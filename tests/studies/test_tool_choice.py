@@ -16,7 +16,7 @@ from django.core.exceptions import ValidationError
 from django.urls import reverse
 
 from agents.models import ModelEndpoint
-from studies.chat import turns
+from studies.chat import agent_turn
 from studies.chat.routing import websocket_urlpatterns
 from studies.lib import domain_bridge
 from studies.models import Arm, Message, Scenario, ToolChoice
@@ -112,7 +112,7 @@ async def test_a_forced_call_has_room_for_a_whole_call_and_text_keeps_the_arms_b
         )
         await talk(participant, "Where is my order #W5785065?")
     first, second = server.requests
-    assert forced(first) and first["max_tokens"] == turns.FORCED_CALL_TOKENS
+    assert forced(first) and first["max_tokens"] == agent_turn.FORCED_CALL_TOKENS
     assert not forced(second) and second["max_tokens"] == 96
 
 

@@ -17,7 +17,7 @@ from studies.admin.permissions import can_change_participants
 from studies.models import (
     Study,
 )
-from studies.prolific import client as prolific_client
+from studies.prolific import api as prolific_api
 from studies.prolific import sync as prolific_sync
 
 
@@ -33,7 +33,7 @@ class ProlificActions:
             .values_list("prolific_status")
             .annotate(n=Count("pk"))
         )
-        awaiting = study.participants.filter(prolific_status=prolific_client.AWAITING_REVIEW)
+        awaiting = study.participants.filter(prolific_status=prolific_api.AWAITING_REVIEW)
         suggested = [
             f"{p.prolific_pid} ({category})"
             for p in awaiting
