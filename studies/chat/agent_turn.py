@@ -25,8 +25,7 @@ from agents.llm import LLMClient, shared_client
 from studies.lib.db_threads import db
 from studies.lib.domain_bridge import domain_of, system_prompt
 from studies.lib.prepared_queries import Prepared
-from studies.models import Arm, Conversation, Message, Participant
-from studies.participation import flow
+from studies.models import Arm, Conversation, Message, Participant, next_seq
 
 Send = Callable[[dict], Awaitable[None]]
 
@@ -247,10 +246,8 @@ def store_turn_message(user_message: Message, mine: list[int], **fields) -> Mess
     later = LATER_MESSAGES.rows(user_message.conversation_id, user_message.seq)
     if any(reply_to == user_message.pk and pk not in mine for _, reply_to, pk in later):
         return None
-    last = max((seq for seq, _, _ in later), default=user_message.seq)
-    return Message.objects.create(
-        conversation_id=user_message.conversation_id, seq=last + 1, **fields
-    )
+    seq = next_seq([user_message.seq, *(seq for seq, _, _ in later)])
+    return Message.objects.create(conversation_id=user_message.conversation_id, seq=seq, **fields)
 
 
 async def answered_elsewhere(user_message: Message, send: Send) -> Message | None:
@@ -291,7 +288,7 @@ def run_tool(
         conversation.save(update_fields=["state"])
         return Message.objects.create(
             conversation=conversation,
-            seq=flow.next_seq(conversation),
+            seq=conversation.next_seq(),
             role=Message.Role.TOOL,
             content=output,
             tool_call_id=call.get("id", ""),

@@ -1,12 +1,12 @@
 """The bridge between a participant and their Domain: state, prompt, end and outcome.
 
-Below flow.py and chat.py: every Domain rule a study applies comes through these functions
+Below the participation flow and the chat: every Domain rule a study applies comes through these functions
 and the Domain interface (agents/domains/base.py), never from testing a domain's name.
 """
 
 from functools import lru_cache
 
-from agents.domains import get_domain as load
+from agents.domains import get_domain as fresh_domain
 from agents.domains.base import Domain, Outcome, QuestionnaireInput
 from agents.domains.base import Scenario as DomainScenario
 from studies.lib.flow_errors import FlowError
@@ -16,11 +16,12 @@ OPEN_CHAT = Study.OPEN_CHAT  # a study with no Domain: free conversation, no sce
 
 
 @lru_cache(maxsize=8)
-def get_domain(name: str, source: str = "") -> Domain | None:
-    """The Domain by name; `source` is the official data folder a scenario came from."""
+def shared_domain(name: str, source: str = "") -> Domain | None:
+    """The one shared Domain of this name for the whole process (agents.domains.get_domain makes
+    a fresh one each call); `source` is the official data folder a scenario came from."""
     if name == OPEN_CHAT:
         return None
-    return load(name, data_dir=source or None)
+    return fresh_domain(name, data_dir=source or None)
 
 
 def domain_scenario(participant: Participant) -> DomainScenario | None:
@@ -35,7 +36,9 @@ def domain_scenario(participant: Participant) -> DomainScenario | None:
 def domain_of(participant: Participant) -> tuple[Domain | None, DomainScenario | None]:
     """The scenario's own Domain (a pool may mix retail and airline), else the study's."""
     row = participant.scenario
-    domain = get_domain(row.domain, row.source) if row else get_domain(participant.study.domain)
+    domain = (
+        shared_domain(row.domain, row.source) if row else shared_domain(participant.study.domain)
+    )
     scenario = domain_scenario(participant)
     if domain is not None and scenario is None:
         raise FlowError("This study is not ready", "The study has no scenario for this task.", 503)
@@ -86,17 +89,6 @@ def end_reason(participant: Participant, messages: list | None = None) -> str | 
     if reason is not None and awaits_closing_reply(domain, reason, chat):
         return None
     return reason
-
-
-def end_after_reply(participant: Participant, messages: list | None = None) -> bool:
-    """Whether the Domain's end is due once the agent has answered the participant's last
-    message (True: answer it, then end the chat), rather than at once or not at all."""
-    domain, _ = domain_of(participant)
-    if domain is None:
-        return False
-    chat = chat_of(participant, messages)
-    reason = domain.is_done(chat)
-    return reason is not None and awaits_closing_reply(domain, reason, chat)
 
 
 def chat_of(participant: Participant, messages: list | None) -> list[dict]:

@@ -19,6 +19,7 @@ from studies.models.participant import (
     Response,
     StudyError,
     humans_unless,
+    next_seq,
     only_people,
     time_out_overdue,
 )
@@ -65,6 +66,7 @@ __all__ = [
     "Item",
     "only_people",
     "humans_unless",
+    "next_seq",
     "Participant",
     "StudyError",
     "Conversation",

@@ -137,6 +137,16 @@ class Conversation(models.Model):
     def __str__(self) -> str:
         return f"conversation of {self.participant}"
 
+    def next_seq(self) -> int:
+        """The seq this conversation's next message takes, read from the database (callers
+        that already hold the messages pass their seqs to `next_seq` instead)."""
+        return next_seq(self.messages.order_by("-seq").values_list("seq", flat=True)[:1])
+
+
+def next_seq(seqs) -> int:
+    """The one rule for a message's place: one after the conversation's largest seq, 1 first."""
+    return max(seqs, default=0) + 1
+
 
 TIME_LIMIT = "time limit"  # a Conversation's end_reason when its participant ran out of time
 

@@ -17,11 +17,11 @@ from django.utils.crypto import constant_time_compare
 from studies import tasks
 from studies.lib.domain_bridge import (  # noqa: F401 - debrief: the debrief page's words, for views
     debrief,
-    get_domain,
     opening_messages,
     outcome_after_questionnaire,
     questionnaire_inputs,
     score_conversation,
+    shared_domain,
 )
 from studies.lib.flow_errors import FlowError, NotFound, StudyFull, StudyNotOpen
 from studies.lib.prepared_queries import Prepared, fields_of, instances
@@ -36,6 +36,7 @@ from studies.models import (
     Response,
     Scenario,
     Study,
+    next_seq,
     time_out_overdue,
 )
 from studies.participation import problems
@@ -222,7 +223,7 @@ def scenario_for(study: Study, arm: Arm, is_bot: bool = False) -> Scenario | Non
     """The least-used scenario; a study whose Domain needs one and has none starts nobody (the
     participant is told, and takes no place)."""
     scenario = least_used_scenario(study, arm, is_bot)
-    if scenario is None and get_domain(study.domain) is not None:
+    if scenario is None and shared_domain(study.domain) is not None:
         raise FlowError(
             "This study is not ready",
             "The study has no task ready for you yet. Please try again later or return to "
@@ -385,7 +386,10 @@ def start_conversation(participant: Participant) -> Conversation:
         conversation.save(update_fields=["state"])
         if greeting:
             Message.objects.create(
-                conversation=conversation, seq=1, role=Message.Role.ASSISTANT, content=greeting
+                conversation=conversation,
+                seq=next_seq(()),
+                role=Message.Role.ASSISTANT,
+                content=greeting,
             )
     return conversation
 
@@ -481,7 +485,7 @@ def store_user_message(participant: Participant, client_id: str, text: str) -> S
     check_can_send(participant, ended_at, text, sent)
     message = Message.objects.create(
         conversation_id=conversation_id,
-        seq=(messages[-1].seq if messages else 0) + 1,
+        seq=next_seq(m.seq for m in messages),
         role=Message.Role.USER,
         content=text,
         client_id=client_id,
@@ -510,19 +514,8 @@ def check_can_send(participant: Participant, ended_at, text: str, sent: int) -> 
         )
 
 
-def next_seq(conversation: Conversation) -> int:
-    last = conversation.messages.order_by("-seq").values_list("seq", flat=True).first()
-    return (last or 0) + 1
-
-
 def user_message_count(conversation: Conversation) -> int:
     return conversation.messages.filter(role=Message.Role.USER).count()
-
-
-@transaction.atomic
-def store_agent_message(conversation: Conversation, **fields) -> Message:
-    conversation = Conversation.objects.select_for_update().get(pk=conversation.pk)
-    return Message.objects.create(conversation=conversation, seq=next_seq(conversation), **fields)
 
 
 def chat_status(participant: Participant, sent: int | None = None) -> dict:

@@ -12,7 +12,7 @@ from django.utils import timezone
 from studies.analysis import Settings, build_report, csvfile, pay, power
 from studies.analysis.plots import render_all
 from studies.analysis.report import control_named
-from studies.lib.domain_bridge import get_domain
+from studies.lib.domain_bridge import shared_domain
 from studies.models import (
     AnalysisRun,
     Item,
@@ -70,7 +70,7 @@ def analysis_settings(study: Study, table: pd.DataFrame) -> Settings:
 
 def planned_settings(study: Study) -> Settings:
     """The settings a plan freezes: the outcome is a measure whenever the study has a task."""
-    return study_settings(study, with_outcome=get_domain(study.domain) is not None)
+    return study_settings(study, with_outcome=shared_domain(study.domain) is not None)
 
 
 # Flag levels every report shows; a study's own alpha is added when it is another.
@@ -159,7 +159,7 @@ def own_ranges(study: Study, items: list[Item], measures: list[str]) -> dict:
         and item.max_value is not None
         and item.min_value < item.max_value
     }
-    domain = get_domain(study.domain)
+    domain = shared_domain(study.domain)
     if OUTCOME in measures and domain is not None:
         ranges[OUTCOME] = tuple(domain.reward_range)
     return ranges

@@ -38,7 +38,7 @@ from studies.analysis.plots import render_svg, sim2real_figure
 from studies.analysis.report import included_rows
 from studies.analysis.sim2real import ArmData, Conversation, build_sim2real
 from studies.analysis.table import numeric_column
-from studies.lib.domain_bridge import get_domain, system_prompt_of
+from studies.lib.domain_bridge import shared_domain, system_prompt_of
 from studies.models import Arm, Item, Participant, Scenario, SimulatorEvaluation, Study
 from studies.research import heldout_conversations, imitation_data
 from studies.research.analysis_runs import (
@@ -179,7 +179,7 @@ def evaluate_missing(
 def _domain_scenario(row: Scenario):
     from agents.domains.base import Scenario as DomainScenario
 
-    domain = get_domain(row.domain, row.source)
+    domain = shared_domain(row.domain, row.source)
     return domain, DomainScenario(
         id=row.key, domain=row.domain, payload=row.payload, title=row.title
     )
@@ -300,7 +300,7 @@ def study_report(
     """The gap report of the study from what is stored, with `missing` (conversations not
     played yet) and the study's slug; `humanlike` names the human-like simulators to show
     (default: every one fine-tuned on this study's people)."""
-    if get_domain(study.domain) is None:
+    if shared_domain(study.domain) is None:
         report = build_sim2real([], ci_level)
         report["errors"] = [
             "an open-chat study has no task: no outcome to set simulators against people"

@@ -10,7 +10,7 @@ from django.core.cache import cache
 from django.db import transaction
 
 from agents.models import ModelEndpoint
-from studies.lib.domain_bridge import get_domain
+from studies.lib.domain_bridge import shared_domain
 from studies.models import Arm, Study
 
 HEALTH_CACHE_SECONDS = 15  # the monitor refreshes every few seconds: endpoints are asked less
@@ -72,7 +72,7 @@ def cached_health(arms: list[Arm]) -> dict[int, Health]:
 
 def needs_scenarios(study: Study) -> bool:
     """A study with a Domain gives each participant one of its tasks; open chat needs none."""
-    return get_domain(study.domain) is not None
+    return shared_domain(study.domain) is not None
 
 
 def problems(study: Study, fresh: bool = True) -> list[str]:

@@ -6,7 +6,7 @@ from pathlib import Path
 from django.db import transaction
 
 from agents.domains import STUDY_DOMAINS
-from studies.lib.domain_bridge import get_domain
+from studies.lib.domain_bridge import shared_domain
 from studies.models import Scenario, Study
 
 
@@ -34,7 +34,7 @@ def import_pool(
     if count is not None and count < 1:
         raise PoolError("The number of scenarios must be at least 1.")
     try:
-        family = get_domain(domain, source)
+        family = shared_domain(domain, source)
         scenarios = family.scenarios(split or None)
     except (OSError, ValueError, KeyError) as error:
         raise PoolError(

@@ -6,6 +6,7 @@ import io
 import pytest
 from django.urls import reverse
 
+from studies.chat.agent_turn import store_turn_message
 from studies.models import Message, Participant
 from studies.participation import flow
 from tests.studies.conftest import GOOD_ANSWERS, make_study, prolific
@@ -19,9 +20,10 @@ def finished(db):
     study = make_study()
     done, _ = flow.arrive(study, prolific(pid="done1"))
     flow.give_consent(done, True)
-    flow.store_user_message(done, "c1", "Hello, agent")
-    flow.store_agent_message(
-        done.conversation,
+    said = flow.store_user_message(done, "c1", "Hello, agent").message
+    store_turn_message(  # the agent's reply, stored as a chat turn stores it
+        said,
+        [],
         role="assistant",
         content="Hi, how can I help?",
         model="m",

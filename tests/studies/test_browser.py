@@ -127,7 +127,7 @@ def test_smollm2_tool_call_shows_as_a_card(
     """The demo's tau2 arm with the real model: its reply starts with a tool call (the arm's
     tool choice "first"), which the page shows as a card with the tool's result."""
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    from studies.lib.domain_bridge import get_domain
+    from studies.lib.domain_bridge import shared_domain
     from studies.models import ToolChoice
 
     page = shop_chat(
@@ -145,7 +145,7 @@ def test_smollm2_tool_call_shows_as_a_card(
     page.wait_for_selector(".tool-card .tool-result", timeout=240_000)
     page.screenshot(path=str(tmp_path / "smollm2-tool-card.png"))
     card = page.inner_text(".tool-card")
-    tools = [t["function"]["name"] for t in get_domain("retail").tools(None)]
+    tools = [t["function"]["name"] for t in shared_domain("retail").tools(None)]
     assert any(name in card for name in tools), card
     stored = Message.objects.filter(conversation__participant__prolific_pid="smol1")
     call = stored.exclude(tool_calls__isnull=True).get().tool_calls[0]["function"]

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from studies.analysis import csvfile
+from studies.chat.agent_turn import store_turn_message
 from studies.models import AnalysisRun, Message, Participant
 from studies.participation import flow
 from studies.research import analysis_runs
@@ -94,8 +95,8 @@ def hostile(db):
     Participant.objects.filter(pk=p.pk).update(arm=study.arms.get(name="=arm"))
     p.refresh_from_db()
     flow.give_consent(p, True)
-    flow.store_user_message(p, "c1", "@SUM(A1:A9)")
-    flow.store_agent_message(p.conversation, role="assistant", content="-2+3", model="m")
+    said = flow.store_user_message(p, "c1", "@SUM(A1:A9)").message
+    store_turn_message(said, [], role="assistant", content="-2+3", model="m")
     flow.end_chat(p)
     answers = {**GOOD_ANSWERS, "helpful": "6", "comment": '=HYPERLINK("http://evil","x")'}
     assert flow.submit_questionnaire(p, answers) == {}

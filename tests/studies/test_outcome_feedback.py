@@ -32,7 +32,7 @@ def debrief(client, participant) -> str:
 
 def vacuous_retail_key(study) -> str:
     """A bundled retail task an empty chat scores 1 on (its gold actions change nothing)."""
-    domain = domain_bridge.get_domain("retail")
+    domain = domain_bridge.shared_domain("retail")
     for scenario in domain.scenarios():
         outcome = domain.score([], domain.new_state(scenario), None)
         if outcome.success:
@@ -59,7 +59,7 @@ def test_default_tells_nothing_and_an_empty_tau2_chat_is_never_called_completed(
 def test_words_and_score_when_the_study_says_so(client):
     study = make_study(slug="shop", domain="retail", min_exchanges=0)
     import_pool(study, "retail")
-    domain = domain_bridge.get_domain("retail")
+    domain = domain_bridge.shared_domain("retail")
     checked = next(
         f"retail-{s.id}"
         for s in domain.scenarios()

@@ -89,7 +89,7 @@ async def test_first_forces_a_call_at_the_start_of_each_reply_only(tool_format):
 
 @pytest.mark.asyncio
 async def test_required_forces_calls_until_the_domain_budget_then_text():
-    budget = domain_bridge.get_domain("retail").max_tool_calls_per_turn
+    budget = domain_bridge.shared_domain("retail").max_tool_calls_per_turn
     with ScriptedServer([CALL] * budget + [{"content": "Done."}]) as server:
         participant = await participant_in(
             server.url, tool_format="native", tool_choice=ToolChoice.REQUIRED
