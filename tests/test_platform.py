@@ -274,3 +274,36 @@ def test_a_deployments_own_settings_module_can_extend_parleys(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split()[0] == "site" and "prolific-sync" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "order", [["agents", "training", "studies"], ["studies", "training", "agents"]]
+)
+def test_one_checkpoint_admin_whatever_the_order_of_the_apps(tmp_path, order):
+    """agents' registry, training's run column and studies' attach action are composed in one
+    place (platform/parley/admin.py), not by each app extending whatever the last registered."""
+    (tmp_path / "reordered.py").write_text(
+        "from parley.settings import *  # noqa\n"
+        f"INSTALLED_APPS = [a for a in INSTALLED_APPS if a not in {order!r}] + {order!r}\n"
+    )
+    result = python(
+        "-c",
+        "import django; django.setup(); from django.contrib import admin; "
+        "from django.contrib.auth.models import User; from django.test import RequestFactory; "
+        "from agents.models import Checkpoint; r = RequestFactory().get('/'); "
+        "r.user = User(is_superuser=True, is_staff=True); "
+        "m = admin.site.get_model_admin(Checkpoint); "
+        "print(type(m).__name__, m.get_list_display(r)[-1], sorted(m.get_actions(r)))",
+        env={
+            **child_env(),
+            "DJANGO_SETTINGS_MODULE": "reordered",
+            "PYTHONPATH": f"{tmp_path}:{REPO}:{REPO / 'platform'}",
+        },
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [
+        "ProjectCheckpointAdmin",
+        "training_run",
+        "['attach_to_arm',",
+        "'delete_selected']",
+    ]

@@ -13,8 +13,6 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from agents.models import Checkpoint
-
 from . import tasks
 from .metrics import run_summary
 from .models import CONFIG_FIELDS, TrainingRun, preset_choices, preset_values
@@ -439,16 +437,16 @@ def worker_lost_help(run: TrainingRun) -> str:
     )
 
 
-# agents' checkpoint registry knows no runs (agents installs alone); training owns the link, so
-# its admin extends agents' one with the run that wrote each checkpoint.
-_CheckpointAdmin = type(admin.site.get_model_admin(Checkpoint))
-admin.site.unregister(Checkpoint)
+class TrainingRunColumn:
+    """The Checkpoint admin's column for the run that wrote each checkpoint. agents' registry
+    knows no runs (agents installs alone); training owns the link. The project composes this
+    with agents' admin and studies' part in one place (platform/parley/admin.py)."""
 
+    def get_list_display(self, request):
+        return [*super().get_list_display(request), "training_run"]
 
-@admin.register(Checkpoint)
-class CheckpointWithRunAdmin(_CheckpointAdmin):
-    list_display = [*_CheckpointAdmin.list_display, "training_run"]
-    readonly_fields = [*_CheckpointAdmin.readonly_fields, "training_run"]
+    def get_readonly_fields(self, request, obj=None):
+        return [*super().get_readonly_fields(request, obj), "training_run"]
 
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("training_link__run")

@@ -8,7 +8,7 @@ from django.http import HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
 
-from agents.models import Checkpoint, ModelEndpoint
+from agents.models import ModelEndpoint
 from studies.models import (
     Arm,
     PlanFrozen,
@@ -26,16 +26,9 @@ class AttachCheckpointForm(forms.Form):
     )
 
 
-# Whatever admin the apps below registered (agents', perhaps extended by training), plus this.
-_CheckpointAdmin = type(admin.site.get_model_admin(Checkpoint))
-
-
-admin.site.unregister(Checkpoint)
-
-
-@admin.register(Checkpoint)
-class StudyCheckpointAdmin(_CheckpointAdmin):
-    actions = ["attach_to_arm"]
+class AttachToArms:
+    """The Checkpoint admin's action that points study arms at a checkpoint. The project composes
+    it with agents' admin and training's column in one place (platform/parley/admin.py)."""
 
     def has_attach_permission(self, request) -> bool:
         """Attaching rewrites the arms: it needs the permission to change arms."""
