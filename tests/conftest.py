@@ -13,21 +13,16 @@ from pathlib import Path
 import pytest
 from parley.celery import worker_args
 
-from agents.serving.process import (  # noqa: F401 - tests import these from here
+from agents.serving.process import (
     free_port,
-    group_alive,
     stop,
 )
-
-REPO = Path(__file__).resolve().parent.parent
-IN_CI = os.environ.get("PARLEY_CI") == "1"
-
-
-def need(condition: bool, why: str) -> None:
-    if not condition:
-        if IN_CI:
-            pytest.fail(f"CI requires it: {why}")
-        pytest.skip(why)
+from tests.support.processes import (
+    CHECKPOINT_NAME,
+    REPO,
+    child_env,
+    need,
+)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -130,9 +125,6 @@ def base_model():
     return ensure_base_model()
 
 
-CHECKPOINT_NAME = "p4g-single-cpu-step4"  # from its manifest, as training writes it
-
-
 @pytest.fixture(scope="session")
 def checkpoints(base_model, tmp_path_factory) -> Path:
     """A run folder holding one checkpoint shaped like training.checkpoint's: the LoRA of
@@ -189,28 +181,6 @@ def engine_url(base_model):
     url, process = start_engine(base_model)
     yield url
     stop_engine(process)
-
-
-def child_env(**extra) -> dict:
-    """The environment for a child process (server, worker) that must see the test database."""
-    from django.db import connection
-
-    env = dict(os.environ, **extra)
-    settings = connection.settings_dict
-    if connection.vendor == "postgresql":
-        user = settings.get("USER") or "postgres"
-        host = settings.get("HOST") or "127.0.0.1"
-        port = settings.get("PORT") or 5432
-        env["DATABASE_URL"] = f"postgres://{user}@{host}:{port}/{settings['NAME']}"
-    else:
-        env["DATABASE_URL"] = f"sqlite:///{settings['NAME']}"
-    return env
-
-
-def python(*args, env=None, **kwargs):
-    return subprocess.run(
-        [sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, **kwargs
-    )
 
 
 @pytest.fixture(scope="session")
@@ -294,82 +264,3 @@ def web_server(transactional_db):
             time.sleep(0.2)
     yield url
     stop(process, timeout=10)
-
-
-class ServeAgents:
-    """`manage.py serve_agents ...` in its own process, read line by line as it prints:
-    `replicas` maps each replica's URL to its process id (the leader of its process group)."""
-
-    def __init__(self, *args: str, env: dict, timeout: float = 900):
-        import queue
-        import threading
-
-        self.process = subprocess.Popen(
-            [sys.executable, "manage.py", "serve_agents", *args],
-            cwd=REPO,
-            env={**env, "PYTHONUNBUFFERED": "1"},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self.lines, self.output, self.replicas = queue.Queue(), [], {}
-        threading.Thread(target=self._read, daemon=True).start()
-        try:
-            while not (line := self.next_line(timeout)).startswith("ready:"):
-                if line.startswith("replica "):
-                    _, _, url, _, pid = line.split()
-                    self.replicas[url] = int(pid)
-        except BaseException:
-            self.interrupt()
-            raise
-
-    def _read(self):
-        for line in self.process.stdout:
-            self.output.append(line)
-            self.lines.put(line.rstrip("\n"))
-        self.lines.put(None)
-
-    def next_line(self, timeout: float) -> str:
-        """The command's next line; fails the test if it ends or says nothing for `timeout`."""
-        import queue
-
-        try:
-            line = self.lines.get(timeout=timeout)
-        except queue.Empty:
-            pytest.fail(f"serve_agents said nothing for {timeout:.0f}s:\n{self.log()}")
-        if line is None:
-            pytest.fail(f"serve_agents exited ({self.process.wait()}):\n{self.log()}")
-        return line
-
-    def log(self) -> str:
-        return "".join(self.output)[-4000:]
-
-    def interrupt(self, timeout: float = 60, sig: int = 2) -> int:
-        """Ctrl-C (SIGINT, 2), as a terminal sends it, or `sig`; the exit code (killed if it
-        does not stop within `timeout`)."""
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-        try:
-            return self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            return self.process.wait()
-
-
-def engine_metric(base_url: str, name: str, **labels: str) -> float:
-    """One of vLLM's Prometheus metrics (the embedded engine's /metrics gives the scheduler's
-    too), summed over the series with these labels: `vllm:num_requests_running`,
-    `vllm:request_success_total` with finished_reason="abort", ..."""
-    import re
-
-    import httpx
-
-    text = httpx.get(base_url.removesuffix("/v1") + "/metrics", timeout=10).text
-    total, found = 0.0, False
-    for series, value in re.findall(r"^(vllm:\S+?(?:\{[^}]*\})?) (\S+)$", text, re.M):
-        metric, _, rest = series.partition("{")
-        given = dict(re.findall(r'(\w+)="([^"]*)"', rest))
-        if metric == name and all(given.get(k) == v for k, v in labels.items()):
-            total, found = total + float(value), True
-    assert found, f"no {name} {labels} in {base_url}'s /metrics"
-    return total

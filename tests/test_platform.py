@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, child_env, python
+from tests.support.processes import REPO, child_env, python
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"]).resolve()
 

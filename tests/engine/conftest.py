@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from agents.serving.launch import start_engine, stop_engine
+from tests.support.engine import Peer
 
 MANIFEST_NAME = "tiny-lora"  # served by the name in its manifest.json
 PLAIN_NAME = "plain"  # served by its folder name
@@ -71,3 +72,17 @@ def served(base_model, adapters_root):
     )
     yield Served(url=url, base=Path(base_model).name, process=process)
     stop_engine(process)
+
+
+@pytest.fixture
+async def peer():
+    peers = []
+
+    async def make(*replies, port=0):
+        server = Peer(*replies)
+        peers.append(server)
+        return server, await server.start(port)
+
+    yield make
+    for server in peers:
+        await server.stop()

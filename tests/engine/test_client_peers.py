@@ -19,9 +19,9 @@ from agents.llm import (
 )
 from agents.llm import client as client_module
 from agents.llm.tool_format import tool_call_response_format
-from tests.scripted_server import ScriptedServer
+from tests.support.engine import MESSAGES, chunk, closed_port, drain, sse, text_chunks
+from tests.support.scripted_server import ScriptedServer
 
-MESSAGES = [{"role": "user", "content": "hi"}]
 TOOLS = [
     {
         "type": "function",
@@ -32,71 +32,6 @@ TOOLS = [
         },
     }
 ]
-
-
-def chunk(delta=None, finish=None, usage=None) -> dict:
-    body = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0, "model": "m"}
-    body["choices"] = (
-        [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
-    )
-    if usage:
-        body["usage"] = usage
-    return body
-
-
-def text_chunks(*pieces, finish="stop") -> list[dict]:
-    usage = {"prompt_tokens": 3, "completion_tokens": len(pieces), "total_tokens": 3 + len(pieces)}
-    return (
-        [chunk({"role": "assistant", "content": ""})]
-        + [chunk({"content": piece}) for piece in pieces]
-        + [chunk({}, finish), chunk(usage=usage)]
-    )
-
-
-class Peer:
-    """An HTTP/1.1 server on 127.0.0.1; connection n is answered by replies[n] (the last one
-    repeats). A reply is a coroutine function (reader, writer) -> None. Requests are recorded."""
-
-    def __init__(self, *replies):
-        self.replies = list(replies)
-        self.requests: list[dict] = []
-        self.server = None
-
-    async def start(self, port: int = 0) -> str:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", port)
-        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/v1"
-
-    async def stop(self):
-        self.server.close()
-
-    async def _serve(self, reader, writer):
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = 0
-        for line in head.decode().split("\r\n"):
-            if line.lower().startswith("content-length:"):
-                length = int(line.split(":")[1])
-        body = await reader.readexactly(length) if length else b""
-        self.requests.append(
-            {"line": head.split(b"\r\n")[0].decode(), "body": json.loads(body or b"null")}
-        )
-        reply = self.replies[min(len(self.requests), len(self.replies)) - 1]
-        try:
-            await reply(reader, writer)
-        finally:
-            writer.close()
-
-
-def sse(chunks, done=True, status=200):
-    async def reply(reader, writer):
-        writer.write(f"HTTP/1.1 {status} OK\r\ncontent-type: text/event-stream\r\n\r\n".encode())
-        for item in chunks:
-            writer.write(f"data: {json.dumps(item)}\n\n".encode())
-            await writer.drain()
-        if done:
-            writer.write(b"data: [DONE]\n\n")
-        await writer.drain()
-
-    return reply
 
 
 def answer(status: int, body: dict, headers: dict | None = None):
@@ -115,30 +50,6 @@ def answer(status: int, body: dict, headers: dict | None = None):
 
 async def silent(reader, writer):
     await reader.read()  # say nothing until the client hangs up
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@pytest.fixture
-async def peer():
-    peers = []
-
-    async def make(*replies, port=0):
-        server = Peer(*replies)
-        peers.append(server)
-        return server, await server.start(port)
-
-    yield make
-    for server in peers:
-        await server.stop()
-
-
-async def drain(stream) -> list[str]:
-    return [piece async for piece in stream]
 
 
 async def test_refused_connection_is_retried_then_raises():

@@ -4,10 +4,9 @@ to one replica, fails over when it is down, and is never retried once text has s
 import pytest
 
 from agents.llm import LLMClient, LLMConnectionError, replicas
-from tests.engine.test_client_peers import MESSAGES, closed_port, drain, peer, sse, text_chunks
-from tests.scripted_server import ScriptedServer
+from tests.support.engine import MESSAGES, closed_port, drain, sse, text_chunks
+from tests.support.scripted_server import ScriptedServer
 
-__all__ = ["peer"]  # the fixture, used here
 pytestmark = pytest.mark.asyncio
 
 

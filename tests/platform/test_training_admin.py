@@ -13,7 +13,7 @@ from agents.llm import LLMClient
 from agents.models import ModelEndpoint, adapters_dir
 from agents.serving.launch import start_engine, stop_engine
 from studies.models import Arm
-from tests.studies.conftest import make_study
+from tests.support.studies import make_study
 from training.models import TrainingRun
 
 TINY = {

@@ -9,7 +9,6 @@ import pytest
 from agents.serving.adapters import find_adapters
 from agents.serving.launch import start_engine, stop_engine
 from agents.serving.vllm import start_vllm
-from tests.conftest import CHECKPOINT_NAME  # noqa: F401 - the suite's tests import it from here
 
 
 # module-scoped: no server outlives test_vllm_lora.py (test_vllm_study.py starts two more)

@@ -12,8 +12,8 @@ from channels.db import database_sync_to_async
 from agents.llm import LLMClient
 from agents.models import ModelEndpoint
 from studies.models import Arm
-from tests.serving_vllm.conftest import CHECKPOINT_NAME
-from tests.studies.test_tool_choice import demo_arm_participant, first_reply_calls_a_tool
+from tests.support.processes import CHECKPOINT_NAME
+from tests.support.studies import demo_arm_participant, first_reply_calls_a_tool
 
 pytestmark = pytest.mark.model
 

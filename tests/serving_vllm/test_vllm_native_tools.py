@@ -13,7 +13,7 @@ import pytest
 
 from agents.serving.launch import stop_engine
 from agents.serving.vllm import start_vllm
-from tests.hermes import CALL, HERMES_TEMPLATE, TOOL
+from tests.support.hermes import CALL, HERMES_TEMPLATE, TOOL
 
 pytestmark = pytest.mark.model
 

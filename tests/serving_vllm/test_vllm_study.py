@@ -23,12 +23,13 @@ from channels.testing import WebsocketCommunicator
 
 from agents.domains import DOMAINS
 from agents.models import Checkpoint, ModelEndpoint
+from agents.serving.process import free_port, group_alive
 from studies.chat.routing import websocket_urlpatterns
 from studies.models import Arm, Message
 from studies.participation import flow
 from studies.setup.arm_endpoints import point_arms, register_endpoint
-from tests.conftest import ServeAgents, child_env, free_port, group_alive
-from tests.studies.conftest import make_study, prolific
+from tests.support.processes import ServeAgents, child_env
+from tests.support.studies import make_study, prolific
 from tests.training.conftest import LetterDomain
 from training import run
 from training.config import RunConfig

@@ -9,8 +9,7 @@ import pytest
 
 from agents.domains.tau2 import RetailDomain
 from agents.llm import LLMClient
-from tests.engine.test_client_engine import give_up_on_a_forced_call
-from tests.engine.test_constrained import check_tools_refused_without_a_parser
+from tests.support.engine import check_tools_refused_without_a_parser, give_up_on_a_forced_call
 
 pytestmark = pytest.mark.model
 

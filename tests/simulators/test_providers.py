@@ -1,5 +1,5 @@
 """Request shaping per provider (agents/llm/providers.py) against local stand-ins that answer as
-the providers do (tests/provider_servers.py), and choice turns where the provider does not
+the providers do (tests/support/provider_servers.py), and choice turns where the provider does not
 enforce response_format: the text is read, re-asked, then the fallback counted."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from agents.domains.p4g.donation import DECISION_AMOUNTS, marker
 from agents.llm import LLMClient, LLMHTTPError
 from agents.llm.providers import PROVIDERS, provider_for
 from agents.simulators import PlainSimulator, VerbalizedSimulator
-from tests.provider_servers import AnthropicServer, GPT5Server
-from tests.scripted_server import ScriptedServer
+from tests.support.provider_servers import AnthropicServer, GPT5Server
+from tests.support.scripted_server import ScriptedServer
 
 MARKERS = [marker(a) for a in DECISION_AMOUNTS]
 CHAT = [{"role": "system", "content": "You are a persuadee."}, {"role": "user", "content": "Hi"}]

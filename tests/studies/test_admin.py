@@ -9,7 +9,7 @@ from django.urls import reverse
 from studies.chat.agent_turn import store_turn_message
 from studies.models import Message, Participant
 from studies.participation import flow
-from tests.studies.conftest import GOOD_ANSWERS, make_study, prolific
+from tests.support.studies import GOOD_ANSWERS, make_study, prolific
 
 pytestmark = pytest.mark.django_db
 
@@ -122,7 +122,7 @@ def test_export_actions_on_the_changelist(admin_client, finished):
 def test_the_control_arm_is_chosen_among_the_study_s_own_arms(admin_client):
     import re
 
-    from tests.studies.test_golive import change_form_data
+    from tests.support.studies import change_form_data
 
     mine, other = make_study(slug="mine"), make_study(slug="other")
 

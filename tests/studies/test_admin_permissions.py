@@ -21,8 +21,7 @@ from studies.models import (
     Study,
 )
 from studies.research import analysis_runs
-from tests.studies.conftest import make_study
-from tests.studies.test_analysis_jobs import fill
+from tests.support.studies import fill, make_study
 from training.models import TrainingRun
 
 pytestmark = pytest.mark.django_db

@@ -10,22 +10,12 @@ from studies.analysis import build_report
 from studies.models import AnalysisRun, Study
 from studies.participation import flow
 from studies.research import analysis_runs
-from tests.studies.conftest import finish, make_study, prolific
-
-
-def fill(study, answers_by_arm, attention="2"):
-    """Complete participants with the given helpfulness answers, arm by arm in arrival order."""
-    n = max(len(v) for v in answers_by_arm.values())
-    i = 0
-    for k in range(n):
-        for arm in sorted(answers_by_arm):
-            if k >= len(answers_by_arm[arm]):
-                continue
-            i += 1
-            value = answers_by_arm[arm][k]
-            answers = {"helpful": str(value), "frustration": str(8 - value), "attn": attention,
-                       "donation": "1"}  # fmt: skip
-            finish(study, f"p{i}", answers, arm=arm)
+from tests.support.studies import (
+    fill,
+    finish,
+    make_study,
+    prolific,
+)
 
 
 @pytest.mark.django_db

@@ -15,7 +15,7 @@ from studies.analysis import Settings, build_report, format_report
 from studies.analysis.plots import means_figure, render_png
 from studies.models import AnalysisRun
 from studies.research import analysis_runs
-from tests.studies.conftest import GOOD_ANSWERS, finish, make_study
+from tests.support.studies import GOOD_ANSWERS, finish, make_study
 
 
 def complete(study, arm, helpful, pid):

@@ -6,9 +6,8 @@ from channels.db import database_sync_to_async
 from studies.chat import agent_turn
 from studies.chat.consumers import load_participant
 from studies.participation import flow
-from tests.scripted_server import ScriptedServer
-from tests.studies.conftest import make_study, prolific
-from tests.studies.test_consumer import connect, receive_until
+from tests.support.scripted_server import ScriptedServer
+from tests.support.studies import connect, make_study, prolific, receive_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 

@@ -6,7 +6,7 @@ import pytest
 from django.core.exceptions import ValidationError
 
 from agents.models import Checkpoint
-from tests.studies.conftest import make_study
+from tests.support.studies import make_study
 
 pytestmark = pytest.mark.django_db
 

@@ -6,7 +6,7 @@ import pytest
 
 from studies.models import Participant, Scenario
 from studies.participation import flow
-from tests.studies.conftest import at_once, make_study, prolific
+from tests.support.studies import at_once, make_study, prolific
 
 
 @pytest.mark.django_db

@@ -12,9 +12,9 @@ from studies.models import Message, Participant
 from studies.participation import flow
 from studies.rehearsal import bots
 from studies.research import analysis_runs, exports
-from tests.conftest import child_env, need, python
-from tests.scripted_server import ScriptedServer
-from tests.studies.conftest import make_study, prolific
+from tests.support.processes import child_env, need, python
+from tests.support.scripted_server import ScriptedServer
+from tests.support.studies import make_study, prolific
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ ASGI server, a real Celery-free flow and the embedded engine serving SmolLM2."""
 import pytest
 
 from studies.models import Message, Participant
-from tests.studies.conftest import make_study
+from tests.support.studies import make_study
 
 pytestmark = pytest.mark.browser
 
@@ -90,7 +90,7 @@ def test_tool_calls_show_as_cards_beside_the_scenario(web_server, browser, monke
     """tau2 retail in the browser: the scenario in the side panel, the agent's tool calls as cards
     (the replies come from a scripted server: this test is about the page, not the model)."""
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    from tests.scripted_server import ScriptedServer
+    from tests.support.scripted_server import ScriptedServer
 
     script = [
         {"tool_calls": [("get_order_details", {"order_id": "#W5785065"})]},

@@ -9,7 +9,7 @@ from matplotlib.image import imread
 
 from studies.models import AnalysisRun
 from studies.research import analysis_runs
-from tests.studies.conftest import GOOD_ANSWERS, finish, make_study
+from tests.support.studies import GOOD_ANSWERS, finish, make_study
 
 pytestmark = pytest.mark.browser
 

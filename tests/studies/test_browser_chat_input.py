@@ -6,8 +6,8 @@ import pytest
 
 from studies.models import Message
 from studies.participation import flow
-from tests.studies.conftest import make_study, prolific
-from tests.studies.faulty_engine import FaultyEngine
+from tests.support.faulty_engine import FaultyEngine
+from tests.support.studies import make_study, prolific
 
 pytestmark = pytest.mark.browser
 

@@ -9,8 +9,8 @@ import pytest
 
 from agents.models import ModelEndpoint
 from studies.models import Item, Participant, Questionnaire, Study
-from tests.conftest import REPO, child_env, need
-from tests.scripted_server import ScriptedServer
+from tests.support.processes import REPO, child_env, need
+from tests.support.scripted_server import ScriptedServer
 
 pytestmark = pytest.mark.browser
 

@@ -7,8 +7,8 @@ import time
 import pytest
 
 from studies.models import Message, Participant, Response
-from tests.scripted_server import ScriptedServer
-from tests.studies.conftest import make_study
+from tests.support.scripted_server import ScriptedServer
+from tests.support.studies import make_study
 
 pytestmark = pytest.mark.browser
 

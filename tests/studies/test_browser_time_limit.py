@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from studies.models import Participant
 from studies.participation import flow
-from tests.studies.conftest import make_study, prolific
+from tests.support.studies import make_study, prolific
 
 pytestmark = pytest.mark.browser
 

@@ -10,7 +10,7 @@ from studies.lib.flow_errors import StudyFull
 from studies.models import Participant, Study
 from studies.participation import flow
 from studies.rehearsal import bots
-from tests.studies.conftest import GOOD_ANSWERS, at_once, make_study, prolific
+from tests.support.studies import GOOD_ANSWERS, at_once, make_study, prolific
 
 pytestmark = pytest.mark.django_db
 

@@ -2,41 +2,19 @@
 
 import pytest
 from channels.db import database_sync_to_async
-from channels.routing import URLRouter
 
 from agents.models import ModelEndpoint
-from studies.chat.routing import websocket_urlpatterns
+from agents.serving.process import free_port
 from studies.models import Arm, Message, Participant, StudyError
 from studies.participation import flow
-from tests.conftest import free_port
-from tests.studies.conftest import make_study, prolific
+from tests.support.studies import (
+    app,
+    chatting_participant,
+    connect,
+    receive_until,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
-app = URLRouter(websocket_urlpatterns)
-
-
-@database_sync_to_async
-def chatting_participant(engine_url, pid="p1", **study_fields):
-    study = make_study(slug=f"s-{pid}", engine=engine_url, **study_fields)
-    participant, _ = flow.arrive(study, prolific(pid=pid))
-    return flow.give_consent(participant, True)
-
-
-async def connect(sockets, participant):
-    communicator = sockets(app, f"/ws/p/{participant.token}/")
-    connected, _ = await communicator.connect(timeout=30)
-    assert connected
-    return communicator
-
-
-async def receive_until(communicator, kind, timeout=60):
-    """All events up to and including the first of type `kind`."""
-    events = []
-    while True:
-        event = await communicator.receive_json_from(timeout=timeout)
-        events.append(event)
-        if event["type"] == kind:
-            return events
 
 
 @database_sync_to_async

@@ -11,9 +11,14 @@ from django.conf import settings as django_settings
 
 from studies.chat import agent_turn
 from studies.models import Message, ToolChoice
-from tests.studies.faulty_engine import REPLY, FaultyEngine
-from tests.studies.test_consumer import chatting_participant, connect, receive_until
-from tests.studies.test_tool_choice import forced, participant_in
+from tests.support.faulty_engine import REPLY, FaultyEngine
+from tests.support.studies import (
+    chatting_participant,
+    connect,
+    forced,
+    participant_in,
+    receive_until,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 STALL = 1.0  # the tests' stall timeout; the default is checked on its own

@@ -9,7 +9,7 @@ from django.core.management import CommandError, call_command
 from studies.models import Participant, Study
 from studies.participation import flow
 from studies.rehearsal.demo_studies import PAPER_ITEMS, seed_demo_study, seed_task_studies
-from tests.studies.conftest import prolific
+from tests.support.studies import prolific
 
 pytestmark = pytest.mark.django_db
 

@@ -11,9 +11,8 @@ from studies.models import Item, Participant, Study, StudyError
 from studies.participation import flow
 from studies.setup import go_live
 from studies.setup.scenario_pools import import_pool
-from tests.scripted_server import ScriptedServer
-from tests.studies.conftest import make_study, prolific
-from tests.studies.test_golive import change_form_data
+from tests.support.scripted_server import ScriptedServer
+from tests.support.studies import change_form_data, make_study, prolific
 
 pytestmark = pytest.mark.django_db
 

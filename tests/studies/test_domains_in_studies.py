@@ -3,20 +3,21 @@ the Outcome at the end, and the P4G questionnaire outcome."""
 
 import pytest
 from channels.db import database_sync_to_async
-from channels.routing import URLRouter
-from channels.testing import WebsocketCommunicator
 from django.core.management import call_command
 from django.urls import reverse
 
 from agents.paths import reference_dir
-from studies.chat.routing import websocket_urlpatterns
 from studies.lib import domain_bridge
 from studies.models import Item, Message, Participant, Scenario
 from studies.participation import flow
 from studies.setup.scenario_pools import PoolError, import_pool
-from tests.conftest import need
-from tests.scripted_server import ScriptedServer
-from tests.studies.conftest import make_study, prolific
+from tests.support.processes import need
+from tests.support.scripted_server import ScriptedServer
+from tests.support.studies import (
+    make_study,
+    prolific,
+    talk,
+)
 
 
 @pytest.mark.django_db
@@ -93,21 +94,6 @@ def retail_participants(engine_url, n=2):
         participant, _ = flow.arrive(study, prolific(pid=f"buyer{i}"))
         people.append(flow.give_consent(participant, True))
     return people
-
-
-async def talk(participant, text, client_id):
-    app = URLRouter(websocket_urlpatterns)
-    socket = WebsocketCommunicator(app, f"/ws/p/{participant.token}/")
-    assert (await socket.connect(timeout=30))[0]
-    history = await socket.receive_json_from(timeout=30)
-    await socket.send_json_to({"type": "message", "id": client_id, "text": text})
-    events = []
-    try:
-        while not events or events[-1]["type"] not in ("status", "redirect"):
-            events.append(await socket.receive_json_from(timeout=30))
-    finally:  # a consumer left running breaks the Redis layer for the next event loop
-        await socket.disconnect()
-    return history, events
 
 
 @pytest.mark.django_db(transaction=True)

@@ -11,12 +11,12 @@ from django.urls import reverse
 from starlette.responses import JSONResponse
 
 from agents.models import ModelEndpoint, Replica
+from agents.serving.process import free_port
 from agents.tasks import check_endpoints
 from studies.models import Arm
 from studies.setup.arm_endpoints import check_endpoint, point_arms, register_endpoint
-from tests.conftest import free_port
-from tests.scripted_server import ScriptedServer
-from tests.studies.conftest import make_study
+from tests.support.scripted_server import ScriptedServer
+from tests.support.studies import make_study
 
 pytestmark = pytest.mark.django_db
 
@@ -143,7 +143,7 @@ def test_warn_mode_saves_the_arm_and_the_admin_says_why(admin_client, engine, se
     Arm(
         study=study, name="c", endpoint=ModelEndpoint.of_url(engine.url), model_name="nope"
     ).full_clean()
-    from tests.studies.test_golive import change_form_data
+    from tests.support.studies import change_form_data
 
     url = reverse("admin:studies_study_change", args=[study.pk])
     data = change_form_data(admin_client, url)

@@ -7,8 +7,7 @@ from django.urls import reverse
 
 from studies.models import AnalysisRun, Participant
 from studies.research import analysis_runs
-from tests.studies.conftest import make_study
-from tests.studies.test_analysis_jobs import fill
+from tests.support.studies import fill, make_study
 
 pytestmark = pytest.mark.django_db
 

@@ -11,8 +11,12 @@ from studies.models import Arm, Item, Participant, Questionnaire, Study, StudyEr
 from studies.participation import flow
 from studies.setup import go_live
 from studies.setup.scenario_pools import import_pool
-from tests.scripted_server import ScriptedServer
-from tests.studies.conftest import make_study, prolific
+from tests.support.scripted_server import ScriptedServer
+from tests.support.studies import (
+    change_form_data,
+    make_study,
+    prolific,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -105,31 +109,6 @@ def test_the_health_panel_is_cached_briefly(engine):
 
 
 # --- the admin ----------------------------------------------------------------------------------
-
-
-def change_form_data(client, url) -> dict:
-    """The change form as the admin would post it back, from the page's own context."""
-    context = client.get(url).context
-    data = {}
-    form = context["adminform"].form
-    for name in form.fields:
-        value = form[name].value()
-        if value is None:
-            continue
-        data[name] = value
-        if isinstance(value, bool):
-            data[name] = "on" if value else ""
-    for inline in context["inline_admin_formsets"]:
-        formset = inline.formset
-        for name in formset.management_form.fields:
-            data[f"{formset.prefix}-{name}"] = formset.management_form[name].value()
-        for sub in formset.forms:
-            for name in sub.fields:
-                value = sub[name].value()
-                if value is None or value is False:
-                    continue
-                data[sub.add_prefix(name)] = "on" if value is True else value
-    return {k: v for k, v in data.items() if v != ""}
 
 
 def test_the_change_form_refuses_live_with_the_list_and_saves_nothing(admin_client, engine):

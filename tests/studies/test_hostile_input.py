@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from studies.chat.routing import websocket_urlpatterns
 from studies.models import Message, Participant, Response, StudyError
 from studies.participation import flow, ratelimit
-from tests.conftest import need
-from tests.studies.conftest import GOOD_ANSWERS, make_study, prolific
-from tests.studies.faulty_engine import FaultyEngine
+from tests.support.faulty_engine import FaultyEngine
+from tests.support.processes import need
+from tests.support.studies import GOOD_ANSWERS, make_study, prolific
 
 app = URLRouter(websocket_urlpatterns)
 PROPER_CLOSES = {1000, 1003, 1007, 1008, 1009} | set(range(4000, 5000))

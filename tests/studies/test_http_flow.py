@@ -5,7 +5,7 @@ from django.urls import reverse
 
 from studies.models import Message, Participant, Response, Study
 from studies.participation import flow
-from tests.studies.conftest import GOOD_ANSWERS, make_study, prolific
+from tests.support.studies import GOOD_ANSWERS, make_study, prolific
 
 pytestmark = pytest.mark.django_db
 

@@ -19,20 +19,17 @@ from django.urls import reverse
 from django.utils import timezone
 from parley.celery import app as celery_app
 
+from agents.serving.process import free_port
 from studies import tasks
 from studies.models import AnalysisRun, Participant
 from studies.participation import flow
-from tests.conftest import free_port, need
-from tests.studies.conftest import GOOD_ANSWERS, make_study, prolific
-
-
-def at_questionnaire(study, pid, arm):
-    participant, _ = flow.arrive(study, prolific(pid=pid, session_id=f"sess-{pid}"))
-    Participant.objects.filter(pk=participant.pk).update(arm=study.arms.get(name=arm))
-    participant.refresh_from_db()
-    flow.give_consent(participant, True)
-    flow.store_user_message(participant, f"m-{pid}", "hi")
-    return flow.end_chat(participant)
+from tests.support.processes import need
+from tests.support.studies import (
+    GOOD_ANSWERS,
+    at_questionnaire,
+    make_study,
+    prolific,
+)
 
 
 def study_one_short_of_target(slug="faults"):
@@ -350,8 +347,8 @@ def test_an_analysis_whose_worker_is_killed_mid_task_is_finished_once(redis_url,
 
     import psutil
 
-    from tests.conftest import REPO, child_env
-    from tests.studies.test_analysis_jobs import fill
+    from tests.support.processes import REPO, child_env
+    from tests.support.studies import fill
 
     study = make_study(slug="killed", target_per_arm=50)
     fill(study, {"a": [5, 6, 7, 6, 5, 6], "b": [2, 3, 3, 4, 2, 3]})

@@ -12,10 +12,10 @@ from django.forms.models import model_to_dict
 from django.urls import reverse
 
 from agents.models import Checkpoint, ModelEndpoint
-from studies.admin import ArmForm
+from studies.admin.study.inlines import ArmForm
 from studies.models import Arm
-from tests.scripted_server import ScriptedServer
-from tests.studies.conftest import make_study
+from tests.support.scripted_server import ScriptedServer
+from tests.support.studies import make_study
 
 pytestmark = pytest.mark.django_db
 

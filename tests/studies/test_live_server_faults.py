@@ -15,9 +15,9 @@ from websockets.sync.client import connect as ws_connect
 
 from studies.models import Message, StudyError
 from studies.participation import flow
-from tests.studies.conftest import make_study, prolific
-from tests.studies.faulty_engine import REPLY, FaultyEngine
-from tests.studies.live_server import LoggedServer, Relay, postgres_address, relayed_database_url
+from tests.support.faulty_engine import REPLY, FaultyEngine
+from tests.support.live_server import LoggedServer, Relay, postgres_address, relayed_database_url
+from tests.support.studies import make_study, prolific
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -13,8 +13,8 @@ from agents.models import ModelEndpoint
 from studies.models import Arm, Participant, Study, StudyError
 from studies.participation import flow
 from studies.research import monitor
-from tests.scripted_server import ScriptedServer
-from tests.studies.conftest import GOOD_ANSWERS, make_study, prolific
+from tests.support.scripted_server import ScriptedServer
+from tests.support.studies import GOOD_ANSWERS, make_study, prolific
 
 pytestmark = pytest.mark.django_db
 

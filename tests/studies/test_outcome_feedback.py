@@ -10,9 +10,8 @@ from studies.lib import domain_bridge
 from studies.models import Message, Participant, Study
 from studies.participation import flow
 from studies.setup.scenario_pools import import_pool
-from tests.scripted_server import ScriptedServer
-from tests.studies.conftest import GOOD_ANSWERS, make_study, prolific
-from tests.studies.test_domains_in_studies import talk
+from tests.support.scripted_server import ScriptedServer
+from tests.support.studies import GOOD_ANSWERS, make_study, prolific, talk
 
 
 def finished(study, pid, scenario_key=None):

@@ -10,8 +10,8 @@ from studies.analysis import pay
 from studies.models import AnalysisRun, Participant
 from studies.participation import flow
 from studies.research import analysis_runs
-from tests.studies.conftest import finish as finish_participant
-from tests.studies.conftest import make_study, prolific
+from tests.support.studies import finish as finish_participant
+from tests.support.studies import make_study, prolific
 
 MINUTE = 60
 

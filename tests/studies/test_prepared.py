@@ -8,8 +8,7 @@ from studies.lib.prepared_queries import Prepared, fields_of, instances
 from studies.models import Message
 from studies.participation import flow
 from studies.participation.flow import LOCK_CHAT, MESSAGES
-
-from .conftest import prolific
+from tests.support.studies import prolific
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -19,9 +19,7 @@ from studies.models import AnalysisRun, Arm, Item, Preregistration, Study, froze
 from studies.participation import flow
 from studies.rehearsal.bots import bot_pid
 from studies.research import analysis_runs, preregistration
-from tests.studies.conftest import make_study, prolific
-from tests.studies.test_analysis_jobs import fill
-from tests.studies.test_golive import change_form_data
+from tests.support.studies import change_form_data, fill, make_study, prolific
 
 pytestmark = pytest.mark.usefixtures("postgres")
 

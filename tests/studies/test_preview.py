@@ -9,7 +9,7 @@ from django.urls import reverse
 from studies.models import Participant, Study
 from studies.participation import flow
 from studies.research import analysis_runs, exports
-from tests.studies.conftest import GOOD_ANSWERS, make_study, prolific
+from tests.support.studies import GOOD_ANSWERS, make_study, prolific
 
 pytestmark = pytest.mark.django_db
 

@@ -1,4 +1,4 @@
-"""Prolific both ways against a local fake of its API (tests/prolific_server.py): the webhook's
+"""Prolific both ways against a local fake of its API (tests/support/prolific_server.py): the webhook's
 signature, replays and stale timestamps, the sync, decisions, bonuses paid exactly once,
 completion codes, and the token and secret kept out of logs and the database."""
 
@@ -33,15 +33,7 @@ from studies.models import (
 from studies.participation import flow
 from studies.prolific import api as prolific_api
 from studies.prolific import sync as prolific_sync
-from tests.prolific_server import FakeProlific
-from tests.studies.conftest import make_study
-
-SECRET = "whsec-test-5f0c0ffee"
-TOKEN = "fake-token-123"
-LONG_MESSAGE = (
-    "Your submission did not follow the study instructions: the chat had no messages about the "
-    "task and the questionnaire was left with default answers throughout."
-)
+from tests.support.studies import LONG_MESSAGE, SECRET, TOKEN, join  # noqa: F401
 
 
 def reference_text() -> str:
@@ -50,38 +42,9 @@ def reference_text() -> str:
 
 
 @pytest.fixture
-def fake():
-    with FakeProlific(TOKEN) as server:
-        with override_settings(
-            PROLIFIC_API_TOKEN=TOKEN,
-            PROLIFIC_API_URL=server.url,
-            PROLIFIC_WEBHOOK_SECRET=SECRET,
-            PROLIFIC_BONUS_CONFIRM_AFTER=3600,
-        ):
-            yield server
-
-
-@pytest.fixture
 def api(fake):
     with prolific_api.Prolific() as client:
         yield client
-
-
-@pytest.fixture
-def linked(db):
-    return make_study(slug="pro", prolific_study_id="STUDYP")
-
-
-def join(study, pid, session, status=Participant.Status.COMPLETED, arm=None, **fields):
-    return Participant.objects.create(
-        study=study,
-        arm=arm or study.arms.first(),
-        prolific_pid=pid,
-        prolific_study_id=study.prolific_study_id,
-        prolific_session_id=session,
-        status=status,
-        **fields,
-    )
 
 
 def deliver(client, event: dict, event_id="E1", timestamp=None, secret=SECRET, raw=None):
@@ -520,7 +483,7 @@ def test_every_code_type_redirects_with_its_code(client, linked):
 def test_one_code_per_ending_in_the_admin(admin_client, linked):
     from django.urls import reverse
 
-    from tests.studies.test_golive import change_form_data
+    from tests.support.studies import change_form_data
 
     url = reverse("admin:studies_study_change", args=[linked.pk])
     data = change_form_data(admin_client, url)

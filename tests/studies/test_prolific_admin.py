@@ -12,10 +12,7 @@ from parley.celery import app
 
 from studies.models import BonusPayment, Participant, Review
 from studies.prolific import sync as prolific_sync
-from tests.studies import test_prolific
-from tests.studies.test_prolific import LONG_MESSAGE, join
-
-fake, linked = test_prolific.fake, test_prolific.linked  # the fake Prolific and a linked study
+from tests.support.studies import LONG_MESSAGE, join
 
 CHANGELIST = "/admin/studies/participant/"
 

@@ -9,9 +9,8 @@ from agents.llm import replicas
 from studies.models import Message
 from studies.participation import flow
 from studies.setup.arm_endpoints import point_arms, register_endpoint
-from tests.scripted_server import ScriptedServer
-from tests.studies.conftest import make_study, prolific
-from tests.studies.test_consumer import connect, receive_until
+from tests.support.scripted_server import ScriptedServer
+from tests.support.studies import connect, make_study, prolific, receive_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 

@@ -11,10 +11,10 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from agents.models import Checkpoint, ModelEndpoint, Replica
-from agents.serving.process import free_port, port_is_free
+from agents.serving.process import free_port, group_alive, port_is_free
 from studies.models import Arm
-from tests.conftest import CHECKPOINT_NAME, ServeAgents, child_env, group_alive
-from tests.studies.conftest import make_study
+from tests.support.processes import CHECKPOINT_NAME, ServeAgents, child_env
+from tests.support.studies import make_study
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -10,7 +10,7 @@ from django.urls import reverse
 
 from studies.models import Message, Participant
 from studies.participation import flow, views
-from tests.studies.conftest import make_study, prolific
+from tests.support.studies import make_study, prolific
 
 pytestmark = pytest.mark.django_db
 

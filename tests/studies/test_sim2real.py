@@ -21,8 +21,8 @@ from agents.models import Checkpoint
 from studies.models import AnalysisRun, Item, SimulatorEvaluation
 from studies.research import simulator_evaluations
 from studies.setup.scenario_pools import import_pool
-from tests.scripted_server import ScriptedServer
-from tests.studies.conftest import finish, make_study
+from tests.support.scripted_server import ScriptedServer
+from tests.support.studies import finish, make_study
 from training.config import load_config
 from training.models import CONFIGS_DIR
 
@@ -280,7 +280,7 @@ def test_a_real_checkpoint_on_the_embedded_engine_meets_the_scripted_panel(
     the engine runs), played by the command."""
     from agents.models import adapters_dir
     from agents.serving.launch import start_engine, stop_engine
-    from tests.conftest import CHECKPOINT_NAME
+    from tests.support.processes import CHECKPOINT_NAME
 
     checkpoint = Checkpoint.register(next(checkpoints.glob("*/checkpoints/step-*")))
     url, engine = start_engine(base_model, adapters=adapters_dir())

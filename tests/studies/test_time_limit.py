@@ -14,7 +14,7 @@ from parley.celery import app
 from studies import tasks
 from studies.models import TIME_LIMIT, Participant, time_out_overdue
 from studies.participation import flow
-from tests.studies.conftest import make_study, prolific
+from tests.support.studies import make_study, prolific
 
 
 def arrived_minutes_ago(participant: Participant, minutes: float) -> Participant:
@@ -159,7 +159,7 @@ def test_celery_beat_times_out_abandoned_participants_on_a_real_worker(celery_wo
 
     from parley.celery import beat_args
 
-    from tests.conftest import REPO, child_env
+    from tests.support.processes import REPO, child_env
 
     study = make_study(arms=("a",), time_limit_minutes=5)
     abandoned = chatting(study, "gone", 6)

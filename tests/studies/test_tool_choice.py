@@ -9,7 +9,6 @@ import json
 import time
 
 import pytest
-from channels.db import database_sync_to_async
 from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
 from django.core.exceptions import ValidationError
@@ -19,28 +18,20 @@ from agents.models import ModelEndpoint
 from studies.chat import agent_turn
 from studies.chat.routing import websocket_urlpatterns
 from studies.lib import domain_bridge
-from studies.models import Arm, Message, Scenario, ToolChoice
-from studies.participation import flow
+from studies.models import Arm, ToolChoice
 from studies.rehearsal.demo_studies import seed_task_studies
-from studies.setup.scenario_pools import import_pool
-from tests.scripted_server import ScriptedServer
-from tests.studies.conftest import make_study, prolific
-from tests.studies.test_golive import change_form_data
+from tests.support.scripted_server import ScriptedServer
+from tests.support.studies import (
+    change_form_data,
+    demo_arm_participant,
+    first_reply_calls_a_tool,
+    forced,
+    make_study,
+    participant_in,
+)
 
 app = URLRouter(websocket_urlpatterns)
 CALL = {"tool_calls": [("get_order_details", {"order_id": "#W5785065"})]}
-
-
-@database_sync_to_async
-def participant_in(engine_url, domain="retail", **arm_fields):
-    """One consenting participant of a one-arm study of `domain` on `engine_url`."""
-    study = make_study(slug=f"tools-{domain}", domain=domain, engine=engine_url, arms=("a",))
-    study.arms.update(**arm_fields)
-    import_pool(study, domain)
-    if domain == "retail":  # one known task: its user's email and order are in the messages
-        Scenario.objects.filter(study=study).exclude(key="retail-0").update(active=False)
-    participant, _ = flow.arrive(study, prolific(pid=f"tools-{domain}"))
-    return flow.give_consent(participant, True)
 
 
 async def talk(participant, text, timeout=30):
@@ -56,14 +47,6 @@ async def talk(participant, text, timeout=30):
     finally:  # a consumer left running breaks the Redis layer for the next event loop
         await socket.disconnect()
     return events
-
-
-def forced(request) -> bool:
-    """Whether a request forces a tool call (native: tool_choice; structured: the tag format)."""
-    if request.get("tool_choice") == "required":
-        return True
-    tag = (request.get("response_format") or {}).get("format") or {}
-    return tag.get("type") == "tags_with_separator" and tag.get("at_least_one") is True
 
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -242,67 +225,6 @@ def test_the_demo_asks_tau2_arms_for_a_call_first_and_leaves_p4g_alone():
 
 
 # --- the real model ------------------------------------------------------------------------
-
-
-def fits(arguments: dict, parameters: dict) -> bool:
-    """The call's arguments against its tool's schema: required keys present, no others when
-    the schema says so, each a value of its declared type."""
-    types = {"string": str, "integer": int, "number": (int, float), "object": dict, "array": list}
-    properties = parameters.get("properties", {})
-    if not set(parameters.get("required", [])) <= set(arguments):
-        return False
-    for key, value in arguments.items():
-        schema = properties.get(key)
-        if schema is None:
-            return parameters.get("additionalProperties", True) is not False
-        if schema.get("type") in types and not isinstance(value, types[schema["type"]]):
-            return False
-    return True
-
-
-CUSTOMER = "Hi, I want to cancel my order #W5785065. My email is ada.abara154@example.com."
-
-
-async def first_reply_calls_a_tool(participant) -> Message:
-    """One message of the retail customer through the real consumer: the reply's tool call
-    comes to the page (tool_calls, then tool_result) and is stored well formed, a call of one
-    of the Domain's tools with arguments that fit its schema. Returns the stored call."""
-    events = await talk(participant, CUSTOMER, timeout=150)
-    kinds = [e["type"] for e in events]
-    assert "tool_calls" in kinds and "tool_result" in kinds, events
-    assert kinds.index("tool_calls") < kinds.index("tool_result")
-
-    @database_sync_to_async
-    def stored():
-        agent = Message.objects.filter(
-            conversation__participant=participant, tool_calls__isnull=False
-        ).first()
-        results = list(Message.objects.filter(conversation__participant=participant, role="tool"))
-        return agent, results
-
-    agent, results = await stored()
-    domain, scenario = await database_sync_to_async(domain_bridge.domain_of)(participant)
-    tools = {t["function"]["name"]: t["function"] for t in domain.tools(scenario)}
-    assert agent is not None and agent.tool_calls
-    for call in agent.tool_calls:
-        name, arguments = call["function"]["name"], json.loads(call["function"]["arguments"])
-        assert name in tools and isinstance(arguments, dict)
-        assert fits(arguments, tools[name]["parameters"]), (name, arguments)
-    assert [r.tool_name for r in results] == [c["function"]["name"] for c in agent.tool_calls]
-    assert agent.model == "SmolLM2-135M-Instruct" and agent.finish_reason == "tool_calls"
-    return agent
-
-
-def demo_arm_participant(engine_url, temperature=0.0):
-    """A participant of a retail arm set as the demo's (calls kept well formed, each reply
-    starting with one), greedy unless told and short so that one turn stays quick."""
-    return participant_in(
-        engine_url,
-        tool_format="structured",
-        tool_choice=ToolChoice.FIRST,
-        max_tokens=80,
-        temperature=temperature,
-    )
 
 
 @pytest.mark.asyncio

@@ -12,11 +12,12 @@ import urllib.request
 import pytest
 from websockets.asyncio.client import connect
 
+from agents.serving.process import free_port
 from studies.models import Message
 from studies.participation import flow
-from tests.conftest import REPO, child_env, free_port
-from tests.studies.conftest import make_study, prolific
-from tests.studies.faulty_engine import REPLY, FaultyEngine
+from tests.support.faulty_engine import REPLY, FaultyEngine
+from tests.support.processes import REPO, child_env
+from tests.support.studies import make_study, prolific
 
 
 def start_server(port: int) -> subprocess.Popen:

@@ -243,7 +243,7 @@ def test_a_seen_panel_member_runs_on_the_training_simulator_and_stays_out_of_uns
 def test_an_endpoint_simulator_decides_with_its_key_from_the_environment(decision, monkeypatch):
     """A hosted held-out user: the key comes from the variable the config names, the choice turn
     asks for one of the markers by JSON schema, and a missing key is a clear error."""
-    from tests.scripted_server import ScriptedServer
+    from tests.support.scripted_server import ScriptedServer
     from training.config import ConfigError
     from training.simulator import EndpointUser
 

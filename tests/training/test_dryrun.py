@@ -11,8 +11,8 @@ import httpx
 import pytest
 from safetensors import safe_open
 
-from tests.conftest import free_port
-from tests.scripted_server import ScriptedServer
+from agents.serving.process import free_port
+from tests.support.scripted_server import ScriptedServer
 from training.__main__ import main
 from training.dryrun import (
     PUBLISHED,

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
-from tests.scripted_server import ScriptedServer
+from tests.support.scripted_server import ScriptedServer
 from training.agent import EndpointAgent
 from training.config import SimulatorSpec
 from training.policy import LocalModel

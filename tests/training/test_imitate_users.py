@@ -15,7 +15,7 @@ from studies.research.imitation_data import (
     heldout_table,
     humanlike_simulators,
 )
-from tests.studies.conftest import make_study
+from tests.support.studies import make_study
 from training.config import RunConfig
 
 pytestmark = pytest.mark.django_db

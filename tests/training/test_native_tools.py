@@ -12,7 +12,7 @@ import pytest
 
 from agents.domains import get_domain
 from agents.llm.native_tools import HermesCallFilter, parse_hermes_tool_calls
-from tests.hermes import HERMES_TEMPLATE
+from tests.support.hermes import HERMES_TEMPLATE
 from training.agent import LocalAgent, add_agent_reply, agent_prompt, agent_tool_format
 from training.config import ConfigError, parse_config
 from training.policy import LocalModel

@@ -1,7 +1,7 @@
 """Hosted simulators in a run: SimulatorSpec's provider, top_p and reasoning_effort (validated at
 load), EndpointUser's requests shaped for the provider, a choice turn on an Anthropic-style
 stand-in re-asked then counted as a fallback, and the online dry run's one request per endpoint
-simulator reporting the provider's own refusal (tests/provider_servers.py)."""
+simulator reporting the provider's own refusal (tests/support/provider_servers.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import re
 import pytest
 
 from agents.domains import domain_class
-from tests.provider_servers import AnthropicServer, GPT5Server
-from tests.scripted_server import ScriptedServer
+from tests.support.provider_servers import AnthropicServer, GPT5Server
+from tests.support.scripted_server import ScriptedServer
 from training.__main__ import main
 from training.config import ConfigError, SimulatorSpec, parse_config
 from training.dryrun import dry_run

@@ -14,7 +14,7 @@ from django.urls import reverse
 from django.utils import timezone
 from parley.celery import worker_args
 
-from tests.conftest import REPO, child_env
+from tests.support.processes import REPO, child_env
 from training import tasks
 from training.config import RunConfig
 from training.models import TrainingRun

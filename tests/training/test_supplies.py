@@ -10,7 +10,7 @@ import torch
 from agents.domains import get_domain
 from agents.domains.tau2.prompts import PERSONA_GUIDELINES
 from agents.simulators.scripted import REMARKS
-from tests.scripted_server import ScriptedServer
+from tests.support.scripted_server import ScriptedServer
 from tests.training.test_distributed import (  # the 1-vs-2-process helpers, and their model
     adapter,
     assert_same,

@@ -3,7 +3,7 @@ tokenizer, with one retail tool and one call written as that template writes it.
 
 from pathlib import Path
 
-HERMES_TEMPLATE = Path(__file__).parent / "fixtures" / "hermes_chat_template.jinja"
+HERMES_TEMPLATE = Path(__file__).parent.parent / "fixtures" / "hermes_chat_template.jinja"
 TOOL = {
     "type": "function",
     "function": {

@@ -1,5 +1,5 @@
 """Local stand-ins on 127.0.0.1 for hosted providers, answering as they do (agents/llm/providers.py
-says what parley sends each). Both pop scripted replies as tests/scripted_server.py does and
+says what parley sends each). Both pop scripted replies as tests/support/scripted_server.py does and
 record every request body, refused ones included.
 
     GPT5Server       OpenAI's GPT-5 family: HTTP 400 with OpenAI's error body to `max_tokens`,
@@ -12,7 +12,7 @@ record every request body, refused ones included.
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from tests.scripted_server import ScriptedServer
+from tests.support.scripted_server import ScriptedServer
 
 
 def openai_error(message: str, param: str, code: str) -> JSONResponse:

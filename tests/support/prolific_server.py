@@ -14,8 +14,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tests.conftest import free_port
-from tests.scripted_server import ThreadedServer
+from agents.serving.process import free_port
+from tests.support.scripted_server import ThreadedServer
 
 CATEGORIES = {
     "TOO_QUICKLY",

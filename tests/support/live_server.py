@@ -10,7 +10,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tests.conftest import REPO, child_env, free_port, stop
+from agents.serving.process import free_port, stop
+from tests.support.processes import REPO, child_env
 
 
 class LoggedServer:

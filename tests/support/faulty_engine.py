@@ -12,7 +12,7 @@ import asyncio
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
-from tests.scripted_server import ScriptedServer
+from tests.support.scripted_server import ScriptedServer
 
 REPLY = "Happy to help with that today"
 FAULT_AT = 3  # the role chunk and two words go out before a stall or a death

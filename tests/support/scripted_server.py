@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.routing import Route
 
-from tests.conftest import free_port
+from agents.serving.process import free_port
 
 ARGUMENTS_PIECE = 8  # characters of a tool call's arguments per streamed chunk
 
