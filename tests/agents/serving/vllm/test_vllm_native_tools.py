@@ -2,7 +2,7 @@
 under a template modelled on Qwen3's, given with --chat-template): the launcher adds
 `--enable-auto-tool-choice --tool-call-parser hermes` by itself, and vLLM's hermes parser answers
 a Hermes-style reply as OpenAI `tool_calls`, as the embedded engine does
-(tests/engine/test_native_tool_calls.py). The reply is forced to one call with a `const_string`
+(tests/agents/llm/test_native_tool_calls.py). The reply is forced to one call with a `const_string`
 structural tag, so the test does not depend on what the small model would write."""
 
 import json

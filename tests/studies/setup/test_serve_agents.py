@@ -1,4 +1,4 @@
-"""`manage.py serve_agents` with the embedded engine (vLLM's run is tests/serving_vllm's):
+"""`manage.py serve_agents` with the embedded engine (vLLM's run is tests/agents/serving/vllm's):
 replicas on consecutive ports, the endpoint registered and the study's arms pointed at it, and
 every replica's process group gone when the command is stopped. Bad input is refused before
 anything starts."""

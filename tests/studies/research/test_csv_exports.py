@@ -5,7 +5,6 @@ import csv
 import io
 import re
 from decimal import Decimal
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -19,9 +18,9 @@ from studies.chat.agent_turn import store_turn_message
 from studies.models import AnalysisRun, Message, Participant
 from studies.participation import flow
 from studies.research import analysis_runs
+from tests.support.processes import REPO
 from tests.support.studies import GOOD_ANSWERS, make_study, prolific
 
-REPO = Path(__file__).resolve().parents[2]
 ATTACKS = ["=1+2", "+SUM(A1)", "-2+3", "@SUM(A1)", "\tx", "\r=x", '=HYPERLINK("http://x")']
 
 

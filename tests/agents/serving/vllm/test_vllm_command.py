@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from agents.serving.vllm import VLLMNotInstalled, build_command, max_lora_rank, start_vllm
+from tests.support.hermes import HERMES_TEMPLATE
 
 
 def adapter(folder, r=8, **config):
@@ -144,9 +145,6 @@ def test_cli_errors_are_clear(tmp_path, model_dir):
     assert bad_lora.returncode == 2 and "expected NAME=PATH" in bad_lora.stderr
     no_folder = run_cli("--model", str(model_dir), "--adapters", str(tmp_path / "nope"))
     assert no_folder.returncode == 2 and "is not a folder" in no_folder.stderr
-
-
-HERMES_TEMPLATE = Path(__file__).parents[1] / "fixtures" / "hermes_chat_template.jinja"
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """A checkpoint attached to an arm whose endpoint is vLLM is loaded on every replica first
 (POST /v1/load_lora_adapter, vLLM's runtime LoRA loading), then the arm asks for it; the
 embedded engine is not asked (it finds registered checkpoints by itself). The replicas here
-are scripted servers that answer as vLLM does; tests/serving_vllm/test_vllm_study.py does it
+are scripted servers that answer as vLLM does; tests/agents/serving/vllm/test_vllm_study.py does it
 with vLLM itself."""
 
 from pathlib import Path
