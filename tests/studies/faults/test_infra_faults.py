@@ -241,7 +241,7 @@ def test_a_run_deleted_while_it_is_computed_stays_deleted(monkeypatch):
         AnalysisRun.objects.filter(pk=run.pk).delete()
         return {}, {}
 
-    monkeypatch.setattr(tasks.sim2real, "analysis_section", deleted_meanwhile)
+    monkeypatch.setattr(tasks.simulator_evaluations, "analysis_section", deleted_meanwhile)
     assert deliver(run.pk) == "missing"
     assert not AnalysisRun.objects.filter(pk=run.pk).exists()
 
