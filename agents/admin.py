@@ -1,6 +1,6 @@
 """The checkpoint and model endpoint registries. Putting a checkpoint on a study's arm is
-studies' business: its admin extends this one with that action (studies/admin.py), so agents
-never imports studies."""
+studies' business: the project composes this admin with that action and training's run column
+(platform/parley/admin.py), so agents never imports studies or training."""
 
 from django.contrib import admin, messages
 from django.db import models

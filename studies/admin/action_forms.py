@@ -34,7 +34,7 @@ class ImportPoolForm(forms.Form):
     seed = forms.IntegerField(initial=0, help_text="Which random sample of `count` scenarios.")
 
 
-# --- an analysis other than the study's own (studies/admin.py, issue 14) -------------------------
+# --- an analysis other than the study's own (the study page's Explore, admin/study/frozen_plan.py) -------------------------
 
 
 class ExploreForm(forms.Form):
@@ -52,7 +52,7 @@ class ExploreForm(forms.Form):
         self.fields["control"].choices = [("", "-")] + [(a, a) for a in arms]
 
 
-# --- Prolific decisions and bonuses (studies/admin.py) -------------------------------------------
+# --- Prolific decisions and bonuses (admin/participants.py, admin/study/prolific_actions.py) -------------------------------------------
 
 
 class RejectForm(forms.Form):
