@@ -231,8 +231,8 @@ GREEDY_ARM = "base-greedy"
 
 
 @transaction.atomic
-def seed_task_studies(engine_url: str | None = None) -> list[Study]:
-    """A study per task family (tau2 retail, P4G, and any other with trained checkpoints and a
+def seed_domain_studies(engine_url: str | None = None) -> list[Study]:
+    """A study per Domain (tau2 retail, P4G, and any other with trained checkpoints and a
     paper questionnaire): the base model against each trained regime's latest checkpoint, or
     base-model arms when there is none. Scenarios from the Domain's bundled test split; never
     deletes participants' data."""
@@ -289,4 +289,4 @@ def seed_task_studies(engine_url: str | None = None) -> list[Study]:
     return studies
 
 
-seed_trained_studies = seed_task_studies  # the name before base-model arms were seeded too
+seed_trained_studies = seed_domain_studies  # the name before base-model arms were seeded too

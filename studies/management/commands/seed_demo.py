@@ -2,7 +2,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from studies.rehearsal.demo_studies import seed_demo_study, seed_task_studies
+from studies.rehearsal.demo_studies import seed_demo_study, seed_domain_studies
 
 
 class Command(BaseCommand):
@@ -26,7 +26,7 @@ class Command(BaseCommand):
         if not password:
             raise CommandError("give --admin-password or set PARLEY_ADMIN_PASSWORD")
         study = seed_demo_study(options["engine_url"])
-        for trained in seed_task_studies(options["engine_url"]):
+        for trained in seed_domain_studies(options["engine_url"]):
             arms = ",".join(trained.arms.values_list("name", flat=True))
             self.stdout.write(f"study={trained.slug} arms={arms}")
         User = get_user_model()

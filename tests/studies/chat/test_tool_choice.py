@@ -19,7 +19,7 @@ from studies.chat import agent_turn
 from studies.chat.routing import websocket_urlpatterns
 from studies.lib import domain_bridge
 from studies.models import Arm, ToolChoice
-from studies.rehearsal.demo_studies import seed_task_studies
+from studies.rehearsal.demo_studies import seed_domain_studies
 from tests.support.scripted_server import ScriptedServer
 from tests.support.studies import (
     change_form_data,
@@ -218,7 +218,7 @@ def test_vllm_arms_never_send_a_seed():
 
 @pytest.mark.django_db
 def test_the_demo_asks_tau2_arms_for_a_call_first_and_leaves_p4g_alone():
-    studies = {s.domain: s for s in seed_task_studies("http://127.0.0.1:9/v1")}
+    studies = {s.domain: s for s in seed_domain_studies("http://127.0.0.1:9/v1")}
     assert {a.tool_choice for a in studies["retail"].arms.all()} == {ToolChoice.FIRST}
     for arm in studies["retail"].arms.all():
         arm.full_clean()  # the seeded arms pass the admin's checks

@@ -8,7 +8,7 @@ from django.core.management import CommandError, call_command
 
 from studies.models import Participant, Study
 from studies.participation import flow
-from studies.rehearsal.demo_studies import PAPER_ITEMS, seed_demo_study, seed_task_studies
+from studies.rehearsal.demo_studies import PAPER_ITEMS, seed_demo_study, seed_domain_studies
 from tests.support.studies import prolific
 
 pytestmark = pytest.mark.django_db
@@ -80,12 +80,12 @@ def test_a_fresh_clone_gets_a_retail_and_a_p4g_study_on_base_arms(monkeypatch, t
 
 def test_trained_checkpoints_become_arms(monkeypatch, tmp_path):
     monkeypatch.setenv("PARLEY_DATA_DIR", str(tmp_path))
-    before = {s.slug: active_arms(s) for s in seed_task_studies()}
+    before = {s.slug: active_arms(s) for s in seed_domain_studies()}
     assert set(before) == {"demo-retail", "demo-p4g"}  # base arms without checkpoints
     fake_checkpoint(tmp_path, "p4g-single-cpu", 3, "single")
     fake_checkpoint(tmp_path, "p4g-single-cpu", 6, "single")
     fake_checkpoint(tmp_path, "p4g-population-cpu", 6, "population")
-    studies = {s.slug: s for s in seed_task_studies()}
+    studies = {s.slug: s for s in seed_domain_studies()}
     study = studies["demo-p4g"]
     assert active_arms(study) == {
         "base": "SmolLM2-135M-Instruct",
@@ -98,5 +98,5 @@ def test_trained_checkpoints_become_arms(monkeypatch, tmp_path):
     assert study.questionnaire.items.get(key="manipulation").reverse_coded
     assert (tmp_path / "checkpoints" / "p4g-single-cpu-step6").is_symlink()
     seed_demo_study()
-    again = {s.slug: s for s in seed_task_studies()}["demo-p4g"]
+    again = {s.slug: s for s in seed_domain_studies()}["demo-p4g"]
     assert again.pk == study.pk and again.scenarios.count() == 10
