@@ -241,7 +241,7 @@ async def first_reply_calls_a_tool(participant) -> Message:
     """One message of the retail customer through the real consumer: the reply's tool call
     comes to the page (tool_calls, then tool_result) and is stored well formed, a call of one
     of the Domain's tools with arguments that fit its schema. Returns the stored call."""
-    events = await talk(participant, CUSTOMER, timeout=150)
+    events = await socket_turn(participant, CUSTOMER, timeout=150)
     kinds = [e["type"] for e in events]
     assert "tool_calls" in kinds and "tool_result" in kinds, events
     assert kinds.index("tool_calls") < kinds.index("tool_result")
@@ -347,3 +347,18 @@ SECRET = "whsec-test-5f0c0ffee"
 
 
 TOKEN = "fake-token-123"
+
+
+async def socket_turn(participant, text, timeout=30):
+    """Send one message through the real consumer; the events up to the turn's status."""
+    socket = WebsocketCommunicator(app, f"/ws/p/{participant.token}/")
+    assert (await socket.connect(timeout=30))[0]
+    await socket.receive_json_from(timeout=30)  # history
+    await socket.send_json_to({"type": "message", "id": "m1", "text": text})
+    events = []
+    try:
+        while not events or events[-1]["type"] not in ("status", "redirect", "error"):
+            events.append(await socket.receive_json_from(timeout=timeout))
+    finally:  # a consumer left running breaks the Redis layer for the next event loop
+        await socket.disconnect()
+    return events

@@ -10,7 +10,6 @@ import time
 
 import pytest
 from channels.routing import URLRouter
-from channels.testing import WebsocketCommunicator
 from django.core.exceptions import ValidationError
 from django.urls import reverse
 
@@ -28,25 +27,11 @@ from tests.support.studies import (
     forced,
     make_study,
     participant_in,
+    socket_turn,  # noqa: F401
 )
 
 app = URLRouter(websocket_urlpatterns)
 CALL = {"tool_calls": [("get_order_details", {"order_id": "#W5785065"})]}
-
-
-async def talk(participant, text, timeout=30):
-    """Send one message through the real consumer; the events up to the turn's status."""
-    socket = WebsocketCommunicator(app, f"/ws/p/{participant.token}/")
-    assert (await socket.connect(timeout=30))[0]
-    await socket.receive_json_from(timeout=30)  # history
-    await socket.send_json_to({"type": "message", "id": "m1", "text": text})
-    events = []
-    try:
-        while not events or events[-1]["type"] not in ("status", "redirect", "error"):
-            events.append(await socket.receive_json_from(timeout=timeout))
-    finally:  # a consumer left running breaks the Redis layer for the next event loop
-        await socket.disconnect()
-    return events
 
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -59,7 +44,7 @@ async def test_first_forces_a_call_at_the_start_of_each_reply_only(tool_format):
         participant = await participant_in(
             server.url, tool_format=tool_format, tool_choice=ToolChoice.FIRST
         )
-        events = await talk(participant, "Where is my order #W5785065?")
+        events = await socket_turn(participant, "Where is my order #W5785065?")
     kinds = [e["type"] for e in events]
     assert kinds.count("tool_calls") == 1 and kinds.count("tool_result") == 1, kinds
     first, second = server.requests
@@ -77,7 +62,7 @@ async def test_required_forces_calls_until_the_domain_budget_then_text():
         participant = await participant_in(
             server.url, tool_format="native", tool_choice=ToolChoice.REQUIRED
         )
-        events = await talk(participant, "Where is my order #W5785065?")
+        events = await socket_turn(participant, "Where is my order #W5785065?")
     assert [e["type"] for e in events].count("tool_result") == budget
     assert all(forced(r) for r in server.requests[:budget])
     last = server.requests[budget]
@@ -93,7 +78,7 @@ async def test_a_forced_call_has_room_for_a_whole_call_and_text_keeps_the_arms_b
         participant = await participant_in(
             server.url, tool_format="structured", tool_choice=ToolChoice.FIRST, max_tokens=96
         )
-        await talk(participant, "Where is my order #W5785065?")
+        await socket_turn(participant, "Where is my order #W5785065?")
     first, second = server.requests
     assert forced(first) and first["max_tokens"] == agent_turn.FORCED_CALL_TOKENS
     assert not forced(second) and second["max_tokens"] == 96
@@ -124,7 +109,7 @@ async def test_a_forced_call_streaming_for_longer_than_the_timeouts_is_not_a_sta
             server.url, tool_format=tool_format, tool_choice=ToolChoice.FIRST
         )
         began = time.monotonic()
-        events = await talk(participant, "Where is my order #W5785065?")
+        events = await socket_turn(participant, "Where is my order #W5785065?")
         took = time.monotonic() - began
     kinds = [e["type"] for e in events]
     assert "error" not in kinds and "slow" not in kinds, events
@@ -140,7 +125,7 @@ async def test_a_forced_call_streaming_for_longer_than_the_timeouts_is_not_a_sta
 async def test_auto_sends_the_same_request_as_before():
     with ScriptedServer([{"content": "Hello."}]) as server:
         participant = await participant_in(server.url, tool_format="native")
-        await talk(participant, "Hi")
+        await socket_turn(participant, "Hi")
     (request,) = server.requests
     assert request["tools"] and "tool_choice" not in request and not forced(request)
 
@@ -155,7 +140,7 @@ async def test_a_domain_without_tools_is_never_sent_a_tool_choice():
             tool_choice=ToolChoice.REQUIRED,
             extra_params={"tool_choice": "required"},  # stored before clean() refused it
         )
-        await talk(participant, "Hello")
+        await socket_turn(participant, "Hello")
     assert server.requests
     for request in server.requests:
         assert "tools" not in request and "tool_choice" not in request
