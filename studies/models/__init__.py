@@ -1,6 +1,7 @@
 """The studies app's models, one module per part of a study, re-exported here (as Zulip's
 zerver/models/ does) so the app label, the migrations and `from studies.models import X` stay."""
 
+from studies.models.annotation import AnnotationSetup, RatedConversation, RatingAssignment
 from studies.models.frozen_plan import (
     FROZEN_ARM_FIELDS,
     FROZEN_ITEM_FIELDS,
@@ -48,6 +49,9 @@ from studies.models.study import (
 )
 
 __all__ = [
+    "AnnotationSetup",
+    "RatedConversation",
+    "RatingAssignment",
     "COMPLETE_URL",
     "domain_choices",
     "domain_input_choices",
