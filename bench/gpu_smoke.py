@@ -200,7 +200,7 @@ def run_all(args: argparse.Namespace) -> int:
     import torch
 
     from training.config import parse_config
-    from training.run import train
+    from training.trainer.loop import train
 
     base_model = os.environ.get("PARLEY_BASE_MODEL", "")
     out = Path(args.out)

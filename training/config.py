@@ -73,14 +73,14 @@ REGIMES = {
     "cotrain": "Self-Play (co-training)",
     "population": "Population Self-Play",
 }
-# how an Ensemble run picks the member that plays a rollout's user (training/regimes.py Ensemble)
+# how an Ensemble run picks the member that plays a rollout's user (training/regimes/regime.py Ensemble)
 ENSEMBLE_DRAWS = {
     "rollout": "round-robin over the run's rollouts, as the release (each group meets every"
     " member)",
     "task": "round-robin over the run's tasks (a task's whole group meets one member)",
 }
 SIMULATOR_KINDS = ("plain", "verbalized", "scripted")
-# a co-trained simulator's reward, r the agent's (formulas and sources: training/sim_rewards.py)
+# a co-trained simulator's reward, r the agent's (formulas and sources: training/regimes/sim_rewards.py)
 SIMULATOR_REWARDS = {
     "auto": "the Domain's own (its simulator_reward attribute)",
     "curriculum": "exp(-(var - 0.25)^2 / 0.02), var the variance of the agent's rewards over"
@@ -381,7 +381,7 @@ class LoraSpec:
 
 @dataclass(config=TABLE)
 class CollapseSpec:
-    """When a step's diversity measures (training/diversity.py) warn of collapse; the defaults are
+    """When a step's diversity measures (training/measures/diversity.py) warn of collapse; the defaults are
     justified in docs/training.md ("Collapse warnings"). A bound of 0 (a `max_`: 1) never
     warns."""
 

@@ -35,7 +35,7 @@ def progress_writer(run: TrainingRun, every: float = 1.0):
     """A progress callback that stores the latest figures (at most once a second, but at once
     when a new collapse warning came or the step moved to another phase) and stops the run when
     a researcher cancelled it. The run page shows the progress's `warnings`, every one so far
-    (training/diversity.py), and where the step is (`current`: rollouts done of total)."""
+    (training/measures/diversity.py), and where the step is (`current`: rollouts done of total)."""
     last, warned, phase = [0.0], [0], [None]
 
     def write(progress: dict) -> None:
@@ -62,7 +62,7 @@ def progress_writer(run: TrainingRun, every: float = 1.0):
 # timeout on a run longer than it) leaves it alone: a run never trains twice.
 @shared_task(name="training.tasks.run_training", acks_late=True, reject_on_worker_lost=True)
 def run_training(run_id: int) -> str:
-    from training.run import train
+    from training.trainer.loop import train
 
     run = TrainingRun.objects.get(pk=run_id)
     if run.status != TrainingRun.Status.QUEUED:
@@ -133,9 +133,9 @@ class LaunchFailed(RuntimeError):
 def launch(run: TrainingRun, config, poll: float = 1.0) -> list[Path]:
     """Train `config` in distributed.processes processes started by accelerate; returns the
     complete checkpoints. A failure raises LaunchFailed with each failed rank's traceback
-    (training/distributed.py); a cancelled run stops the whole process group."""
-    from training.checkpoint import list_checkpoints
-    from training.distributed import launch_command, read_failures
+    (training/rl/distributed.py); a cancelled run stops the whole process group."""
+    from training.rl.distributed import launch_command, read_failures
+    from training.trainer.checkpoint import list_checkpoints
 
     run_dir = config.run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from agents.domains.base import Domain, Message, Outcome, Scenario
-from training.tiny import build_tiny_model
+from training.tools.tiny import build_tiny_model
 
 
 @pytest.fixture(scope="session")

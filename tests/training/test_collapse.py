@@ -14,16 +14,16 @@ import torch
 from agents.domains import get_domain
 from agents.domains.p4g.decision import ASKS
 from agents.simulators.scripted import ScriptedPersuadee
-from training.agent import LocalAgent
-from training.collapse import variance_split
 from training.config import RunConfig, SimulatorSpec
-from training.eval import HeldOutPanel
-from training.grpo import TokenBatch, token_logprobs
-from training.policy import LocalModel, Policy
-from training.regimes import ModelCache, make_regime
-from training.rollout import USER, Rollout, play
-from training.run import train
-from training.simulator import LocalUser, user_messages
+from training.measures.collapse import variance_split
+from training.measures.held_out import HeldOutPanel
+from training.regimes.regime import ModelCache, make_regime
+from training.rl.grpo import TokenBatch, token_logprobs
+from training.rl.policy import LocalModel, Policy
+from training.rollouts.agent import LocalAgent
+from training.rollouts.rollout import USER, Rollout, play
+from training.rollouts.simulator import LocalUser, user_messages
+from training.trainer.loop import train
 
 PANEL = [{"name": t, "kind": "scripted", "script": t} for t in ("anchored", "reactant", "steady")]
 
@@ -245,7 +245,7 @@ def test_an_endpoint_simulator_decides_with_its_key_from_the_environment(decisio
     asks for one of the markers by JSON schema, and a missing key is a clear error."""
     from tests.support.scripted_server import ScriptedServer
     from training.config import ConfigError
-    from training.simulator import EndpointUser
+    from training.rollouts.simulator import EndpointUser
 
     def hosted(url: str) -> SimulatorSpec:
         return SimulatorSpec(name="hosted", endpoint=url, model="m", api_key_env="PARLEY_TEST_KEY")

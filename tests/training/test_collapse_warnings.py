@@ -10,8 +10,8 @@ from django.urls import reverse
 from training.__main__ import main
 from training.config import RunConfig
 from training.models import TrainingRun
-from training.run import train
 from training.tasks import run_training
+from training.trainer.loop import train
 
 # the scripted "steady" persuadee says "I see. Go on." to anything that is not a choice turn
 SAME_WORDS = {"name": "steady", "kind": "scripted", "script": "steady"}

@@ -18,11 +18,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from training import checkpoint
 from training.config import load_config
-from training.distributed import FAIL_AT_ENV, launch_command, read_failures
-from training.run import train
-from training.tiny import build_tiny_model
+from training.rl.distributed import FAIL_AT_ENV, launch_command, read_failures
+from training.tools.tiny import build_tiny_model
+from training.trainer import checkpoint
+from training.trainer.loop import train
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = """

@@ -1,10 +1,10 @@
-"""training/diversity.py on inputs small enough to count by hand, its thresholds in the config,
+"""training/measures/diversity.py on inputs small enough to count by hand, its thresholds in the config,
 and the embedding dispersion on a real local model folder (the tiny Llama)."""
 
 import pytest
 
 from training.config import CollapseSpec, ConfigError, parse_config
-from training.diversity import (
+from training.measures.diversity import (
     Embedder,
     Warnings,
     crossed,

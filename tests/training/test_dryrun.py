@@ -14,7 +14,7 @@ from safetensors import safe_open
 from agents.serving.process import free_port
 from tests.support.scripted_server import ScriptedServer
 from training.__main__ import main
-from training.dryrun import (
+from training.tools.dryrun import (
     PUBLISHED,
     Architecture,
     architecture,

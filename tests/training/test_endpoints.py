@@ -14,11 +14,11 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from tests.support.scripted_server import ScriptedServer
-from training.agent import EndpointAgent
 from training.config import SimulatorSpec
-from training.policy import LocalModel
-from training.rollout import play
-from training.simulator import EndpointUser
+from training.rl.policy import LocalModel
+from training.rollouts.agent import EndpointAgent
+from training.rollouts.rollout import play
+from training.rollouts.simulator import EndpointUser
 
 
 class CompletionServer(ScriptedServer):
@@ -124,9 +124,10 @@ def test_a_served_population_samples_each_member_from_its_own_adapter(
     the current adapter is published and loaded; a snapshot's turns are sampled from the
     snapshot's adapter, loaded beside it and unloaded after; every user turn the simulator
     trains on holds exactly the ids the server returned."""
-    from training import regimes, run
     from training.config import RunConfig
-    from training.simulator import ServedUser
+    from training.regimes import regime
+    from training.rollouts.simulator import ServedUser
+    from training.trainer import loop
 
     trained: list[list[int]] = []  # each user turn's mask-1 ids
 
@@ -138,7 +139,7 @@ def test_a_served_population_samples_each_member_from_its_own_adapter(
                 new = zip(r.user.ids[start:], r.user.mask[start:], strict=True)
                 trained.append([t for t, m in new if m])
 
-    monkeypatch.setattr(regimes, "ServedUser", Recording)
+    monkeypatch.setattr(regime, "ServedUser", Recording)
     lm = LocalModel.load(tiny_model)
     words = lm.fmt.encode(" eerie tree")
     with CompletionServer(words) as server:
@@ -151,7 +152,7 @@ def test_a_served_population_samples_each_member_from_its_own_adapter(
                 "output_dir": str(tmp_path / "pop"),
             }
         )  # fmt: skip
-        run.train(cfg, domain=letters, show_progress=False)
+        loop.train(cfg, domain=letters, show_progress=False)
     live, pool = cfg.run_dir() / "live" / "simulator", cfg.run_dir() / "pool"
     # (path, the adapter loaded or unloaded, or the model a completion asked for)
     asked = [(path, body.get("lora_name") or body["model"]) for path, body in server.bodies]

@@ -4,7 +4,7 @@ import types
 import pytest
 import torch
 
-from training.grpo import TokenBatch, group_advantages, grpo_loss, token_logprobs
+from training.rl.grpo import TokenBatch, group_advantages, grpo_loss, token_logprobs
 
 LN = math.log
 
@@ -103,7 +103,7 @@ def test_token_logprobs_match_full_softmax(tiny_model):
 def test_zero_advantage_rows_are_skipped_exactly(tiny_model):
     from transformers import AutoModelForCausalLM
 
-    from training.grpo import update
+    from training.rl.grpo import update
 
     ids = [[5, 17, 300, 42, 9, 2], [7, 8, 1000, 11, 12, 2]]
     masks = [[0, 0, 1, 1, 1, 1], [0, 1, 1, 1, 0, 0]]
@@ -135,7 +135,7 @@ def test_rows_without_policy_tokens_take_no_step(tiny_model):
     advantage but nothing to train: no step, no error."""
     from transformers import AutoModelForCausalLM
 
-    from training.grpo import update
+    from training.rl.grpo import update
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     batch = TokenBatch.from_lists([[5, 17, 300], [7, 8, 1000]], [[0, 0, 0], [0, 0, 0]], pad_id=2)
@@ -178,8 +178,8 @@ def test_shared_prefix_passes_the_kv_cache_as_cache(tiny_model):
     log-probs match a full pass per row with a transformers that has dropped `past_key_values`."""
     from transformers import AutoModelForCausalLM
 
-    from training.choices import Choices, choice_logprobs
-    from training.grpo import SHARED_PREFIX_MIN
+    from training.rl.choices import Choices, choice_logprobs
+    from training.rl.grpo import SHARED_PREFIX_MIN
 
     lm = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
     model = CacheOnly(lm)

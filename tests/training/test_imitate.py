@@ -1,4 +1,4 @@
-"""A simulator fine-tuned on people's user turns (training/imitate.py), and a held-out panel that
+"""A simulator fine-tuned on people's user turns (training/tools/imitate.py), and a held-out panel that
 names it."""
 
 import json
@@ -9,8 +9,10 @@ import torch
 from agents.domains.base import Scenario
 from agents.simulators import OPENING
 from training.config import ConfigError, RunConfig
-from training.eval import HeldOutPanel
-from training.imitate import (
+from training.measures.held_out import HeldOutPanel
+from training.regimes.regime import ModelCache
+from training.rl.policy import LocalModel
+from training.tools.imitate import (
     ImitationError,
     ImitationSettings,
     RealConversation,
@@ -18,8 +20,6 @@ from training.imitate import (
     mean_logprob,
     transcripts,
 )
-from training.policy import LocalModel
-from training.regimes import ModelCache
 
 # What "people" wrote in the toy Domain: a style the tiny random model does not have.
 PEOPLE = ["yes yes please more", "more words please yes", "please yes more", "yes more please"]

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from training.config import RunConfig
-from training.grpo import TokenBatch, token_logprobs
-from training.policy import LocalModel, Policy
-from training.regimes import ModelCache, make_regime
-from training.run import train
-from training.tokens import Transcript
+from training.regimes.regime import ModelCache, make_regime
+from training.rl.grpo import TokenBatch, token_logprobs
+from training.rl.policy import LocalModel, Policy
+from training.rl.tokens import Transcript
+from training.trainer.loop import train
 
 TEMPERATURE = 0.7  # not 1, so a reference pass that ignored the temperature would show
 ROWS = [[1, 5, 6, 7, 8, 9, 10, 11], [1, 5, 6, 7, 12, 13, 14, 15]]

@@ -10,12 +10,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from training import checkpoint
 from training.config import RunConfig
-from training.grpo import TokenBatch, update
-from training.policy import Policy
-from training.run import train
-from training.tiny import build_tiny_model
+from training.rl.grpo import TokenBatch, update
+from training.rl.policy import Policy
+from training.tools.tiny import build_tiny_model
+from training.trainer import checkpoint
+from training.trainer.loop import train
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,10 @@ import pytest
 from agents.domains import get_domain
 from agents.llm.native_tools import HermesCallFilter, parse_hermes_tool_calls
 from tests.support.hermes import HERMES_TEMPLATE
-from training.agent import LocalAgent, add_agent_reply, agent_prompt, agent_tool_format
 from training.config import ConfigError, parse_config
-from training.policy import LocalModel
-from training.rollout import Rollout
+from training.rl.policy import LocalModel
+from training.rollouts.agent import LocalAgent, add_agent_reply, agent_prompt, agent_tool_format
+from training.rollouts.rollout import Rollout
 
 EMAIL = "ada.abara154@example.com"  # retail task 0's user, in the bundled data
 
@@ -180,9 +180,9 @@ def test_a_run_trains_and_records_its_tool_format(
 ):
     """One step on the toy Domain with a tool: the checkpoint's manifest says how its agent
     calls tools, so a study's arm serves it that way (studies' Arm.clean reads it)."""
-    from training.checkpoint import ResumeError
     from training.config import RunConfig
-    from training.run import train
+    from training.trainer.checkpoint import ResumeError
+    from training.trainer.loop import train
 
     model = hermes_model if native else tiny_model
     config = RunConfig.from_dict({
@@ -206,7 +206,7 @@ def test_a_run_trains_and_records_its_tool_format(
 def test_the_online_dry_run_says_which_tool_format_the_run_trains(
     hermes_model, tiny_model, tmp_path
 ):
-    from training.dryrun import dry_run
+    from training.tools.dryrun import dry_run
 
     path = tmp_path / "run.toml"
     checks = {}

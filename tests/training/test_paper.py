@@ -1,4 +1,4 @@
-"""The paper's results (training/paper.py): one registry, one config each, every config ready for
+"""The paper's results (training/tools/paper.py): one registry, one config each, every config ready for
 one 8-GPU node offline; and `steps = 0`, the base evaluation those configs' Base rows use."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 
 from training.__main__ import main
 from training.config import RunConfig, load_config
-from training.paper import CONFIGS, DOMAINS, RESULTS, by_key
-from training.run import train
+from training.tools.paper import CONFIGS, DOMAINS, RESULTS, by_key
+from training.trainer.loop import train
 
 
 def test_every_result_has_its_config_and_every_config_its_result():

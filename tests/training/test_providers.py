@@ -14,9 +14,9 @@ from tests.support.provider_servers import AnthropicServer, GPT5Server
 from tests.support.scripted_server import ScriptedServer
 from training.__main__ import main
 from training.config import ConfigError, SimulatorSpec, parse_config
-from training.dryrun import dry_run
-from training.rollout import Rollout
-from training.simulator import EndpointUser
+from training.rollouts.rollout import Rollout
+from training.rollouts.simulator import EndpointUser
+from training.tools.dryrun import dry_run
 
 
 def run_table(**simulator) -> dict:

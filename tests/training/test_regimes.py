@@ -5,14 +5,14 @@ import json
 import pytest
 import torch
 
-from training.agent import LocalAgent
 from training.config import RunConfig, SimulatorSpec
-from training.grpo import TokenBatch, group_advantages, update
-from training.policy import LocalModel, Policy
-from training.pool import SimulatorPool
-from training.regimes import ModelCache, make_regime
-from training.rollout import Rollout, play
-from training.simulator import LocalUser
+from training.regimes.pool import SimulatorPool
+from training.regimes.regime import ModelCache, make_regime
+from training.rl.grpo import TokenBatch, group_advantages, update
+from training.rl.policy import LocalModel, Policy
+from training.rollouts.agent import LocalAgent
+from training.rollouts.rollout import Rollout, play
+from training.rollouts.simulator import LocalUser
 
 
 def config(tiny_model, tmp_path, regime, **extra):
@@ -142,7 +142,7 @@ def test_heldout_simulator_on_an_endpoint(tiny_model, engine_url):
     import httpx
 
     from agents.domains import get_domain
-    from training.simulator import EndpointUser
+    from training.rollouts.simulator import EndpointUser
 
     served = httpx.get(f"{engine_url}/models", timeout=30).json()["data"][0]["id"]
     spec = SimulatorSpec(name="engine", endpoint=engine_url, model=served, max_new_tokens=12,

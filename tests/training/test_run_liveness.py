@@ -18,8 +18,8 @@ from tests.support.processes import REPO, child_env
 from training import tasks
 from training.config import RunConfig
 from training.models import TrainingRun
-from training.run import train
 from training.tasks import run_training, start
+from training.trainer.loop import train
 
 SAME_WORDS = {"name": "steady", "kind": "scripted", "script": "steady"}
 LOST_AFTER = 6  # seconds without a heartbeat: the worker beats every 1.5 s

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from training.config import RunConfig, load_config, parse_config
-from training.grpo import KL_ESTIMATORS, grpo_loss
-from training.policy import Policy
-from training.regimes import CoTrain, ModelCache
-from training.run import train
+from training.regimes.regime import CoTrain, ModelCache
+from training.rl.grpo import KL_ESTIMATORS, grpo_loss
+from training.rl.policy import Policy
+from training.trainer.loop import train
 
 LN2 = math.log(2.0)
 

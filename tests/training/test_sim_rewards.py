@@ -12,15 +12,15 @@ import torch
 from safetensors.torch import load_file
 
 from agents.domains import DOMAINS, domain_class
-from training import checkpoint
 from training.__main__ import vocabularies
-from training.agent import LocalAgent
 from training.config import SIMULATOR_REWARDS, ConfigError, RunConfig
-from training.policy import Policy
-from training.regimes import ModelCache, make_regime
-from training.rollout import play
-from training.run import train
-from training.sim_rewards import curriculum_reward, simulator_advantages, simulator_rewards
+from training.regimes.regime import ModelCache, make_regime
+from training.regimes.sim_rewards import curriculum_reward, simulator_advantages, simulator_rewards
+from training.rl.policy import Policy
+from training.rollouts.agent import LocalAgent
+from training.rollouts.rollout import play
+from training.trainer import checkpoint
+from training.trainer.loop import train
 
 # exp(-(var - 0.25)^2 / 0.02), worked by hand for each group
 ALL_EQUAL = math.exp(-(0.25**2) / 0.02)  # var 0: exp(-3.125) = 0.0439

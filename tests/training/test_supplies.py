@@ -18,12 +18,12 @@ from tests.training.test_distributed import (  # the 1-vs-2-process helpers, and
     one_and_two,
     smooth_tiny_model,  # noqa: F401, F811 (a fixture)
 )
-from training.collapse import mixture_exploit
 from training.config import REGIMES, ConfigError, RunConfig
-from training.policy import LocalModel
-from training.regimes import ModelCache, make_regime
-from training.rollout import Rollout
-from training.run import _play_task, train
+from training.measures.collapse import mixture_exploit
+from training.regimes.regime import ModelCache, make_regime
+from training.rl.policy import LocalModel
+from training.rollouts.rollout import Rollout
+from training.trainer.loop import _play_task, train
 
 # three scripted members: each says its own remark, so a conversation shows who played the user
 MEMBERS = {"a": "anchored", "b": "reactant", "c": "analytical"}
@@ -344,7 +344,7 @@ def test_the_regimes_carry_the_papers_names():
         "cotrain": "Self-Play (co-training)",
         "population": "Population Self-Play",
     }
-    from training.regimes import REGIMES as CLASSES
+    from training.regimes.regime import REGIMES as CLASSES
 
     assert list(CLASSES) == list(REGIMES)  # a class per declared regime
 
@@ -382,8 +382,8 @@ def test_an_admin_ensemble_run_from_a_preset_clears_the_presets_simulator():
 def test_an_ensembles_exploit_file_is_the_mixture_of_its_members(tiny_model, tmp_path):
     """On the P4G decision episode the exploit is exact: the run's exploit.json averages each
     ask's expected reward over the members (scripted types here, whose answers are known)."""
-    from training.collapse import simulator_exploit
-    from training.regimes import frozen_simulator
+    from training.measures.collapse import simulator_exploit
+    from training.regimes.regime import frozen_simulator
 
     decision = get_domain("p4g-decision")
     members = [{"name": s, "kind": "scripted", "script": s} for s in ("anchored", "reactant")]
@@ -408,7 +408,7 @@ def test_an_ensembles_exploit_file_is_the_mixture_of_its_members(tiny_model, tmp
 
 
 def test_the_dry_run_checks_every_ensemble_member():
-    from training.dryrun import endpoints, sequence_length
+    from training.tools.dryrun import endpoints, sequence_length
 
     hosted = [
         {"name": "gpt", "endpoint": "http://a/v1", "model": "gpt-5-mini", "max_new_tokens": 64},

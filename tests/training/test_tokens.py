@@ -5,12 +5,12 @@ import pytest
 import torch
 
 from agents.llm.tool_format import CLOSE, OPEN
-from training.agent import LocalAgent, add_agent_reply, agent_messages
 from training.config import SimulatorSpec
-from training.policy import LocalModel
-from training.rollout import Rollout, play
-from training.simulator import LocalUser
-from training.tokens import ChatFormat, Transcript
+from training.rl.policy import LocalModel
+from training.rl.tokens import ChatFormat, Transcript
+from training.rollouts.agent import LocalAgent, add_agent_reply, agent_messages
+from training.rollouts.rollout import Rollout, play
+from training.rollouts.simulator import LocalUser
 
 
 class RecordingModel(LocalModel):

@@ -6,9 +6,9 @@ import statistics
 import pytest
 import torch
 
-from training import checkpoint
 from training.config import RunConfig
-from training.run import train
+from training.trainer import checkpoint
+from training.trainer.loop import train
 
 
 @pytest.fixture

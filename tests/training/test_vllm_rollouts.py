@@ -22,12 +22,13 @@ import torch
 
 from agents.llm import LLMClient
 from agents.llm.client import CompletionResult
-from training import checkpoint, regimes, run
-from training.agent import EndpointAgent
 from training.config import RunConfig, SimulatorSpec
-from training.endpoint import turn_ids
-from training.policy import LocalModel
-from training.simulator import EndpointUser, ServedUser
+from training.regimes import regime
+from training.rl.policy import LocalModel
+from training.rollouts.agent import EndpointAgent
+from training.rollouts.served import turn_ids
+from training.rollouts.simulator import EndpointUser, ServedUser
+from training.trainer import checkpoint, loop
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +90,7 @@ def served_requests(url: str) -> float:
 def test_rollouts_through_vllm_train_and_reload_the_adapter(
     vllm_url, base_model, tmp_path, letters, monkeypatch, server_answers
 ):
-    monkeypatch.setattr(run, "EndpointAgent", RecordingAgent)
+    monkeypatch.setattr(loop, "EndpointAgent", RecordingAgent)
     RecordingAgent.instances = []
     cfg = RunConfig.from_dict(
         {
@@ -112,7 +113,7 @@ def test_rollouts_through_vllm_train_and_reload_the_adapter(
         }
     )
     before = served_requests(vllm_url)
-    saved = run.train(cfg, domain=letters, show_progress=False)
+    saved = loop.train(cfg, domain=letters, show_progress=False)
 
     (agent,) = RecordingAgent.instances
     # every agent turn was a completion vLLM answered, and nothing else was asked of it
@@ -226,7 +227,7 @@ def test_cotrained_simulator_on_vllm_trains_on_its_sampled_ids_and_reloads(
 ):
     """regime cotrain with [simulator] endpoint: vLLM samples the simulator's turns from the
     adapter published before each step; its update trains on exactly the ids vLLM returned."""
-    monkeypatch.setattr(regimes, "ServedUser", RecordingUser)
+    monkeypatch.setattr(regime, "ServedUser", RecordingUser)
     RecordingUser.instances = []
     cfg = RunConfig.from_dict(
         {
@@ -255,7 +256,7 @@ def test_cotrained_simulator_on_vllm_trains_on_its_sampled_ids_and_reloads(
             "threads": 1,
         }
     )
-    saved = run.train(cfg, domain=letters, show_progress=False)
+    saved = loop.train(cfg, domain=letters, show_progress=False)
 
     (user,) = RecordingUser.instances
     # every user turn was a completion vLLM answered, from that step's published adapter
@@ -292,7 +293,7 @@ def test_verbalized_simulator_on_vllm_answers_the_k5_schema(vllm_url, base_model
     asked again), and the distribution it wrote is the turn's Decision."""
     from agents.domains import get_domain
     from agents.simulators import parse_verbalized
-    from training.rollout import Rollout
+    from training.rollouts.rollout import Rollout
 
     answered = []
     chat = LLMClient.chat

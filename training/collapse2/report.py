@@ -15,7 +15,7 @@ def _cell(values: list[float], fmt: str = ".3f") -> str:
 
 
 def markdown(r: dict[str, Any]) -> str:
-    from training.experiment import _short, provenance_line
+    from training.tools.experiment import _short, provenance_line
 
     checks, regimes = r["checks"], r["regimes"]
     c1 = checks["C1"]

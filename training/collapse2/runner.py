@@ -64,7 +64,7 @@ def load_design(path: Path = DESIGN) -> dict[str, Any]:
 def config_for(
     base: RunConfig, regime: str, seed: int, folder: Path, sim_beta: float, steps: int | None = None
 ) -> RunConfig:
-    from training.experiment import regime_config
+    from training.tools.experiment import regime_config
 
     config = regime_config(base, regime, seed, folder, steps)
     return dataclasses.replace(
@@ -85,8 +85,8 @@ def base_config(flat: Path) -> RunConfig:
 
 def agent_distribution(lm: Any, domain: Any, temperature: float) -> tuple[list[str], list[float]]:
     """The agent's exact distribution over its asks (its prompt does not depend on the persona)."""
-    from training.agent import agent_prompt
-    from training.rollout import Rollout
+    from training.rollouts.agent import agent_prompt
+    from training.rollouts.rollout import Rollout
 
     scenario = domain.scenarios("train")[0]
     rollout = Rollout.begin(domain, scenario)
@@ -100,9 +100,9 @@ def heldout_expected(
     domain: Any, tasks: list[Any], panel: list[str]
 ) -> dict[str, dict[str, float]]:
     """E_t(a): each scripted type's exact expected reward per ask (training tasks' personas)."""
-    from training.collapse import simulator_exploit
     from training.config import SimulatorSpec
-    from training.simulator import ScriptedUser
+    from training.measures.collapse import simulator_exploit
+    from training.rollouts.simulator import ScriptedUser
 
     return {
         t: simulator_exploit(domain, tasks, ScriptedUser(SimulatorSpec(name=t, kind="scripted",
@@ -118,9 +118,9 @@ def c3_total_variations(config: RunConfig, tasks: list[Any], domain: Any) -> lis
     distribution the Verbalized Sampling simulator writes (one written list each, seeded)."""
     import random
 
-    from training.collapse import user_decisions
-    from training.policy import LocalModel
-    from training.simulator import LocalUser
+    from training.measures.collapse import user_decisions
+    from training.rl.policy import LocalModel
+    from training.rollouts.simulator import LocalUser
 
     lm = LocalModel.load(config.simulator_model_path())
     plain = LocalUser(lm, dataclasses.replace(config.simulator, kind="plain"))
@@ -137,9 +137,9 @@ def c3_total_variations(config: RunConfig, tasks: list[Any], domain: Any) -> lis
 def record(config: RunConfig) -> dict[str, Any]:
     """What analysis.py needs of one finished run (DIR/runs/<run>/record.json, made once)."""
     from agents.domains import get_domain
-    from training.checkpoint import list_checkpoints
-    from training.experiment import _rows, _series, final_simulator
-    from training.policy import LocalModel
+    from training.rl.policy import LocalModel
+    from training.tools.experiment import _rows, _series, final_simulator
+    from training.trainer.checkpoint import list_checkpoints
 
     path = config.run_dir() / "record.json"
     if path.is_file():
@@ -190,8 +190,8 @@ def run(
     from agents.domains import get_domain
     from agents.paths import base_model_dir
     from training.collapse2 import flat_prior
-    from training.experiment import _add_runtime, provenance, train_all
-    from training.run import select_tasks
+    from training.tools.experiment import _add_runtime, provenance, train_all
+    from training.trainer.loop import select_tasks
 
     design = load_design(design_path)
     source = provenance({})["commit"], provenance({})["dirty"]  # the code the runs start from
@@ -266,9 +266,9 @@ def _checks(out, base, domain, tasks, design, expected, deciding) -> dict[str, A
     path = out / "checks.json"
     if path.is_file():
         return json.loads(path.read_text())
-    from training.collapse import simulator_exploit
-    from training.policy import LocalModel
-    from training.simulator import LocalUser
+    from training.measures.collapse import simulator_exploit
+    from training.rl.policy import LocalModel
+    from training.rollouts.simulator import LocalUser
 
     # the frozen simulator's exploit, and the deciding panel's best ask, which must not be it
     lm = LocalModel.load(base.simulator_model_path())

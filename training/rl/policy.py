@@ -5,7 +5,7 @@ trainable. Its reference for the KL term is the same model with the adapter disa
 a frozen copy of the base (full), so LoRA runs never hold a second model. Under FSDP a full
 Policy's reference copy is sharded too and gathered, on its own, for the reference passes.
 
-Under FSDP (training/distributed.py) a Policy's `model` stays the unwrapped model, whose weights
+Under FSDP (training/rl/distributed.py) a Policy's `model` stays the unwrapped model, whose weights
 are then shards: what uses it directly (sampling, the reference pass, evaluation, saving and
 loading weights) runs inside `gathered()`, entered by every rank together; the update's own
 passes go through the FSDP wrapper (`sharded`). Gathering holds the whole model on each rank
@@ -33,11 +33,11 @@ from transformers import (
     LogitsProcessorList,
 )
 
-from training.choices import Choices, choice_logprobs
 from training.config import LoraSpec, RunConfig
-from training.distributed import full_weights
-from training.grpo import TokenBatch, token_logprobs, update
-from training.tokens import ChatFormat, Transcript
+from training.rl.choices import Choices, choice_logprobs
+from training.rl.distributed import full_weights
+from training.rl.grpo import TokenBatch, token_logprobs, update
+from training.rl.tokens import ChatFormat, Transcript
 
 FSDP_PREFIX = "_fsdp_wrapped_module."  # in parameter names under FSDP's per-layer units
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -155,7 +155,7 @@ class LocalModel:
     def choice_probs(
         self, prompts: list[list[int]], texts: list[str], temperature: float
     ) -> tuple[Choices, list[list[float]]]:
-        """Each prompt's exact distribution over the allowed texts (training/choices.py).
+        """Each prompt's exact distribution over the allowed texts (training/rl/choices.py).
         Identical prompts are computed once; a frozen model remembers what it computed."""
         choices = self.choices(texts)
         keys = [(tuple(p), choices.ids[0][-1], tuple(texts), temperature) for p in prompts]

@@ -1,7 +1,7 @@
 """GRPO: group-relative advantages, the clipped token-level loss, and one policy update.
 
 Shapes: B sequences of T tokens. `mask[b, t]` is 1 where token t of sequence b was sampled by the
-model being trained (see training/tokens.py), so every sum below runs over those tokens only.
+model being trained (see training/rl/tokens.py), so every sum below runs over those tokens only.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
 from agents.serving.kvcache import cache_arg, cache_of
-from training.distributed import Ranks, full_weights
+from training.rl.distributed import Ranks, full_weights
 
 STD_EPS = 1e-4
 
@@ -108,7 +108,7 @@ def grpo_loss(
 class TokenBatch:
     """Right-padded training sequences. mask marks the tokens to train on (policy tokens);
     `allowed[b]` maps a token index of row b to the token ids its sampling was restricted to
-    (choice turns, training/choices.py), so the loss uses the distribution that was sampled."""
+    (choice turns, training/rl/choices.py), so the loss uses the distribution that was sampled."""
 
     ids: torch.Tensor  # [B, T] long
     attention: torch.Tensor  # [B, T] long
@@ -273,14 +273,14 @@ def update(
     batch = batch.select(order)
     adv, n_live = adv[order], int(live.sum())
     chunks = [(i, min(i + micro_batch, n_live)) for i in range(0, n_live, micro_batch)]
-    # Data-parallel (`ranks`, training/distributed.py): each rank holds its own tasks' rows. The
+    # Data-parallel (`ranks`, training/rl/distributed.py): each rank holds its own tasks' rows. The
     # loss is a token mean over the GLOBAL batch, so every rank divides by the token count summed
     # over all ranks, and the gradients are then summed (not averaged as DDP does): sum over
     # ranks of (rank's token sum / global tokens) is exactly the 1-process loss over the whole
     # batch. Whether to step at all is decided on the global count of live rows, so every rank
     # steps (or skips) together and the weights stay identical.
     #
-    # FSDP (`model` an FSDP wrapper, training/distributed.py): every pass through the wrapper is
+    # FSDP (`model` an FSDP wrapper, training/rl/distributed.py): every pass through the wrapper is
     # a collective, so every rank makes the same passes: the gradient-free ones (old, reference,
     # idle rows) run on the full weights gathered once, without collectives, and the ranks agree
     # on the number of micro-batches, a rank with fewer making zero-weight passes. FSDP averages

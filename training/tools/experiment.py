@@ -1,7 +1,7 @@
 """`python -m training experiment collapse`: the simulator-collapse mechanism, reproduced.
 
 One base config (training/configs/experiments/collapse.toml) is trained once per regime and seed
-with the real trainer (training/run.py: GRPO, the regime's simulator step, the pool, the held-out
+with the real trainer (training/trainer/loop.py: GRPO, the regime's simulator step, the pool, the held-out
 panel), `jobs` runs at a time, each in its own process on one thread. Every run resumes from its
 last checkpoint, so running the command again finishes an interrupted experiment; finished runs
 are only read. Then DIR/results.json, DIR/results.md and the plots are written from the runs'
@@ -29,7 +29,7 @@ from typing import Any
 
 from training.config import REGIMES, RunConfig, load_config
 
-CONFIGS = Path(__file__).parent / "configs" / "experiments"
+CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "experiments"
 EXPERIMENTS = {"collapse": CONFIGS / "collapse.toml"}
 # longest first, so that the runs pack onto the workers
 ORDER = ("verbalized", "population", "cotrain", "single")
@@ -57,7 +57,7 @@ def regime_config(
 
 
 def _train(config: dict[str, Any]) -> str:
-    from training.run import train
+    from training.trainer.loop import train
 
     train(RunConfig.from_dict(config), show_progress=False)
     return config["name"]
@@ -124,7 +124,7 @@ def provenance(config: dict[str, Any]) -> dict[str, Any]:
     import hashlib
     import subprocess
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
 
     def git(*args: str) -> str:
         try:
@@ -194,11 +194,11 @@ def final_simulator(config: RunConfig) -> dict[str, float] | None:
     co-trained simulator of the last checkpoint (a frozen one never changes: exploit.json).
     Says whether co-training made the exploit less rewarding than the other asks."""
     from agents.domains import get_domain
-    from training.checkpoint import list_checkpoints
-    from training.collapse import simulator_exploit
-    from training.policy import LocalModel
-    from training.run import select_tasks
-    from training.simulator import LocalUser
+    from training.measures.collapse import simulator_exploit
+    from training.rl.policy import LocalModel
+    from training.rollouts.simulator import LocalUser
+    from training.trainer.checkpoint import list_checkpoints
+    from training.trainer.loop import select_tasks
 
     run_dir = config.run_dir()
     if config.simulator.kind == "verbalized":
@@ -348,7 +348,7 @@ def plot(results: dict[str, Any], out: Path) -> None:
 
 
 def _finished(config: RunConfig) -> bool:
-    from training.checkpoint import list_checkpoints, read_manifest
+    from training.trainer.checkpoint import list_checkpoints, read_manifest
 
     saved = list_checkpoints(config.run_dir())
     return bool(saved) and read_manifest(saved[-1])["step"] >= config.steps

@@ -9,11 +9,11 @@
     agent/distinct_1, agent/distinct_2   the same over the agent's turns
 
 The agent's entropy is the GRPO step's `entropy` (token entropy of its sampled tokens,
-training/grpo.py), not computed again here.
+training/rl/grpo.py), not computed again here.
 
 A token is a word: the text lowercased, split into runs of letters, digits and apostrophes
 (punctuation dropped), so "Hi, there!" and "hi there" are the same two tokens. n-grams do not
-cross turns. Unlike training/collapse.py these need no choice turns: they hold for free text on
+cross turns. Unlike training/measures/collapse.py these need no choice turns: they hold for free text on
 any Domain (on a choice turn the user's reply is one of a few fixed texts, so they count which
 ones were used; sim/decision_entropy there is the exact measure).
 """

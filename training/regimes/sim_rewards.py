@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import torch
 
-from training.grpo import group_advantages
+from training.rl.grpo import group_advantages
 
 # The release's curriculum (CHATS-lab/scope_usim usim/slime/tau2_cotrain_rollout.py,
 # _variance_curriculum_reward and _apply_user_curriculum_reward, commit

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from training.agent import agent_tool_format
+from training.rollouts.agent import agent_tool_format
 
 CHECKPOINTS = "checkpoints"
 MANIFEST = "manifest.json"

@@ -1,14 +1,14 @@
 """The trainer, top to bottom: rollouts, GRPO step, the regime's own step, evaluation, checkpoint.
 
     from training.config import load_config
-    from training.run import train
+    from training.trainer.loop import train
     checkpoints = train(load_config("training/configs/p4g-single-cpu.toml"), progress_callback=print)
 
 Running it again with the same output folder resumes from the last checkpoint.
 `progress_callback` gets a dict after every step:
     {"step", "total_steps", "reward", "heldout_success", "eta_seconds", "metrics", "checkpoint",
      "warnings"}
-`warnings` lists the run's collapse warnings so far (training/diversity.py), each printed once
+`warnings` lists the run's collapse warnings so far (training/measures/diversity.py), each printed once
 when its threshold is first crossed. `within_step` gets, while a step runs (rank 0), the last
 step's dict with `current`: {"step", "phase": rollouts | update | evaluation, "rollouts_done",
 "rollouts_total"} (rank 0's share of the step's rollouts), so a long step shows it is moving.
@@ -30,23 +30,23 @@ import torch
 from tqdm import tqdm
 
 from agents.domains.base import Domain, Scenario
-from training import checkpoint
-from training.agent import EndpointAgent, LocalAgent, agent_tool_format
-from training.collapse import (
+from training.config import RunConfig, TaskSpec
+from training.measures.collapse import (
     load_or_find_exploit,
     mixture_exploit,
     simulator_exploit,
     step_metrics,
 )
-from training.config import RunConfig, TaskSpec
-from training.distributed import Ranks
-from training.diversity import Embedder, Warnings, step_diversity
-from training.eval import HeldOutPanel
-from training.grpo import group_advantages
-from training.metrics import MetricsLog, plot
-from training.policy import Policy
-from training.regimes import ModelCache, frozen_simulator, make_regime
-from training.rollout import play
+from training.measures.diversity import Embedder, Warnings, step_diversity
+from training.measures.held_out import HeldOutPanel
+from training.measures.metrics import MetricsLog, plot
+from training.regimes.regime import ModelCache, frozen_simulator, make_regime
+from training.rl.distributed import Ranks
+from training.rl.grpo import group_advantages
+from training.rl.policy import Policy
+from training.rollouts.agent import EndpointAgent, LocalAgent, agent_tool_format
+from training.rollouts.rollout import play
+from training.trainer import checkpoint
 
 Progress = Callable[[dict[str, Any]], None]
 
@@ -111,7 +111,7 @@ def _train(
         (run_dir / "config.json").write_text(_json(config.to_dict()))
     # the optimizers' rates as set (LoRA scales them: lora.lr_scale), in every metrics row
     rates = {"lr": config.agent_lr} | ({"sim/lr": config.sim_lr} if config.trains_simulator else {})
-    # the frozen simulator's dominant mode, where the task makes it exact (training/collapse.py):
+    # the frozen simulator's dominant mode, where the task makes it exact (training/measures/collapse.py):
     # the training simulator as it starts, plain (a Verbalized one's underlying model); an
     # Ensemble's is that of the even mixture of its members, which the rotation makes it
     base_users = [

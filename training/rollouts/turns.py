@@ -1,5 +1,5 @@
 """A model in this process takes its turn: free text sampled, or on a choice turn (a Domain
-fixes the allowed texts) one text drawn from its exact distribution (training/choices.py) and
+fixes the allowed texts) one text drawn from its exact distribution (training/rl/choices.py) and
 recorded on the rollout as a Decision. The agent and a simulator in this process both speak so.
 """
 
@@ -9,8 +9,8 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from training.policy import LocalModel
-from training.rollout import Decision, Rollout, sample_index
+from training.rl.policy import LocalModel
+from training.rollouts.rollout import Decision, Rollout, sample_index
 
 
 def speak(

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.domains.base import Domain, Scenario
-from training.rollout import AGENT, USER, Rollout
+from training.rollouts.rollout import AGENT, USER, Rollout
 
 EXPLOIT_TOLERANCE = 0.02  # reward units: asks this close to the best count as the exploit
 EXPLOIT_FILE = "exploit.json"

@@ -21,11 +21,11 @@ from agents.llm.native_tools import (
 )
 from agents.llm.tool_format import messages_for_json_tools, parse_tool_calls
 from training.config import ConfigError
-from training.endpoint import ServedAdapter
-from training.policy import LocalModel
-from training.rollout import AGENT, Rollout
-from training.tokens import ChatFormat
-from training.turns import speak
+from training.rl.policy import LocalModel
+from training.rl.tokens import ChatFormat
+from training.rollouts.rollout import AGENT, Rollout
+from training.rollouts.served import ServedAdapter
+from training.rollouts.turns import speak
 
 
 def agent_tool_format(tool_format: str, lm: LocalModel) -> str:
@@ -101,7 +101,7 @@ class LocalAgent:
 
 class EndpointAgent(ServedAdapter):
     """The agent's turns sampled by a vLLM server from this process's token ids, from the
-    adapter the trainer publishes before each step (training/endpoint.py's ServedAdapter)."""
+    adapter the trainer publishes before each step (training/rollouts/served.py's ServedAdapter)."""
 
     role = AGENT
     tool_format = "json"  # "json" | "native": agent_tool_format's, set by its owner

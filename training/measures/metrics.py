@@ -55,8 +55,8 @@ def _plain(value: Any) -> Any:
 
 def plot(rows: list[dict[str, Any]], folder: Path) -> list[Path]:
     """train_reward.png, heldout_success.png (one line per held-out simulator), entropy.png,
-    collapse.png (training/collapse.py's measures, where the task has them) and diversity.png
-    (training/diversity.py's: the replies' distinct-n, the top opening's share)."""
+    collapse.png (training/measures/collapse.py's measures, where the task has them) and diversity.png
+    (training/measures/diversity.py's: the replies' distinct-n, the top opening's share)."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -3,10 +3,10 @@
 `play` runs a batch of conversations in lockstep: every conversation waiting for the agent gets
 its next turn from one batched call, then every one waiting for the user likewise. The Domain
 decides when a conversation is over and scores it. Who speaks is a Speaker: the agent
-(training/agent.py: in this process or on a vLLM server, its tool calls run by the Domain) and
-the user (training/simulator.py: a simulator in this process, scripted, or on an endpoint).
+(training/rollouts/agent.py: in this process or on a vLLM server, its tool calls run by the Domain) and
+the user (training/rollouts/simulator.py: a simulator in this process, scripted, or on an endpoint).
 
-Speakers in this process keep a Transcript per conversation (training/tokens.py). The agent's is
+Speakers in this process keep a Transcript per conversation (training/rl/tokens.py). The agent's is
 always tracked (its sampled ids are recorded and trained on); a trained simulator's too. A frozen
 simulator is untracked: its history is the text it said, as with a simulator on an endpoint.
 """
@@ -21,8 +21,8 @@ from typing import Any, Protocol
 import torch
 
 from agents.domains.base import Domain, Message, Outcome, Scenario, count_turns
-from training.choices import entropy
-from training.tokens import Transcript
+from training.rl.choices import entropy
+from training.rl.tokens import Transcript
 
 AGENT, USER = "agent", "user"
 
@@ -137,7 +137,7 @@ def play(
     With `redraw`, a conversation that ended on a user choice turn is also scored with that
     choice drawn a second time from the same distribution (`redraw_reward`): two simulator
     draws per agent message, which split the reward's variance into the simulator's part and
-    the agent's (training/collapse.py). `on_finished` gets the count of conversations that
+    the agent's (training/measures/collapse.py). `on_finished` gets the count of conversations that
     have ended each time it grows (the run page's progress within a step)."""
     max_turns = min(max_turns, domain.max_turns)
     rollouts = [Rollout.begin(domain, s) for s in scenarios]

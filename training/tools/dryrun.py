@@ -262,7 +262,7 @@ def memory(config: RunConfig, sequence: int | None = None) -> dict[str, Any]:
 
 def _root_and_layer(arch: Architecture) -> int:
     """FSDP's largest gathered units at once: the root (embeddings, output head, final norm)
-    and one decoder layer (training/distributed.py: a unit per decoder layer)."""
+    and one decoder layer (training/rl/distributed.py: a unit per decoder layer)."""
     root = arch.vocab * arch.hidden * (1 if arch.tied else 2) + arch.hidden
     return root + (arch.parameters() - root) // arch.layers
 
@@ -476,7 +476,7 @@ def endpoint_simulators(config: RunConfig) -> list[tuple[str, SimulatorSpec]]:
 
 
 def check_request(role: str, spec: SimulatorSpec, timeout: float) -> Check:
-    """One chat request to an endpoint simulator, shaped as its turns are (training/simulator.py
+    """One chat request to an endpoint simulator, shaped as its turns are (training/rollouts/simulator.py
     EndpointUser: the same client, provider and parameters), and what came back."""
     import asyncio
 

@@ -13,7 +13,7 @@ than an earlier one (Qwen3's thinking templates give the last one an empty `<thi
 the user turn is there because some templates refuse a conversation without one (Qwen3.5's
 "No user query found in messages").
 
-Tools (training/agent.py): in the JSON format they are text in the system message; in a
+Tools (training/rollouts/agent.py): in the JSON format they are text in the system message; in a
 template's native format (Qwen3's) the opening is rendered with `tools=`, so the system turn
 carries them as the template writes them, and tool results enter as the template's `tool` role.
 The agent's tool-call turn is its sampled ids like any other turn: they are the template's own

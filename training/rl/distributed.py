@@ -12,7 +12,7 @@ With `distributed.strategy = "fsdp"` (and more than one rank) each trained model
 torch FSDP (FULL_SHARD, a unit per decoder layer, use_orig_params so a frozen base and its LoRA
 share one): every
 forward pass through the wrapper is then a collective, so the trainer keeps the ranks in
-lockstep (see `Ranks.shard`, grpo.update and `gathered` in training/policy.py).
+lockstep (see `Ranks.shard`, grpo.update and `gathered` in training/rl/policy.py).
 
 A rank that raises writes its traceback to <run>/failures/rank-K.txt before it dies; the
 launcher then stops the other ranks, and whoever started the launcher (the CLI user, the

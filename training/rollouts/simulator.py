@@ -25,10 +25,10 @@ from agents.simulators import (
 )
 from agents.simulators.scripted import ScriptedPersuadee
 from training.config import SimulatorSpec
-from training.endpoint import Endpoint, ServedAdapter
-from training.policy import LocalModel
-from training.rollout import USER, Decision, Rollout
-from training.turns import speak
+from training.rl.policy import LocalModel
+from training.rollouts.rollout import USER, Decision, Rollout
+from training.rollouts.served import Endpoint, ServedAdapter
+from training.rollouts.turns import speak
 
 
 def user_messages(system_prompt: str, rollout: Rollout) -> list[Message]:
@@ -169,7 +169,7 @@ class LocalUser:
 
 class ServedUser(LocalUser):
     """A co-trained simulator whose free-text turns a vLLM server samples from its adapter, as
-    the agent's are (training/endpoint.py's ServedAdapter: token-id prompts, the exact sampled
+    the agent's are (training/rollouts/served.py's ServedAdapter: token-id prompts, the exact sampled
     ids back, the adapter published after each update). Its choice turns are drawn in this
     process from their exact distribution: the trained weights are here anyway for the update,
     and the loss needs that distribution's restriction."""
@@ -222,7 +222,7 @@ def candidate_chars(max_new_tokens: int, k: int) -> int:
 class EndpointUser:
     """A frozen simulator served over the OpenAI API (another model, a hosted API, vLLM), through
     agents.simulators and agents.llm. Its turns are not trained, so only text comes back. One
-    client serves every turn of the run (training/endpoint.py)."""
+    client serves every turn of the run (training/rollouts/served.py)."""
 
     role = USER
 

@@ -75,8 +75,8 @@ class ServedAdapter:
     `return_token_ids` (LLMClient.complete). After each update its owner calls `publish`: the
     adapter is saved and loaded with `/v1/load_lora_adapter` (vLLM needs --enable-lora,
     VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and the folder on a filesystem it sees). One client
-    serves every load and turn of the run. The agent (training/agent.py) and a co-trained
-    simulator (training/simulator.py) sample so."""
+    serves every load and turn of the run. The agent (training/rollouts/agent.py) and a co-trained
+    simulator (training/rollouts/simulator.py) sample so."""
 
     def __init__(
         self,
@@ -94,7 +94,7 @@ class ServedAdapter:
     def publish(self, policy: Any, folder: Path, name: str, ranks: Any = None) -> None:
         """The adapter as `policy` holds it now, saved under `folder` and served as `name`;
         the previous one is unloaded and its folder (a sibling of `folder`) deleted. With
-        several ranks (training.distributed.Ranks) rank 0 alone saves and loads it, and the
+        several ranks (training.rl.distributed.Ranks) rank 0 alone saves and loads it, and the
         others then sample from it by name: loading it again would unload it under rank 0."""
         if ranks is None or ranks.main:
             policy.save(folder)

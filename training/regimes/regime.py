@@ -10,7 +10,7 @@
     cotrain      the simulator is a LoRA (finetune = "full": every weight) on its own model
                  (simulator.model, default the agent's base) taking its own GRPO step on its own
                  tokens, with its own learning rate (sim_lr) and KL weight to that model
-                 (simulator_beta), rewarded as simulator_reward says (training/sim_rewards.py; by
+                 (simulator_beta), rewarded as simulator_reward says (training/regimes/sim_rewards.py; by
                  default the Domain's: P4G 1 - the agent's reward, tau2 the curriculum reward)
     population   cotrain, and the agent also meets a FIFO pool of the simulator's last K snapshots
                  (saved every S steps). Draw per rollout: in each task's group, the first
@@ -23,7 +23,7 @@ A regime (`Regime`) owns its simulator models; the trainer asks it for the simul
 (a context manager, so a pool snapshot can be swapped in and out), lets it learn after the
 agent's step and adds its `metrics` of the step's rollouts to the step's row.
 
-Data-parallel (training/distributed.py), a learning simulator learns like the agent: each rank
+Data-parallel (training/rl/distributed.py), a learning simulator learns like the agent: each rank
 passes `learn` the rollouts of its own share of the step's tasks, the loss is normalised by the
 global token count and the gradients are summed over the ranks, so every rank's copy of the
 simulator stays identical. Rank 0 alone writes the pool (snapshots and manifest); the other
@@ -41,12 +41,12 @@ from typing import Any
 import torch
 
 from training.config import RunConfig, SimulatorSpec
-from training.distributed import Ranks
-from training.policy import LocalModel, Policy
-from training.pool import SimulatorPool
-from training.rollout import Rollout
-from training.sim_rewards import group_variance, simulator_advantages
-from training.simulator import EndpointUser, LocalUser, ScriptedUser, ServedUser
+from training.regimes.pool import SimulatorPool
+from training.regimes.sim_rewards import group_variance, simulator_advantages
+from training.rl.distributed import Ranks
+from training.rl.policy import LocalModel, Policy
+from training.rollouts.rollout import Rollout
+from training.rollouts.simulator import EndpointUser, LocalUser, ScriptedUser, ServedUser
 
 
 class ModelCache:

@@ -1,7 +1,7 @@
 """Imitation: a user simulator fine-tuned on what real people wrote (supervised LoRA).
 
 Each finished conversation of a study becomes one token sequence as the in-process plain
-simulator would have seen it (training/simulator.py: the Domain's simulator prompt for that
+simulator would have seen it (training/rollouts/simulator.py: the Domain's simulator prompt for that
 scenario, the agent's messages as "user" turns), with the person's own messages where the
 simulator's replies would be. Only those tokens (and the end-of-turn token after each) are
 trained on, mask 1; everything else is context, mask 0. One sequence per conversation trains
@@ -9,7 +9,7 @@ every turn given the conversation so far, as one sequence per turn would (causal
 
     loss = - sum_t mask_t * log p(token_t | tokens_<t) / sum_t mask_t
 
-The model, its LoRA adapter and the optimizer are the trainer's (training/policy.py), the
+The model, its LoRA adapter and the optimizer are the trainer's (training/rl/policy.py), the
 log-probs its `token_logprobs`. The result is a simulator checkpoint folder (adapter +
 manifest.json, kind "simulator") that a run's [simulator] or [[heldout]] table names by its
 folder or, once registered, by its name (`adapter = "<name>"`), and that the embedded engine
@@ -34,13 +34,13 @@ import torch
 
 from agents.domains import get_domain
 from agents.domains.base import Domain, Message, Scenario
-from training.checkpoint import MANIFEST, PARTIAL
 from training.config import LoraSpec
-from training.grpo import TokenBatch, token_logprobs
-from training.policy import LocalModel, Policy
-from training.rollout import Rollout
-from training.simulator import user_messages, with_persona
-from training.tokens import Transcript
+from training.rl.grpo import TokenBatch, token_logprobs
+from training.rl.policy import LocalModel, Policy
+from training.rl.tokens import Transcript
+from training.rollouts.rollout import Rollout
+from training.rollouts.simulator import user_messages, with_persona
+from training.trainer.checkpoint import MANIFEST, PARTIAL
 
 KIND = "simulator"
 REGIME = "imitation"  # what the manifest's regime says: learnt from people, not by RL

@@ -10,12 +10,12 @@ from typing import Any
 import torch
 
 from agents.domains.base import Domain, Scenario
-from training.agent import LocalAgent, agent_tool_format
 from training.config import RunConfig
-from training.grpo import TokenBatch, token_logprobs
-from training.policy import LocalModel
-from training.regimes import ModelCache, frozen_simulator
-from training.rollout import Rollout, play
+from training.regimes.regime import ModelCache, frozen_simulator
+from training.rl.grpo import TokenBatch, token_logprobs
+from training.rl.policy import LocalModel
+from training.rollouts.agent import LocalAgent, agent_tool_format
+from training.rollouts.rollout import Rollout, play
 
 
 class HeldOutPanel:

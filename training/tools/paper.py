@@ -20,7 +20,7 @@ RELEASE = "CHATS-lab/scope_usim"
 RELEASE_COMMIT = "1470e27a7c026b22cbd28031f6f865689990cedc"
 EVAL_COMMIT = "6218b97532dd1c726746840486ef31801ce110e8"
 LOOP_COMMIT = "0a0747d97c3cb711f27e35d77398a7ae017e97a2"  # usim/slime/cotrain_loop.py
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "training" / "configs" / "paper"
 ACCELERATE = "training/accelerate/one_node_8gpu_fsdp.yaml"
 DOMAINS = ("p4g", "retail", "airline")
@@ -42,7 +42,7 @@ SHARED = (
     "Held-out panel: the release's 6-model panel includes the run's training simulator(s);"
     " parley keeps them, marked `seen = true`, so heldout/success and heldout/reward are the"
     " release's whole-panel means, and adds heldout/unseen_* over the members the agent never"
-    " met (training/eval.py).",
+    " met (training/measures/held_out.py).",
     "Held-out sampling: the release evaluates at temperature 0.7, top_p 0.95 for agent and"
     " users (eval_configs/*_6model.yaml); parley's agent samples at `temperature` (0.7) with"
     " top_p 1, the panel's users at their SimulatorSpec temperature and top_p (0.7, 0.95).",
@@ -123,7 +123,7 @@ _OWN: dict[str, tuple[str, ...]] = {
     "base": (
         "The release measures Base as the evaluation at rollout 0 of a 1000-rollout training job"
         " stopped by hand (--eval-interval 1 without --skip-eval-before-train); parley's"
-        " `steps = 0` evaluates the starting policy on the panel and stops (training/run.py).",
+        " `steps = 0` evaluates the starting policy on the panel and stops (training/trainer/loop.py).",
         "The base job's training simulator (gpt-5-mini) never acts before the rollout-0"
         " evaluation; the config keeps the in-process default simulator, which a base evaluation"
         " never loads, so the whole 6-model panel is held out.",
@@ -172,7 +172,7 @@ _OWN: dict[str, tuple[str, ...]] = {
         " selection, the pool seeded with the initial model, --pool-size 10, a snapshot of the"
         f" user every 16 rollouts; usim/slime/cotrain_loop.py@{LOOP_COMMIT} dual_selfplay);"
         " parley's population gives half of each group the current simulator and the other half"
-        " a uniformly drawn snapshot (training/regimes.py).",
+        " a uniformly drawn snapshot (training/regimes/regime.py).",
         "--no-agent-kl: the agent trains without KL (beta = 0); the user keeps KL 0.01"
         " (simulator_beta = 0.01), as dual_selfplay does.",
         "--trainable-role agent: dual_selfplay still trains the user's group every step on its"
@@ -270,7 +270,7 @@ def by_key() -> dict[str, Result]:
 
 def describe(result: Result) -> dict[str, Any]:
     """A result with its config's offline dry run: the command, the memory per GPU, the checks."""
-    from training.dryrun import dry_run
+    from training.tools.dryrun import dry_run
 
     run = dry_run(str(result.config), offline=True, accelerate_config=str(REPO / ACCELERATE))
     memory = run["memory"]
