@@ -30,7 +30,7 @@ from studies.participation import flow
 from studies.setup.arm_endpoints import point_arms, register_endpoint
 from tests.support.processes import ServeAgents, child_env
 from tests.support.studies import make_study, prolific
-from tests.training.conftest import LetterDomain
+from tests.support.training import LetterDomain
 from training.config import RunConfig
 from training.trainer import loop
 

@@ -12,6 +12,7 @@ import pytest
 from safetensors import safe_open
 
 from agents.serving.process import free_port
+from tests.support.processes import REPO
 from tests.support.scripted_server import ScriptedServer
 from training.__main__ import main
 from training.tools.dryrun import (
@@ -22,7 +23,6 @@ from training.tools.dryrun import (
     memory,
 )
 
-REPO = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((REPO / "training" / "configs").rglob("*.toml"))
 ACCELERATE = REPO / "training" / "accelerate"
 

@@ -346,7 +346,7 @@ def test_two_processes_share_one_served_simulator(vllm_url, base_model, tmp_path
     """Co-training on 2 processes with the simulator on vLLM: rank 0 alone saves and hot-loads
     the simulator's adapter after each update and the other rank samples it by name (both
     loading it would unload it under each other's feet); the run ends on the last one."""
-    from tests.training.test_distributed import launch
+    from tests.support.training import launch
 
     path = tmp_path / "cotrain-vllm.toml"
     path.write_text(

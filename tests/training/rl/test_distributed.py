@@ -8,23 +8,19 @@ distribution over the allowed asks and a scripted persuadee answers, so each ste
 what is compared is the distributed update itself."""
 
 import json
-import os
-import subprocess
 import tomllib
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.support.training import adapter, assert_same, launch, metrics, one_and_two
 from training.config import load_config
-from training.rl.distributed import FAIL_AT_ENV, launch_command, read_failures
-from training.tools.tiny import build_tiny_model
+from training.rl.distributed import FAIL_AT_ENV, read_failures
 from training.trainer import checkpoint
 from training.trainer.loop import train
 
-REPO = Path(__file__).resolve().parents[2]
 CONFIG = """
 name = "ddp"
 domain = "p4g-decision"
@@ -47,15 +43,6 @@ name = "steady"
 kind = "scripted"
 script = "steady"
 """
-
-
-@pytest.fixture(scope="module")
-def smooth_tiny_model(base_model, tmp_path_factory):
-    """A tiny model with the usual small initialisation: the shared fixture's large one makes
-    logits so peaked that float noise from batch shapes swamps the comparison."""
-    return build_tiny_model(
-        tmp_path_factory.mktemp("tiny-smooth"), Path(base_model), init_range=0.02
-    )
 
 
 @pytest.fixture
@@ -91,50 +78,6 @@ def cotrain_file(request, smooth_tiny_model, tmp_path):
     path = tmp_path / "cotrain.toml"
     path.write_text(COTRAIN.format(regime=regime, head=head))
     return path
-
-
-def launch(config_file, out, processes=2, env=None, timeout=600, args=()):
-    """Run the launcher; ranks that hang past `timeout` (out of lockstep under FSDP) are killed
-    with it, and the test fails."""
-    command = launch_command(config_file, processes, args=["--output-dir", str(out), *args])
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'platform'}:{REPO}", **(env or {})}
-    with subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    ) as process:
-        try:
-            stdout, stderr = process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            # the ranks run in sessions of their own (torchrun's): kill them by id, then it
-            for child in [*psutil.Process(process.pid).children(recursive=True), process]:
-                child.kill()
-            process.communicate()
-            pytest.fail(f"the ranks did not finish within {timeout} s (a hang?)")
-    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
-
-
-def adapter(out, step):
-    return load_file(checkpoint.checkpoint_dir(out, step) / "adapter_model.safetensors")
-
-
-def assert_same(a, b):
-    """Equal to float tolerance: Adam divides by sqrt(v), so an element whose gradient is ~0
-    moves by rounding noise scaled up to about lr x 1e-3 (weights are ~0.1, lr 1e-2)."""
-    assert a.keys() == b.keys()
-    for key in a:
-        torch.testing.assert_close(a[key], b[key], rtol=1e-3, atol=1e-4)
-
-
-def metrics(out):
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-def one_and_two(path, tmp_path, timeout=600):
-    """The run in this process and launched on 2, each in its own folder: (one, two)."""
-    one, two = tmp_path / "one", tmp_path / "two"
-    train(load_config(path, {"output_dir": str(one)}), show_progress=False)
-    done = launch(path, two, timeout=timeout)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return one, two
 
 
 def test_two_processes_train_the_adapter_one_process_does(config_file, tmp_path):

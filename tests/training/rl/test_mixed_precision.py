@@ -6,24 +6,14 @@ away; and a checkpoint (float32 weights) resumes exactly."""
 import json
 from pathlib import Path
 
-import pytest
 import torch
 from safetensors.torch import load_file
 
 from training.config import RunConfig
 from training.rl.grpo import TokenBatch, update
 from training.rl.policy import Policy
-from training.tools.tiny import build_tiny_model
 from training.trainer import checkpoint
 from training.trainer.loop import train
-
-
-@pytest.fixture(scope="module")
-def smooth_tiny_model(base_model, tmp_path_factory):
-    """Llama's usual small initialisation (0.02), at which bf16's spacing hides steps of 1e-6."""
-    return build_tiny_model(
-        tmp_path_factory.mktemp("tiny-mixed"), Path(base_model), init_range=0.02
-    )
 
 
 def batch(policy):

@@ -11,13 +11,7 @@ from agents.domains import get_domain
 from agents.domains.tau2.prompts import PERSONA_GUIDELINES
 from agents.simulators.scripted import REMARKS
 from tests.support.scripted_server import ScriptedServer
-from tests.training.test_distributed import (  # the 1-vs-2-process helpers, and their model
-    adapter,
-    assert_same,
-    metrics,
-    one_and_two,
-    smooth_tiny_model,  # noqa: F401, F811 (a fixture)
-)
+from tests.support.training import adapter, assert_same, metrics, one_and_two
 from training.config import REGIMES, ConfigError, RunConfig
 from training.measures.collapse import mixture_exploit
 from training.regimes.regime import ModelCache, make_regime
