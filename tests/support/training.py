@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from agents.domains.base import Domain, Message, Outcome, Scenario
+from tests.support.dying_rank import DIE_AT, with_dying_rank
 from tests.support.processes import REPO
 from training.config import load_config
 from training.rl.distributed import launch_command
@@ -88,11 +89,14 @@ class LetterDomain(Domain):
         return Outcome(reward=share, success=share > 0.2, details={"end_reason": end_reason})
 
 
-def launch(config_file, out, processes=2, env=None, timeout=600, args=()):
+def launch(config_file, out, processes=2, env=None, timeout=600, args=(), die_at=None):
     """Run the launcher; ranks that hang past `timeout` (out of lockstep under FSDP) are killed
-    with it, and the test fails."""
+    with it, and the test fails. `die_at` ("RANK:STEP"): that rank dies at the end of that step
+    (tests/support/dying_rank.py)."""
     command = launch_command(config_file, processes, args=["--output-dir", str(out), *args])
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'platform'}:{REPO}", **(env or {})}
+    if die_at:
+        command, env[DIE_AT] = with_dying_rank(command), die_at
     with subprocess.Popen(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     ) as process:

@@ -32,16 +32,8 @@ from typing import Any, TypeVar
 import torch
 
 FAILURES = "failures"
-# Tests only: "RANK:STEP" makes that rank raise at the end of that step, once the update is
-# done and rank 0 is writing the checkpoint (a process dying mid-run), so the clean failure, the
-# checkpoint barrier and the resume are checked end to end.
-FAIL_AT_ENV = "PARLEY_TRAIN_FAIL_AT"
 
 T = TypeVar("T")
-
-
-class InjectedFailure(RuntimeError):
-    pass
 
 
 class PeerLost(RuntimeError):
@@ -190,11 +182,6 @@ class Ranks:
     def barrier(self) -> None:
         if self.world > 1:
             _collective(torch.distributed.barrier)
-
-    def check_injected_failure(self, step: int) -> None:
-        wanted = os.environ.get(FAIL_AT_ENV, "")
-        if wanted and wanted == f"{self.rank}:{step}":
-            raise InjectedFailure(f"{FAIL_AT_ENV}={wanted}: rank {self.rank} dies at step {step}")
 
     def record_failure(self, run_dir: Path, exc: BaseException) -> None:
         """Write the exception being handled to <run>/failures/rank-K.txt (rank-K.stopped.txt

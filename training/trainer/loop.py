@@ -1,4 +1,6 @@
 """The trainer, top to bottom: rollouts, GRPO step, the regime's own step, evaluation, checkpoint.
+`_train` builds the run once and loops: `train_step` (every rank) returns the step's metrics row,
+and a RunWriter (training/trainer/writer.py) writes it, checkpoints and reports progress (rank 0).
 
     from training.config import load_config
     from training.trainer.loop import train
@@ -8,8 +10,8 @@ Running it again with the same output folder resumes from the last checkpoint.
 `progress_callback` gets a dict after every step:
     {"step", "total_steps", "reward", "heldout_success", "eta_seconds", "metrics", "checkpoint",
      "warnings"}
-`warnings` lists the run's collapse warnings so far (training/measures/diversity.py), each printed once
-when its threshold is first crossed. `within_step` gets, while a step runs (rank 0), the last
+`warnings` lists the run's collapse warnings so far (training/measures/diversity.py), each
+printed once when its threshold is first crossed. `within_step` gets, while a step runs (rank 0), the last
 step's dict with `current`: {"step", "phase": rollouts | update | evaluation, "rollouts_done",
 "rollouts_total"} (rank 0's share of the step's rollouts), so a long step shows it is moving.
 """
@@ -17,17 +19,15 @@ step's dict with `current`: {"step", "phase": rollouts | update | evaluation, "r
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 import statistics
-import sys
 import time
-from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from agents.domains.base import Domain, Scenario
 from training.config import RunConfig, TaskSpec
@@ -37,18 +37,17 @@ from training.measures.collapse import (
     simulator_exploit,
     step_metrics,
 )
-from training.measures.diversity import Embedder, Warnings, step_diversity
+from training.measures.diversity import Embedder, step_diversity
 from training.measures.held_out import HeldOutPanel
-from training.measures.metrics import MetricsLog, plot
+from training.measures.metrics import MetricsLog
 from training.regimes.regime import ModelCache, frozen_simulator, make_regime
 from training.rl.distributed import Ranks
 from training.rl.grpo import group_advantages
 from training.rl.policy import Policy
 from training.rollouts.agent import EndpointAgent, LocalAgent, agent_tool_format
-from training.rollouts.rollout import play
+from training.rollouts.rollout import Rollout, play
 from training.trainer import checkpoint
-
-Progress = Callable[[dict[str, Any]], None]
+from training.trainer.writer import Phase, Progress, RunWriter, due
 
 
 def train(
@@ -79,6 +78,24 @@ def train(
         ranks.close()
 
 
+@dataclasses.dataclass
+class Run:
+    """What every step of a run uses, built once by _train."""
+
+    config: RunConfig
+    run_dir: Path
+    domain: Domain
+    tasks: list[Scenario]  # the training scenarios
+    agent: Policy
+    speaker: LocalAgent | EndpointAgent
+    regime: Any
+    panel: HeldOutPanel
+    ranks: Ranks
+    exploit: Any  # the frozen simulator's dominant mode, where the task makes it exact
+    embed: Embedder | None  # rank 0's reply embedder for the step's diversity
+    optimizer_steps: int = 0  # so far: 0 means the adapter is still the base
+
+
 def _train(
     config: RunConfig,
     progress_callback: Progress | None,
@@ -104,159 +121,127 @@ def _train(
     # every rank loads the same global checkpoint (adapter, optimizer, RNG), so a run resumes at
     # any process count
     start = checkpoint.resume(run_dir, config, agent, regime)
-    main = ranks.main  # rank 0 alone writes the run's files
-    log = MetricsLog(run_dir / "metrics.jsonl", resume_step=start) if main else None
-    samples = MetricsLog(run_dir / "samples.jsonl", resume_step=start) if main else None
-    if main:
-        (run_dir / "config.json").write_text(_json(config.to_dict()))
+    writer = RunWriter(config, run_dir, start, ranks, agent, regime, progress_callback,
+                       within_step, show_progress)  # fmt: skip
+    exploit = _exploit(config, domain, train_tasks, models) if ranks.main else None
+    speaker = _speaker(config, agent)
+    embed = None  # rank 0 alone measures the step's diversity (every rank has the rollouts)
+    if ranks.main and config.collapse.embedding_model:
+        embed = Embedder(config.collapse.embedding_model)
+    run = Run(config, run_dir, domain, train_tasks, agent, speaker, regime, panel,
+              ranks, exploit, embed, optimizer_steps=writer.optimizer_steps)  # fmt: skip
+    writer.begin()
+    for step in range(start + 1, config.steps + 1):
+        row, rollouts = train_step(run, step, functools.partial(writer.phase, step))
+        writer.record(step, row, rollouts)
+    return writer.close()
+
+
+def train_step(run: Run, step: int, phase: Phase) -> tuple[dict[str, Any], list[Rollout]]:
+    """One step on every rank: rollouts, the agent's GRPO step, the regime's own step, the
+    held-out evaluation when due. Returns the step's metrics row and its rollouts (every rank's,
+    in task order). `phase(name, rollouts_done, rollouts_total)` says where the step is."""
+    config, agent, regime, ranks = run.config, run.agent, run.regime, run.ranks
+    t0 = time.monotonic()
+    # 1. rollouts: G conversations for each of this rank's share of the step's tasks
+    tasks = draw_tasks(run.tasks, config.batch_tasks, random.Random(f"{config.seed}-{step}"))
+    share = ranks.share(list(enumerate(tasks)))
+    total = len(share) * config.group_size
+    phase("rollouts", 0, total)
+    if config.rollout_endpoint:  # the server samples from the adapter as it is now
+        live = run.run_dir / "live" / f"step-{step - 1:06d}"
+        with agent.gathered():  # FSDP: the adapter is gathered by every rank
+            run.speaker.publish(agent, live, f"{config.name}-live-{step - 1}", ranks)
+    mine = []
+    # FSDP: the models sampling in this process do so on their full weights, gathered once
+    # for the whole phase by every rank (generation itself then makes no collectives)
+    sampling = agent.gathered() if not config.rollout_endpoint else nullcontext()
+    with sampling, regime.gathered(), regime.simulator(step) as user:
+        for index, task in share:
+            done = len(mine)
+            ended = lambda n, done=done: phase("rollouts", done + n, total)  # noqa: E731
+            mine += _play_task(config, run.domain, task, index, step, run.speaker, user, ended)
+    rewards = torch.tensor([r.reward for r in mine]).view(-1, config.group_size)
+    t_rollout = time.monotonic() - t0
+    phase("update", len(mine), total)
+
+    # 2. the agent's GRPO step on its own tokens (data-parallel: this rank's rows, the
+    # gradients summed over the ranks)
+    adv = group_advantages(rewards, config.scale_std, config.center_rewards).flatten()
+    stats = agent.learn([r.agent for r in mine], adv, config, temperature=config.temperature,
+                        beta=config.beta, ranks=ranks)  # fmt: skip
+    # 3. the regime's own step (co-training: the simulator learns on this rank's rollouts,
+    # data-parallel like the agent; population: rank 0 adds to the pool)
+    stats.update(regime.learn(step, mine))
+    rollouts = ranks.gather(mine)  # the whole step, in task order, on every rank
+    row = _row(run, step, rollouts, len(tasks), stats) | {"time_rollout": t_rollout}
+    run.optimizer_steps += int(row["optimizer_step"])
+    row["optimizer_steps"] = run.optimizer_steps
+
+    # 4. held-out evaluation every eval_every steps and at the end (rank 0, on the agent's
+    # full weights under FSDP; the others wait at the next step's first collective)
+    if run.panel and due(step, config.eval_every, config.steps):
+        phase("evaluation", len(mine), total)
+        with agent.gathered():
+            if ranks.main:
+                row.update(run.panel.evaluate(agent, step))
+    row["time_step"] = time.monotonic() - t0
+    return row, rollouts
+
+
+def _row(run: Run, step: int, rollouts: list[Rollout], tasks: int, stats: dict) -> dict:
+    """The step's metrics, before its timings and evaluation."""
+    config = run.config
+    rewards = torch.tensor([r.reward for r in rollouts]).view(tasks, config.group_size)
     # the optimizers' rates as set (LoRA scales them: lora.lr_scale), in every metrics row
     rates = {"lr": config.agent_lr} | ({"sim/lr": config.sim_lr} if config.trains_simulator else {})
-    # the frozen simulator's dominant mode, where the task makes it exact (training/measures/collapse.py):
-    # the training simulator as it starts, plain (a Verbalized one's underlying model); an
-    # Ensemble's is that of the even mixture of its members, which the rotation makes it
+    return {
+        "step": step,
+        "reward_mean": float(rewards.mean()),
+        "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+        "success": statistics.fmean(bool(r.outcome.success) for r in rollouts),
+        "turns": statistics.fmean(len(r.conversation) for r in rollouts),
+        "fallbacks": sum(r.fallbacks for r in rollouts),
+        "optimizer_step": float(stats.get("trained_sequences", 0) > 0),
+        **rates,
+        **stats,
+        **run.regime.metrics(step, rollouts),
+        **step_metrics(rollouts, run.exploit),
+        **(step_diversity([r.conversation for r in rollouts], run.embed) if run.ranks.main else {}),
+    }
+
+
+def _exploit(config: RunConfig, domain: Domain, tasks: list[Scenario], models: ModelCache):
+    """The frozen simulator's dominant mode, where the task makes it exact (training/measures/
+    collapse.py): the training simulator as it starts, plain (a Verbalized one's underlying
+    model); an Ensemble's is that of the even mixture of its members, which the rotation makes
+    it. None where it is not exact (the user speaks first, or is on an endpoint)."""
     base_users = [
         dataclasses.replace(s, kind="plain") if s.kind == "verbalized" else s
         for s in config.training_simulators()
     ]
-    exploit = None
-    if main and domain.first_speaker == "agent" and not any(s.endpoint for s in base_users):
-        exploit = load_or_find_exploit(
-            run_dir,
-            lambda: mixture_exploit(
-                [
-                    simulator_exploit(domain, train_tasks, frozen_simulator(s, models, config.seed))
-                    for s in base_users
-                ]
-            ),
-        )
+    if domain.first_speaker != "agent" or any(s.endpoint for s in base_users):
+        return None
+    return load_or_find_exploit(
+        config.run_dir(),
+        lambda: mixture_exploit(
+            [
+                simulator_exploit(domain, tasks, frozen_simulator(s, models, config.seed))
+                for s in base_users
+            ]
+        ),
+    )
 
+
+def _speaker(config: RunConfig, agent: Policy) -> LocalAgent | EndpointAgent:
+    """The agent's side of the rollouts: sampled in this process, or by a vLLM server."""
     tool_format = agent_tool_format(config.tool_format, agent)  # "json" | "native"
-    speaker = LocalAgent(agent, config.temperature, config.max_new_tokens, tool_format)
-    if config.rollout_endpoint:
-        speaker = EndpointAgent(
-            config.rollout_endpoint, agent, config.temperature, config.max_new_tokens
-        )
-        speaker.tool_format = tool_format
-    rows = log.rows() if main else []
-    warnings = Warnings(config.collapse, rows)  # a resumed run keeps the warnings it gave
-    # rank 0 alone measures the step's diversity (every rank has the gathered rollouts)
-    embed = None
-    if main and config.collapse.embedding_model:
-        embed = Embedder(config.collapse.embedding_model)
-    heldout: dict[str, float] | None = _last_heldout(rows)
-    optimizer_steps = int(sum(r.get("optimizer_step", 0) for r in rows))
-    started, saved = time.monotonic(), checkpoint.list_checkpoints(run_dir)
-    show_progress = show_progress and main
-    bar = tqdm(total=config.steps, initial=start, desc=config.name, disable=not show_progress)
-    last: dict[str, Any] = {"total_steps": config.steps}  # the last step's progress, as sent
-    for step in range(start + 1, config.steps + 1):
-        t0 = time.monotonic()
-        # 1. rollouts: G conversations for each of this rank's share of the step's tasks
-        tasks = draw_tasks(train_tasks, config.batch_tasks, random.Random(f"{config.seed}-{step}"))
-        share = ranks.share(list(enumerate(tasks)))
-        within = _within_step(within_step if main else None, last, step, share, config)
-        within("rollouts", 0)
-        if config.rollout_endpoint:  # the server samples from the adapter as it is now
-            live = run_dir / "live" / f"step-{step - 1:06d}"
-            with agent.gathered():  # FSDP: the adapter is gathered by every rank
-                speaker.publish(agent, live, f"{config.name}-live-{step - 1}", ranks)
-        mine = []
-        # FSDP: the models sampling in this process do so on their full weights, gathered once
-        # for the whole phase by every rank (generation itself then makes no collectives)
-        sampling = agent.gathered() if not config.rollout_endpoint else nullcontext()
-        with sampling, regime.gathered(), regime.simulator(step) as user:
-            for index, task in share:
-                done = len(mine)
-                ended = lambda n, done=done, within=within: within("rollouts", done + n)  # noqa: E731
-                mine += _play_task(config, domain, task, index, step, speaker, user, ended)
-        rewards = torch.tensor([r.reward for r in mine]).view(-1, config.group_size)
-        t_rollout = time.monotonic() - t0
-        within("update", len(mine))
-
-        # 2. the agent's GRPO step on its own tokens (data-parallel: this rank's rows, the
-        # gradients summed over the ranks)
-        adv = group_advantages(rewards, config.scale_std, config.center_rewards).flatten()
-        stats = agent.learn(
-            [r.agent for r in mine],
-            adv,
-            config,
-            temperature=config.temperature,
-            beta=config.beta,
-            ranks=ranks,
-        )
-        # 3. the regime's own step (co-training: the simulator learns on this rank's rollouts,
-        # data-parallel like the agent; population: rank 0 adds to the pool)
-        stats.update(regime.learn(step, mine))
-        rollouts = ranks.gather(mine)  # the whole step, in task order, on every rank
-        rewards = torch.tensor([r.reward for r in rollouts]).view(len(tasks), config.group_size)
-        row = {
-            "step": step,
-            "reward_mean": float(rewards.mean()),
-            "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
-            "success": statistics.fmean(bool(r.outcome.success) for r in rollouts),
-            "turns": statistics.fmean(len(r.conversation) for r in rollouts),
-            "fallbacks": sum(r.fallbacks for r in rollouts),
-            "optimizer_step": float(stats.get("trained_sequences", 0) > 0),
-            **rates,
-            **stats,
-            **regime.metrics(step, rollouts),
-            **step_metrics(rollouts, exploit),
-            **(step_diversity([r.conversation for r in rollouts], embed) if main else {}),
-            "time_rollout": t_rollout,
-        }
-
-        optimizer_steps += int(row["optimizer_step"])
-        row["optimizer_steps"] = optimizer_steps  # so far: 0 means the adapter is still the base
-
-        # 4. held-out evaluation every eval_every steps and at the end (rank 0, on the agent's
-        # full weights under FSDP; the others wait at the next step's first collective)
-        if panel and _due(step, config.eval_every, config.steps):
-            within("evaluation", len(mine))
-            with agent.gathered():
-                if main:
-                    heldout = panel.evaluate(agent, step)
-                    row.update(heldout)
-        row["time_step"] = time.monotonic() - t0
-        # tests: a rank dies after the step's update, as rank 0 is about to write its checkpoint
-        ranks.check_injected_failure(step)
-        if not main:
-            if _due(step, config.save_every, config.steps):  # its part of the gathering
-                checkpoint.save(run_dir, step, config, agent, regime, row, ranks=ranks)
-            continue
-        log.write(row)
-        for warning in warnings.check(row):  # once per threshold, when first crossed
-            tqdm.write(f"collapse warning: {warning['message']}", file=sys.stderr)
-        samples.write_many(
-            {"step": step, "task": r.scenario.id, "reward": r.reward, "end_reason": r.end_reason,
-             "conversation": r.conversation}
-            for r in rollouts[:: config.group_size]
-        )  # fmt: skip
-
-        # 5. checkpoint every save_every steps and at the end, with the plots beside it
-        folder = None
-        if _due(step, config.save_every, config.steps):
-            folder = checkpoint.save(run_dir, step, config, agent, regime, row, ranks=ranks)
-            saved = checkpoint.list_checkpoints(run_dir)
-            plot(log.rows(), run_dir)
-
-        bar.update(1)
-        bar.set_postfix(reward=f"{row['reward_mean']:.3f}", entropy=f"{row['entropy']:.2f}")
-        if progress_callback is not None:
-            done = step - start
-            eta = (time.monotonic() - started) / done * (config.steps - step)
-            last = {
-                "step": step,
-                "total_steps": config.steps,
-                "reward": row["reward_mean"],
-                "heldout_success": _heldout_summary(heldout),
-                "eta_seconds": eta,
-                "metrics": row,
-                "checkpoint": str(folder) if folder else None,
-                "warnings": list(warnings.seen),
-            }
-            progress_callback(last)
-    bar.close()
-    return saved
+    if not config.rollout_endpoint:
+        return LocalAgent(agent, config.temperature, config.max_new_tokens, tool_format)
+    speaker = EndpointAgent(config.rollout_endpoint, agent, config.temperature,
+                            config.max_new_tokens)  # fmt: skip
+    speaker.tool_format = tool_format
+    return speaker
 
 
 def _evaluate_start(
@@ -275,23 +260,6 @@ def _evaluate_start(
             metrics.unlink(missing_ok=True)  # evaluated again: the new figures replace the old
             MetricsLog(metrics).write(row)
     return []
-
-
-def _within_step(
-    callback: Progress | None, last: dict, step: int, share: list, config: RunConfig
-) -> Callable[[str, int], None]:
-    """Sends the last step's progress with where this step is (`current`), or nothing."""
-    total = len(share) * config.group_size
-    # the last step's checkpoint stays: a reader of the progress file may not have seen it
-    before = dict(last)
-
-    def within(phase: str, rollouts_done: int) -> None:
-        if callback is not None:
-            current = {"step": step, "phase": phase, "rollouts_done": rollouts_done,
-                       "rollouts_total": total}  # fmt: skip
-            callback({**before, "current": current})
-
-    return within
 
 
 def _play_task(config, domain, task, index, step, speaker, user, on_finished=None) -> list[Any]:
@@ -344,28 +312,6 @@ def _domain(name: str, data_dir: str) -> Domain:
     from agents.domains import get_domain
 
     return get_domain(name, data_dir or None)
-
-
-def _due(step: int, every: int, last: int) -> bool:
-    return step == last or (every > 0 and step % every == 0)
-
-
-def _last_heldout(rows: list[dict[str, Any]]) -> dict[str, float] | None:
-    for row in reversed(rows):
-        if "heldout/success" in row:
-            return {k: v for k, v in row.items() if k.startswith("heldout/")}
-    return None
-
-
-def _heldout_summary(heldout: dict[str, Any] | None) -> dict[str, float] | None:
-    """{simulator name: success rate} from the last evaluation."""
-    if not heldout:
-        return None
-    return {
-        k.split("/")[1]: v
-        for k, v in heldout.items()
-        if k.endswith("/success") and k.count("/") == 2
-    }
 
 
 def _json(data: Any) -> str:

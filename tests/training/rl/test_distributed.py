@@ -8,6 +8,7 @@ distribution over the allowed asks and a scripted persuadee answers, so each ste
 what is compared is the distributed update itself."""
 
 import json
+import os
 import tomllib
 from pathlib import Path
 
@@ -15,9 +16,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.support.training import adapter, assert_same, launch, metrics, one_and_two
+from tests.support.dying_rank import DIE_AT, with_dying_rank
+from tests.support.training import REPO, adapter, assert_same, launch, metrics, one_and_two
 from training.config import load_config
-from training.rl.distributed import FAIL_AT_ENV, read_failures
+from training.rl import distributed
+from training.rl.distributed import launch_command, read_failures
 from training.trainer import checkpoint
 from training.trainer.loop import train
 
@@ -129,7 +132,7 @@ def test_a_population_run_resumes_at_another_process_count(smooth_tiny_model, tm
     settings = COTRAIN.format(regime="population", head=head)
     path.write_text(settings.replace("pool_size = 1", "pool_size = 2"))
     out, reference = tmp_path / "run", tmp_path / "reference"
-    failed = launch(path, out, env={FAIL_AT_ENV: "1:2"})
+    failed = launch(path, out, die_at="1:2")
     assert failed.returncode != 0 and "rank 1 dies at step 2" in read_failures(out)
     assert [p.name for p in checkpoint.list_checkpoints(out)] == ["step-000001"]
 
@@ -356,7 +359,7 @@ def test_a_dead_rank_fails_the_run_cleanly_and_it_resumes(config_file, tmp_path,
     if strategy == "fsdp":  # rank 0 then waits inside FSDP's own collective (the checkpoint's)
         config_file.write_text(config_file.read_text() + FSDP)
     out = tmp_path / "run"
-    failed = launch(config_file, out, env={FAIL_AT_ENV: "1:2"})
+    failed = launch(config_file, out, die_at="1:2")
     assert failed.returncode != 0
 
     error = read_failures(out)
@@ -385,13 +388,18 @@ def test_a_training_run_launches_its_processes_and_names_the_failed_rank(
     run = TrainingRun.objects.create(
         name="ddp", domain="p4g-decision", settings=settings, processes=2
     )
-    monkeypatch.setenv(FAIL_AT_ENV, "1:2")
+    # the task's own launch, with rank 1 made to die from outside (tests/support/dying_rank.py)
+    monkeypatch.setattr(
+        distributed, "launch_command", lambda *a: with_dying_rank(launch_command(*a))
+    )
+    monkeypatch.setenv("PYTHONPATH", f"{REPO}:{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.setenv(DIE_AT, "1:2")
     assert run_training(run.pk) == TrainingRun.Status.FAILED
     run.refresh_from_db()
     assert "rank 1 failed:" in run.error and "rank 1 dies at step 2" in run.error
     assert [c.name for c in run.checkpoints.all()] == ["ddp-step1"]  # only complete ones
 
-    monkeypatch.delenv(FAIL_AT_ENV)
+    monkeypatch.delenv(DIE_AT)
     TrainingRun.objects.filter(pk=run.pk).update(status=TrainingRun.Status.QUEUED, error="")
     assert run_training(run.pk) == TrainingRun.Status.DONE  # resumes at step 2
     run.refresh_from_db()
