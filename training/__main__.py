@@ -26,21 +26,20 @@ import sys
 from agents.domains import DOMAINS
 from agents.simulators.verbalized import MODES
 from training.config import (
-    REGIMES,
-    SIMULATOR_KINDS,
     SIMULATOR_REWARDS,
     ConfigError,
     load_config,
     parse_assignment,
 )
+from training.vocabulary import Regime, SimulatorKind
 
 
 def vocabularies() -> str:
     """The names a config accepts, for the help text (read from where they are declared)."""
     return (
         f"domains: {', '.join(DOMAINS)}; "
-        f"regimes: {', '.join(f'{name} ({label})' for name, label in REGIMES.items())}; "
-        f"simulator kinds: {', '.join(SIMULATOR_KINDS)}; draw modes: {', '.join(MODES)}; "
+        f"regimes: {', '.join(f'{name} ({label})' for name, label in Regime.choices())}; "
+        f"simulator kinds: {', '.join(SimulatorKind)}; draw modes: {', '.join(MODES)}; "
         f"simulator rewards: {', '.join(SIMULATOR_REWARDS)}"
     )
 
@@ -223,7 +222,7 @@ def _collapse2(args: argparse.Namespace, argv: list[str], out) -> int:
         return 1
     print(f"report:  {out / 'results.md'}")
     for regime, block in results["regimes"].items():
-        if regime != "single":
+        if regime != Regime.SINGLE:
             print(f"{regime}: {block['verdict']}")
     return 0
 

@@ -7,6 +7,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from training.vocabulary import Regime
+
 
 def _cell(values: list[float], fmt: str = ".3f") -> str:
     if not values:
@@ -45,7 +47,7 @@ def markdown(r: dict[str, Any]) -> str:
         f"{'holds' if c1['holds'] else 'FAILS'} ({sum(c1['per_seed'])} of {len(c1['per_seed'])} "
         "seeds).",
     ]
-    for regime in ("cotrain", "population"):
+    for regime in (r.value for r in Regime if r.trains_simulator):
         block = regimes.get(regime, {}).get("C2")
         if block:
             seeds = block["per_seed"]
@@ -86,7 +88,7 @@ def markdown(r: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|",
     ]
     for regime, block in regimes.items():
-        if regime == "single":
+        if regime == Regime.SINGLE:
             continue
         paired = block.get("paired") or {}
         lines.append(

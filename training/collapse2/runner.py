@@ -25,6 +25,7 @@ from typing import Any
 
 from training.collapse2 import analysis
 from training.config import RunConfig, load_config
+from training.vocabulary import Regime, SimulatorKind
 
 HERE = Path(__file__).resolve().parent
 DESIGN = HERE / "design.toml"
@@ -69,7 +70,7 @@ def config_for(
     config = regime_config(base, regime, seed, folder, steps)
     return dataclasses.replace(
         config, name=f"collapse2-{regime}-seed{seed}", simulator_beta=sim_beta
-    ).validate()
+    )
 
 
 def base_config(flat: Path) -> RunConfig:
@@ -77,7 +78,7 @@ def base_config(flat: Path) -> RunConfig:
 
     base = load_config(RUN_CONFIG)
     simulator = dataclasses.replace(base.simulator, model=str(base_model_dir().resolve()))
-    return dataclasses.replace(base, base_model=str(flat), simulator=simulator).validate()
+    return dataclasses.replace(base, base_model=str(flat), simulator=simulator)
 
 
 # -- measurements (models loaded here; analysis.py only sees their numbers) ---------------------
@@ -105,7 +106,7 @@ def heldout_expected(
     from training.rollouts.simulator import ScriptedUser
 
     return {
-        t: simulator_exploit(domain, tasks, ScriptedUser(SimulatorSpec(name=t, kind="scripted",
+        t: simulator_exploit(domain, tasks, ScriptedUser(SimulatorSpec(name=t, kind=SimulatorKind.SCRIPTED,
                                                                        script=t)))[
             "expected_reward"
         ]
@@ -123,8 +124,8 @@ def c3_total_variations(config: RunConfig, tasks: list[Any], domain: Any) -> lis
     from training.rollouts.simulator import LocalUser
 
     lm = LocalModel.load(config.simulator_model_path())
-    plain = LocalUser(lm, dataclasses.replace(config.simulator, kind="plain"))
-    written = LocalUser(lm, dataclasses.replace(config.simulator, kind="verbalized"),
+    plain = LocalUser(lm, dataclasses.replace(config.simulator, kind=SimulatorKind.PLAIN))
+    written = LocalUser(lm, dataclasses.replace(config.simulator, kind=SimulatorKind.VERBALIZED),
                         rng=random.Random(config.seed))  # fmt: skip
     a, b = user_decisions(domain, tasks, plain), user_decisions(domain, tasks, written)
     return [
@@ -190,7 +191,7 @@ def run(
     from agents.domains import get_domain
     from agents.paths import base_model_dir
     from training.collapse2 import flat_prior
-    from training.tools.experiment import _add_runtime, provenance, train_all
+    from training.tools.experiment import ORDER, _add_runtime, provenance, train_all
     from training.trainer.loop import select_tasks
 
     design = load_design(design_path)
@@ -219,10 +220,12 @@ def run(
     train_all(pilot_runs, jobs, f"collapse2 pilot: {len(pilot_runs)} runs")
     chosen = _pilot(out, design, pilot_runs)
 
-    regimes = [r for r in design["arms"]["regimes"] if r != "verbalized" or checks["C3"]["holds"]]
+    regimes = [
+        r for r in design["arms"]["regimes"] if r != Regime.VERBALIZED or checks["C3"]["holds"]
+    ]
     runs = [
         config_for(base, regime, seed, out, chosen["simulator_beta"], steps)
-        for regime in ("verbalized", "population", "cotrain", "single")  # longest first
+        for regime in ORDER  # longest first
         if regime in regimes
         for seed in design["arms"]["seeds"]
     ]
@@ -232,8 +235,8 @@ def run(
         records.setdefault(config.regime, []).append(record(config))
     runtime = _add_runtime(out, time.monotonic() - started)
     result = analysis.analyse(records, expected, deciding, checks["C3"]["tv"])
-    if "verbalized" not in regimes:
-        result["regimes"]["verbalized"] = {"verdict": "not run",
+    if Regime.VERBALIZED not in regimes:
+        result["regimes"][Regime.VERBALIZED.value] = {"verdict": "not run",
                                            "uninformative_because": ["C3 failed: not run"]}  # fmt: skip
     # the configuration hashed without this machine's folders (flat prior, SmolLM2)
     portable = base.to_dict() | {
@@ -278,7 +281,7 @@ def _checks(out, base, domain, tasks, design, expected, deciding) -> dict[str, A
         raise DesignError(f"the deciding panel's best ask is the exploit: {best}")
     precondition = {"exploit": found["exploit"], "deciding_best": best}
     c3_tv = None
-    if "verbalized" in design["arms"]["regimes"]:
+    if Regime.VERBALIZED in design["arms"]["regimes"]:
         c3_tv = c3_total_variations(base, tasks, domain)
     checks = {
         "precondition": precondition,

@@ -19,7 +19,7 @@
                  simulator so learns every step, on its own rollouts only (a snapshot's tokens
                  came from another policy).
 
-A regime (`Regime`) owns its simulator models; the trainer asks it for the simulator of a step
+A regime (a `RegimeRun`, one class per member of training.vocabulary.Regime) owns its simulator models; the trainer asks it for the simulator of a step
 (a context manager, so a pool snapshot can be swapped in and out), lets it learn after the
 agent's step and adds its `metrics` of the step's rollouts to the step's row.
 
@@ -47,6 +47,7 @@ from training.rl.distributed import Ranks
 from training.rl.policy import LocalModel, Policy
 from training.rollouts.rollout import Rollout
 from training.rollouts.simulator import EndpointUser, LocalUser, ScriptedUser, ServedUser
+from training.vocabulary import Regime, SimulatorKind
 
 
 class ModelCache:
@@ -70,7 +71,7 @@ class ModelCache:
 def frozen_simulator(spec: SimulatorSpec, models: ModelCache, seed: int) -> Any:
     """A Speaker for a simulator that does not learn: on its endpoint, or in this process."""
     rng = random.Random(seed)
-    if spec.kind == "scripted":
+    if spec.kind == SimulatorKind.SCRIPTED:
         return ScriptedUser(spec, rng)
     if spec.endpoint:
         return EndpointUser(spec, rng)
@@ -78,7 +79,7 @@ def frozen_simulator(spec: SimulatorSpec, models: ModelCache, seed: int) -> Any:
     return LocalUser(models.get(spec.model, str(adapter or "")), spec, tracked=False, rng=rng)
 
 
-class Regime:
+class RegimeRun:
     """What every regime does: give the trainer the simulator of a step (reseeded per step)
     and, after the agent's step, let it learn; save and load its state with a checkpoint.
     A subclass sets `self.user`, the Speaker that plays the user."""
@@ -117,10 +118,10 @@ class Regime:
         pass
 
 
-class Single(Regime):
+class Single(RegimeRun):
     """One frozen simulator, the same every step."""
 
-    name = "single"
+    name = Regime.SINGLE
 
     def __init__(
         self, config: RunConfig, run_dir: Path, models: ModelCache, ranks: Ranks | None = None
@@ -134,14 +135,14 @@ class Persona(Single):
     """Single, on the simulator with its guidelines filled in (RunConfig.training_simulators):
     the prefix reaches the prompt in this process and on an endpoint (simulator.spec_prompt)."""
 
-    name = "persona"
+    name = Regime.PERSONA
 
 
 class Verbalized(Single):
-    name = "verbalized"
+    name = Regime.VERBALIZED
 
 
-class Ensemble(Regime):
+class Ensemble(RegimeRun):
     """K frozen simulators in rotation. The member of rollout `j` of the step's task `i` is
     position mod K, position = ((step - 1) * batch_tasks + i) * G + j with ensemble_draw =
     "rollout", (step - 1) * batch_tasks + i with "task". The release's rule is the first: its
@@ -153,7 +154,7 @@ class Ensemble(Regime):
     draw depends on (step, task index, rollout index) only, not on the seed or the process
     count: it is the same whichever rank plays the task."""
 
-    name = "ensemble"
+    name = Regime.ENSEMBLE
 
     def __init__(
         self, config: RunConfig, run_dir: Path, models: ModelCache, ranks: Ranks | None = None
@@ -240,8 +241,8 @@ class EnsembleUser:
                 regime.members[name].respond(domain, by_member[name])
 
 
-class CoTrain(Regime):
-    name = "cotrain"
+class CoTrain(RegimeRun):
+    name = Regime.COTRAIN
 
     def __init__(
         self, config: RunConfig, run_dir: Path, models: ModelCache, ranks: Ranks | None = None
@@ -330,7 +331,7 @@ class CoTrain(Regime):
 
 
 class Population(CoTrain):
-    name = "population"
+    name = Regime.POPULATION
 
     def __init__(
         self, config: RunConfig, run_dir: Path, models: ModelCache, ranks: Ranks | None = None
@@ -419,10 +420,12 @@ class PoolUser:
                     server.model = live
 
 
-REGIMES = {r.name: r for r in (Single, Persona, Ensemble, Verbalized, CoTrain, Population)}
+# each class names its member of the registry (training.vocabulary.Regime): the one place a
+# regime's name, label and what it trains are declared
+CLASSES = {r.name: r for r in (Single, Persona, Ensemble, Verbalized, CoTrain, Population)}
 
 
 def make_regime(
     config: RunConfig, run_dir: Path, models: ModelCache, ranks: Ranks | None = None
-) -> Regime:
-    return REGIMES[config.regime](config, run_dir, models, ranks)
+) -> RegimeRun:
+    return CLASSES[Regime(config.regime)](config, run_dir, models, ranks)

@@ -29,6 +29,7 @@ from training.rl.policy import LocalModel
 from training.rollouts.rollout import USER, Decision, Rollout
 from training.rollouts.served import Endpoint, ServedAdapter
 from training.rollouts.turns import speak
+from training.vocabulary import SimulatorKind
 
 
 def user_messages(system_prompt: str, rollout: Rollout) -> list[Message]:
@@ -70,7 +71,7 @@ class LocalUser:
         self.rng = rng or random.Random(0)
         self.sampling = (
             VerbalizedSampling(spec.k, spec.draw, spec.retries)
-            if spec.kind == "verbalized"
+            if spec.kind == SimulatorKind.VERBALIZED
             else None
         )
         self._grammars: dict[tuple[str, ...] | None, Any] = {}
@@ -242,7 +243,7 @@ class EndpointUser:
         as in this process, guidelines and persona included."""
         if self._simulator is None:
             params = self.spec.request_params()  # shaped for its provider by the client
-            if self.spec.kind == "verbalized":
+            if self.spec.kind == SimulatorKind.VERBALIZED:
                 simulator = VerbalizedSimulator(
                     client, self.spec.model, k=self.spec.k, mode=self.spec.draw,
                     retries=self.spec.retries, rng=self.rng, **params,

@@ -72,6 +72,7 @@ from pathlib import Path
 from typing import Any
 
 from training.config import ConfigError, RunConfig, SimulatorSpec, load_config
+from training.vocabulary import Regime, SimulatorKind
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 GIB = 1024**3
@@ -183,14 +184,16 @@ def sequence_length(config: RunConfig) -> int:
     # the longest reply of any simulator the agent trains against (an Ensemble has K)
     user = max(
         # the conversation keeps one of a Verbalized simulator's k candidates
-        math.ceil(s.max_new_tokens / s.k) if s.kind == "verbalized" else s.max_new_tokens
+        math.ceil(s.max_new_tokens / s.k)
+        if s.kind == SimulatorKind.VERBALIZED
+        else s.max_new_tokens
         for s in config.training_simulators()
     )
     return prompt + agent_turns * config.max_new_tokens + user_turns * user
 
 
 def _in_process(spec: SimulatorSpec) -> bool:
-    return spec.kind != "scripted" and not spec.endpoint
+    return spec.kind != SimulatorKind.SCRIPTED and not spec.endpoint
 
 
 def mixed(config: RunConfig) -> bool:
@@ -247,7 +250,8 @@ def memory(config: RunConfig, sequence: int | None = None) -> dict[str, Any]:
         out["compute_copy"] = max(unit(a) for a, _ in trainable) * b
     out["gathered"] = p_trained * w * (1 - 1 / shard)
     out["pool_swap"] = 0
-    if config.regime == "population":  # the live simulator, copied aside while a snapshot samples
+    # the live simulator, copied aside while a snapshot samples
+    if config.regime == Regime.POPULATION:
         lora = sim.lora_parameters(config.lora.r, config.lora.targets) * 4
         out["pool_swap"] = sim.parameters() * w if config.finetune == "full" else lora
         out["gathered"] += out["pool_swap"]
@@ -413,7 +417,7 @@ def endpoints(config: RunConfig) -> list[tuple[str, str, str, str]]:
         out.append(("agent sampler", config.rollout_endpoint, str(config.base_model_path()), ""))
     specs = []
     if not config.trains_simulator:
-        role = "ensemble {}" if config.regime == "ensemble" else "simulator"
+        role = "ensemble {}" if config.regime == Regime.ENSEMBLE else "simulator"
         specs = [(role.format(s.name), s) for s in config.training_simulators()]
     if config.trains_simulator and config.simulator.endpoint:  # serves its base, loads adapters
         model, key = str(config.simulator_model_path()), config.simulator.api_key_env
@@ -472,7 +476,7 @@ def endpoint_simulators(config: RunConfig) -> list[tuple[str, SimulatorSpec]]:
     """(role, spec) of every frozen simulator on an endpoint: each is sent one request."""
     specs = [] if config.trains_simulator else [("simulator", config.simulator)]
     specs += [(f"held-out {s.name}", s) for s in config.heldout]
-    return [(role, s) for role, s in specs if s.endpoint and s.kind != "scripted"]
+    return [(role, s) for role, s in specs if s.endpoint and s.kind != SimulatorKind.SCRIPTED]
 
 
 def check_request(role: str, spec: SimulatorSpec, timeout: float) -> Check:
@@ -485,7 +489,7 @@ def check_request(role: str, spec: SimulatorSpec, timeout: float) -> Check:
 
     provider = spec.provider_spec()
     params = spec.request_params()
-    if spec.kind == "verbalized":  # every Verbalized turn carries its schema
+    if spec.kind == SimulatorKind.VERBALIZED:  # every Verbalized turn carries its schema
         params["response_format"] = VerbalizedSampling(
             spec.k, spec.draw, spec.retries
         ).response_format()

@@ -27,12 +27,13 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from training.config import REGIMES, RunConfig, load_config
+from training.config import RunConfig, load_config
+from training.vocabulary import Regime, SimulatorKind
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "experiments"
 EXPERIMENTS = {"collapse": CONFIGS / "collapse.toml"}
 # longest first, so that the runs pack onto the workers
-ORDER = ("verbalized", "population", "cotrain", "single")
+ORDER = (Regime.VERBALIZED, Regime.POPULATION, Regime.COTRAIN, Regime.SINGLE)
 
 
 def regime_config(
@@ -49,11 +50,12 @@ def regime_config(
     if steps:
         changes["steps"] = steps
         changes["eval_every"] = min(base.eval_every, steps) if base.eval_every else 0
-    if regime == "verbalized":
+    kind = Regime(regime).simulator_kind  # the registry's: Verbalized Sampling's simulator
+    if kind:
         changes["simulator"] = dataclasses.replace(
-            base.simulator, kind="verbalized", name=f"{base.simulator.name}-vs"
+            base.simulator, kind=kind.value, name=f"{base.simulator.name}-vs"
         )
-    return dataclasses.replace(base, **changes).validate()
+    return dataclasses.replace(base, **changes)
 
 
 def _train(config: dict[str, Any]) -> str:
@@ -144,7 +146,7 @@ def provenance(config: dict[str, Any]) -> dict[str, Any]:
 def summarize(runs: list[RunConfig], base: RunConfig, runtime: float, command: str) -> dict:
     """results.json: per regime, per seed and per step where the metric is per step."""
     regimes: dict[str, Any] = {}
-    for regime in REGIMES:
+    for regime in (r.value for r in Regime):
         mine = sorted((c for c in runs if c.regime == regime), key=lambda c: c.seed)
         if not mine:
             continue
@@ -201,7 +203,7 @@ def final_simulator(config: RunConfig) -> dict[str, float] | None:
     from training.trainer.loop import select_tasks
 
     run_dir = config.run_dir()
-    if config.simulator.kind == "verbalized":
+    if config.simulator.kind == SimulatorKind.VERBALIZED:
         return None  # what a Verbalized Sampling simulator writes is sampled: nothing exact
     if not config.trains_simulator:
         path = run_dir / "exploit.json"

@@ -48,6 +48,7 @@ from training.rollouts.agent import EndpointAgent, LocalAgent, agent_tool_format
 from training.rollouts.rollout import Rollout, play
 from training.trainer import checkpoint
 from training.trainer.writer import Phase, Progress, RunWriter, due
+from training.vocabulary import SimulatorKind
 
 
 def train(
@@ -217,7 +218,9 @@ def _exploit(config: RunConfig, domain: Domain, tasks: list[Scenario], models: M
     model); an Ensemble's is that of the even mixture of its members, which the rotation makes
     it. None where it is not exact (the user speaks first, or is on an endpoint)."""
     base_users = [
-        dataclasses.replace(s, kind="plain") if s.kind == "verbalized" else s
+        dataclasses.replace(s, kind=SimulatorKind.PLAIN)
+        if s.kind == SimulatorKind.VERBALIZED
+        else s
         for s in config.training_simulators()
     ]
     if domain.first_speaker != "agent" or any(s.endpoint for s in base_users):

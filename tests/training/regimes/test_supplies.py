@@ -12,12 +12,13 @@ from agents.domains.tau2.prompts import PERSONA_GUIDELINES
 from agents.simulators.scripted import REMARKS
 from tests.support.scripted_server import ScriptedServer
 from tests.support.training import adapter, assert_same, metrics, one_and_two
-from training.config import REGIMES, ConfigError, RunConfig
+from training.config import ConfigError, RunConfig
 from training.measures.collapse import mixture_exploit
 from training.regimes.regime import ModelCache, make_regime
 from training.rl.policy import LocalModel
 from training.rollouts.rollout import Rollout
 from training.trainer.loop import _play_task, train
+from training.vocabulary import Regime
 
 # three scripted members: each says its own remark, so a conversation shows who played the user
 MEMBERS = {"a": "anchored", "b": "reactant", "c": "analytical"}
@@ -330,7 +331,7 @@ def test_a_persona_guided_run_trains_end_to_end(tiny_model, tmp_path, letters, p
 
 
 def test_the_regimes_carry_the_papers_names():
-    assert REGIMES == {
+    assert dict(Regime.choices()) == {
         "single": "RL single simulator",
         "persona": "Persona-Guided",
         "ensemble": "Ensemble",
@@ -338,9 +339,24 @@ def test_the_regimes_carry_the_papers_names():
         "cotrain": "Self-Play (co-training)",
         "population": "Population Self-Play",
     }
-    from training.regimes.regime import REGIMES as CLASSES
+    from training.regimes.regime import CLASSES
 
-    assert list(CLASSES) == list(REGIMES)  # a class per declared regime
+    assert list(CLASSES) == list(Regime)  # a class per declared regime, each naming its member
+    assert [r for r in Regime if r.trains_simulator] == [Regime.COTRAIN, Regime.POPULATION]
+
+
+def test_the_registry_decides_a_regimes_simulator_kind_for_the_config_and_the_admin():
+    """Verbalized Sampling's regime is made of a verbalized simulator: the admin fills it in and
+    the config refuses any other, both from Regime.simulator_kind."""
+    from training.models import TrainingRun
+
+    assert {r: r.simulator_kind for r in Regime if r.simulator_kind} == {
+        Regime.VERBALIZED: "verbalized"
+    }
+    run = TrainingRun(name="vs", domain="p4g", regime="verbalized", settings={})
+    assert run.overrides()["simulator.kind"] == "verbalized"
+    with pytest.raises(ConfigError, match='must be "verbalized" for regime = "verbalized"'):
+        RunConfig.from_dict({"name": "vs", "domain": "p4g", "regime": "verbalized"})
 
 
 @pytest.mark.django_db
@@ -349,9 +365,9 @@ def test_the_admin_offers_every_regime_with_the_papers_label(admin_client):
 
     from training.models import TrainingRun
 
-    assert TrainingRun._meta.get_field("regime").choices == list(REGIMES.items())
+    assert TrainingRun._meta.get_field("regime").choices == Regime.choices()
     page = admin_client.get(reverse("admin:training_trainingrun_add")).content.decode()
-    for name, label in REGIMES.items():  # the default, single, is the selected one
+    for name, label in Regime.choices():  # the default, single, is the selected one
         selected = " selected" if name == "single" else ""
         assert f'<option value="{name}"{selected}>{label}</option>' in page
 
