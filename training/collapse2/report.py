@@ -103,10 +103,7 @@ def markdown(r: dict[str, Any]) -> str:
 
 
 def plot(r: dict[str, Any], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from training.measures.figures import seed_panels
 
     panels = [
         ("agent/p_exploit", "p(agent asks the exploit)"),
@@ -114,24 +111,12 @@ def plot(r: dict[str, Any], out: Path) -> None:
         ("sim/decision_entropy", "simulator decision entropy (nats)"),
         ("reward_mean", "train reward"),
     ]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4))
-    for ax, (key, title) in zip(axes, panels, strict=True):
-        for regime, records in r["records"].items():
-            seeds = [x["series"][key] for x in records if x["series"].get(key)]
-            if not seeds:
-                continue
-            width = min(len(s) for s in seeds)
-            steps = list(range(1, width + 1))
-            mean = [statistics.fmean(s[i] for s in seeds) for i in range(width)]
-            (line,) = ax.plot(steps, mean, label=regime)
-            for s in seeds:
-                ax.plot(steps, s[:width], color=line.get_color(), alpha=0.2, linewidth=0.8)
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("step")
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "collapse2.png", dpi=100)
-    plt.close(fig)
+    by_key = [
+        (title, {g: [x["series"][key] for x in rs if x["series"].get(key)]
+                 for g, rs in r["records"].items()})
+        for key, title in panels
+    ]  # fmt: skip
+    seed_panels(out / "collapse2.png", by_key, spread="seeds")
 
 
 def write(results: dict[str, Any], out: Path) -> None:

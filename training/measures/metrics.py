@@ -57,11 +57,9 @@ def plot(rows: list[dict[str, Any]], folder: Path) -> list[Path]:
     """train_reward.png, heldout_success.png (one line per held-out simulator), entropy.png,
     collapse.png (training/measures/collapse.py's measures, where the task has them) and diversity.png
     (training/measures/diversity.py's: the replies' distinct-n, the top opening's share)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
+
+    from training.measures.figures import figure, save
 
     def series(key: str) -> tuple[list[int], list[float]]:
         points = [(r["step"], r[key]) for r in rows if _finite(r.get(key))]
@@ -106,7 +104,7 @@ def plot(rows: list[dict[str, Any]], folder: Path) -> list[Path]:
     written = []
     folder.mkdir(parents=True, exist_ok=True)
     for filename, (title, lines) in panels.items():
-        fig, ax = plt.subplots(figsize=(6, 3.5))
+        fig, (ax,) = figure(6, 3.5)
         for label, key in lines.items():
             x, y = series(key)
             if x:
@@ -116,10 +114,7 @@ def plot(rows: list[dict[str, Any]], folder: Path) -> list[Path]:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         if ax.lines:
             ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(folder / filename, dpi=100)
-        plt.close(fig)
-        written.append(folder / filename)
+        written.append(save(fig, folder / filename))
     return written
 
 

@@ -292,10 +292,7 @@ def provenance_line(found: dict[str, Any] | None) -> str:
 
 
 def plot(results: dict[str, Any], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from training.measures.figures import figure, save, seed_panels
 
     regimes = results["regimes"]
     panels = [
@@ -304,28 +301,17 @@ def plot(results: dict[str, Any], out: Path) -> None:
         ("agent_entropy", "agent decision entropy (nats)"),
         ("simulator_entropy", "simulator decision entropy (nats)"),
     ]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4))
-    for ax, (key, title) in zip(axes, panels, strict=True):
-        for regime, r in regimes.items():
-            seeds = [s for s in r[key] if s]
-            if not seeds:
-                continue
-            width = min(len(s) for s in seeds)
-            steps = list(range(1, width + 1))
-            mean = [statistics.fmean(s[i] for s in seeds) for i in range(width)]
-            low = [min(s[i] for s in seeds) for i in range(width)]
-            high = [max(s[i] for s in seeds) for i in range(width)]
-            (line,) = ax.plot(steps, mean, label=regime)
-            ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.15)
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("step")
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "collapse.png", dpi=100)
-    plt.close(fig)
+    seed_panels(
+        out / "collapse.png",
+        [
+            (title, {g: [s for s in r[key] if s] for g, r in regimes.items()})
+            for key, title in panels
+        ],
+        spread="band",
+    )
 
     types = list(next(iter(regimes.values()))["heldout_reward"]["per_type"])
-    fig, ax = plt.subplots(figsize=(1.6 * (len(types) + 1) + 2, 3.6))
+    fig, (ax,) = figure(1.6 * (len(types) + 1) + 2, 3.6)
     width = 0.8 / len(regimes)
     labels = [*types, "mean"]
     for k, (regime, r) in enumerate(regimes.items()):
@@ -341,9 +327,7 @@ def plot(results: dict[str, Any], out: Path) -> None:
     ax.set_ylim(0, 1)
     ax.legend(fontsize=8)
     ax.set_title("final held-out reward per user type (bars: mean over seeds; dots: seeds)")
-    fig.tight_layout()
-    fig.savefig(out / "heldout.png", dpi=100)
-    plt.close(fig)
+    save(fig, out / "heldout.png")
 
 
 # -- helpers -----------------------------------------------------------------------------------
