@@ -1,16 +1,14 @@
 """The Celery task that runs a TrainingRun on the `training` queue and registers its checkpoints.
 
 One process trains in the worker; more (distributed.processes > 1) are started through the same
-launcher as on the command line (`accelerate launch ... -m training run`), followed through the
-progress file rank 0 writes, and a failed launch stores which rank failed and why.
+launcher as on the command line (`accelerate launch ... -m training run`, as a child process by
+agents/serving/process.py like the servers), followed through the progress file rank 0 writes,
+and a failed launch stores which rank failed and why.
 """
 
 import contextlib
 import json
 import logging
-import os
-import signal
-import subprocess
 import threading
 import time
 import traceback
@@ -134,6 +132,7 @@ def launch(run: TrainingRun, config, poll: float = 1.0) -> list[Path]:
     """Train `config` in distributed.processes processes started by accelerate; returns the
     complete checkpoints. A failure raises LaunchFailed with each failed rank's traceback
     (training/rl/distributed.py); a cancelled run stops the whole process group."""
+    from agents.serving.process import spawn, stop
     from training.rl.distributed import launch_command, read_failures
     from training.trainer.checkpoint import list_checkpoints
 
@@ -146,25 +145,24 @@ def launch(run: TrainingRun, config, poll: float = 1.0) -> list[Path]:
         config_file, config.distributed.processes, ["--progress-file", str(progress_file)]
     )
     write, seen = progress_writer(run), None
-    with open(run_dir / "launch.log", "ab") as log:
-        # a session of its own: cancelling stops the launcher and every rank, and nothing else
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)  # fmt: skip
-        try:
-            while process.poll() is None:
-                time.sleep(poll)
-                progress = _read_json(progress_file)
-                if progress and progress != seen:
-                    seen = progress
-                    write(progress)
-                elif TrainingRun.objects.filter(
-                    pk=run.pk, status=TrainingRun.Status.CANCELLING
-                ).exists():
-                    raise RunCancelled()
-        except BaseException:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait()
-            raise
+    # the serving launcher's: a process group of its own (cancelling stops the launcher and
+    # every rank, and nothing else), its output appended to launch.log, and it dies with this
+    # worker (a lost worker's ranks would otherwise train on unseen beside a resumed run)
+    process = spawn(command, run_dir / "launch.log", append=True, own_group=True)
+    try:
+        while process.poll() is None:
+            time.sleep(poll)
+            progress = _read_json(progress_file)
+            if progress and progress != seen:
+                seen = progress
+                write(progress)
+            elif TrainingRun.objects.filter(
+                pk=run.pk, status=TrainingRun.Status.CANCELLING
+            ).exists():
+                raise RunCancelled()
+    except BaseException:
+        stop(process)  # SIGTERM to the group, SIGKILL to what is left after 10 s
+        raise
     progress = _read_json(progress_file)
     if progress and progress != seen:
         write(progress)
