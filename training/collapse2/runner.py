@@ -259,7 +259,7 @@ def run(
         "records": records,
     }  # fmt: skip
     (out / "results.json").write_text(json.dumps(results, indent=1))
-    from training.collapse2.report import write
+    from training.collapse2.results_report import write
 
     write(results, out)
     return results

@@ -1,7 +1,7 @@
 """Figures drawn on matplotlib's object API (a Figure of its own, no pyplot): nothing is kept in
 pyplot's global state between figures, so plotting is safe beside other threads and leaks no
 open figure. One shape serves the experiments' per-step plots (training/tools/experiment.py,
-training/collapse2/report.py): a panel per measure, a line per regime, the mean over seeds.
+training/collapse2/results_report.py): a panel per measure, a line per regime, the mean over seeds.
 """
 
 from __future__ import annotations
