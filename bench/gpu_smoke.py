@@ -45,7 +45,9 @@ sys.path[:0] = [str(REPO), str(REPO / "platform")]
 BITS, GROUP = 3, 256
 KEEP = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
         "chat_template.jinja")  # fmt: skip
-REGIMES = ("single", "persona", "ensemble", "verbalized", "cotrain", "population")
+from training.vocabulary import Regime  # noqa: E402 - after the path above
+
+REGIMES = tuple(r.value for r in Regime)
 
 
 # -- the pack -----------------------------------------------------------------------------------
@@ -200,7 +202,7 @@ def run_all(args: argparse.Namespace) -> int:
     import torch
 
     from training.config import parse_config
-    from training.run import train
+    from training.trainer.loop import train
 
     base_model = os.environ.get("PARLEY_BASE_MODEL", "")
     out = Path(args.out)

@@ -1,4 +1,4 @@
-"""One GRPO update of ours (training.grpo.update) against TRL's GRPOTrainer loss and update, on
+"""One GRPO update of ours (training.rl.grpo.update) against TRL's GRPOTrainer loss and update, on
 the same tiny model, batch and lengths, in one run. Prints both losses (they must agree: both
 are the token-level mean, TRL's loss_type="bnpo") and the time ratio.
 
@@ -35,8 +35,8 @@ def main() -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     from agents.serving.prepare import ensure_base_model
-    from training.grpo import TokenBatch, update
-    from training.tiny import build_tiny_model
+    from training.rl.grpo import TokenBatch, update
+    from training.tools.tiny import build_tiny_model
 
     work = Path(tempfile.mkdtemp(prefix="grpo-bench-"))
     try:

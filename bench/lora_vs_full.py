@@ -7,14 +7,14 @@ and frozen persuadee, regime single) for three arms,
     lora-10x  finetune = "lora", lr = x, lora.lr_scale = 10  (LoRA's rate as "LoRA Without
               Regret" sets it: about 10x full fine-tuning's)
 
-each from the same seed, then for each arm's final policy, exactly (training/choices.py: the
+each from the same seed, then for each arm's final policy, exactly (training/rl/choices.py: the
 agent's opening ask is one of eight fixed texts, so its distribution is computed, not sampled):
 
     KL train / KL held-out   mean over tasks of KL(pi_final || pi_base) of the opening-ask
                              distribution, on the training tasks and on the held-out (test)
                              tasks, which the run never trained on
     p(exploit)               the final policy's probability of the frozen simulator's exploit
-                             (training/collapse.py: the asks it rewards most, exploit.json), mean
+                             (training/measures/collapse.py: the asks it rewards most, exploit.json), mean
                              over the training tasks; `base` is the starting policy's
 
 and `uptime` before and after (the machine is shared: times are only comparable within a run).
@@ -52,8 +52,8 @@ def uptime() -> str:
 
 def ask_distributions(lm: Any, domain: Any, tasks: list[Any], temperature: float) -> list[dict]:
     """Each task's exact distribution over the agent's opening asks, {ask: p}."""
-    from training.agent import agent_messages
-    from training.rollout import Rollout
+    from training.rollouts.agent import agent_messages
+    from training.rollouts.rollout import Rollout
 
     out = []
     for task in tasks:
@@ -87,9 +87,9 @@ def main() -> None:
     import torch
 
     from training.config import load_config
-    from training.experiment import EXPERIMENTS
-    from training.policy import LocalModel
-    from training.run import _domain, select_tasks, train
+    from training.rl.policy import LocalModel
+    from training.tools.experiment import EXPERIMENTS
+    from training.trainer.loop import _domain, select_tasks, train
 
     torch.set_num_threads(args.threads)
     load_before = uptime()

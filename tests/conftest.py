@@ -127,7 +127,7 @@ def base_model():
 
 @pytest.fixture(scope="session")
 def checkpoints(base_model, tmp_path_factory) -> Path:
-    """A run folder holding one checkpoint shaped like training.checkpoint's: the LoRA of
+    """A run folder holding one checkpoint shaped like training.trainer.checkpoint's: the LoRA of
     training/configs/*.toml (r=8 on q, k, v and o) with random, large B weights, so the
     adapter's greedy reply cannot be the base model's."""
     import torch

@@ -6,14 +6,14 @@ python -m training paper [--json]
 
 `run` trains the run the TOML file describes, with a progress bar; run it again to resume.
 `--set` changes any key of the file (dotted into tables: `--set lora.r=4`), checked with it.
-`--dry-run` checks the wiring without training (training/dryrun.py): config, accelerate settings,
+`--dry-run` checks the wiring without training (training/tools/dryrun.py): config, accelerate settings,
 endpoints and their models, one request shaped for its provider per endpoint simulator, memory
 per device; `--offline` only what needs no network or weights.
 `experiment collapse` trains every regime on the P4G decision episode for each seed and writes
-DIR/results.json, DIR/results.md and plots (training/experiment.py); run it again to resume.
+DIR/results.json, DIR/results.md and plots (training/tools/experiment.py); run it again to resume.
 `experiment collapse2` is the pre-registered one (training/collapse2/: its design, analysis and
 verdict rule are fixed; --seeds, --steps and --config do not apply).
-`paper` lists the paper's results (training/paper.py): each one's config, the command for one
+`paper` lists the paper's results (training/tools/paper.py): each one's config, the command for one
 8-GPU node, the memory per GPU from the offline dry run, and where it differs from the release.
 """
 
@@ -26,21 +26,20 @@ import sys
 from agents.domains import DOMAINS
 from agents.simulators.verbalized import MODES
 from training.config import (
-    REGIMES,
-    SIMULATOR_KINDS,
     SIMULATOR_REWARDS,
     ConfigError,
     load_config,
     parse_assignment,
 )
+from training.vocabulary import Regime, SimulatorKind
 
 
 def vocabularies() -> str:
     """The names a config accepts, for the help text (read from where they are declared)."""
     return (
         f"domains: {', '.join(DOMAINS)}; "
-        f"regimes: {', '.join(f'{name} ({label})' for name, label in REGIMES.items())}; "
-        f"simulator kinds: {', '.join(SIMULATOR_KINDS)}; draw modes: {', '.join(MODES)}; "
+        f"regimes: {', '.join(f'{name} ({label})' for name, label in Regime.choices())}; "
+        f"simulator kinds: {', '.join(SimulatorKind)}; draw modes: {', '.join(MODES)}; "
         f"simulator rewards: {', '.join(SIMULATOR_REWARDS)}"
     )
 
@@ -123,8 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
-    from training.checkpoint import ResumeError
-    from training.run import train  # torch and transformers load only for a valid config
+    from training.trainer.checkpoint import ResumeError
+    from training.trainer.loop import train  # torch and transformers load only for a valid config
 
     try:
         write = _progress_file(args.progress_file)  # the TrainingRun's task follows both
@@ -160,7 +159,7 @@ def _progress_file(path: str | None):
 def _dry_run(args: argparse.Namespace, overrides: dict) -> int:
     import json
 
-    from training.dryrun import dry_run, render
+    from training.tools.dryrun import dry_run, render
 
     result = dry_run(
         args.config, overrides, offline=args.offline,
@@ -173,7 +172,7 @@ def _dry_run(args: argparse.Namespace, overrides: dict) -> int:
 def _paper(args: argparse.Namespace) -> int:
     import json
 
-    from training.paper import render, table
+    from training.tools.paper import render, table
 
     data = table()
     print(json.dumps(data, indent=2) if args.json else render(data))
@@ -187,7 +186,7 @@ def _experiment(args: argparse.Namespace, argv: list[str]) -> int:
         print("error: --seeds, --steps and --jobs must be at least 1", file=sys.stderr)
         return 2
     from agents.paths import data_dir
-    from training.experiment import command_line, run
+    from training.tools.experiment import command_line, run
 
     out = Path(args.out) if args.out else data_dir() / "experiments" / args.name
     if args.name == "collapse2":
@@ -208,7 +207,7 @@ def _experiment(args: argparse.Namespace, argv: list[str]) -> int:
 
 def _collapse2(args: argparse.Namespace, argv: list[str], out) -> int:
     from training.collapse2.runner import run
-    from training.experiment import command_line
+    from training.tools.experiment import command_line
 
     fixed = [f"--{k}" for k in ("seeds", "steps", "config")
              if f"--{k}" in argv or any(a.startswith(f"--{k}=") for a in argv)]  # fmt: skip
@@ -223,7 +222,7 @@ def _collapse2(args: argparse.Namespace, argv: list[str], out) -> int:
         return 1
     print(f"report:  {out / 'results.md'}")
     for regime, block in results["regimes"].items():
-        if regime != "single":
+        if regime != Regime.SINGLE:
             print(f"{regime}: {block['verdict']}")
     return 0
 

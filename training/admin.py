@@ -14,7 +14,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from . import tasks
-from .metrics import run_summary
+from .measures.metrics import run_summary
 from .models import CONFIG_FIELDS, TrainingRun, preset_choices, preset_values
 
 
@@ -232,7 +232,7 @@ class TrainingRunAdmin(admin.ModelAdmin):
         current = p.get("current") or {}
         if "step" not in p and not current:
             return "-"
-        # the run's own count so far (training/run.py): 0 means the adapter is still the base
+        # the run's own count so far (training/trainer/loop.py): 0 means the adapter is still the base
         still_base = (p.get("metrics") or {}).get("optimizer_steps") == 0
         done = f"{p.get('step', 0)}/{p.get('total_steps', '?')}"
         done += " (no optimizer step)" if still_base and "step" in p else ""
@@ -242,7 +242,7 @@ class TrainingRunAdmin(admin.ModelAdmin):
 
     @staticmethod
     def phase(current: dict) -> str:
-        """Where the step in progress is (training/run.py's `current`)."""
+        """Where the step in progress is (training/trainer/loop.py's `current`)."""
         if current.get("phase") == "rollouts":
             return f"rollouts {current.get('rollouts_done', 0)} of {current.get('rollouts_total')}"
         if current.get("phase") == "evaluation":

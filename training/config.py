@@ -60,27 +60,17 @@ from agents.llm.providers import (
 from agents.paths import secret
 from agents.simulators.scripted import TYPES as SCRIPTED_TYPES
 from agents.simulators.verbalized import MODES as DRAW_MODES
+from training.vocabulary import Regime, SimulatorKind
 
 # -- the vocabularies: validation below, the admin's choices and filters and the CLI's help -----
 
-# the paper's names (its release keeps "cotrain" in its identifiers for Self-Play:
-# CHATS-lab/scope_usim cmd/slime/README.md)
-REGIMES = {
-    "single": "RL single simulator",
-    "persona": "Persona-Guided",
-    "ensemble": "Ensemble",
-    "verbalized": "Verbalized Sampling",
-    "cotrain": "Self-Play (co-training)",
-    "population": "Population Self-Play",
-}
-# how an Ensemble run picks the member that plays a rollout's user (training/regimes.py Ensemble)
+# how an Ensemble run picks the member that plays a rollout's user (training/regimes/regime.py Ensemble)
 ENSEMBLE_DRAWS = {
     "rollout": "round-robin over the run's rollouts, as the release (each group meets every"
     " member)",
     "task": "round-robin over the run's tasks (a task's whole group meets one member)",
 }
-SIMULATOR_KINDS = ("plain", "verbalized", "scripted")
-# a co-trained simulator's reward, r the agent's (formulas and sources: training/sim_rewards.py)
+# a co-trained simulator's reward, r the agent's (formulas and sources: training/regimes/sim_rewards.py)
 SIMULATOR_REWARDS = {
     "auto": "the Domain's own (its simulator_reward attribute)",
     "curriculum": "exp(-(var - 0.25)^2 / 0.02), var the variance of the agent's rewards over"
@@ -93,8 +83,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 
 def regime_choices() -> list[tuple[str, str]]:
-    """(name, label) of every regime, for Django choices."""
-    return list(REGIMES.items())
+    """(name, label) of every regime, for Django choices (named by the migrations)."""
+    return Regime.choices()
 
 
 class ConfigError(ValueError):
@@ -122,9 +112,9 @@ def _known_domain(name: str) -> str:
 
 Name = Annotated[StrictStr, AfterValidator(_not_blank)]
 DomainName = Annotated[StrictStr, AfterValidator(_known_domain)]
-Regime = Literal[tuple(REGIMES)]
+RegimeName = Literal[tuple(r.value for r in Regime)]
 EnsembleDraw = Literal[tuple(ENSEMBLE_DRAWS)]
-SimulatorKind = Literal[SIMULATOR_KINDS]
+SimulatorKindName = Literal[tuple(k.value for k in SimulatorKind)]
 DrawMode = Literal[DRAW_MODES]
 Script = Literal[(*SCRIPTED_TYPES, "")]
 ProviderName = Literal[PROVIDER_CHOICES]
@@ -153,8 +143,8 @@ class SimulatorSpec:
     A `scripted` simulator is one of the P4G persuadee types of agents/simulators/scripted.py."""
 
     name: Name = Field("base", description="how metrics and the held-out panel name it")
-    kind: SimulatorKind = Field(
-        "plain",
+    kind: SimulatorKindName = Field(
+        SimulatorKind.PLAIN.value,
         description="plain: one reply | verbalized: k candidates with probabilities, one drawn"
         " | scripted: a persuadee type (`script`)",
     )
@@ -230,7 +220,7 @@ class SimulatorSpec:
                 self.model,
                 "must name the served model: an endpoint simulator needs `model`",
             )
-        if self.kind == "scripted":
+        if self.kind == SimulatorKind.SCRIPTED:
             if self.script not in SCRIPTED_TYPES:
                 raise _refuse(
                     "script",
@@ -310,7 +300,7 @@ class SimulatorSpec:
         """What identifies this simulator's weights: the same tuple means the same model. An
         adapter makes other weights (a fine-tuned simulator on the training simulator's base
         is another user, as another model is)."""
-        if self.kind == "scripted":
+        if self.kind == SimulatorKind.SCRIPTED:
             return None
         if self.endpoint:
             return ("endpoint", self.endpoint.rstrip("/"), self.model)
@@ -381,7 +371,7 @@ class LoraSpec:
 
 @dataclass(config=TABLE)
 class CollapseSpec:
-    """When a step's diversity measures (training/diversity.py) warn of collapse; the defaults are
+    """When a step's diversity measures (training/measures/diversity.py) warn of collapse; the defaults are
     justified in docs/training.md ("Collapse warnings"). A bound of 0 (a `max_`: 1) never
     warns."""
 
@@ -425,8 +415,9 @@ AdamBetas = Annotated[list[StrictFloat], Field(strict=True), AfterValidator(_bet
 class RunConfig:
     name: Name = Field(description="the run's name (its output folder, its checkpoints' prefix)")
     domain: DomainName = Field(description="the task family (agents.domains)")
-    regime: Regime = Field(
-        "single", description="which simulator the agent meets, and whether it learns too"
+    regime: RegimeName = Field(
+        Regime.SINGLE.value,
+        description="which simulator the agent meets, and whether it learns too",
     )
     domain_data: StrictStr = Field(
         "", description='official data folder for the Domain ("" = its bundled data)'
@@ -636,9 +627,12 @@ class RunConfig:
                 "must be false with center_rewards = false (raw rewards are not std-scaled)",
             )
         kind = self.simulator.kind
-        if self.regime == "verbalized" and kind != "verbalized":
-            raise _refuse("simulator.kind", kind, 'must be "verbalized" for regime = "verbalized"')
-        if self.trains_simulator and kind != "plain":
+        required = Regime(self.regime).simulator_kind  # the registry decides, not each caller
+        if required and kind != required:
+            raise _refuse(
+                "simulator.kind", kind, f'must be "{required}" for regime = "{self.regime}"'
+            )
+        if self.trains_simulator and kind != SimulatorKind.PLAIN:
             raise _refuse(
                 "simulator.kind",
                 kind,
@@ -665,7 +659,7 @@ class RunConfig:
     def _supply_rules(self) -> None:
         """The Ensemble's members and the Persona-Guided guidelines: each read by its regime
         only, so a table another regime would ignore is refused rather than trained without."""
-        if self.regime == "ensemble":
+        if self.regime == Regime.ENSEMBLE:
             if len(self.ensemble) < 2:
                 raise _refuse(
                     "ensemble",
@@ -690,7 +684,7 @@ class RunConfig:
             )
         others = [(f"ensemble[{i}]", s) for i, s in enumerate(self.ensemble)]
         others += [(f"heldout[{i}]", s) for i, s in enumerate(self.heldout)]
-        if self.regime != "persona":
+        if self.regime != Regime.PERSONA:
             others.append(("simulator", self.simulator))
         for key, spec in others:
             if spec.guidelines:
@@ -699,8 +693,8 @@ class RunConfig:
                     spec.guidelines[:40],
                     'is read only for the training simulator with regime = "persona"',
                 )
-        if self.regime == "persona":
-            if self.simulator.kind == "scripted":
+        if self.regime == Regime.PERSONA:
+            if self.simulator.kind == SimulatorKind.SCRIPTED:
                 raise _refuse(
                     "simulator.kind",
                     self.simulator.kind,
@@ -730,9 +724,9 @@ class RunConfig:
     def training_simulators(self) -> list[SimulatorSpec]:
         """The simulators the agent trains against, as built: the Ensemble's members, the
         Persona-Guided simulator with its guidelines filled in, else `simulator`."""
-        if self.regime == "ensemble":
+        if self.regime == Regime.ENSEMBLE:
             return list(self.ensemble)
-        if self.regime == "persona":
+        if self.regime == Regime.PERSONA:
             return [dataclasses.replace(self.simulator, guidelines=self.persona_guidelines())]
         return [self.simulator]
 
@@ -758,7 +752,7 @@ class RunConfig:
 
     @property
     def trains_simulator(self) -> bool:
-        return self.regime in ("cotrain", "population")
+        return Regime(self.regime).trains_simulator
 
     @property
     def simulator_reward_mode(self) -> str:
@@ -800,11 +794,6 @@ class RunConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunConfig:
         return parse_config(data)
-
-    def validate(self) -> RunConfig:
-        """Already valid: every construction (and dataclasses.replace) checks the fields and the
-        rules; kept so callers that changed a config can say so."""
-        return self
 
 
 # -- the one loader -----------------------------------------------------------------------------

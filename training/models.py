@@ -18,6 +18,7 @@ from training.config import (
     parse_config,
     regime_choices,
 )
+from training.vocabulary import Regime
 
 CONFIGS_DIR = Path(__file__).resolve().parent / "configs"
 # the fields the admin sets over the preset, as RunConfig keys
@@ -72,7 +73,7 @@ class TrainingRun(models.Model):
     regime = models.CharField(
         max_length=20,
         choices=regime_choices,
-        default="single",
+        default=Regime.SINGLE.value,
         help_text="Which simulator the agent meets (the paper's names). Ensemble: its members in"
         ' settings as "ensemble" (a list of simulator tables, K >= 2) and "ensemble_draw"'
         " (rollout | task); the preset's simulator is cleared. Persona-Guided:"
@@ -142,10 +143,15 @@ class TrainingRun(models.Model):
             value = getattr(self, key)
             if value not in (None, ""):
                 data[key] = value
-        if self.regime == "verbalized":
-            data["simulator.kind"] = "verbalized"
+        # the simulator kind a regime is made of (Verbalized Sampling's) is the registry's to say;
+        # RunConfig refuses any other for it
+        kind = next((r.simulator_kind for r in Regime if r == self.regime), None)
+        if kind:
+            data["simulator.kind"] = kind.value
         settings = self.settings or {}
-        if self.regime == "ensemble" and not any(key_overlaps("simulator", k) for k in settings):
+        if self.regime == Regime.ENSEMBLE and not any(
+            key_overlaps("simulator", k) for k in settings
+        ):
             # the members play the user: a preset's own simulator would be refused as unread
             data["simulator"] = {}
         if self.processes:

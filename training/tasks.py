@@ -1,16 +1,14 @@
 """The Celery task that runs a TrainingRun on the `training` queue and registers its checkpoints.
 
 One process trains in the worker; more (distributed.processes > 1) are started through the same
-launcher as on the command line (`accelerate launch ... -m training run`), followed through the
-progress file rank 0 writes, and a failed launch stores which rank failed and why.
+launcher as on the command line (`accelerate launch ... -m training run`, as a child process by
+agents/serving/process.py like the servers), followed through the progress file rank 0 writes,
+and a failed launch stores which rank failed and why.
 """
 
 import contextlib
 import json
 import logging
-import os
-import signal
-import subprocess
 import threading
 import time
 import traceback
@@ -35,7 +33,7 @@ def progress_writer(run: TrainingRun, every: float = 1.0):
     """A progress callback that stores the latest figures (at most once a second, but at once
     when a new collapse warning came or the step moved to another phase) and stops the run when
     a researcher cancelled it. The run page shows the progress's `warnings`, every one so far
-    (training/diversity.py), and where the step is (`current`: rollouts done of total)."""
+    (training/measures/diversity.py), and where the step is (`current`: rollouts done of total)."""
     last, warned, phase = [0.0], [0], [None]
 
     def write(progress: dict) -> None:
@@ -62,7 +60,7 @@ def progress_writer(run: TrainingRun, every: float = 1.0):
 # timeout on a run longer than it) leaves it alone: a run never trains twice.
 @shared_task(name="training.tasks.run_training", acks_late=True, reject_on_worker_lost=True)
 def run_training(run_id: int) -> str:
-    from training.run import train
+    from training.trainer.loop import train
 
     run = TrainingRun.objects.get(pk=run_id)
     if run.status != TrainingRun.Status.QUEUED:
@@ -133,9 +131,10 @@ class LaunchFailed(RuntimeError):
 def launch(run: TrainingRun, config, poll: float = 1.0) -> list[Path]:
     """Train `config` in distributed.processes processes started by accelerate; returns the
     complete checkpoints. A failure raises LaunchFailed with each failed rank's traceback
-    (training/distributed.py); a cancelled run stops the whole process group."""
-    from training.checkpoint import list_checkpoints
-    from training.distributed import launch_command, read_failures
+    (training/rl/distributed.py); a cancelled run stops the whole process group."""
+    from agents.serving.process import spawn, stop
+    from training.rl.distributed import launch_command, read_failures
+    from training.trainer.checkpoint import list_checkpoints
 
     run_dir = config.run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -146,25 +145,24 @@ def launch(run: TrainingRun, config, poll: float = 1.0) -> list[Path]:
         config_file, config.distributed.processes, ["--progress-file", str(progress_file)]
     )
     write, seen = progress_writer(run), None
-    with open(run_dir / "launch.log", "ab") as log:
-        # a session of its own: cancelling stops the launcher and every rank, and nothing else
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)  # fmt: skip
-        try:
-            while process.poll() is None:
-                time.sleep(poll)
-                progress = _read_json(progress_file)
-                if progress and progress != seen:
-                    seen = progress
-                    write(progress)
-                elif TrainingRun.objects.filter(
-                    pk=run.pk, status=TrainingRun.Status.CANCELLING
-                ).exists():
-                    raise RunCancelled()
-        except BaseException:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait()
-            raise
+    # the serving launcher's: a process group of its own (cancelling stops the launcher and
+    # every rank, and nothing else), its output appended to launch.log, and it dies with this
+    # worker (a lost worker's ranks would otherwise train on unseen beside a resumed run)
+    process = spawn(command, run_dir / "launch.log", append=True, own_group=True)
+    try:
+        while process.poll() is None:
+            time.sleep(poll)
+            progress = _read_json(progress_file)
+            if progress and progress != seen:
+                seen = progress
+                write(progress)
+            elif TrainingRun.objects.filter(
+                pk=run.pk, status=TrainingRun.Status.CANCELLING
+            ).exists():
+                raise RunCancelled()
+    except BaseException:
+        stop(process)  # SIGTERM to the group, SIGKILL to what is left after 10 s
+        raise
     progress = _read_json(progress_file)
     if progress and progress != seen:
         write(progress)

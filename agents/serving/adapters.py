@@ -52,7 +52,7 @@ def find_adapters(root: Path | None, explicit: list[Adapter] = ()) -> dict[str, 
         for config in configs:
             folder = config.parent
             if folder.name.endswith(".partial"):
-                continue  # a checkpoint still being written (training/checkpoint.py): not yet one
+                continue  # a checkpoint still being written (training/trainer/checkpoint.py): not yet one
             name = _manifest_name(folder) or (
                 folder.name if folder == root else folder.relative_to(root).as_posix()
             )

@@ -5,7 +5,7 @@ The agent is the arm as people meet it: its endpoint, model, system prompt, gree
 settings and tool format, the Domain's tools run on the conversation's own state. The user is the
 held-out simulator as the run's config declares it (`[[heldout]]`): a scripted persuadee type, or
 a plain or Verbalized Sampling simulator on its endpoint. The turn rules are the training
-rollouts' (training/rollout.py): the Domain ends the conversation, else the run's max_turns
+rollouts' (training/rollouts/rollout.py): the Domain ends the conversation, else the run's max_turns
 (capped by the Domain's) or max_tool_rounds consecutive tool-calling agent turns.
 """
 
@@ -123,7 +123,7 @@ def make_user(spec: dict[str, Any], rng: random.Random) -> User:
     else:
         simulator = PlainSimulator(client, spec["model"], retries=spec.get("retries", 2), **params)
     persona = spec.get("persona", "")
-    if persona:  # the same prompt as the training process gives it (training/simulator.py)
+    if persona:  # the same prompt as the training process gives it (training/rollouts/simulator.py)
         base = simulator.system_prompt
         simulator.system_prompt = lambda d, s: f"{base(d, s)}\n\n{persona}"
     return User(spec, rng, simulator=simulator, clients=[client])

@@ -5,7 +5,7 @@ returned or timed out on Prolific (partial data), and are not excluded by the st
 attention rule. What leaves: each conversation's Domain, scenario and messages, nothing that
 identifies a participant (no token, no Prolific ids), and the participants' own turns with
 e-mails, phone numbers, links and ids replaced (studies/research/redact.py; what the scenario gave
-them stays). training/imitate.py reads this shape
+them stays). training/tools/imitate.py reads this shape
 (RealConversation.from_dict); platform/parley's `imitate_users` command joins the two.
 """
 

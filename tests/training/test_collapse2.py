@@ -112,7 +112,7 @@ def test_the_deciding_panels_best_ask_is_not_the_frozen_simulators_exploit():
     it a $2 ask is (which is why the full panel decides nothing)."""
     from agents.domains import get_domain
     from training.collapse2.runner import heldout_expected
-    from training.experiment import _short
+    from training.tools.experiment import _short
 
     domain = get_domain("p4g-decision")
     design = load_design()

@@ -186,7 +186,7 @@ def test_every_role_on_its_endpoint(tmp_path):
             'model = "m"\napi_key_env = "HOSTED_KEY"\n',
         )
     )
-    from training.dryrun import endpoints
+    from training.tools.dryrun import endpoints
 
     assert str(config.simulator_model_path()) == "/models/sim"
     assert endpoints(config) == [
@@ -199,7 +199,7 @@ def test_every_role_on_its_endpoint(tmp_path):
 def test_a_missing_key_fails_when_the_simulator_is_made(monkeypatch):
     """A held-out user's key is read as the run starts, not at its first evaluation."""
     from training.config import SimulatorSpec
-    from training.simulator import EndpointUser
+    from training.rollouts.simulator import EndpointUser
 
     monkeypatch.delenv("PARLEY_TEST_NO_KEY", raising=False)
     spec = SimulatorSpec(

@@ -6,13 +6,14 @@ from django.core.exceptions import ValidationError
 from django.urls import reverse
 
 from agents.domains import DOMAINS
-from training.config import REGIMES, load_config
+from training.config import load_config
 from training.models import CONFIGS_DIR, TrainingRun
+from training.vocabulary import Regime
 
 
 def test_choices_are_the_vocabularies():
     assert [v for v, _ in TrainingRun._meta.get_field("domain").choices] == list(DOMAINS)
-    assert TrainingRun._meta.get_field("regime").choices == list(REGIMES.items())
+    assert TrainingRun._meta.get_field("regime").choices == Regime.choices()
 
 
 @pytest.mark.django_db
@@ -20,7 +21,7 @@ def test_admin_filters_offer_every_name(admin_client):
     page = admin_client.get(reverse("admin:training_trainingrun_changelist")).content.decode()
     for field, names in (
         ("domain", DOMAINS),
-        ("regime", REGIMES),
+        ("regime", Regime),
         ("status", TrainingRun.Status.values),
     ):
         for name in names:

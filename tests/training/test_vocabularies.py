@@ -10,9 +10,9 @@ import torch
 from agents.simulators import parse_verbalized
 from agents.simulators.scripted import REMARKS
 from training.config import ConfigError, RunConfig, SimulatorSpec
-from training.policy import LocalModel
-from training.regimes import ModelCache, frozen_simulator, make_regime
-from training.rollout import Rollout
+from training.regimes.regime import ModelCache, frozen_simulator, make_regime
+from training.rl.policy import LocalModel
+from training.rollouts.rollout import Rollout
 
 
 def accepted(table: type, field: str) -> tuple[str, ...]:

@@ -7,7 +7,7 @@ SmolLM2 with a LoRA trained to imitate a uniform asker and merged into the weigh
 
     loss = - (1/8) sum_i log p(ask_i | agent prompt)
 
-p being the exact constrained-choice probability the trainer samples from (training/choices.py;
+p being the exact constrained-choice probability the trainer samples from (training/rl/choices.py;
 the same restriction as the GRPO loss, via TokenBatch.allowed), at the agent's temperature. It
 stops as soon as every ask's probability lies in [low, high] and saves a Hugging Face model folder
 with flat_prior.json (the probabilities, the steps, the source model). A folder whose
@@ -24,11 +24,11 @@ from typing import Any
 import torch
 
 from agents.domains import get_domain
-from training.agent import agent_prompt
 from training.config import LoraSpec
-from training.grpo import TokenBatch, token_logprobs
-from training.policy import LocalModel, Policy
-from training.rollout import Rollout
+from training.rl.grpo import TokenBatch, token_logprobs
+from training.rl.policy import LocalModel, Policy
+from training.rollouts.agent import agent_prompt
+from training.rollouts.rollout import Rollout
 
 RECORD = "flat_prior.json"
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from training.collapse2 import analysis
 from training.config import RunConfig, load_config
+from training.vocabulary import Regime, SimulatorKind
 
 HERE = Path(__file__).resolve().parent
 DESIGN = HERE / "design.toml"
@@ -64,12 +65,12 @@ def load_design(path: Path = DESIGN) -> dict[str, Any]:
 def config_for(
     base: RunConfig, regime: str, seed: int, folder: Path, sim_beta: float, steps: int | None = None
 ) -> RunConfig:
-    from training.experiment import regime_config
+    from training.tools.experiment import regime_config
 
     config = regime_config(base, regime, seed, folder, steps)
     return dataclasses.replace(
         config, name=f"collapse2-{regime}-seed{seed}", simulator_beta=sim_beta
-    ).validate()
+    )
 
 
 def base_config(flat: Path) -> RunConfig:
@@ -77,7 +78,7 @@ def base_config(flat: Path) -> RunConfig:
 
     base = load_config(RUN_CONFIG)
     simulator = dataclasses.replace(base.simulator, model=str(base_model_dir().resolve()))
-    return dataclasses.replace(base, base_model=str(flat), simulator=simulator).validate()
+    return dataclasses.replace(base, base_model=str(flat), simulator=simulator)
 
 
 # -- measurements (models loaded here; analysis.py only sees their numbers) ---------------------
@@ -85,8 +86,8 @@ def base_config(flat: Path) -> RunConfig:
 
 def agent_distribution(lm: Any, domain: Any, temperature: float) -> tuple[list[str], list[float]]:
     """The agent's exact distribution over its asks (its prompt does not depend on the persona)."""
-    from training.agent import agent_prompt
-    from training.rollout import Rollout
+    from training.rollouts.agent import agent_prompt
+    from training.rollouts.rollout import Rollout
 
     scenario = domain.scenarios("train")[0]
     rollout = Rollout.begin(domain, scenario)
@@ -100,12 +101,12 @@ def heldout_expected(
     domain: Any, tasks: list[Any], panel: list[str]
 ) -> dict[str, dict[str, float]]:
     """E_t(a): each scripted type's exact expected reward per ask (training tasks' personas)."""
-    from training.collapse import simulator_exploit
     from training.config import SimulatorSpec
-    from training.simulator import ScriptedUser
+    from training.measures.collapse import simulator_exploit
+    from training.rollouts.simulator import ScriptedUser
 
     return {
-        t: simulator_exploit(domain, tasks, ScriptedUser(SimulatorSpec(name=t, kind="scripted",
+        t: simulator_exploit(domain, tasks, ScriptedUser(SimulatorSpec(name=t, kind=SimulatorKind.SCRIPTED,
                                                                        script=t)))[
             "expected_reward"
         ]
@@ -118,13 +119,13 @@ def c3_total_variations(config: RunConfig, tasks: list[Any], domain: Any) -> lis
     distribution the Verbalized Sampling simulator writes (one written list each, seeded)."""
     import random
 
-    from training.collapse import user_decisions
-    from training.policy import LocalModel
-    from training.simulator import LocalUser
+    from training.measures.collapse import user_decisions
+    from training.rl.policy import LocalModel
+    from training.rollouts.simulator import LocalUser
 
     lm = LocalModel.load(config.simulator_model_path())
-    plain = LocalUser(lm, dataclasses.replace(config.simulator, kind="plain"))
-    written = LocalUser(lm, dataclasses.replace(config.simulator, kind="verbalized"),
+    plain = LocalUser(lm, dataclasses.replace(config.simulator, kind=SimulatorKind.PLAIN))
+    written = LocalUser(lm, dataclasses.replace(config.simulator, kind=SimulatorKind.VERBALIZED),
                         rng=random.Random(config.seed))  # fmt: skip
     a, b = user_decisions(domain, tasks, plain), user_decisions(domain, tasks, written)
     return [
@@ -137,9 +138,9 @@ def c3_total_variations(config: RunConfig, tasks: list[Any], domain: Any) -> lis
 def record(config: RunConfig) -> dict[str, Any]:
     """What analysis.py needs of one finished run (DIR/runs/<run>/record.json, made once)."""
     from agents.domains import get_domain
-    from training.checkpoint import list_checkpoints
-    from training.experiment import _rows, _series, final_simulator
-    from training.policy import LocalModel
+    from training.rl.policy import LocalModel
+    from training.tools.experiment import _rows, _series, final_simulator
+    from training.trainer.checkpoint import list_checkpoints
 
     path = config.run_dir() / "record.json"
     if path.is_file():
@@ -190,8 +191,8 @@ def run(
     from agents.domains import get_domain
     from agents.paths import base_model_dir
     from training.collapse2 import flat_prior
-    from training.experiment import _add_runtime, provenance, train_all
-    from training.run import select_tasks
+    from training.tools.experiment import ORDER, _add_runtime, provenance, train_all
+    from training.trainer.loop import select_tasks
 
     design = load_design(design_path)
     source = provenance({})["commit"], provenance({})["dirty"]  # the code the runs start from
@@ -219,10 +220,12 @@ def run(
     train_all(pilot_runs, jobs, f"collapse2 pilot: {len(pilot_runs)} runs")
     chosen = _pilot(out, design, pilot_runs)
 
-    regimes = [r for r in design["arms"]["regimes"] if r != "verbalized" or checks["C3"]["holds"]]
+    regimes = [
+        r for r in design["arms"]["regimes"] if r != Regime.VERBALIZED or checks["C3"]["holds"]
+    ]
     runs = [
         config_for(base, regime, seed, out, chosen["simulator_beta"], steps)
-        for regime in ("verbalized", "population", "cotrain", "single")  # longest first
+        for regime in ORDER  # longest first
         if regime in regimes
         for seed in design["arms"]["seeds"]
     ]
@@ -232,8 +235,8 @@ def run(
         records.setdefault(config.regime, []).append(record(config))
     runtime = _add_runtime(out, time.monotonic() - started)
     result = analysis.analyse(records, expected, deciding, checks["C3"]["tv"])
-    if "verbalized" not in regimes:
-        result["regimes"]["verbalized"] = {"verdict": "not run",
+    if Regime.VERBALIZED not in regimes:
+        result["regimes"][Regime.VERBALIZED.value] = {"verdict": "not run",
                                            "uninformative_because": ["C3 failed: not run"]}  # fmt: skip
     # the configuration hashed without this machine's folders (flat prior, SmolLM2)
     portable = base.to_dict() | {
@@ -256,7 +259,7 @@ def run(
         "records": records,
     }  # fmt: skip
     (out / "results.json").write_text(json.dumps(results, indent=1))
-    from training.collapse2.report import write
+    from training.collapse2.results_report import write
 
     write(results, out)
     return results
@@ -266,9 +269,9 @@ def _checks(out, base, domain, tasks, design, expected, deciding) -> dict[str, A
     path = out / "checks.json"
     if path.is_file():
         return json.loads(path.read_text())
-    from training.collapse import simulator_exploit
-    from training.policy import LocalModel
-    from training.simulator import LocalUser
+    from training.measures.collapse import simulator_exploit
+    from training.rl.policy import LocalModel
+    from training.rollouts.simulator import LocalUser
 
     # the frozen simulator's exploit, and the deciding panel's best ask, which must not be it
     lm = LocalModel.load(base.simulator_model_path())
@@ -278,7 +281,7 @@ def _checks(out, base, domain, tasks, design, expected, deciding) -> dict[str, A
         raise DesignError(f"the deciding panel's best ask is the exploit: {best}")
     precondition = {"exploit": found["exploit"], "deciding_best": best}
     c3_tv = None
-    if "verbalized" in design["arms"]["regimes"]:
+    if Regime.VERBALIZED in design["arms"]["regimes"]:
         c3_tv = c3_total_variations(base, tasks, domain)
     checks = {
         "precondition": precondition,

@@ -1,5 +1,5 @@
 """An arm serving a registered checkpoint uses the tool format the checkpoint was trained with
-(its manifest's tool_format, written by training/checkpoint.py): a native-trained agent (Qwen3)
+(its manifest's tool_format, written by training/trainer/checkpoint.py): a native-trained agent (Qwen3)
 is asked for native tool calls, a JSON-trained one (SmolLM2) for JSON ones."""
 
 import pytest

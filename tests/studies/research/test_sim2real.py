@@ -87,7 +87,7 @@ def study_with_checkpoints(engine_url):
 
 
 def humanlike(name, study):
-    """A simulator as `imitate_users` registers it (training/imitate.py's manifest)."""
+    """A simulator as `imitate_users` registers it (training/tools/imitate.py's manifest)."""
     manifest = {"name": name, "kind": "simulator", "regime": "imitation",
                 "base_model": "SmolLM2-135M-Instruct", "source": {"study": study}}  # fmt: skip
     return Checkpoint.objects.create(

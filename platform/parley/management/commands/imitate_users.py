@@ -2,7 +2,7 @@
 
 Fine-tunes a LoRA user simulator on the messages the study's finished participants wrote
 (studies/research/imitation_data.py exports them without participant ids, with e-mails, phone numbers, links
-and ids in their own turns replaced; training/imitate.py trains) and
+and ids in their own turns replaced; training/tools/imitate.py trains) and
 registers it as a checkpoint (agents.models.Checkpoint), so a run's [[heldout]] table names it
 with `adapter = "NAME"` and the embedded engine serves it as NAME. Here because it joins
 studies and training, which do not import each other.
@@ -19,7 +19,7 @@ from agents.models import Checkpoint
 from agents.paths import base_model_dir, data_dir
 from studies.models import Study
 from studies.research.imitation_data import NoConversations, finished_conversations
-from training.imitate import ImitationError, ImitationSettings, RealConversation, imitate
+from training.tools.imitate import ImitationError, ImitationSettings, RealConversation, imitate
 
 
 class Command(BaseCommand):

@@ -30,9 +30,9 @@ from studies.participation import flow
 from studies.setup.arm_endpoints import point_arms, register_endpoint
 from tests.support.processes import ServeAgents, child_env
 from tests.support.studies import make_study, prolific
-from tests.training.conftest import LetterDomain
-from training import run
+from tests.support.training import LetterDomain
 from training.config import RunConfig
+from training.trainer import loop
 
 pytestmark = [pytest.mark.model, pytest.mark.django_db(transaction=True)]
 SLUG = "vllm-study"
@@ -61,7 +61,7 @@ def trained(base_model, tmp_path_factory) -> list[Checkpoint]:
                 "threads": 1,
             }
         )
-        folders = run.train(config, domain=LetterDomain(), show_progress=False)
+        folders = loop.train(config, domain=LetterDomain(), show_progress=False)
     manifests = [json.loads((folder / "manifest.json").read_text()) for folder in folders]
     assert [m["step"] for m in manifests] == [1, 2] and all(m["adapter"] for m in manifests)
     return [

@@ -1,0 +1,110 @@
+"""The paper's results (training/tools/paper.py): one registry, one config each, every config ready for
+one 8-GPU node offline; and `steps = 0`, the base evaluation those configs' Base rows use."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from training.__main__ import main
+from training.config import RunConfig, load_config
+from training.tools.paper import CONFIGS, DOMAINS, RESULTS, by_key
+from training.trainer.loop import train
+
+
+def test_every_result_has_its_config_and_every_config_its_result():
+    keys = [r.key for r in RESULTS]
+    assert len(set(keys)) == len(keys)
+    assert {r.config for r in RESULTS} == set(CONFIGS.glob("*.toml"))
+    assert {r.domain for r in RESULTS} == set(DOMAINS)
+    for result in RESULTS:
+        assert (
+            result.launcher.split("@")[-1].isalnum() and len(result.launcher.split("@")[-1]) == 40
+        )
+        assert result.differences or result.domain == "retail", result.key
+    # the results the issue names, for each domain the release covers
+    for domain in DOMAINS:
+        for name in ("base", "single-gpt5mini", "single-haiku", "single-gemini", "ensemble",
+                     "verbalized", "verbalized-prob", "selfplay", "population"):  # fmt: skip
+            assert f"{domain}-{name}" in by_key()
+    assert {"retail-persona", "retail-cooperative", "airline-persona"} <= set(by_key())
+
+
+def test_paper_lists_every_result_with_command_and_memory(capsys):
+    code = main(["paper", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    rows = {row["key"]: row for row in data["results"]}
+    assert set(rows) == {r.key for r in RESULTS}
+    for key, row in rows.items():
+        assert row["command"] == (
+            "accelerate launch --config_file training/accelerate/one_node_8gpu_fsdp.yaml"
+            f" -m training run training/configs/paper/{key}.toml"
+        )
+        assert row["ready"], (key, row["failed_checks"])
+        assert 0 < row["memory_gib"] <= 80, key
+        assert row["memory"]["strategy"] == "fsdp" and row["memory"]["processes"] == 8
+    assert code == 0
+    main(["paper"])
+    assert "retail-selfplay" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("result", RESULTS, ids=lambda r: r.key)
+def test_every_paper_config_passes_the_offline_dry_run(result, capsys):
+    code = main(["run", str(result.config), "--dry-run", "--offline", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"], [c for c in out["checks"] if not c["ok"]]
+    assert code == 0
+    config = load_config(result.config)
+    assert config.finetune == "full" and config.distributed.strategy == "fsdp"
+    assert config.distributed.processes == 8 and config.base_model.endswith(
+        "Qwen3-4B-Instruct-2507"
+    )
+    assert (config.batch_tasks, config.group_size) == (16, 8)  # the release's 16 x 8 = 128
+    assert not config.scale_std and config.weight_decay == 0.1
+    assert config.eval_samples == 4 and config.tasks.eval_split == "test"
+    if config.domain != "p4g":
+        assert config.tasks.max_eval == 8 and config.domain_data == "/data/tau2"
+    # the panel: the paper's six, less the models this run trains against
+    assert len(config.heldout) >= 3 and all(s.api_key_env for s in config.heldout)
+
+
+def base_evaluation(tiny_model, tmp_path, **extra):
+    data = {
+        "name": "base",
+        "domain": "letters",
+        "base_model": str(tiny_model),
+        "steps": 0,
+        "group_size": 2,
+        "max_new_tokens": 4,
+        "max_turns": 2,
+        # never loaded: a base evaluation builds no regime, so no training simulator
+        "simulator": {"model": str(tmp_path / "no-such-model")},
+        "tasks": {"max_eval": 1},
+        "eval_samples": 2,
+        "output_dir": str(tmp_path / "run"),
+        "threads": 1,
+    }
+    data.update(extra)
+    return RunConfig.from_dict(data)
+
+
+def test_steps_zero_evaluates_the_starting_policy_and_stops(
+    tiny_model, other_tiny_model, tmp_path, letters
+):
+    heldout = [{"name": "other", "model": str(other_tiny_model), "max_new_tokens": 4}]
+    config = base_evaluation(tiny_model, tmp_path, heldout=heldout)
+    assert train(config, domain=letters, show_progress=False) == []  # no checkpoint
+    rows = [
+        json.loads(line) for line in (config.run_dir() / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert len(rows) == 1 and rows[0]["step"] == 0 and rows[0]["optimizer_steps"] == 0
+    assert "heldout/other/success" in rows[0]
+    assert not (config.run_dir() / "checkpoints").exists()
+    train(config, domain=letters, show_progress=False)  # again: the figures are replaced
+    assert len((config.run_dir() / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+def test_steps_zero_needs_a_panel(tiny_model, tmp_path, letters):
+    with pytest.raises(ValueError, match="steps = 0 evaluates the held-out panel"):
+        train(base_evaluation(tiny_model, tmp_path), domain=letters, show_progress=False)

@@ -1,0 +1,359 @@
+"""GRPO: group-relative advantages, the clipped token-level loss, and one policy update.
+
+Shapes: B sequences of T tokens. `mask[b, t]` is 1 where token t of sequence b was sampled by the
+model being trained (see training/rl/tokens.py), so every sum below runs over those tokens only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+from agents.serving.kvcache import cache_arg, cache_of
+from training.rl.distributed import Ranks, full_weights
+
+STD_EPS = 1e-4
+
+
+def group_advantages(
+    rewards: torch.Tensor, scale_std: bool = True, center: bool = True
+) -> torch.Tensor:
+    """A_i = (r_i - mean(r)) / (std(r) + 1e-4) within each group (rows of `rewards`, [groups, G]).
+
+    std is the unbiased sample std, as in DeepSeekMath and TRL. scale_std=False gives r_i - mean(r)
+    (Dr. GRPO), which does not up-weight groups whose rewards barely differ. center=False gives
+    A_i = r_i, the raw reward: what Slime computes with --disable-rewards-normalization, which
+    every launcher of the paper's release passes (THUDM/slime slime/ray/rollout.py
+    `_post_process_rewards` at 00de6b00714ea329e8f82a24340ac7f27ea63087: without
+    rewards_normalization the raw rewards are returned as the advantages).
+    """
+    rewards = rewards.float()
+    if not center:
+        if scale_std:
+            raise ValueError("scale_std needs center: raw rewards are not scaled")
+        return rewards.clone()
+    adv = rewards - rewards.mean(dim=-1, keepdim=True)
+    if scale_std:
+        adv = adv / (rewards.std(dim=-1, keepdim=True) + STD_EPS)
+    return adv
+
+
+# Per-token estimators of KL(pi || pi_ref) from the sampled token's d = ref_logp - logp (Schulman,
+# "Approximating KL Divergence", 2020), as Slime's compute_approx_kl names them (the release's
+# --kl-loss-type low_var_kl is k3; Slime also clamps low_var_kl to [-10, 10], which parley does
+# not: TRL's k3, which bench/grpo_vs_trl.py compares against, is unclamped).
+KL_ESTIMATORS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "k1": lambda d: -d,  # log pi - log pi_ref: unbiased, can be negative, high variance
+    "k2": lambda d: 0.5 * d * d,  # biased, >= 0; its gradient is that of the true KL
+    "k3": lambda d: torch.exp(d) - d - 1.0,  # unbiased, >= 0, low variance
+}
+
+
+def grpo_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    ref_logp: torch.Tensor | None,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    eps: float = 0.2,
+    eps_high: float | None = None,
+    beta: float = 0.0,
+    kl_estimator: str = "k3",
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The GRPO loss, a token-level mean over the policy's own tokens:
+
+        ratio_t = exp(logp_t - old_logp_t)
+        L_t     = -min(ratio_t * A, clip(ratio_t, 1 - eps, 1 + eps_high) * A) + beta * KL_t
+        d_t     = ref_t - logp_t
+        KL_t    = k1: -d_t                     (the log ratio logp - ref)
+                  k2: d_t^2 / 2
+                  k3: exp(d_t) - d_t - 1       (the default, >= 0; the release's low_var_kl)
+        loss    = sum_t mask_t * L_t / sum_t mask_t
+
+    logp/old_logp/ref_logp/mask: [B, T]; adv: [B] (one advantage per sequence).
+    Returns the loss and stats: kl, clip_frac (tokens whose gradient the clip removed), tokens.
+    """
+    if kl_estimator not in KL_ESTIMATORS:
+        raise ValueError(f"kl_estimator must be one of {', '.join(KL_ESTIMATORS)}")
+    eps_high = eps if eps_high is None else eps_high
+    mask = mask.to(logp.dtype)
+    tokens = mask.sum().clamp(min=1.0)
+    adv = adv.to(logp.dtype).unsqueeze(-1)
+    ratio = torch.exp(logp - old_logp)
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1.0 - eps, 1.0 + eps_high) * adv
+    per_token = -torch.minimum(unclipped, clipped)
+    kl = torch.zeros_like(logp)
+    if ref_logp is not None and beta > 0:
+        kl = KL_ESTIMATORS[kl_estimator](ref_logp - logp)
+        per_token = per_token + beta * kl
+    loss = (per_token * mask).sum() / tokens
+    with torch.no_grad():
+        clip_frac = ((clipped < unclipped).to(logp.dtype) * mask).sum() / tokens
+        stats = {
+            "kl": float((kl * mask).sum() / tokens),
+            "clip_frac": float(clip_frac),
+            "tokens": float(mask.sum()),
+        }
+    return loss, stats
+
+
+@dataclass
+class TokenBatch:
+    """Right-padded training sequences. mask marks the tokens to train on (policy tokens);
+    `allowed[b]` maps a token index of row b to the token ids its sampling was restricted to
+    (choice turns, training/rl/choices.py), so the loss uses the distribution that was sampled."""
+
+    ids: torch.Tensor  # [B, T] long
+    attention: torch.Tensor  # [B, T] long
+    mask: torch.Tensor  # [B, T] float
+    allowed: list[dict[int, list[int]]] | None = None
+
+    @classmethod
+    def from_lists(
+        cls,
+        ids: list[list[int]],
+        masks: list[list[int]],
+        pad_id: int,
+        allowed: list[dict[int, list[int]]] | None = None,
+    ) -> TokenBatch:
+        width = max(len(x) for x in ids)
+        out_ids = torch.full((len(ids), width), pad_id, dtype=torch.long)
+        attention = torch.zeros((len(ids), width), dtype=torch.long)
+        out_mask = torch.zeros((len(ids), width))
+        for i, (seq, m) in enumerate(zip(ids, masks, strict=True)):
+            out_ids[i, : len(seq)] = torch.tensor(seq)
+            attention[i, : len(seq)] = 1
+            out_mask[i, : len(m)] = torch.tensor(m, dtype=torch.float)
+        allowed = allowed if allowed and any(allowed) else None
+        return cls(out_ids, attention, out_mask, allowed)
+
+    def __len__(self) -> int:
+        return self.ids.shape[0]
+
+    def rows(self, start: int, stop: int) -> TokenBatch:
+        allowed = self.allowed[start:stop] if self.allowed else None
+        return TokenBatch(
+            self.ids[start:stop], self.attention[start:stop], self.mask[start:stop], allowed
+        )
+
+    def select(self, order: torch.Tensor) -> TokenBatch:
+        allowed = [self.allowed[i] for i in order.tolist()] if self.allowed else None
+        return TokenBatch(self.ids[order], self.attention[order], self.mask[order], allowed)
+
+
+SHARED_PREFIX_MIN = 16  # tokens: below this, running the rows' common prefix once saves little
+
+
+def token_logprobs(
+    model: torch.nn.Module,
+    batch: TokenBatch,
+    with_entropy: bool = False,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log p(token_t | tokens_<t) for every t >= 1, as a [B, T] tensor (column 0 is 0), from
+    logits / temperature (the distribution that was sampled, as TRL does), restricted to
+    `batch.allowed` where a choice turn restricted the sampling.
+
+    Logits are computed only at positions whose next token is a policy token (`logits_to_keep`),
+    which keeps memory at [B, policy tokens, vocab] instead of [B, T, vocab]. The rows' common
+    prefix (a group's shared prompt) is run once and shared through the KV cache; gradients
+    flow through it as through separate copies.
+    """
+    b, t = batch.ids.shape
+    target_mask = batch.mask[:, 1:] > 0  # token t+1 is predicted at position t
+    positions = target_mask.any(dim=0).nonzero().squeeze(-1)  # positions any row needs
+    logp = torch.zeros((b, t), device=batch.ids.device)
+    entropy = torch.zeros((b, t), device=batch.ids.device) if with_entropy else None
+    if positions.numel() == 0:
+        return logp, entropy
+    logits = _logits_at(model, batch, positions).float() / temperature  # [B, P, V]
+    if batch.allowed:
+        column = {int(p) + 1: k for k, p in enumerate(positions)}
+        bias = torch.zeros_like(logits)
+        for row, restricted in enumerate(batch.allowed):
+            for index, ids in restricted.items():
+                bias[row, column[index]] = float("-inf")
+                bias[row, column[index], ids] = 0.0
+        logits = logits + bias
+    targets = batch.ids[:, positions + 1]
+    log_probs = F.log_softmax(logits, dim=-1)
+    logp[:, positions + 1] = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    policy = batch.mask > 0  # positions kept for another row of the batch stay 0 here
+    if entropy is not None:
+        with torch.no_grad():
+            probs = log_probs.exp()
+            terms = torch.where(probs > 0, probs * log_probs, torch.zeros_like(probs))
+            entropy[:, positions + 1] = -terms.sum(-1)
+        entropy = entropy * policy
+    return logp * policy, entropy
+
+
+def _logits_at(model: torch.nn.Module, batch: TokenBatch, positions: torch.Tensor) -> torch.Tensor:
+    """The model's logits at `positions` for every row, [B, P, V]."""
+    b, t = batch.ids.shape
+    # under FSDP each call is a collective: one pass per micro-batch on every rank, never two
+    shared = _shared_prefix(batch) if b > 1 and not isinstance(model, FSDP) else 0
+    if shared < SHARED_PREFIX_MIN:
+        out = model(input_ids=batch.ids, attention_mask=batch.attention, logits_to_keep=positions)
+        return out.logits
+    early, late = positions[positions < shared], positions[positions >= shared]
+    prefix = model(
+        input_ids=batch.ids[:1, :shared],
+        use_cache=True,
+        logits_to_keep=early if early.numel() else 1,
+    )
+    cache = cache_of(prefix)
+    cache.batch_repeat_interleave(b)
+    parts = [prefix.logits.expand(b, -1, -1)] if early.numel() else []
+    if late.numel():
+        rest = model(
+            input_ids=batch.ids[:, shared:],
+            attention_mask=batch.attention,
+            logits_to_keep=late - shared,
+            **cache_arg(model, cache),
+        )
+        parts.append(rest.logits)
+    return torch.cat(parts, dim=1)
+
+
+def _shared_prefix(batch: TokenBatch) -> int:
+    """Length of the prefix every row has in common (real tokens only)."""
+    same = (batch.ids == batch.ids[:1]) & (batch.attention > 0)
+    differs = (~same.all(dim=0)).nonzero()
+    return int(differs[0]) if differs.numel() else batch.ids.shape[1] - 1
+
+
+def update(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: TokenBatch,
+    adv: torch.Tensor,
+    *,
+    eps: float,
+    eps_high: float,
+    beta: float,
+    micro_batch: int,
+    epochs: int = 1,
+    grad_clip: float = 1.0,
+    reference: Callable[..., torch.Tensor] | None = None,
+    reference_weights: Callable[[], Any] | None = None,
+    temperature: float = 1.0,
+    ranks: Any = None,
+    kl_estimator: str = "k3",
+    autocast: Callable[[], Any] = nullcontext,
+) -> dict[str, float]:
+    """One GRPO step on `batch`: old and reference log-probs, then `epochs` optimizer steps.
+
+    `reference(rows)` gives the reference policy's log-probs (Policy.reference_logprobs); it is
+    needed when beta > 0. It runs on `model`'s gathered weights (LoRA: the adapter disabled),
+    unless `reference_weights()` is given: the context in which a separate reference model's
+    weights are whole (FSDP full fine-tuning: its frozen shards gathered by every rank), entered
+    once for all of this rank's reference passes. With epochs == 1 the old log-probs are the
+    current ones detached (ratio 1), which saves a forward pass, as in TRL. `autocast()` is the
+    context every forward pass runs in (Policy.compute: mixed precision's 16-bit passes over
+    float32 weights); the losses, backward passes and the optimizer step stay outside it.
+
+    With beta = 0 a sequence whose advantage is 0 adds exactly 0 to the loss and its gradient,
+    so it is not back-propagated (its entropy is still measured); a batch with no signal at all
+    (every group's rewards equal) takes no optimizer step, since Adam's momentum alone would
+    still move the weights.
+    """
+    if beta > 0 and reference is None:
+        raise ValueError("beta > 0 needs a reference model")
+    # a row without tokens of this policy (it never spoke) has nothing to train
+    live = ((adv != 0) | (beta > 0)) & (batch.mask.sum(dim=-1) > 0)
+    order = torch.cat([live.nonzero().squeeze(-1), (~live).nonzero().squeeze(-1)])
+    batch = batch.select(order)
+    adv, n_live = adv[order], int(live.sum())
+    chunks = [(i, min(i + micro_batch, n_live)) for i in range(0, n_live, micro_batch)]
+    # Data-parallel (`ranks`, training/rl/distributed.py): each rank holds its own tasks' rows. The
+    # loss is a token mean over the GLOBAL batch, so every rank divides by the token count summed
+    # over all ranks, and the gradients are then summed (not averaged as DDP does): sum over
+    # ranks of (rank's token sum / global tokens) is exactly the 1-process loss over the whole
+    # batch. Whether to step at all is decided on the global count of live rows, so every rank
+    # steps (or skips) together and the weights stay identical.
+    #
+    # FSDP (`model` an FSDP wrapper, training/rl/distributed.py): every pass through the wrapper is
+    # a collective, so every rank makes the same passes: the gradient-free ones (old, reference,
+    # idle rows) run on the full weights gathered once, without collectives, and the ranks agree
+    # on the number of micro-batches, a rank with fewer making zero-weight passes. FSDP averages
+    # gradients over the ranks where the sum above is wanted: the loss is scaled by the world.
+    ranks = ranks or Ranks()
+    sharded = isinstance(model, FSDP)
+    full = model.module if sharded else model
+    global_live = ranks.total(n_live)
+    total_tokens = max(ranks.total(float(batch.mask.sum())), 1.0)
+    passes = ranks.most(len(chunks)) if sharded else len(chunks)
+    scale = ranks.world if sharded else 1
+    totals = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "entropy": 0.0, "grad_norm": 0.0}
+    old, ref = {}, {}
+    if beta > 0 and reference_weights is not None:  # a model of its own: gathered on its own
+        with torch.no_grad(), reference_weights():
+            for c in chunks:
+                ref[c] = reference(batch.rows(*c), temperature)
+    with torch.no_grad(), full_weights(model if sharded else None):
+        for c in chunks:
+            if epochs > 1:
+                with autocast():
+                    old[c] = token_logprobs(full, batch.rows(*c), temperature=temperature)[0]
+            if beta > 0 and reference_weights is None:
+                ref[c] = reference(batch.rows(*c), temperature)
+        for i in range(n_live, len(batch), micro_batch):  # idle rows: entropy only
+            rows = batch.rows(i, min(i + micro_batch, len(batch)))
+            with autocast():
+                entropy = token_logprobs(full, rows, with_entropy=True, temperature=temperature)
+            entropy = entropy[1]
+            totals["entropy"] += float((entropy * rows.mask).sum()) / total_tokens
+
+    model.train()
+    for _ in range(epochs if global_live else 0):
+        optimizer.zero_grad(set_to_none=True)
+        for c in chunks:
+            rows = batch.rows(*c)
+            with autocast():
+                logp, entropy = token_logprobs(
+                    model, rows, with_entropy=True, temperature=temperature
+                )
+            old_logp = old[c] if epochs > 1 else logp.detach()
+            loss, stats = grpo_loss(
+                logp, old_logp, ref.get(c), adv[c[0] : c[1]], rows.mask, eps, eps_high, beta,
+                kl_estimator,
+            )  # fmt: skip
+            weight = stats["tokens"] / total_tokens  # token-level mean over the whole batch
+            (loss * weight * scale).backward()
+            totals["loss"] += loss.item() * weight / epochs
+            totals["kl"] += stats["kl"] * weight / epochs
+            totals["clip_frac"] += stats["clip_frac"] * weight / epochs
+            totals["entropy"] += float((entropy * rows.mask).sum()) / total_tokens / epochs
+        for _ in range(passes - len(chunks)):  # FSDP: the other ranks' extra micro-batches
+            with autocast():
+                logits = model(input_ids=batch.ids[:1, :1]).logits
+            _idle_backward(logits)
+        params = [p for p in model.parameters() if p.requires_grad]
+        limit = grad_clip if grad_clip > 0 else float("inf")
+        if sharded:  # gradients already reduced; the norm is over every rank's shard
+            norm = model.clip_grad_norm_(limit)
+        else:
+            ranks.sum_gradients(params)
+            norm = torch.nn.utils.clip_grad_norm_(params, limit)
+        totals["grad_norm"] += float(norm) / epochs
+        optimizer.step()
+    model.eval()
+    for key in ("loss", "kl", "clip_frac", "entropy"):  # each rank's share of the global mean
+        totals[key] = ranks.total(totals[key])
+    totals["tokens"] = ranks.total(float(batch.mask.sum()))
+    totals["trained_sequences"] = global_live
+    return totals
+
+
+def _idle_backward(logits: torch.Tensor) -> None:
+    """The backward pass of an idle forward pass, which adds 0 to every gradient: under FSDP, a
+    rank with fewer micro-batches than another still makes the collectives of that one's passes."""
+    (logits.sum() * 0.0).backward()

@@ -1,0 +1,624 @@
+"""`python -m training run CONFIG --dry-run [--offline] [--json]`: check a run's wiring in seconds,
+before a node's GPUs wait on a typo. Each check is one `Check` (ok or not, with the reason); the
+run is ready when every check holds.
+
+Offline (no network, no weights): the config is valid, the accelerate settings file (if given)
+is one accelerate reads and agrees with the config (its num_processes, when given, is the count
+the rest is checked for, as the launch uses it), every rank gets at least one task,
+and the memory per device (below) fits. Online, in addition: every OpenAI-compatible endpoint
+the config names answers GET /v1/models (with the key from the variable it names; the key is
+never printed) and serves the named model or adapter; every frozen simulator on an endpoint
+(the training simulator, the held-out panel) answers one tiny chat request shaped exactly as
+its turns will be (its provider's shaping, agents/llm/providers.py, its temperature, top_p,
+token cap, reasoning effort, Verbalized Sampling's response_format), so a parameter the
+provider refuses is reported with the provider's own message before any step is taken; in-process
+models and adapters are folders on disk.
+
+Memory per device (bytes; b = bytes per weight of `dtype`, P = a model's parameters, N =
+`distributed.processes`, shard = N under FSDP else 1; w = the trained models' bytes per weight:
+4 under mixed_precision (float32 master weights), else b):
+
+    weights      = P_trained * w / shard + P_frozen * b
+    LoRA         = 16 * P_lora / shard     (fp32 adapter 4 + its gradient 4 + AdamW m, v 8)
+    full         = 3 * P_trained * w / shard  (gradient + AdamW m, v in the weights' dtype)
+                   + P_ref * b / shard     (the frozen reference copies: the agent's when
+                                            beta > 0, a co-trained simulator's when
+                                            simulator_beta > 0; sharded like the policy, in
+                                            `dtype` under mixed precision too)
+    activations  = checkpointing off: L * s * m * h * 34 * b/2
+                   checkpointing on:  L * s * m * h * b + s * m * h * 34 * b/2
+                   + s * m * V * 8     (fp32 logits and their gradient, either way)
+    compute      = mixed_precision only, the 16-bit copy of the weights the update's passes use:
+                   one process: max P_trained * b (autocast's casts, saved for the backward pass)
+                   FSDP: max (P_root + P_layer) * b (MixedPrecision gathers one unit at a time:
+                   the root's embeddings, output head and final norm, and one decoder layer)
+    gathered     = (P_agent + P_sim) * w * (1 - 1/shard)    FSDP only, P_sim when co-trained
+                   (FSDP's summon_full_params gathers the float32 master weights)
+                   + Population: P_sim * w (full) or P_sim_lora * 4 (LoRA), the live
+                   simulator's weights copied aside while a pool snapshot samples
+    total        = weights + LoRA or full + max(activations + compute, gathered)
+
+with P_trained the models that learn (the agent; a co-trained simulator, LoRA or full as
+`finetune` says: it applies to both), P_frozen every other in-process model copy (a co-trained
+simulator is its trainable copy only) (whole on every
+rank: only the trained models are sharded), L layers, h hidden size, V vocabulary, s sequence
+length, m = `micro_batch`. Without mixed_precision full fine-tuning keeps no fp32 master copy:
+weights, gradients and AdamW's m and v are all in `dtype` (hence `check_precision`); with it they
+are float32 and only the passes are 16-bit (activations counted at b: under autocast in one
+process the residual stream stays float32, so that figure is a little low there). 34 s m h
+(16-bit) is one transformer layer's saved activations without the attention matrix (Korthikanti
+et al. 2022, "Reducing Activation Recomputation", with fused attention as SDPA/flash gives);
+checkpointing keeps only each layer's input and recomputes one layer at a time. P_lora sums
+r * (fan_in + fan_out) over the targeted projections of every layer. s is the longest
+conversation the config allows: the Domain's prompt (PROMPT_TOKENS, a rough figure) plus every
+agent and user turn at its token cap (a Verbalized user's cap / k: one candidate is kept; tool
+results are not counted). `gathered` is FSDP's other shards of the trained models while their
+full weights are gathered on every rank (in-process sampling, publishing an adapter, the
+update's gradient-free passes, evaluation, checkpoints), which no training pass overlaps; it
+counts both trained models, as a rollout with both sampling in-process does (an upper bound
+when they sample on endpoints). In-process model copies:
+the trainer loads one per distinct (model, adapter) among the frozen in-process simulators
+(training and held-out), plus the co-trained simulator's own trainable copy (and no frozen one). The trainer does not turn
+gradient checkpointing on today, so the "off" figure is the one checked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from training.config import ConfigError, RunConfig, SimulatorSpec, load_config
+from training.vocabulary import Regime, SimulatorKind
+
+BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+GIB = 1024**3
+# Assumed device size when no GPU is visible (offline, or a login node): an 80 GB A100/H100.
+DEFAULT_GPU_GIB = 80.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Architecture:
+    """What the memory estimate needs of a decoder-only transformer (Llama/Qwen layout)."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied: bool
+    qk_norm: bool = False  # Qwen3 normalises q and k per head (2 * head_dim weights per layer)
+
+    @classmethod
+    def from_config_json(cls, path: Path) -> Architecture:
+        c = json.loads(path.read_text())
+        heads = c["num_attention_heads"]
+        return cls(
+            hidden=c["hidden_size"],
+            layers=c["num_hidden_layers"],
+            heads=heads,
+            kv_heads=c.get("num_key_value_heads", heads),
+            head_dim=c.get("head_dim") or c["hidden_size"] // heads,
+            intermediate=c["intermediate_size"],
+            vocab=c["vocab_size"],
+            tied=bool(c.get("tie_word_embeddings", False)),
+            qk_norm=c.get("model_type") == "qwen3",
+        )
+
+    def projections(self) -> dict[str, tuple[int, int]]:
+        """(fan_in, fan_out) of each linear layer of one block, by its module name."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        h, i = self.hidden, self.intermediate
+        return {
+            "q_proj": (h, q),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (q, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
+
+    def parameters(self) -> int:
+        block = sum(a * b for a, b in self.projections().values()) + 2 * self.hidden
+        block += 2 * self.head_dim if self.qk_norm else 0
+        embeddings = self.vocab * self.hidden * (1 if self.tied else 2)
+        return embeddings + self.layers * block + self.hidden  # + the final norm
+
+    def lora_parameters(self, r: int, targets: list[str]) -> int:
+        shapes = self.projections()
+        return self.layers * sum(r * sum(shapes[t]) for t in targets if t in shapes)
+
+
+# Published architectures (each model's config.json on the Hugging Face Hub) of the models the
+# shipped configs name, used when the weights are not on this machine; `published` is the
+# parameter count the model card states, which `parameters()` reproduces (tests check).
+PUBLISHED: dict[str, tuple[Architecture, int]] = {
+    "Qwen3-4B-Instruct-2507": (
+        Architecture(2560, 36, 32, 8, 128, 9728, 151936, tied=True, qk_norm=True),
+        4_022_468_096,
+    ),
+    "Qwen3-8B": (
+        Architecture(4096, 36, 32, 8, 128, 12288, 151936, tied=False, qk_norm=True),
+        8_190_735_360,
+    ),
+    "SmolLM2-135M-Instruct": (Architecture(576, 30, 9, 3, 64, 1536, 49152, tied=True), 134_515_008),
+}
+
+# Rough prompt length (system prompt with the policy and tool schemas, in tokens) per Domain.
+PROMPT_TOKENS = {"p4g": 512, "p4g-decision": 512, "retail": 4096, "airline": 4096}
+DEFAULT_PROMPT_TOKENS = 2048
+
+
+@dataclasses.dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+def architecture(model: Path | str) -> tuple[Architecture, str]:
+    """A model's architecture and where it came from: its config.json on disk, else the table
+    (by folder name, as the Hub names it). KeyError when neither knows it."""
+    path = Path(model).expanduser()
+    if (path / "config.json").is_file():
+        return Architecture.from_config_json(path / "config.json"), str(path / "config.json")
+    if path.name in PUBLISHED:
+        return PUBLISHED[path.name][0], f"published size of {path.name}"
+    raise KeyError(
+        f"{model}: no config.json there and not a model of known size ({', '.join(PUBLISHED)})"
+    )
+
+
+def sequence_length(config: RunConfig) -> int:
+    from agents.domains import domain_class
+
+    turns = min(config.max_turns, domain_class(config.domain).max_turns)
+    agent_turns, user_turns = math.ceil(turns / 2), turns // 2
+    prompt = PROMPT_TOKENS.get(config.domain, DEFAULT_PROMPT_TOKENS)
+    # the longest reply of any simulator the agent trains against (an Ensemble has K)
+    user = max(
+        # the conversation keeps one of a Verbalized simulator's k candidates
+        math.ceil(s.max_new_tokens / s.k)
+        if s.kind == SimulatorKind.VERBALIZED
+        else s.max_new_tokens
+        for s in config.training_simulators()
+    )
+    return prompt + agent_turns * config.max_new_tokens + user_turns * user
+
+
+def _in_process(spec: SimulatorSpec) -> bool:
+    return spec.kind != SimulatorKind.SCRIPTED and not spec.endpoint
+
+
+def mixed(config: RunConfig) -> bool:
+    """Whether the trained models keep float32 master weights under 16-bit passes."""
+    return config.mixed_precision and config.dtype != "float32"
+
+
+def memory(config: RunConfig, sequence: int | None = None) -> dict[str, Any]:
+    """The estimate of the module docstring, in bytes and GiB, per device."""
+    b = BYTES[config.dtype]
+    w = BYTES["float32"] if mixed(config) else b  # the trained models' weights
+    n = config.distributed.processes
+    shard = n if config.distributed.strategy == "fsdp" else 1
+    agent, source = architecture(config.base_model_path())
+    p_agent = agent.parameters()
+    # a co-trained simulator is its trainable Policy (counted below), not a frozen copy too
+    frozen = [] if config.trains_simulator else config.training_simulators()
+    copies = {(str(s.model or config.base_model_path()), s.adapter) for s in
+              [*frozen, *config.heldout] if _in_process(s)}  # fmt: skip
+    p_frozen = 0
+    for model, _adapter in sorted(copies):
+        p_frozen += architecture(model)[0].parameters()
+    trainable = [(agent, config.beta)]  # each learning model and its KL weight
+    if config.trains_simulator:
+        sim = architecture(config.simulator_model_path())[0]
+        trainable.append((sim, config.simulator_beta))
+    p_trained = sum(a.parameters() for a, _ in trainable)
+    out: dict[str, Any] = {
+        "model": str(config.base_model_path()),
+        "source": source,
+        "parameters": p_agent,
+        "processes": n,
+        "strategy": config.distributed.strategy,
+        "sequence_length": sequence or sequence_length(config),
+        "micro_batch": config.micro_batch,
+        "mixed_precision": mixed(config),
+        "weights": p_trained * w / shard + p_frozen * b,
+    }
+    if config.finetune == "lora":
+        p_lora = sum(a.lora_parameters(config.lora.r, config.lora.targets) for a, _ in trainable)
+        out["lora_parameters"] = p_lora
+        out["trainable_state"] = 16 * p_lora / shard
+    else:
+        p_ref = sum(a.parameters() for a, beta in trainable if beta > 0)
+        out["trainable_state"] = (3 * p_trained * w + p_ref * b) / shard
+    s, m = out["sequence_length"], config.micro_batch
+    logits = s * m * agent.vocab * 8
+    layer = s * m * agent.hidden * 34 * b / 2
+    out["activations_checkpointing_off"] = agent.layers * layer + logits
+    out["activations_checkpointing_on"] = agent.layers * s * m * agent.hidden * b + layer + logits
+    out["compute_copy"] = 0
+    if mixed(config):  # the update's 16-bit weights, one model's update at a time
+        unit = lambda a: a.parameters() if shard == 1 else _root_and_layer(a)  # noqa: E731
+        out["compute_copy"] = max(unit(a) for a, _ in trainable) * b
+    out["gathered"] = p_trained * w * (1 - 1 / shard)
+    out["pool_swap"] = 0
+    # the live simulator, copied aside while a snapshot samples
+    if config.regime == Regime.POPULATION:
+        lora = sim.lora_parameters(config.lora.r, config.lora.targets) * 4
+        out["pool_swap"] = sim.parameters() * w if config.finetune == "full" else lora
+        out["gathered"] += out["pool_swap"]
+    for flag in ("off", "on"):
+        update = out[f"activations_checkpointing_{flag}"] + out["compute_copy"]
+        passes = max(update, out["gathered"])
+        total = out["weights"] + out["trainable_state"] + passes
+        out[f"total_checkpointing_{flag}"] = total
+        out[f"total_checkpointing_{flag}_gib"] = round(total / GIB, 2)
+    return out
+
+
+def _root_and_layer(arch: Architecture) -> int:
+    """FSDP's largest gathered units at once: the root (embeddings, output head, final norm)
+    and one decoder layer (training/rl/distributed.py: a unit per decoder layer)."""
+    root = arch.vocab * arch.hidden * (1 if arch.tied else 2) + arch.hidden
+    return root + (arch.parameters() - root) // arch.layers
+
+
+def device_memory(config: RunConfig, offline: bool, given_gib: float | None) -> tuple[float, str]:
+    """The memory of one device in GiB and where that figure comes from."""
+    if given_gib:
+        return given_gib, "--device-memory"
+    if config.device.startswith("cuda"):
+        if not offline:
+            try:
+                import torch
+
+                if torch.cuda.is_available():
+                    free, total = torch.cuda.mem_get_info()
+                    return total / GIB, f"{torch.cuda.get_device_name()} (this machine)"
+            except Exception:  # noqa: BLE001 - no usable CUDA: fall back to the assumption
+                pass
+        return DEFAULT_GPU_GIB, f"assumed {DEFAULT_GPU_GIB:.0f} GiB GPU (--device-memory to change)"
+    pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return pages / GIB, "this machine's RAM"
+
+
+# -- the checks ---------------------------------------------------------------------------------
+
+
+def check_accelerate(config: RunConfig, path: str) -> tuple[list[Check], int]:
+    """The accelerate settings file, read by accelerate itself, whether it agrees with the
+    config's `distributed` table (FSDP exactly when strategy = fsdp), and the process count the
+    launch will have: accelerate's `num_processes` wins over `distributed.processes`, as in
+    the trainer."""
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    processes = config.distributed.processes
+    try:
+        settings = load_config_from_file(path)
+    except Exception as exc:  # noqa: BLE001 - any reason accelerate refuses the file is the answer
+        return [Check("accelerate settings", False, f"{path}: {exc}")], processes
+    problems = []
+    kind = str(getattr(settings.distributed_type, "value", settings.distributed_type))
+    machines = settings.num_machines
+    if settings.num_processes >= 1:
+        processes = settings.num_processes
+    if (kind == "FSDP") != (config.distributed.strategy == "fsdp"):
+        problems.append(
+            f"distributed_type = {kind} but the config's distributed.strategy ="
+            f" {config.distributed.strategy}"
+        )
+    if machines < 1 or processes % machines:
+        problems.append(f"num_processes = {processes} does not split over {machines} machines")
+    if not 0 <= settings.machine_rank < machines:
+        problems.append(f"machine_rank = {settings.machine_rank} is not in 0..{machines - 1}")
+    if machines > 1 and not (settings.main_process_ip and settings.main_process_port):
+        problems.append("several machines need main_process_ip and main_process_port")
+    detail = (
+        "; ".join(problems) or f"{path}: {kind}, {processes} processes on {machines} machine(s)"
+    )
+    if not problems and processes != config.distributed.processes:
+        detail += (
+            f" (its num_processes wins over distributed.processes = {config.distributed.processes})"
+        )
+    return [Check("accelerate settings", not problems, detail)], processes
+
+
+def check_strategy(config: RunConfig) -> Check:
+    """What the launch does with several processes: DDP (whole model on each rank) or FSDP
+    (sharded; a model that needs it should sample on an endpoint, see docs/paper.md)."""
+    strategy, n = config.distributed.strategy, config.distributed.processes
+    detail = f"{strategy} x {n}" if n > 1 else "one process"
+    if config.trains_simulator and n > 1:
+        detail += " (the co-trained simulator data-parallel too)"
+    if strategy == "fsdp" and n > 1 and not config.rollout_endpoint:
+        detail += "; the agent samples in-process, on its whole weights gathered on every rank"
+    return Check("data-parallel strategy", True, detail)
+
+
+def check_batch(config: RunConfig) -> Check:
+    """Every rank rolls out at least one task's group (the trainer refuses fewer tasks)."""
+    n, tasks = config.distributed.processes, config.batch_tasks
+    ok = tasks >= n
+    shares = f"{tasks // n}" + ("" if tasks % n == 0 else f" or {tasks // n + 1}") if ok else "0"
+    return Check(
+        "tasks split across ranks",
+        ok,
+        f"batch_tasks {tasks} over {n} process(es): {shares} each"
+        + ("" if ok else "; some ranks would have no task"),
+    )
+
+
+# the relative spacing of a dtype's numbers (its machine epsilon)
+EPSILON = {"float32": 2.0**-23, "bfloat16": 2.0**-7, "float16": 2.0**-10}
+TYPICAL_WEIGHT = 0.02  # the initialisation scale of Llama/Qwen linear layers
+
+
+def check_precision(config: RunConfig) -> Check:
+    """Full fine-tuning without mixed_precision keeps its weights in `dtype` (no fp32 master
+    copy): an AdamW step moves a weight by about the learning rate, and one smaller than half
+    the spacing of the dtype's numbers near a typical weight rounds away, so the run would not
+    learn. With mixed_precision the weights are float32 and only the passes are 16-bit."""
+    if config.finetune != "full":
+        return Check("full fine-tuning precision", True, "LoRA: the adapter trains in float32")
+    if mixed(config):
+        return Check(
+            "full fine-tuning precision",
+            True,
+            f"float32 master weights, gradients and AdamW state (mixed_precision), passes in"
+            f" {config.dtype}: steps of about lr = {config.agent_lr:g} are kept",
+        )
+    spacing = EPSILON[config.dtype] * 2.0 ** math.floor(math.log2(TYPICAL_WEIGHT))
+    lost = config.agent_lr < spacing / 2
+    detail = (
+        f"{config.dtype} weights near {TYPICAL_WEIGHT} are {spacing:.1e} apart; steps of about lr"
+        f" = {config.agent_lr:g} "
+        + (
+            "round away (no fp32 master copy is kept): set mixed_precision = true (or dtype ="
+            ' "float32")'
+            if lost
+            else "are kept"
+        )
+    )
+    return Check("full fine-tuning precision", not lost, detail)
+
+
+def check_memory(config: RunConfig, offline: bool, device_gib: float | None) -> tuple[Check, dict]:
+    try:
+        estimate = memory(config)
+    except KeyError as exc:
+        return Check("memory per device", False, str(exc.args[0])), {}
+    size, where = device_memory(config, offline, device_gib)
+    need = estimate["total_checkpointing_off_gib"]
+    estimate["device_gib"], estimate["device"] = round(size, 2), where
+    ok = need <= size
+    detail = (
+        f"{need:.1f} GiB of {size:.0f} GiB ({where}); "
+        f"{estimate['sequence_length']} tokens x micro_batch {config.micro_batch}, "
+        f"{config.finetune if config.finetune == 'full' else f'lora r={config.lora.r}'},"
+        f" {config.dtype}{' mixed (float32 master weights)' if mixed(config) else ''}, "
+        f"{estimate['strategy']} x {estimate['processes']}; "
+        f"with gradient checkpointing {estimate['total_checkpointing_on_gib']:.1f} GiB"
+    )
+    return Check("memory per device", ok, detail), estimate
+
+
+def endpoints(config: RunConfig) -> list[tuple[str, str, str, str]]:
+    """(role, base URL, served model, key variable) of every endpoint the config names."""
+    out = []
+    if config.rollout_endpoint:
+        out.append(("agent sampler", config.rollout_endpoint, str(config.base_model_path()), ""))
+    specs = []
+    if not config.trains_simulator:
+        role = "ensemble {}" if config.regime == Regime.ENSEMBLE else "simulator"
+        specs = [(role.format(s.name), s) for s in config.training_simulators()]
+    if config.trains_simulator and config.simulator.endpoint:  # serves its base, loads adapters
+        model, key = str(config.simulator_model_path()), config.simulator.api_key_env
+        out.append(("simulator sampler", config.simulator.endpoint, model, key))
+    specs += [(f"held-out {s.name}", s) for s in config.heldout]
+    for role, spec in specs:
+        if spec.endpoint:
+            out.append((role, spec.endpoint, spec.model, spec.api_key_env))
+    return out
+
+
+def _serves(ids: list[str], model: str, base: bool) -> bool:
+    """Whether /v1/models lists `model` (Gemini prefixes ids with "models/"); the agent's and a
+    co-trained simulator's samplers serve their base model under its path or its folder name."""
+    names = {i.removeprefix("models/") for i in ids}
+    if model in names:
+        return True
+    return base and Path(model).name in {Path(i).name for i in names}
+
+
+def check_endpoint(role: str, url: str, model: str, key_env: str, timeout: float) -> list[Check]:
+    import httpx
+
+    from agents.paths import secret
+
+    headers = {}
+    if key_env:
+        key = secret(key_env)
+        if not key:
+            return [Check(f"{role} endpoint", False, f"environment variable {key_env} is not set")]
+        headers["Authorization"] = f"Bearer {key}"
+    address = url.rstrip("/") + "/models"
+    try:
+        response = httpx.get(address, headers=headers, timeout=timeout)
+        response.raise_for_status()
+        ids = [m["id"] for m in response.json()["data"]]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        reason = (
+            f"HTTP {exc.response.status_code}" if isinstance(exc, httpx.HTTPStatusError) else exc
+        )
+        return [Check(f"{role} endpoint", False, f"GET {address} failed: {reason}")]
+    reached = Check(f"{role} endpoint", True, f"{address} answers")
+    served = _serves(ids, model, base=role.endswith("sampler"))
+    detail = f"{model} is served" if served else f"{model} is not served (served: {', '.join(ids)})"
+    return [reached, Check(f"{role} model", served, detail)]
+
+
+# The tiny request each endpoint simulator is sent: a few words back cost a few tokens.
+PROBE = [
+    {"role": "system", "content": "You are a user in a short chat."},
+    {"role": "user", "content": "Hello! Please answer in a few words."},
+]
+
+
+def endpoint_simulators(config: RunConfig) -> list[tuple[str, SimulatorSpec]]:
+    """(role, spec) of every frozen simulator on an endpoint: each is sent one request."""
+    specs = [] if config.trains_simulator else [("simulator", config.simulator)]
+    specs += [(f"held-out {s.name}", s) for s in config.heldout]
+    return [(role, s) for role, s in specs if s.endpoint and s.kind != SimulatorKind.SCRIPTED]
+
+
+def check_request(role: str, spec: SimulatorSpec, timeout: float) -> Check:
+    """One chat request to an endpoint simulator, shaped as its turns are (training/rollouts/simulator.py
+    EndpointUser: the same client, provider and parameters), and what came back."""
+    import asyncio
+
+    from agents.llm import LLMClient, LLMError
+    from agents.simulators import VerbalizedSampling
+
+    provider = spec.provider_spec()
+    params = spec.request_params()
+    if spec.kind == SimulatorKind.VERBALIZED:  # every Verbalized turn carries its schema
+        params["response_format"] = VerbalizedSampling(
+            spec.k, spec.draw, spec.retries
+        ).response_format()
+    _, notes = provider.shape(params)
+    shaped = f"{provider.name}" + (f": {'; '.join(notes)}" if notes else "")
+
+    async def ask():
+        client = LLMClient(
+            spec.endpoint,
+            api_key=spec.api_key(),
+            provider=spec.provider,
+            timeout=timeout,
+            max_retries=1,
+        )
+        async with client:
+            return await client.chat(spec.model, PROBE, **params)
+
+    name = f"{role} request"
+    try:
+        result = asyncio.run(ask())
+    except LLMError as exc:  # the provider's own status and message (never the key)
+        return Check(name, False, f"{exc} [sent as {shaped}]")
+    if not result.content.strip() and result.finish_reason == "length":
+        return Check(
+            name,
+            False,
+            f"{spec.model} used all max_new_tokens = {spec.max_new_tokens} before any text"
+            " (a reasoning model's hidden reasoning counts against the cap: raise max_new_tokens"
+            f" or set reasoning_effort) [sent as {shaped}]",
+        )
+    return Check(name, True, f"{spec.model} answers [sent as {shaped}]")
+
+
+def check_local(config: RunConfig) -> list[Check]:
+    """In-process models and adapters are folders on disk (weights are needed: online only)."""
+    checks = []
+    folders = {"agent model": str(config.base_model_path())}
+    if config.trains_simulator and config.simulator.endpoint:  # sampled there, learns here
+        folders["simulator model"] = str(config.simulator_model_path())
+    for spec in [*config.training_simulators(), *config.heldout]:
+        if _in_process(spec):
+            folders[f"{spec.name} model"] = spec.model or str(config.base_model_path())
+            if spec.adapter:
+                folders[f"{spec.name} adapter"] = str(spec.adapter_path())
+    if config.collapse.embedding_model:  # sim/embedding_dispersion's model: loaded, never fetched
+        folders["embedding model"] = config.collapse.embedding_model
+    if config.domain_data:
+        data = Path(config.domain_data).expanduser()
+        checks.append(
+            Check(
+                "domain data", data.is_dir(), f"{data}" + ("" if data.is_dir() else ": no folder")
+            )
+        )
+    for name, folder in folders.items():
+        path = Path(folder).expanduser()
+        marker = "adapter_config.json" if name.endswith("adapter") else "config.json"
+        ok = (path / marker).is_file()
+        checks.append(Check(name, ok, f"{path}" + ("" if ok else f": no {marker} there")))
+    return checks
+
+
+def check_tool_format(config: RunConfig) -> Check:
+    """The agent's tool format for its base model's chat template (needs the model's folder)."""
+    from agents.llm.native_tools import model_tool_style, resolve_tool_format
+
+    folder = config.base_model_path()
+    try:
+        style = model_tool_style(folder)
+        chosen = resolve_tool_format(config.tool_format, style)
+    except (OSError, ValueError) as error:
+        return Check("tool format", False, f"{config.tool_format}: {error}")
+    served = " (served with vLLM --tool-call-parser hermes)" if chosen == "native" else ""
+    return Check("tool format", True, f"{config.tool_format} -> {chosen}{served}")
+
+
+def dry_run(
+    path: str,
+    overrides: dict[str, Any] | None = None,
+    *,
+    offline: bool = False,
+    accelerate_config: str = "",
+    device_gib: float | None = None,
+    timeout: float = 5.0,
+    request_timeout: float = 60.0,
+) -> dict[str, Any]:
+    """Every check for the run `path` describes: {"ok", "checks": [...], "memory": {...}}.
+    `timeout`: for each GET /v1/models; `request_timeout`: for each simulator's one request."""
+    checks: list[Check] = []
+    try:
+        config = load_config(path, overrides)
+    except ConfigError as exc:
+        checks.append(Check("config", False, str(exc)))
+        return _result(checks, {})
+    checks.append(Check("config", True, f"{path}: {config.name}, {config.regime}"))
+    if accelerate_config:
+        found, processes = check_accelerate(config, accelerate_config)
+        checks += found
+        distributed = dataclasses.replace(config.distributed, processes=processes)
+        config = dataclasses.replace(config, distributed=distributed)  # the launch's count
+    checks.append(check_strategy(config))
+    checks.append(check_batch(config))
+    checks.append(check_precision(config))
+    mem_check, estimate = check_memory(config, offline, device_gib)
+    checks.append(mem_check)
+    if not offline:
+        checks += check_local(config)
+        checks.append(check_tool_format(config))
+        reached: dict[str, bool] = {}
+        for role, url, model, key_env in endpoints(config):
+            found = check_endpoint(role, url, model, key_env, timeout)
+            reached[role] = all(c.ok for c in found)
+            checks += found
+        for role, spec in endpoint_simulators(config):
+            if reached.get(role):  # not reached, or not serving the model: already said
+                checks.append(check_request(role, spec, request_timeout))
+    return _result(checks, estimate)
+
+
+def _result(checks: list[Check], estimate: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "ok": all(c.ok for c in checks),
+        "checks": [dataclasses.asdict(c) for c in checks],
+        "memory": estimate,
+    }
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = [
+        f"{'ok  ' if c['ok'] else 'FAIL'}  {c['name']}: {c['detail']}" for c in result["checks"]
+    ]
+    lines.append("ready" if result["ok"] else "not ready")
+    return "\n".join(lines)

@@ -1,0 +1,321 @@
+"""The paper's results, declared once: which config reproduces each, from which released launcher,
+and where parley's run differs from it and why.
+
+    python -m training paper [--json]     every result: config, 8-GPU command, memory per GPU
+
+The release is the authors' public repository CHATS-lab/scope_usim; `cmd/slime/README.md` there
+lists one launcher per paper result. Every launcher cited below was read at commit RELEASE_COMMIT
+(the held-out panels, `eval_configs/*_6model.yaml`, at EVAL_COMMIT). A config's comments give the
+launcher each value comes from; this registry says, per result, what parley cannot or does not do
+as the launcher does. SHARED holds the differences every paper config has.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+RELEASE = "CHATS-lab/scope_usim"
+RELEASE_COMMIT = "1470e27a7c026b22cbd28031f6f865689990cedc"
+EVAL_COMMIT = "6218b97532dd1c726746840486ef31801ce110e8"
+LOOP_COMMIT = "0a0747d97c3cb711f27e35d77398a7ae017e97a2"  # usim/slime/cotrain_loop.py
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS = REPO / "training" / "configs" / "paper"
+ACCELERATE = "training/accelerate/one_node_8gpu_fsdp.yaml"
+DOMAINS = ("p4g", "retail", "airline")
+
+# What every paper config does otherwise than every released Qwen3-4B launcher.
+SHARED = (
+    "Trainer: Slime + Megatron (TP/CP, full recompute) with SGLang rollouts on one 8-GPU node;"
+    " parley trains with torch FSDP on 8 processes (training/accelerate/one_node_8gpu_fsdp.yaml)"
+    " and samples in-process unless rollout_endpoint / simulator.endpoint name vLLM servers.",
+    "Batch: Slime's --rollout-batch-size 16 x --n-samples-per-prompt 8 = --global-batch-size 128"
+    " is batch_tasks 16 x group_size 8, one optimizer step per rollout (ppo_epochs 1).",
+    "Token caps: Slime caps a whole rollout's response (--rollout-max-response-len 32768 or"
+    " 16384) and an agent turn at 8192 tokens; parley caps each turn (max_new_tokens), sized so"
+    " the dry run's memory estimate (every turn at its cap, no gradient checkpointing) fits an"
+    " 80 GiB GPU.",
+    "Turns: the release's --max-turns counts agent actions (a message or one tool call, each"
+    " answered by the user or the tool; usim/core/orchestrator.py); parley's max_turns counts"
+    " user and agent messages and bounds tool calls per agent turn (max_tool_rounds).",
+    "Held-out panel: the release's 6-model panel includes the run's training simulator(s);"
+    " parley keeps them, marked `seen = true`, so heldout/success and heldout/reward are the"
+    " release's whole-panel means, and adds heldout/unseen_* over the members the agent never"
+    " met (training/measures/held_out.py).",
+    "Held-out sampling: the release evaluates at temperature 0.7, top_p 0.95 for agent and"
+    " users (eval_configs/*_6model.yaml); parley's agent samples at `temperature` (0.7) with"
+    " top_p 1, the panel's users at their SimulatorSpec temperature and top_p (0.7, 0.95).",
+    "Hosted training users: capped at 512 tokens a message on tau2 (a Verbalized reply 2560, five"
+    ' candidates) and 2048 on P4G, and GPT-5-mini trains at reasoning_effort "low" on tau2:'
+    " the dry run counts every user turn at its cap, and GPT-5's reasoning counts against it;"
+    " the release sends no cap and the provider's default effort (medium). The panel's users"
+    " keep 4096 tokens and the default effort.",
+    "Gradient clipping: Megatron's default clip-grad 1.0 is parley's grad_clip 1.0 (not set in"
+    " the launchers).",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """One paper result for one domain: its config is training/configs/paper/<key>.toml."""
+
+    key: str
+    name: str  # the paper's name for the result
+    domain: str
+    launcher: str  # path@commit in the release, or "none: ..." with the launcher followed
+    differences: tuple[str, ...] = ()
+
+    @property
+    def config(self) -> Path:
+        return CONFIGS / f"{self.key}.toml"
+
+    @property
+    def command(self) -> str:
+        relative = self.config.relative_to(REPO)
+        return f"accelerate launch --config_file {ACCELERATE} -m training run {relative}"
+
+
+def _at(path: str, commit: str = RELEASE_COMMIT) -> str:
+    return f"cmd/slime/{path}@{commit}"
+
+
+# The launcher of each result per release domain ("tau2" is retail in the release).
+_LAUNCHERS = {
+    ("p4g", "base"): "p4g/eval_base.sh",
+    ("tau2", "base"): "eval_base.sh",
+    ("p4g", "single-gpt5mini"): "p4g/rl_single_gpt5mini.sh",
+    ("p4g", "single-haiku"): "p4g/rl_single_haiku.sh",
+    ("p4g", "single-gemini"): "p4g/rl_single_gemini.sh",
+    ("tau2", "single-gpt5mini"): "tau2/rl_single_gpt5mini.sh",
+    ("tau2", "single-haiku"): "tau2/rl_single_haiku.sh",
+    ("tau2", "single-gemini"): "tau2/rl_single_gemini.sh",
+    ("tau2", "persona"): "tau2/persona_guided.sh",
+    ("p4g", "ensemble"): "p4g/ensemble.sh",
+    ("tau2", "ensemble"): "tau2/ensemble.sh",
+    ("p4g", "verbalized"): "p4g/vs_gpt5mini.sh",
+    ("tau2", "verbalized"): "tau2/vs_gpt5mini.sh",
+    ("p4g", "verbalized-prob"): "p4g/vs_gpt5mini.sh",
+    ("tau2", "verbalized-prob"): "tau2/vs_gpt5mini.sh",
+    ("p4g", "selfplay"): "p4g/self_play.sh",
+    ("tau2", "selfplay"): "tau2/self_play.sh",
+    ("p4g", "population"): "p4g/population_self_play.sh",
+    ("tau2", "population"): "tau2/population_self_play.sh",
+    ("tau2", "cooperative"): "ablations/sim_reward_cooperative_tau2.sh",
+}
+
+_NAMES = {
+    "base": "Base (untrained)",
+    "single-gpt5mini": "RL (Single), GPT-5-mini simulator",
+    "single-haiku": "RL (Single), Claude Haiku 4.5 simulator (single-simulator collapse)",
+    "single-gemini": "RL (Single), Gemini 3 Flash simulator (single-simulator collapse)",
+    "persona": "Persona-Guided",
+    "ensemble": "Ensemble, K=3",
+    "verbalized": "Verbalized Sampling, GPT-5-mini (uniform draw, as released)",
+    "verbalized-prob": "Verbalized Sampling, GPT-5-mini, probability draw (ablation)",
+    "selfplay": "Self-Play (simulator reward: curriculum on tau2, adversarial on P4G)",
+    "population": "Population Self-Play",
+    "cooperative": "Simulator reward ablation: cooperative (Self-Play)",
+}
+
+# Differences of one result, whatever its domain.
+_OWN: dict[str, tuple[str, ...]] = {
+    "base": (
+        "The release measures Base as the evaluation at rollout 0 of a 1000-rollout training job"
+        " stopped by hand (--eval-interval 1 without --skip-eval-before-train); parley's"
+        " `steps = 0` evaluates the starting policy on the panel and stops (training/trainer/loop.py).",
+        "The base job's training simulator (gpt-5-mini) never acts before the rollout-0"
+        " evaluation; the config keeps the in-process default simulator, which a base evaluation"
+        " never loads, so the whole 6-model panel is held out.",
+    ),
+    "single-haiku": (
+        "Claude Haiku 4.5 trains through the OpenRouter gateway as released; it stays in the"
+        " panel as a seen member (see SHARED).",
+    ),
+    "single-gemini": (
+        "Gemini 3 Flash (google/gemini-3-flash-preview) trains through OpenRouter as released;"
+        " a seen panel member.",
+    ),
+    "single-gpt5mini": (
+        "GPT-5-mini trains through OpenAI's API as released; a seen panel member.",
+    ),
+    "persona": (
+        "The guidelines are the release's --usim-user-prompt-prefix, parley's default"
+        " SimulatorSpec.guidelines; GPT-5-mini is a seen panel member.",
+    ),
+    "ensemble": (
+        "The three ensemble members are seen panel members; heldout/unseen_* are GLM-5,"
+        " Qwen3-30B-A3B and DeepSeek-V3.2.",
+    ),
+    "verbalized": (
+        '--usim-vs-method random is parley\'s draw = "uniform" (k = 5, --usim-vs-num-samples 5);'
+        " the release's `random` prompt asks for candidates without probabilities, parley's asks"
+        " for probabilities and ignores them.",
+    ),
+    "verbalized-prob": (
+        "The release has no GPT-5-mini `prob` launcher: its `prob` ablations are"
+        f" {_at('ablations/vs_haiku_tau2.sh')} and vs_gpt4o_tau2.sh (Haiku 4.5 / GPT-4o users,"
+        " a 3-model panel); this is vs_gpt5mini.sh with --usim-vs-method prob (draw ="
+        ' "probability").',
+    ),
+    "selfplay": (
+        "The release trains the user as a second full Qwen3-4B on 4 of the node's GPUs and the"
+        " agent on the other 4 (dual_cotrain); parley fully fine-tunes both (finetune = full"
+        " applies to the co-trained simulator too), sharded together over all 8 GPUs.",
+        "The release samples the user at top_p 0.95 (tau2_cotrain_rollout.py"
+        " opp_sampling_params); parley samples a co-trained model in process from its whole"
+        " distribution, the one whose log-probs the loss uses.",
+        "The release's KL 0.005 applies to both roles: beta = simulator_beta = 0.005.",
+    ),
+    "population": (
+        "The release loads ONE pool checkpoint as the user for each rollout batch (random"
+        " selection, the pool seeded with the initial model, --pool-size 10, a snapshot of the"
+        f" user every 16 rollouts; usim/slime/cotrain_loop.py@{LOOP_COMMIT} dual_selfplay);"
+        " parley's population gives half of each group the current simulator and the other half"
+        " a uniformly drawn snapshot (training/regimes/regime.py).",
+        "--no-agent-kl: the agent trains without KL (beta = 0); the user keeps KL 0.01"
+        " (simulator_beta = 0.01), as dual_selfplay does.",
+        "--trainable-role agent: dual_selfplay still trains the user's group every step on its"
+        " own tokens (cotrain_loop.py), as parley's population trains its simulator.",
+        "The co-trained simulator is fully fine-tuned and sampled without top_p (see selfplay).",
+    ),
+    "cooperative": (
+        "--trainable-role agent with dual_cotrain: the release README reads it as only the agent"
+        " trainable, but dual_cotrain trains the user's group every step on tokens whose loss"
+        f" mask is 1 (cotrain_loop.py, tau2_cotrain_rollout.py @ {LOOP_COMMIT}), rewarded with"
+        " the agent's reward; parley's cotrain with simulator_reward = cooperative does that.",
+        "--no-agent-kl: beta = 0; the user keeps KL 0.01 (simulator_beta = 0.01); 100 rollouts;"
+        " lr 1e-6.",
+        "The co-trained simulator is fully fine-tuned and sampled without top_p (see selfplay).",
+    ),
+}
+
+_DOMAIN_OWN: dict[tuple[str, str], tuple[str, ...]] = {
+    ("p4g", "base"): (
+        "P4G data: the release's data/p4g/{train,test} persuadees; parley's P4G Domain builds"
+        " its personas and split from the Persuasion for Good corpus itself"
+        " (agents/domains/p4g), so the test persuadees differ.",
+    ),
+    ("retail", "selfplay"): (
+        "--tau2-tool-error-penalty -0.1 (a tax on the user's reward per tau2 tool error) is"
+        " not in parley's curriculum reward.",
+    ),
+    ("airline", "selfplay"): ("--tau2-tool-error-penalty -0.1: as retail.",),
+    ("retail", "population"): (
+        "The tau2 population launcher sets no --tau2-user-reward-mode, so its user gets the"
+        " agent's reward (its own comment): simulator_reward = cooperative here, not tau2's"
+        " curriculum default.",
+    ),
+    ("airline", "population"): ("simulator_reward = cooperative: as retail's launcher.",),
+}
+
+_AIRLINE = (
+    "The release has no airline launcher (every tau2 launcher sets --usim-domain retail); this"
+    " config is retail's with the official airline data (/data/tau2, split 30 train / 20 test).",
+)
+_P4G = (
+    "P4G data: parley's own persuadee personas and split (agents/domains/p4g), not the"
+    " release's data/p4g files.",
+)
+
+# Results the release does not cover for a domain, and why.
+NOT_COVERED = (
+    ("p4g", "persona", "the release's README: not applicable, P4G tasks already carry personas"),
+    ("p4g", "cooperative", "a tau2 ablation in the release; P4G's user opposes the agent"),
+    (
+        "all",
+        "adversarial simulator reward on tau2",
+        "none in the release: its tau2 rollout has no adversarial mode",
+    ),  # fmt: skip
+    (
+        "all",
+        "Verbalized Sampling with Haiku 4.5 / GPT-4o",
+        "ablations/vs_haiku_tau2.sh and"
+        " vs_gpt4o_tau2.sh: not in this registry (their 3-model panel)",
+    ),  # fmt: skip
+    ("all", "Qwen3-8B rows, pool size K in {1,3,5,10}", "none in the release"),
+)
+
+_RESULTS = {
+    "p4g": (
+        "base", "single-gpt5mini", "single-haiku", "single-gemini", "ensemble", "verbalized",
+        "verbalized-prob", "selfplay", "population",
+    ),
+    "retail": (
+        "base", "single-gpt5mini", "single-haiku", "single-gemini", "persona", "ensemble",
+        "verbalized", "verbalized-prob", "selfplay", "population", "cooperative",
+    ),
+}  # fmt: skip
+_RESULTS["airline"] = _RESULTS["retail"]
+
+
+def _result(domain: str, result: str) -> Result:
+    release = "p4g" if domain == "p4g" else "tau2"
+    launcher = _at(_LAUNCHERS[(release, result)])
+    differences = _OWN.get(result, ()) + _DOMAIN_OWN.get((domain, result), ())
+    if domain == "airline":
+        launcher = f"none: retail's {launcher}"
+        differences = _AIRLINE + differences
+    elif domain == "p4g" and result != "base":
+        differences = _P4G + differences
+    return Result(f"{domain}-{result}", _NAMES[result], domain, launcher, differences)
+
+
+RESULTS: tuple[Result, ...] = tuple(_result(d, r) for d in DOMAINS for r in _RESULTS[d])
+
+
+def by_key() -> dict[str, Result]:
+    return {r.key: r for r in RESULTS}
+
+
+def describe(result: Result) -> dict[str, Any]:
+    """A result with its config's offline dry run: the command, the memory per GPU, the checks."""
+    from training.tools.dryrun import dry_run
+
+    run = dry_run(str(result.config), offline=True, accelerate_config=str(REPO / ACCELERATE))
+    memory = run["memory"]
+    failed = [f"{c['name']}: {c['detail']}" for c in run["checks"] if not c["ok"]]
+    return {
+        "key": result.key,
+        "name": result.name,
+        "domain": result.domain,
+        "config": str(result.config.relative_to(REPO)),
+        "command": result.command,
+        "launcher": result.launcher,
+        "memory_gib": memory.get("total_checkpointing_off_gib"),
+        "memory": memory,
+        "ready": run["ok"],
+        "failed_checks": failed,
+        "differences": list(result.differences),
+    }
+
+
+def table() -> dict[str, Any]:
+    return {
+        "release": RELEASE,
+        "commit": RELEASE_COMMIT,
+        "shared_differences": list(SHARED),
+        "results": [describe(r) for r in RESULTS],
+        "not_covered": [{"domain": d, "result": r, "why": w} for d, r, w in NOT_COVERED],
+    }
+
+
+def render(data: dict[str, Any]) -> str:
+    """The table for a terminal: one line per result, then its differences."""
+    lines = [f"The paper's results ({data['release']}@{data['commit'][:10]}); one 8-GPU node each."]
+    for row in data["results"]:
+        memory = f"{row['memory_gib']:.1f} GiB/GPU" if row["memory_gib"] is not None else "?"
+        state = "ready" if row["ready"] else "NOT READY: " + "; ".join(row["failed_checks"])
+        lines += [
+            "",
+            f"{row['key']}  {row['name']}  [{memory}, {state}]",
+            f"  config:   {row['config']}",
+            f"  command:  {row['command']}",
+            f"  launcher: {row['launcher']}",
+        ]
+        lines += [f"  - {d}" for d in row["differences"]]
+    lines += ["", "Every config also differs from the release in:"]
+    lines += [f"  - {d}" for d in data["shared_differences"]]
+    lines += ["", "Not covered:"]
+    lines += [f"  - {n['domain']}: {n['result']}: {n['why']}" for n in data["not_covered"]]
+    return "\n".join(lines)

@@ -1,0 +1,323 @@
+"""The trainer, top to bottom: rollouts, GRPO step, the regime's own step, evaluation, checkpoint.
+`_train` builds the run once and loops: `train_step` (every rank) returns the step's metrics row,
+and a RunWriter (training/trainer/writer.py) writes it, checkpoints and reports progress (rank 0).
+
+    from training.config import load_config
+    from training.trainer.loop import train
+    checkpoints = train(load_config("training/configs/p4g-single-cpu.toml"), progress_callback=print)
+
+Running it again with the same output folder resumes from the last checkpoint.
+`progress_callback` gets a dict after every step:
+    {"step", "total_steps", "reward", "heldout_success", "eta_seconds", "metrics", "checkpoint",
+     "warnings"}
+`warnings` lists the run's collapse warnings so far (training/measures/diversity.py), each
+printed once when its threshold is first crossed. `within_step` gets, while a step runs (rank 0), the last
+step's dict with `current`: {"step", "phase": rollouts | update | evaluation, "rollouts_done",
+"rollouts_total"} (rank 0's share of the step's rollouts), so a long step shows it is moving.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import random
+import statistics
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agents.domains.base import Domain, Scenario
+from training.config import RunConfig, TaskSpec
+from training.measures.collapse import (
+    load_or_find_exploit,
+    mixture_exploit,
+    simulator_exploit,
+    step_metrics,
+)
+from training.measures.diversity import Embedder, step_diversity
+from training.measures.held_out import HeldOutPanel
+from training.measures.metrics import MetricsLog
+from training.regimes.regime import ModelCache, frozen_simulator, make_regime
+from training.rl.distributed import Ranks
+from training.rl.grpo import group_advantages
+from training.rl.policy import Policy
+from training.rollouts.agent import EndpointAgent, LocalAgent, agent_tool_format
+from training.rollouts.rollout import Rollout, play
+from training.trainer import checkpoint
+from training.trainer.writer import Phase, Progress, RunWriter, due
+from training.vocabulary import SimulatorKind
+
+
+def train(
+    config: RunConfig,
+    progress_callback: Progress | None = None,
+    *,
+    domain: Domain | None = None,
+    show_progress: bool = True,
+    within_step: Progress | None = None,
+) -> list[Path]:
+    """Train (or resume) the run `config` describes; returns its checkpoint folders, oldest
+    first. `domain` overrides the registry lookup of config.domain (tests use a toy Domain).
+    `within_step` gets the progress within each step (the module's docstring)."""
+    threads = torch.get_num_threads()
+    if config.threads:
+        # OpenMP threads spin-wait for each other: on a machine shared with other work, fewer
+        # threads than cores is several times faster
+        torch.set_num_threads(config.threads)
+    ranks = Ranks.start(config)
+    try:
+        return _train(config, progress_callback, domain, show_progress, ranks, within_step)
+    except Exception as exc:
+        # the launcher stops the other ranks; this file says which one failed and why
+        ranks.record_failure(config.run_dir(), exc)
+        raise
+    finally:
+        torch.set_num_threads(threads)
+        ranks.close()
+
+
+@dataclasses.dataclass
+class Run:
+    """What every step of a run uses, built once by _train."""
+
+    config: RunConfig
+    run_dir: Path
+    domain: Domain
+    tasks: list[Scenario]  # the training scenarios
+    agent: Policy
+    speaker: LocalAgent | EndpointAgent
+    regime: Any
+    panel: HeldOutPanel
+    ranks: Ranks
+    exploit: Any  # the frozen simulator's dominant mode, where the task makes it exact
+    embed: Embedder | None  # rank 0's reply embedder for the step's diversity
+    optimizer_steps: int = 0  # so far: 0 means the adapter is still the base
+
+
+def _train(
+    config: RunConfig,
+    progress_callback: Progress | None,
+    domain: Domain | None,
+    show_progress: bool,
+    ranks: Ranks,
+    within_step: Progress | None = None,
+) -> list[Path]:
+    run_dir = config.run_dir()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ranks.clear_failures(run_dir)
+    domain = domain or _domain(config.domain, config.domain_data)
+    train_tasks = select_tasks(domain, config.tasks, "train")
+    eval_tasks = select_tasks(domain, config.tasks, "eval")
+    torch.manual_seed(config.seed)
+
+    models = ModelCache(config)
+    agent = Policy.for_run(config, lr=config.agent_lr, ranks=ranks)
+    panel = HeldOutPanel(config, domain, eval_tasks, models)
+    if config.steps == 0:  # a base evaluation: no regime, no simulator loaded, no step taken
+        return _evaluate_start(config, run_dir, agent, panel, ranks)
+    regime = make_regime(config, run_dir, models, ranks)
+    # every rank loads the same global checkpoint (adapter, optimizer, RNG), so a run resumes at
+    # any process count
+    start = checkpoint.resume(run_dir, config, agent, regime)
+    writer = RunWriter(config, run_dir, start, ranks, agent, regime, progress_callback,
+                       within_step, show_progress)  # fmt: skip
+    exploit = _exploit(config, domain, train_tasks, models) if ranks.main else None
+    speaker = _speaker(config, agent)
+    embed = None  # rank 0 alone measures the step's diversity (every rank has the rollouts)
+    if ranks.main and config.collapse.embedding_model:
+        embed = Embedder(config.collapse.embedding_model)
+    run = Run(config, run_dir, domain, train_tasks, agent, speaker, regime, panel,
+              ranks, exploit, embed, optimizer_steps=writer.optimizer_steps)  # fmt: skip
+    writer.begin()
+    for step in range(start + 1, config.steps + 1):
+        row, rollouts = train_step(run, step, functools.partial(writer.phase, step))
+        writer.record(step, row, rollouts)
+    return writer.close()
+
+
+def train_step(run: Run, step: int, phase: Phase) -> tuple[dict[str, Any], list[Rollout]]:
+    """One step on every rank: rollouts, the agent's GRPO step, the regime's own step, the
+    held-out evaluation when due. Returns the step's metrics row and its rollouts (every rank's,
+    in task order). `phase(name, rollouts_done, rollouts_total)` says where the step is."""
+    config, agent, regime, ranks = run.config, run.agent, run.regime, run.ranks
+    t0 = time.monotonic()
+    # 1. rollouts: G conversations for each of this rank's share of the step's tasks
+    tasks = draw_tasks(run.tasks, config.batch_tasks, random.Random(f"{config.seed}-{step}"))
+    share = ranks.share(list(enumerate(tasks)))
+    total = len(share) * config.group_size
+    phase("rollouts", 0, total)
+    if config.rollout_endpoint:  # the server samples from the adapter as it is now
+        live = run.run_dir / "live" / f"step-{step - 1:06d}"
+        with agent.gathered():  # FSDP: the adapter is gathered by every rank
+            run.speaker.publish(agent, live, f"{config.name}-live-{step - 1}", ranks)
+    mine = []
+    # FSDP: the models sampling in this process do so on their full weights, gathered once
+    # for the whole phase by every rank (generation itself then makes no collectives)
+    sampling = agent.gathered() if not config.rollout_endpoint else nullcontext()
+    with sampling, regime.gathered(), regime.simulator(step) as user:
+        for index, task in share:
+            done = len(mine)
+            ended = lambda n, done=done: phase("rollouts", done + n, total)  # noqa: E731
+            mine += _play_task(config, run.domain, task, index, step, run.speaker, user, ended)
+    rewards = torch.tensor([r.reward for r in mine]).view(-1, config.group_size)
+    t_rollout = time.monotonic() - t0
+    phase("update", len(mine), total)
+
+    # 2. the agent's GRPO step on its own tokens (data-parallel: this rank's rows, the
+    # gradients summed over the ranks)
+    adv = group_advantages(rewards, config.scale_std, config.center_rewards).flatten()
+    stats = agent.learn([r.agent for r in mine], adv, config, temperature=config.temperature,
+                        beta=config.beta, ranks=ranks)  # fmt: skip
+    # 3. the regime's own step (co-training: the simulator learns on this rank's rollouts,
+    # data-parallel like the agent; population: rank 0 adds to the pool)
+    stats.update(regime.learn(step, mine))
+    rollouts = ranks.gather(mine)  # the whole step, in task order, on every rank
+    row = _row(run, step, rollouts, len(tasks), stats) | {"time_rollout": t_rollout}
+    run.optimizer_steps += int(row["optimizer_step"])
+    row["optimizer_steps"] = run.optimizer_steps
+
+    # 4. held-out evaluation every eval_every steps and at the end (rank 0, on the agent's
+    # full weights under FSDP; the others wait at the next step's first collective)
+    if run.panel and due(step, config.eval_every, config.steps):
+        phase("evaluation", len(mine), total)
+        with agent.gathered():
+            if ranks.main:
+                row.update(run.panel.evaluate(agent, step))
+    row["time_step"] = time.monotonic() - t0
+    return row, rollouts
+
+
+def _row(run: Run, step: int, rollouts: list[Rollout], tasks: int, stats: dict) -> dict:
+    """The step's metrics, before its timings and evaluation."""
+    config = run.config
+    rewards = torch.tensor([r.reward for r in rollouts]).view(tasks, config.group_size)
+    # the optimizers' rates as set (LoRA scales them: lora.lr_scale), in every metrics row
+    rates = {"lr": config.agent_lr} | ({"sim/lr": config.sim_lr} if config.trains_simulator else {})
+    return {
+        "step": step,
+        "reward_mean": float(rewards.mean()),
+        "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+        "success": statistics.fmean(bool(r.outcome.success) for r in rollouts),
+        "turns": statistics.fmean(len(r.conversation) for r in rollouts),
+        "fallbacks": sum(r.fallbacks for r in rollouts),
+        "optimizer_step": float(stats.get("trained_sequences", 0) > 0),
+        **rates,
+        **stats,
+        **run.regime.metrics(step, rollouts),
+        **step_metrics(rollouts, run.exploit),
+        **(step_diversity([r.conversation for r in rollouts], run.embed) if run.ranks.main else {}),
+    }
+
+
+def _exploit(config: RunConfig, domain: Domain, tasks: list[Scenario], models: ModelCache):
+    """The frozen simulator's dominant mode, where the task makes it exact (training/measures/
+    collapse.py): the training simulator as it starts, plain (a Verbalized one's underlying
+    model); an Ensemble's is that of the even mixture of its members, which the rotation makes
+    it. None where it is not exact (the user speaks first, or is on an endpoint)."""
+    base_users = [
+        dataclasses.replace(s, kind=SimulatorKind.PLAIN)
+        if s.kind == SimulatorKind.VERBALIZED
+        else s
+        for s in config.training_simulators()
+    ]
+    if domain.first_speaker != "agent" or any(s.endpoint for s in base_users):
+        return None
+    return load_or_find_exploit(
+        config.run_dir(),
+        lambda: mixture_exploit(
+            [
+                simulator_exploit(domain, tasks, frozen_simulator(s, models, config.seed))
+                for s in base_users
+            ]
+        ),
+    )
+
+
+def _speaker(config: RunConfig, agent: Policy) -> LocalAgent | EndpointAgent:
+    """The agent's side of the rollouts: sampled in this process, or by a vLLM server."""
+    tool_format = agent_tool_format(config.tool_format, agent)  # "json" | "native"
+    if not config.rollout_endpoint:
+        return LocalAgent(agent, config.temperature, config.max_new_tokens, tool_format)
+    speaker = EndpointAgent(config.rollout_endpoint, agent, config.temperature,
+                            config.max_new_tokens)  # fmt: skip
+    speaker.tool_format = tool_format
+    return speaker
+
+
+def _evaluate_start(
+    config: RunConfig, run_dir: Path, agent: Policy, panel: HeldOutPanel, ranks: Ranks
+) -> list[Path]:
+    """`steps = 0`: the starting policy against the held-out panel, written as metrics row 0
+    (the release measures its Base rows the same way: the evaluation at rollout 0, before any
+    update; cmd/slime/eval_base.sh). Nothing else is written: there is no checkpoint."""
+    if not panel:
+        raise ValueError("steps = 0 evaluates the held-out panel, and this config has none")
+    with agent.gathered():  # FSDP: rank 0 evaluates on the full weights, as after a step
+        if ranks.main:
+            (run_dir / "config.json").write_text(_json(config.to_dict()))
+            row = {"step": 0, "optimizer_steps": 0, **panel.evaluate(agent, 0)}
+            metrics = run_dir / "metrics.jsonl"
+            metrics.unlink(missing_ok=True)  # evaluated again: the new figures replace the old
+            MetricsLog(metrics).write(row)
+    return []
+
+
+def _play_task(config, domain, task, index, step, speaker, user, on_finished=None) -> list[Any]:
+    """The G conversations of the step's task number `index`. Torch's and the simulator's
+    generators are seeded from (seed, step, index), so a task's rollouts are the same whichever
+    rank plays it: a run gives the same result at any process count."""
+    torch.manual_seed(_task_seed(config.seed, step, index))
+    if isinstance(getattr(user, "rng", None), random.Random):
+        user.rng.seed(f"{config.seed}-{step}-{index}-user")
+    if hasattr(user, "begin_task"):  # an Ensemble draws each rollout's member from its position
+        user.begin_task(index)
+    return play(
+        domain, [task] * config.group_size, speaker, user,
+        max_turns=config.max_turns, max_tool_rounds=config.max_tool_rounds,
+        redraw=random.Random(f"{config.seed}-{step}-{index}-redraw"), on_finished=on_finished,
+    )  # fmt: skip
+
+
+def _task_seed(seed: int, step: int, index: int) -> int:
+    return random.Random(f"{seed}-{step}-{index}-torch").getrandbits(63)
+
+
+def select_tasks(domain: Domain, spec: TaskSpec, which: str) -> list[Scenario]:
+    """The scenarios of the train or eval side: explicit ids, else the split, capped."""
+    split = spec.train_split if which == "train" else spec.eval_split
+    ids = spec.train_ids if which == "train" else spec.eval_ids
+    cap = spec.max_train if which == "train" else spec.max_eval
+    if ids:
+        by_id = {s.id: s for s in domain.scenarios(None)}
+        unknown = [i for i in ids if i not in by_id]
+        if unknown:
+            raise ValueError(
+                f"tasks.{which}_ids: unknown scenario ids {unknown[:5]} in {domain.name}"
+            )
+        tasks = [by_id[i] for i in ids]
+    else:
+        tasks = domain.scenarios(split)
+    tasks = tasks[:cap] if cap else tasks
+    if which == "train" and not tasks:
+        raise ValueError(f"no training scenarios in domain {domain.name!r} split {split!r}")
+    return tasks
+
+
+def draw_tasks(tasks: list[Scenario], n: int, rng: random.Random) -> list[Scenario]:
+    """n distinct tasks when there are enough, else with repeats."""
+    return rng.sample(tasks, n) if n <= len(tasks) else [rng.choice(tasks) for _ in range(n)]
+
+
+def _domain(name: str, data_dir: str) -> Domain:
+    from agents.domains import get_domain
+
+    return get_domain(name, data_dir or None)
+
+
+def _json(data: Any) -> str:
+    import json
+
+    return json.dumps(data, indent=2, default=str)
