@@ -86,9 +86,9 @@ class RatedConversation(models.Model):
         return f"conversation {self.pk} of {self.study.slug}"
 
     @property
-    def stratum(self) -> tuple[str, str]:
-        """What assignment balances a rater's conversations over: source and arm."""
-        return (self.source, self.arm or self.simulator)
+    def stratum(self) -> tuple[str, str, str]:
+        """What assignment balances a rater's conversations over: source, arm and simulator."""
+        return (self.source, self.arm, self.simulator)
 
 
 class RatingAssignment(models.Model):

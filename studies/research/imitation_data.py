@@ -4,7 +4,7 @@ Who counts: participants who completed the study, are people (no bots, no previe
 returned or timed out on Prolific (partial data), and are not excluded by the study's
 attention rule. What leaves: each conversation's Domain, scenario and messages, nothing that
 identifies a participant (no token, no Prolific ids), and the participants' own turns with
-e-mails, phone numbers, links and ids replaced (studies/research/redact.py; what the scenario gave
+e-mails, phone numbers, links and ids replaced (studies/lib/redact.py; what the scenario gave
 them stays). training/tools/imitate.py reads this shape
 (RealConversation.from_dict); platform/parley's `imitate_users` command joins the two.
 """
@@ -14,8 +14,8 @@ from collections import Counter
 
 from agents.models import Checkpoint
 from studies.lib.domain_bridge import OPEN_CHAT
+from studies.lib.redact import redact
 from studies.models import Message, Participant, Study, humans_unless
-from studies.research.redact import redact
 
 
 class NoConversations(ValueError):

@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from studies.research.redact import redact
+from studies.lib.redact import redact
 
 
 @pytest.mark.parametrize(
