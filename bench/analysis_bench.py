@@ -3,9 +3,9 @@
 Prints, in one run and side by side, seconds for: Holm-Bonferroni by statsmodels (what the
 report called before, with a gc.collect() per call) and by numpy (now), with their largest
 difference over random families; the report from a table and from a CSV file with each Holm
-(and whether the two reports are the same); and the figures with the layout of before
-(constrained layout on every figure, each saved to its tight bounding box) and now, the first
-drawing in the process apart. Wall and CPU seconds: CPU is steadier on a shared machine. The machine's load
+(and whether the two reports are the same); and the figures drawn by plots.py as it was
+before (read from git) and now, the first drawing in the process apart. Wall and CPU seconds:
+CPU is steadier on a shared machine. The machine's load
 (`uptime`) and the commit are printed beside. Targets: CSV -> report under 0.5 s and all
 figures under 2 s on the 2-core dev machine.
 
@@ -17,6 +17,7 @@ import json
 import subprocess
 import tempfile
 import time
+import types
 from pathlib import Path
 from unittest import mock
 
@@ -58,14 +59,24 @@ def statsmodels_holm(pvalues) -> np.ndarray:
     return adjusted
 
 
-def constrained_everywhere(width, height, layout=None, new_figure=plots._new_figure):
-    """The figures' layout before: constrained layout on every figure, Likert ones too..."""
-    return new_figure(width, height, layout="constrained")
+# The figures as they were drawn before this work: plots.py at that commit, read from git.
+FIGURES_BEFORE = "7775a4a"
 
 
-def tight_everywhere(figure):
-    """...and every figure saved to its tight bounding box."""
-    return plots.TIGHT
+def plots_before():
+    """studies/analysis/plots.py at FIGURES_BEFORE as a module beside today's, or None."""
+    found = subprocess.run(
+        ["git", "show", f"{FIGURES_BEFORE}:studies/analysis/plots.py"],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parent,
+    )
+    if found.returncode:
+        return None
+    module = types.ModuleType("studies.analysis.plots_before")
+    module.__package__ = "studies.analysis"  # its relative imports are today's plan and report
+    exec(compile(found.stdout, f"plots.py@{FIGURES_BEFORE}", "exec"), module.__dict__)
+    return module
 
 
 def seconds(work, repeat: int) -> tuple[list[tuple[float, float]], object]:
@@ -162,25 +173,23 @@ def main() -> None:
     [(wall, cpu)], drawn = seconds(lambda: plots.render_all(report, "png"), 1)
     label = f"{len(drawn)} figures as PNG, first in this process (now)"
     print(f"{label:<44} {wall:7.3f} s, CPU {cpu:7.3f} s")
+    before_plots = plots_before()
+    if before_plots is None:
+        print(f"(no git history: figures of {FIGURES_BEFORE} not drawn)")
     for fmt in ("png", "svg"):
+        if before_plots is None:
+            [(wall, cpu)], _ = seconds(lambda fmt=fmt: plots.render_all(report, fmt), 1)
+            print(f"{f'figures as {fmt.upper()} (now)':<44} {wall:7.3f} s, CPU {cpu:7.3f} s")
+            continue
         side_by_side(
-            f"figures as {fmt.upper()} (means + 10 Likert items)",
-            lambda fmt=fmt: _with_layout_before(lambda: plots.render_all(report, fmt)),
+            f"figures as {fmt.upper()}, {FIGURES_BEFORE} vs now",
+            lambda fmt=fmt: before_plots.render_all(report, fmt),
             lambda fmt=fmt: plots.render_all(report, fmt),
         )
     print(
         f"comparisons: {len(report['comparisons'])}, excluded: {report['participants']['excluded']}"
     )
     print(f"uptime after: {uptime()}")
-
-
-def _with_layout_before(work):
-    """The figures drawn with the layout of before (the Likert bars are drawn as now)."""
-    with (
-        mock.patch.object(plots, "_new_figure", constrained_everywhere),
-        mock.patch.object(plots, "_fitted", tight_everywhere),
-    ):
-        return work()
 
 
 if __name__ == "__main__":

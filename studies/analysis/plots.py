@@ -16,6 +16,8 @@ import matplotlib
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.font_manager import FontProperties
+from matplotlib.textpath import text_to_path
 
 from .plan import tag
 from .report import control_named
@@ -23,11 +25,17 @@ from .report import control_named
 CONTROL_COLOR = "#4d4d4d"
 ARM_COLOR = "#2166ac"
 NEUTRAL_COLOR = "#cfcfcf"
+CONSTRAINED_MARGIN = 0.07  # inches, beside constrained layout's own pads
 
 
 def _new_figure(width: float, height: float, layout: str | None = "constrained") -> Figure:
+    """A figure saved as laid out: no tight box at save, which would measure every text once
+    more. Constrained layout fits everything inside, here with a margin at the edges."""
     figure = Figure(figsize=(width, height), layout=layout)
     FigureCanvasAgg(figure)
+    if layout == "constrained":
+        x, y = CONSTRAINED_MARGIN / width, CONSTRAINED_MARGIN / height
+        figure.get_layout_engine().set(rect=(x, y, 1 - 2 * x, 1 - 2 * y))
     return figure
 
 
@@ -53,13 +61,7 @@ def means_figure(report: dict[str, Any]) -> Figure:
     measures = report["measures"]
     columns = min(4, max(1, len(measures)))
     rows = max(1, math.ceil(len(measures) / columns))
-    width, height = 3.2 * columns, 2.8 * rows
-    figure = _new_figure(width, height)
-    # Saved without a tight box (see _fitted): the layout itself keeps a margin at the edges.
-    margin = 0.07  # inches
-    figure.get_layout_engine().set(
-        rect=(margin / width, margin / height, 1 - 2 * margin / width, 1 - 2 * margin / height)
-    )
+    figure = _new_figure(3.2 * columns, 2.8 * rows)
     axes = figure.subplots(rows, columns, squeeze=False).ravel()
     level = f"{report['settings']['ci_level']:.0%}"
     control = control_named(report)
@@ -130,10 +132,13 @@ def likert_figure(report: dict[str, Any], measure: str) -> Figure:
     if k % 2:
         colors[k // 2] = NEUTRAL_COLOR  # the colormap's middle is white on white
     arms = [a["name"] for a in report["arms"]]
-    # One axes and a save to the tight bounding box (TIGHT), which makes room for the arm labels
-    # and the legend: constrained layout would only measure the same text again (a third of
-    # the time of these figures).
-    figure = _new_figure(7, 0.6 * len(arms) + 1.6, layout=None)
+    counts_by_arm = [sum(entry["distribution"][a].values()) for a in arms]
+    labels = [f"{a} (n={n})" for a, n in zip(arms, counts_by_arm, strict=True)]
+    title = f"{measure}: answers 1..{k} by arm"
+    if entry["reverse"]:
+        title += " (as given; reverse-coded in the analysis)"
+    title = tagged(title, report)
+    figure, legend_y = _likert_layout(labels, title, k)
     ax = figure.subplots()
     shares, lefts = [], []
     for arm in arms:
@@ -153,19 +158,60 @@ def likert_figure(report: dict[str, Any], measure: str) -> Figure:
             label=str(answer + 1),
         )
     ax.axvline(0, color="black", linewidth=0.8)
-    counts_by_arm = [sum(entry["distribution"][a].values()) for a in arms]
-    ax.set_yticks(
-        range(len(arms)), [f"{a} (n={n})" for a, n in zip(arms, counts_by_arm, strict=True)]
-    )
+    ax.set_yticks(range(len(arms)), labels)
     ax.invert_yaxis()
     ax.set_xlim(-1, 1)
     ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{abs(v):.0%}"))
-    title = f"{measure}: answers 1..{k} by arm"
-    if entry["reverse"]:
-        title += " (as given; reverse-coded in the analysis)"
-    ax.set_title(tagged(title, report), fontsize=10)
-    ax.legend(ncols=k, loc="upper center", bbox_to_anchor=(0.5, -0.15), fontsize=8, frameon=False)
+    ax.set_title(title, fontsize=LIKERT_TITLE_SIZE)
+    ax.legend(
+        ncols=k,
+        loc="upper center",
+        bbox_to_anchor=(0.5, legend_y),
+        fontsize=LEGEND_SIZE,
+        frameon=False,
+    )
     return figure
+
+
+POINT = 1 / 72  # inches
+MARGIN = 0.1  # inches of white around everything drawn
+TICK = (3.5 + 3.5) * POINT  # matplotlib's tick length and label pad
+LABEL_SIZE, LIKERT_TITLE_SIZE, LEGEND_SIZE = 10.0, 10.0, 8.0
+
+
+def _text_width(text: str, size: float) -> float:
+    """Width in inches of one line of text as the font draws it, without a figure."""
+    found = text_to_path.get_text_width_height_descent(text, FontProperties(size=size), False)
+    return found[0] * POINT * 1.03  # a little slack: Agg hints glyphs a bit wider or narrower
+
+
+def _likert_layout(labels: list[str], title: str, k: int) -> tuple[Figure, float]:
+    """The Likert figure's size and margins from the few texts that decide them (the arm labels,
+    the title, the legend), measured once. Constrained layout or a tight box at save measures
+    every text of the figure again on each pass: most of the time of these figures. Returns the
+    figure and the legend's top in axes coordinates (below the x tick labels)."""
+    lines = title.count("\n") + 1
+    top = MARGIN + lines * 1.2 * LIKERT_TITLE_SIZE * POINT + 6 * POINT  # 6 pt: the title's pad
+    x_labels = TICK + 1.2 * LABEL_SIZE * POINT
+    # a line, the border pad above and below, and the pad between the anchor and the legend
+    legend_height = (1.2 + 2 * 0.4 + 0.5) * LEGEND_SIZE * POINT
+    bottom = MARGIN + x_labels + 0.1 + legend_height
+    half_edge_label = _text_width("100%", LABEL_SIZE) / 2  # the x labels at -1 and 1
+    left = MARGIN + max(max(_text_width(a, LABEL_SIZE) for a in labels) + TICK, half_edge_label)
+    right = MARGIN + half_edge_label
+    # Each entry: handle, pad and its number; columns apart; the border pad on both sides.
+    entry = (2.0 + 0.8) * LEGEND_SIZE * POINT
+    legend_width = sum(entry + _text_width(str(a), LEGEND_SIZE) for a in range(1, k + 1))
+    legend_width += (2.0 * (k - 1) + 2 * 0.4) * LEGEND_SIZE * POINT
+    title_width = max(_text_width(line, LIKERT_TITLE_SIZE) for line in title.split("\n"))
+    axes_width = max(7 - left - right, legend_width, title_width)
+    axes_height = 0.6 * len(labels) + 0.6
+    width, height = left + axes_width + right, top + axes_height + bottom
+    figure = _new_figure(width, height, layout=None)
+    figure.subplots_adjust(
+        left=left / width, right=1 - right / width, bottom=bottom / height, top=1 - top / height
+    )
+    return figure, -(x_labels + 0.1) / axes_height
 
 
 def figures(report: dict[str, Any]) -> dict[str, Figure]:
@@ -179,20 +225,9 @@ def figures(report: dict[str, Any]) -> dict[str, Figure]:
     return found
 
 
-# Saved to the bounding box of everything drawn (long arm names, a legend below the axes), with
-# a margin, so nothing is cut at the figure's edge.
-TIGHT = {"bbox_inches": "tight", "pad_inches": 0.1}
-
-
-def _fitted(figure: Figure) -> dict[str, Any]:
-    """TIGHT for a figure without a layout engine. Constrained layout already fits everything
-    inside the figure; a tight box there would only measure every text once more."""
-    return TIGHT if figure.get_layout_engine() is None else {}
-
-
 def render_png(figure: Figure, dpi: int = 110) -> bytes:
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=dpi, metadata={"Software": None}, **_fitted(figure))
+    figure.savefig(buffer, format="png", dpi=dpi, metadata={"Software": None})
     return buffer.getvalue()
 
 
@@ -202,7 +237,7 @@ def render_svg(figure: Figure) -> str:
     buffer = io.StringIO()
     # Text as paths: matplotlib writes a font only as the CSS `font` shorthand, not an attribute.
     with matplotlib.rc_context({"svg.hashsalt": "parley", "svg.fonttype": "path"}):
-        figure.savefig(buffer, format="svg", metadata={"Date": None}, **_fitted(figure))
+        figure.savefig(buffer, format="svg", metadata={"Date": None})
     return styles_as_attributes(buffer.getvalue())
 
 
