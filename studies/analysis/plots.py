@@ -16,6 +16,8 @@ import matplotlib
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.font_manager import FontProperties
+from matplotlib.textpath import text_to_path
 
 from .plan import tag
 from .report import control_named
@@ -23,11 +25,29 @@ from .report import control_named
 CONTROL_COLOR = "#4d4d4d"
 ARM_COLOR = "#2166ac"
 NEUTRAL_COLOR = "#cfcfcf"
+CONSTRAINED_MARGIN = 0.07  # inches, beside constrained layout's own pads
+POINT = 1 / 72  # inches
+MARGIN = 0.1  # inches of white around everything drawn
+TICK = (3.5 + 3.5) * POINT  # matplotlib's tick length and label pad
+LABEL_SIZE, TITLE_SIZE, FIGURE_TITLE_SIZE, LEGEND_SIZE, ARM_SIZE = 10.0, 10.0, 11.0, 8.0, 8.0
 
 
-def _new_figure(width: float, height: float) -> Figure:
-    figure = Figure(figsize=(width, height), layout="constrained")
+def _text_width(text: str, size: float) -> float:
+    """Width in inches of one line of text as the font draws it, without a figure."""
+    found = text_to_path.get_text_width_height_descent(text, FontProperties(size=size), False)
+    return found[0] * POINT * 1.03  # a little slack: Agg hints glyphs a bit wider or narrower
+
+
+def _new_figure(width: float, height: float, layout: str | None = "constrained") -> Figure:
+    """A figure saved as laid out: no tight box at save, which would measure every text once
+    more. The means and Likert figures are laid out from a few measured texts (_fit_grid,
+    _likert_layout); constrained layout (the sim-to-real figure) fits everything inside, here
+    with a margin at the edges."""
+    figure = Figure(figsize=(width, height), layout=layout)
     FigureCanvasAgg(figure)
+    if layout == "constrained":
+        x, y = CONSTRAINED_MARGIN / width, CONSTRAINED_MARGIN / height
+        figure.get_layout_engine().set(rect=(x, y, 1 - 2 * x, 1 - 2 * y))
     return figure
 
 
@@ -53,7 +73,7 @@ def means_figure(report: dict[str, Any]) -> Figure:
     measures = report["measures"]
     columns = min(4, max(1, len(measures)))
     rows = max(1, math.ceil(len(measures) / columns))
-    figure = _new_figure(3.2 * columns, 2.8 * rows)
+    figure = _new_figure(3.2 * columns, 2.8 * rows, layout=None)
     axes = figure.subplots(rows, columns, squeeze=False).ravel()
     level = f"{report['settings']['ci_level']:.0%}"
     control = control_named(report)
@@ -80,13 +100,15 @@ def means_figure(report: dict[str, Any]) -> Figure:
             ax.set_ylim(*scale)
             if measure.get("likert"):
                 ax.set_yticks(range(int(scale[0]), int(scale[1]) + 1))
-        ax.set_title(measure.get("label", name), fontsize=10)
-        ax.tick_params(axis="x", labelrotation=30, labelsize=8)
+        ax.set_title(measure.get("label", name), fontsize=TITLE_SIZE)
+        ax.tick_params(axis="x", labelrotation=30, labelsize=ARM_SIZE)
         for label in ax.get_xticklabels():
             label.set_horizontalalignment("right")
     for ax in axes[len(measures) :]:
         ax.set_visible(False)
-    figure.suptitle(tagged(f"Mean per arm with {level} CI", report), fontsize=11)
+    title = tagged(f"Mean per arm with {level} CI", report)
+    arm_labels = [arm_label(a, control) for a in report["arms"]]
+    _fit_grid(figure, axes[: len(measures)], rows, columns, arm_labels, title)
     return figure
 
 
@@ -124,36 +146,127 @@ def likert_figure(report: dict[str, Any], measure: str) -> Figure:
     if k % 2:
         colors[k // 2] = NEUTRAL_COLOR  # the colormap's middle is white on white
     arms = [a["name"] for a in report["arms"]]
-    figure = _new_figure(7, 0.6 * len(arms) + 1.6)
-    ax = figure.subplots()
-    for y, arm in enumerate(arms):
-        counts = np.array([entry["distribution"][arm][str(i)] for i in range(1, k + 1)], float)
-        shares, start = diverging_offsets(counts)
-        lefts = start + np.concatenate([[0.0], np.cumsum(shares)[:-1]])
-        for answer in range(k):
-            ax.barh(
-                y,
-                shares[answer],
-                left=lefts[answer],
-                color=colors[answer],
-                edgecolor="white",
-                linewidth=0.5,
-                label=str(answer + 1) if y == 0 else None,
-            )
-    ax.axvline(0, color="black", linewidth=0.8)
     counts_by_arm = [sum(entry["distribution"][a].values()) for a in arms]
-    ax.set_yticks(
-        range(len(arms)), [f"{a} (n={n})" for a, n in zip(arms, counts_by_arm, strict=True)]
-    )
-    ax.invert_yaxis()
-    ax.set_xlim(-1, 1)
-    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{abs(v):.0%}"))
+    labels = [f"{a} (n={n})" for a, n in zip(arms, counts_by_arm, strict=True)]
     title = f"{measure}: answers 1..{k} by arm"
     if entry["reverse"]:
         title += " (as given; reverse-coded in the analysis)"
-    ax.set_title(tagged(title, report), fontsize=10)
-    ax.legend(ncols=k, loc="upper center", bbox_to_anchor=(0.5, -0.15), fontsize=8, frameon=False)
+    title = tagged(title, report)
+    figure, legend_y = _likert_layout(labels, title, k)
+    ax = figure.subplots()
+    shares, lefts = [], []
+    for arm in arms:
+        counts = np.array([entry["distribution"][arm][str(i)] for i in range(1, k + 1)], float)
+        arm_shares, start = diverging_offsets(counts)
+        shares.append(arm_shares)
+        lefts.append(start + np.concatenate([[0.0], np.cumsum(arm_shares)[:-1]]))
+    shares, lefts = np.array(shares), np.array(lefts)
+    for answer in range(k):  # one bar per arm for each answer
+        ax.barh(
+            range(len(arms)),
+            shares[:, answer],
+            left=lefts[:, answer],
+            color=colors[answer],
+            edgecolor="white",
+            linewidth=0.5,
+            label=str(answer + 1),
+        )
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_yticks(range(len(arms)), labels)
+    ax.invert_yaxis()
+    ax.set_xlim(-1, 1)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{abs(v):.0%}"))
+    ax.set_title(title, fontsize=TITLE_SIZE)
+    ax.legend(
+        ncols=k,
+        loc="upper center",
+        bbox_to_anchor=(0.5, legend_y),
+        fontsize=LEGEND_SIZE,
+        frameon=False,
+    )
     return figure
+
+
+def _likert_layout(labels: list[str], title: str, k: int) -> tuple[Figure, float]:
+    """The Likert figure's size and margins from the few texts that decide them (the arm labels,
+    the title, the legend), measured once. Constrained layout or a tight box at save measures
+    every text of the figure again on each pass: most of the time of these figures. Returns the
+    figure and the legend's top in axes coordinates (below the x tick labels)."""
+    lines = title.count("\n") + 1
+    top = MARGIN + lines * 1.2 * TITLE_SIZE * POINT + 6 * POINT  # 6 pt: the title's pad
+    x_labels = TICK + 1.2 * LABEL_SIZE * POINT
+    # a line, the border pad above and below, and the pad between the anchor and the legend
+    legend_height = (1.2 + 2 * 0.4 + 0.5) * LEGEND_SIZE * POINT
+    bottom = MARGIN + x_labels + 0.1 + legend_height
+    half_edge_label = _text_width("100%", LABEL_SIZE) / 2  # the x labels at -1 and 1
+    left = MARGIN + max(max(_text_width(a, LABEL_SIZE) for a in labels) + TICK, half_edge_label)
+    right = MARGIN + half_edge_label
+    # Each entry: handle, pad and its number; columns apart; the border pad on both sides.
+    entry = (2.0 + 0.8) * LEGEND_SIZE * POINT
+    legend_width = sum(entry + _text_width(str(a), LEGEND_SIZE) for a in range(1, k + 1))
+    legend_width += (2.0 * (k - 1) + 2 * 0.4) * LEGEND_SIZE * POINT
+    title_width = max(_text_width(line, TITLE_SIZE) for line in title.split("\n"))
+    axes_width = max(7 - left - right, legend_width, title_width)
+    axes_height = 0.6 * len(labels) + 0.6
+    width, height = left + axes_width + right, top + axes_height + bottom
+    figure = _new_figure(width, height, layout=None)
+    figure.subplots_adjust(
+        left=left / width, right=1 - right / width, bottom=bottom / height, top=1 - top / height
+    )
+    return figure, -(x_labels + 0.1) / axes_height
+
+
+def _tick_label_width(ax) -> float:
+    """The widest y tick label of a panel, in inches, from its locator and formatter."""
+    axis = ax.yaxis
+    low, high = sorted(ax.get_ylim())
+    ticks = [t for t in axis.get_majorticklocs() if low - 1e-9 <= t <= high + 1e-9]
+    labels = axis.get_major_formatter().format_ticks(ticks)
+    return max((_text_width(label, LABEL_SIZE) for label in labels), default=0.0)
+
+
+def _fit_grid(figure: Figure, axes, rows: int, columns: int, arms: list[str], title: str) -> None:
+    """Margins and gaps of the means grid from the texts that decide them, measured once: the
+    y tick labels, the arm names (rotated 30 degrees, right-aligned, so they reach down and to
+    the left of their tick), the panel titles and the figure's title. Constrained layout
+    measured every text of the twelve panels twice, then again to draw."""
+    width, height = figure.get_size_inches()
+    angle = math.radians(30)
+    name_width = max(_text_width(a, ARM_SIZE) for a in arms)
+    name_height = 1.2 * ARM_SIZE * POINT
+    names_down = TICK + name_width * math.sin(angle) + name_height * math.cos(angle)
+    names_left = name_width * math.cos(angle) + name_height * math.sin(angle)
+    panel_title = 1.2 * TITLE_SIZE * POINT + 6 * POINT
+    y_labels = max(_tick_label_width(ax) for ax in axes) + TICK
+    lines = title.count("\n") + 1
+    top = MARGIN + lines * 1.2 * FIGURE_TITLE_SIZE * POINT + 0.1 + panel_title
+    bottom = MARGIN + names_down
+    right = MARGIN + 0.05
+    # The first arm's tick sits half a slot into its panel; its name reaches left of it, the
+    # farther the narrower the panels that room leaves: a few rounds settle it.
+    reach = y_labels
+    for _ in range(3):
+        left, gap_x = MARGIN + reach, reach + 0.2
+        panel_width = (width - left - right - (columns - 1) * gap_x) / columns
+        reach = max(y_labels, names_left - max(panel_width, 1.0) / (2 * len(arms)))
+    left, gap_x = MARGIN + reach, reach + 0.2
+    gap_y = names_down + panel_title + 0.15
+    panel_width = (width - left - right - (columns - 1) * gap_x) / columns
+    panel_height = (height - top - bottom - (rows - 1) * gap_y) / rows
+    if panel_height < 1.0 or panel_width < 1.0:  # long arm names: a bigger figure, not slivers
+        width += max(0.0, 1.0 - panel_width) * columns
+        height += max(0.0, 1.0 - panel_height) * rows
+        figure.set_size_inches(width, height)
+        panel_width, panel_height = max(panel_width, 1.0), max(panel_height, 1.0)
+    figure.subplots_adjust(
+        left=left / width,
+        right=1 - right / width,
+        bottom=bottom / height,
+        top=1 - top / height,
+        wspace=gap_x / panel_width,
+        hspace=gap_y / panel_height,
+    )
+    figure.suptitle(title, fontsize=FIGURE_TITLE_SIZE, y=1 - MARGIN / height, va="top")
 
 
 def figures(report: dict[str, Any]) -> dict[str, Figure]:
@@ -167,14 +280,9 @@ def figures(report: dict[str, Any]) -> dict[str, Figure]:
     return found
 
 
-# Saved to the bounding box of everything drawn (long arm names, a legend below the axes), with
-# a margin, so nothing is cut at the figure's edge.
-TIGHT = {"bbox_inches": "tight", "pad_inches": 0.1}
-
-
 def render_png(figure: Figure, dpi: int = 110) -> bytes:
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=dpi, metadata={"Software": None}, **TIGHT)
+    figure.savefig(buffer, format="png", dpi=dpi, metadata={"Software": None})
     return buffer.getvalue()
 
 
@@ -184,7 +292,7 @@ def render_svg(figure: Figure) -> str:
     buffer = io.StringIO()
     # Text as paths: matplotlib writes a font only as the CSS `font` shorthand, not an attribute.
     with matplotlib.rc_context({"svg.hashsalt": "parley", "svg.fonttype": "path"}):
-        figure.savefig(buffer, format="svg", metadata={"Date": None}, **TIGHT)
+        figure.savefig(buffer, format="svg", metadata={"Date": None})
     return styles_as_attributes(buffer.getvalue())
 
 

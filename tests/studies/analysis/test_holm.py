@@ -1,9 +1,13 @@
-"""Holm-Bonferroni against hand-worked sets and R's p.adjust(method = "holm")."""
+"""Holm-Bonferroni against hand-worked sets, R's p.adjust(method = "holm") and statsmodels'
+multipletests(method="holm"), which the report used before it computed Holm in numpy."""
+
+import gc
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from statsmodels.stats.multitest import multipletests
 
 from studies.analysis.stats import holm
 
@@ -56,7 +60,7 @@ p_values = st.lists(
 )
 
 
-# statsmodels runs gc.collect() per call (~0.1 s in a test process): few examples, no deadline.
+# Few examples and no deadline: this ran statsmodels' Holm, whose gc.collect() took ~0.1 s.
 @settings(max_examples=20, deadline=None)
 @given(p_values)
 def test_matches_r_and_keeps_the_order(p):
@@ -66,3 +70,71 @@ def test_matches_r_and_keeps_the_order(p):
     assert (adjusted >= p - 1e-15).all() and (adjusted <= 1).all()
     order = np.argsort(p, kind="stable")
     assert (np.diff(adjusted[order]) >= 0).all()  # monotone in p
+
+
+def random_families(count: int, seed: int = 0):
+    """Families of 1..40 p-values: uniform ones, ones drawn from a small pool (ties, 0, 1,
+    values the step-down lifts or caps), very small ones, and NaNs (undefined tests)."""
+    rng = np.random.default_rng(seed)
+    pool = np.array([0.0, 1e-12, 0.001, 0.01, 0.0125, 0.02, 0.05, 0.25, 0.5, 1.0])
+    for _ in range(count):
+        size = int(rng.integers(1, 41))
+        p = rng.random(size)
+        pooled = rng.random(size) < rng.random()
+        p[pooled] = rng.choice(pool, int(pooled.sum()))
+        tiny = rng.random(size) < 0.1
+        p[tiny] = 10.0 ** -rng.uniform(1, 15, int(tiny.sum()))
+        p[rng.random(size) < 0.05] = np.nan
+        yield p
+
+
+def statsmodels_holm(p: np.ndarray) -> np.ndarray:
+    """What stats.holm called before: statsmodels on the finite p-values, NaN elsewhere."""
+    out = np.full(p.shape, np.nan)
+    finite = np.isfinite(p)
+    if finite.any():
+        out[finite] = multipletests(p[finite], method="holm")[1]
+    return out
+
+
+def test_numpy_holm_equals_statsmodels_on_random_families(monkeypatch):
+    # statsmodels' Holm calls gc.collect() each time; skipped so 3,000 families take a second.
+    monkeypatch.setattr(gc, "collect", lambda *args: 0)
+    worst, sizes = 0.0, set()
+    for p in random_families(3000):
+        ours, theirs = holm(p), statsmodels_holm(p)
+        np.testing.assert_array_equal(np.isnan(ours), np.isnan(p))
+        np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-12)
+        worst = max(worst, float(np.nanmax(np.abs(ours - theirs), initial=0.0)))
+        sizes.add(int(np.isfinite(p).sum()))
+    assert worst <= 1e-12
+    assert {0, 1, 2, 40} <= sizes  # all-NaN families and families of one were among them
+
+
+def test_ties_ones_and_a_family_of_one_equal_statsmodels(monkeypatch):
+    monkeypatch.setattr(gc, "collect", lambda *args: 0)
+    for p in (
+        [0.03],
+        [1.0],
+        [1.0, 1.0, 1.0],
+        [0.02, 0.02, 0.02, 0.02],
+        [0.5, 0.01, 0.5, 0.01, 1.0],
+        [0.0, 0.0, 1.0],
+        [np.nan, 0.04, np.nan, 0.04],
+        [np.nan],
+    ):
+        p = np.asarray(p)
+        np.testing.assert_allclose(holm(p), statsmodels_holm(p), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_step_down_is_monotone_and_at_least_the_raw_p(seed):
+    for p in random_families(200, seed=seed):
+        adjusted, finite = holm(p), np.isfinite(p)
+        a, q = adjusted[finite], p[finite]
+        if not q.size:
+            continue
+        order = np.argsort(q, kind="stable")
+        assert (np.diff(a[order]) >= 0).all()  # the smallest p keeps the smallest adjusted p
+        assert (a >= q).all() and (a <= 1).all()
+        assert a[order][0] == min(1.0, q.size * q[order][0])  # first step: Bonferroni

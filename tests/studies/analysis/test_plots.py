@@ -5,6 +5,7 @@ import io
 import numpy as np
 import pandas as pd
 import pytest
+from matplotlib.text import Text
 
 from studies.analysis import Settings, build_report
 from studies.analysis.plots import (
@@ -95,3 +96,48 @@ def test_svg_is_styled_by_attributes_not_css(report):
     assert "<style" not in converted and 'style="' not in converted
     parseString(converted)
     assert styles_as_attributes(svg) == svg
+
+
+@pytest.fixture(scope="module")
+def crowded_report():
+    """Eight arms, one with a long name, an 11-point item, a measure in the tens of thousands,
+    two rows of panels and a two-line title (a pre-registered study's tag): the texts that
+    decide the margins."""
+    rng = np.random.default_rng(5)
+    arms = ["base", "a-treatment-arm-with-a-rather-long-name-v2", *"cdefgh"]
+    table = pd.DataFrame(
+        {
+            "arm": rng.choice(arms, 400),
+            "agree": rng.integers(1, 12, 400).astype(float),
+            "amount": rng.normal(20_000, 5_000, 400),
+            "calm": rng.integers(1, 8, 400).astype(float),
+            "share": rng.random(400),
+            "delay": rng.exponential(3, 400),
+        }
+    )
+    measures = ("agree", "amount", "calm", "share", "delay")
+    settings = Settings("arm", measures, scales={"agree": 11}, control="base")
+    found = build_report(table, settings)
+    found["preregistration"] = {"analysis": "exploratory", "sha256": "ab" * 32}
+    return found
+
+
+@pytest.mark.parametrize("which", ["report", "crowded_report"])
+def test_everything_drawn_fits_inside_the_figure(which, request):
+    # The figures are laid out from a few measured texts and saved as laid out (no tight box
+    # at save): nothing drawn may reach past the figure's edge, where it would be cut.
+    for name, figure in figures(request.getfixturevalue(which)).items():
+        figure.draw_without_rendering()
+        drawn = figure.get_tightbbox()
+        width, height = figure.get_size_inches()
+        assert drawn.x0 >= 0 and drawn.y0 >= 0, name
+        assert drawn.x1 <= width and drawn.y1 <= height, name
+        inches = figure.dpi_scale_trans.inverted()
+        panels = [ax for ax in figure.axes if ax.get_visible()]
+        boxes = [ax.get_tightbbox().transformed(inches) for ax in panels]
+        of_panels = {id(t) for ax in figure.axes for t in ax.findobj(Text)}
+        titles = [t for t in figure.findobj(Text) if id(t) not in of_panels and t.get_text()]
+        boxes += [t.get_window_extent().transformed(inches) for t in titles]
+        for i, box in enumerate(boxes):  # no panel's labels run into another panel or the title
+            for other in boxes[i + 1 :]:
+                assert not box.overlaps(other), name
