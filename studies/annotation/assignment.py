@@ -50,13 +50,24 @@ def available(study: Study, participant: Participant, k: int) -> list[RatedConve
         .exclude(study=study)
         .values("study_id")
     )
-    held = Count("assignments", filter=Q(assignments__status__in=RatingAssignment.HOLDING))
+    held = Count("assignments", filter=holding("assignments__"))
     return list(
         study.rated_conversations.filter(gold__isnull=True)
         .exclude(origin_study__in=took_part)
         .annotate(held=held)
         .filter(held__lt=k)
         .order_by("pk")
+    )
+
+
+def holding(via: str = "") -> Q:
+    """The assignments that hold one of a conversation's places: rated, or assigned to a rater
+    still taking part. A rater who times out or returns frees theirs at once, with no hook."""
+    return Q(**{f"{via}status": RatingAssignment.Status.RATED}) | Q(
+        **{
+            f"{via}status": RatingAssignment.Status.ASSIGNED,
+            f"{via}participant__status__in": Participant.ACTIVE,
+        }
     )
 
 
@@ -83,8 +94,8 @@ def balanced(pool: list[RatedConversation], n: int, rng: random.Random) -> list:
 
 
 def release(participants) -> int:
-    """Free the places of raters who left (returned, timed out): what they had not rated goes
-    back to the pool; what they rated stays theirs. How many places were freed."""
+    """Mark the unrated assignments of raters who left (returned, timed out) as released, for
+    the record; their places are free already (`holding`). How many were marked."""
     return RatingAssignment.objects.filter(
         participant__in=participants, status=RatingAssignment.Status.ASSIGNED
     ).update(status=RatingAssignment.Status.RELEASED)

@@ -99,9 +99,6 @@ class RatingAssignment(models.Model):
         RATED = "rated", "Rated"
         RELEASED = "released", "Released (the rater left)"
 
-    # Those that hold one of a conversation's k places.
-    HOLDING = (Status.ASSIGNED, Status.RATED)
-
     participant = models.ForeignKey(
         Participant, on_delete=models.CASCADE, related_name="rating_assignments"
     )

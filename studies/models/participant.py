@@ -33,6 +33,7 @@ class Participant(models.Model):
         CONSENT = "consent", "Reading consent"
         CHAT = "chat", "Chatting"
         QUESTIONNAIRE = "questionnaire", "Answering questionnaire"
+        RATING = "rating", "Rating conversations"  # an annotation study's rater
         COMPLETED = "completed", "Completed"
         NO_CONSENT = "no_consent", "Declined consent"
         TIMED_OUT = "timed_out", "Timed out"
@@ -42,9 +43,9 @@ class Participant(models.Model):
         RETURNED = "returned", "Returned on Prolific"
 
     # Those who hold a place in their arm (the least-filled assignment counts them).
-    ACTIVE = (Status.CONSENT, Status.CHAT, Status.QUESTIONNAIRE, Status.COMPLETED)
+    ACTIVE = (Status.CONSENT, Status.CHAT, Status.QUESTIONNAIRE, Status.RATING, Status.COMPLETED)
     # Those still on their way: the time limit applies to them.
-    UNFINISHED = (Status.CONSENT, Status.CHAT, Status.QUESTIONNAIRE)
+    UNFINISHED = (Status.CONSENT, Status.CHAT, Status.QUESTIONNAIRE, Status.RATING)
 
     study = models.ForeignKey(Study, on_delete=models.CASCADE, related_name="participants")
     arm = models.ForeignKey(Arm, on_delete=models.PROTECT, related_name="participants")

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from studies.annotation.assignment import NoConversations, assign, release
+from studies.annotation.assignment import NoConversations, assign, holding, release
 from studies.models import AnnotationSetup, Participant, RatedConversation, RatingAssignment
 from tests.support.studies import at_once, make_study
 
@@ -46,9 +46,9 @@ def rater(study, pid):
 
 def held_per_conversation(study):
     held = Counter(
-        RatingAssignment.objects.filter(
-            conversation__study=study, status__in=RatingAssignment.HOLDING
-        ).values_list("conversation_id", flat=True)
+        RatingAssignment.objects.filter(holding(), conversation__study=study).values_list(
+            "conversation_id", flat=True
+        )
     )
     return [
         held[c]
@@ -123,3 +123,13 @@ def test_concurrent_arrivals_never_over_rate_a_conversation(postgres):
     assert sorted(served) == [3, 3, 3, 3]
     assert len(errors) == 6 and all(isinstance(e, NoConversations) for e in errors)
     assert held_per_conversation(study) == [2] * 6
+
+
+def test_a_rater_who_times_out_or_returns_frees_their_places_at_once():
+    study = annotation_study(k=1, n=6)
+    gone = rater(study, "gone")
+    assign(gone)
+    with pytest.raises(NoConversations):
+        assign(rater(study, "blocked"))
+    Participant.objects.filter(pk=gone.pk).update(status=Participant.Status.TIMED_OUT)
+    assert len(assign(rater(study, "in-time"))) == 6
