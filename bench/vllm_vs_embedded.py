@@ -15,6 +15,8 @@ level); asserts nothing.
 import argparse
 import asyncio
 import contextlib
+import math
+import os
 import statistics
 import time
 
@@ -63,8 +65,19 @@ async def level(url: str, model: str, n: int, max_tokens: int) -> dict:
         "tps": tokens / wall,
         "per_request": tokens / wall / n,
         "ttft_p50": statistics.median(ttfts),
+        "ttft_p95": _percentile(ttfts, 0.95),
         "ttft_max": ttfts[-1],
     }
+
+
+def _percentile(ordered: list[float], q: float) -> float:
+    """The nearest-rank percentile of sorted values (p95 of 32 is the 31st)."""
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def load_average() -> str:
+    """The machine's 1-minute load, printed beside every figure: a shared CPU skews them."""
+    return f"load {os.getloadavg()[0]:.1f}/{os.cpu_count()} cores"
 
 
 def measure(engine: str, starter, model: str, levels: list[int], max_tokens: int) -> list[dict]:
@@ -74,6 +87,7 @@ def measure(engine: str, starter, model: str, levels: list[int], max_tokens: int
         rows = []
         for n in levels:
             row = {"engine": engine, **asyncio.run(level(url, model, n, max_tokens))}
+            row["load"] = load_average()
             show(row)
             rows.append(row)
     return rows
@@ -81,7 +95,7 @@ def measure(engine: str, starter, model: str, levels: list[int], max_tokens: int
 
 HEADER = (
     f"{'engine':<9} {'N':>3} {'tokens':>7} {'wall s':>7} {'tok/s':>7} "
-    f"{'tok/s/req':>9} {'ttft p50':>9} {'ttft max':>9}"
+    f"{'tok/s/req':>9} {'ttft p50':>9} {'ttft p95':>9} {'ttft max':>9}  load"
 )
 
 
@@ -89,7 +103,7 @@ def show(row: dict):
     print(
         f"{row['engine']:<9} {row['n']:>3} {row['tokens']:>7} {row['wall']:>7.1f} "
         f"{row['tps']:>7.1f} {row['per_request']:>9.2f} {row['ttft_p50']:>8.2f}s "
-        f"{row['ttft_max']:>8.2f}s",
+        f"{row['ttft_p95']:>8.2f}s {row['ttft_max']:>8.2f}s  {row['load']}",
         flush=True,
     )
 
@@ -102,6 +116,11 @@ def main():
     parser.add_argument("--vllm-url", help="a running vLLM (default: start one)")
     parser.add_argument("--embedded-url", help="a running embedded engine (default: start one)")
     parser.add_argument("--only", choices=["embedded", "vllm"], help="measure one engine only")
+    parser.add_argument(
+        "--embedded-args",
+        default="",
+        help="extra options for the embedded engine, e.g. '--max-batch 16 --threads 2'",
+    )
     args = parser.parse_args()
     engines = [args.only] if args.only else ["embedded", "vllm"]
     if "vllm" in engines and not args.vllm_url:
@@ -119,7 +138,7 @@ def main():
     def start_embedded():
         if args.embedded_url:
             return contextlib.nullcontext(args.embedded_url)
-        return running_engine(model_dir, loras=loras)
+        return running_engine(model_dir, loras=loras, extra_args=args.embedded_args.split())
 
     def start_vllm():
         return (
@@ -146,6 +165,16 @@ def main():
                 f"{engine}: {row['n']} concurrent {row['tps']:.1f} tok/s = "
                 f"{row['tps'] / alone['tps']:.1f}x its {alone['n']}-at-a-time {alone['tps']:.1f} "
                 f"tok/s; ttft p50 {row['ttft_p50']:.2f}s (alone {alone['ttft_p50']:.2f}s)"
+            )
+    if len(engines) == 2:  # the issue's targets: the embedded engine as a share of vLLM's
+        for n in args.concurrency:
+            ours, theirs = (
+                next(r for r in rows if r["engine"] == e and r["n"] == n) for e in engines
+            )
+            print(
+                f"at {n}: embedded {ours['tps'] / theirs['tps']:.2f}x vLLM's tok/s, "
+                f"ttft p95 {ours['ttft_p95'] / theirs['ttft_p95']:.2f}x vLLM's "
+                f"({ours['ttft_p95']:.2f}s against {theirs['ttft_p95']:.2f}s)"
             )
 
 

@@ -1,14 +1,23 @@
 """The model behind the embedded engine: transformers on CPU, LoRA adapters through peft.
 
 Concurrent requests are decoded together: one thread owns the model and, between steps, lets
-waiting requests join (each prompt prefilled on its own, its KV cache then left-padded into the
-batch's DynamicCache) and finished or cancelled ones leave (their rows dropped). Each step is
-one forward pass over every running request, with per-row positions, a padding mask and, once
-adapters are loaded, peft's per-row `adapter_names`, so requests for different adapters share
-a step. Each request samples its own token (its temperature, top_p, seed), so a piece of text
-leaves as soon as its token is chosen, stop sequences are checked on the decoded text, and a
-cancelled request stops within one step. A request's `response_format` or forced `tool_choice`
-is a Constraint (agents.serving.constraints) that masks its own row of each step's logits.
+waiting requests join and finished or cancelled ones leave. Each request has a row (slot) of a
+preallocated KV cache (agents.serving.batchcache) that steps write in place. The requests
+that arrived since the last step are prefilled together, in one forward pass of their prompts
+left-padded to the longest (up to PREFILL_TOKENS padded tokens a pass; the rest wait one
+decoding step, so running replies keep streaming), each after the longest stored beginning of
+its prompt (the prefix cache). Each decoding step is one forward pass over every running
+request, with per-row positions, a 4-D mask of the columns each row may see and, once adapters
+are loaded, peft's per-row `adapter_names`, so requests for different adapters share a step.
+The step's tokens are sampled in one pass, each row with its temperature, top_p and seed
+(agents.serving.decoding), so a piece of text leaves as soon as its token is chosen; replies
+are decoded incrementally, stop sequences are checked on the decoded text, and a cancelled
+request stops within one step. A request's `response_format` or forced `tool_choice` is a
+Constraint (agents.serving.constraints) that masks its own row of each step's logits.
+
+The linear layers' weights are stored transposed ([in, out] in memory, the same values): on
+this CPU's MKL, 4 to 32 rows times [out, in] weights ran up to half as fast (8 rows through
+the MLP's projections: 2x).
 
 transformers' own continuous batching (`generate_batch`, ContinuousBatchingManager) is not
 used: it packs all requests into one row, so peft cannot give them different adapters, and it
@@ -27,13 +36,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agents.llm.native_tools import HERMES, template_tool_style
-from agents.llm.tool_format import partial_suffix
 from agents.serving.adapters import Adapter, find_adapters
+from agents.serving.batchcache import BatchCache
 from agents.serving.constraints import Constraint, Grammars
+from agents.serving.decoding import Detokenizer, StopText, sample_rows
 from agents.serving.kvcache import cache_keyword
 from agents.serving.protocol import ChatCompletionRequest, EngineError
 
@@ -44,6 +53,9 @@ log = logging.getLogger(__name__)
 STARTED, END = object(), object()
 BASE = "__base__"  # peft's name for "no adapter" in a mixed-adapter batch
 MIN_PREFIX = 8  # shorter shared beginnings of prompts are prefilled again
+# Padded prompt tokens one prefill pass may take: a bigger burst of arrivals is prefilled over
+# several passes, a decoding step between each, so running replies keep streaming.
+PREFILL_TOKENS = 2048
 
 
 @dataclass
@@ -66,12 +78,14 @@ class Generation:
 class _Sequence:
     """A request inside the engine: its job, where its pieces go, and its decoding state."""
 
-    def __init__(self, job: Generation, adapter, emit: Callable, cancel: threading.Event):
+    def __init__(
+        self, job: Generation, adapter, emit: Callable, cancel: threading.Event, detokenizer
+    ):
         self.job, self.adapter, self.emit, self.cancel = job, adapter, emit, cancel
         self.key = BASE  # the peft adapter key its rows are computed with
         self.generator = torch.Generator().manual_seed(job.seed) if job.seed is not None else None
-        self.stops = _StopText(job.stop)
-        self.tokens: list[int] = []  # sampled, end-of-turn excluded
+        self.stops = StopText(job.stop)
+        self.text = detokenizer  # the reply's tokens (end-of-turn excluded) and their text
         self.cached = 0  # tokens of this request in the KV cache (its next position)
         self.next_input: int | None = None  # the sampled token the next step feeds
         self.started = self.done = False
@@ -105,7 +119,7 @@ class Engine:
         max_loras: int = 4,
         max_model_len: int | None = None,
         default_max_tokens: int = 1024,
-        max_batch: int = 16,
+        max_batch: int = 32,
         prefix_cache: int = 8,
     ):
         self.model_dir = Path(model_dir)
@@ -124,6 +138,7 @@ class Engine:
         self._tokenizer_lock = threading.Lock()
         self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
         self.model.eval()
+        _transpose_linear_weights(self.model)
         config = self.model.config
         self.max_model_len = min(max_model_len or 10**9, config.max_position_embeddings)
         self.end_ids = _end_ids(self.tokenizer, self.model)
@@ -137,11 +152,10 @@ class Engine:
         self._loaded: OrderedDict[str, tuple[str, tuple]] = OrderedDict()  # name -> (key, stamp)
         self._retired: set[str] = set()  # replaced or evicted keys still used by a request
         self._keys = 0
-        # The batch, owned by the decoding thread: its requests, their KV cache, the mask of
-        # the cache's real (not padding) columns, one row per request.
+        # The batch, owned by the decoding thread: its requests, request i in slot i of the
+        # KV cache (up to max_batch slots; slots and columns grow by doubling as needed).
         self._running: list[_Sequence] = []
-        self._cache: DynamicCache | None = None
-        self._mask: torch.Tensor | None = None
+        self._cache = BatchCache(config, self.max_batch)
         # The KV cache of recent prompts, by adapter key and prompt: a new prompt starting with
         # one of them (the same system prompt, the next turn of a conversation) prefills only
         # the rest, as vLLM's prefix caching does. At most `prefix_cache` prompts are kept.
@@ -239,8 +253,9 @@ class Engine:
         Setting `cancel` ends it (finish_reason "abort") at the next step, queued or running."""
         if self._closed:
             raise EngineError("The engine is shutting down.", status=500)
+        sequence = _Sequence(job, adapter, emit, cancel, Detokenizer(self._decode))
         with self._wake:
-            self._waiting.append(_Sequence(job, adapter, emit, cancel))
+            self._waiting.append(sequence)
             self._wake.notify()
 
     def load(self) -> tuple[int, int]:
@@ -290,17 +305,15 @@ class Engine:
                     self._wake.wait()
                 if self._closed and not self._waiting and not self._running:
                     return
-                arrived = []
-                while self._waiting and len(self._running) + len(arrived) < self.max_batch:
-                    arrived.append(self._waiting.popleft())
+                arrived = self._arrivals()
                 self._admitting = len(arrived)  # counted as running while they prefill
                 for sequence in [s for s in self._waiting if s.cancel.is_set()]:
                     self._waiting.remove(sequence)  # a cancelled request frees its place in line
                     sequence.finish("abort")
             try:
-                for sequence in arrived:
-                    self._admit(sequence)
-                    self._admitting -= 1
+                self._admit([sequence for sequence in arrived if self._start(sequence)])
+                self._admitting = 0
+                self._leave()  # those whose first token ended them
                 if self._running:
                     self._step()
                 self._leave()
@@ -309,37 +322,84 @@ class Engine:
                 for sequence in self._running:
                     if not sequence.done:
                         sequence.fail(error)
-                self._running, self._cache, self._mask = [], None, None
+                self._running = []
                 self._admitting = 0
 
-    def _admit(self, sequence: _Sequence):
-        """Load its adapter, prefill its prompt, choose its first token, and add its row."""
+    def _arrivals(self) -> list[_Sequence]:
+        """Waiting requests for the free slots, as many as one prefill pass takes (at least
+        one): their number times the longest prompt within PREFILL_TOKENS."""
+        arrived, longest = [], 0
+        while self._waiting and len(self._running) + len(arrived) < self.max_batch:
+            length = max(longest, len(self._waiting[0].job.prompt_ids))
+            if arrived and (len(arrived) + 1) * length > PREFILL_TOKENS:
+                break
+            arrived.append(self._waiting.popleft())
+            longest = length
+        return arrived
+
+    def _start(self, sequence: _Sequence) -> bool:
+        """Load its adapter and tell its caller it has started; False when it cannot join."""
         if sequence.cancel.is_set():
             sequence.finish("abort")
-            return
+            return False
         try:
             if sequence.adapter is not None:
                 sequence.key = self._load(sequence.adapter)
-            sequence.start()
-            self._prefill(sequence)
-        except Exception as error:  # an adapter that does not load, or a failed prefill
+        except Exception as error:  # an adapter that does not load
             sequence.fail(error)
+            return False
+        sequence.start()
+        return True
 
     @torch.inference_mode()
-    def _prefill(self, sequence: _Sequence):
-        cache = DynamicCache(config=self.model.config)
-        prompt = sequence.job.prompt_ids
-        known = self._reuse_prefix(sequence.key, prompt, cache)
-        logits = self._forward(torch.tensor([prompt[known:]]), cache, [sequence.key])
-        self._remember_prefix(sequence.key, prompt, cache)
-        sequence.cached = len(prompt)
-        self._accept(sequence, self._choose(sequence, logits[0]))
-        if not sequence.done:
-            self._join(sequence, cache)
+    def _admit(self, arrived: list[_Sequence]):
+        """Prefill the arrivals' prompts in one pass into the next free slots, choose their
+        first tokens, and add their rows; a failed pass fails them, not the running batch."""
+        if not arrived:
+            return
+        first = len(self._running)
+        try:
+            logits = self._prefill(arrived, first)
+        except Exception as error:
+            log.exception("Prefill failed")
+            for sequence in arrived:
+                sequence.fail(error)
+            return
+        self._running += arrived
+        self._choose(list(enumerate(arrived)), logits)
 
-    def _reuse_prefix(self, key: str, prompt: list[int], cache: DynamicCache) -> int:
-        """Fill `cache` with the longest stored beginning of `prompt` (short of its last token,
-        whose logits are needed); the number of tokens it holds."""
+    def _prefill(self, arrived: list[_Sequence], first: int) -> torch.Tensor:
+        """The logits of each prompt's last position, [arrivals, vocab]. Each prompt's part
+        after its stored beginning is left-padded to the longest such part; padding positions
+        write to a column beyond every prompt (overwritten before any row reads it) and see
+        only column 0, so they change nothing."""
+        prompts = [sequence.job.prompt_ids for sequence in arrived]
+        known = [
+            self._reuse_prefix(sequence.key, prompt, first + row)
+            for row, (sequence, prompt) in enumerate(zip(arrived, prompts, strict=True))
+        ]
+        width = max(len(prompt) for prompt in prompts)  # also the padding's column
+        span = max(len(prompt) - k for prompt, k in zip(prompts, known, strict=True))
+        inputs = torch.zeros(len(prompts), span, dtype=torch.long)
+        columns = torch.full((len(prompts), span), width, dtype=torch.long)
+        limits = torch.zeros(len(prompts), span, dtype=torch.long)  # last column each sees
+        for row, (prompt, k) in enumerate(zip(prompts, known, strict=True)):
+            pad = span - (len(prompt) - k)
+            inputs[row, pad:] = torch.tensor(prompt[k:])
+            columns[row, pad:] = limits[row, pad:] = torch.arange(k, len(prompt))
+        positions = torch.where(columns == width, 0, columns)
+        mask = torch.arange(width) <= limits[:, None, :, None]
+        self._cache.select(first, columns, width)
+        keys = [sequence.key for sequence in arrived]
+        logits = self._forward(inputs, keys, position_ids=positions, attention_mask=mask)
+        for row, (sequence, prompt) in enumerate(zip(arrived, prompts, strict=True)):
+            sequence.cached = len(prompt)
+            self._remember_prefix(sequence.key, prompt, first + row)
+        return logits
+
+    def _reuse_prefix(self, key: str, prompt: list[int], slot: int) -> int:
+        """Fill the slot with the longest stored beginning of `prompt` (short of its last
+        token, whose logits are needed); the number of tokens it holds."""
         best, states = 0, None
         for (stored_key, stored), layers in self._prefixes.items():
             if stored_key == key:
@@ -348,74 +408,64 @@ class Engine:
                     best, states = common, layers
         if best < MIN_PREFIX:
             return 0
-        for layer, (keys, values) in zip(cache.layers, states, strict=True):
-            layer.update(keys[..., :best, :], values[..., :best, :])
+        self._cache.write(slot, states, best)
         return best
 
-    def _remember_prefix(self, key: str, prompt: list[int], cache: DynamicCache):
+    def _remember_prefix(self, key: str, prompt: list[int], slot: int):
         if not self.prefix_cache:
             return
-        # the layers' tensors are replaced, never written in place, as the cache grows
-        self._prefixes[key, tuple(prompt)] = [(layer.keys, layer.values) for layer in cache.layers]
+        self._prefixes[key, tuple(prompt)] = self._cache.read(slot, len(prompt))
         self._prefixes.move_to_end((key, tuple(prompt)))
         while len(self._prefixes) > self.prefix_cache:
             self._prefixes.popitem(last=False)
-
-    def _join(self, sequence: _Sequence, cache: DynamicCache):
-        """Add a prefilled request's row: the shorter of its cache and the batch's is padded on
-        the left (masked) to the other's length."""
-        length = cache.get_seq_length()
-        mask = torch.ones(1, length, dtype=torch.long)
-        if not self._running:
-            self._cache, self._mask = cache, mask
-        else:
-            width = max(length, self._mask.shape[1])
-            for layer, new in zip(self._cache.layers, cache.layers, strict=True):
-                layer.keys = torch.cat([_pad_left(layer.keys, width), _pad_left(new.keys, width)])
-                layer.values = torch.cat(
-                    [_pad_left(layer.values, width), _pad_left(new.values, width)]
-                )
-            self._mask = torch.cat([_pad_mask(self._mask, width), _pad_mask(mask, width)])
-        self._running.append(sequence)
 
     @torch.inference_mode()
     def _step(self):
         """One token for every running request, in one forward pass."""
         running = self._running
         inputs = torch.tensor([[sequence.next_input] for sequence in running])
-        positions = torch.tensor([[sequence.cached] for sequence in running])
-        self._mask = F.pad(self._mask, (0, 1), value=1)
-        logits = self._forward(
-            inputs,
-            self._cache,
-            [sequence.key for sequence in running],
-            position_ids=positions,
-            attention_mask=self._mask,
-        )
-        for sequence, row in zip(running, logits, strict=True):
+        columns = torch.tensor([[sequence.cached] for sequence in running])
+        width = int(columns.max()) + 1
+        mask = torch.arange(width) <= columns[:, None, :, None]  # [rows, 1, 1, width]
+        self._cache.select(0, columns, width)
+        keys = [sequence.key for sequence in running]
+        logits = self._forward(inputs, keys, position_ids=columns, attention_mask=mask)
+        for sequence in running:
             sequence.cached += 1
-            if sequence.cancel.is_set():
-                continue  # it leaves below, without a token it will not send
-            self._accept(sequence, self._choose(sequence, row))
+        # a cancelled request leaves below, without a token it will not send
+        rows = [(row, s) for row, s in enumerate(running) if not s.cancel.is_set()]
+        self._choose(rows, logits)
 
-    @torch.inference_mode()
-    def _forward(self, input_ids, cache, keys: list[str], **kwargs) -> torch.Tensor:
+    def _forward(self, input_ids, keys: list[str], **kwargs) -> torch.Tensor:
         """The logits of each row's last position, [rows, vocab]."""
         if self._peft:  # per-row adapters; BASE rows skip every LoRA layer
             kwargs["adapter_names"] = keys
-        kwargs |= {self._cache_kw: cache, "use_cache": True, **self._last_logits}
+        kwargs |= {self._cache_kw: self._cache, "use_cache": True, **self._last_logits}
         return self.model(input_ids=input_ids, **kwargs).logits[:, -1]
 
-    def _choose(self, sequence: _Sequence, logits: torch.Tensor) -> int:
-        """The request's next token from its row of logits, within its constraint if it has
-        one (the mask changes only this request's row)."""
-        job = sequence.job
-        if job.constraint is not None:
-            job.constraint.mask(logits)
-        token = sample(logits, job.temperature, job.top_p, sequence.generator)
-        if job.constraint is not None:
-            job.constraint.accept(token)
-        return token
+    def _choose(self, rows: list[tuple[int, _Sequence]], logits: torch.Tensor):
+        """The next token of each (row, request), sampled in one pass, within its request's
+        constraint if it has one (the mask changes only that row), then accepted."""
+        if not rows:
+            return
+        for row, sequence in rows:
+            if sequence.job.constraint is not None:
+                sequence.job.constraint.mask(logits[row])
+        jobs = [sequence.job for _, sequence in rows]
+        tokens = sample_rows(
+            logits[[row for row, _ in rows]],
+            [job.temperature for job in jobs],
+            [job.top_p for job in jobs],
+            [sequence.generator for _, sequence in rows],
+        )
+        for (_, sequence), token in zip(rows, tokens, strict=True):
+            if sequence.job.constraint is not None:
+                sequence.job.constraint.accept(token)
+            self._accept(sequence, token)
+
+    def _decode(self, tokens: list[int]) -> str:
+        with self._tokenizer_lock:
+            return self.tokenizer.decode(tokens, skip_special_tokens=True)
 
     def _accept(self, sequence: _Sequence, token: int):
         """Count the token, send the text it completes, and finish the request if it ends it."""
@@ -424,10 +474,7 @@ class Engine:
         if token in self.end_ids:
             sequence.finish("stop")
             return
-        sequence.tokens.append(token)
-        with self._tokenizer_lock:
-            text = self.tokenizer.decode(sequence.tokens, skip_special_tokens=True)
-        piece, stopped = sequence.stops.advance(text)
+        piece, stopped = sequence.stops.advance(sequence.text.add(token))
         if piece:
             sequence.emit(piece)
         if stopped:
@@ -439,27 +486,18 @@ class Engine:
 
     @torch.inference_mode()
     def _leave(self):
-        """Drop the rows of finished and cancelled requests, and the padding no row needs."""
+        """Drop the rows of finished and cancelled requests: the rows after each move down
+        into the freed slots, so the running requests stay in slots 0..n-1."""
         for sequence in self._running:
             if not sequence.done and sequence.cancel.is_set():
                 sequence.finish("abort")
         keep = [i for i, sequence in enumerate(self._running) if not sequence.done]
         if len(keep) == len(self._running):
             return
+        for slot, source in enumerate(keep):
+            if source != slot:  # slot < source: the source has not been overwritten yet
+                self._cache.move(source, slot, self._running[source].cached)
         self._running = [self._running[i] for i in keep]
-        if not keep:
-            self._cache = self._mask = None
-        else:
-            rows = torch.tensor(keep)
-            self._cache.batch_select_indices(rows)
-            mask = self._mask[rows]
-            unused = int((mask.cumsum(dim=1) == 0).sum(dim=1).min())  # left padding of all rows
-            if unused:
-                for layer in self._cache.layers:
-                    layer.keys = layer.keys[..., unused:, :]
-                    layer.values = layer.values[..., unused:, :]
-                mask = mask[:, unused:]
-            self._mask = mask
         in_use = self._in_use()
         for key in [key for key in self._retired if key not in in_use]:
             self._retired.discard(key)
@@ -523,19 +561,6 @@ class Engine:
         log.info("Unloaded adapter %s", name)
 
 
-def sample(logits: torch.Tensor, temperature: float, top_p: float, generator=None) -> int:
-    """Greedy at temperature 0; otherwise nucleus sampling from softmax(logits / temperature)."""
-    if temperature == 0:
-        return int(logits.argmax())
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    if top_p < 1:
-        sorted_probs, order = probs.sort(descending=True)
-        # keep the smallest set of tokens whose probability reaches top_p
-        sorted_probs[sorted_probs.cumsum(-1) - sorted_probs > top_p] = 0
-        probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
-    return int(torch.multinomial(probs, 1, generator=generator))
-
-
 def _common_length(a, b, limit: int) -> int:
     """How many tokens two prompts share from their start (at most `limit`)."""
     n = 0
@@ -546,46 +571,15 @@ def _common_length(a, b, limit: int) -> int:
     return n
 
 
-def _pad_left(states: torch.Tensor, width: int) -> torch.Tensor:
-    """Keys or values [rows, heads, length, dim] with zeros before them, to `width` positions."""
-    return F.pad(states, (0, 0, width - states.shape[-2], 0))
-
-
-def _pad_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
-    return F.pad(mask, (width - mask.shape[-1], 0))
-
-
-class _StopText:
-    """Turns the growing decoded text into safe pieces: text that might still become a stop
-    sequence, or ends inside a multi-byte character, is held back until it is decided."""
-
-    def __init__(self, stops: list[str]):
-        self.stops = stops
-        self.text = ""
-        self.sent = 0
-
-    def advance(self, text: str) -> tuple[str, bool]:
-        self.text = text
-        hits = [
-            i
-            for i in (text.find(stop, max(0, self.sent - len(stop))) for stop in self.stops)
-            if i >= 0
-        ]
-        if hits:
-            return self._emit(min(hits)), True
-        hold = max((partial_suffix(text, stop) for stop in self.stops), default=0)
-        end = len(text) - hold
-        while end > self.sent and text[end - 1] == "\ufffd":  # an incomplete UTF-8 character
-            end -= 1
-        return self._emit(end), False
-
-    def flush(self) -> str:
-        return self._emit(len(self.text))
-
-    def _emit(self, end: int) -> str:
-        piece = self.text[self.sent : end] if end > self.sent else ""
-        self.sent = max(self.sent, end)
-        return piece
+def _transpose_linear_weights(model):
+    """Store each linear layer's weight as the transpose of an [in, out] tensor: the same
+    values and shape, but F.linear then multiplies by a contiguous matrix, which MKL does about
+    twice as fast for a few rows (measured 4-32 rows on this CPU). A tied output head shares
+    the embedding's weight, which still looks rows up by index."""
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear) and module.weight.is_contiguous():
+                module.weight.data = module.weight.data.t().contiguous().t()
 
 
 def _end_ids(tokenizer, model) -> set[int]:

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from agents.serving.engine import Engine, _StopText, sample
+from agents.serving.decoding import StopText, sample
+from agents.serving.engine import Engine
 from agents.serving.protocol import ChatCompletionRequest, EngineError
 
 
@@ -30,7 +31,7 @@ def test_seeded_sampling_repeats():
 
 def grow(stops, steps):
     """Feed growing decoded texts; returns (pieces, stopped)."""
-    text_stop = _StopText(stops)
+    text_stop = StopText(stops)
     pieces = []
     for text in steps:
         piece, stopped = text_stop.advance(text)
