@@ -4,15 +4,28 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('studies', '0017_annotation_studies'),
+        ("studies", "0017_annotation_studies"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='participant',
-            name='status',
-            field=models.CharField(choices=[('consent', 'Reading consent'), ('chat', 'Chatting'), ('questionnaire', 'Answering questionnaire'), ('rating', 'Rating conversations'), ('completed', 'Completed'), ('no_consent', 'Declined consent'), ('timed_out', 'Timed out'), ('unstarted', 'Could not start'), ('returned', 'Returned on Prolific')], default='consent', max_length=16),
+            model_name="participant",
+            name="status",
+            field=models.CharField(
+                choices=[
+                    ("consent", "Reading consent"),
+                    ("chat", "Chatting"),
+                    ("questionnaire", "Answering questionnaire"),
+                    ("rating", "Rating conversations"),
+                    ("completed", "Completed"),
+                    ("no_consent", "Declined consent"),
+                    ("timed_out", "Timed out"),
+                    ("unstarted", "Could not start"),
+                    ("returned", "Returned on Prolific"),
+                ],
+                default="consent",
+                max_length=16,
+            ),
         ),
     ]

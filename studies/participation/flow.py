@@ -15,6 +15,7 @@ from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
 from studies import tasks
+from studies.annotation.assignment import NoConversations, assign
 from studies.lib.domain_bridge import (  # noqa: F401 - debrief: the debrief page's words, for views
     debrief,
     opening_messages,
@@ -316,7 +317,10 @@ def _give_consent(participant: Participant, accepted: bool) -> Participant:
     participant = Participant.objects.select_for_update().get(pk=participant.pk)
     if participant.status != Participant.Status.CONSENT:
         return participant  # a double submit changes nothing
-    if accepted:
+    if accepted and is_annotation(participant.study):
+        start_rating(participant)  # a rater: conversations to rate, not a chat
+        participant.consented_at = timezone.now()
+    elif accepted:
         if participant.scenario_id is None:  # arrived before the pool was filled
             participant.scenario = scenario_for(participant.study, participant.arm)
         participant.status = Participant.Status.CHAT
@@ -326,6 +330,24 @@ def _give_consent(participant: Participant, accepted: bool) -> Participant:
         participant.status = Participant.Status.NO_CONSENT
     participant.save()
     return participant
+
+
+def is_annotation(study: Study) -> bool:
+    """An annotation study: its participants rate conversations (participation/rating.py)."""
+    return hasattr(study, "annotation")
+
+
+def start_rating(participant: Participant) -> None:
+    """The rater's conversations, or why there are none (give_consent then frees the place)."""
+    try:
+        assign(participant)
+    except NoConversations as none:
+        raise FlowError(
+            "No conversations left to rate",
+            "Every conversation in this study already has all the ratings it needs. Thank you "
+            "for your interest; please return the study on Prolific.",
+        ) from none
+    participant.status = Participant.Status.RATING
 
 
 def release_unstarted(participant: Participant) -> None:

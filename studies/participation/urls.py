@@ -10,6 +10,7 @@ urlpatterns = [
     path("p/<str:token>/", views.participant, name="participant"),
     path("p/<str:token>/consent/", views.consent, name="consent"),
     path("p/<str:token>/questionnaire/", views.questionnaire, name="questionnaire"),
+    path("p/<str:token>/rate/", views.rate, name="rate"),
     path("p/<str:token>/done/", views.done, name="done"),
     # Prolific may post with or without the final slash (a POST cannot be redirected to it).
     re_path(r"^prolific/webhook/?$", views.prolific_webhook, name="prolific-webhook"),

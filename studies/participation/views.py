@@ -13,7 +13,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
 from studies.models import Participant, Study
-from studies.participation import flow, problems
+from studies.participation import flow, problems, rating
 from studies.participation.middleware import OUTAGE
 from studies.participation.ratelimit import limit_arrivals
 from studies.prolific import sync as prolific_sync
@@ -127,6 +127,8 @@ def participant(request, token):
             return render(request, "studies/chat.html", context)
         case Participant.Status.QUESTIONNAIRE:
             return render_questionnaire(request, p, {}, request.GET)
+        case Participant.Status.RATING:
+            return render_rating(request, p, {}, {})
         case Participant.Status.COMPLETED:
             context["completion_url"] = flow.completion_url(p)
             context["told"] = flow.debrief(p)
@@ -151,6 +153,42 @@ def render_questionnaire(request, p, errors, data, status=200):
         "errors": errors,
     }
     return render(request, "studies/questionnaire.html", context, status=status)
+
+
+def render_rating(request, p, errors, data, status=200):
+    """One conversation to rate: its words only (no arm, model or source), the study's items."""
+    assignment = rating.current(p)
+    if assignment is None:  # rated all meanwhile (another tab): wherever they are now
+        return redirect("studies:participant", token=p.token)
+    done, total = rating.progress(p)
+    context = {
+        "participant": p,
+        "study": p.study,
+        "assignment": assignment,
+        "turns": assignment.conversation.transcript,
+        "number": done + 1,
+        "total": total,
+        "fields": [
+            {"item": item, "value": data.get(item.key, ""), "error": errors.get(item.key)}
+            for item in p.study.questionnaire_items()
+        ],
+        "realism": p.study.annotation.ask_realism,
+        "realism_choices": rating.REALISM_CHOICES,
+        "confidence_points": range(1, rating.CONFIDENCE_POINTS + 1),
+        "posted": data,
+        "errors": errors,
+    }
+    return render(request, "studies/rate.html", context, status=status)
+
+
+@require_POST
+@friendly
+def rate(request, token):
+    p = load(token)
+    errors = rating.submit(p, request.POST.get("position", ""), request.POST)
+    if errors:
+        return render_rating(request, load(token), errors, request.POST, status=400)
+    return redirect("studies:participant", token=p.token)
 
 
 @require_POST

@@ -1,0 +1,95 @@
+"""A rater's path through an annotation study: after consent, one conversation at a time, the
+study's questions about it (and, when asked, whether the user was a real person), until every
+assigned conversation is rated; then the completion code as in any study.
+
+A gold conversation's known answers are its attention check: a rater who misses one is marked
+like a failed attention item (the study's exclusion rule and its Prolific policy apply).
+"""
+
+from django.db import transaction
+from django.utils import timezone
+
+from studies.lib.flow_errors import FlowError
+from studies.models import Participant, RatingAssignment
+from studies.participation.flow import storable_text, study_progress, validate_answers
+
+# The realism item's answers, as stored and analysed: "real" counts toward "judged human".
+REALISM = "real_person"
+CONFIDENCE = "realism_confidence"
+REALISM_CHOICES = (("real", "A real person"), ("simulated", "A computer program"))
+CONFIDENCE_POINTS = 5
+
+
+def current(participant: Participant) -> RatingAssignment | None:
+    """The next conversation this rater has not rated, in their order."""
+    return (
+        participant.rating_assignments.filter(status=RatingAssignment.Status.ASSIGNED)
+        .select_related("conversation")
+        .order_by("position")
+        .first()
+    )
+
+
+def progress(participant: Participant) -> tuple[int, int]:
+    """(rated so far, all assigned), for the page's "conversation 2 of 7"."""
+    mine = participant.rating_assignments.exclude(status=RatingAssignment.Status.RELEASED)
+    return mine.filter(status=RatingAssignment.Status.RATED).count(), mine.count()
+
+
+def realism_errors(data) -> tuple[dict, dict]:
+    answer = (data.get(REALISM) or "").strip()
+    confidence = (data.get(CONFIDENCE) or "").strip()
+    values, errors = {}, {}
+    if answer not in dict(REALISM_CHOICES):
+        errors[REALISM] = "Please say whether you think the customer was a real person."
+    else:
+        values[REALISM] = answer
+    if confidence not in {str(i) for i in range(1, CONFIDENCE_POINTS + 1)}:
+        errors[CONFIDENCE] = f"Please choose how sure you are, 1 to {CONFIDENCE_POINTS}."
+    else:
+        values[CONFIDENCE] = int(confidence)
+    return values, errors
+
+
+@transaction.atomic
+def submit(participant: Participant, position, data) -> dict[str, str]:
+    """Store one conversation's ratings; errors by field (nothing stored) if any. A repeated
+    submit of a rated conversation changes nothing."""
+    participant = Participant.objects.select_for_update().get(pk=participant.pk)
+    if participant.status != Participant.Status.RATING:
+        return {}
+    try:
+        assignment = participant.rating_assignments.select_for_update().get(
+            position=int(storable_text(str(position)))
+        )
+    except (ValueError, RatingAssignment.DoesNotExist):
+        raise FlowError("Unknown conversation", "Please reload the page and rate again.") from None
+    if assignment.status != RatingAssignment.Status.ASSIGNED:
+        return {}
+    study = participant.study
+    items = list(study.questionnaire_items())
+    values, errors = validate_answers(items, data)
+    answers = {item.key: values[item.id] for item in items if item.id in values}
+    if study.annotation.ask_realism:
+        realism, wrong = realism_errors(data)
+        answers |= realism
+        errors |= wrong
+    if errors:
+        return errors
+    gold = assignment.conversation.gold
+    if gold is not None:
+        missed = any(str(answers.get(k)) != str(v) and answers.get(k) != v for k, v in gold.items())
+        if missed:
+            participant.attention_passed = False
+        elif participant.attention_passed is None:
+            participant.attention_passed = True
+    assignment.answers = answers
+    assignment.status = RatingAssignment.Status.RATED
+    assignment.rated_at = timezone.now()
+    assignment.save(update_fields=["answers", "status", "rated_at"])
+    if not participant.rating_assignments.filter(status=RatingAssignment.Status.ASSIGNED).exists():
+        participant.status = Participant.Status.COMPLETED
+        participant.completed_at = timezone.now()
+        transaction.on_commit(lambda: study_progress(participant.study_id))
+    participant.save()
+    return {}
