@@ -91,3 +91,42 @@ class BonusCSVForm(forms.Form):
             return upload.read().decode("utf-8-sig")
         except UnicodeDecodeError:
             raise forms.ValidationError("The file is not UTF-8 text.") from None
+
+
+# --- an annotation study's pool (admin/study/annotation_pool.py) ----------------------------------
+
+
+class AddConversationsForm(forms.Form):
+    """Which conversations of another study go into an annotation study's pool."""
+
+    origin = forms.ModelChoiceField(
+        queryset=Study.objects.filter(annotation__isnull=True),
+        label="from study",
+        help_text="A chat study: its finished participants, and its stored sim-to-real ones.",
+    )
+    people = forms.BooleanField(initial=True, required=False, help_text="Its participants'.")
+    simulated = forms.BooleanField(
+        initial=False, required=False, help_text="Its sim-to-real conversations (simulated users)."
+    )
+    arms = forms.CharField(required=False, help_text="Arm names, comma-separated; blank: all.")
+    simulators = forms.CharField(
+        required=False, help_text="Simulator names, comma-separated; blank: all."
+    )
+    success = forms.ChoiceField(
+        choices=[("", "either"), ("yes", "succeeded"), ("no", "did not succeed")],
+        required=False,
+        help_text="By the Domain's score.",
+    )
+    min_user_turns = forms.IntegerField(min_value=0, initial=1)
+    max_user_turns = forms.IntegerField(min_value=0, required=False)
+    since = forms.DateTimeField(required=False, help_text="Had on or after (YYYY-MM-DD HH:MM).")
+    until = forms.DateTimeField(required=False, help_text="Had on or before.")
+
+    def clean(self):
+        data = super().clean()
+        if not data.get("people") and not data.get("simulated"):
+            raise forms.ValidationError("Choose people's conversations, simulated ones, or both.")
+        low, high = data.get("min_user_turns"), data.get("max_user_turns")
+        if low is not None and high is not None and high < low:
+            self.add_error("max_user_turns", "Must be at least the minimum.")
+        return data

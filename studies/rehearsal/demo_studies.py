@@ -8,7 +8,8 @@ from django.db import transaction
 from agents.domains.p4g import DONATION, INTENDED_DONATION
 from agents.models import ModelEndpoint
 from agents.paths import BASE_MODEL_NAME
-from studies.models import Arm, Item, Questionnaire, Study, ToolChoice
+from studies.models import Arm, Study, ToolChoice
+from studies.setup.questionnaires import seed_questionnaire
 
 DEMO_SLUG = "demo"
 
@@ -42,15 +43,6 @@ ITEMS = [
         kind="text",
         required=False,
     ),
-]
-SEVEN_POINTS = [
-    "Strongly disagree",
-    "Disagree",
-    "Somewhat disagree",
-    "Neither agree nor disagree",
-    "Somewhat agree",
-    "Agree",
-    "Strongly agree",
 ]
 
 
@@ -119,22 +111,6 @@ def seed_arms(
     if study.control_arm_id is None:
         study.control_arm = study.arms.get(name=arms[0][0])
         study.save(update_fields=["control_arm"])
-
-
-def seed_questionnaire(study: Study, items: list[dict]) -> None:
-    """Items by key, Likert unless said otherwise, seven labelled points."""
-    questionnaire, _ = Questionnaire.objects.get_or_create(study=study)
-    for order, item in enumerate(items):
-        defaults = {
-            "order": order,
-            "kind": "likert",
-            **{k: v for k, v in item.items() if k != "key"},
-        }
-        if defaults["kind"] in ("likert", "attention"):
-            defaults["anchor_labels"] = SEVEN_POINTS
-        Item.objects.update_or_create(
-            questionnaire=questionnaire, key=item["key"], defaults=defaults
-        )
 
 
 # --- studies of trained checkpoints (the paper's human-study questionnaires) --------------------

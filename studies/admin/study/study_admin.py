@@ -14,6 +14,7 @@ from studies.admin.action_forms import (
     ImportPoolForm,
 )
 from studies.admin.permissions import can_read_participants, pages
+from studies.admin.study.annotation_pool import AnnotationPool, AnnotationSetupInline
 from studies.admin.study.downloads import Downloads
 from studies.admin.study.frozen_plan import PlanAdminMixin
 from studies.admin.study.going_live import GoingLive
@@ -31,7 +32,13 @@ from studies.setup.scenario_pools import PoolError, import_pool
 
 @admin.register(Study)
 class StudyAdmin(
-    GoingLive, Monitoring, Downloads, ProlificActions, PlanAdminMixin, admin.ModelAdmin
+    GoingLive,
+    Monitoring,
+    Downloads,
+    ProlificActions,
+    AnnotationPool,
+    PlanAdminMixin,
+    admin.ModelAdmin,
 ):
     form = StudyForm
     list_display = [
@@ -46,7 +53,7 @@ class StudyAdmin(
     list_filter = ["status", "domain"]
     search_fields = ["title", "slug"]
     prepopulated_fields = {"slug": ["title"]}
-    inlines = [CompletionCodeInline, ArmInline, ScenarioInline]
+    inlines = [CompletionCodeInline, ArmInline, ScenarioInline, AnnotationSetupInline]
     actions = [
         "go_live",
         "pause",
@@ -57,6 +64,7 @@ class StudyAdmin(
         "run_bots",
         "sync_prolific",
         "freeze_plan",
+        "use_paper_annotation_items",
     ]
     readonly_fields = [
         "power",
@@ -66,6 +74,7 @@ class StudyAdmin(
         "readiness",
         "previews",
         "pool",
+        "annotation_pool",
         "downloads",
         "analysis",
         "pay_check",
@@ -85,6 +94,7 @@ class StudyAdmin(
                     "previews",
                     "progress",
                     "pool",
+                    "annotation_pool",
                     "downloads",
                     "analysis",
                 ]
@@ -243,6 +253,7 @@ class StudyAdmin(
     def get_urls(self):
         return (
             self.plan_pages()
+            + self.annotation_pages()
             + pages(
                 self,
                 ("<int:pk>/bonus-csv/", self.bonus_csv, "studies_study_bonus_csv", "change"),

@@ -1,0 +1,60 @@
+"""An annotation study in the admin: its setup inline, its pool column, adding conversations
+from another study with a draw, the paper's annotation items, and the pool's own list."""
+
+import pytest
+from django.urls import reverse
+
+from studies.annotation.items import PAPER_ANNOTATION_ITEMS
+from studies.models import AnnotationSetup, RatedConversation
+from tests.support.studies import finish, make_study
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def annotation(db):
+    study = make_study(slug="rate", arms=("raters",))
+    AnnotationSetup.objects.create(study=study)
+    return study
+
+
+def test_the_study_page_shows_the_pool_and_a_chat_study_says_it_is_none(admin_client, annotation):
+    page = admin_client.get(reverse("admin:studies_study_change", args=[annotation.pk]))
+    assert page.status_code == 200 and "0 people's, 0 simulated, 0 gold" in page.content.decode()
+    chat = make_study(slug="chat")
+    page = admin_client.get(reverse("admin:studies_study_change", args=[chat.pk]))
+    assert page.status_code == 200 and "a chat study" in page.content.decode()
+
+
+def test_conversations_are_added_from_another_study_by_arm(admin_client, annotation):
+    origin = make_study(slug="origin", arms=("kept", "left"))
+    for i, arm in enumerate(["kept", "kept", "left"]):
+        finish(origin, f"o{i}", arm=arm)
+    url = reverse("admin:studies_study_add_conversations", args=[annotation.pk])
+    form = {"origin": origin.pk, "people": "on", "arms": "kept", "min_user_turns": 1}
+    response = admin_client.post(url, form)
+    assert response.status_code == 302
+    assert list(annotation.rated_conversations.values_list("arm", flat=True)) == ["kept", "kept"]
+    refused = admin_client.post(url, {**form, "people": ""})
+    assert refused.status_code == 200
+    assert (
+        "Choose people&#x27;s conversations, simulated ones, or both." in refused.content.decode()
+    )
+    assert annotation.rated_conversations.count() == 2
+
+
+def test_the_paper_items_are_one_action_away_and_the_pool_has_its_list(admin_client, annotation):
+    response = admin_client.post(
+        reverse("admin:studies_study_changelist"),
+        {"action": "use_paper_annotation_items", "_selected_action": [annotation.pk]},
+    )
+    assert response.status_code == 302
+    keys = list(annotation.questionnaire_items().values_list("key", flat=True))
+    assert [k for k in keys if k in {i["key"] for i in PAPER_ANNOTATION_ITEMS}] == [
+        i["key"] for i in PAPER_ANNOTATION_ITEMS
+    ]
+    RatedConversation.objects.create(
+        study=annotation, source="simulator", simulator="s", transcript=[]
+    )
+    listing = admin_client.get(reverse("admin:studies_ratedconversation_changelist"))
+    assert listing.status_code == 200 and "simulator" in listing.content.decode()
