@@ -19,8 +19,8 @@ from studies.models import (
     RatedConversation,
     SimulatorEvaluation,
     Study,
+    finished_participants,
 )
-from studies.research.imitation_data import finished_participants
 
 SPEAKERS = {"user": "user", "assistant": "agent"}
 

@@ -269,3 +269,14 @@ class Response(models.Model):
     @property
     def value(self):
         return self.value_text if self.item.kind == Item.Kind.TEXT else self.value_number
+
+
+def finished_participants(study: Study):
+    """The participants who are a study's data: people who completed it, not returned or timed
+    out on Prolific (partial data), not excluded by its attention rule."""
+    participants = humans_unless(study.participants.all(), include_bots=False).filter(
+        status=Participant.Status.COMPLETED, partial_data=False
+    )
+    if study.exclude_failed_attention:
+        participants = participants.exclude(attention_passed=False)
+    return participants

@@ -2,15 +2,16 @@
 study's questions about it (and, when asked, whether the user was a real person), until every
 assigned conversation is rated; then the completion code as in any study.
 
-A gold conversation's known answers are its attention check: a rater who misses one is marked
-like a failed attention item (the study's exclusion rule and its Prolific policy apply).
+A gold conversation's known answers, and the study's attention items on every conversation, are
+the attention checks: a rater who misses one is marked as failing attention (the study's
+exclusion rule and its Prolific policy apply).
 """
 
 from django.db import transaction
 from django.utils import timezone
 
 from studies.lib.flow_errors import FlowError
-from studies.models import Participant, RatingAssignment
+from studies.models import Item, Participant, RatingAssignment
 from studies.participation.flow import storable_text, study_progress, validate_answers
 
 # The realism item's answers, as stored and analysed: "real" counts toward "judged human".
@@ -76,8 +77,10 @@ def submit(participant: Participant, position, data) -> dict[str, str]:
         errors |= wrong
     if errors:
         return errors
-    gold = assignment.conversation.gold
-    if gold is not None:
+    checks = [i for i in items if i.kind == Item.Kind.ATTENTION]
+    gold = {**(assignment.conversation.gold or {}),
+            **{i.key: float(i.expected_answer) for i in checks}}  # fmt: skip
+    if gold:
         missed = any(str(answers.get(k)) != str(v) and answers.get(k) != v for k, v in gold.items())
         if missed:
             participant.attention_passed = False

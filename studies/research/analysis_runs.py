@@ -12,6 +12,7 @@ from django.utils import timezone
 from studies.analysis import Settings, build_report, csvfile, pay, power
 from studies.analysis.plots import render_all
 from studies.analysis.report import control_named
+from studies.annotation import analysis as annotation_analysis
 from studies.lib.domain_bridge import shared_domain
 from studies.models import (
     AnalysisRun,
@@ -176,6 +177,8 @@ def compute(run: AnalysisRun, sections: dict[str, Section] | None = None) -> Ana
     run.status, run.started_at = AnalysisRun.Status.RUNNING, timezone.now()
     run.save(update_fields=["status", "started_at"])
     try:
+        if hasattr(run.study, "annotation"):  # raters' answers about conversations
+            return _finish(run, *_annotation_results(run.study))
         table = participant_table(run.study)
         frozen = run.study.preregistered()
         # Settings asked for (an exploratory run), else the frozen plan's, else the study's.
@@ -201,6 +204,29 @@ def compute(run: AnalysisRun, sections: dict[str, Section] | None = None) -> Ana
         run.status = AnalysisRun.Status.DONE
     except Exception:  # noqa: BLE001 - a failed run is stored with its traceback, not lost
         run.status, run.error = AnalysisRun.Status.FAILED, traceback.format_exc()
+    return _store(run)
+
+
+def _annotation_results(study: Study) -> tuple[dict, dict, dict]:
+    """An annotation study's report (studies/analysis/annotation.py), its inputs and figures."""
+    results = annotation_analysis.report_of(study)
+    results["pay"] = pay_check(study).to_dict()
+    inputs = {
+        "ratings": results["annotation"]["ratings"],
+        "csv": annotation_analysis.ratings_csv(study),
+    }
+    figures = render_all(results, "svg") if not results["errors"] else {}
+    return results, inputs, figures
+
+
+def _finish(run: AnalysisRun, results: dict, inputs: dict, figures: dict) -> AnalysisRun:
+    run.results, run.inputs, run.figures = results, inputs, figures
+    run.settings = results["settings"]
+    run.status = AnalysisRun.Status.DONE
+    return _store(run)
+
+
+def _store(run: AnalysisRun) -> AnalysisRun:
     run.finished_at = timezone.now()
     # An UPDATE only: save() inserts a run deleted meanwhile (from the admin, or with its study)
     # again, or fails on its study's foreign key.

@@ -15,20 +15,11 @@ from collections import Counter
 from agents.models import Checkpoint
 from studies.lib.domain_bridge import OPEN_CHAT
 from studies.lib.redact import redact
-from studies.models import Message, Participant, Study, humans_unless
+from studies.models import Message, Study, finished_participants
 
 
 class NoConversations(ValueError):
     """The study has nothing a simulator can learn from; the message says why."""
-
-
-def finished_participants(study: Study):
-    participants = humans_unless(study.participants.all(), include_bots=False).filter(
-        status=Participant.Status.COMPLETED, partial_data=False
-    )
-    if study.exclude_failed_attention:
-        participants = participants.exclude(attention_passed=False)
-    return participants
 
 
 def finished_conversations(study: Study) -> list[dict]:

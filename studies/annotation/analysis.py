@@ -1,0 +1,82 @@
+"""An annotation study's ratings out of the database: the rows the analysis reads
+(studies/analysis/annotation.py), one per rating, and the same rows as CSV and JSON for the
+researcher. Raters are numbered, never named by their Prolific id; bots and previews are left
+out unless asked for."""
+
+import json
+
+from studies.analysis.annotation import annotation_report
+from studies.analysis.csvfile import to_text
+from studies.models import Item, Participant, RatingAssignment, Study, humans_unless
+
+MEASURED = (Item.Kind.LIKERT, Item.Kind.NUMBER)
+
+
+def scales_of(study: Study) -> dict[str, int | None]:
+    """The rated items: Likert points by key, None for a number item."""
+    return {
+        item.key: item.scale_points if item.kind == Item.Kind.LIKERT else None
+        for item in study.questionnaire_items()
+        if item.kind in MEASURED
+    }
+
+
+def ratings_of(study: Study, include_bots: bool = False) -> list[dict]:
+    raters = humans_unless(study.participants.all(), include_bots)
+    number = {
+        pk: i
+        for i, pk in enumerate(raters.order_by("created_at", "pk").values_list("pk", flat=True), 1)
+    }
+    rated = (
+        RatingAssignment.objects.filter(
+            participant__in=raters, status=RatingAssignment.Status.RATED
+        )
+        .select_related("conversation", "participant")
+        .order_by("conversation_id", "participant_id")
+    )
+    return [
+        {
+            "conversation": a.conversation_id,
+            "rater": number[a.participant_id],
+            "source": a.conversation.source,
+            "arm": a.conversation.arm,
+            "simulator": a.conversation.simulator,
+            "gold": a.conversation.gold is not None,
+            "attention_passed": a.participant.attention_passed,
+            "completed": a.participant.status == Participant.Status.COMPLETED,
+            "position": a.position,
+            "rated_at": a.rated_at.isoformat() if a.rated_at else None,
+            "answers": a.answers or {},
+        }
+        for a in rated
+    ]
+
+
+def report_of(study: Study) -> dict:
+    reverse = tuple(i.key for i in study.questionnaire_items() if i.reverse_coded)
+    return annotation_report(
+        ratings_of(study),
+        scales_of(study),
+        reverse,
+        exclude_failed_attention=study.exclude_failed_attention,
+    )
+
+
+def answer_keys(study: Study, ratings: list[dict]) -> list[str]:
+    keys = [item.key for item in study.questionnaire_items()]
+    extra = sorted({k for r in ratings for k in r["answers"]} - set(keys))
+    return keys + extra
+
+
+def ratings_csv(study: Study) -> str:
+    """One row per rating; cells a spreadsheet would run as formulas are escaped."""
+    ratings = ratings_of(study)
+    keys = answer_keys(study, ratings)
+    fixed = ["conversation", "rater", "source", "arm", "simulator", "gold", "attention_passed",
+             "completed", "position", "rated_at"]  # fmt: skip
+    rows = ([r[k] for k in fixed] + [r["answers"].get(k) for k in keys] for r in ratings)
+    return to_text([fixed + keys, *rows])
+
+
+def ratings_json(study: Study) -> str:
+    return json.dumps({"study": study.slug, "ratings": ratings_of(study)}, indent=2)

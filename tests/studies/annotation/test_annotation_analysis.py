@@ -1,0 +1,70 @@
+"""An annotation study's analysis from the database: the run (the chat report on conversations
+by group, alpha, judged-human rates), and its ratings as CSV and JSON, one row per rating,
+raters numbered and never named."""
+
+import json
+
+import pytest
+
+from studies.annotation.analysis import ratings_csv, ratings_json
+from studies.annotation.assignment import assign
+from studies.models import AnalysisRun, AnnotationSetup, Participant, RatedConversation
+from studies.participation import rating
+from studies.research.analysis_runs import compute
+from tests.support.studies import GOOD_ANSWERS, make_study
+
+pytestmark = pytest.mark.django_db
+
+
+def rated_study(raters=4, attention="2"):
+    study = make_study(slug="rate", arms=("raters",))
+    AnnotationSetup.objects.create(
+        study=study, raters_per_conversation=raters, conversations_per_rater=4
+    )
+    for source, arm, simulator in [("person", "base", ""), ("simulator", "base", "vs")]:
+        for i in range(2):
+            RatedConversation.objects.create(
+                study=study, source=source, arm=arm, simulator=simulator,
+                transcript=[{"speaker": "user", "text": f"{source} {i}"}],
+            )  # fmt: skip
+    for r in range(raters):
+        p = Participant.objects.create(
+            study=study, arm=study.arms.get(), prolific_pid=f"PID{r}SECRET",
+            prolific_study_id="S", prolific_session_id=f"s{r}", status=Participant.Status.RATING,
+        )  # fmt: skip
+        for a in assign(p):
+            person = a.conversation.source == "person"
+            answers = {**GOOD_ANSWERS, "attn": attention, "helpful": str(5 + person + r % 2),
+                       "real_person": "real" if person else "simulated", "realism_confidence": "3"}  # fmt: skip
+            assert rating.submit(p, a.position, answers) == {}
+    return study
+
+
+def test_the_run_reports_groups_agreement_and_realism():
+    study = rated_study()
+    run = compute(AnalysisRun.objects.create(study=study))
+    assert run.status == AnalysisRun.Status.DONE, run.error
+    results = run.results
+    assert [a["name"] for a in results["arms"]] == ["base · people", "base · vs"]
+    assert {c["measure"] for c in results["comparisons"]} == {"helpful", "frustration", "donation"}
+    annotation = results["annotation"]
+    assert annotation["conversations"] == 4 and annotation["ratings"] == 16
+    assert annotation["realism"]["by_source"]["people"]["rate"] == 1
+    assert annotation["realism"]["by_source"]["vs"]["rate"] == 0
+    assert "helpful" in annotation["agreement"]
+    assert run.figures and run.inputs["ratings"] == 16
+
+
+def test_a_missed_attention_item_marks_the_rater():
+    study = rated_study(raters=1, attention="5")
+    assert Participant.objects.get(study=study).attention_passed is False
+
+
+def test_ratings_export_one_row_per_rating_with_raters_numbered():
+    study = rated_study()
+    text = ratings_csv(study)
+    lines = text.strip().splitlines()
+    assert len(lines) == 1 + 16 and lines[0].startswith("conversation,rater,source,arm")
+    assert "SECRET" not in text and "SECRET" not in ratings_json(study)
+    rows = json.loads(ratings_json(study))["ratings"]
+    assert {r["rater"] for r in rows} == {1, 2, 3, 4}
