@@ -97,14 +97,48 @@ def problems(study: Study, fresh: bool = True) -> list[str]:
     arms = list(study.arms.filter(active=True))
     if not arms:
         found.append("There is no active arm.")
-    health = (fresh_health if fresh else cached_health)(arms) if arms else {}
-    found += [f"Arm {arm.name}: {health[arm.pk].detail}." for arm in arms if not health[arm.pk].ok]
+    if hasattr(study, "annotation"):  # raters read stored conversations: no model is asked
+        found += annotation_problems(study)
+    else:
+        health = (fresh_health if fresh else cached_health)(arms) if arms else {}
+        found += [
+            f"Arm {arm.name}: {health[arm.pk].detail}." for arm in arms if not health[arm.pk].ok
+        ]
     if not study.completion_code.strip():
         found.append("The completion code is missing.")
     for field in ("no_consent_code", "timeout_code"):
         if not getattr(study, field).strip() and not study.other_code.strip():
             label = field.replace("_", " ")  # codes are CompletionCode rows, read by ending
             found.append(f"The {label} is missing (or set the other code as the way back).")
+    return found
+
+
+def annotation_problems(study: Study) -> list[str]:
+    """An annotation study needs conversations to rate, enough places for its target of raters
+    (each conversation takes k, each rater n), and its gold answers to name its items."""
+    setup, found = study.annotation, []
+    pool = study.rated_conversations.filter(gold__isnull=True).count()
+    if not pool:
+        return ["The annotation pool has no conversations: add some from a finished study."]
+    places = pool * setup.raters_per_conversation
+    wanted = study.target_per_arm * study.arms.filter(active=True).count()
+    if wanted * setup.conversations_per_rater > places:
+        found.append(
+            f"The pool has places for {places // setup.conversations_per_rater} raters "
+            f"({pool} conversations x {setup.raters_per_conversation} raters each / "
+            f"{setup.conversations_per_rater} per rater), fewer than the target of {wanted}."
+        )
+    if setup.gold_per_rater and not study.rated_conversations.filter(gold__isnull=False):
+        found.append(
+            f"Each rater should get {setup.gold_per_rater} gold conversation(s), but the pool "
+            "has none (set known answers on a conversation, or set gold per rater to 0)."
+        )
+    keys = {item.key for item in study.questionnaire_items()}
+    for gold in study.rated_conversations.filter(gold__isnull=False):
+        unknown = sorted(set(gold.gold) - keys)
+        if unknown:
+            found.append(f"Gold conversation {gold.pk} answers items the study does not ask: "
+                         f"{', '.join(unknown)}.")  # fmt: skip
     return found
 
 

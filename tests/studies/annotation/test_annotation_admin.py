@@ -58,3 +58,22 @@ def test_the_paper_items_are_one_action_away_and_the_pool_has_its_list(admin_cli
     )
     listing = admin_client.get(reverse("admin:studies_ratedconversation_changelist"))
     assert listing.status_code == 200 and "simulator" in listing.content.decode()
+
+
+def test_go_live_asks_for_a_pool_places_for_the_target_and_gold_that_fits(annotation):
+    from studies.setup import go_live
+
+    annotation.target_per_arm = 4
+    annotation.save()
+    assert "The annotation pool has no conversations" in " ".join(go_live.problems(annotation))
+    for _ in range(4):
+        RatedConversation.objects.create(study=annotation, source="person", transcript=[])
+    found = " ".join(go_live.problems(annotation))  # 4 x 3 places / 6 per rater = 2 raters
+    assert "places for 2 raters" in found and "the pool has none" in found
+    RatedConversation.objects.create(study=annotation, source="person", transcript=[],
+                                     gold={"nonsense": 1})  # fmt: skip
+    annotation.annotation.raters_per_conversation = 6
+    annotation.annotation.save()
+    found = go_live.problems(annotation)
+    assert found == [f"Gold conversation {annotation.rated_conversations.last().pk} answers "
+                     "items the study does not ask: nonsense."]  # fmt: skip
