@@ -1,13 +1,14 @@
 """What a study gathered: the analysis, the CSV downloads and exports."""
 
 from django.contrib import admin, messages
-from django.http import HttpResponseRedirect
+from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.utils.html import format_html
 
 from studies import tasks
 from studies.admin.permissions import can_read_participants
+from studies.annotation import analysis as annotation_analysis
 from studies.models import (
     Participant,
     Study,
@@ -34,6 +35,13 @@ class Downloads:
             reverse("admin:studies_study_responses", args=[study.pk]),
             reverse("admin:studies_study_transcripts", args=[study.pk]),
         )
+        if hasattr(study, "annotation"):
+            links = format_html(
+                '{} · ratings: <a href="{}">ratings.csv</a>, <a href="{}">ratings.json</a>',
+                links,
+                reverse("admin:studies_study_ratings", args=[study.pk, "csv"]),
+                reverse("admin:studies_study_ratings", args=[study.pk, "json"]),
+            )
         if study.preregistered() is None:
             return links
         plan = reverse("admin:studies_study_plan", args=[study.pk])
@@ -88,6 +96,20 @@ class Downloads:
             exports.transcript_rows(study.participants.all(), request.GET.get("bots") == "1"),
             f"{study.slug}-transcripts.csv",
         )
+
+    def ratings(self, request, pk, kind):
+        """An annotation study's ratings, one row per rating, raters numbered."""
+        study = get_object_or_404(Study, pk=pk, annotation__isnull=False)
+        if kind not in ("csv", "json"):
+            raise Http404(f"no ratings.{kind}")
+        text, content_type = (
+            (annotation_analysis.ratings_csv(study), "text/csv; charset=utf-8")
+            if kind == "csv"
+            else (annotation_analysis.ratings_json(study), "application/json")
+        )
+        response = HttpResponse(text, content_type=content_type)
+        response["Content-Disposition"] = f'attachment; filename="{study.slug}-ratings.{kind}"'
+        return response
 
     def has_participants_permission(self, request, obj=None) -> bool:
         """The export actions' permission: the study's, and the one rule for participants' data."""

@@ -271,6 +271,12 @@ class StudyAdmin(
                     "participants",
                 ),
                 (
+                    "<int:pk>/ratings.<str:kind>",
+                    self.ratings,
+                    "studies_study_ratings",
+                    "participants",
+                ),
+                (
                     "<int:pk>/transcripts.csv",
                     self.transcripts_csv,
                     "studies_study_transcripts",

@@ -68,3 +68,31 @@ def test_ratings_export_one_row_per_rating_with_raters_numbered():
     assert "SECRET" not in text and "SECRET" not in ratings_json(study)
     rows = json.loads(ratings_json(study))["ratings"]
     assert {r["rater"] for r in rows} == {1, 2, 3, 4}
+
+
+def test_the_run_page_shows_agreement_and_realism(admin_client):
+    from django.urls import reverse
+
+    run = compute(AnalysisRun.objects.create(study=rated_study()))
+    page = admin_client.get(reverse("admin:studies_analysisrun_change", args=[run.pk]))
+    html = page.content.decode()
+    assert page.status_code == 200 and "Raters: agreement and realism" in html
+    assert "Krippendorff" in html and "judged a real person" in html and "base · vs" in html
+
+
+def test_the_study_page_downloads_ratings_for_those_who_may_read_participants(admin_client, client):
+    from django.contrib.auth.models import Permission, User
+    from django.urls import reverse
+
+    study = rated_study()
+    url = reverse("admin:studies_study_ratings", args=[study.pk, "csv"])
+    response = admin_client.get(url)
+    assert response.status_code == 200 and response.content.decode().count("\n") == 17
+    assert (
+        admin_client.get(reverse("admin:studies_study_ratings", args=[study.pk, "xml"])).status_code
+        == 404
+    )
+    viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_study"))
+    client.force_login(viewer)
+    assert client.get(url).status_code == 403  # the study, not what participants gave
