@@ -26,8 +26,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from studies.analysis.agreement import agreement, binomial_rate
+from studies.analysis.agreement import agreement, binomial_rate, kendall_tau_b
 from studies.analysis.report import Settings, build_report
+from studies.analysis.sim2real import descriptives, ranked
 
 GROUP = "group"
 PEOPLE = "people"
@@ -147,3 +148,43 @@ def _number(value) -> float | None:
     except (TypeError, ValueError):
         return None
     return number if np.isfinite(number) else None
+
+
+def sim2real_columns(
+    ratings: list[dict], quality: str, arms: list[dict], ci_level: float = 0.95
+) -> dict[str, Any]:
+    """What raters add to the sim-to-real report: per arm, the rated `quality` (over
+    conversations) and the judged-human rate of people's conversations and of each simulator's,
+    and the arms ranked by raters (people's conversations) against by participants (their
+    outcome) and by simulators (their reward), each with Kendall's tau-b. `arms` are the
+    sim-to-real report's own."""
+    table = conversation_table(ratings, [quality])
+    by_arm: dict[str, dict[str, dict]] = defaultdict(dict)
+    rates = realism(ratings)["by_group"]
+    for group, rows in table.groupby(GROUP):
+        values = [v for v in rows[quality] if not np.isnan(v)]
+        arm, _, source = group.rpartition(" · ")
+        by_arm[arm or group][source or group] = {
+            "quality": descriptives(values, ci_level),
+            "realism": rates.get(group),
+        }
+    raters = {
+        arm: sources[PEOPLE]["quality"]["mean"]
+        for arm, sources in by_arm.items()
+        if PEOPLE in sources and sources[PEOPLE]["quality"]["mean"] is not None
+    }
+    participants = {a["name"]: a["human"]["outcome"]["mean"] for a in arms}
+    simulators = {a["name"]: a["simulated"]["reward"]["mean"] for a in arms}
+    return {
+        "quality": quality,
+        "arms": {arm: by_arm[arm] for arm in sorted(by_arm)},
+        "ranking": {
+            "raters": ranked(raters),
+            "against_participants": asdict(kendall_tau_b(raters, _known(participants))),
+            "against_simulators": asdict(kendall_tau_b(raters, _known(simulators))),
+        },
+    }
+
+
+def _known(means: dict[str, float | None]) -> dict[str, float]:
+    return {arm: mean for arm, mean in means.items() if mean is not None}

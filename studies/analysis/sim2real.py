@@ -320,6 +320,23 @@ def format_sim2real(report: dict[str, Any]) -> str:
             )
         if ranking["note"]:
             lines.append(f"note: {ranking['note']}")
+    for rated in report.get("annotation") or []:
+        lines.append(f"\nrated in annotation study {rated['study']} ({rated['quality']}):")
+        for arm, sources in rated["arms"].items():
+            for source, d in sources.items():
+                real = d["realism"]
+                lines.append(
+                    f"  {arm}, {source}: {_mean_ci(d['quality'])}"
+                    + (f", judged a real person {real['rate']:.2f} of {real['n']}" if real else "")
+                )
+        r = rated["ranking"]
+        taus = [(k, r[f"against_{k}"]["tau"]) for k in ("participants", "simulators")]
+        lines.append(
+            f"ranking by raters: {', '.join(r['raters']) or '-'}; Kendall's tau-b "
+            + ", ".join(
+                f"against {k} {t:.3f}" if t is not None else f"against {k} n/a" for k, t in taus
+            )
+        )
     for like in report.get("humanlike") or []:
         r = like["ranking"]
         tau = f"Kendall's tau = {r['tau']:.3f}, p = {r['p']:.4g}" if r["tau"] is not None else ""

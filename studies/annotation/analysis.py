@@ -5,7 +5,7 @@ out unless asked for."""
 
 import json
 
-from studies.analysis.annotation import annotation_report
+from studies.analysis.annotation import annotation_report, included, sim2real_columns
 from studies.analysis.csvfile import to_text
 from studies.models import Item, Participant, RatingAssignment, Study, humans_unless
 
@@ -37,6 +37,7 @@ def ratings_of(study: Study, include_bots: bool = False) -> list[dict]:
     return [
         {
             "conversation": a.conversation_id,
+            "origin_study": a.conversation.origin_study_id,
             "rater": number[a.participant_id],
             "source": a.conversation.source,
             "arm": a.conversation.arm,
@@ -80,3 +81,29 @@ def ratings_csv(study: Study) -> str:
 
 def ratings_json(study: Study) -> str:
     return json.dumps({"study": study.slug, "ratings": ratings_of(study)}, indent=2)
+
+
+def quality_item(study: Study) -> str | None:
+    """The item that stands for rated quality: the paper's overall quality, else the first
+    Likert item."""
+    scales = {k: v for k, v in scales_of(study).items() if v}
+    return "overall_quality" if "overall_quality" in scales else next(iter(scales), None)
+
+
+def sim2real_annotation(study: Study, arms: list[dict]) -> list[dict]:
+    """For `study`'s sim-to-real report: what each annotation study that rated its
+    conversations says, per arm and source (studies/analysis/annotation.sim2real_columns)."""
+    out = []
+    rating_studies = Study.objects.filter(
+        rated_conversations__origin_study=study, annotation__isnull=False
+    ).distinct()
+    for rating_study in rating_studies.order_by("pk"):
+        quality = quality_item(rating_study)
+        if quality is None:
+            continue
+        kept = included(ratings_of(rating_study), rating_study.exclude_failed_attention)
+        mine = [r for r in kept if r["origin_study"] == study.pk]
+        if mine:
+            columns = sim2real_columns(mine, quality, arms)
+            out.append({"study": rating_study.slug, "ratings": len(mine), **columns})
+    return out

@@ -38,6 +38,7 @@ from studies.analysis.plots import render_svg, sim2real_figure
 from studies.analysis.report import included_rows
 from studies.analysis.sim2real import ArmData, Conversation, build_sim2real
 from studies.analysis.table import numeric_column
+from studies.annotation import analysis as annotation_analysis
 from studies.lib.domain_bridge import shared_domain, system_prompt_of
 from studies.models import Arm, Item, Participant, Scenario, SimulatorEvaluation, Study
 from studies.research import heldout_conversations, imitation_data
@@ -339,6 +340,8 @@ def study_report(
             f"{report['missing']} simulator conversation(s) not played yet: the report covers "
             "what is stored (the evaluation job plays the rest)"
         )
+    # what raters of an annotation study said about these conversations, when any did
+    report["annotation"] = annotation_analysis.sim2real_annotation(study, report["arms"])
     return report
 
 

@@ -88,3 +88,31 @@ def test_answers_that_are_not_numbers_are_missing_not_zero(missing):
         rating("c1", "y", "person", "a", quality=missing),
     ]
     assert conversation_table(ratings, ["quality"])["quality"].iloc[0] == 6
+
+
+def test_sim2real_columns_rank_arms_by_raters_against_participants_and_simulators():
+    from studies.analysis.annotation import sim2real_columns
+
+    ratings = []
+    for arm, quality in [("a", 6), ("b", 4), ("c", 2)]:
+        for c in range(3):
+            ratings.append(rating(f"{arm}{c}", "x", "person", arm, quality=quality + c % 2,
+                                  real_person="real"))  # fmt: skip
+            ratings.append(rating(f"{arm}s{c}", "y", "simulator", arm, "vs", quality=3,
+                                  real_person="simulated"))  # fmt: skip
+    arms = [
+        {
+            "name": name,
+            "human": {"outcome": {"mean": outcome}},
+            "simulated": {"reward": {"mean": reward}},
+        }
+        for name, outcome, reward in [("a", 0.9, 0.1), ("b", 0.5, 0.5), ("c", 0.2, 0.8)]
+    ]
+    columns = sim2real_columns(ratings, "quality", arms)
+    assert columns["arms"]["a"]["people"]["quality"]["mean"] == pytest.approx(6 + 1 / 3)
+    assert columns["arms"]["c"]["vs"]["realism"]["rate"] == 0
+    assert columns["arms"]["b"]["people"]["realism"]["rate"] == 1
+    ranking = columns["ranking"]
+    assert ranking["raters"] == ["a", "b", "c"]
+    assert ranking["against_participants"]["tau"] == pytest.approx(1.0)
+    assert ranking["against_simulators"]["tau"] == pytest.approx(-1.0)

@@ -96,3 +96,26 @@ def test_the_study_page_downloads_ratings_for_those_who_may_read_participants(ad
     viewer.user_permissions.add(Permission.objects.get(codename="view_study"))
     client.force_login(viewer)
     assert client.get(url).status_code == 403  # the study, not what participants gave
+
+
+def test_the_sim_to_real_report_gains_what_raters_said_about_the_studys_conversations():
+    from studies.analysis.sim2real import build_sim2real, format_sim2real
+    from studies.annotation.analysis import sim2real_annotation
+
+    study = rated_study()
+    origin = make_study(slug="origin", arms=("base",))
+    study.rated_conversations.update(origin_study=origin)
+    arms = [
+        {
+            "name": "base",
+            "human": {"outcome": {"mean": 0.5}},
+            "simulated": {"reward": {"mean": 0.4}},
+        }
+    ]
+    [entry] = sim2real_annotation(origin, arms)
+    assert entry["study"] == "rate" and entry["ratings"] == 16 and entry["quality"] == "helpful"
+    assert set(entry["arms"]["base"]) == {"people", "vs"}
+    assert entry["arms"]["base"]["vs"]["realism"]["rate"] == 0
+    assert sim2real_annotation(make_study(slug="unrated"), arms) == []
+    text = format_sim2real({**build_sim2real([], 0.95), "annotation": [entry]})
+    assert "rated in annotation study rate (helpful)" in text and "base, vs:" in text
