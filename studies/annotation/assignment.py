@@ -62,12 +62,17 @@ def available(study: Study, participant: Participant, k: int) -> list[RatedConve
 
 def holding(via: str = "") -> Q:
     """The assignments that hold one of a conversation's places: rated, or assigned to a rater
-    still taking part. A rater who times out or returns frees theirs at once, with no hook."""
-    return Q(**{f"{via}status": RatingAssignment.Status.RATED}) | Q(
-        **{
-            f"{via}status": RatingAssignment.Status.ASSIGNED,
-            f"{via}participant__status__in": Participant.ACTIVE,
-        }
+    still taking part. A rater who times out or returns frees theirs at once, with no hook;
+    previews (staff) and bots (rehearsals) never take a person's place."""
+    people = Q(**{f"{via}participant__is_preview": False, f"{via}participant__is_bot": False})
+    return people & (
+        Q(**{f"{via}status": RatingAssignment.Status.RATED})
+        | Q(
+            **{
+                f"{via}status": RatingAssignment.Status.ASSIGNED,
+                f"{via}participant__status__in": Participant.ACTIVE,
+            }
+        )
     )
 
 

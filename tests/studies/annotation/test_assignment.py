@@ -133,3 +133,12 @@ def test_a_rater_who_times_out_or_returns_frees_their_places_at_once():
         assign(rater(study, "blocked"))
     Participant.objects.filter(pk=gone.pk).update(status=Participant.Status.TIMED_OUT)
     assert len(assign(rater(study, "in-time"))) == 6
+
+
+def test_previews_and_bots_never_take_a_persons_place():
+    study = annotation_study(k=1, n=6)
+    for pid, flag in [("staff", "is_preview"), ("bot", "is_bot")]:
+        walker = rater(study, pid)
+        Participant.objects.filter(pk=walker.pk).update(**{flag: True})
+        assert len(assign(Participant.objects.get(pk=walker.pk))) == 6
+    assert len(assign(rater(study, "person"))) == 6
