@@ -119,3 +119,24 @@ def test_the_sim_to_real_report_gains_what_raters_said_about_the_studys_conversa
     assert sim2real_annotation(make_study(slug="unrated"), arms) == []
     text = format_sim2real({**build_sim2real([], 0.95), "annotation": [entry]})
     assert "rated in annotation study rate (helpful)" in text and "base, vs:" in text
+
+
+def test_the_command_line_reads_the_ratings_csv_and_gives_the_runs_numbers(tmp_path, capsys):
+    from studies.analysis.annotation_cli import main
+
+    study = rated_study()
+    path = tmp_path / "ratings.csv"
+    path.write_text(ratings_csv(study))
+    assert main(["--ratings", str(path), "--scales", "helpful=7,frustration=7,donation=0",
+                 "--reverse", "frustration", "--json"]) == 0  # fmt: skip
+    printed = json.loads(capsys.readouterr().out)
+    run = compute(AnalysisRun.objects.create(study=study))
+    assert printed["comparisons"] == run.results["comparisons"]
+    assert printed["annotation"]["realism"] == json.loads(
+        json.dumps(run.results["annotation"]["realism"])
+    )
+    assert main(["--ratings", str(path), "--scales", "helpful=7"]) == 0
+    assert "judged a real person, vs: 0 of 8" in capsys.readouterr().out
+    (tmp_path / "other.csv").write_text("a,b\n1,2\n")
+    assert main(["--ratings", str(tmp_path / "other.csv"), "--scales", "helpful=7"]) == 1
+    assert "not a ratings CSV" in capsys.readouterr().err
