@@ -100,6 +100,8 @@ class Plan:
     completion_code: str
     answers: list[Answer]
     pid: Callable[[], str]
+    rating: bool = False  # an annotation study: rate each conversation instead of chatting
+    realism: bool = False
 
     @classmethod
     def of(cls, study: Study, turns: int | None = None) -> "Plan":
@@ -115,6 +117,8 @@ class Plan:
             completion_code=study.completion_code,
             answers=answers,
             pid=lambda: bot_pid(study),
+            rating=hasattr(study, "annotation"),
+            realism=hasattr(study, "annotation") and study.annotation.ask_realism,
         )
 
 
@@ -214,13 +218,16 @@ async def one_bot(plan: Plan, url: str, player, rng: random.Random, think=(0.0, 
             decision = {"decision": "accept", "csrfmiddlewaretoken": csrf_of(consent.text)}
             if (await http.post(f"{page}consent/", data=decision)).status_code != 302:
                 raise BotFailed("consent was not accepted")
-            await chat(plan, url, run, player, rng, think)
-            form = await http.get(page)
-            answers = {a.key: a.value(rng) for a in plan.answers}
-            answers["csrfmiddlewaretoken"] = csrf_of(form.text)
-            submitted = await http.post(f"{page}questionnaire/", data=answers)
-            if submitted.status_code != 302:
-                raise BotFailed(f"questionnaire answered {submitted.status_code}")
+            if plan.rating:
+                await rate(plan, http, page, rng)
+            else:
+                await chat(plan, url, run, player, rng, think)
+                form = await http.get(page)
+                answers = {a.key: a.value(rng) for a in plan.answers}
+                answers["csrfmiddlewaretoken"] = csrf_of(form.text)
+                submitted = await http.post(f"{page}questionnaire/", data=answers)
+                if submitted.status_code != 302:
+                    raise BotFailed(f"questionnaire answered {submitted.status_code}")
             done = await http.get(f"{page}done/")
             location = done.headers.get("location", "")
             run.code = parse_qs(urlsplit(location).query).get("cc", [""])[0]
@@ -230,6 +237,28 @@ async def one_bot(plan: Plan, url: str, player, rng: random.Random, think=(0.0, 
         except Exception as error:  # noqa: BLE001 - any failure is this bot's, counted, not the run's
             run.error = f"{type(error).__name__}: {error}"
     return run
+
+
+POSITION = re.compile(r'name="position" value="(\d+)"')
+
+
+async def rate(plan: Plan, http, page: str, rng: random.Random) -> None:
+    """An annotation study's rater: every conversation shown gets valid answers (a bot cannot
+    know a gold conversation's, so it may fail that check, as a careless person would)."""
+    for _ in range(1000):  # far above any n: a page that never moves on is a failure
+        form = await http.get(page)
+        position = POSITION.search(form.text)
+        if position is None:
+            return
+        answers = {a.key: a.value(rng) for a in plan.answers}
+        if plan.realism:
+            answers |= {"real_person": rng.choice(["real", "simulated"]),
+                        "realism_confidence": str(rng.randint(1, 5))}  # fmt: skip
+        answers |= {"position": position[1], "csrfmiddlewaretoken": csrf_of(form.text)}
+        rated = await http.post(f"{page}rate/", data=answers)
+        if rated.status_code != 302:
+            raise BotFailed(f"rating answered {rated.status_code}")
+    raise BotFailed("the rating pages never ended")
 
 
 async def chat(plan: Plan, url: str, run: BotRun, player, rng: random.Random, think) -> None:

@@ -200,3 +200,22 @@ def test_the_migration_gives_each_existing_study_its_own_bot_key(transactional_d
         MigrationExecutor(connection).migrate(
             MigrationExecutor(connection).loader.graph.leaf_nodes()
         )
+
+
+def test_bots_rehearse_an_annotation_study_without_taking_peoples_places(server, capsys):
+    from studies.models import AnnotationSetup, RatedConversation, RatingAssignment
+
+    study = make_study(slug="rate", arms=("raters",))
+    AnnotationSetup.objects.create(
+        study=study, raters_per_conversation=1, conversations_per_rater=2
+    )
+    for i in range(2):
+        RatedConversation.objects.create(
+            study=study, source="person", transcript=[{"speaker": "user", "text": f"hi {i}"}]
+        )
+    call_command("run_bots", study="rate", n=3, concurrency=2, url=server, json=True)
+    report = json.loads(capsys.readouterr().out)
+    assert report["completed"] == 3 and report["failed"] == 0, report["errors"]
+    assert RatingAssignment.objects.filter(status="rated").count() == 6  # 3 bots x 2, k aside
+    person, _ = flow.arrive(study, prolific(pid="areal0rater"))
+    assert len(flow.give_consent(person, True).rating_assignments.all()) == 2
