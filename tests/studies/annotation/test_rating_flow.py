@@ -105,3 +105,16 @@ def test_a_rater_with_nothing_left_is_told_and_holds_no_place(client):
     assert "No conversations left to rate" in consent.content.decode()
     assert participant.status == Participant.Status.UNSTARTED
     assert participant.rating_assignments.count() == 0
+
+
+def test_staff_preview_the_rating_pages_without_taking_a_place(client):
+    from studies.participation import flow
+
+    study = annotation_study(n=2)
+    preview = flow.give_consent(flow.start_preview(study.arms.get()), True)
+    assert preview.status == Participant.Status.RATING
+    html = client.get(reverse("studies:participant", args=[preview.token])).content.decode()
+    assert "Conversation 1 of 2" in html and "Preview of arm raters" in html
+    for pid in ("first", "second"):  # k = 2: both conversations still have both places
+        participant, _, _ = arrive(client, study, pid)
+        assert participant.rating_assignments.count() == 2
