@@ -1,6 +1,8 @@
 from decimal import Decimal
+from pathlib import Path
 
 from django import forms
+from django.conf import settings
 
 from agents.domains import STUDY_DOMAINS
 from agents.paths import reference_dir
@@ -102,7 +104,16 @@ class AddConversationsForm(forms.Form):
     origin = forms.ModelChoiceField(
         queryset=Study.objects.filter(annotation__isnull=True),
         label="from study",
+        required=False,
         help_text="A chat study: its finished participants, and its stored sim-to-real ones.",
+    )
+    samples = forms.CharField(
+        required=False,
+        label="or a training run's samples",
+        help_text="Its samples.jsonl, under the data folder (e.g. runs/NAME/samples.jsonl).",
+    )
+    samples_as = forms.CharField(
+        required=False, label="their simulator", help_text="How the analysis names them."
     )
     people = forms.BooleanField(initial=True, required=False, help_text="Its participants'.")
     simulated = forms.BooleanField(
@@ -124,9 +135,26 @@ class AddConversationsForm(forms.Form):
 
     def clean(self):
         data = super().clean()
+        if data.get("samples"):
+            data["samples_path"] = self.samples_path(data["samples"])
+            if not data.get("samples_as", "").strip():
+                self.add_error("samples_as", "Name the simulator these conversations are from.")
+            return data
+        if not data.get("origin"):
+            raise forms.ValidationError("Choose a study, or a training run's samples.")
         if not data.get("people") and not data.get("simulated"):
             raise forms.ValidationError("Choose people's conversations, simulated ones, or both.")
         low, high = data.get("min_user_turns"), data.get("max_user_turns")
         if low is not None and high is not None and high < low:
             self.add_error("max_user_turns", "Must be at least the minimum.")
         return data
+
+    def samples_path(self, given: str) -> Path:
+        """A samples.jsonl inside the data folder, and nothing else on the server."""
+        root = Path(settings.DATA_DIR).resolve()
+        path = (root / given.strip()).resolve()
+        if not path.is_relative_to(root) or path.name != "samples.jsonl" or not path.is_file():
+            raise forms.ValidationError(
+                f"Not a training run's samples.jsonl under the data folder ({root}): {given}"
+            )
+        return path

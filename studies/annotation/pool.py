@@ -1,5 +1,6 @@
 """An annotation study's pool: conversations drawn from finished studies (people's) and from
-stored simulated ones (the sim-to-real evaluations), as raters will read them.
+stored simulated ones (the sim-to-real evaluations, a training run's samples), as raters will
+read them.
 
 What a rater reads is the user's and the agent's words in order, nothing else: no tool calls
 or results, no arm, model or simulator name, and the personal details a participant typed
@@ -10,8 +11,9 @@ same conversation again adds nothing.
 
 import json
 from collections import Counter
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
 
 from studies.lib.redact import redact
 from studies.models import (
@@ -124,6 +126,36 @@ def add_simulated(pool: Study, origin: Study, draw: Draw = Draw(), simulators=()
                 simulator=e.simulator,
                 origin_study=origin,
                 origin_evaluation=e,
+            )
+        )
+    RatedConversation.objects.bulk_create(added)
+    return len(added)
+
+
+def add_training_samples(pool: Study, samples: Path, simulator: str, draw: Draw = Draw()) -> int:
+    """A training run's sampled conversations (its samples.jsonl: the agent with the run's own
+    simulator, one conversation per task and step), as `simulator`'s; `draw` filters by
+    success (a positive reward), length and the date the file was written."""
+    samples = samples.resolve()
+    already = set(pool.rated_conversations.values_list("origin_sample", flat=True))
+    when = datetime.fromtimestamp(samples.stat().st_mtime, tz=UTC)
+    added = []
+    for line, text in enumerate(samples.read_text().splitlines(), 1):
+        if not text.strip() or f"{samples}:{line}" in already:
+            continue
+        row = json.loads(text)
+        messages = row.get("conversation") or []
+        user_turns = sum(m.get("role") == "user" for m in messages)
+        success = (row.get("reward") or 0) > 0
+        if not replace(draw, arms=()).keeps("", success, user_turns, when):  # no arms here
+            continue
+        added.append(
+            RatedConversation(
+                study=pool,
+                transcript=transcript(messages),
+                source=RatedConversation.Source.SIMULATOR,
+                simulator=simulator,
+                origin_sample=f"{samples}:{line}",
             )
         )
     RatedConversation.objects.bulk_create(added)

@@ -71,6 +71,11 @@ class RatedConversation(models.Model):
     origin_evaluation = models.ForeignKey(
         SimulatorEvaluation, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    origin_sample = models.CharField(
+        max_length=500,
+        blank=True,
+        help_text="A training run's sample: its samples.jsonl and line (file:line).",
+    )
     gold = models.JSONField(
         null=True,
         blank=True,

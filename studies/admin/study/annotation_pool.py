@@ -11,7 +11,7 @@ from django.utils.html import format_html
 from studies.admin.action_forms import AddConversationsForm
 from studies.admin.permissions import pages
 from studies.annotation.items import add_paper_items
-from studies.annotation.pool import Draw, add_people, add_simulated
+from studies.annotation.pool import Draw, add_people, add_simulated, add_training_samples
 from studies.models import AnnotationSetup, RatedConversation, Study
 
 
@@ -67,9 +67,11 @@ class AnnotationPool:
                 until=data["until"],
             )
             added = 0
-            if data["people"]:
+            if data.get("samples_path"):
+                added += add_training_samples(study, data["samples_path"], data["samples_as"], draw)
+            elif data["people"]:
                 added += add_people(study, data["origin"], draw)
-            if data["simulated"]:
+            if data["simulated"] and not data.get("samples_path"):
                 added += add_simulated(study, data["origin"], draw, names(data["simulators"]))
             self.message_user(request, f"{added} conversation(s) added.", messages.SUCCESS)
             return HttpResponseRedirect(reverse("admin:studies_study_change", args=[study.pk]))

@@ -77,3 +77,26 @@ def test_go_live_asks_for_a_pool_places_for_the_target_and_gold_that_fits(annota
     found = go_live.problems(annotation)
     assert found == [f"Gold conversation {annotation.rated_conversations.last().pk} answers "
                      "items the study does not ask: nonsense."]  # fmt: skip
+
+
+def test_a_training_runs_samples_are_added_from_the_data_folder_only(
+    admin_client, annotation, settings, tmp_path
+):
+    import json
+
+    settings.DATA_DIR = tmp_path
+    run = tmp_path / "runs" / "r1"
+    run.mkdir(parents=True)
+    conversation = [{"role": "user", "content": "hello"}]
+    (run / "samples.jsonl").write_text(
+        json.dumps({"reward": 1, "conversation": conversation}) + "\n"
+    )
+    url = reverse("admin:studies_study_add_conversations", args=[annotation.pk])
+    form = {"samples": "runs/r1/samples.jsonl", "samples_as": "run-r1", "min_user_turns": 1}
+    assert admin_client.post(url, form).status_code == 302
+    assert list(annotation.rated_conversations.values_list("simulator", flat=True)) == ["run-r1"]
+    outside = admin_client.post(url, {**form, "samples": "../../etc/passwd"})
+    assert (
+        outside.status_code == 200
+        and "Not a training run&#x27;s samples.jsonl" in outside.content.decode()
+    )

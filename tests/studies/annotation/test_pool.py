@@ -2,13 +2,14 @@
 conversations, as raters will read them (words only, redacted, no source), drawn by arm,
 success, length and date, each added once."""
 
+import json
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
 from agents.models import Checkpoint
-from studies.annotation.pool import Draw, add_people, add_simulated
+from studies.annotation.pool import Draw, add_people, add_simulated, add_training_samples
 from studies.models import AnnotationSetup, RatedConversation, Scenario, SimulatorEvaluation
 from tests.support.studies import finish, make_study
 
@@ -77,3 +78,21 @@ def test_simulated_conversations_keep_their_simulator_out_of_the_transcript():
         {"speaker": "user", "text": "Cancel my order please"},
         {"speaker": "agent", "text": "Done."},
     ]
+
+
+def test_a_training_runs_samples_join_the_pool_as_its_simulators_once(tmp_path):
+    samples = tmp_path / "samples.jsonl"
+    rows = [
+        {"step": 1, "task": "t1", "reward": 1.0, "conversation": [
+            {"role": "assistant", "content": "How can I help?"},
+            {"role": "user", "content": "My e-mail is kim@example.com"}]},
+        {"step": 2, "task": "t1", "reward": 0.0, "conversation": [
+            {"role": "user", "content": "Hello"}]},
+    ]  # fmt: skip
+    samples.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    pool = pool_study()
+    assert add_training_samples(pool, samples, "cotrain-sim", Draw(success=True)) == 1
+    assert add_training_samples(pool, samples, "cotrain-sim") == 1  # the other; none twice
+    first = pool.rated_conversations.order_by("pk").first()
+    assert first.source == "simulator" and first.simulator == "cotrain-sim"
+    assert "kim@example.com" not in str(first.transcript)
