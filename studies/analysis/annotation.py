@@ -70,6 +70,30 @@ def conversation_table(ratings: list[dict], items: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns)
 
 
+def settings_for(
+    scales: dict[str, int | None],
+    groups: tuple[str, ...] | None,
+    reverse: tuple[str, ...] = (),
+    **chosen,
+) -> Settings:
+    """The chat report's settings on the conversation table: every pair of groups (arm and
+    source), the items as measures on their own scales. `chosen`: family, alphas and the like,
+    as the study sets them; what a plan freezes."""
+    return Settings(
+        arm_column=GROUP,
+        measures=tuple(scales),
+        arms=groups,
+        pairs="all",
+        reverse=tuple(r for r in reverse if r in scales),
+        scales={k: v for k, v in scales.items() if v},
+        likert=(),  # conversation means, not single answers
+        ranges={k: (1.0, float(v)) for k, v in scales.items() if v},
+        exclude_failed_attention=False,  # raters are left out before the table, not conversations
+        exclude_unfinished=False,
+        **chosen,
+    )
+
+
 def annotation_report(
     ratings: list[dict],
     scales: dict[str, int | None],
@@ -77,26 +101,20 @@ def annotation_report(
     exclude_failed_attention: bool = True,
     boot: int = 1000,
     seed: int = 0,
+    settings: Settings | None = None,
+    preregistration: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The report: `scales` names the rated items, each with its Likert points (None for a
-    number item). The chat report's keys, plus "annotation" (agreement, realism, counts)."""
+    number item). The chat report's keys, plus "annotation" (agreement, realism, counts).
+    `settings`: the study's (or its frozen plan's); by default the groups the ratings have.
+    With a pre-registration document the report is labelled confirmatory or exploratory."""
     kept = included(ratings, exclude_failed_attention)
     items = list(scales)
     table = conversation_table(kept, items)
-    groups = tuple(sorted(table[GROUP].unique())) if len(table) else None
-    settings = Settings(
-        arm_column=GROUP,
-        measures=tuple(items),
-        arms=groups,
-        pairs="all",
-        reverse=tuple(r for r in reverse if r in scales),
-        scales={k: v for k, v in scales.items() if v},
-        likert=(),  # conversation means, not single answers
-        ranges={k: (1.0, float(v)) for k, v in scales.items() if v},
-        exclude_failed_attention=False,  # raters are left out above, not conversations
-        exclude_unfinished=False,
-    )
-    report = build_report(table, settings)
+    if settings is None:
+        groups = tuple(sorted(table[GROUP].unique())) if len(table) else None
+        settings = settings_for(scales, groups, reverse)
+    report = build_report(table, settings, preregistration)
     report["annotation"] = {
         "conversations": int(len(table)),
         "raters": len({r["rater"] for r in kept}),

@@ -5,7 +5,14 @@ out unless asked for."""
 
 import json
 
-from studies.analysis.annotation import annotation_report, included, sim2real_columns
+from studies.analysis import Settings
+from studies.analysis.annotation import (
+    annotation_report,
+    group_of,
+    included,
+    settings_for,
+    sim2real_columns,
+)
 from studies.analysis.csvfile import to_text
 from studies.models import Item, Participant, RatingAssignment, Study, humans_unless
 
@@ -53,13 +60,29 @@ def ratings_of(study: Study, include_bots: bool = False) -> list[dict]:
     ]
 
 
-def report_of(study: Study) -> dict:
+def groups_of(study: Study) -> tuple[str, ...]:
+    """The pool's groups (arm and source), known before anyone rates: what a plan names."""
+    pool = study.rated_conversations.filter(gold__isnull=True)
+    return tuple(sorted({group_of(c) for c in pool.values("source", "arm", "simulator")}))
+
+
+def planned_settings(study: Study, alphas: tuple[float, ...]) -> Settings:
+    reverse = tuple(i.key for i in study.questionnaire_items() if i.reverse_coded)
+    return settings_for(
+        scales_of(study), groups_of(study) or None, reverse, family=study.holm_family,
+        alphas=alphas, lower_better=study.lower_better_measures(),
+    )  # fmt: skip
+
+
+def report_of(study: Study, settings: Settings, preregistration: dict | None = None) -> dict:
     reverse = tuple(i.key for i in study.questionnaire_items() if i.reverse_coded)
     return annotation_report(
         ratings_of(study),
         scales_of(study),
         reverse,
         exclude_failed_attention=study.exclude_failed_attention,
+        settings=settings,
+        preregistration=preregistration,
     )
 
 

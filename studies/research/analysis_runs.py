@@ -70,7 +70,11 @@ def analysis_settings(study: Study, table: pd.DataFrame) -> Settings:
 
 
 def planned_settings(study: Study) -> Settings:
-    """The settings a plan freezes: the outcome is a measure whenever the study has a task."""
+    """The settings a plan freezes: the outcome is a measure whenever the study has a task; an
+    annotation study's are on its conversations, by arm and source."""
+    if hasattr(study, "annotation"):
+        alphas = tuple(sorted({study.alpha, *DEFAULT_ALPHAS}, reverse=True))
+        return annotation_analysis.planned_settings(study, alphas)
     return study_settings(study, with_outcome=shared_domain(study.domain) is not None)
 
 
@@ -208,8 +212,14 @@ def compute(run: AnalysisRun, sections: dict[str, Section] | None = None) -> Ana
 
 
 def _annotation_results(study: Study) -> tuple[dict, dict, dict]:
-    """An annotation study's report (studies/analysis/annotation.py), its inputs and figures."""
-    results = annotation_analysis.report_of(study)
+    """An annotation study's report (studies/analysis/annotation.py), its inputs and figures:
+    on its frozen plan's settings when it is pre-registered, labelled as a chat study's is."""
+    frozen = study.preregistered()
+    if frozen is not None:
+        settings, document = Settings(**frozen.plan["analysis"]), plan_document(frozen)
+    else:
+        settings, document = planned_settings(study), None
+    results = annotation_analysis.report_of(study, settings, document)
     results["pay"] = pay_check(study).to_dict()
     inputs = {
         "ratings": results["annotation"]["ratings"],

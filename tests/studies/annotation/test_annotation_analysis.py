@@ -140,3 +140,32 @@ def test_the_command_line_reads_the_ratings_csv_and_gives_the_runs_numbers(tmp_p
     (tmp_path / "other.csv").write_text("a,b\n1,2\n")
     assert main(["--ratings", str(tmp_path / "other.csv"), "--scales", "helpful=7"]) == 1
     assert "not a ratings CSV" in capsys.readouterr().err
+
+
+def test_an_annotation_plan_is_frozen_before_rating_and_its_run_is_confirmatory():
+    from studies.research.preregistration import freeze
+
+    study = make_study(slug="planned", arms=("raters",))
+    AnnotationSetup.objects.create(
+        study=study, raters_per_conversation=4, conversations_per_rater=4
+    )
+    for source, simulator in [("person", ""), ("simulator", "vs")]:
+        for _ in range(2):
+            RatedConversation.objects.create(
+                study=study, source=source, arm="base", simulator=simulator, transcript=[]
+            )
+    plan = freeze(study, by="tester")
+    assert plan.plan["analysis"]["arms"] == ["base · people", "base · vs"]
+    assert plan.plan["analysis"]["pairs"] == "all"
+    for r in range(4):  # raters come after the freeze
+        p = Participant.objects.create(
+            study=study, arm=study.arms.get(), prolific_pid=f"P{r}", prolific_study_id="S",
+            prolific_session_id=f"s{r}", status=Participant.Status.RATING,
+        )  # fmt: skip
+        for a in assign(p):
+            answers = {**GOOD_ANSWERS, "helpful": str(3 + r % 3),
+                       "real_person": "real", "realism_confidence": "3"}  # fmt: skip
+            assert rating.submit(p, a.position, answers) == {}
+    run = compute(AnalysisRun.objects.create(study=study))
+    assert run.status == AnalysisRun.Status.DONE, run.error
+    assert run.results["preregistration"]["analysis"] == "confirmatory"
