@@ -118,3 +118,13 @@ def test_staff_preview_the_rating_pages_without_taking_a_place(client):
     for pid in ("first", "second"):  # k = 2: both conversations still have both places
         participant, _, _ = arrive(client, study, pid)
         assert participant.rating_assignments.count() == 2
+
+
+def test_the_studys_instructions_are_shown_and_the_monitor_watches_raters(client, admin_client):
+    study = annotation_study(n=1)
+    study.instructions = "Rate how natural each conversation reads."
+    study.save()
+    participant, page, _ = arrive(client, study, "reader")
+    assert "Rate how natural each conversation reads." in client.get(page).content.decode()
+    monitor = admin_client.get(reverse("admin:studies_study_monitor", args=[study.pk]))
+    assert monitor.status_code == 200 and "raters" in monitor.content.decode()
