@@ -158,8 +158,12 @@ def render_questionnaire(request, p, errors, data, status=200):
 def render_rating(request, p, errors, data, status=200):
     """One conversation to rate: its words only (no arm, model or source), the study's items."""
     assignment = rating.current(p)
-    if assignment is None:  # rated all meanwhile (another tab): wherever they are now
-        return redirect("studies:participant", token=p.token)
+    if assignment is None:  # none left that is theirs (released by hand): say so, never loop
+        raise flow.FlowError(
+            "Nothing left to rate",
+            "There is no conversation left for you to rate in this study. Please message the "
+            "researcher through Prolific.",
+        )
     done, total = rating.progress(p)
     context = {
         "participant": p,

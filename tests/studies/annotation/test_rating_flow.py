@@ -128,3 +128,11 @@ def test_the_studys_instructions_are_shown_and_the_monitor_watches_raters(client
     assert "Rate how natural each conversation reads." in client.get(page).content.decode()
     monitor = admin_client.get(reverse("admin:studies_study_monitor", args=[study.pk]))
     assert monitor.status_code == 200 and "raters" in monitor.content.decode()
+
+
+def test_a_rater_whose_conversations_were_released_is_told_not_looped(client):
+    study = annotation_study(n=1)
+    participant, page, _ = arrive(client, study, "released")
+    participant.rating_assignments.update(status=RatingAssignment.Status.RELEASED)
+    response = client.get(page)
+    assert response.status_code != 302 and "Nothing left to rate" in response.content.decode()
