@@ -89,7 +89,7 @@ def main() -> None:
     from training.config import load_config
     from training.rl.policy import LocalModel
     from training.tools.experiment import EXPERIMENTS
-    from training.trainer.loop import _domain, select_tasks, train
+    from training.trainer.loop import _domain, select_scenarios, train
 
     torch.set_num_threads(args.threads)
     load_before = uptime()
@@ -108,12 +108,12 @@ def main() -> None:
     try:
         base_config = load_config(EXPERIMENTS["collapse"], {**common, "output_dir": str(work)})
         domain = _domain(base_config.domain, base_config.domain_data)
-        train_tasks = select_tasks(domain, base_config.tasks, "train")
-        eval_tasks = select_tasks(domain, base_config.tasks, "eval")
+        train_scenarios = select_scenarios(domain, base_config.tasks, "train")
+        eval_scenarios = select_scenarios(domain, base_config.tasks, "eval")
         temperature = base_config.temperature
         base = LocalModel.load(base_config.base_model_path())
-        base_train = ask_distributions(base, domain, train_tasks, temperature)
-        base_eval = ask_distributions(base, domain, eval_tasks, temperature)
+        base_train = ask_distributions(base, domain, train_scenarios, temperature)
+        base_eval = ask_distributions(base, domain, eval_scenarios, temperature)
         del base
         exploit_file = None
         for arm, changes in ARMS.items():
@@ -135,8 +135,8 @@ def main() -> None:
                 lm = LocalModel.load(final)
             else:
                 lm = LocalModel.load(config.base_model_path(), adapter=str(final))
-            trained = ask_distributions(lm, domain, train_tasks, temperature)
-            held_out = ask_distributions(lm, domain, eval_tasks, temperature)
+            trained = ask_distributions(lm, domain, train_scenarios, temperature)
+            held_out = ask_distributions(lm, domain, eval_scenarios, temperature)
             del lm
             results["arms"][arm] = {
                 "finetune": config.finetune,

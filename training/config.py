@@ -310,7 +310,7 @@ class SimulatorSpec:
 
 
 @dataclass(config=TABLE)
-class TaskSpec:
+class ScenarioSpec:
     train_split: StrictStr = Field("train", description="the Domain's split to train on")
     eval_split: StrictStr = Field("test", description="the split the held-out panel is tested on")
     train_ids: Strings = Field(
@@ -425,7 +425,10 @@ class RunConfig:
     base_model: StrictStr = Field(
         "", description='a Hugging Face model folder; "" = agents.paths.base_model_dir()'
     )
-    tasks: TaskSpec = Field(default_factory=TaskSpec, description="which scenarios")
+    tasks: ScenarioSpec = Field(
+        default_factory=ScenarioSpec,
+        description="which scenarios (the TOML table keeps tau2's word, [tasks])",
+    )
     simulator: SimulatorSpec = Field(
         default_factory=SimulatorSpec, description="the simulator the agent trains against"
     )

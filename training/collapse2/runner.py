@@ -192,7 +192,7 @@ def run(
     from agents.paths import base_model_dir
     from training.collapse2 import flat_prior
     from training.tools.experiment import ORDER, _add_runtime, provenance, train_all
-    from training.trainer.loop import select_tasks
+    from training.trainer.loop import select_scenarios
 
     design = load_design(design_path)
     source = provenance({})["commit"], provenance({})["dirty"]  # the code the runs start from
@@ -204,7 +204,7 @@ def run(
                             lr=fp["lr"], max_steps=fp["max_steps"], seed=fp["seed"])  # fmt: skip
     base = base_config(out / "flat-prior")
     domain = get_domain(base.domain)
-    tasks = select_tasks(domain, base.tasks, "train")
+    tasks = select_scenarios(domain, base.tasks, "train")
     panel = design["heldout"]["panel"]
     deciding = [t for t in panel if t != design["heldout"]["like_training_simulator"]]
     expected = heldout_expected(domain, tasks, panel)

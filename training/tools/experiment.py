@@ -200,7 +200,7 @@ def final_simulator(config: RunConfig) -> dict[str, float] | None:
     from training.rl.policy import LocalModel
     from training.rollouts.simulator import LocalUser
     from training.trainer.checkpoint import list_checkpoints
-    from training.trainer.loop import select_tasks
+    from training.trainer.loop import select_scenarios
 
     run_dir = config.run_dir()
     if config.simulator.kind == SimulatorKind.VERBALIZED:
@@ -215,7 +215,7 @@ def final_simulator(config: RunConfig) -> dict[str, float] | None:
                          str(saved[-1] / "simulator"))  # fmt: skip
     domain = get_domain(config.domain, config.domain_data or None)
     user = LocalUser(lm, dataclasses.replace(config.simulator, kind="plain"))
-    found = simulator_exploit(domain, select_tasks(domain, config.tasks, "train"), user)
+    found = simulator_exploit(domain, select_scenarios(domain, config.tasks, "train"), user)
     return found["expected_reward"] if found else None
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from agents.domains.base import Domain, Scenario
-from training.config import RunConfig, TaskSpec
+from training.config import RunConfig, ScenarioSpec
 from training.measures.collapse import (
     load_or_find_exploit,
     mixture_exploit,
@@ -109,13 +109,13 @@ def _train(
     run_dir.mkdir(parents=True, exist_ok=True)
     ranks.clear_failures(run_dir)
     domain = domain or _domain(config.domain, config.domain_data)
-    train_tasks = select_tasks(domain, config.tasks, "train")
-    eval_tasks = select_tasks(domain, config.tasks, "eval")
+    train_scenarios = select_scenarios(domain, config.tasks, "train")
+    eval_scenarios = select_scenarios(domain, config.tasks, "eval")
     torch.manual_seed(config.seed)
 
     models = ModelCache(config)
     agent = Policy.for_run(config, lr=config.agent_lr, ranks=ranks)
-    panel = HeldOutPanel(config, domain, eval_tasks, models)
+    panel = HeldOutPanel(config, domain, eval_scenarios, models)
     if config.steps == 0:  # a base evaluation: no regime, no simulator loaded, no step taken
         return _evaluate_start(config, run_dir, agent, panel, ranks)
     regime = make_regime(config, run_dir, models, ranks)
@@ -124,12 +124,12 @@ def _train(
     start = checkpoint.resume(run_dir, config, agent, regime)
     writer = RunWriter(config, run_dir, start, ranks, agent, regime, progress_callback,
                        within_step, show_progress)  # fmt: skip
-    exploit = _exploit(config, domain, train_tasks, models) if ranks.main else None
+    exploit = _exploit(config, domain, train_scenarios, models) if ranks.main else None
     speaker = _speaker(config, agent)
     embed = None  # rank 0 alone measures the step's diversity (every rank has the rollouts)
     if ranks.main and config.collapse.embedding_model:
         embed = Embedder(config.collapse.embedding_model)
-    run = Run(config, run_dir, domain, train_tasks, agent, speaker, regime, panel,
+    run = Run(config, run_dir, domain, train_scenarios, agent, speaker, regime, panel,
               ranks, exploit, embed, optimizer_steps=writer.optimizer_steps)  # fmt: skip
     writer.begin()
     for step in range(start + 1, config.steps + 1):
@@ -285,7 +285,7 @@ def _task_seed(seed: int, step: int, index: int) -> int:
     return random.Random(f"{seed}-{step}-{index}-torch").getrandbits(63)
 
 
-def select_tasks(domain: Domain, spec: TaskSpec, which: str) -> list[Scenario]:
+def select_scenarios(domain: Domain, spec: ScenarioSpec, which: str) -> list[Scenario]:
     """The scenarios of the train or eval side: explicit ids, else the split, capped."""
     split = spec.train_split if which == "train" else spec.eval_split
     ids = spec.train_ids if which == "train" else spec.eval_ids
