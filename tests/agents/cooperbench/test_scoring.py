@@ -139,5 +139,10 @@ def test_test_files_are_filtered_from_a_patch():
 def test_test_counts_are_read_from_the_runners_output():
     assert parse_test_counts("==== 3 passed, 1 failed in 0.1s ====") == (3, 1)
     assert parse_test_counts("Tests:       2 failed, 15 passed, 17 total") == (15, 2)
+    # jest's own line first: its suite line's "failed" is not a failed test
+    assert parse_test_counts("Test Suites: 1 failed, 1 total\nTests:       3 passed, 3 total") == (
+        3,
+        0,
+    )
     assert parse_test_counts("--- PASS: A\n--- FAIL: B\n--- PASS: C") == (2, 1)
     assert parse_test_counts("nothing ran") == (0, 0)
