@@ -5,6 +5,7 @@ patch fails, and an agent's edits to test files never reach the hidden tests."""
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,19 @@ def test_an_agent_cannot_pass_by_editing_the_tests(checkout, tmp_path):
     result = score(checkout, tmp_path, 1, 2, patch1=cheat)
     assert "test_subtract" not in result.merged_patch
     assert not result.feature1.passed
+
+
+@needs_bwrap
+def test_a_patch_whose_tests_hang_fails_at_the_wall_limit(checkout, tmp_path):
+    hanging = TASK.features[1].gold_patch.replace("return a - b", "while True: pass")
+    assert hanging != TASK.features[1].gold_patch
+    limits = Limits(cpu_seconds=60, memory_bytes=2 * 1024**3, wall_seconds=4, output_bytes=200_000)
+    started = time.monotonic()
+    with LocalSandbox(checkout, limits, scratch=tmp_path) as sandbox:
+        result = score_pair(TASK, 1, 2, hanging, TASK.features[2].gold_patch, sandbox)
+    assert time.monotonic() - started < 30
+    assert result.feature1.killed == "wall" and not result.feature1.passed
+    assert result.feature2.passed and not result.both_passed
 
 
 @needs_bwrap
