@@ -137,11 +137,8 @@ def run_bounded(
     for reader in readers:
         reader.start()
     if input is not None:
-        try:
-            proc.stdin.write(input)
-            proc.stdin.close()
-        except (BrokenPipeError, OSError):
-            pass
+        # from a thread: a command that never reads its stdin must not block the wall clock
+        threading.Thread(target=_feed, args=(proc.stdin, input), daemon=True).start()
     try:
         proc.wait(timeout=limits.wall_seconds)
     except subprocess.TimeoutExpired:
@@ -166,3 +163,11 @@ def run_bounded(
         killed=killed,
         seconds=time.monotonic() - started,
     )
+
+
+def _feed(stdin, data: bytes) -> None:
+    try:
+        stdin.write(data)
+        stdin.close()
+    except (BrokenPipeError, OSError, ValueError):
+        pass

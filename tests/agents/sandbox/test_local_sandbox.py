@@ -119,6 +119,13 @@ def test_a_flood_of_output_is_cut_and_reported(sandbox):
     assert not done.timed_out
 
 
+def test_input_a_command_never_reads_does_not_block_the_wall_limit(sandbox):
+    started = time.monotonic()
+    done = sandbox.run("sleep 100", input=b"x" * 10_000_000)  # far more than a pipe holds
+    assert done.killed == "wall"
+    assert time.monotonic() - started < QUICK.wall_seconds + 3
+
+
 def test_a_missing_program_is_a_result_not_an_exception(sandbox):
     done = sandbox.run(["no-such-program-here"])
     assert done.exit_code != 0 and not done.ok
