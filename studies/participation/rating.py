@@ -81,7 +81,7 @@ def submit(participant: Participant, position, data) -> dict[str, str]:
     gold = {**(assignment.conversation.gold or {}),
             **{i.key: float(i.expected_answer) for i in checks}}  # fmt: skip
     if gold:
-        missed = any(str(answers.get(k)) != str(v) and answers.get(k) != v for k, v in gold.items())
+        missed = any(not same_answer(answers.get(k), v) for k, v in gold.items())
         if missed:
             participant.attention_passed = False
         elif participant.attention_passed is None:
@@ -96,3 +96,11 @@ def submit(participant: Participant, position, data) -> dict[str, str]:
         transaction.on_commit(lambda: study_progress(participant.study_id))
     participant.save()
     return {}
+
+
+def same_answer(given, known) -> bool:
+    """A gold answer matched: numbers by value (6.0 is 6), anything else as text."""
+    try:
+        return float(given) == float(known)
+    except (TypeError, ValueError):
+        return str(given) == str(known)
