@@ -151,21 +151,214 @@ class TokenBatch:
 SHARED_PREFIX_MIN = 16  # tokens: below this, running the rows' common prefix once saves little
 
 
+# Model types whose causal-LM head is exactly `lm_head(last_hidden_state)` (no softcapping or
+# logit scaling, checked in their transformers modeling files), so the log-probs can be computed
+# from the decoder's hidden states by `_head_logprobs` without the model's own logits.
+PLAIN_HEAD_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "smollm3", "phi3", "olmo2"})
+HEAD_CHUNK = 128  # positions per chunk of [chunk, vocab] logits in _HeadLogprobs
+HEAD_KEEP_BYTES = 1 << 30  # a trained head keeps its softmax up to this size, else recomputes
+
+
 def token_logprobs(
     model: torch.nn.Module,
     batch: TokenBatch,
     with_entropy: bool = False,
     temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log p(token_t | tokens_<t) for every t >= 1, as a [B, T] tensor (column 0 is 0), from
+    """log p(token_t | tokens_<t) for every t >= 1, as a [B, T] tensor (0 where mask is 0), from
     logits / temperature (the distribution that was sampled, as TRL does), restricted to
     `batch.allowed` where a choice turn restricted the sampling.
 
-    Logits are computed only at positions whose next token is a policy token (`logits_to_keep`),
-    which keeps memory at [B, policy tokens, vocab] instead of [B, T, vocab]. The rows' common
+    For a plain-head model (PLAIN_HEAD_TYPES, not under FSDP) the decoder runs once and the LM
+    head is applied only at the policy tokens' positions, gathered flat, in chunks that are never
+    kept whole (`_head_logprobs`): no [B, T, vocab] or padded logits tensor exists. Other models
+    go through their own forward with `logits_to_keep` (`_logits_logprobs`). The rows' common
     prefix (a group's shared prompt) is run once and shared through the KV cache; gradients
     flow through it as through separate copies.
     """
+    parts = _plain_head(model)
+    if parts is None:
+        return _logits_logprobs(model, batch, with_entropy, temperature)
+    decoder, head = parts
+    b, t = batch.ids.shape
+    rows, cols = (batch.mask[:, 1:] > 0).nonzero(as_tuple=True)  # token cols+1 predicted at cols
+    logp = torch.zeros((b, t), device=batch.ids.device)
+    entropy = torch.zeros((b, t), device=batch.ids.device) if with_entropy else None
+    if rows.numel() == 0:
+        return logp, entropy
+    hidden = _hidden_at(decoder, batch, rows, cols)  # [N, H]
+    restricted = []
+    if batch.allowed:
+        flat = {(int(r), int(c) + 1): k for k, (r, c) in enumerate(zip(rows, cols, strict=True))}
+        for row, choices in enumerate(batch.allowed):
+            for index, ids in choices.items():
+                if (row, index) in flat:  # a token that is not trained needs no log-prob
+                    restricted.append((flat[(row, index)], ids))
+    device = hidden.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    flat_logp, flat_entropy = _HeadLogprobs.apply(
+        hidden, head.weight, batch.ids[rows, cols + 1], temperature, restricted, dtype, with_entropy
+    )
+    logp = logp.index_put((rows, cols + 1), flat_logp)
+    if entropy is not None:
+        entropy[rows, cols + 1] = flat_entropy
+    return logp, entropy
+
+
+def _plain_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
+    """(decoder, lm_head) of a model whose logits are lm_head(decoder hidden states), else None.
+    Under FSDP every pass must go through the wrapper (it gathers the shards), so never there;
+    a head that LoRA or peft wraps is no plain Linear, so its own forward is used."""
+    if isinstance(model, FSDP):
+        return None
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = getattr(base, "config", None)
+    if getattr(config, "model_type", None) not in PLAIN_HEAD_TYPES:
+        return None
+    if not (hasattr(base, "get_decoder") and hasattr(base, "get_output_embeddings")):
+        return None
+    head = base.get_output_embeddings()
+    if type(head) is not torch.nn.Linear or head.bias is not None:
+        return None
+    return base.get_decoder(), head
+
+
+def _hidden_at(
+    decoder: torch.nn.Module, batch: TokenBatch, rows: torch.Tensor, cols: torch.Tensor
+) -> torch.Tensor:
+    """The decoder's last hidden states at (rows, cols), [N, H]."""
+    b = batch.ids.shape[0]
+    shared = _shared_prefix(batch) if b > 1 else 0
+    if shared < SHARED_PREFIX_MIN:
+        out = decoder(input_ids=batch.ids, attention_mask=batch.attention, use_cache=False)
+        return out.last_hidden_state[rows, cols]
+    prefix = decoder(input_ids=batch.ids[:1, :shared], use_cache=True)
+    cache = cache_of(prefix)
+    cache.batch_repeat_interleave(b)
+    rest = decoder(
+        input_ids=batch.ids[:, shared:],
+        attention_mask=batch.attention,
+        use_cache=False,
+        **cache_arg(decoder, cache),
+    ).last_hidden_state
+    early = cols < shared
+    hidden = rest.new_empty((rows.numel(), rest.shape[-1]))
+    hidden = hidden.index_put(
+        (early.nonzero().squeeze(-1),), prefix.last_hidden_state[0, cols[early]]
+    )
+    late = (~early).nonzero().squeeze(-1)
+    return hidden.index_put((late,), rest[rows[late], cols[late] - shared])
+
+
+def _chunk_logits(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    start: int,
+    temperature: float,
+    restricted: list[tuple[int, list[int]]],
+) -> torch.Tensor:
+    """float32 logits / temperature of hidden rows start.. (already cut to the chunk), with the
+    vocabulary of a restricted position cut to its allowed ids."""
+    logits = (hidden @ weight.T).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    for k, ids in restricted:
+        if start <= k < start + hidden.shape[0]:
+            keep = logits[k - start, ids].clone()
+            logits[k - start] = float("-inf")
+            logits[k - start, ids] = keep
+    return logits
+
+
+class _HeadLogprobs(torch.autograd.Function):
+    """log softmax(hidden @ W.T / T)[target] per row of `hidden` ([N, H]) and, when asked, the
+    entropy of that distribution (no gradient), HEAD_CHUNK rows at a time. With p the softmax:
+
+        d logp / d logits = onehot(target) - p                       (then / T)
+        d logp / d h      = (W[target] - p @ W) / T                  ([N, H])
+        d logp / d W      = sum_rows (onehot(target) - p) h^T / T    (only if W is trained)
+
+    A frozen head (LoRA) needs only the second, which the forward computes outright, so the
+    backward runs no matmul over the vocabulary. A trained head needs p in the backward: kept
+    when all of it fits HEAD_KEEP_BYTES (as the model's own log_softmax would keep it), else
+    recomputed a chunk at a time from the saved logsumexp, so memory stays at one chunk.
+    `dtype` is the autocast dtype the head's matmuls run in (None: the weights' own), as in the
+    model's own forward; the softmax is float32 either way."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature, restricted, dtype, with_entropy):
+        dtype = dtype or weight.dtype
+        h, w = hidden.to(dtype), weight.to(dtype)
+        n, vocab = h.shape[0], w.shape[0]
+        train_w = weight.requires_grad
+        keep = train_w and n * vocab * 4 <= HEAD_KEEP_BYTES
+        logp = torch.empty(n, device=h.device)
+        entropy = torch.empty(n if with_entropy else 0, device=h.device)
+        lse = torch.empty(n, device=h.device)
+        dh = None if train_w else torch.empty(h.shape, device=h.device, dtype=hidden.dtype)
+        kept = []
+        for start in range(0, n, HEAD_CHUNK):
+            stop = min(start + HEAD_CHUNK, n)
+            logits = _chunk_logits(h[start:stop], w, start, temperature, restricted)
+            top = logits.amax(-1, keepdim=True)
+            probs = torch.sub(logits, top).exp_()  # one exp per logit; a cut one gives 0
+            total = probs.sum(-1, keepdim=True)
+            lse[start:stop] = (top + total.log()).squeeze(-1)
+            picked = logits.gather(-1, targets[start:stop, None]).squeeze(-1)
+            logp[start:stop] = picked - lse[start:stop]
+            probs.div_(total)
+            if with_entropy:  # H = lse - sum p * logits; a cut logit (p = 0) adds nothing
+                finite = logits.masked_fill_(logits == float("-inf"), 0.0) if restricted else logits
+                entropy[start:stop] = lse[start:stop] - torch.linalg.vecdot(probs, finite)
+            if dh is not None:
+                grad = (w[targets[start:stop]] - probs.to(dtype) @ w) / temperature
+                dh[start:stop] = grad
+            elif keep:
+                kept.append(probs)
+        ctx.save_for_backward(h, w, targets, lse, dh)
+        ctx.kept, ctx.temperature, ctx.restricted = kept, temperature, restricted
+        ctx.dtypes = (hidden.dtype, weight.dtype)
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_logp, _grad_entropy):
+        h, w, targets, lse, dh = ctx.saved_tensors
+        if dh is not None:  # frozen head: the gradient was computed in the forward
+            grad_h = (grad_logp[:, None] * dh).to(ctx.dtypes[0])
+            return grad_h, None, None, None, None, None, None
+        want_h = ctx.needs_input_grad[0]
+        grad_h = torch.empty_like(h, dtype=ctx.dtypes[0]) if want_h else None
+        grad_w = torch.zeros_like(w, dtype=ctx.dtypes[1])
+        for i, start in enumerate(range(0, h.shape[0], HEAD_CHUNK)):
+            stop = min(start + HEAD_CHUNK, h.shape[0])
+            if ctx.kept:
+                probs = ctx.kept[i]
+            else:
+                logits = _chunk_logits(h[start:stop], w, start, ctx.temperature, ctx.restricted)
+                probs = logits.sub_(lse[start:stop, None]).exp_()
+            # the softmax gradient g * (onehot(target) - p) through the head, without forming
+            # it: p enters both matmuls as it is (a cut logit has p = 0, so no gradient)
+            g = (grad_logp[start:stop, None] / ctx.temperature).to(w.dtype)
+            rows = h[start:stop] * g
+            probs = probs.to(w.dtype)
+            if want_h:
+                grad_h[start:stop] = (w[targets[start:stop]] - probs @ w) * g
+            grad_w.index_add_(0, targets[start:stop], rows.to(grad_w.dtype))
+            grad_w -= (probs.T @ rows).to(grad_w.dtype)
+        ctx.kept = None
+        return grad_h, grad_w, None, None, None, None, None
+
+
+def _logits_logprobs(
+    model: torch.nn.Module,
+    batch: TokenBatch,
+    with_entropy: bool = False,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """token_logprobs through the model's own forward: its logits at every position some row
+    needs (`logits_to_keep`), [B, positions, vocab]."""
     b, t = batch.ids.shape
     target_mask = batch.mask[:, 1:] > 0  # token t+1 is predicted at position t
     positions = target_mask.any(dim=0).nonzero().squeeze(-1)  # positions any row needs
