@@ -226,28 +226,61 @@ def _plain_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Linea
 def _hidden_at(
     decoder: torch.nn.Module, batch: TokenBatch, rows: torch.Tensor, cols: torch.Tensor
 ) -> torch.Tensor:
-    """The decoder's last hidden states at (rows, cols), [N, H]."""
-    b = batch.ids.shape[0]
-    shared = _shared_prefix(batch) if b > 1 else 0
+    """The decoder's last hidden states at (rows, cols), [N, H]. Rows that share a prompt (a
+    GRPO group) run it once (`_prompt_sets`); each set is cut to its own longest row."""
+    out = None
+    local = torch.empty(len(batch), dtype=torch.long, device=rows.device)
+    for members, shared in _prompt_sets(batch):
+        real = (batch.attention[members] > 0).any(dim=0).nonzero()
+        width = int(real[-1]) + 1  # right-padded: nothing this set attends to lies beyond
+        ids, attention = batch.ids[members, :width], batch.attention[members, :width]
+        hidden = _decoder_pass(decoder, ids, attention, min(shared, width - 1))
+        local[members] = torch.arange(len(members), device=rows.device)
+        picked = torch.isin(rows, members).nonzero().squeeze(-1)
+        values = hidden[local[rows[picked]], cols[picked]]
+        out = values.new_empty((rows.numel(), values.shape[-1])) if out is None else out
+        out = out.index_put((picked,), values)
+    return out
+
+
+def _decoder_pass(
+    decoder: torch.nn.Module, ids: torch.Tensor, attention: torch.Tensor, shared: int
+) -> torch.Tensor:
+    """Last hidden states of rows whose first `shared` tokens are the same, [R, T, H]: that
+    prefix runs once (with its gradient) and the rest of every row attends to its KV cache."""
     if shared < SHARED_PREFIX_MIN:
-        out = decoder(input_ids=batch.ids, attention_mask=batch.attention, use_cache=False)
-        return out.last_hidden_state[rows, cols]
-    prefix = decoder(input_ids=batch.ids[:1, :shared], use_cache=True)
+        return decoder(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state
+    prefix = decoder(input_ids=ids[:1, :shared], use_cache=True)
     cache = cache_of(prefix)
-    cache.batch_repeat_interleave(b)
+    cache.batch_repeat_interleave(ids.shape[0])
     rest = decoder(
-        input_ids=batch.ids[:, shared:],
-        attention_mask=batch.attention,
+        input_ids=ids[:, shared:],
+        attention_mask=attention,
         use_cache=False,
         **cache_arg(decoder, cache),
     ).last_hidden_state
-    early = cols < shared
-    hidden = rest.new_empty((rows.numel(), rest.shape[-1]))
-    hidden = hidden.index_put(
-        (early.nonzero().squeeze(-1),), prefix.last_hidden_state[0, cols[early]]
-    )
-    late = (~early).nonzero().squeeze(-1)
-    return hidden.index_put((late,), rest[rows[late], cols[late] - shared])
+    return torch.cat([prefix.last_hidden_state.expand(ids.shape[0], -1, -1), rest], 1)
+
+
+def _prompt_sets(batch: TokenBatch) -> list[tuple[torch.Tensor, int]]:
+    """The rows as (members, shared prefix length) sets: rows whose first SHARED_PREFIX_MIN
+    tokens agree form a set with their common prefix; the others one set with 0."""
+    starts: dict[tuple[int, ...] | None, list[int]] = {}
+    head = batch.ids[:, :SHARED_PREFIX_MIN]
+    whole = (batch.attention[:, :SHARED_PREFIX_MIN] > 0).all(dim=-1)
+    for i in range(len(batch)):
+        key = tuple(head[i].tolist()) if whole[i] and len(batch) > 1 else None
+        starts.setdefault(key, []).append(i)
+    sets, alone = [], []
+    for key, members in starts.items():
+        if key is None or len(members) < 2:
+            alone += members
+        else:
+            index = torch.tensor(members, device=batch.ids.device)
+            sets.append((index, _shared_prefix(batch.select(index))))
+    if alone:
+        sets.append((torch.tensor(sorted(alone), device=batch.ids.device), 0))
+    return sets
 
 
 def _chunk_logits(

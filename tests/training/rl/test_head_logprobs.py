@@ -12,20 +12,30 @@ TEMPERATURE = 0.7
 
 
 def batches() -> dict[str, TokenBatch]:
-    """Rows of different lengths with policy tokens in several turns, a restricted choice turn,
-    and (second batch) a prompt all rows share, which goes through the KV-cache path."""
+    """Rows of different lengths with policy tokens in several turns and a restricted choice
+    turn: each with a prompt of its own, all after one shared prompt (the KV-cache path), and
+    in two interleaved groups that share a prompt each plus a row alone."""
     ids = [[5, 17, 300, 42, 9, 2, 60, 61, 62], [7, 8, 1000, 11, 2], [30, 31, 32, 33, 34, 35, 2]]
     masks = [[0, 0, 1, 1, 1, 0, 0, 1, 1], [0, 0, 1, 1, 1], [0, 0, 0, 1, 0, 1, 1]]
     allowed = [{3: [42, 43, 44]}, {}, {5: [35, 36]}]
-    prompt = list(range(100, 100 + SHARED_PREFIX_MIN + 3))
-    return {
-        "distinct": TokenBatch.from_lists(ids, masks, pad_id=2, allowed=allowed),
-        "shared": TokenBatch.from_lists(
-            [prompt + x for x in ids],
-            [[0] * len(prompt) + m for m in masks],
+
+    def after(prompts, rows):
+        return TokenBatch.from_lists(
+            [p + ids[r] for p, r in zip(prompts, rows, strict=True)],
+            [[0] * len(p) + masks[r] for p, r in zip(prompts, rows, strict=True)],
             pad_id=2,
-            allowed=[{len(prompt) + k: v for k, v in a.items()} for a in allowed],
-        ),
+            allowed=[
+                {len(p) + k: v for k, v in allowed[r].items()}
+                for p, r in zip(prompts, rows, strict=True)
+            ],
+        )
+
+    one = list(range(100, 100 + SHARED_PREFIX_MIN + 3))
+    other = list(range(200, 200 + SHARED_PREFIX_MIN + 7))
+    return {
+        "distinct": after([[]] * 3, [0, 1, 2]),
+        "shared": after([one] * 3, [0, 1, 2]),
+        "groups": after([one, other, one, other, [400, 401]], [0, 1, 2, 0, 1]),
     }
 
 
@@ -50,7 +60,7 @@ def straightforward(model, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tenso
 def loss_and_grads(model, batch, logprobs):
     model.zero_grad(set_to_none=True)
     logp, entropy = logprobs(model, batch)
-    adv = torch.tensor([1.0, -0.5, 2.0])
+    adv = torch.linspace(-1.0, 2.0, len(batch))
     # an old policy a little off the current one, so the ratio and the clip both matter
     old = (logp.detach() + 0.3 * torch.sin(torch.arange(logp.numel()).view_as(logp))) * batch.mask
     loss, _ = grpo_loss(logp, old, None, adv, batch.mask, eps=0.2)
@@ -63,7 +73,7 @@ def fast(model, batch):
     return token_logprobs(model, batch, with_entropy=True, temperature=TEMPERATURE)
 
 
-@pytest.mark.parametrize("prompt", ["distinct", "shared"])
+@pytest.mark.parametrize("prompt", ["distinct", "shared", "groups"])
 @pytest.mark.parametrize("head", ["kept", "recomputed", "lora"])
 def test_fast_head_matches_full_logits(smooth_tiny_model, monkeypatch, prompt, head):
     from transformers import AutoModelForCausalLM
