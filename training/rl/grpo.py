@@ -196,8 +196,10 @@ def token_logprobs(
                     restricted.append((flat[(row, index)], ids))
     device = hidden.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad)
+    options = (temperature, restricted, dtype, with_entropy, grad)
     flat_logp, flat_entropy = _HeadLogprobs.apply(
-        hidden, head.weight, batch.ids[rows, cols + 1], temperature, restricted, dtype, with_entropy
+        hidden, head.weight, batch.ids[rows, cols + 1], options
     )
     logp = logp.index_put((rows, cols + 1), flat_logp)
     if entropy is not None:
@@ -305,83 +307,87 @@ def _chunk_logits(
 
 class _HeadLogprobs(torch.autograd.Function):
     """log softmax(hidden @ W.T / T)[target] per row of `hidden` ([N, H]) and, when asked, the
-    entropy of that distribution (no gradient), HEAD_CHUNK rows at a time. With p the softmax:
+    entropy of that distribution (no gradient), HEAD_CHUNK rows at a time. With p the softmax
+    and e = p @ W the expected output embedding ([N, H]):
 
-        d logp / d logits = onehot(target) - p                       (then / T)
-        d logp / d h      = (W[target] - p @ W) / T                  ([N, H])
-        d logp / d W      = sum_rows (onehot(target) - p) h^T / T    (only if W is trained)
+        d logp / d h = (W[target] - e) / T
+        d logp / d W = sum_rows (onehot(target) - p) h^T / T      (only if W is trained)
+        entropy      = logsumexp - sum_v p_v logit_v = logsumexp - h . e / T
 
-    A frozen head (LoRA) needs only the second, which the forward computes outright, so the
-    backward runs no matmul over the vocabulary. A trained head needs p in the backward: kept
-    when all of it fits HEAD_KEEP_BYTES (as the model's own log_softmax would keep it), else
-    recomputed a chunk at a time from the saved logsumexp, so memory stays at one chunk.
-    `dtype` is the autocast dtype the head's matmuls run in (None: the weights' own), as in the
-    model's own forward; the softmax is float32 either way."""
+    The forward computes e (one matmul the backward would otherwise run), so a frozen head
+    (LoRA) has a backward without any matmul over the vocabulary and the entropy costs no pass
+    over it. A trained head needs p itself: kept when all of it fits HEAD_KEEP_BYTES (as the
+    model's own log_softmax would keep it), else recomputed a chunk at a time, so memory stays
+    at one chunk of logits. `dtype` is the autocast dtype of the head's matmuls (None: the
+    weights' own), as in the model's own forward; the softmax is float32 either way."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature, restricted, dtype, with_entropy):
+    def forward(ctx, hidden, weight, targets, options):
+        temperature, restricted, dtype, with_entropy, grad = options
         dtype = dtype or weight.dtype
         h, w = hidden.to(dtype), weight.to(dtype)
         n, vocab = h.shape[0], w.shape[0]
-        train_w = weight.requires_grad
+        train_w = grad and weight.requires_grad
         keep = train_w and n * vocab * 4 <= HEAD_KEEP_BYTES
         logp = torch.empty(n, device=h.device)
         entropy = torch.empty(n if with_entropy else 0, device=h.device)
-        lse = torch.empty(n, device=h.device)
-        dh = None if train_w else torch.empty(h.shape, device=h.device, dtype=hidden.dtype)
+        expected = torch.empty(h.shape, device=h.device, dtype=dtype) if grad else None
         kept = []
         for start in range(0, n, HEAD_CHUNK):
             stop = min(start + HEAD_CHUNK, n)
             logits = _chunk_logits(h[start:stop], w, start, temperature, restricted)
-            top = logits.amax(-1, keepdim=True)
-            probs = torch.sub(logits, top).exp_()  # one exp per logit; a cut one gives 0
-            total = probs.sum(-1, keepdim=True)
-            lse[start:stop] = (top + total.log()).squeeze(-1)
-            picked = logits.gather(-1, targets[start:stop, None]).squeeze(-1)
-            logp[start:stop] = picked - lse[start:stop]
-            probs.div_(total)
-            if with_entropy:  # H = lse - sum p * logits; a cut logit (p = 0) adds nothing
-                finite = logits.masked_fill_(logits == float("-inf"), 0.0) if restricted else logits
-                entropy[start:stop] = lse[start:stop] - torch.linalg.vecdot(probs, finite)
-            if dh is not None:
-                grad = (w[targets[start:stop]] - probs.to(dtype) @ w) / temperature
-                dh[start:stop] = grad
-            elif keep:
-                kept.append(probs)
-        ctx.save_for_backward(h, w, targets, lse, dh)
+            target = targets[start:stop, None]
+            picked = logits.gather(-1, target).squeeze(-1)
+            log_probs = torch.log_softmax(logits, -1)  # row by row in cache, one fused kernel
+            del logits
+            logp[start:stop] = log_probs.gather(-1, target).squeeze(-1)
+            if grad:
+                probs = log_probs.exp_()  # a cut logit gives p = 0
+                expect = probs.to(dtype) @ w
+                if expected is not None:
+                    expected[start:stop] = expect
+                if with_entropy:
+                    lse = picked - logp[start:stop]
+                    inner = (h[start:stop].float() * expect.float()).sum(-1) / temperature
+                    entropy[start:stop] = lse - inner
+                if keep:
+                    kept.append(probs)
+            elif with_entropy:  # no gradient: a pass over p log p is cheaper than p @ W
+                probs = log_probs.exp()
+                if restricted:  # a cut logit (p = 0, log p = -inf) adds nothing
+                    log_probs.masked_fill_(probs == 0, 0.0)
+                entropy[start:stop] = -torch.linalg.vecdot(probs, log_probs)
+        ctx.save_for_backward(h, w, targets, expected)
         ctx.kept, ctx.temperature, ctx.restricted = kept, temperature, restricted
-        ctx.dtypes = (hidden.dtype, weight.dtype)
+        ctx.dtypes, ctx.train_w = (hidden.dtype, weight.dtype), train_w
         ctx.mark_non_differentiable(entropy)
         return logp, entropy
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_logp, _grad_entropy):
-        h, w, targets, lse, dh = ctx.saved_tensors
-        if dh is not None:  # frozen head: the gradient was computed in the forward
-            grad_h = (grad_logp[:, None] * dh).to(ctx.dtypes[0])
-            return grad_h, None, None, None, None, None, None
-        want_h = ctx.needs_input_grad[0]
-        grad_h = torch.empty_like(h, dtype=ctx.dtypes[0]) if want_h else None
+        h, w, targets, expected = ctx.saved_tensors
+        g = (grad_logp[:, None] / ctx.temperature).to(w.dtype)
+        grad_h = ((w[targets] - expected) * g).to(ctx.dtypes[0])
+        if not ctx.train_w:
+            return grad_h, None, None, None
+        # sum_rows g (onehot(target) - p) h^T, without forming it: p enters the matmul as it is
+        rows = h * g
         grad_w = torch.zeros_like(w, dtype=ctx.dtypes[1])
+        grad_w.index_add_(0, targets, rows.to(grad_w.dtype))
         for i, start in enumerate(range(0, h.shape[0], HEAD_CHUNK)):
             stop = min(start + HEAD_CHUNK, h.shape[0])
             if ctx.kept:
                 probs = ctx.kept[i]
             else:
                 logits = _chunk_logits(h[start:stop], w, start, ctx.temperature, ctx.restricted)
-                probs = logits.sub_(lse[start:stop, None]).exp_()
-            # the softmax gradient g * (onehot(target) - p) through the head, without forming
-            # it: p enters both matmuls as it is (a cut logit has p = 0, so no gradient)
-            g = (grad_logp[start:stop, None] / ctx.temperature).to(w.dtype)
-            rows = h[start:stop] * g
-            probs = probs.to(w.dtype)
-            if want_h:
-                grad_h[start:stop] = (w[targets[start:stop]] - probs @ w) * g
-            grad_w.index_add_(0, targets[start:stop], rows.to(grad_w.dtype))
-            grad_w -= (probs.T @ rows).to(grad_w.dtype)
+                probs = torch.softmax(logits, -1)
+            if grad_w.dtype == w.dtype:  # accumulate in the matmul, no [V, H] temporary
+                grad_w.addmm_(probs.to(w.dtype).T, rows[start:stop], alpha=-1.0)
+            else:
+                grad_w -= (probs.to(w.dtype).T @ rows[start:stop]).to(grad_w.dtype)
         ctx.kept = None
-        return grad_h, grad_w, None, None, None, None, None
+        return grad_h, grad_w, None, None
 
 
 def _logits_logprobs(

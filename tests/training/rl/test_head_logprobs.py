@@ -102,3 +102,8 @@ def test_fast_head_matches_full_logits(smooth_tiny_model, monkeypatch, prompt, h
     for name, grad in grads.items():
         scale = float(want_grads[name].abs().max())
         assert float((grad - want_grads[name]).abs().max()) <= 1e-6 + 1e-5 * scale, name
+
+    with torch.no_grad():  # the passes without a gradient (old, reference, idle rows' entropy)
+        logp, entropy = fast(model, batch)
+    assert torch.allclose(logp, want_logp, atol=1e-5)
+    assert torch.allclose(entropy, want_entropy, atol=1e-4)
