@@ -101,6 +101,7 @@ def compare(
     from trl import GRPOConfig, GRPOTrainer
 
     from training.rl.grpo import TokenBatch, update
+    from training.rl.policy import adamw
 
     b, p = prompt_ids.shape
     c = completion_ids.shape[1]
@@ -109,7 +110,7 @@ def compare(
     ids = torch.cat([prompt_ids, completion_ids], 1)
     mask = torch.cat([torch.zeros(b, p), completion_mask.float()], 1)
     batch = TokenBatch(ids, torch.ones_like(ids), mask)
-    ours_opt = torch.optim.AdamW(ours_model.parameters(), lr=1e-6)
+    ours_opt = adamw(list(ours_model.parameters()), lr=1e-6)  # as Policy builds it
 
     # TRL: the trainer built as for a run, its loss and an optimizer step timed alone
     trl_model = AutoModelForCausalLM.from_pretrained(path)
@@ -178,7 +179,9 @@ def compare(
             times[who].append(time.perf_counter() - t0)
     ours_t, trl_t = statistics.median(times["ours"]), statistics.median(times["trl"])
     print(
-        f"[{name}] trl settings: bf16={config.bf16} gradient_checkpointing={config.gradient_checkpointing}"
+        f"[{name}] trl settings: bf16={config.bf16} "
+        f"gradient_checkpointing={config.gradient_checkpointing} optim={config.optim}; "
+        f"ours: AdamW fused={ours_opt.defaults['fused']}"
     )
     print(
         f"[{name}] first-step loss: ours {ours_loss:.6f}  trl {trl_loss:.6f}  "

@@ -174,6 +174,14 @@ class LocalModel:
         return choices, [found.get(k) or self._remembered[k] for k in keys]
 
 
+def adamw(params: list[torch.nn.Parameter], **settings: Any) -> torch.optim.AdamW:
+    """AdamW with the fused kernel where torch has one (CPU, CUDA): one kernel per tensor instead
+    of about ten ops, the same update to within float rounding; transformers' Trainer (and so
+    TRL) defaults to it too (adamw_torch_fused)."""
+    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+    return torch.optim.AdamW(params, fused=fused or None, **settings)
+
+
 class Policy(LocalModel):
     """A trainable LocalModel with its optimizer and reference log-probs."""
 
@@ -228,9 +236,7 @@ class Policy(LocalModel):
         if self.reference_model is not None and ranks is not None:
             self.reference_sharded = ranks.shard(self.reference_model)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            params, lr=lr, betas=tuple(adam_betas), weight_decay=weight_decay
-        )
+        self.optimizer = adamw(params, lr=lr, betas=tuple(adam_betas), weight_decay=weight_decay)
 
     @classmethod
     def for_run(
