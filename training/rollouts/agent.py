@@ -39,7 +39,7 @@ def agent_tool_format(tool_format: str, lm: LocalModel) -> str:
 def agent_messages(domain: Domain, rollout: Rollout, tool_format: str = "json") -> list[Message]:
     """The agent's new messages since its transcript last grew (system prompt first time). In
     the native format the tools are not among them: `agent_prompt` gives them to the template."""
-    new = rollout.conversation[rollout.agent.consumed :]
+    new = domain.agent_view(rollout.conversation[rollout.agent.consumed :])
     if not rollout.agent.ids:
         new = [{"role": "system", "content": domain.agent_system_prompt(rollout.scenario)}, *new]
     if tool_format == "native":
