@@ -4,63 +4,24 @@ both_passed, a wrong or missing patch follows the reward rule, messages reach th
 nothing else does, and a runaway command is ended and reported at its limit."""
 
 import json
-import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from agents.domains import STUDY_DOMAINS, get_domain
-from agents.domains.cooperbench import CooperBenchDomain
+from agents.domains.cooperbench import CooperBenchDomain, read_task
 from agents.domains.cooperbench.domain import BUNDLED
-from agents.domains.cooperbench.task import read_task
-from agents.llm.tool_format import CLOSE, OPEN
+from agents.domains.cooperbench.workspace import prepare_checkout
 from agents.sandbox import Limits
-from training.rollouts.agent import add_agent_reply
+from tests.support.cooperbench import LIMITS, Scripted, apply_gold, call, needs_bwrap, scenario
 from training.rollouts.rollout import play
-
-needs_bwrap = pytest.mark.skipif(
-    shutil.which("bwrap") is None and not os.environ.get("PARLEY_CI"),
-    reason="bubblewrap is not installed",
-)
-TASK = read_task(BUNDLED / "tinycalc_task" / "task1")
-LIMITS = Limits(cpu_seconds=30, memory_bytes=2 * 1024**3, wall_seconds=30, output_bytes=200_000)
-
-
-def call(name, **arguments):
-    return f"{OPEN}{json.dumps({'name': name, 'arguments': arguments})}{CLOSE}"
-
-
-def apply_gold(feature):
-    """A step that applies a feature's gold patch with git, as an agent could in bash."""
-    patch = TASK.features[feature].gold_patch
-    return "Applying my change.\n" + call("bash", command=f"git apply <<'PATCH'\n{patch}PATCH")
-
-
-class Scripted:
-    """A speaker whose replies are fixed texts, one per step, through the rollout's own paths
-    (the agent's add_agent_reply, the user's add_user_reply), so tool calls run in the Domain."""
-
-    def __init__(self, role, steps):
-        self.role, self.steps = role, list(steps)
-
-    def respond(self, domain, rollouts):
-        for r in rollouts:
-            text = self.steps.pop(0) if self.steps else "Nothing more to do."
-            if self.role == "agent":
-                add_agent_reply(domain, r, text)
-            else:
-                r.add_user_reply(domain, text)
 
 
 @pytest.fixture
 def domain(tmp_path):
     return CooperBenchDomain(cache_dir=tmp_path, limits=LIMITS)
-
-
-def scenario(domain, first, second):
-    (found,) = [s for s in domain.scenarios() if s.payload["features"] == [first, second]]
-    return found
 
 
 def episode(domain, first, second, agent_steps, partner_steps, max_turns=40):
@@ -212,3 +173,30 @@ def test_a_runaway_command_is_ended_at_its_limit_and_reported(tmp_path):
     outside = domain.execute_tool(state, "bash", {"command": f"touch {escaped}"})
     assert "exit code: 1" in outside and not escaped.exists()  # the host is read-only inside
     domain.score([], state)
+
+
+def test_the_repository_is_prepared_once_per_task_at_its_base_commit(tmp_path):
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    repos = tmp_path / "repos"
+    shutil.copytree(BUNDLED / "repos" / "tinycalc", repos / "tinycalc")
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "base"]):
+        subprocess.run([*git, *args], cwd=repos / "tinycalc", check=True)
+    base = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=repos / "tinycalc", capture_output=True, text=True
+    ).stdout.strip()
+    (repos / "tinycalc" / "LATER.md").write_text("after the base commit\n")
+    subprocess.run([*git, "add", "-A"], cwd=repos / "tinycalc", check=True)
+    subprocess.run([*git, "commit", "-qm", "later"], cwd=repos / "tinycalc", check=True)
+    task_dir = tmp_path / "tinycalc_task" / "task1"
+    shutil.copytree(BUNDLED / "tinycalc_task" / "task1", task_dir)
+    (task_dir / "setup.sh").write_text(f'REPO_NAME="tinycalc"\nBASE_COMMIT="{base}"\n')
+    task = read_task(task_dir)
+
+    first = prepare_checkout(task, repos, tmp_path / "cache")
+    assert not (first / "LATER.md").exists()  # checked out at BASE_COMMIT, not at the tip
+    (first / "marker").write_text("kept")  # a second episode reuses the prepared copy
+    assert prepare_checkout(task, repos, tmp_path / "cache") == first
+    assert (first / "marker").read_text() == "kept"
+    assert len(list((tmp_path / "cache").iterdir())) == 1
+    with pytest.raises(FileNotFoundError, match="no checkout"):
+        prepare_checkout(task, tmp_path / "elsewhere", tmp_path / "cache")
