@@ -187,6 +187,11 @@ class Domain(abc.ABC):
         the turn limit), e.g. the P4G donation markers; None for free text."""
         return None
 
+    def turn_count(self, conversation: list[Message]) -> int:
+        """The turns taken so far, which a run's max_turns bounds: messages with visible text
+        by default (agents.messages.count_turns)."""
+        return count_turns(conversation)
+
     def is_done(self, conversation: list[Message]) -> str | None:
         """Why the conversation is over (e.g. 'user_stop', 'max_turns'), or None."""
         return "max_turns" if count_turns(conversation) >= self.max_turns else None

@@ -194,6 +194,7 @@ class Policy(LocalModel):
         mixed_precision: bool = False,
         device: str = "cpu",
         ranks: Any = None,
+        gradient_checkpointing: bool = False,
     ):
         # mixed precision: float32 master weights (LoRA: the frozen base too, so every FSDP unit
         # holds one dtype, as its flat parameters require); passes run in `dtype` (compute)
@@ -219,6 +220,12 @@ class Policy(LocalModel):
             self.reference_model = load_base(path, dtype, device)[0].requires_grad_(False)
         elif beta > 0:
             self.reference_model = copy.deepcopy(model).eval().requires_grad_(False)
+        if gradient_checkpointing:  # non-reentrant: it needs no input that requires grad (LoRA)
+            kwargs = {"use_reentrant": False}
+            if hasattr(model, "activation_checkpointing_enable"):  # transformers' newer name
+                model.activation_checkpointing_enable(kwargs)
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         super().__init__(model, tokenizer)
         self.dtype = dtype
         self.compute_dtype = DTYPES[dtype] if mixed else None
@@ -258,6 +265,7 @@ class Policy(LocalModel):
             mixed_precision=config.mixed_precision,
             device=config.device,
             ranks=ranks,
+            gradient_checkpointing=config.gradient_checkpointing,
         )
 
     def gathered(self, writeback: bool = False) -> Any:

@@ -127,7 +127,7 @@ class Rollout:
     def check_end(self, domain: Domain, max_turns: int, max_tool_rounds: int) -> None:
         self.end_reason = (
             domain.is_done(self.conversation)
-            or ("max_turns" if count_turns(self.conversation) >= max_turns else None)
+            or ("max_turns" if domain.turn_count(self.conversation) >= max_turns else None)
             or (
                 "max_tool_rounds"
                 if domain.limits_tool_rounds and self.tool_rounds >= max_tool_rounds

@@ -191,6 +191,10 @@ class CooperBenchDomain(Domain):
         other = USER if steps[-1][0] == AGENT else AGENT
         return steps[-1][0] if self._finished(steps, other) else other
 
+    def turn_count(self, conversation: list[Message]) -> int:
+        """Steps, with text or not: a run's max_turns bounds both speakers' steps together."""
+        return len(_steps(conversation))
+
     def is_done(self, conversation: list[Message]) -> str | None:
         steps = _steps(conversation)
         if all(self._finished(steps, role) for role in (AGENT, USER)):
