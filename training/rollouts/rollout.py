@@ -111,18 +111,23 @@ class Rollout:
         Domain's execute_user_tool, each result a `tool` message with requestor "user" (as
         tau2-bench records a user's tool calls)."""
         content, calls = parse_tool_calls(text) if self.user_tools else (text, [])
-        calls = calls[: domain.max_tool_calls_per_turn]
-        message: Message = {"role": "user", "content": content}
+        self.add_message(USER, content, calls[: domain.max_tool_calls_per_turn], domain)
+
+    def add_message(self, role: str, content: str, calls: list[dict], domain: Domain) -> None:
+        """A speaker's message, then each of its tool calls' results, run by the Domain (the
+        agent's by execute_tool; the user's by execute_user_tool, marked requestor "user")."""
+        message: Message = {"role": "assistant" if role == AGENT else "user", "content": content}
         if calls:
             message["tool_calls"] = calls
         self.conversation.append(message)
+        run = domain.execute_tool if role == AGENT else domain.execute_user_tool
         for call in calls:
             name, arguments = call["function"]["name"], call["function"]["arguments"]
-            result = domain.execute_user_tool(self.state, name, arguments)
-            self.conversation.append(
-                {"role": "tool", "tool_call_id": call["id"], "name": name,
-                 "content": str(result), "requestor": "user"}
-            )  # fmt: skip
+            result: Message = {"role": "tool", "tool_call_id": call["id"], "name": name,
+                               "content": str(run(self.state, name, arguments))}  # fmt: skip
+            if role == USER:
+                result["requestor"] = "user"
+            self.conversation.append(result)
 
     def check_end(self, domain: Domain, max_turns: int, max_tool_rounds: int) -> None:
         self.end_reason = (
