@@ -37,6 +37,7 @@ from training.config import LoraSpec, RunConfig
 from training.rl.choices import Choices, choice_logprobs
 from training.rl.distributed import full_weights
 from training.rl.grpo import TokenBatch, token_logprobs, update
+from training.rl.sampling import KVCache, plain_cache_model, sample_reusing
 from training.rl.tokens import ChatFormat, Transcript
 
 FSDP_PREFIX = "_fsdp_wrapped_module."  # in parameter names under FSDP's per-layer units
@@ -61,6 +62,9 @@ class LocalModel:
 
     frozen = True  # its weights never change, so choice distributions can be remembered
     compute_dtype: torch.dtype | None = None  # mixed_precision: its passes' dtype (Policy)
+    # sample through training/rl/sampling.py (prefixes and carried caches reused); False: through
+    # transformers' generate, the old path (kept to compare against: bench/rollout_reuse.py)
+    reuse_kv = True
 
     def __init__(self, model: Any, tokenizer: Any):
         self.model, self.tokenizer = model, tokenizer
@@ -77,6 +81,8 @@ class LocalModel:
         self.turn_stop = end if end in self.stop_ids else self.stop_ids[0]
         self._choices: dict[tuple[str, ...], Choices] = {}
         self._remembered: dict[tuple, list[float]] = {}
+        self.counts = {"prefilled": 0}  # prompt tokens run in prefill passes (padding included)
+        self._plain_cache: bool | None = None
 
     @classmethod
     def load(cls, path: str | Path, dtype: str = "float32", device: str = "cpu", adapter: str = ""):
@@ -106,9 +112,32 @@ class LocalModel:
         temperature: float,
         max_new_tokens: int,
         logits_processor: Any = None,
+        caches: list[KVCache] | None = None,
     ) -> list[list[int]]:
-        """One sampled continuation per prompt (left-padded into one batch), cut after the first
-        stop token, which is kept: the model produced it and is trained on it."""
+        """One sampled continuation per prompt, cut after the first stop token, which is kept:
+        the model produced it and is trained on it. With `reuse_kv` (training/rl/sampling.py)
+        a prompt starts from its cache in `caches` (one per prompt: its Transcript's) or from a
+        prefix it shares with the other prompts; the draws are generate's, in its order."""
+        if self._plain_cache is None:
+            self._plain_cache = plain_cache_model(self.model)
+        if self.reuse_kv and self._plain_cache and temperature > 0:
+            with self.compute():
+                return sample_reusing(
+                    self, prompts, temperature, max_new_tokens, logits_processor, caches
+                )
+        return self.generate(prompts, temperature, max_new_tokens, logits_processor)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: list[list[int]],
+        temperature: float,
+        max_new_tokens: int,
+        logits_processor: Any = None,
+    ) -> list[list[int]]:
+        """The old path: the prompts left-padded into one batch through transformers'
+        generate, each prefilled whole."""
+        self.counts["prefilled"] += len(prompts) * max(len(p) for p in prompts)
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         attention = torch.zeros_like(ids)
