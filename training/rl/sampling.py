@@ -34,6 +34,9 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from agents.serving.kvcache import cache_arg
+from training.rl.choices import Choices
+
 SHARED_MIN = 8  # a shared prefix shorter than this is not worth its own forward pass
 
 Layers = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values): [1, heads, len, dim]
@@ -82,13 +85,51 @@ def _prefill(model: Any, ids: list[int], start: int, layers: Layers | None, devi
     cache = DynamicCache(ddp_cache_data=layers) if layers else DynamicCache()
     x = torch.tensor([ids], device=device)
     positions = torch.arange(start, start + len(ids), device=device)[None]
-    out = model(input_ids=x, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1)
+    out = model(
+        input_ids=x,
+        position_ids=positions,
+        use_cache=True,
+        logits_to_keep=1,
+        **cache_arg(model, cache),
+    )
     kept = [(layer.keys, layer.values) for layer in cache.layers]
     return out.logits[:, -1].to(dtype=torch.float32), kept
 
 
 def _slice(layers: Layers, row: int, begin: int, end: int) -> Layers:
     return [(k[row : row + 1, :, begin:end], v[row : row + 1, :, begin:end]) for k, v in layers]
+
+
+def _starts(
+    lm: Any, prompts: list[list[int]], caches: list[KVCache | None] | None
+) -> tuple[list[int], list[Layers | None]]:
+    """Where each prompt's own prefill starts, and the keys and values before that: its
+    carried cache's; else a prefix it shares with other such prompts, run here once."""
+    rows, owner = len(prompts), id(lm)
+    caches = caches or [None] * rows
+    starts = [
+        c.reusable(owner, p) if c is not None else 0 for c, p in zip(caches, prompts, strict=True)
+    ]
+    past: list[Layers | None] = [
+        c.layers if n else None for c, n in zip(caches, starts, strict=True)
+    ]
+    fresh = [i for i in range(rows) if starts[i] == 0]
+    while fresh:
+        first = fresh[0]
+        shared = [
+            i for i in fresh if common_prefix(prompts[first], prompts[i], SHARED_MIN) == SHARED_MIN
+        ]
+        fresh = [i for i in fresh if i not in shared]
+        if len(shared) < 2:
+            continue
+        length = min(common_prefix(prompts[first], prompts[i], len(prompts[i]) - 1) for i in shared)
+        if length < SHARED_MIN:
+            continue
+        _, layers = _prefill(lm.model, prompts[first][:length], 0, None, lm.device)
+        lm.counts["prefilled"] += length
+        for i in shared:
+            starts[i], past[i] = length, layers
+    return starts, past
 
 
 def sample_reusing(
@@ -104,44 +145,25 @@ def sample_reusing(
     sampled ids that were run. Counts tokens run in prefill in lm.counts["prefilled"]."""
     model, device, owner = lm.model, lm.device, id(lm)
     rows = len(prompts)
-    starts = [
-        c.reusable(owner, p) if c is not None else 0
-        for c, p in zip(caches or [None] * rows, prompts, strict=True)
-    ]
-    past: list[Layers | None] = (
-        [caches[i].layers if starts[i] else None for i in range(rows)] if caches else [None] * rows
-    )
-    # the group's rows: a prefix shared by rows that start from nothing is run once
-    fresh = [i for i in range(rows) if starts[i] == 0]
-    while fresh:
-        first = fresh[0]
-        shared = [
-            i for i in fresh if common_prefix(prompts[first], prompts[i], SHARED_MIN) == SHARED_MIN
-        ]
-        fresh = [i for i in fresh if i not in shared]
-        if len(shared) < 2:
-            continue
-        length = min(common_prefix(prompts[first], prompts[i], len(prompts[i]) - 1) for i in shared)
-        if length < SHARED_MIN:
-            continue
-        _, layers = _prefill(model, prompts[first][:length], 0, None, device)
-        lm.counts["prefilled"] += length
-        for i in shared:
-            starts[i], past[i] = length, layers
-    # each row's own new ids, on top of what it starts from
-    logits, full = [], []
+    caches = caches or [None] * rows
+    starts, past = _starts(lm, prompts, caches)
+    # each row's own new ids, on top of what it starts from (identical rows: once)
+    logits, full, done = [], [], {}
     for i, prompt in enumerate(prompts):
-        row_logits, layers = _prefill(model, prompt[starts[i] :], starts[i], past[i], device)
-        lm.counts["prefilled"] += len(prompt) - starts[i]
-        logits.append(row_logits)
-        full.append(layers)
+        key = (tuple(prompt), starts[i], id(past[i]))
+        if key not in done:
+            done[key] = _prefill(model, prompt[starts[i] :], starts[i], past[i], device)
+            lm.counts["prefilled"] += len(prompt) - starts[i]
+        logits.append(done[key][0])
+        full.append(done[key][1])
+    del done
     # one left-padded batch, as generate holds it: row i's keys end at column `width`
     lengths = [len(p) for p in prompts]
     width = max(lengths)
     batch = [
-        (
-            torch.cat([F.pad(full[i][n][0], (0, 0, width - lengths[i], 0)) for i in range(rows)]),
-            torch.cat([F.pad(full[i][n][1], (0, 0, width - lengths[i], 0)) for i in range(rows)]),
+        tuple(
+            torch.cat([F.pad(full[i][n][kv], (0, 0, width - lengths[i], 0)) for i in range(rows)])
+            for kv in (0, 1)
         )
         for n in range(len(full[0]))
     ]
@@ -156,43 +178,118 @@ def sample_reusing(
     stops = torch.tensor(lm.stop_ids, device=device)
     unfinished = torch.ones(rows, dtype=torch.long, device=device)
     positions = torch.tensor(lengths, device=device)
-    next_logits = torch.cat(logits)
-    drawn = 0
+    alive = list(range(rows))  # the rows in the cache's batch, in its order
+    scores = torch.cat(logits)
     for step in range(max_new_tokens):
-        scores = next_logits
         if logits_processor is not None:
             scores = logits_processor(ids, scores)
         if temperature != 1.0:  # generate's TemperatureLogitsWarper, after the processors
             scores = scores / temperature
+        # one draw over every row, finished ones included, as generate draws: torch's
+        # multinomial takes the same numbers from the generator whatever a row's values
         tokens = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
         tokens = tokens * unfinished + lm.pad_id * (1 - unfinished)
         ids = torch.cat([ids, tokens[:, None]], dim=-1)
         unfinished = unfinished & ~torch.isin(tokens, stops)
-        drawn += 1
         if unfinished.max() == 0 or step == max_new_tokens - 1:
             break
-        mask = torch.cat([mask, mask.new_ones((rows, 1))], dim=-1)
+        ended = [n for n, i in enumerate(alive) if not unfinished[i]]
+        if ended:  # finished rows leave the batch (their draws no longer matter)
+            layers = [(layer.keys, layer.values) for layer in cache.layers]
+            for n in ended:
+                _keep(
+                    caches[alive[n]],
+                    owner,
+                    prompts[alive[n]],
+                    ids[alive[n], width:],
+                    step,
+                    layers,
+                    n,
+                )
+            staying = [n for n, i in enumerate(alive) if unfinished[i]]
+            cache.batch_select_indices(torch.tensor(staying, device=device))
+            mask, positions = mask[staying], positions[staying]
+            alive = [alive[n] for n in staying]
+        mask = torch.cat([mask, mask.new_ones((len(alive), 1))], dim=-1)
         out = model(
-            input_ids=tokens[:, None],
+            input_ids=tokens[alive][:, None],
             attention_mask=mask,
             position_ids=(positions + step)[:, None],
-            cache=cache,
             use_cache=True,
+            **cache_arg(model, cache),
         )
-        next_logits = out.logits[:, -1].to(dtype=torch.float32)
+        # finished rows draw from a stand-in (uniform) distribution: only their count matters
+        scores = torch.zeros((rows, out.logits.shape[-1]), dtype=torch.float32, device=device)
+        scores[alive] = out.logits[:, -1].to(dtype=torch.float32)
+    else:
+        step = max_new_tokens
+    layers = [(layer.keys, layer.values) for layer in cache.layers]
+    for n, i in enumerate(alive):
+        _keep(caches[i], owner, prompts[i], ids[i, width:], step, layers, n)
     samples = []
     for row in ids[:, width:].tolist():
         cut = next((i + 1 for i, t in enumerate(row) if t in lm.stop_ids), len(row))
         samples.append(row[:cut])
-    if caches:
-        # what was run for row i: its prompt, then the drawn ids that were fed back (all but
-        # the last draw), up to its own stop token
-        layers = [(layer.keys, layer.values) for layer in cache.layers]
-        for i, (c, sample) in enumerate(zip(caches, samples, strict=True)):
-            if c is None:
-                continue
-            fed = min(len(sample), drawn - 1)
-            c.keep(
-                owner, prompts[i] + sample[:fed], _slice(layers, i, width - lengths[i], width + fed)
-            )
     return samples
+
+
+def _keep(cache, owner, prompt, drawn, fed, layers, row) -> None:
+    """Row `row` of the batch's `layers` into `cache`: its prompt (left-padded to the batch's
+    width) and the first `fed` ids it drew, which were run after it."""
+    if cache is None:
+        return
+    width = layers[0][0].shape[-2] - fed
+    ran = drawn[:fed].tolist()
+    cache.keep(owner, prompt + ran, _slice(layers, row, width - len(prompt), width + fed))
+
+
+def choice_logprobs_reusing(
+    lm: Any,
+    prompts: list[list[int]],
+    choices: Choices,
+    temperature: float,
+    caches: list[KVCache | None],
+) -> torch.Tensor:
+    """training/rl/choices.py's choice_logprobs (the same restricted log-probabilities), with
+    each prompt started from its carried cache or a shared prefix; the caches then hold the
+    prompts."""
+    model, device, owner = lm.model, lm.device, id(lm)
+    starts, past = _starts(lm, prompts, caches)
+    n_texts = len(choices.ids)
+    length = max(len(t) for t in choices.ids)
+    text_ids = torch.full((n_texts, length), lm.pad_id, dtype=torch.long, device=device)
+    text_attention = torch.zeros((n_texts, length), dtype=torch.long, device=device)
+    for n, seq in enumerate(choices.ids):
+        text_ids[n, : len(seq)] = torch.tensor(seq, device=device)
+        text_attention[n, : len(seq)] = 1
+    result = torch.zeros((len(prompts), n_texts))
+    for i, prompt in enumerate(prompts):
+        first, layers = _prefill(model, prompt[starts[i] :], starts[i], past[i], device)
+        lm.counts["prefilled"] += len(prompt) - starts[i]
+        first = first[0] / temperature  # predicts each text's token 0
+        if caches[i] is not None:
+            caches[i].keep(owner, list(prompt), layers)
+        every = DynamicCache(
+            ddp_cache_data=[
+                (k.expand(n_texts, -1, -1, -1), v.expand(n_texts, -1, -1, -1)) for k, v in layers
+            ]
+        )
+        attention = torch.cat([text_attention.new_ones((n_texts, len(prompt))), text_attention], 1)
+        out = model(
+            input_ids=text_ids,
+            attention_mask=attention,
+            position_ids=(len(prompt) + torch.arange(length, device=device)).expand(
+                n_texts, length
+            ),
+            **cache_arg(model, every),
+        )
+        logits = out.logits.float() / temperature  # [texts, length, V]
+        for n, seq in enumerate(choices.ids):
+            total = 0.0
+            for j, (token, allowed) in enumerate(zip(seq, choices.allowed(n), strict=True)):
+                if len(allowed) < 2:
+                    continue  # forced
+                row = first if j == 0 else logits[n, j - 1]
+                total += float(row[token] - torch.logsumexp(row[allowed], 0))
+            result[i, n] = total
+    return result

@@ -44,7 +44,10 @@ def speak(
         if texts:
             groups.setdefault(tuple(texts), []).append(i)
     for texts, members in groups.items():
-        choices, dists = lm.choice_probs([prompts[i] for i in members], list(texts), temperature)
+        caches = [getattr(rollouts[i], role).cache for i in members]
+        choices, dists = lm.choice_probs(
+            [prompts[i] for i in members], list(texts), temperature, caches
+        )
         for i, probs in zip(members, dists, strict=True):
             n = sample_index(probs, rng)
             rollouts[i].decisions.append(Decision(role, list(texts), probs, n))
