@@ -110,14 +110,17 @@ def _starts(
     starts = [
         c.reusable(owner, p) if c is not None else 0 for c, p in zip(caches, prompts, strict=True)
     ]
+    # a cache holding more than the common prefix (the prompt left its ids) is cut to it
     past: list[Layers | None] = [
-        c.layers if n else None for c, n in zip(caches, starts, strict=True)
+        _slice(c.layers, 0, 0, n) if n else None for c, n in zip(caches, starts, strict=True)
     ]
     fresh = [i for i in range(rows) if starts[i] == 0]
     while fresh:
         first = fresh[0]
-        shared = [
-            i for i in fresh if common_prefix(prompts[first], prompts[i], SHARED_MIN) == SHARED_MIN
+        shared = [first] + [
+            i
+            for i in fresh[1:]
+            if common_prefix(prompts[first], prompts[i], SHARED_MIN) == SHARED_MIN
         ]
         fresh = [i for i in fresh if i not in shared]
         if len(shared) < 2:
