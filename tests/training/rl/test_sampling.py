@@ -85,6 +85,27 @@ def test_a_logits_processor_sees_what_generate_gives_it(lm):
     assert seen[True] == seen[False]
 
 
+def test_rows_that_stop_early_draw_as_in_generate(lm):
+    """A row that has stopped leaves the decoding batch, but every step still draws for every
+    row, as generate does: the rows still going get the same numbers from torch's generator."""
+    prompts = [list(range(10, 25)), list(range(40, 50)), list(range(60, 80))]
+    width = 20
+
+    def stop_rows(ids, scores):
+        scores = scores.clone()
+        made = ids.shape[1] - width
+        for row, at in ((0, 1), (1, 3)):  # row 0 stops at its 2nd token, row 1 at its 4th
+            if made == at:
+                scores[row] = -float("inf")
+                scores[row, lm.stop_ids[0]] = 0
+        return scores
+
+    new, _ = sampled(lm, True, prompts, logits_processor=stop_rows, max_new_tokens=10)
+    old, _ = sampled(lm, False, prompts, logits_processor=stop_rows, max_new_tokens=10)
+    assert [len(s) for s in new] == [2, 4, 10]
+    assert new == old
+
+
 def play_p4g(agent, user_lm, reuse):
     """Three P4G conversations of 6 messages (the persuadee's last a [DONATE $N] choice)."""
     for m in (agent, user_lm):
