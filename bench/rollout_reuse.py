@@ -11,10 +11,11 @@ prints each path's seconds (rollouts, update, step), the prompt tokens run in pr
 and `uptime` beside each figure (the machine is shared: only figures within a run compare).
 
     .venv/bin/python bench/rollout_reuse.py [--config training/configs/p4g-single-cpu.toml]
-                                            [--order new,old] [--json OUT]
+                                            [--order new,old,old,new] [--json OUT]
 
-The new path runs first by default, so any first-call warm-up is charged to it, not to the old.
-About 2.5 minutes on 2 shared cores with the defaults.
+The default order (new, old, old, new) charges any first-call warm-up to the new path and
+cancels a load that drifts steadily over the run; the ratios are of the paths' mean times.
+About 5 minutes on 2 shared cores with the defaults.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def uptime() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="training/configs/p4g-single-cpu.toml")
-    parser.add_argument("--order", default="new,old")
+    parser.add_argument("--order", default="new,old,old,new")
     parser.add_argument("--json", default="")
     args = parser.parse_args()
     out = Path(tempfile.mkdtemp(prefix="rollout-reuse-"))
@@ -61,18 +62,20 @@ def main() -> None:
               ranks, None, None)  # fmt: skip
     lms = {id(m): m for m in [agent, *models._models.values()]}.values()
     weights, optimizer = agent.adapter_state(), agent.optimizer.state_dict()
-    figures, seen = {}, {}
+    runs: dict[str, list[dict]] = {}
+    seen: dict[str, list] = {}
     for path in args.order.split(","):
         LocalModel.reuse_kv = path == "new"
         agent.load_adapter_state(weights)
         agent.optimizer.load_state_dict(optimizer)
         for lm in lms:
             lm.counts["prefilled"] = 0
+            lm._remembered.clear()  # a frozen model's choice distributions: computed each run
         before = uptime()
         t0 = time.monotonic()
         row, rollouts = train_step(run, 1, lambda *a: None)
         seconds = time.monotonic() - t0
-        figures[path] = {
+        figure = {
             "step_s": round(seconds, 1),
             "rollout_s": round(row["time_rollout"], 1),
             "update_s": round(seconds - row["time_rollout"], 1),
@@ -81,18 +84,24 @@ def main() -> None:
             "uptime_before": before,
             "uptime_after": uptime(),
         }
-        seen[path] = [(r.agent.ids, r.conversation) for r in rollouts]
-        print(path, json.dumps(figures[path]), flush=True)
-    old, new = figures.get("old"), figures.get("new")
-    if old and new:
+        runs.setdefault(path, []).append(figure)
+        seen.setdefault(path, []).append([(r.agent.ids, r.conversation) for r in rollouts])
+        print(path, json.dumps(figure), flush=True)
+    figures: dict = {"runs": runs}
+    if "old" in runs and "new" in runs:
+        mean = {p: {k: sum(f[k] for f in runs[p]) / len(runs[p]) for k in ("step_s", "rollout_s")}
+                for p in ("old", "new")}  # fmt: skip
+        old, new = mean["old"], mean["new"]
         figures["ratio_step"] = round(old["step_s"] / new["step_s"], 2)
         figures["ratio_rollout"] = round(old["rollout_s"] / new["rollout_s"], 2)
-        figures["same_tokens"] = seen["old"] == seen["new"]
+        every = [s for p in ("old", "new") for s in seen[p]]
+        figures["same_tokens"] = all(s == every[0] for s in every)
         print(
-            f"step: old {old['step_s']} s, new {new['step_s']} s, {figures['ratio_step']}x; "
-            f"rollouts {old['rollout_s']} s vs {new['rollout_s']} s, "
-            f"{figures['ratio_rollout']}x; prefilled tokens {old['prefilled_tokens']} vs "
-            f"{new['prefilled_tokens']}; same tokens: {figures['same_tokens']}"
+            f"mean step: old {old['step_s']:.1f} s, new {new['step_s']:.1f} s, "
+            f"{figures['ratio_step']}x; rollouts {old['rollout_s']:.1f} s vs "
+            f"{new['rollout_s']:.1f} s, {figures['ratio_rollout']}x; prefilled tokens "
+            f"{runs['old'][0]['prefilled_tokens']} vs {runs['new'][0]['prefilled_tokens']}; "
+            f"same tokens in every run: {figures['same_tokens']}"
         )
     figures["config"] = args.config
     figures["commit"] = subprocess.run(

@@ -30,7 +30,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
@@ -160,19 +159,16 @@ def sample_reusing(
         logits.append(done[key][0])
         full.append(done[key][1])
     del done
-    # one left-padded batch, as generate holds it: row i's keys end at column `width`
+    # one left-padded batch, as generate holds it (row i's keys end at column `width`), in
+    # buffers with room for the decoding, which writes each step's keys in place
     lengths = [len(p) for p in prompts]
     width = max(lengths)
-    batch = [
-        tuple(
-            torch.cat([F.pad(full[i][n][kv], (0, 0, width - lengths[i], 0)) for i in range(rows)])
-            for kv in (0, 1)
-        )
+    cache = DynamicCache()
+    cache.layers = [
+        _Room([(layers[n], lengths[i]) for i, layers in enumerate(full)], width, max_new_tokens)
         for n in range(len(full[0]))
     ]
     del full
-    cache = DynamicCache(ddp_cache_data=batch)
-    del batch
     mask = torch.zeros((rows, width), dtype=torch.long, device=device)
     ids = torch.full((rows, width), lm.pad_id, dtype=torch.long, device=device)
     for i, prompt in enumerate(prompts):
@@ -234,6 +230,37 @@ def sample_reusing(
         cut = next((i + 1 for i, t in enumerate(row) if t in lm.stop_ids), len(row))
         samples.append(row[:cut])
     return samples
+
+
+class _Room(DynamicLayer):
+    """A cache layer whose keys and values sit in buffers with room for a turn's decoding: a
+    step writes its position in place, where DynamicLayer copies the whole cache (torch.cat)."""
+
+    def __init__(self, rows: list[tuple[tuple[torch.Tensor, torch.Tensor], int]], width, room):
+        super().__init__()
+        (k, _), _ = rows[0]
+        shape = (len(rows), k.shape[1], width + room, k.shape[3])
+        self._k, self._v = k.new_zeros(shape), k.new_zeros(shape)
+        for i, ((keys, values), length) in enumerate(rows):
+            self._k[i, :, width - length : width] = keys[0]
+            self._v[i, :, width - length : width] = values[0]
+        self.device, self.is_initialized, self._n = k.device, True, width
+        self._view()
+
+    def _view(self) -> None:
+        self.keys, self.values = self._k[:, :, : self._n], self._v[:, :, : self._n]
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        end = self._n + key_states.shape[-2]
+        self._k[:, :, self._n : end] = key_states
+        self._v[:, :, self._n : end] = value_states
+        self._n = end
+        self._view()
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._k, self._v = self._k[indices], self._v[indices]
+        self._view()
 
 
 def _keep(cache, owner, prompt, drawn, fed, layers, row) -> None:
