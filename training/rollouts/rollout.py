@@ -182,6 +182,9 @@ def play(
                 speaker.respond(domain, waiting)
                 for r in waiting:
                     r.check_end(domain, max_turns, max_tool_rounds)
+                    if r.end_reason is not None:  # its speakers' keys and values are done with
+                        r.agent.cache.clear()
+                        r.user.cache.clear()
         ended = sum(r.end_reason is not None for r in rollouts)
         if on_finished is not None and ended > finished:
             on_finished(ended)

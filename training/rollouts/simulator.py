@@ -127,6 +127,7 @@ class LocalUser:
                     self.spec.temperature,
                     self.spec.max_new_tokens,
                     self._constraint(options),
+                    caches=[rollouts[i].user.cache for i in pending],
                 )
                 for i, ids in zip(pending, samples, strict=True):
                     answers[i].take(self.lm.decode(ids))

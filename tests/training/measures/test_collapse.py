@@ -279,7 +279,7 @@ class WrittenList(LocalModel):
             }
         )
 
-    def sample(self, prompts, temperature, max_new_tokens, logits_processor=None):
+    def sample(self, prompts, temperature, max_new_tokens, logits_processor=None, caches=None):
         return [self.fmt.encode(self.json) + [self.turn_stop] for _ in prompts]
 
 

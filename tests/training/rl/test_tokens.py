@@ -20,8 +20,8 @@ class RecordingModel(LocalModel):
         super().__init__(model, tokenizer)
         self.samples: list[tuple[list[int], list[int]]] = []
 
-    def sample(self, prompts, temperature, max_new_tokens, logits_processor=None):
-        out = super().sample(prompts, temperature, max_new_tokens, logits_processor)
+    def sample(self, prompts, temperature, max_new_tokens, logits_processor=None, caches=None):
+        out = super().sample(prompts, temperature, max_new_tokens, logits_processor, caches)
         self.samples += list(zip(prompts, out, strict=True))
         return out
 
