@@ -33,7 +33,7 @@ class ForcedModel(LocalModel):
         super().__init__(base.model, base.tokenizer)
         self.texts, self.prompts = list(texts), []
 
-    def sample(self, prompts, temperature, max_new_tokens, logits_processor=None):
+    def sample(self, prompts, temperature, max_new_tokens, logits_processor=None, caches=None):
         self.prompts += prompts
         return [self.fmt.encode(self.texts.pop(0)) + [self.turn_stop] for _ in prompts]
 
