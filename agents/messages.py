@@ -31,3 +31,23 @@ def content_text(content: Any) -> str:
 def count_turns(conversation: list[Message]) -> int:
     """Messages of the user and the agent with visible text (tool traffic is not a turn)."""
     return sum(1 for m in conversation if m["role"] in ("user", "assistant") and message_text(m))
+
+
+# Sent when the user speaks first, since chat templates expect a user turn to answer.
+OPENING = "(The chat has started. Write your first message.)"
+
+
+def user_view(conversation: list[Message]) -> list[Message]:
+    """The conversation from the user's side: roles flipped, tool traffic dropped, and
+    consecutive messages of one speaker merged (some chat templates require alternation)."""
+    flipped: list[Message] = []
+    for message in conversation:
+        role, content = message.get("role"), message.get("content")
+        if role not in ("user", "assistant") or not isinstance(content, str) or not content.strip():
+            continue  # tool results and tool-call-only agent turns are invisible to the user
+        role = "assistant" if role == "user" else "user"
+        if flipped and flipped[-1]["role"] == role:
+            flipped[-1] = {"role": role, "content": flipped[-1]["content"] + "\n\n" + content}
+        else:
+            flipped.append({"role": role, "content": content})
+    return flipped or [{"role": "user", "content": OPENING}]

@@ -499,6 +499,12 @@ class RunConfig:
     )
     ppo_epochs: StrictInt = Field(1, ge=1, description="passes over each step's rollouts")
     micro_batch: StrictInt = Field(2, ge=1, description="sequences per forward pass")
+    gradient_checkpointing: StrictBool = Field(
+        False,
+        description="recompute each layer's activations in the update's backward pass instead"
+        " of keeping them: far less memory for long conversations (the dry run then checks its"
+        " figure with checkpointing on), about a third more update time",
+    )
     grad_clip: StrictFloat = Field(1.0, ge=0, description="gradient norm clip (0 = no clipping)")
     weight_decay: StrictFloat = Field(
         0.0, ge=0, description="AdamW weight decay (agent and co-trained simulator)"

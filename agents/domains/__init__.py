@@ -17,10 +17,13 @@ DOMAINS: dict[str, str] = {
     "airline": "agents.domains.tau2:AirlineDomain",
     "p4g": "agents.domains.p4g:P4GDomain",
     "p4g-decision": "agents.domains.p4g.decision:P4GDecisionDomain",
+    "cooperbench": "agents.domains.cooperbench:CooperBenchDomain",
 }
 # Domains people can take part in. The P4G decision episode is a training experiment: its agent
-# must choose from fixed asks, which a served chat model does not do.
-STUDY_DOMAINS = tuple(name for name in DOMAINS if name != "p4g-decision")
+# must choose from fixed asks, which a served chat model does not do. CooperBench is training
+# only: its partner is a coding agent, not a person chatting.
+TRAINING_ONLY = ("p4g-decision", "cooperbench")
+STUDY_DOMAINS = tuple(name for name in DOMAINS if name not in TRAINING_ONLY)
 
 
 def domain_class(name: str) -> type[Domain]:

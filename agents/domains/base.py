@@ -16,7 +16,7 @@ import abc
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from agents.messages import Message, count_turns, message_text
+from agents.messages import Message, count_turns, message_text, user_view
 
 __all__ = [
     "Domain",
@@ -93,6 +93,9 @@ class Domain(abc.ABC):
     # on it (a Domain with another scale says so here)
     reward_range: tuple[float, float] = (0.0, 1.0)
     max_tool_calls_per_turn: int = 10
+    # whether the run's max_tool_rounds (tool-calling agent turns in a row) ends a rollout; a
+    # Domain whose every turn calls tools (CooperBench's steps) keeps its own step limit instead
+    limits_tool_rounds: bool = True
     # the Persona-Guided simulator's default behavioural guidelines, put before its system
     # prompt (training's regime "persona"); "" = none by default, a run must give its own
     simulator_guidelines: str = ""
@@ -110,6 +113,41 @@ class Domain(abc.ABC):
     def tools(self, scenario: Scenario) -> list[dict[str, Any]]:
         """OpenAI function-format tool schemas; none by default."""
         return []
+
+    def user_tools(self, scenario: Scenario) -> list[dict[str, Any]]:
+        """The simulated user's own tools (CooperBench's partner codes too); none by default.
+        Its calls are written in the JSON text format its system prompt describes, whatever
+        supplies it (an endpoint, Verbalized Sampling, a model in this process), and are kept in
+        the conversation as tau2-bench keeps a user's: the user message carries `tool_calls`,
+        and each result is a `tool` message with `"requestor": "user"`."""
+        return []
+
+    def execute_user_tool(self, state: Any, name: str, arguments: dict[str, Any] | str) -> str:
+        """Run one of the user's tool calls against `state`; errors come back as text."""
+        return f"Error: unknown tool {name!r}"
+
+    def next_speaker(self, conversation: list[Message], agent_first: bool) -> str:
+        """ "agent" or "user": who takes the next turn. By default the agent goes on while its
+        last message called tools, and otherwise the speakers alternate."""
+        last = conversation[-1] if conversation else None
+        if last is None:
+            return "agent" if agent_first else "user"
+        role = last["role"]
+        if role == "tool":  # the results of someone's calls: that speaker goes on
+            return "user" if last.get("requestor") == "user" else "agent"
+        if last.get("tool_calls"):
+            return "agent" if role == "assistant" else "user"
+        return "user" if role == "assistant" else "agent"
+
+    def agent_view(self, messages: list[Message]) -> list[Message]:
+        """`messages` (a stretch of the conversation) as the agent's model reads them: all of
+        them by default. Applied message by message, so a stretch's view is its messages'."""
+        return messages
+
+    def user_view(self, messages: list[Message]) -> list[Message]:
+        """`messages` from the simulated user's side (agents.messages.user_view: roles flipped,
+        tool traffic dropped)."""
+        return user_view(messages)
 
     def greeting(self, scenario: Scenario) -> str | None:
         """The agent's opening message, or None when the user speaks first."""
@@ -148,6 +186,11 @@ class Domain(abc.ABC):
         """The only messages a simulated user may send next (`final`: its last message before
         the turn limit), e.g. the P4G donation markers; None for free text."""
         return None
+
+    def turn_count(self, conversation: list[Message]) -> int:
+        """The turns taken so far, which a run's max_turns bounds: messages with visible text
+        by default (agents.messages.count_turns)."""
+        return count_turns(conversation)
 
     def is_done(self, conversation: list[Message]) -> str | None:
         """Why the conversation is over (e.g. 'user_stop', 'max_turns'), or None."""

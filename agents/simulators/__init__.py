@@ -1,6 +1,7 @@
 """User simulators: the plain single-reply simulator and Verbalized Sampling."""
 
-from agents.simulators.base import OPENING, Candidate, Simulator, UserTurn, user_view
+from agents.messages import OPENING, user_view
+from agents.simulators.base import Candidate, Simulator, UserTurn
 from agents.simulators.plain import PlainSimulator
 from agents.simulators.verbalized import (
     VerbalizedSampling,

@@ -18,9 +18,6 @@ from agents.domains.base import Domain, Message, Scenario
 if TYPE_CHECKING:  # agents.llm is only needed by callers that build a client
     from agents.llm import LLMClient
 
-# Sent when the user speaks first, since chat templates expect a user turn to answer.
-OPENING = "(The chat has started. Write your first message.)"
-
 
 class Candidate(NamedTuple):
     """One of the replies a Verbalized Sampling simulator proposes."""
@@ -40,22 +37,6 @@ class UserTurn:
     fell_back: bool = False  # the raw text was used because no attempt parsed
     errors: list[str] = field(default_factory=list)
     usage: list[Any] = field(default_factory=list)
-
-
-def user_view(conversation: list[Message]) -> list[Message]:
-    """The conversation from the user's side: roles flipped, tool traffic dropped, and
-    consecutive messages of one speaker merged (some chat templates require alternation)."""
-    flipped: list[Message] = []
-    for message in conversation:
-        role, content = message.get("role"), message.get("content")
-        if role not in ("user", "assistant") or not isinstance(content, str) or not content.strip():
-            continue  # tool results and tool-call-only agent turns are invisible to the user
-        role = "assistant" if role == "user" else "user"
-        if flipped and flipped[-1]["role"] == role:
-            flipped[-1] = {"role": role, "content": flipped[-1]["content"] + "\n\n" + content}
-        else:
-            flipped.append({"role": role, "content": content})
-    return flipped or [{"role": "user", "content": OPENING}]
 
 
 _NUMBER = re.compile(r"\d+(?:\.\d+)?|\.\d+")
@@ -122,7 +103,7 @@ class Simulator(abc.ABC):
     ) -> list[Message]:
         """The chat the simulator's model is asked to continue."""
         system = {"role": "system", "content": self.system_prompt(domain, scenario)}
-        return [system, *user_view(conversation)]
+        return [system, *domain.user_view(conversation)]
 
     async def reply(
         self,

@@ -37,6 +37,12 @@ from training.config import LoraSpec, RunConfig
 from training.rl.choices import Choices, choice_logprobs
 from training.rl.distributed import full_weights
 from training.rl.grpo import TokenBatch, token_logprobs, update
+from training.rl.sampling import (
+    KVCache,
+    choice_logprobs_reusing,
+    plain_cache_model,
+    sample_reusing,
+)
 from training.rl.tokens import ChatFormat, Transcript
 
 FSDP_PREFIX = "_fsdp_wrapped_module."  # in parameter names under FSDP's per-layer units
@@ -61,6 +67,9 @@ class LocalModel:
 
     frozen = True  # its weights never change, so choice distributions can be remembered
     compute_dtype: torch.dtype | None = None  # mixed_precision: its passes' dtype (Policy)
+    # sample through training/rl/sampling.py (prefixes and carried caches reused); False: through
+    # transformers' generate, the old path (kept to compare against: bench/rollout_reuse.py)
+    reuse_kv = True
 
     def __init__(self, model: Any, tokenizer: Any):
         self.model, self.tokenizer = model, tokenizer
@@ -77,6 +86,8 @@ class LocalModel:
         self.turn_stop = end if end in self.stop_ids else self.stop_ids[0]
         self._choices: dict[tuple[str, ...], Choices] = {}
         self._remembered: dict[tuple, list[float]] = {}
+        self.counts = {"prefilled": 0}  # prompt tokens run in prefill passes (padding included)
+        self._plain_cache: bool | None = None
 
     @classmethod
     def load(cls, path: str | Path, dtype: str = "float32", device: str = "cpu", adapter: str = ""):
@@ -106,9 +117,37 @@ class LocalModel:
         temperature: float,
         max_new_tokens: int,
         logits_processor: Any = None,
+        caches: list[KVCache] | None = None,
     ) -> list[list[int]]:
-        """One sampled continuation per prompt (left-padded into one batch), cut after the first
-        stop token, which is kept: the model produced it and is trained on it."""
+        """One sampled continuation per prompt, cut after the first stop token, which is kept:
+        the model produced it and is trained on it. With `reuse_kv` (training/rl/sampling.py)
+        a prompt starts from its cache in `caches` (one per prompt: its Transcript's) or from a
+        prefix it shares with the other prompts; the draws are generate's, in its order."""
+        if self.reusing and temperature > 0:
+            with self.compute():
+                return sample_reusing(
+                    self, prompts, temperature, max_new_tokens, logits_processor, caches
+                )
+        return self.generate(prompts, temperature, max_new_tokens, logits_processor)
+
+    @property
+    def reusing(self) -> bool:
+        """Whether sampling and choice turns go through training/rl/sampling.py."""
+        if self._plain_cache is None:
+            self._plain_cache = plain_cache_model(self.model)
+        return self.reuse_kv and self._plain_cache
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: list[list[int]],
+        temperature: float,
+        max_new_tokens: int,
+        logits_processor: Any = None,
+    ) -> list[list[int]]:
+        """The old path: the prompts left-padded into one batch through transformers'
+        generate, each prefilled whole."""
+        self.counts["prefilled"] += len(prompts) * max(len(p) for p in prompts)
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         attention = torch.zeros_like(ids)
@@ -153,14 +192,27 @@ class LocalModel:
         return self._choices[key]
 
     def choice_probs(
-        self, prompts: list[list[int]], texts: list[str], temperature: float
+        self,
+        prompts: list[list[int]],
+        texts: list[str],
+        temperature: float,
+        caches: list[KVCache] | None = None,
     ) -> tuple[Choices, list[list[float]]]:
         """Each prompt's exact distribution over the allowed texts (training/rl/choices.py).
-        Identical prompts are computed once; a frozen model remembers what it computed."""
+        Identical prompts are computed once; a frozen model remembers what it computed. With
+        `caches` (one per prompt) and `reuse_kv`, each prompt starts from its carried cache."""
         choices = self.choices(texts)
         keys = [(tuple(p), choices.ids[0][-1], tuple(texts), temperature) for p in prompts]
         todo = list(dict.fromkeys(k for k in keys if k not in self._remembered))
         found: dict[tuple, list[float]] = {}
+        if caches is not None and todo and self.reusing:
+            held = dict(zip(keys, caches, strict=True))  # one cache per distinct prompt
+            with torch.no_grad(), self.compute():
+                logp = choice_logprobs_reusing(
+                    self, [list(k[0]) for k in todo], choices, temperature, [held[k] for k in todo]
+                )
+            found = dict(zip(todo, torch.softmax(logp, -1).tolist(), strict=True))
+            todo = []
         for start in range(0, len(todo), 8):  # 8 prompts x the texts per forward pass
             chunk = todo[start : start + 8]
             with self.compute():
@@ -202,6 +254,7 @@ class Policy(LocalModel):
         mixed_precision: bool = False,
         device: str = "cpu",
         ranks: Any = None,
+        gradient_checkpointing: bool = False,
     ):
         # mixed precision: float32 master weights (LoRA: the frozen base too, so every FSDP unit
         # holds one dtype, as its flat parameters require); passes run in `dtype` (compute)
@@ -227,6 +280,12 @@ class Policy(LocalModel):
             self.reference_model = load_base(path, dtype, device)[0].requires_grad_(False)
         elif beta > 0:
             self.reference_model = copy.deepcopy(model).eval().requires_grad_(False)
+        if gradient_checkpointing:  # non-reentrant: it needs no input that requires grad (LoRA)
+            kwargs = {"use_reentrant": False}
+            if hasattr(model, "activation_checkpointing_enable"):  # transformers' newer name
+                model.activation_checkpointing_enable(kwargs)
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         super().__init__(model, tokenizer)
         self.dtype = dtype
         self.compute_dtype = DTYPES[dtype] if mixed else None
@@ -264,6 +323,7 @@ class Policy(LocalModel):
             mixed_precision=config.mixed_precision,
             device=config.device,
             ranks=ranks,
+            gradient_checkpointing=config.gradient_checkpointing,
         )
 
     def gathered(self, writeback: bool = False) -> Any:

@@ -26,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from training.rl.sampling import KVCache
+
 _OPENING = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
 _MARK = "\u2063MARK\u2063"  # text no reply contains, to find where a turn's content ends
 _ANCHOR = [*_OPENING, {"role": "assistant", "content": _MARK}]
@@ -86,6 +88,9 @@ class Transcript:
     allowed: dict[int, list[int]] = field(default_factory=dict)  # index -> ids a choice allowed
     consumed: int = 0
     _prompt_tail: int = 0
+    # the speaker's keys and values for these ids, carried from turn to turn while the
+    # conversation is played (training/rl/sampling.py); play() drops them when it ends
+    cache: KVCache = field(default_factory=KVCache, repr=False, compare=False)
 
     def prompt(
         self, fmt: ChatFormat, messages: list[dict], tools: list[dict] | None = None

@@ -39,7 +39,7 @@ def agent_tool_format(tool_format: str, lm: LocalModel) -> str:
 def agent_messages(domain: Domain, rollout: Rollout, tool_format: str = "json") -> list[Message]:
     """The agent's new messages since its transcript last grew (system prompt first time). In
     the native format the tools are not among them: `agent_prompt` gives them to the template."""
-    new = rollout.conversation[rollout.agent.consumed :]
+    new = domain.agent_view(rollout.conversation[rollout.agent.consumed :])
     if not rollout.agent.ids:
         new = [{"role": "system", "content": domain.agent_system_prompt(rollout.scenario)}, *new]
     if tool_format == "native":
@@ -62,16 +62,7 @@ def add_agent_reply(domain: Domain, rollout: Rollout, text: str, tool_format: st
     parse = parse_hermes_tool_calls if tool_format == "native" else parse_tool_calls
     content, calls = parse(text) if rollout.tools else (text.strip(), [])
     calls = calls[: domain.max_tool_calls_per_turn]
-    message: Message = {"role": "assistant", "content": content}
-    if calls:
-        message["tool_calls"] = calls
-    rollout.conversation.append(message)
-    for call in calls:
-        name, arguments = call["function"]["name"], call["function"]["arguments"]
-        result = domain.execute_tool(rollout.state, name, arguments)
-        rollout.conversation.append(
-            {"role": "tool", "tool_call_id": call["id"], "name": name, "content": str(result)}
-        )
+    rollout.add_message(AGENT, content, calls, domain)
     rollout.tool_rounds = rollout.tool_rounds + 1 if calls else 0
 
 

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import torch
 
 from agents.domains.base import Domain, Message, Outcome, Scenario, count_turns
+from agents.llm.tool_format import parse_tool_calls
 from training.rl.choices import entropy
 from training.rl.tokens import Transcript
 
@@ -59,6 +60,7 @@ class Rollout:
     scenario: Scenario
     state: Any
     tools: list[dict]
+    user_tools: list[dict] = field(default_factory=list)  # the simulated user's own (CooperBench)
     conversation: list[Message] = field(default_factory=list)
     agent: Transcript = field(default_factory=Transcript)
     user: Transcript = field(default_factory=Transcript)
@@ -75,7 +77,12 @@ class Rollout:
 
     @classmethod
     def begin(cls, domain: Domain, scenario: Scenario) -> Rollout:
-        rollout = cls(scenario, domain.new_state(scenario), domain.tools(scenario))
+        rollout = cls(
+            scenario,
+            domain.new_state(scenario),
+            domain.tools(scenario),
+            domain.user_tools(scenario),
+        )
         rollout.agent_first = domain.first_speaker == AGENT
         greeting = domain.greeting(scenario)
         if greeting:
@@ -95,22 +102,42 @@ class Rollout:
     def reward(self) -> float:
         return self.outcome.reward if self.outcome else 0.0
 
-    def next_speaker(self) -> str:
-        last = self.conversation[-1] if self.conversation else None
-        if last is None:
-            return AGENT if self.agent_first else USER
-        if last["role"] == "assistant" and not last.get("tool_calls"):
-            return USER
-        return AGENT
+    def next_speaker(self, domain: Domain) -> str:
+        return domain.next_speaker(self.conversation, self.agent_first)
 
-    def add_user_reply(self, text: str) -> None:
-        self.conversation.append({"role": "user", "content": text})
+    def add_user_reply(self, domain: Domain, text: str) -> None:
+        """The user's text as its message. Where the Domain gives the user tools, the calls in
+        its text (agents.llm's JSON format, at most max_tool_calls_per_turn) are run by the
+        Domain's execute_user_tool, each result a `tool` message with requestor "user" (as
+        tau2-bench records a user's tool calls)."""
+        content, calls = parse_tool_calls(text) if self.user_tools else (text, [])
+        self.add_message(USER, content, calls[: domain.max_tool_calls_per_turn], domain)
+
+    def add_message(self, role: str, content: str, calls: list[dict], domain: Domain) -> None:
+        """A speaker's message, then each of its tool calls' results, run by the Domain (the
+        agent's by execute_tool; the user's by execute_user_tool, marked requestor "user")."""
+        message: Message = {"role": "assistant" if role == AGENT else "user", "content": content}
+        if calls:
+            message["tool_calls"] = calls
+        self.conversation.append(message)
+        run = domain.execute_tool if role == AGENT else domain.execute_user_tool
+        for call in calls:
+            name, arguments = call["function"]["name"], call["function"]["arguments"]
+            result: Message = {"role": "tool", "tool_call_id": call["id"], "name": name,
+                               "content": str(run(self.state, name, arguments))}  # fmt: skip
+            if role == USER:
+                result["requestor"] = "user"
+            self.conversation.append(result)
 
     def check_end(self, domain: Domain, max_turns: int, max_tool_rounds: int) -> None:
         self.end_reason = (
             domain.is_done(self.conversation)
-            or ("max_turns" if count_turns(self.conversation) >= max_turns else None)
-            or ("max_tool_rounds" if self.tool_rounds >= max_tool_rounds else None)
+            or ("max_turns" if domain.turn_count(self.conversation) >= max_turns else None)
+            or (
+                "max_tool_rounds"
+                if domain.limits_tool_rounds and self.tool_rounds >= max_tool_rounds
+                else None
+            )
         )
 
 
@@ -147,12 +174,17 @@ def play(
     while any(r.end_reason is None for r in rollouts):
         for speaker in (user, agent):
             waiting = [
-                r for r in rollouts if r.end_reason is None and r.next_speaker() == speaker.role
+                r
+                for r in rollouts
+                if r.end_reason is None and r.next_speaker(domain) == speaker.role
             ]
             if waiting:
                 speaker.respond(domain, waiting)
                 for r in waiting:
                     r.check_end(domain, max_turns, max_tool_rounds)
+                    if r.end_reason is not None:  # its speakers' keys and values are done with
+                        r.agent.cache.clear()
+                        r.user.cache.clear()
         ended = sum(r.end_reason is not None for r in rollouts)
         if on_finished is not None and ended > finished:
             on_finished(ended)

@@ -21,7 +21,6 @@ from agents.simulators import (
     UserTurn,
     VerbalizedSampling,
     VerbalizedSimulator,
-    user_view,
 )
 from agents.simulators.scripted import ScriptedPersuadee
 from training.config import SimulatorSpec
@@ -32,9 +31,10 @@ from training.rollouts.turns import speak
 from training.vocabulary import SimulatorKind
 
 
-def user_messages(system_prompt: str, rollout: Rollout) -> list[Message]:
-    """The simulator's new messages (roles flipped by agents.simulators.user_view)."""
-    new = user_view(rollout.conversation[rollout.user.consumed :])
+def user_messages(domain: Domain, system_prompt: str, rollout: Rollout) -> list[Message]:
+    """The simulator's new messages, as the Domain's user_view shows them (by default roles
+    flipped and tool traffic dropped: agents.messages.user_view)."""
+    new = domain.user_view(rollout.conversation[rollout.user.consumed :])
     if rollout.user.ids:
         if new == [{"role": "user", "content": OPENING}]:
             new = [{"role": "user", "content": ""}]  # the agent said nothing visible
@@ -85,7 +85,7 @@ class LocalUser:
     def respond(self, domain: Domain, rollouts: list[Rollout]) -> None:
         prompts = []
         for r in rollouts:
-            messages = user_messages(self.system_prompt(domain, r.scenario), r)
+            messages = user_messages(domain, self.system_prompt(domain, r.scenario), r)
             prompts.append(r.user.prompt(self.lm.fmt, messages))
             r.user.consumed = len(r.conversation)
         allowed = [domain.user_choices(r.scenario, r.conversation, r.user_final) for r in rollouts]
@@ -99,9 +99,9 @@ class LocalUser:
                     r.user.record(self.lm.fmt, ids, positions)
                 texts.append(text)
         for r, text in zip(rollouts, texts, strict=True):
-            r.add_user_reply(text)
-            if self.tracked:
-                r.user.consumed = len(r.conversation)
+            if self.tracked:  # its message is in its ids now; its tool results are not
+                r.user.consumed = len(r.conversation) + 1
+            r.add_user_reply(domain, text)
 
     def _speak(
         self, rollouts: list[Rollout], prompts: list[list[int]], allowed: list[list[str] | None]
@@ -127,6 +127,7 @@ class LocalUser:
                     self.spec.temperature,
                     self.spec.max_new_tokens,
                     self._constraint(options),
+                    caches=[rollouts[i].user.cache for i in pending],
                 )
                 for i, ids in zip(pending, samples, strict=True):
                     answers[i].take(self.lm.decode(ids))
@@ -211,7 +212,7 @@ class ScriptedUser:
                 dist = self.persuadee.decision(r.conversation)
                 probs = [sum(p for a, p in dist.items() if marker(a) == o) for o in options]
                 r.decisions.append(Decision(USER, list(options), probs, options.index(text)))
-            r.add_user_reply(text)
+            r.add_user_reply(domain, text)
 
 
 def candidate_chars(max_new_tokens: int, k: int) -> int:
@@ -265,7 +266,7 @@ class EndpointUser:
             if options and turn.candidates:  # Verbalized: the distribution it wrote, as in-process
                 probs = self._simulator.sampling.distribution(turn.candidates, options)
                 r.decisions.append(Decision(USER, list(options), probs, options.index(turn.text)))
-            r.add_user_reply(turn.text)
+            r.add_user_reply(domain, turn.text)
 
     async def _replies(
         self,

@@ -32,7 +32,11 @@ def speak(
     free = [i for i, texts in enumerate(allowed) if not texts]
     if free:
         prompted = [prompts[i] for i in free]
-        samples = sample(prompted) if sample else lm.sample(prompted, temperature, max_new_tokens)
+        if sample:
+            samples = sample(prompted)
+        else:  # each speaker's transcript carries its cache from turn to turn
+            caches = [getattr(rollouts[i], role).cache for i in free]
+            samples = lm.sample(prompted, temperature, max_new_tokens, caches=caches)
         for i, ids in zip(free, samples, strict=True):
             turns[i] = (ids, None, lm.decode(ids).strip())
     groups: dict[tuple[str, ...], list[int]] = {}
@@ -40,7 +44,10 @@ def speak(
         if texts:
             groups.setdefault(tuple(texts), []).append(i)
     for texts, members in groups.items():
-        choices, dists = lm.choice_probs([prompts[i] for i in members], list(texts), temperature)
+        caches = [getattr(rollouts[i], role).cache for i in members]
+        choices, dists = lm.choice_probs(
+            [prompts[i] for i in members], list(texts), temperature, caches
+        )
         for i, probs in zip(members, dists, strict=True):
             n = sample_index(probs, rng)
             rollouts[i].decisions.append(Decision(role, list(texts), probs, n))

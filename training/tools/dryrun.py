@@ -58,8 +58,8 @@ update's gradient-free passes, evaluation, checkpoints), which no training pass 
 counts both trained models, as a rollout with both sampling in-process does (an upper bound
 when they sample on endpoints). In-process model copies:
 the trainer loads one per distinct (model, adapter) among the frozen in-process simulators
-(training and held-out), plus the co-trained simulator's own trainable copy (and no frozen one). The trainer does not turn
-gradient checkpointing on today, so the "off" figure is the one checked.
+(training and held-out), plus the co-trained simulator's own trainable copy (and no frozen one). The figure checked is
+the one with the run's `gradient_checkpointing` (off unless the config turns it on).
 """
 
 from __future__ import annotations
@@ -150,8 +150,28 @@ PUBLISHED: dict[str, tuple[Architecture, int]] = {
     "SmolLM2-135M-Instruct": (Architecture(576, 30, 9, 3, 64, 1536, 49152, tied=True), 134_515_008),
 }
 
+# Models whose published layout the Architecture above does not describe: an approximation of
+# each, with what it leaves out. Qwen3.5-27B (the release's CooperBench agent) has the sizes of
+# THUDM/slime scripts/models/qwen3.5-27B.sh (64 layers, hidden 5120, 24 heads of 256, 4 KV
+# groups, FFN 17408, vocabulary 248,320, untied) but puts Gated DeltaNet in three of every four
+# layers and an output gate on attention; counted as dense attention layers it has 24.4B of the
+# card's 27B parameters, so its memory estimate is low by about a tenth (the config says so).
+APPROXIMATE: dict[str, tuple[Architecture, str]] = {
+    "Qwen3.5-27B": (
+        Architecture(5120, 64, 24, 4, 256, 17408, 248320, tied=False, qk_norm=True),
+        "approximate size of Qwen3.5-27B (dense layers of its published sizes: about 24.4B of"
+        " its 27B parameters; training/tools/dryrun.py APPROXIMATE)",
+    ),
+}
+
 # Rough prompt length (system prompt with the policy and tool schemas, in tokens) per Domain.
-PROMPT_TOKENS = {"p4g": 512, "p4g-decision": 512, "retail": 4096, "airline": 4096}
+PROMPT_TOKENS = {
+    "p4g": 512,
+    "p4g-decision": 512,
+    "retail": 4096,
+    "airline": 4096,
+    "cooperbench": 2048,  # the instructions, a feature request and six tool schemas
+}
 DEFAULT_PROMPT_TOKENS = 2048
 
 
@@ -170,9 +190,10 @@ def architecture(model: Path | str) -> tuple[Architecture, str]:
         return Architecture.from_config_json(path / "config.json"), str(path / "config.json")
     if path.name in PUBLISHED:
         return PUBLISHED[path.name][0], f"published size of {path.name}"
-    raise KeyError(
-        f"{model}: no config.json there and not a model of known size ({', '.join(PUBLISHED)})"
-    )
+    if path.name in APPROXIMATE:
+        return APPROXIMATE[path.name]
+    known = ", ".join([*PUBLISHED, *APPROXIMATE])
+    raise KeyError(f"{model}: no config.json there and not a model of known size ({known})")
 
 
 def sequence_length(config: RunConfig) -> int:
@@ -396,7 +417,8 @@ def check_memory(config: RunConfig, offline: bool, device_gib: float | None) -> 
     except KeyError as exc:
         return Check("memory per device", False, str(exc.args[0])), {}
     size, where = device_memory(config, offline, device_gib)
-    need = estimate["total_checkpointing_off_gib"]
+    flag = "on" if config.gradient_checkpointing else "off"
+    need = estimate[f"total_checkpointing_{flag}_gib"]
     estimate["device_gib"], estimate["device"] = round(size, 2), where
     ok = need <= size
     detail = (
@@ -404,8 +426,9 @@ def check_memory(config: RunConfig, offline: bool, device_gib: float | None) -> 
         f"{estimate['sequence_length']} tokens x micro_batch {config.micro_batch}, "
         f"{config.finetune if config.finetune == 'full' else f'lora r={config.lora.r}'},"
         f" {config.dtype}{' mixed (float32 master weights)' if mixed(config) else ''}, "
-        f"{estimate['strategy']} x {estimate['processes']}; "
-        f"with gradient checkpointing {estimate['total_checkpointing_on_gib']:.1f} GiB"
+        f"{estimate['strategy']} x {estimate['processes']}, gradient checkpointing {flag}; "
+        f"with it {'off' if flag == 'on' else 'on'} "
+        f"{estimate['total_checkpointing_off' if flag == 'on' else 'total_checkpointing_on'] / GIB:.1f} GiB"
     )
     return Check("memory per device", ok, detail), estimate
 

@@ -105,7 +105,7 @@ def user_transcript(
             view.conversation.append(message)
             continue
         # what LocalUser.respond does before sampling, then records what "was sampled"
-        view.user.prompt(lm.fmt, user_messages(prompt, view))
+        view.user.prompt(lm.fmt, user_messages(domain, prompt, view))
         view.user.record(lm.fmt, lm.fmt.encode(text.strip()) + [lm.turn_stop])
         view.conversation.append(message)
         view.user.consumed = len(view.conversation)

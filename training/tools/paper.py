@@ -23,7 +23,7 @@ LOOP_COMMIT = "0a0747d97c3cb711f27e35d77398a7ae017e97a2"  # usim/slime/cotrain_l
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "training" / "configs" / "paper"
 ACCELERATE = "training/accelerate/one_node_8gpu_fsdp.yaml"
-DOMAINS = ("p4g", "retail", "airline")
+DOMAINS = ("p4g", "retail", "airline", "cooperbench")
 
 # What every paper config does otherwise than every released Qwen3-4B launcher.
 SHARED = (
@@ -102,6 +102,7 @@ _LAUNCHERS = {
     ("p4g", "population"): "p4g/population_self_play.sh",
     ("tau2", "population"): "tau2/population_self_play.sh",
     ("tau2", "cooperative"): "ablations/sim_reward_cooperative_tau2.sh",
+    ("cooperbench", "coop"): "cooperbench/train_qwen3_5_27b.sh",
 }
 
 _NAMES = {
@@ -116,6 +117,7 @@ _NAMES = {
     "selfplay": "Self-Play (simulator reward: curriculum on tau2, adversarial on P4G)",
     "population": "Population Self-Play",
     "cooperative": "Simulator reward ablation: cooperative (Self-Play)",
+    "coop": "CooperBench, cooperative: Qwen3.5-27B coding agent, hosted partner",
 }
 
 # Differences of one result, whatever its domain.
@@ -207,6 +209,30 @@ _DOMAIN_OWN: dict[tuple[str, str], tuple[str, ...]] = {
         " curriculum default.",
     ),
     ("airline", "population"): ("simulator_reward = cooperative: as retail's launcher.",),
+    ("cooperbench", "coop"): (
+        "Model: Qwen3.5-27B; the release fully fine-tunes it with Megatron TP 4 x PP 2, full"
+        " recompute and Adam offloaded to CPU. Parley's FSDP full fine-tuning of 27B does not"
+        " fit 80 GiB (its weights gathered for sampling alone take 85 GiB in float32), so this"
+        " run trains a LoRA adapter (r 8) at lr 1e-5, ten times the release's 1e-6 as LoRA's best"
+        " rate is (Schulman et al. 2025), with gradient checkpointing on (the release's full"
+        " recompute).",
+        "Steps: 50 each and 4096 tokens a step in the release (its context capped at 65,536);"
+        " here 40 steps of both speakers together (20 each) and 512 tokens a step, so the dry"
+        " run's estimate fits 80 GiB. The estimate counts Qwen3.5-27B as dense attention layers"
+        " of its published sizes, about 24.4B of its 27B parameters (training/tools/dryrun.py"
+        " APPROXIMATE): it is low by about a tenth.",
+        "Turns: the release runs the two agents at once, the partner in a thread, messages over"
+        " Redis; parley's episode has them take steps in turn (agents/domains/cooperbench), the"
+        " partner a simulator like any other, so every regime applies to it.",
+        "Partner: Gemini 3 Flash through Gemini's OpenAI-compatible endpoint as released; it"
+        " calls its tools in the JSON text format its system prompt describes.",
+        "Sandboxes: Modal in the release (--cooperbench-backend modal); parley runs each task's"
+        " own image with Docker (PARLEY_SANDBOX=docker) or a bubblewrap copy of a local checkout.",
+        "Reward: --cooperbench-partial-reward, 0.5 when only the agent's own feature passes, as"
+        " the Domain gives by default. The release also gives 0.1 for a non-empty failing patch"
+        " in its baseline setting only; not here.",
+        "No evaluation during training (EVAL_ARGS empty) and no held-out panel.",
+    ),
 }
 
 _AIRLINE = (
@@ -247,10 +273,11 @@ _RESULTS = {
     ),
 }  # fmt: skip
 _RESULTS["airline"] = _RESULTS["retail"]
+_RESULTS["cooperbench"] = ("coop",)
 
 
 def _result(domain: str, result: str) -> Result:
-    release = "p4g" if domain == "p4g" else "tau2"
+    release = domain if domain in ("p4g", "cooperbench") else "tau2"
     launcher = _at(_LAUNCHERS[(release, result)])
     differences = _OWN.get(result, ()) + _DOMAIN_OWN.get((domain, result), ())
     if domain == "airline":
@@ -270,6 +297,7 @@ def by_key() -> dict[str, Result]:
 
 def describe(result: Result) -> dict[str, Any]:
     """A result with its config's offline dry run: the command, the memory per GPU, the checks."""
+    from training.config import load_config
     from training.tools.dryrun import dry_run
 
     run = dry_run(str(result.config), offline=True, accelerate_config=str(REPO / ACCELERATE))
@@ -282,7 +310,11 @@ def describe(result: Result) -> dict[str, Any]:
         "config": str(result.config.relative_to(REPO)),
         "command": result.command,
         "launcher": result.launcher,
-        "memory_gib": memory.get("total_checkpointing_off_gib"),
+        "memory_gib": memory.get(
+            "total_checkpointing_on_gib"
+            if load_config(result.config).gradient_checkpointing
+            else "total_checkpointing_off_gib"
+        ),
         "memory": memory,
         "ready": run["ok"],
         "failed_checks": failed,

@@ -80,7 +80,7 @@ def test_choice_distribution_is_the_constrained_sampling_distribution(tiny_model
     user = LocalUser(lm, SimulatorSpec())
     rollouts = [asked(decision, task, text) for text in list(ASKS.values())[:3]]
     prompts = [
-        r.user.prompt(lm.fmt, user_messages(user.system_prompt(decision, task), r))
+        r.user.prompt(lm.fmt, user_messages(decision, user.system_prompt(decision, task), r))
         for r in rollouts
     ]
     options = decision.user_choices(task, rollouts[0].conversation, True)
@@ -150,7 +150,7 @@ def test_cotrained_simulator_learns_in_its_own_direction(
     probe = [asked(decision, task, text) for text in ASKS.values()]
     prompts = [
         r.user.prompt(
-            regime.policy.fmt, user_messages(regime.user.system_prompt(decision, task), r)
+            regime.policy.fmt, user_messages(decision, regime.user.system_prompt(decision, task), r)
         )
         for r in probe
     ]
@@ -279,7 +279,7 @@ class WrittenList(LocalModel):
             }
         )
 
-    def sample(self, prompts, temperature, max_new_tokens, logits_processor=None):
+    def sample(self, prompts, temperature, max_new_tokens, logits_processor=None, caches=None):
         return [self.fmt.encode(self.json) + [self.turn_stop] for _ in prompts]
 
 

@@ -20,8 +20,8 @@ class RecordingModel(LocalModel):
         super().__init__(model, tokenizer)
         self.samples: list[tuple[list[int], list[int]]] = []
 
-    def sample(self, prompts, temperature, max_new_tokens, logits_processor=None):
-        out = super().sample(prompts, temperature, max_new_tokens, logits_processor)
+    def sample(self, prompts, temperature, max_new_tokens, logits_processor=None, caches=None):
+        out = super().sample(prompts, temperature, max_new_tokens, logits_processor, caches)
         self.samples += list(zip(prompts, out, strict=True))
         return out
 
@@ -93,7 +93,7 @@ def test_tool_call_turn_and_results(recording, tool_letters):
     domain = tool_letters
     scenario = domain.scenarios("train")[0]
     r = Rollout.begin(domain, scenario)
-    r.add_user_reply("Count the letters in 'tree'.")
+    r.add_user_reply(domain, "Count the letters in 'tree'.")
     agent = LocalAgent(recording, 1.0, 6)
     # the agent's first turn, as if it had sampled a tool call
     fmt = recording.fmt
@@ -109,7 +109,7 @@ def test_tool_call_turn_and_results(recording, tool_letters):
         "name": "count_letters",
         "content": "7",
     }
-    assert r.state["calls"] == 1 and r.next_speaker() == "agent"
+    assert r.state["calls"] == 1 and r.next_speaker(domain) == "agent"
     agent.respond(domain, [r])  # the agent's next turn sees the tool result
     runs = policy_runs(r.agent)
     assert runs[0] == sampled and len(runs) == 2

@@ -73,7 +73,7 @@ def test_a_native_call_trains_the_templates_own_tokens_and_runs_a_retail_tool(he
     lm, fmt = hermes_lm, hermes_lm.fmt
     scenario = retail.scenarios("train")[0]
     r = Rollout.begin(retail, scenario)  # the agent's greeting opens it
-    r.add_user_reply(f"I want to cancel an order. My email is {EMAIL}.")
+    r.add_user_reply(retail, f"I want to cancel an order. My email is {EMAIL}.")
     agent_prompt(fmt, retail, r, "native")
 
     # the agent's turn, as if it had sampled the call exactly as the template writes it
@@ -132,13 +132,13 @@ def test_the_agent_reads_native_replies_as_vllms_hermes_parser_does(retail):
     r = Rollout.begin(retail, retail.scenarios("train")[0])
     add_agent_reply(retail, r, broken, "native")  # one bad block: no call runs at all
     assert r.conversation[-1] == {"role": "assistant", "content": broken}
-    assert r.tool_rounds == 0 and r.next_speaker() == "user"
+    assert r.tool_rounds == 0 and r.next_speaker(retail) == "user"
 
 
 def test_the_json_format_is_unchanged_for_smollm2(tiny_model, retail):
     lm = LocalModel.load(tiny_model)
     r = Rollout.begin(retail, retail.scenarios("train")[0])
-    r.add_user_reply("Hello")
+    r.add_user_reply(retail, "Hello")
     text = lm.tokenizer.decode(agent_prompt(lm.fmt, retail, r, agent_tool_format("auto", lm)))
     assert "To call a tool, write one block per call" in text  # agents.llm's JSON tool prompt
     assert "<tools>" not in text

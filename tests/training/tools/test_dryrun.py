@@ -75,6 +75,10 @@ def test_paper_configs_agree_with_their_accelerate_settings(config, settings):
         str(config), {"distributed.processes": 16}, offline=True,
         accelerate_config=str(ACCELERATE / two),
     )  # fmt: skip
+    if "batch_tasks = 8 " in config.read_text():  # CooperBench's 8 prompts: 16 ranks idle some
+        split = next(c for c in result["checks"] if c["name"] == "tasks split across ranks")
+        assert not split["ok"] and "some ranks would have no task" in split["detail"]
+        return
     assert_ready(result, config)
 
 

@@ -36,6 +36,7 @@ class Task:
     folder: Path
     features: dict[int, Feature]
     base_commit: str | None  # setup.sh's BASE_COMMIT
+    repository: str | None = None  # setup.sh's REPO_NAME: the checkout's folder name
 
     @property
     def runner(self) -> Path:
@@ -69,12 +70,14 @@ def read_task(folder: str | Path) -> Task:
         raise ValueError(f"{folder} has no runner.sh")
     setup = _read(folder / "setup.sh")
     base = re.search(r'^BASE_COMMIT="?([^"\n]+)"?', setup, re.MULTILINE)
+    repository = re.search(r'^REPO_NAME="?([^"\n]+)"?', setup, re.MULTILINE)
     return Task(
         repo_name=folder.parent.name,
         task_id=int(match.group(1)),
         folder=folder,
         features=features,
         base_commit=base.group(1) if base else None,
+        repository=repository.group(1) if repository else None,
     )
 
 

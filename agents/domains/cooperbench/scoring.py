@@ -27,7 +27,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from agents.cooperbench.task import Task
+from agents.domains.cooperbench.task import Task
 from agents.sandbox import CommandResult, Sandbox
 
 # a `diff --git` header naming any of these starts a test file's section, which is dropped

@@ -1,4 +1,4 @@
-"""CooperBench's scoring on parley's own fixture task (tests/fixtures/cooperbench), in the
+"""CooperBench's scoring on parley's own task (agents/domains/cooperbench/data), in the
 bubblewrap sandbox: gold pairs pass, the conflict rule (a union merge, then the tests), a wrong
 patch fails, and an agent's edits to test files never reach the hidden tests."""
 
@@ -6,22 +6,21 @@ import os
 import shutil
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
-from agents.cooperbench import (
+from agents.domains.cooperbench import (
     discover_tasks,
     feature_pairs,
     filter_test_files,
     read_task,
     score_pair,
 )
-from agents.cooperbench.scoring import parse_test_counts
+from agents.domains.cooperbench.domain import BUNDLED
+from agents.domains.cooperbench.scoring import parse_test_counts
 from agents.sandbox import Limits, LocalSandbox
 
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "cooperbench"
-TASK = read_task(FIXTURES / "tinycalc_task" / "task1")
+TASK = read_task(BUNDLED / "tinycalc_task" / "task1")
 LIMITS = Limits(cpu_seconds=60, memory_bytes=2 * 1024**3, wall_seconds=60, output_bytes=200_000)
 
 needs_bwrap = pytest.mark.skipif(
@@ -34,7 +33,7 @@ needs_bwrap = pytest.mark.skipif(
 def checkout(tmp_path_factory):
     """The fixture repository as a git repository at its base commit (a nested .git cannot be committed)."""
     repo = tmp_path_factory.mktemp("tinycalc") / "repo"
-    shutil.copytree(FIXTURES / "tinycalc_repo", repo)
+    shutil.copytree(BUNDLED / "repos" / "tinycalc", repo)
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "base"]):
         subprocess.run(
             ["git", "-c", "user.email=fixture@parley", "-c", "user.name=fixture", *args],
@@ -58,7 +57,7 @@ def test_the_fixture_is_read_in_the_official_layout():
     assert "subtract" in TASK.features[1].request
     assert TASK.features[1].tests_patch.startswith("diff --git a/tests/test_subtract.py")
     assert TASK.base_commit == "fixture"
-    assert [t.task_id for t in discover_tasks(FIXTURES)] == [1]
+    assert [t.task_id for t in discover_tasks(BUNDLED)] == [1]
     assert (1, 2) in feature_pairs(TASK) and len(feature_pairs(TASK)) == 10
 
 
