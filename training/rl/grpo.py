@@ -232,7 +232,8 @@ def _hidden_at(
     GRPO group) run it once (`_prompt_sets`); each set is cut to its own longest row."""
     out = None
     local = torch.empty(len(batch), dtype=torch.long, device=rows.device)
-    for members, shared in _prompt_sets(batch):
+    whole = [(torch.arange(len(batch), device=rows.device), 0)]
+    for members, shared in whole if _drops_cache(decoder) else _prompt_sets(batch):
         real = (batch.attention[members] > 0).any(dim=0).nonzero()
         width = int(real[-1]) + 1  # right-padded: nothing this set attends to lies beyond
         ids, attention = batch.ids[members, :width], batch.attention[members, :width]
@@ -262,6 +263,14 @@ def _decoder_pass(
         **cache_arg(decoder, cache),
     ).last_hidden_state
     return torch.cat([prefix.last_hidden_state.expand(ids.shape[0], -1, -1), rest], 1)
+
+
+def _drops_cache(model: torch.nn.Module) -> bool:
+    """Whether this pass runs through layers that drop the KV cache: transformers' gradient
+    checkpointing does so in a training pass with gradients, so no prompt can be shared there."""
+    if not (model.training and torch.is_grad_enabled()):
+        return False
+    return any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
 
 
 def _prompt_sets(batch: TokenBatch) -> list[tuple[torch.Tensor, int]]:
@@ -431,7 +440,8 @@ def _logits_at(model: torch.nn.Module, batch: TokenBatch, positions: torch.Tenso
     """The model's logits at `positions` for every row, [B, P, V]."""
     b, t = batch.ids.shape
     # under FSDP each call is a collective: one pass per micro-batch on every rank, never two
-    shared = _shared_prefix(batch) if b > 1 and not isinstance(model, FSDP) else 0
+    sharing = b > 1 and not isinstance(model, FSDP) and not _drops_cache(model)
+    shared = _shared_prefix(batch) if sharing else 0
     if shared < SHARED_PREFIX_MIN:
         out = model(input_ids=batch.ids, attention_mask=batch.attention, logits_to_keep=positions)
         return out.logits

@@ -107,3 +107,22 @@ def test_fast_head_matches_full_logits(smooth_tiny_model, monkeypatch, prompt, h
         logp, entropy = fast(model, batch)
     assert torch.allclose(logp, want_logp, atol=1e-5)
     assert torch.allclose(entropy, want_entropy, atol=1e-4)
+
+
+@pytest.mark.parametrize("prompt", ["shared", "groups"])
+def test_shared_prompts_under_gradient_checkpointing(smooth_tiny_model, prompt):
+    """A checkpointed layer drops the KV cache in a training pass (transformers), so the prompt
+    cannot be shared there: the rows run whole and the result is still the full-logits one."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(smooth_tiny_model)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    batch = batches()[prompt]
+    loss, logp, _, grads = loss_and_grads(model, batch, fast)
+    want_loss, want_logp, _, want_grads = loss_and_grads(model, batch, straightforward)
+    assert float(loss) == pytest.approx(float(want_loss), abs=1e-6)
+    assert torch.allclose(logp, want_logp, atol=1e-5)
+    for name, grad in grads.items():
+        scale = float(want_grads[name].abs().max())
+        assert float((grad - want_grads[name]).abs().max()) <= 1e-6 + 1e-5 * scale, name
