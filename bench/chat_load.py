@@ -121,6 +121,47 @@ def start(args, env: dict, engine_port: int, web_port: int) -> list[subprocess.P
     return [engine, web]
 
 
+def start_other(args, env: dict, web_port: int) -> subprocess.Popen:
+    """The web server of another checkout (--against), on the same database, Redis and engine:
+    its code, its bench/load_settings.py, this bench."""
+    other = Path(args.against).resolve()
+    path = [str(other / "bench"), str(other), str(other / "platform"), env.get("PYTHONPATH", "")]
+    web = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "uvicorn", "parley.asgi:application"),
+            *("--host", "127.0.0.1", "--port", str(web_port), "--workers", str(args.workers)),
+            *("--log-level", "warning", "--no-access-log", "--ws-per-message-deflate", "false"),
+        ],
+        cwd=other,
+        env={**env, "PYTHONPATH": os.pathsep.join(path), "WEB_CONCURRENCY": str(args.workers)},
+    )
+    wait_for(f"http://127.0.0.1:{web_port}/healthz", web, "the other web server")
+    time.sleep(2)
+    return web
+
+
+def side_by_side(args, servers: dict, engine_url: str, rounds: int) -> dict:
+    """CPU per chat turn and per whole participant of two servers measured in turns: a warm-up
+    each, then `rounds` rounds, each server's measurement next to the other's (which goes first
+    alternates), so that the machine's other work weighs on both alike."""
+    idle = {name: idle_cpu(web, 5) for name, (web, _) in servers.items()}
+    for web, url in servers.values():
+        turn_cpu(web, url, engine_url, 20, 5, 0.0)
+        participant_cpu(web, url, engine_url, 20, 5, args.turns, 0.0)
+    figures = {name: {"turn_ms": [], "participant_ms": [], "load": []} for name in servers}
+    names = list(servers)
+    for round_ in range(rounds):
+        for name in names if round_ % 2 == 0 else names[::-1]:
+            web, url = servers[name]
+            turn = turn_cpu(web, url, engine_url, 20, 5, idle[name])["net"]
+            whole = participant_cpu(web, url, engine_url, 20, 5, args.turns, idle[name])["net"]
+            figures[name]["turn_ms"].append(turn)
+            figures[name]["participant_ms"].append(whole)
+            figures[name]["load"].append(load())
+            print(f"{name}: {turn} ms a turn, {whole} ms a participant", uptime(), flush=True)
+    return figures
+
+
 def stop(process: subprocess.Popen) -> None:
     """Stop a started server and its workers; kill what still runs after 15 s (open sockets
     can keep uvicorn's graceful shutdown waiting)."""
@@ -352,9 +393,9 @@ def profile_participants(
     out: Path,
     header: dict,
 ) -> dict:
-    """Sample every server process with py-spy (on-CPU stacks only, 250 a second) while n
-    participants go through the whole flow as in `participant_cpu`; the stacks are written
-    (py-spy's collapsed format) to out.txt and summed up in out.md."""
+    """Sample every server process with py-spy (the thread holding the GIL, 250 a second)
+    while n participants go through the whole flow as in `participant_cpu`; the stacks (py-spy's
+    collapsed format) stay in a temporary file, summed up in out.md."""
     import signal
     import tempfile
 
@@ -382,7 +423,6 @@ def profile_participants(
         raise SystemExit(f"py-spy wrote no profile: {said.strip()[-500:]}")
     stacks = read_stacks(raw.read_text())
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".txt").write_text(raw.read_text())
     summary = {
         **header,
         "participants": n,
@@ -393,6 +433,7 @@ def profile_participants(
         "server_cpu_s": round(used, 2),
         "ms_per_participant_profiled": round(1000 * used / n, 1),
         "samples": sum(stacks.values()),
+        "stacks": str(raw),  # a few MB: for speedscope or flamegraph.pl, not for the repository
     }
     out.with_suffix(".md").write_text(profile_markdown(stacks, summary))
     return summary
@@ -483,7 +524,10 @@ def profile_markdown(stacks: Counter, summary: dict, top: int = 40) -> str:
         f"server used {s['server_cpu_s']} CPU-s under the profiler "
         f"({s['ms_per_participant_profiled']} ms a participant; the profiler slows it, so "
         "this is no measure of the unprofiled cost). *Cumulative*: samples with the function "
-        "(or module) anywhere on the stack; *own*: samples where it was running itself.",
+        "(or module) anywhere on the stack; *own*: samples where it was running itself. On a "
+        "busy machine a thread the kernel sets aside while it holds the GIL is sampled where it "
+        "stopped for as long as it waits: one line with dozens of samples (e.g. "
+        "`Query.__init__`, `get_language`) is such a pause, not a cost.",
         "",
         "| % of samples | doing |",
         "|---:|---|",
@@ -686,9 +730,16 @@ def main():
         help="only the CPU figures: the SQL count, chat turns alone, a whole participant",
     )
     parser.add_argument(
+        "--against",
+        metavar="CHECKOUT",
+        help="only the CPU per turn and per participant, this code's and CHECKOUT's (e.g. an "
+        "exported main) side by side, in alternating rounds",
+    )
+    parser.add_argument("--rounds", type=int, default=6, help="rounds of --against")
+    parser.add_argument(
         "--profile",
         action="store_true",
-        help="only profile the server (py-spy) through whole participants: OUT_profile.md/.txt",
+        help="only profile the server (py-spy) through whole participants: OUT_profile.md",
     )
     parser.add_argument("--serve-engine", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -718,6 +769,22 @@ def main():
     url, engine_url = f"http://127.0.0.1:{web_port}", env["PARLEY_ENGINE_URL"]
     runs, queries, turns_alone, whole = [], {}, {}, {}
     try:
+        if args.against:
+            port = free_port()
+            other = start_other(args, env, port)
+            processes.append(other)
+            theirs = os.environ.get("BENCH_AGAINST_COMMIT") or args.against
+            servers = {
+                f"this ({commit()})": (processes[1], url),
+                f"against ({theirs})": (other, f"http://127.0.0.1:{port}"),
+            }
+            figures = side_by_side(args, servers, engine_url, args.rounds)
+            out = Path(args.out)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            result = {"when": now(), "load": load(), "against": args.against, "figures": figures}
+            out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+            print(json.dumps(result), flush=True)
+            return
         if args.profile:  # alone: the profiler slows the server, and any figure beside it
             out = Path(args.out)
             profile = out.with_name(out.name + "_profile")
