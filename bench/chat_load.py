@@ -2,6 +2,9 @@
 
     python bench/chat_load.py [--quick] [--sizes 1,50,100] [--workers 4] [--turns 3]
                               [--think 5,15] [--out docs/results/chat_load]
+    python bench/chat_load.py --cpu-only             # the CPU figures alone
+    python bench/chat_load.py --against CHECKOUT     # CPU: this code and CHECKOUT's, side by side
+    python bench/chat_load.py --profile              # py-spy: OUT_profile.md
 
 The production layout on this machine: uvicorn workers (DJANGO_DEBUG=0) on PostgreSQL and Redis,
 and a fake OpenAI-compatible engine streaming at a fixed rate (fixed time to first token and
@@ -9,8 +12,11 @@ token rate), so any time above the engine's own is the platform's. Bot participa
 (studies/rehearsal/bots.py) go through the whole flow over HTTP and WebSocket, as a burst (all at once,
 no pause) and with think time (a pause before every message). Reported per run: added time to
 first token (p50, p95, p99), whole reply time, server CPU (all worker processes) per chat turn
-and per participant session, database transactions per turn, and errors. Results go to
-OUT.json and OUT.md, which docs/capacity.md quotes.
+and per participant session, database transactions per turn, and errors. Besides the runs:
+server CPU per chat turn alone, and per participant from arrival to completion code (every
+page a browser loads, 3 turns). Results go to OUT.json and OUT.md, which docs/capacity.md
+quotes. CPU time is inflated by other work on the machine, and by how much drifts: compare
+code with --against, which measures two servers in alternating rounds in one sitting.
 
 Needs PostgreSQL (database BENCH_DB, default h_load, created if missing) and Redis
 (BENCH_REDIS, default redis://127.0.0.1:6379/15). The bench client shares the machine's cores
