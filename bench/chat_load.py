@@ -2,6 +2,9 @@
 
     python bench/chat_load.py [--quick] [--sizes 1,50,100] [--workers 4] [--turns 3]
                               [--think 5,15] [--out docs/results/chat_load]
+    python bench/chat_load.py --cpu-only             # the CPU figures alone
+    python bench/chat_load.py --against CHECKOUT     # CPU: this code and CHECKOUT's, side by side
+    python bench/chat_load.py --profile              # py-spy: OUT_profile.md
 
 The production layout on this machine: uvicorn workers (DJANGO_DEBUG=0) on PostgreSQL and Redis,
 and a fake OpenAI-compatible engine streaming at a fixed rate (fixed time to first token and
@@ -9,8 +12,11 @@ token rate), so any time above the engine's own is the platform's. Bot participa
 (studies/rehearsal/bots.py) go through the whole flow over HTTP and WebSocket, as a burst (all at once,
 no pause) and with think time (a pause before every message). Reported per run: added time to
 first token (p50, p95, p99), whole reply time, server CPU (all worker processes) per chat turn
-and per participant session, database transactions per turn, and errors. Results go to
-OUT.json and OUT.md, which docs/capacity.md quotes.
+and per participant session, database transactions per turn, and errors. Besides the runs:
+server CPU per chat turn alone, and per participant from arrival to completion code (every
+page a browser loads, 3 turns). Results go to OUT.json and OUT.md, which docs/capacity.md
+quotes. CPU time is inflated by other work on the machine, and by how much drifts: compare
+code with --against, which measures two servers in alternating rounds in one sitting.
 
 Needs PostgreSQL (database BENCH_DB, default h_load, created if missing) and Redis
 (BENCH_REDIS, default redis://127.0.0.1:6379/15). The bench client shares the machine's cores
@@ -21,6 +27,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -118,6 +125,47 @@ def start(args, env: dict, engine_port: int, web_port: int) -> list[subprocess.P
     wait_for(f"http://127.0.0.1:{web_port}/healthz", web, "the web server")
     time.sleep(2)  # every worker up, not only the first
     return [engine, web]
+
+
+def start_other(args, env: dict, web_port: int) -> subprocess.Popen:
+    """The web server of another checkout (--against), on the same database, Redis and engine:
+    its code, its bench/load_settings.py, this bench."""
+    other = Path(args.against).resolve()
+    path = [str(other / "bench"), str(other), str(other / "platform"), env.get("PYTHONPATH", "")]
+    web = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "uvicorn", "parley.asgi:application"),
+            *("--host", "127.0.0.1", "--port", str(web_port), "--workers", str(args.workers)),
+            *("--log-level", "warning", "--no-access-log", "--ws-per-message-deflate", "false"),
+        ],
+        cwd=other,
+        env={**env, "PYTHONPATH": os.pathsep.join(path), "WEB_CONCURRENCY": str(args.workers)},
+    )
+    wait_for(f"http://127.0.0.1:{web_port}/healthz", web, "the other web server")
+    time.sleep(2)
+    return web
+
+
+def side_by_side(args, servers: dict, engine_url: str, rounds: int) -> dict:
+    """CPU per chat turn and per whole participant of two servers measured in turns: a warm-up
+    each, then `rounds` rounds, each server's measurement next to the other's (which goes first
+    alternates), so that the machine's other work weighs on both alike."""
+    idle = {name: idle_cpu(web, 5) for name, (web, _) in servers.items()}
+    for web, url in servers.values():
+        turn_cpu(web, url, engine_url, 20, 5, 0.0)
+        participant_cpu(web, url, engine_url, 20, 5, args.turns, 0.0)
+    figures = {name: {"turn_ms": [], "participant_ms": [], "load": []} for name in servers}
+    names = list(servers)
+    for round_ in range(rounds):
+        for name in names if round_ % 2 == 0 else names[::-1]:
+            web, url = servers[name]
+            turn = turn_cpu(web, url, engine_url, 20, 5, idle[name])["net"]
+            whole = participant_cpu(web, url, engine_url, 20, 5, args.turns, idle[name])["net"]
+            figures[name]["turn_ms"].append(turn)
+            figures[name]["participant_ms"].append(whole)
+            figures[name]["load"].append(load())
+            print(f"{name}: {turn} ms a turn, {whole} ms a participant", uptime(), flush=True)
+    return figures
 
 
 def stop(process: subprocess.Popen) -> None:
@@ -298,6 +346,207 @@ def idle_cpu(web: subprocess.Popen, seconds: float = 10) -> float:
     return (cpu_seconds(web) - before) / seconds
 
 
+# --- CPU of a whole participant ----------------------------------------------------------------
+
+
+def participant_cpu(
+    web: subprocess.Popen, url: str, engine_url: str, n: int, at_once: int, turns: int, idle: float
+) -> dict:
+    """Server CPU per participant, arrival to completion code: n bots, `at_once` at a time and
+    no think time, each going through every page a browser loads (the Prolific link, consent,
+    the chat page, `turns` chat turns over the WebSocket and its end, the questionnaire, the
+    debrief page, the completion redirect). Gross is all the server's CPU over the run; net
+    leaves out its idle CPU over the same time."""
+    from studies.rehearsal.bots import Plan, drive
+
+    study = load_study(f"whole-{secrets.token_hex(3)}", engine_url, turns)
+    before, started = cpu_seconds(web), time.monotonic()
+    report = asyncio.run(drive(Plan.of(study), n, at_once, url, seed=n))
+    used, elapsed = cpu_seconds(web) - before, time.monotonic() - started
+    if report.failed:
+        raise SystemExit(
+            f"{report.failed} of {n} participants failed: {report.to_dict()['errors']}"
+        )
+    return {
+        "gross": round(1000 * used / n, 1),
+        "net": round(1000 * (used - idle * elapsed) / n, 1),
+    }
+
+
+# --- where the server's CPU goes: py-spy over the workers ---------------------------------------
+
+
+def py_spy() -> str:
+    """The py-spy executable: PY_SPY, else beside this Python, else on PATH."""
+    import shutil
+
+    found = os.environ.get("PY_SPY") or shutil.which(
+        "py-spy", path=str(Path(sys.executable).parent)
+    )
+    found = found or shutil.which("py-spy")
+    if not found:
+        raise SystemExit("--profile needs py-spy (pip install py-spy), or PY_SPY=its path")
+    return found
+
+
+def profile_participants(
+    web: subprocess.Popen,
+    url: str,
+    engine_url: str,
+    n: int,
+    at_once: int,
+    turns: int,
+    out: Path,
+    header: dict,
+) -> dict:
+    """Sample every server process with py-spy (the thread holding the GIL, 250 a second)
+    while n participants go through the whole flow as in `participant_cpu`; the stacks (py-spy's
+    collapsed format) stay in a temporary file, summed up in out.md."""
+    import signal
+    import tempfile
+
+    from studies.rehearsal.bots import Plan, drive
+
+    study = load_study(f"profile-{secrets.token_hex(3)}", engine_url, turns)
+    raw = Path(tempfile.mkdtemp(prefix="chat_load_profile-")) / "stacks.txt"
+    rate = 250
+    # --gil: only the thread running Python code is sampled; threads waiting (on the database,
+    # a queue, the event loop's select) hold no GIL, and py-spy's own idle test misses them.
+    spy = subprocess.Popen(
+        [py_spy(), "record", "--pid", str(web.pid), "--subprocesses", "--gil"]
+        + ["--rate", str(rate), "--format", "raw", "--output", str(raw)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    time.sleep(3)  # attached to every worker
+    before = cpu_seconds(web)
+    report = asyncio.run(drive(Plan.of(study), n, at_once, url, seed=n))
+    used = cpu_seconds(web) - before
+    spy.send_signal(signal.SIGINT)
+    said, _ = spy.communicate(timeout=60)
+    if not raw.exists():
+        raise SystemExit(f"py-spy wrote no profile: {said.strip()[-500:]}")
+    stacks = read_stacks(raw.read_text())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    summary = {
+        **header,
+        "participants": n,
+        "at_once": at_once,
+        "turns": turns,
+        "failed": report.failed,
+        "rate": rate,
+        "server_cpu_s": round(used, 2),
+        "ms_per_participant_profiled": round(1000 * used / n, 1),
+        "samples": sum(stacks.values()),
+        "stacks": str(raw),  # a few MB: for speedscope or flamegraph.pl, not for the repository
+    }
+    out.with_suffix(".md").write_text(profile_markdown(stacks, summary))
+    return summary
+
+
+PROCESSES = re.compile(r'^(process \d+:"[^"]*";)+')
+
+
+def read_stacks(text: str) -> Counter:
+    """py-spy's collapsed stacks: "frame;frame;... count" per line, outermost frame first,
+    each frame "function (file:line)"; the lines are dropped, so that each function counts once."""
+    stacks: Counter = Counter()
+    for line in text.splitlines():
+        stack, _, count = line.rpartition(" ")
+        stack = PROCESSES.sub("", stack)  # --subprocesses' root frames name the processes
+        if not stack or not count.isdigit():
+            continue
+        frames = tuple(re.sub(r":\d+\)$", ")", frame) for frame in stack.split(";"))
+        stacks[frames] += int(count)
+    return stacks
+
+
+# Where a frame's file lies decides its module: the site-packages path's first two folders
+# (django/template, psycopg/...), or the project's own path.
+LIBRARY = re.compile(r"/site-packages/|/lib/python3\.\d+/")
+
+
+def module_of(frame: str) -> str:
+    _, _, where = frame.rpartition(" (")
+    path = where.rstrip(")")
+    found = list(LIBRARY.finditer(path))
+    if found:  # the innermost: a venv's site-packages lies under its lib/python3.x
+        parts = path[found[-1].end() :].split("/")
+    else:
+        parts = Path(path).parts
+        for root in ("studies", "agents", "parley", "training"):
+            if root in parts:
+                parts = parts[parts.index(root) :]
+                break
+        else:
+            parts = parts[-2:]
+    parts = [*parts[:-1], parts[-1].removesuffix(".py")]
+    return ".".join(parts[:2])
+
+
+def kind_of(stack: tuple[str, ...]) -> str:
+    """What a sample was doing: an HTTP page (Django's handler), a chat socket (the consumer,
+    Channels, the channel layer), or the server around them (uvicorn, the event loop)."""
+    text = ";".join(stack)
+    if "django/core/handlers" in text:
+        return "HTTP pages (Django's handler, the view, its database work)"
+    if "studies/chat/" in text or "channels/" in text or "channels_redis/" in text:
+        return "chat socket (consumer, channel layer, its database work)"
+    if "studies/" in text or "django/" in text:
+        return "other Django work (thread pool)"
+    return "server around them (uvicorn's protocols, the event loop, other)"
+
+
+def profile_markdown(stacks: Counter, summary: dict, top: int = 40) -> str:
+    total = max(sum(stacks.values()), 1)
+    own_fn, cum_fn, own_mod, cum_mod, kinds = Counter(), Counter(), Counter(), Counter(), Counter()
+    for stack, count in stacks.items():
+        own_fn[stack[-1]] += count
+        own_mod[module_of(stack[-1])] += count
+        for frame in set(stack):
+            cum_fn[frame] += count
+        for module in {module_of(frame) for frame in stack}:
+            cum_mod[module] += count
+        kinds[kind_of(stack)] += count
+
+    def share(count):
+        return f"{100 * count / total:.1f}%"
+
+    def table(title, counts, n, what="function"):
+        rows = [f"### {title}", "", f"| % of samples | {what} |", "|---:|---|"]
+        rows += [f"| {share(c)} | `{name}` |" for name, c in counts.most_common(n)]
+        return rows + [""]
+
+    s = summary
+    lines = [
+        "# Where the server's CPU goes: one participant, arrival to completion code",
+        "",
+        f"`python bench/chat_load.py --profile`, {s['when']} (load average {s['load']}), "
+        f"commit {s['commit']}: py-spy sampled every server process ({s['rate']} samples a "
+        "second, the thread holding the GIL only: Python running, not waiting) while "
+        f"{s['participants']} bot participants, {s['at_once']} at a time with no think time, went "
+        f"through the whole flow ({s['turns']} chat turns each); {s['samples']} samples; the "
+        f"server used {s['server_cpu_s']} CPU-s under the profiler "
+        f"({s['ms_per_participant_profiled']} ms a participant; the profiler slows it, so "
+        "this is no measure of the unprofiled cost). *Cumulative*: samples with the function "
+        "(or module) anywhere on the stack; *own*: samples where it was running itself. On a "
+        "busy machine a thread the kernel sets aside while it holds the GIL is sampled where it "
+        "stopped for as long as it waits: one line with dozens of samples (e.g. "
+        "`Query.__init__`, `get_language`) is such a pause, not a cost.",
+        "",
+        "| % of samples | doing |",
+        "|---:|---|",
+        *(f"| {share(c)} | {k} |" for k, c in kinds.most_common()),
+        "",
+        *table("Cumulative, by module", cum_mod, 30, "module"),
+        *table("Own, by module", own_mod, 25, "module"),
+        *table("Cumulative, by function", cum_fn, top),
+        *table("Own, by function", own_fn, 25),
+    ]
+    return "\n".join(lines) + "\n"
+
+
 # --- SQL statements of one chat turn -----------------------------------------------------------
 
 
@@ -367,12 +616,40 @@ def queries_per_turn(engine_url: str) -> dict[str, int]:
 # --- the report --------------------------------------------------------------------------------
 
 
+def now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+
+
+def load() -> str:
+    """The machine's load averages (1, 5, 15 min): other work on its cores inflates CPU time."""
+    return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def uptime() -> str:
+    return f"[{now()}, load {load()}]"
+
+
+def commit() -> str:
+    """The code measured: its commit, and "+changes" when the work tree differs from it;
+    BENCH_COMMIT names it for a tree that is no git checkout (an exported commit)."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
+    git = ["git", "-C", str(REPO)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    if head.returncode:
+        return "unknown"
+    dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()  # fmt: skip
+    return head.stdout.strip() + (" +changes" if dirty else "")
+
+
 def markdown(results: dict) -> str:
     setup = results["setup"]
     lines = [
         "# Chat capacity (bench/chat_load.py)",
         "",
-        f"Measured {results['when']} on {setup['cores']} cores: {setup['workers']} uvicorn "
+        f"Measured {results['when']} (load average {results.get('load', '?')}, commit "
+        f"{results.get('commit', '?')}) on {setup['cores']} cores: {setup['workers']} uvicorn "
         "workers (DJANGO_DEBUG=0) on PostgreSQL and Redis; a fake engine with a time to first "
         f"token of {setup['engine_ttft_s'] * 1000:.0f} ms and {setup['engine_rate']:g} tokens/s "
         f"({setup['engine_tokens']} tokens a reply); {setup['turns']} chat turns per participant; "
@@ -405,6 +682,18 @@ def markdown(results: dict) -> str:
             f"**{alone['cpu_ms_per_turn']} ms of server CPU per turn** "
             f"(best round, net of the idle server's {alone['idle_cpu_s_per_s']} CPU-s/s; rounds "
             + ", ".join(f"{r['net']}" for r in alone["rounds"])
+            + " ms).",
+        ]
+    whole = results.get("whole_participant") or {}
+    if whole:
+        lines += [
+            "",
+            f"**Server CPU per participant (arrival to completion code): "
+            f"{whole['cpu_ms_per_participant']} ms** ({whole['participants']} bot participants, "
+            f"{whole['at_once']} at a time with no think time, each loading every page a "
+            f"browser loads and {whole['turns']} chat turns; best of three rounds after a "
+            "warm-up round, net of the idle server's CPU; rounds "
+            + ", ".join(f"{r['net']}" for r in whole["rounds"])
             + " ms).",
         ]
     queries = results.get("queries") or {}
@@ -441,6 +730,23 @@ def main():
     parser.add_argument(
         "--turns-only", action="store_true", help="only the SQL count and the CPU of chat turns"
     )
+    parser.add_argument(
+        "--cpu-only",
+        action="store_true",
+        help="only the CPU figures: the SQL count, chat turns alone, a whole participant",
+    )
+    parser.add_argument(
+        "--against",
+        metavar="CHECKOUT",
+        help="only the CPU per turn and per participant, this code's and CHECKOUT's (e.g. an "
+        "exported main) side by side, in alternating rounds",
+    )
+    parser.add_argument("--rounds", type=int, default=6, help="rounds of --against")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="only profile the server (py-spy) through whole participants: OUT_profile.md",
+    )
     parser.add_argument("--serve-engine", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_engine:
@@ -467,8 +773,34 @@ def main():
     django.setup()
     processes = start(args, env, engine_port, web_port)
     url, engine_url = f"http://127.0.0.1:{web_port}", env["PARLEY_ENGINE_URL"]
-    runs, queries, turns_alone = [], {}, {}
+    runs, queries, turns_alone, whole = [], {}, {}, {}
     try:
+        if args.against:
+            port = free_port()
+            other = start_other(args, env, port)
+            processes.append(other)
+            theirs = os.environ.get("BENCH_AGAINST_COMMIT") or args.against
+            servers = {
+                f"this ({commit()})": (processes[1], url),
+                f"against ({theirs})": (other, f"http://127.0.0.1:{port}"),
+            }
+            figures = side_by_side(args, servers, engine_url, args.rounds)
+            out = Path(args.out)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            result = {"when": now(), "load": load(), "against": args.against, "figures": figures}
+            out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+            print(json.dumps(result), flush=True)
+            return
+        if args.profile:  # alone: the profiler slows the server, and any figure beside it
+            out = Path(args.out)
+            profile = out.with_name(out.name + "_profile")
+            header = {"when": now(), "load": load(), "commit": commit()}
+            participant_cpu(processes[1], url, engine_url, 20, 5, args.turns, 0.0)  # warm-up
+            summary = profile_participants(
+                processes[1], url, engine_url, 40, 5, args.turns, profile, header
+            )
+            print("Profile:", json.dumps(summary), uptime(), f"-> {profile}.md", flush=True)
+            return
         queries = queries_per_turn(engine_url)
         print("SQL statements:", json.dumps(queries), flush=True)
         idle = idle_cpu(processes[1])
@@ -484,19 +816,36 @@ def main():
             "rounds": rounds,
             "cpu_ms_per_turn": min(r["net"] for r in rounds),
         }
-        print("Chat turns alone:", json.dumps(turns_alone), flush=True)
+        print("Chat turns alone:", json.dumps(turns_alone), uptime(), flush=True)
         if args.turns_only:
             return
-        for mode in args.modes.split(","):
-            for n in (int(x) for x in args.sizes.split(",")):
-                run = one_run(args, processes[1], url, engine_url, n, mode)
-                runs.append(run)
-                print(json.dumps(run), flush=True)
+        # The same: a warm-up round, then three.
+        participant_cpu(processes[1], url, engine_url, 20, 5, args.turns, idle)
+        rounds = [
+            participant_cpu(processes[1], url, engine_url, 20, 5, args.turns, idle)
+            for _ in range(3)
+        ]
+        whole = {
+            "participants": 20,
+            "at_once": 5,
+            "turns": args.turns,
+            "rounds": rounds,
+            "cpu_ms_per_participant": min(r["net"] for r in rounds),
+        }
+        print("Whole participants:", json.dumps(whole), uptime(), flush=True)
+        if not args.cpu_only:
+            for mode in args.modes.split(","):
+                for n in (int(x) for x in args.sizes.split(",")):
+                    run = one_run(args, processes[1], url, engine_url, n, mode)
+                    runs.append(run)
+                    print(json.dumps(run), uptime(), flush=True)
     finally:
         for process in processes:
             stop(process)
     results = {
-        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "when": now(),
+        "load": load(),
+        "commit": commit(),
         "setup": {
             "cores": os.cpu_count(),
             "workers": args.workers,
@@ -507,6 +856,7 @@ def main():
         },
         "queries": queries,
         "turns_alone": turns_alone,
+        "whole_participant": whole,
         "runs": runs,
     }
     out = Path(args.out)

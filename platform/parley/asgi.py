@@ -2,10 +2,11 @@
 
 import os
 
-from django.core.asgi import get_asgi_application
-
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "parley.settings")
-django_asgi_app = get_asgi_application()
+
+from parley import http  # noqa: E402 - after the settings module is named
+
+django_asgi_app = http.application()  # Django's ASGI app, its middleware in one thread hop
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 

@@ -20,11 +20,13 @@ import json
 import logging
 import re
 import traceback
+import uuid
 from dataclasses import dataclass
 
 from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
+from django.db.models import prefetch_related_objects
 from django.urls import reverse
 
 from agents.llm import LLMError
@@ -32,6 +34,7 @@ from studies.chat import agent_turn
 from studies.lib import domain_bridge
 from studies.lib.db_threads import db
 from studies.lib.flow_errors import FlowError
+from studies.lib.prepared_queries import Prepared
 from studies.models import Conversation, Message, Participant
 from studies.participation import flow, problems, ratelimit
 from studies.participation.middleware import OUTAGE
@@ -306,14 +309,27 @@ class Opening:
     pending: Message | None  # the participant's last message, when it has no reply yet
 
 
+# Compiled once (studies/lib/prepared_queries.py): each chat opens with it.
+PARTICIPANT = Prepared(
+    lambda token: Participant.objects.select_related("study", "arm__endpoint", "scenario").filter(
+        token=token
+    ),
+    1,
+    kinds=(uuid.UUID,),
+)
+
+
 def load_participant(token) -> Participant | None:
     # The arm's endpoint and its replicas come along: every turn picks a replica from them.
-    return (
-        Participant.objects.select_related("study", "arm__endpoint", "scenario")
-        .prefetch_related("arm__endpoint__replicas")
-        .filter(token=token)
-        .first()
-    )
+    try:
+        key = uuid.UUID(str(token))
+    except ValueError:
+        return None
+    found = PARTICIPANT.objects(key)
+    if not found:
+        return None
+    prefetch_related_objects(found, "arm__endpoint__replicas")
+    return found[0]
 
 
 def open_chat(token) -> tuple[Participant | None, Opening | None]:

@@ -8,50 +8,110 @@ its result converters and swaps the values in. Results are exactly the queryset'
 """
 
 import threading
+import uuid
 from collections.abc import Callable
 
 from django.db import connections
 from django.db.models import Model, QuerySet
+from django.db.models.query import ModelIterable, get_related_populators
 
 # Stand-ins for the values while Django compiles, found again among the compiled parameters:
 # integers no query writes as a constant, inside every integer column's range (Django folds a
-# comparison with an out-of-range value away).
+# comparison with an out-of-range value away); for a UUID column, UUIDs made of them.
 _MARKER = 2_147_400_001
 
 
-class Prepared:
-    """`build(*values)` must return a `values_list` queryset whose parameters include each
-    value as given (ids and other integers); `rows(*values)` runs it with those values."""
+def marker(kind: type, i: int):
+    if kind is uuid.UUID:
+        return uuid.UUID(int=_MARKER + i)
+    if kind is str:
+        return f"\x00prepared-{_MARKER + i}"  # no stored text holds a NUL (PostgreSQL refuses it)
+    return _MARKER + i
 
-    def __init__(self, build: Callable[..., QuerySet], arity: int):
+
+class Prepared:
+    """`build(*values)` must return a queryset whose parameters include each value as given
+    (ids and other integers, UUIDs or exact text: `kinds` names each value's type, int by
+    default).
+    `rows(*values)` runs a `values_list` queryset with those values; `objects(*values)` a
+    queryset of model instances (select_related included; not prefetch_related)."""
+
+    def __init__(self, build: Callable[..., QuerySet], arity: int, kinds: tuple[type, ...] = ()):
         self.build, self.arity = build, arity
+        self.kinds = kinds or (int,) * arity
+        if len(self.kinds) != arity:
+            raise TypeError(f"{arity} values but {len(self.kinds)} kinds")
         self._compiled: dict[str, tuple] = {}  # by database alias
         self._lock = threading.Lock()
 
     def _compile(self, alias: str) -> tuple:
-        markers = [_MARKER + i for i in range(self.arity)]
+        markers = [marker(kind, i) for i, kind in enumerate(self.kinds)]
         queryset = self.build(*markers)
         compiler = queryset.query.get_compiler(using=alias)
         sql, params = compiler.as_sql()
-        slots = [markers.index(p) if isinstance(p, int) and p in markers else None for p in params]
+
+        def slot(param):  # a value's place (an int may come wrapped: psycopg's Int4)
+            found = [
+                i
+                for i, m in enumerate(markers)
+                if isinstance(param, type(m)) and not isinstance(param, bool) and param == m
+            ]
+            return found[0] if found else None
+
+        slots = [slot(p) for p in params]
         missing = set(range(self.arity)) - set(slots)
         if missing:
             raise ValueError(f"Values {sorted(missing)} do not appear in the query's parameters")
-        return compiler, sql, tuple(params), tuple(slots)
+        build = None
+        if queryset._iterable_class is ModelIterable:  # how Django's ModelIterable makes them
+            if queryset._prefetch_related_lookups:
+                raise ValueError("prefetch_related is not prepared: prefetch after `objects`")
+            start, end = (
+                compiler.klass_info["select_fields"][0],
+                compiler.klass_info["select_fields"][-1] + 1,
+            )
+            names = [column[0].target.attname for column in compiler.select[start:end]]
+            build = (
+                compiler.klass_info["model"],
+                start,
+                end,
+                names,
+                get_related_populators(compiler.klass_info, compiler.select, alias),
+                dict(compiler.annotation_col_map or {}),
+            )
+        return compiler, sql, tuple(params), tuple(slots), build
 
-    def rows(self, *values, using: str = "default") -> list[tuple]:
+    def _fetch(self, values, using: str) -> tuple[tuple, list]:
         if len(values) != self.arity:
             raise TypeError(f"expected {self.arity} values, got {len(values)}")
         compiled = self._compiled.get(using)
         if compiled is None:  # compiled inside the caller's transaction (FOR UPDATE needs one)
             with self._lock:
                 compiled = self._compiled.setdefault(using, self._compile(using))
-        compiler, sql, params, slots = compiled
+        compiler, sql, params, slots, _ = compiled
         params = [p if s is None else values[s] for p, s in zip(params, slots, strict=True)]
         with connections[using].cursor() as cursor:
             cursor.execute(sql, params)
             fetched = cursor.fetchall()
-        return list(compiler.results_iter(results=[fetched], tuple_expected=True))
+        return compiled, list(compiler.results_iter(results=[fetched], tuple_expected=True))
+
+    def rows(self, *values, using: str = "default") -> list[tuple]:
+        return self._fetch(values, using)[1]
+
+    def objects(self, *values, using: str = "default") -> list[Model]:
+        (_, _, _, _, build), rows = self._fetch(values, using)
+        if build is None:
+            raise TypeError("objects() needs a queryset of model instances, not values")
+        model, start, end, names, populators, annotations = build
+        made = []
+        for row in rows:
+            instance = model.from_db(using, names, row[start:end])
+            for populator in populators:
+                populator.populate(row, instance)
+            for name, position in annotations.items():
+                setattr(instance, name, row[position])
+            made.append(instance)
+        return made
 
 
 def fields_of(model: type[Model]) -> list[str]:

@@ -72,15 +72,50 @@ def check_prolific_params(params) -> dict[str, str]:
 
 
 SLUG = re.compile(r"[-a-zA-Z0-9_]+")  # what a Study.slug can be; any other text names none
+STUDY = Prepared(lambda slug: Study.objects.filter(slug=slug), 1, kinds=(str,))  # slug: unique
 
 
 def open_study(slug: str) -> Study:
     """The study of a participant link; the URLs take any text, so that a malformed link gets
     the same friendly page as an unknown one (and never reaches the database)."""
-    study = Study.objects.filter(slug=slug).first() if SLUG.fullmatch(slug) else None
+    found = STUDY.objects(slug) if SLUG.fullmatch(slug) else []
+    study = found[0] if found else None
     if study is None:
         raise NotFound("Study not found", "There is no study at this address.")
     return study
+
+
+# Every participant page reads its participant by token, with what the page shows of the study:
+# compiled once (studies/lib/prepared_queries.py), as compiling it cost more than running it.
+# The token is unique: no order needed. study__annotation tells an annotation study without
+# another read (is_annotation).
+PARTICIPANT = Prepared(
+    lambda token: Participant.objects.select_related(
+        "study", "study__annotation", "arm", "scenario"
+    ).filter(token=token),
+    1,
+    kinds=(uuid.UUID,),
+)
+
+
+# A step's read of its participant under the row lock (of its own row only), with the same
+# relations, so that the step reads no study, arm or scenario again.
+LOCKED_PARTICIPANT = Prepared(
+    lambda pk: (
+        Participant.objects.select_for_update(of=("self",))
+        .select_related("study", "study__annotation", "arm", "scenario")
+        .filter(pk=pk)
+    ),
+    1,
+)
+
+
+def lock_participant(pk: int) -> Participant:
+    """The participant, locked until the caller's transaction ends; DoesNotExist as `get`."""
+    found = LOCKED_PARTICIPANT.objects(pk)
+    if not found:
+        raise Participant.DoesNotExist("Participant matching query does not exist.")
+    return found[0]
 
 
 def find_participant(token: str) -> Participant:
@@ -89,11 +124,8 @@ def find_participant(token: str) -> Participant:
         key = uuid.UUID(str(token))
     except ValueError:
         key = None
-    participant = (
-        Participant.objects.select_related("study", "arm", "scenario").filter(token=key).first()
-        if key is not None
-        else None
-    )
+    found = PARTICIPANT.objects(key) if key is not None else []
+    participant = found[0] if found else None
     if participant is None:
         raise NotFound(
             "Link not found",
@@ -208,7 +240,8 @@ def place_in_least_filled(study: Study, is_bot: bool, last: bool) -> tuple[Arm, 
     every arm is full it takes no place (StudyFull). Bots rehearse beside people, uncapped.
     """
     arm = least_filled_arm(study, is_bot)
-    list(Arm.objects.select_for_update().filter(pk=arm.pk).values_list("pk"))
+    # Unordered: Arm's default order joins the study, and FOR UPDATE would lock its row too.
+    list(Arm.objects.select_for_update().filter(pk=arm.pk).order_by().values_list("pk"))
     filled = {a.pk: a.filled for a in arms_with_fill(study, is_bot)}
     mine = filled.get(arm.pk, arm.filled)
     if not is_bot and mine >= study.target_per_arm:
@@ -314,7 +347,7 @@ def give_consent(participant: Participant, accepted: bool) -> Participant:
 
 @transaction.atomic
 def _give_consent(participant: Participant, accepted: bool) -> Participant:
-    participant = Participant.objects.select_for_update().get(pk=participant.pk)
+    participant = lock_participant(participant.pk)
     if participant.status != Participant.Status.CONSENT:
         return participant  # a double submit changes nothing
     if accepted and is_annotation(participant.study):
@@ -560,7 +593,7 @@ def chat_status(participant: Participant, sent: int | None = None) -> dict:
 
 @transaction.atomic
 def end_chat(participant: Participant, reason: str = "participant") -> Participant:
-    participant = Participant.objects.select_for_update().get(pk=participant.pk)
+    participant = lock_participant(participant.pk)
     if participant.status != Participant.Status.CHAT:
         return participant
     conversation = participant.conversation
@@ -639,7 +672,7 @@ def validate_answers(
 @transaction.atomic
 def submit_questionnaire(participant: Participant, data) -> dict[str, str]:
     """Store the answers and complete the participant; returns errors (nothing stored) if any."""
-    participant = Participant.objects.select_for_update().get(pk=participant.pk)
+    participant = lock_participant(participant.pk)
     if participant.status != Participant.Status.QUESTIONNAIRE:
         return {}
     items = list(participant.study.questionnaire_items())
@@ -648,11 +681,18 @@ def submit_questionnaire(participant: Participant, data) -> dict[str, str]:
     if errors:
         return errors
     by_id = {item.id: item for item in items}
+    # As update_or_create per item, in one read and one insert: under the participant's lock
+    # no other request writes these rows meanwhile.
+    stored = {r.item_id: r for r in Response.objects.filter(participant=participant)}
+    added = []
     for item_id, value in values.items():
         field = "value_text" if isinstance(value, str) else "value_number"
-        Response.objects.update_or_create(
-            participant=participant, item_id=item_id, defaults={field: value}
-        )
+        if item_id in stored:
+            setattr(stored[item_id], field, value)
+            stored[item_id].save(update_fields=[field])
+        else:
+            added.append(Response(participant=participant, item_id=item_id, **{field: value}))
+    Response.objects.bulk_create(added)
     checks = [item for item in items if item.kind == Item.Kind.ATTENTION]
     if checks:
         participant.attention_passed = all(

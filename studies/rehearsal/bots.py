@@ -2,7 +2,7 @@
 
 A bot arrives by the Prolific link, consents, chats (canned messages, or the study Domain's
 user simulator), answers the questionnaire with valid values and follows the completion
-redirect, as a person's browser would. Its PROLIFIC_PID carries an HMAC under the study's bot key,
+redirect, loading every page it is sent to, as a person's browser would. Its PROLIFIC_PID carries an HMAC under the study's bot key,
 which only the site can make, so the server marks it a bot on arrival and a real participant
 cannot. The key lives in the database, not in settings: the command line, a Celery worker and
 every web worker read the same one, whatever DJANGO_SECRET_KEY each process was given.
@@ -221,6 +221,7 @@ async def one_bot(plan: Plan, url: str, player, rng: random.Random, think=(0.0, 
             if plan.rating:
                 await rate(plan, http, page, rng)
             else:
+                await shown(http, page)  # the chat page, which then opens the socket
                 await chat(plan, url, run, player, rng, think)
                 form = await http.get(page)
                 answers = {a.key: a.value(rng) for a in plan.answers}
@@ -228,6 +229,7 @@ async def one_bot(plan: Plan, url: str, player, rng: random.Random, think=(0.0, 
                 submitted = await http.post(f"{page}questionnaire/", data=answers)
                 if submitted.status_code != 302:
                     raise BotFailed(f"questionnaire answered {submitted.status_code}")
+            await shown(http, page)  # the debrief page, whose button leads to done/
             done = await http.get(f"{page}done/")
             location = done.headers.get("location", "")
             run.code = parse_qs(urlsplit(location).query).get("cc", [""])[0]
@@ -237,6 +239,14 @@ async def one_bot(plan: Plan, url: str, player, rng: random.Random, think=(0.0, 
         except Exception as error:  # noqa: BLE001 - any failure is this bot's, counted, not the run's
             run.error = f"{type(error).__name__}: {error}"
     return run
+
+
+async def shown(http, page: str) -> None:
+    """A page the browser is sent to: it must answer 200 (a bot that skipped it would cost the
+    server less than a person does)."""
+    answered = await http.get(page)
+    if answered.status_code != 200:
+        raise BotFailed(f"{page} answered {answered.status_code}")
 
 
 POSITION = re.compile(r'name="position" value="(\d+)"')

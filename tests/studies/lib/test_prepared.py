@@ -1,11 +1,14 @@
 """Prepared reads (studies/lib/prepared_queries.py) give exactly what their querysets give."""
 
+import uuid
+
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from studies.chat.agent_turn import LATER_MESSAGES, LOCK_CONVERSATION
 from studies.lib.prepared_queries import Prepared, fields_of, instances
-from studies.models import Message
+from studies.models import Message, Participant
 from studies.participation import flow
 from studies.participation.flow import LOCK_CHAT, MESSAGES
 from tests.support.studies import prolific
@@ -73,3 +76,43 @@ def test_bad_preparations_are_refused(db):
         unused.rows(1)
     with pytest.raises(TypeError, match="expected 2 values"):
         LATER_MESSAGES.rows(1)
+
+
+def test_objects_are_the_querysets_with_their_relations(conversation):
+    participant = conversation.participant
+    prepared = flow.PARTICIPANT.objects(participant.token)
+    expected = list(
+        Participant.objects.select_related("study", "study__annotation", "arm", "scenario").filter(
+            token=participant.token
+        )
+    )
+    assert prepared == expected
+    [mine], [theirs] = prepared, expected
+    for name in fields_of(Participant):
+        assert getattr(mine, name) == getattr(theirs, name), name
+    with CaptureQueriesContext(connection) as read:  # the relations came with it
+        assert (mine.study, mine.arm, mine.scenario) == (theirs.study, theirs.arm, None)
+        assert not flow.is_annotation(mine.study)
+        assert mine.study.title == theirs.study.title and mine.arm.name == theirs.arm.name
+    assert len(read) == 0
+    assert flow.PARTICIPANT.objects(uuid.uuid4()) == []
+
+
+def test_objects_by_text_and_under_a_lock(conversation, study):
+    assert flow.STUDY.objects(study.slug) == [study]
+    assert flow.STUDY.objects(study.slug + "x") == []
+    participant = conversation.participant
+    with transaction.atomic():
+        locked = flow.lock_participant(participant.pk)
+        assert locked == participant and locked.study == study
+    with pytest.raises(Participant.DoesNotExist):
+        flow.lock_participant(participant.pk + 1000)
+
+
+def test_objects_refuse_what_they_cannot_make(db):
+    values = Prepared(lambda pk: Message.objects.filter(pk=pk).values_list("pk"), 1)
+    with pytest.raises(TypeError, match="model instances"):
+        values.objects(1)
+    prefetching = Prepared(lambda pk: Message.objects.filter(pk=pk).prefetch_related("replies"), 1)
+    with pytest.raises(ValueError, match="prefetch_related"):
+        prefetching.objects(1)

@@ -1,0 +1,68 @@
+"""parley.http's ASGI handler: Django's middleware and view in one thread hop a request, with
+the same pages as Django's own handler."""
+
+import asyncio
+import re
+
+import httpx
+import pytest
+from asgiref import sync
+from django.core.handlers.asgi import ASGIHandler
+from parley import http
+
+from tests.support.studies import make_study, prolific
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def get(app, path: str) -> httpx.Response:
+    async def ask():
+        transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 1234))
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+            return await client.get(path)
+
+    return asyncio.run(ask())
+
+
+@pytest.fixture
+def hops(monkeypatch):
+    """Every hand-over of a request's work to a thread (asgiref's SyncToAsync), counted."""
+    counted = []
+    original = sync.SyncToAsync.__call__
+
+    async def counting(self, *args, **kwargs):
+        counted.append(getattr(self.func, "__qualname__", repr(self.func)))
+        return await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(sync.SyncToAsync, "__call__", counting)
+    return counted
+
+
+def test_a_page_takes_three_thread_hops_not_one_per_middleware(hops, settings):
+    settings.ALLOWED_HOSTS = ["testserver"]
+    study = make_study()
+    from parley.asgi import application as app  # the site's, as uvicorn serves it
+
+    arrived = get(app, f"/s/{study.slug}/?" + "&".join(f"{k}={v}" for k, v in prolific().items()))
+    assert arrived.status_code == 302
+    # request_started's receivers, the middleware with the view, the response's close (which
+    # sends request_finished); Django's own handler takes one per middleware method besides.
+    assert len(hops) == 3, hops
+    hops.clear()
+    get(ASGIHandler(), arrived.headers["location"])
+    assert len(hops) > 10, hops  # what the test would see if the handler were Django's
+
+
+def test_pages_are_those_of_djangos_own_handler(settings):
+    settings.ALLOWED_HOSTS = ["testserver"]
+    study = make_study()
+    link = f"/s/{study.slug}/?" + "&".join(f"{k}={v}" for k, v in prolific().items())
+    ours, theirs = http.OneHopASGIHandler(), ASGIHandler()
+    page = get(ours, link).headers["location"]
+    for path in (link, page, "/p/not-a-token/", "/healthz", "/s/no-such-study/?x=1"):
+        mine, django = get(ours, path), get(theirs, path)
+        assert mine.status_code == django.status_code, path
+        assert set(mine.headers) == set(django.headers), path
+        # the same page, but for its per-request nonce and CSRF token
+        scrub = re.compile(r'(nonce|value)="[^"]*"|nonce-[\w-]+')
+        assert scrub.sub("", mine.text) == scrub.sub("", django.text), path
