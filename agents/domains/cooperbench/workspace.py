@@ -21,6 +21,7 @@ import json
 import posixpath
 import shutil
 import subprocess
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,9 +117,10 @@ def prepare_checkout(task: Task, repos_dir: Path, cache_dir: Path) -> Path:
     with _PREPARING:
         if (target / ".parley-prepared").is_file():
             return target
-        shutil.rmtree(target, ignore_errors=True)
-        building = target.with_name(target.name + ".building")
-        shutil.rmtree(building, ignore_errors=True)
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        # built aside under a unique name and renamed into place: ranks or runs preparing the
+        # same task at once never see (or remove) each other's half-made copy
+        building = Path(tempfile.mkdtemp(prefix=f"{target.name}.", dir=cache_dir)) / "repo"
         shutil.copytree(source, building, symlinks=True)
         if (building / ".git").exists():
             if task.base_commit:
@@ -129,11 +131,16 @@ def prepare_checkout(task: Task, repos_dir: Path, cache_dir: Path) -> Path:
             _git(building, "add", "-A")
             _git(building, "commit", "-qm", f"base ({task.base_commit or 'no BASE_COMMIT'})")
         (building / ".git" / "info").mkdir(exist_ok=True)
-        (building / ".parley-prepared").write_text(task.base_commit or "")
         # the stamp is not part of the repository: an agent's diff never shows it
         with open(building / ".git" / "info" / "exclude", "a") as exclude:
             exclude.write("\n.parley-prepared\n")
-        building.rename(target)
+        (building / ".parley-prepared").write_text(task.base_commit or "")
+        try:
+            building.rename(target)
+        except OSError:  # another process finished first: its copy is the same
+            if not (target / ".parley-prepared").is_file():
+                raise
+        shutil.rmtree(building.parent, ignore_errors=True)
     return target
 
 
