@@ -327,6 +327,12 @@ def main(argv: list[str] | None = None) -> int:
         "one are cut to that, with a warning: the event loop needs a core of its own)",
     )
     parser.add_argument(
+        "--prefill-threads",
+        type=int,
+        help="torch CPU threads while arriving prompts are prefilled (default: every core, at "
+        "most 8; more than the cores are cut to that, with a warning)",
+    )
+    parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
     args = parser.parse_args(argv)
@@ -336,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(decoding_threads(args.threads, _cores()))
+    if args.prefill_threads is not None and args.prefill_threads < 1:
+        parser.error("--prefill-threads must be at least 1")
 
     engine = Engine(
         model_dir,
@@ -347,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         default_max_tokens=args.default_max_tokens,
         max_batch=args.max_batch,
         prefix_cache=args.prefix_cache,
+        prefill_threads=prefill_threads(args.prefill_threads, _cores()),
     )
     return serve(create_app(engine), args.host, args.port, args.log_level)
 
@@ -370,6 +379,19 @@ def decoding_threads(asked: int | None, cores: int) -> int:
         )
         return limit
     return max(1, asked)
+
+
+def prefill_threads(asked: int | None, cores: int) -> int:
+    """torch's thread count while prompts are prefilled: by default every core (at most 8);
+    never more than the cores. A pass of many prompt rows is compute, so it gains from each
+    core (issue 26: 7 arrivals' prefill 320 -> 200 ms with 2 threads on 2 cores)."""
+    if asked is None:
+        return max(1, min(8, cores))
+    if asked > cores:
+        log.warning("--prefill-threads %d is more than this machine's %d cores: using %d",
+                    asked, cores, cores)  # fmt: skip
+        return cores
+    return asked
 
 
 def _cores() -> int:

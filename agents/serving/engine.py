@@ -15,9 +15,8 @@ are decoded incrementally, stop sequences are checked on the decoded text, and a
 request stops within one step. A request's `response_format` or forced `tool_choice` is a
 Constraint (agents.serving.constraints) that masks its own row of each step's logits.
 
-The linear layers' weights are stored transposed ([in, out] in memory, the same values): on
-this CPU's MKL, 4 to 32 rows times [out, in] weights ran up to half as fast (8 rows through
-the MLP's projections: 2x).
+The linear layers' weights are laid out for a step's few rows (agents.serving.weights):
+stored transposed for one row, packed by oneDNN for more.
 
 transformers' own continuous batching (`generate_batch`, ContinuousBatchingManager) is not
 used: it packs all requests into one row, so peft cannot give them different adapters, and it
@@ -27,6 +26,7 @@ samples with one generator and one greedy/sampling switch for all; tried on this
 """
 
 import atexit
+import contextlib
 import inspect
 import logging
 import threading
@@ -40,11 +40,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agents.llm.native_tools import HERMES, template_tool_style
 from agents.serving.adapters import Adapter, find_adapters
-from agents.serving.batchcache import BatchCache
+from agents.serving.batchcache import FIRST_CAPACITY, BatchCache
 from agents.serving.constraints import Constraint, Grammars
 from agents.serving.decoding import Detokenizer, StopText, sample_rows
 from agents.serving.kvcache import cache_keyword
 from agents.serving.protocol import ChatCompletionRequest, EngineError
+from agents.serving.weights import lay_out_linear_weights
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +122,8 @@ class Engine:
         default_max_tokens: int = 1024,
         max_batch: int = 32,
         prefix_cache: int = 8,
+        pack_weights: bool = True,
+        prefill_threads: int | None = None,
     ):
         self.model_dir = Path(model_dir)
         if not (self.model_dir / "config.json").is_file():
@@ -138,7 +141,7 @@ class Engine:
         self._tokenizer_lock = threading.Lock()
         self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
         self.model.eval()
-        _transpose_linear_weights(self.model)
+        lay_out_linear_weights(self.model, pack=pack_weights)
         config = self.model.config
         self.max_model_len = min(max_model_len or 10**9, config.max_position_embeddings)
         self.end_ids = _end_ids(self.tokenizer, self.model)
@@ -156,6 +159,13 @@ class Engine:
         # KV cache (up to max_batch slots; slots and columns grow by doubling as needed).
         self._running: list[_Sequence] = []
         self._cache = BatchCache(config, self.max_batch)
+        # every slot allocated at start (SmolLM2-135M, 32 slots of 256 columns: 377 MB): a
+        # burst of arrivals does not wait while the cache grows (31 arrivals: 520 -> 160 ms)
+        self._cache.reserve(self.max_batch, FIRST_CAPACITY)
+        # torch threads for a prefill pass (None: as for decoding). A pass is many rows of
+        # compute, which a second core speeds up; a step's few rows wait on memory, where a
+        # second thread gains little and takes the event loop's core (docs/serving.md).
+        self.prefill_threads = prefill_threads
         # The KV cache of recent prompts, by adapter key and prompt: a new prompt starting with
         # one of them (the same system prompt, the next turn of a conversation) prefills only
         # the rest, as vLLM's prefix caching does. At most `prefix_cache` prompts are kept.
@@ -359,7 +369,8 @@ class Engine:
             return
         first = len(self._running)
         try:
-            logits = self._prefill(arrived, first)
+            with _threads(self.prefill_threads):
+                logits = self._prefill(arrived, first)
         except Exception as error:
             log.exception("Prefill failed")
             for sequence in arrived:
@@ -561,6 +572,20 @@ class Engine:
         log.info("Unloaded adapter %s", name)
 
 
+@contextlib.contextmanager
+def _threads(count: int | None):
+    """torch's intra-op threads set to `count` for the block (None: left as they are)."""
+    before = torch.get_num_threads()
+    if count is None or count == before:
+        yield
+        return
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _common_length(a, b, limit: int) -> int:
     """How many tokens two prompts share from their start (at most `limit`)."""
     n = 0
@@ -569,17 +594,6 @@ def _common_length(a, b, limit: int) -> int:
             break
         n += 1
     return n
-
-
-def _transpose_linear_weights(model):
-    """Store each linear layer's weight as the transpose of an [in, out] tensor: the same
-    values and shape, but F.linear then multiplies by a contiguous matrix, which MKL does about
-    twice as fast for a few rows (measured 4-32 rows on this CPU). A tied output head shares
-    the embedding's weight, which still looks rows up by index."""
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, torch.nn.Linear) and module.weight.is_contiguous():
-                module.weight.data = module.weight.data.t().contiguous().t()
 
 
 def _end_ids(tokenizer, model) -> set[int]:

@@ -6,10 +6,11 @@ decoded incrementally to the text of a whole decode."""
 import threading
 
 import pytest
+import torch
 
 from agents.serving import engine as engine_module
 from agents.serving.decoding import Detokenizer
-from agents.serving.embedded import decoding_threads
+from agents.serving.embedded import decoding_threads, prefill_threads
 from agents.serving.engine import END, STARTED, Engine, Generation
 from agents.serving.protocol import ChatCompletionRequest
 
@@ -130,3 +131,45 @@ def test_threads_beyond_the_cores_less_one_are_cut(caplog):
     assert decoding_threads(2, 2) == 1
     assert "--threads 2" in caplog.text
     assert decoding_threads(4, 1) == 1
+
+
+def test_prefill_threads_default_to_the_cores_and_never_exceed_them(caplog):
+    assert prefill_threads(None, 2) == 2
+    assert prefill_threads(None, 64) == 8
+    assert prefill_threads(1, 2) == 1
+    assert prefill_threads(4, 2) == 2
+    assert "--prefill-threads 4" in caplog.text
+
+
+@pytest.mark.model
+def test_a_prefill_pass_runs_on_its_threads_and_decoding_on_its_own(engine, monkeypatch):
+    seen = []
+    prefill, step = engine._prefill, engine._step
+    monkeypatch.setattr(engine, "prefill_threads", torch.get_num_threads() + 1)
+    monkeypatch.setattr(
+        engine,
+        "_prefill",
+        lambda *a: seen.append(("prefill", torch.get_num_threads())) or prefill(*a),
+    )
+    monkeypatch.setattr(
+        engine, "_step", lambda: seen.append(("step", torch.get_num_threads())) or step()
+    )
+    decoding = torch.get_num_threads()
+    assert Reply(engine, PROMPTS[1], max_tokens=4).text
+    assert ("prefill", decoding + 1) in seen and ("step", decoding) in seen
+    assert {threads for kind, threads in seen if kind == "step"} == {decoding}
+    assert torch.get_num_threads() == decoding
+
+
+@pytest.mark.model
+def test_the_cache_holds_every_slot_from_the_start_and_a_full_burst_does_not_grow_it(base_model):
+    engine = Engine(base_model, max_batch=4, prefix_cache=0)
+    try:
+        assert engine._cache.slots == engine.max_batch
+        first_layer = engine._cache.keys[0]
+        with engine._wake:
+            burst = [Reply(engine, PROMPTS[i], max_tokens=2) for i in range(engine.max_batch)]
+        assert all(reply.text is not None for reply in burst)
+        assert engine._cache.keys[0] is first_layer
+    finally:
+        engine.close()
