@@ -174,6 +174,25 @@ def vllm_ready():
 
 
 @pytest.fixture(scope="session")
+def vllm_url(vllm_ready, base_model, checkpoints):
+    """One vLLM server for the suite (a start costs a minute or more on this CPU): the base
+    model and every checkpoint found as the embedded engine finds them, room for adapters
+    loaded at run time (a trainer's live adapter, rank 8), and compact JSON, so a Verbalized
+    simulator's k = 5 candidates fit its token budget. Servers with other settings (a Hermes
+    template, a study's replicas) are started by their own tests."""
+    from agents.serving.adapters import find_adapters
+    from agents.serving.launch import stop_engine
+    from agents.serving.vllm import start_vllm
+
+    loras = {name: adapter.path for name, adapter in find_adapters(checkpoints).items()}
+    url, process = start_vllm(
+        base_model, loras=loras, runtime_lora_rank=8, compact_json=True, python=vllm_ready
+    )
+    yield url
+    stop_engine(process, timeout=20)
+
+
+@pytest.fixture(scope="session")
 def engine_url(base_model):
     """The embedded engine serving SmolLM2 in its own process, as in production."""
     from agents.serving.launch import start_engine, stop_engine

@@ -64,7 +64,7 @@ def test_an_idle_participant_on_redis_keeps_one_socket_and_completes(
         make_study(slug="safe", engine=engine.url)
         page, sockets = open_chat(browser, web_server, "idler")
         say(page, "Hi!", 1)
-        time.sleep(60)  # a participant reading, thinking, away
+        time.sleep(20)  # a participant away: four of the 5 s timeouts that used to cut the socket
         say(page, "Back again.", 2)
         assert len(sockets) == 1, f"the page reconnected while idle: {sockets}"
         answer_questionnaire(page)

@@ -4,9 +4,9 @@ sampled from the adapter it hot-loads after each update; a Verbalized Sampling s
 the k = 5 JSON schema by vLLM's structured outputs.
 
 The server tests need vLLM's own venv (`make vllm`): skipped without it, failed under CI
-(PARLEY_CI=1), which installs it (vLLM on CPU starts in about a minute; one server serves the
-module). SmolLM2 on the toy "letters" Domain, two steps. The last test checks the server's command line
-and environment without vLLM.
+(PARLEY_CI=1), which installs it (vLLM on CPU starts in about a minute: one server,
+tests/conftest.py's vllm_url, serves the suite). SmolLM2 on the toy "letters" Domain, two
+steps. The last test checks the server's command line and environment without vLLM.
 """
 
 from __future__ import annotations
@@ -29,19 +29,6 @@ from training.rollouts.agent import EndpointAgent
 from training.rollouts.served import turn_ids
 from training.rollouts.simulator import EndpointUser, ServedUser
 from training.trainer import checkpoint, loop
-
-
-@pytest.fixture(scope="module")
-def vllm_url(base_model, vllm_ready):
-    from agents.serving.launch import stop_engine
-    from agents.serving.vllm import start_vllm
-
-    # compact JSON: the Verbalized simulator's k = 5 candidates fit its token budget
-    url, process = start_vllm(base_model, runtime_lora_rank=8, python=vllm_ready, compact_json=True)
-    try:
-        yield url
-    finally:
-        stop_engine(process, timeout=20)
 
 
 class RecordingAgent(EndpointAgent):
