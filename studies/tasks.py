@@ -101,6 +101,12 @@ def analyse_if_target_reached(study_id: int) -> AnalysisRun | None:
     study = Study.objects.get(pk=study_id)
     if not target_reached(study):
         return None
+    return analyse_at_target(study)
+
+
+def analyse_at_target(study: Study) -> AnalysisRun | None:
+    """The study's one target analysis, started unless it already was; the caller has found
+    the target reached."""
     try:
         with transaction.atomic():
             return start_analysis(study, AnalysisRun.Trigger.TARGET)

@@ -216,11 +216,20 @@ class Study(models.Model):
             return pending[ending]
         if not self.pk:
             return ""
-        row = self.completion_codes.filter(ending=ending).first()
-        return row.code if row else ""
+        codes = self.__dict__.get("_codes")
+        if codes is None:  # every code in one read: a page may ask for two or three
+            codes = self.__dict__["_codes"] = dict(
+                self.completion_codes.values_list("ending", "code")
+            )
+        return codes.get(ending, "")
+
+    def refresh_from_db(self, *args, **kwargs):
+        self.__dict__.pop("_codes", None)
+        super().refresh_from_db(*args, **kwargs)
 
     def save(self, *args, **kwargs):
         super().save(*args, **kwargs)
+        self.__dict__.pop("_codes", None)  # what the instance read before may have changed
         for ending, code in self.__dict__.pop("_pending_codes", {}).items():
             if code:
                 CompletionCode.objects.update_or_create(

@@ -144,9 +144,9 @@ def arrive(study: Study, params, known_token: str | None = None) -> tuple[Partic
     values = check_prolific_params(params)
     if study.prolific_study_id and values["STUDY_ID"] != study.prolific_study_id:
         raise FlowError("Wrong study", "This link's STUDY_ID does not belong to this study.")
-    existing = Participant.objects.filter(study=study, prolific_pid=values["PROLIFIC_PID"]).first()
+    existing = RETURNING.objects(study.pk, values["PROLIFIC_PID"])
     if existing:
-        return resume(existing, values, known_token), False
+        return resume(existing[0], values, known_token), False
     if study.status != Study.Status.LIVE:
         raise StudyNotOpen()
     try:
@@ -154,7 +154,6 @@ def arrive(study: Study, params, known_token: str | None = None) -> tuple[Partic
     except IntegrityError:  # the same PID arrived twice at once: the other request created it
         participant = Participant.objects.get(study=study, prolific_pid=values["PROLIFIC_PID"])
         return resume(participant, values, known_token), False
-    # _assign may also have found the other request's participant under its lock: same rule.
     return resume(participant, values, known_token), True
 
 
@@ -202,13 +201,18 @@ class ArmTaken(Exception):
     """Another arrival filled the chosen arm meanwhile: choose again."""
 
 
+# (study, Prolific id) is unique: no order needed
+RETURNING = Prepared(
+    lambda study_id, pid: Participant.objects.filter(study_id=study_id, prolific_pid=pid),
+    2,
+    kinds=(int, str),
+)
+
+
 def _assign(study: Study, values: dict[str, str]) -> Participant:
     # Arrivals lock the arm they join, not the study: arrivals to different arms run side by
     # side. Under the arm's lock its count is exact; it is taken only if still least filled,
     # else the attempt's transaction ends (releasing the lock) and the arrival chooses again.
-    existing = Participant.objects.filter(study=study, prolific_pid=values["PROLIFIC_PID"]).first()
-    if existing:
-        return existing
     is_bot = bots.is_bot_pid(study, values["PROLIFIC_PID"])
     for attempt in range(ASSIGN_ATTEMPTS):
         try:
@@ -273,17 +277,31 @@ def is_full(study: Study) -> bool:
     return bool(arms) and all(arm.filled >= study.target_per_arm for arm in arms)
 
 
-def arms_with_fill(study: Study, is_bot: bool = False) -> list[Arm]:
-    """The active arms, each with `filled`: its active plus completed participants (bots
-    counted apart from people; previews never)."""
+def _arms_with_fill(is_bot: bool) -> Prepared:
     holding = Q(
         participants__status__in=Participant.ACTIVE,
         participants__is_bot=is_bot,
         participants__is_preview=False,
     )
-    return list(
-        study.arms.filter(active=True).annotate(filled=Count("participants", filter=holding))
+    return Prepared(
+        lambda study_id: (
+            Arm.objects.filter(study_id=study_id, active=True)
+            .order_by()
+            .annotate(filled=Count("participants", filter=holding))
+        ),
+        1,
     )
+
+
+# compiled once (studies/lib/prepared_queries.py): each arrival counts twice, and compiling the
+# annotated query cost more than running it
+ARMS_WITH_FILL = {is_bot: _arms_with_fill(is_bot) for is_bot in (False, True)}
+
+
+def arms_with_fill(study: Study, is_bot: bool = False) -> list[Arm]:
+    """The active arms, each with `filled`: its active plus completed participants (bots
+    counted apart from people; previews never)."""
+    return ARMS_WITH_FILL[bool(is_bot)].objects(study.pk)
 
 
 def least_filled_arm(study: Study, is_bot: bool = False) -> Arm:
@@ -295,19 +313,33 @@ def least_filled_arm(study: Study, is_bot: bool = False) -> Arm:
     return min(arms, key=lambda arm: (arm.filled, arm.order, arm.id))
 
 
+def _scenario_use(is_bot: bool) -> Prepared:
+    return Prepared(
+        lambda study_id, arm_id: (
+            Scenario.objects.filter(study_id=study_id, active=True)
+            .order_by()
+            .annotate(
+                used=Count(
+                    "participants",
+                    filter=Q(
+                        participants__arm_id=arm_id,
+                        participants__status__in=Participant.ACTIVE,
+                        participants__is_bot=is_bot,
+                        participants__is_preview=False,
+                    ),
+                )
+            )
+        ),
+        2,
+    )
+
+
+SCENARIO_USE = {is_bot: _scenario_use(is_bot) for is_bot in (False, True)}
+
+
 def least_used_scenario(study: Study, arm: Arm, is_bot: bool = False) -> Scenario | None:
     """Within the arm, the scenario used least often, so every scenario is used about equally."""
-    scenarios = study.scenarios.filter(active=True).annotate(
-        used=Count(
-            "participants",
-            filter=Q(
-                participants__arm=arm,
-                participants__status__in=Participant.ACTIVE,
-                participants__is_bot=is_bot,
-                participants__is_preview=False,
-            ),
-        )
-    )
+    scenarios = SCENARIO_USE[bool(is_bot)].objects(study.pk, arm.pk)
     return min(scenarios, key=lambda s: (s.used, s.id), default=None)
 
 
@@ -433,19 +465,28 @@ def start_preview(arm: Arm) -> Participant:
     )
 
 
+CONVERSATION_OF = Prepared(
+    lambda participant_id: Conversation.objects.filter(participant_id=participant_id), 1
+)
+
+
 def start_conversation(participant: Participant) -> Conversation:
-    conversation, created = Conversation.objects.get_or_create(participant=participant)
-    if created:
-        state, greeting = opening_messages(participant)
-        conversation.state = state
-        conversation.save(update_fields=["state"])
-        if greeting:
-            Message.objects.create(
-                conversation=conversation,
-                seq=next_seq(()),
-                role=Message.Role.ASSISTANT,
-                content=greeting,
-            )
+    """The participant's conversation, begun with its opening (state, greeting) if it has none.
+    Called under the participant's row lock (consent), so nothing else creates it meanwhile: a
+    read and a plain insert, without get_or_create's savepoint."""
+    found = CONVERSATION_OF.objects(participant.pk)
+    if found:
+        return found[0]
+    state, greeting = opening_messages(participant)
+    conversation = Conversation(participant=participant, state=state)
+    conversation.save(force_insert=True)
+    if greeting:
+        Message.objects.create(
+            conversation=conversation,
+            seq=next_seq(()),
+            role=Message.Role.ASSISTANT,
+            content=greeting,
+        )
     return conversation
 
 
@@ -714,29 +755,26 @@ def submit_questionnaire(participant: Participant, data) -> dict[str, str]:
     return {}
 
 
+STUDY_BY_ID = Prepared(lambda pk: Study.objects.filter(pk=pk), 1)
+
+
 def study_progress(study_id: int) -> None:
-    """After a completion: close the study if it asked to be closed when full, and analyse once
-    every arm has reached the target."""
-    close_if_full(study_id)
-    try:
-        tasks.analyse_if_target_reached(study_id)
-    except Exception:  # the participant's completion is stored; a broker hiccup must not undo it
-        logging.getLogger(__name__).exception("could not start the analysis of study %s", study_id)
-
-
-def close_if_full(study_id: int) -> bool:
-    """Close a Live study with close_when_full once every active arm has its target of completed
-    people (places held by people still going may yet be given back, so they do not count)."""
-    study = Study.objects.filter(pk=study_id).first()
-    if study is None or not study.close_when_full or study.status != Study.Status.LIVE:
-        return False
-    if not tasks.target_reached(study):
-        return False
-    return bool(
+    """After a completion: once every active arm has its target of completed people, close the
+    study if it asked to be closed when full, and analyse it. One read of the study and one
+    count (every completion runs this; places held by people still going may yet be given
+    back, so they do not count)."""
+    found = STUDY_BY_ID.objects(study_id)
+    if not found or not tasks.target_reached(found[0]):
+        return
+    study = found[0]
+    if study.close_when_full and study.status == Study.Status.LIVE:
         Study.objects.filter(pk=study_id, status=Study.Status.LIVE).update(
             status=Study.Status.CLOSED
         )
-    )
+    try:
+        tasks.analyse_at_target(study)
+    except Exception:  # the participant's completion is stored; a broker hiccup must not undo it
+        logging.getLogger(__name__).exception("could not start the analysis of study %s", study_id)
 
 
 def ending(participant: Participant) -> str | None:

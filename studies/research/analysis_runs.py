@@ -14,8 +14,10 @@ from studies.analysis.plots import render_all
 from studies.analysis.report import control_named
 from studies.annotation import analysis as annotation_analysis
 from studies.lib.domain_bridge import shared_domain
+from studies.lib.prepared_queries import Prepared
 from studies.models import (
     AnalysisRun,
+    Arm,
     Item,
     Participant,
     Response,
@@ -260,15 +262,28 @@ def plan_document(frozen) -> dict:
     }
 
 
-def target_reached(study: Study) -> bool:
-    arms = study.arms.filter(active=True).annotate(
-        done=Count(
-            "participants",
-            filter=Q(participants__status=Participant.Status.COMPLETED)
-            & only_people("participants"),
+# Each active arm's completed people, compiled once (studies/lib/prepared_queries.py): every
+# completion asks, and compiling the annotated query cost more than running it.
+DONE_PER_ARM = Prepared(
+    lambda study_id: (
+        Arm.objects.filter(study_id=study_id, active=True)
+        .order_by()
+        .annotate(
+            done=Count(
+                "participants",
+                filter=Q(participants__status=Participant.Status.COMPLETED)
+                & only_people("participants"),
+            )
         )
-    )
-    return bool(arms) and all(arm.done >= study.target_per_arm for arm in arms)
+        .values_list("done")
+    ),
+    1,
+)
+
+
+def target_reached(study: Study) -> bool:
+    done = [row[0] for row in DONE_PER_ARM.rows(study.pk)]
+    return bool(done) and all(count >= study.target_per_arm for count in done)
 
 
 def completion_seconds(study: Study) -> list[float]:

@@ -109,7 +109,7 @@ def test_a_forged_cookie_or_one_from_another_study_opens_nothing(study):
 
 def test_the_same_rule_when_the_victim_wins_a_race(study, monkeypatch):
     """The victim's request creates the participant between the attacker's lookup and its
-    assignment: under the study lock (_assign finds it) or by the unique constraint."""
+    assignment: the unique constraint stops the second insert, whether _assign runs or fails."""
     real_assign = flow._assign
 
     def victim_first_then(attacker_assign):
