@@ -218,10 +218,17 @@ class Study(models.Model):
             return ""
         codes = self.__dict__.get("_codes")
         if codes is None:  # every code in one read: a page may ask for two or three
-            codes = self.__dict__["_codes"] = dict(
-                self.completion_codes.values_list("ending", "code")
-            )
+            codes = self.remember_codes(self.completion_codes.values_list("ending", "code"))
         return codes.get(ending, "")
+
+    def knows_codes(self) -> bool:
+        return "_codes" in self.__dict__
+
+    def remember_codes(self, rows) -> dict[str, str]:
+        """(ending, code) rows read elsewhere (a participant page's compiled read), kept as
+        this instance's codes until it is saved or refreshed."""
+        codes = self.__dict__["_codes"] = dict(rows)
+        return codes
 
     def refresh_from_db(self, *args, **kwargs):
         self.__dict__.pop("_codes", None)

@@ -29,6 +29,7 @@ from studies.lib.prepared_queries import Prepared, fields_of, instances
 from studies.models import (
     COMPLETE_URL,
     Arm,
+    CompletionCode,
     Conversation,
     Ending,
     Item,
@@ -85,14 +86,15 @@ def open_study(slug: str) -> Study:
     return study
 
 
+# What a participant's pages show besides the participant: study__annotation tells an
+# annotation study, study__questionnaire the questionnaire's page, without another read.
+PAGE_RELATIONS = ("study", "study__annotation", "study__questionnaire", "arm", "scenario")
+
 # Every participant page reads its participant by token, with what the page shows of the study:
 # compiled once (studies/lib/prepared_queries.py), as compiling it cost more than running it.
-# The token is unique: no order needed. study__annotation tells an annotation study without
-# another read (is_annotation).
+# The token is unique: no order needed.
 PARTICIPANT = Prepared(
-    lambda token: Participant.objects.select_related(
-        "study", "study__annotation", "arm", "scenario"
-    ).filter(token=token),
+    lambda token: Participant.objects.select_related(*PAGE_RELATIONS).filter(token=token),
     1,
     kinds=(uuid.UUID,),
 )
@@ -103,7 +105,7 @@ PARTICIPANT = Prepared(
 LOCKED_PARTICIPANT = Prepared(
     lambda pk: (
         Participant.objects.select_for_update(of=("self",))
-        .select_related("study", "study__annotation", "arm", "scenario")
+        .select_related(*PAGE_RELATIONS)
         .filter(pk=pk)
     ),
     1,
@@ -637,7 +639,8 @@ def end_chat(participant: Participant, reason: str = "participant") -> Participa
     participant = lock_participant(participant.pk)
     if participant.status != Participant.Status.CHAT:
         return participant
-    conversation = participant.conversation
+    conversation = CONVERSATION_OF.objects(participant.pk)[0]
+    conversation.participant = participant  # as the reverse accessor would: no second read
     if (
         reason == "participant"
         and user_message_count(conversation) < participant.study.min_exchanges
@@ -652,7 +655,7 @@ def end_chat(participant: Participant, reason: str = "participant") -> Participa
     participant.outcome = score_conversation(participant, conversation)
     participant.status = Participant.Status.QUESTIONNAIRE
     participant.chat_ended_at = conversation.ended_at
-    participant.save()
+    participant.save(update_fields=["outcome", "status", "chat_ended_at"])
     return participant
 
 
@@ -710,13 +713,23 @@ def validate_answers(
     return values, errors
 
 
+ITEMS = Prepared(lambda questionnaire_id: Item.objects.filter(questionnaire_id=questionnaire_id), 1)
+
+
+def questionnaire_items(study: Study) -> list[Item]:
+    """Study.questionnaire_items, through the compiled read (the questionnaire itself comes
+    with the participant's page read)."""
+    questionnaire = getattr(study, "questionnaire", None)
+    return ITEMS.objects(questionnaire.pk) if questionnaire is not None else []
+
+
 @transaction.atomic
 def submit_questionnaire(participant: Participant, data) -> dict[str, str]:
     """Store the answers and complete the participant; returns errors (nothing stored) if any."""
     participant = lock_participant(participant.pk)
     if participant.status != Participant.Status.QUESTIONNAIRE:
         return {}
-    items = list(participant.study.questionnaire_items())
+    items = questionnaire_items(participant.study)
     needs = questionnaire_inputs(participant)
     values, errors = validate_answers(items, data, needs)
     if errors:
@@ -796,11 +809,20 @@ def ending(participant: Participant) -> str | None:
     }.get(participant.status)
 
 
+CODES = Prepared(
+    lambda study_id: CompletionCode.objects.filter(study_id=study_id).values_list("ending", "code"),
+    1,
+)
+
+
 def completion_code(participant: Participant) -> str:
     """The code the participant takes back to Prolific; those who decline or time out get the
     study's OTHER code (its problem code) when their own is blank."""
     if participant.is_preview:  # staff walking the flow: nothing to return to Prolific
         return ""
+    study = participant.study
+    if not study.knows_codes():  # read through the compiled query, once a page
+        study.remember_codes(CODES.rows(study.pk))
     reached = ending(participant)
     if reached is None:
         return ""

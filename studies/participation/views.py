@@ -148,7 +148,7 @@ def render_questionnaire(request, p, errors, data, status=200):
         "questionnaire": getattr(p.study, "questionnaire", None),
         "fields": [
             {"item": item, "value": data.get(item.key, ""), "error": errors.get(item.key)}
-            for item in p.study.questionnaire_items()
+            for item in flow.questionnaire_items(p.study)
         ],
         "errors": errors,
     }
