@@ -14,9 +14,11 @@ no pause) and with think time (a pause before every message). Reported per run: 
 first token (p50, p95, p99), whole reply time, server CPU (all worker processes) per chat turn
 and per participant session, database transactions per turn, and errors. Besides the runs:
 server CPU per chat turn alone, and per participant from arrival to completion code (every
-page a browser loads, 3 turns). Results go to OUT.json and OUT.md, which docs/capacity.md
-quotes. CPU time is inflated by other work on the machine, and by how much drifts: compare
-code with --against, which measures two servers in alternating rounds in one sitting.
+page a browser loads, 3 turns). Results go to OUT.json and OUT.md (by default new files
+under data/bench/; docs/capacity.md quotes docs/results/chat_load); results already at OUT
+are kept (an error says so) unless --overwrite. CPU time is
+inflated by other work on the machine, and by how much drifts: compare code with --against,
+which measures two servers in alternating rounds in one sitting.
 
 Needs PostgreSQL (database BENCH_DB, default h_load, created if missing) and Redis
 (BENCH_REDIS, default redis://127.0.0.1:6379/15). The bench client shares the machine's cores
@@ -725,7 +727,15 @@ def main():
     parser.add_argument(
         "--redis", default=os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/15")
     )
-    parser.add_argument("--out", default=str(REPO / "docs" / "results" / "chat_load"))
+    parser.add_argument(
+        "--out",
+        help="where the results go (OUT.json and OUT.md; --profile: OUT_profile.md); default "
+        "data/bench/chat_load-<UTC time>, new files each run; the committed results are "
+        "docs/results/chat_load",
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="write over results already at --out"
+    )
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument(
         "--turns-only", action="store_true", help="only the SQL count and the CPU of chat turns"
@@ -755,6 +765,16 @@ def main():
         app = engine_app(args.ttft, args.rate, args.tokens)
         uvicorn.run(app, host="127.0.0.1", port=args.serve_engine, log_level="warning")
         return
+    if args.out is None:
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        args.out = str(REPO / "data" / "bench" / f"chat_load-{stamp}")
+    taken = [path for path in outputs(args) if path.exists()]
+    if taken and not args.overwrite:  # committed results hold hand-written sections too
+        parser.error(
+            f"{', '.join(map(str, taken))} already exist{'s' if len(taken) == 1 else ''}: "
+            "pass --out PATH for new files, or "
+            "--overwrite to replace them"
+        )
     if args.quick:  # a smoke run of about a minute
         args.sizes, args.turns, args.think = "1,20", 2, "2,4"
     args.think = tuple(float(x) for x in args.think.split(","))
@@ -864,6 +884,16 @@ def main():
     out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown(results))
     print(markdown(results))
+
+
+def outputs(args) -> list[Path]:
+    """The files this run writes."""
+    out = Path(args.out)
+    if args.against:
+        return [out.with_suffix(".json")]
+    if args.profile:
+        return [out.with_name(out.name + "_profile").with_suffix(".md")]
+    return [out.with_suffix(".json"), out.with_suffix(".md")]
 
 
 if __name__ == "__main__":
