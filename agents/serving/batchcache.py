@@ -6,7 +6,9 @@ at column i, whatever the other rows hold. The running requests occupy slots 0..
 engine moves a row down when one before it leaves), so a forward over them reads a view of
 the tensors, never a gathered copy. Slots and columns grow by doubling (up to the engine's
 batch size; the copy is paid rarely), so memory follows the most rows and the longest context
-seen (46 KB a token a row for SmolLM2-135M), not the model's whole length for 32 rows.
+seen (46 KB a token a row for SmolLM2-135M), not the model's whole length for 32 rows; longer
+columns go only to the slots in use when they grow (the engine allocates all its slots at
+start, at the first capacity).
 
 A forward is set up with `select`: which slots its rows are, the column each of its input
 positions is written to, and how many columns the attention reads. The model calls `update`
@@ -42,20 +44,25 @@ class BatchCache:
         Zeros, not garbage: a masked column still enters the attention's sums times 0."""
         if slots <= self.slots and columns <= self.capacity:
             return
-        grown_slots = max(1, self.slots)
+        # Longer columns are given to the slots asked for (the rows in use), not to every slot
+        # held: 32 preallocated slots grown to a tau2 prompt's 8,192 columns would be 12 GB.
+        # Slots beyond `slots` hold no row the caller still needs (the engine's rows are
+        # slots 0..n-1), so they are dropped and added again, by doubling, when asked for.
+        grown_slots = max(1, self.slots if columns <= self.capacity else 1)
         while grown_slots < slots:
             grown_slots *= 2
         grown_slots = min(max(grown_slots, slots), max(self.max_slots, slots))
         capacity = max(FIRST_CAPACITY, self.capacity)
         while capacity < columns:
             capacity *= 2
+        kept = min(self.slots, grown_slots)
         heads, head_dim = self._shape
         grown_keys, grown_values = [], []
         for layer in range(self.layers):
             for old, grown in ((self.keys, grown_keys), (self.values, grown_values)):
                 tensor = torch.zeros(grown_slots, heads, capacity, head_dim, dtype=self.dtype)
-                if self.slots:
-                    tensor[: self.slots, :, : self.capacity] = old[layer]
+                if kept:
+                    tensor[:kept, :, : self.capacity] = old[layer][:kept]
                 grown.append(tensor)
         self.keys, self.values = grown_keys, grown_values
         self.slots, self.capacity = grown_slots, capacity

@@ -41,3 +41,19 @@ def test_growth_keeps_the_rows_and_move_and_read_copy_them():
     assert torch.equal(saved[0][0], states(1, 2, 1)[0])
     cache.write(1, saved, 2)
     assert torch.equal(cache.values[0][1, :, :2], states(1, 2, 1)[0])
+
+
+def test_longer_columns_go_to_the_rows_in_use_not_to_every_preallocated_slot():
+    """An engine allocates all its slots at start; one long context must not then give every
+    slot its columns (32 slots at a tau2 prompt's 8,192 columns: 12 GB, which the suite's
+    engine once reached before the kernel killed it)."""
+    cache = BatchCache(CONFIG, max_slots=8)
+    cache.reserve(8, FIRST_CAPACITY)
+    cache.select(0, torch.tensor([[0, 1]]), width=2)
+    cache.update(states(1, 2, 1), states(1, 2, 1), layer_idx=0)
+    long = 4 * FIRST_CAPACITY
+    cache.select(0, torch.tensor([[long]]), width=long + 1)  # the one running row grows
+    assert (cache.slots, cache.capacity) == (1, 8 * FIRST_CAPACITY)
+    assert torch.equal(cache.keys[0][0, :, :2], states(1, 2, 1)[0])  # its row is kept
+    cache.select(1, torch.tensor([[0], [0]]), width=1)  # arrivals: slots come back as asked
+    assert cache.slots == 4 and torch.equal(cache.keys[0][0, :, :2], states(1, 2, 1)[0])
