@@ -5,6 +5,7 @@ opened (a client per turn would open a new connection, from a new port, every ti
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import uvicorn
@@ -61,11 +62,15 @@ class CompletionServer(ScriptedServer):
         return PlainTextResponse("Success")
 
 
-def established(port: int) -> bool:
-    """A TCP connection from local `port` is open (Linux's /proc/net/tcp; state 01)."""
+def established(port: int, server_url: str) -> bool:
+    """A TCP connection from local `port` to the server at `server_url` is open (Linux's
+    /proc/net/tcp; state 01). The server's port is matched too: a local port alone may be
+    another socket's meanwhile (once seen in CI, with long-lived servers beside the test)."""
+    server = urlsplit(server_url).port
     for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        local, state = line.split()[1], line.split()[3]
-        if int(local.split(":")[1], 16) == port and state == "01":
+        local, remote, state = line.split()[1:4]
+        ports = int(local.split(":")[1], 16), int(remote.split(":")[1], 16)
+        if ports == (port, server) and state == "01":
             return True
     return False
 
@@ -89,10 +94,10 @@ def test_each_role_on_an_endpoint_keeps_one_connection_for_the_run(tiny_model, l
         assert len(set(chat.client_ports)) == 1
         assert len({port for _, port in vllm.calls}) == 1
         user_port, agent_port = chat.client_ports[0], vllm.calls[0][1]
-        assert established(user_port) and established(agent_port)
+        assert established(user_port, chat.url) and established(agent_port, vllm.url)
         user.close()
         agent.close()
-        assert not established(user_port) and not established(agent_port)
+        assert not established(user_port, chat.url) and not established(agent_port, vllm.url)
         with pytest.raises(RuntimeError, match="closed"):
             agent.load("/runs/live/step-2", "live-2")
 
@@ -103,9 +108,9 @@ def test_a_speaker_dropped_at_the_end_of_a_run_closes_its_connection(letters):
         user = EndpointUser(SimulatorSpec(name="hosted", endpoint=chat.url, model="sim"))
         play(letters, letters.scenarios("train")[:1], _Silent(), user, max_turns=1)
         (port,) = chat.client_ports
-        assert established(port)
+        assert established(port, chat.url)
         del user
-        assert not established(port)
+        assert not established(port, chat.url)
 
 
 class _Silent:
