@@ -323,14 +323,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--threads",
         type=int,
-        help="torch CPU threads (default: half the cores, at most 4; more than the cores less "
-        "one are cut to that, with a warning: the event loop needs a core of its own)",
+        help="torch CPU threads for one request's decoding step (default: half the cores, at "
+        "most 4; more than the cores less one are cut to that, with a warning: the event loop "
+        "needs a core of its own)",
     )
     parser.add_argument(
-        "--prefill-threads",
+        "--batch-threads",
         type=int,
-        help="torch CPU threads while arriving prompts are prefilled (default: every core, at "
-        "most 8; more than the cores are cut to that, with a warning)",
+        help="torch CPU threads for passes of several rows: arriving prompts prefilled, and "
+        "decoding steps of two requests or more (default: every core, at most 8; more than the "
+        "cores are cut to that, with a warning)",
     )
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
@@ -341,9 +343,10 @@ def main(argv: list[str] | None = None) -> int:
     loras, model_dir = serving_args(parser, args)
     import torch
 
-    torch.set_num_threads(decoding_threads(args.threads, _cores()))
-    if args.prefill_threads is not None and args.prefill_threads < 1:
-        parser.error("--prefill-threads must be at least 1")
+    threads = decoding_threads(args.threads, _cores())
+    torch.set_num_threads(threads)
+    if args.batch_threads is not None and args.batch_threads < 1:
+        parser.error("--batch-threads must be at least 1")
 
     engine = Engine(
         model_dir,
@@ -355,17 +358,19 @@ def main(argv: list[str] | None = None) -> int:
         default_max_tokens=args.default_max_tokens,
         max_batch=args.max_batch,
         prefix_cache=args.prefix_cache,
-        prefill_threads=prefill_threads(args.prefill_threads, _cores()),
+        threads=threads,
+        batch_threads=batch_threads(args.batch_threads, _cores()),
     )
     return serve(create_app(engine), args.host, args.port, args.log_level)
 
 
 def decoding_threads(asked: int | None, cores: int) -> int:
-    """torch's thread count for `--threads`: by default half the cores (at most 4); never
-    more than the cores less one. The event loop relays every token on a thread of its own:
-    with a compute thread on each core they take turns, and OpenMP's threads wait at each
-    layer for the one that was paused: issue 26 measured 0.9x to 3x one request's tokens/s
-    at 8 concurrent with --threads 2 on 2 cores, against 3.5x with 1."""
+    """torch's thread count for `--threads`, one request's decoding step: by default half
+    the cores (at most 4); never more than the cores less one, which the event loop and the
+    rest of the machine keep (one row gains nothing from a second thread on 2 cores:
+    bench/engine_steps.py). Before steps of several rows ran on --batch-threads, every step
+    ran on these, and issue 26 measured 0.9x to 3x one request's tokens/s at 8 concurrent
+    with --threads 2 on 2 cores, against 3.5x with 1."""
     limit = max(1, cores - 1)
     if asked is None:
         return max(1, min(4, cores // 2, limit))
@@ -381,14 +386,15 @@ def decoding_threads(asked: int | None, cores: int) -> int:
     return max(1, asked)
 
 
-def prefill_threads(asked: int | None, cores: int) -> int:
-    """torch's thread count while prompts are prefilled: by default every core (at most 8);
-    never more than the cores. A pass of many prompt rows is compute, so it gains from each
-    core (issue 26: 7 arrivals' prefill 320 -> 200 ms with 2 threads on 2 cores)."""
+def batch_threads(asked: int | None, cores: int) -> int:
+    """torch's thread count for passes of several rows (prefills, steps of two requests or
+    more): by default every core (at most 8); never more than the cores. Several rows are
+    compute, so they gain from each core (issue 26: 7 arrivals' prefill 320 -> 200 ms with 2
+    threads on 2 cores; 8 concurrent requests 171 -> 210 tok/s)."""
     if asked is None:
         return max(1, min(8, cores))
     if asked > cores:
-        log.warning("--prefill-threads %d is more than this machine's %d cores: using %d",
+        log.warning("--batch-threads %d is more than this machine's %d cores: using %d",
                     asked, cores, cores)  # fmt: skip
         return cores
     return asked

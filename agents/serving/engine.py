@@ -16,7 +16,9 @@ request stops within one step. A request's `response_format` or forced `tool_cho
 Constraint (agents.serving.constraints) that masks its own row of each step's logits.
 
 The linear layers' weights are laid out for a step's few rows (agents.serving.weights):
-stored transposed for one row, packed by oneDNN for more.
+stored transposed for one row, packed by oneDNN for more. One request's step runs on
+`threads`; a pass of several rows (a prefill, a step of two requests or more) on
+`batch_threads`.
 
 transformers' own continuous batching (`generate_batch`, ContinuousBatchingManager) is not
 used: it packs all requests into one row, so peft cannot give them different adapters, and it
@@ -26,7 +28,6 @@ samples with one generator and one greedy/sampling switch for all; tried on this
 """
 
 import atexit
-import contextlib
 import inspect
 import logging
 import threading
@@ -57,6 +58,10 @@ MIN_PREFIX = 8  # shorter shared beginnings of prompts are prefilled again
 # Padded prompt tokens one prefill pass may take: a bigger burst of arrivals is prefilled over
 # several passes, a decoding step between each, so running replies keep streaming.
 PREFILL_TOKENS = 2048
+# A decoding step of this many rows or more runs on the prefill threads: its products are
+# compute, not waiting on memory (SmolLM2-135M on 2 cores: a 32-row step 88 ms on one thread,
+# 74 on two; 16 rows 51 on either; bench/engine_steps.py).
+WIDE_STEP = 2
 
 
 @dataclass
@@ -123,7 +128,8 @@ class Engine:
         max_batch: int = 32,
         prefix_cache: int = 8,
         pack_weights: bool = True,
-        prefill_threads: int | None = None,
+        threads: int | None = None,
+        batch_threads: int | None = None,
     ):
         self.model_dir = Path(model_dir)
         if not (self.model_dir / "config.json").is_file():
@@ -162,10 +168,11 @@ class Engine:
         # every slot allocated at start (SmolLM2-135M, 32 slots of 256 columns: 377 MB): a
         # burst of arrivals does not wait while the cache grows (31 arrivals: 520 -> 160 ms)
         self._cache.reserve(self.max_batch, FIRST_CAPACITY)
-        # torch threads for a prefill pass (None: as for decoding). A pass is many rows of
-        # compute, which a second core speeds up; a step's few rows wait on memory, where a
-        # second thread gains little and takes the event loop's core (docs/serving.md).
-        self.prefill_threads = prefill_threads
+        # torch threads for one request's decoding step (None: torch's count now), and for a
+        # pass of several rows, a prefill or a step of WIDE_STEP requests or more (None: as for
+        # one): several rows are compute that a second core speeds up (docs/serving.md).
+        self.threads = threads or torch.get_num_threads()
+        self.batch_threads = batch_threads or self.threads
         # The KV cache of recent prompts, by adapter key and prompt: a new prompt starting with
         # one of them (the same system prompt, the next turn of a conversation) prefills only
         # the rest, as vLLM's prefix caching does. At most `prefix_cache` prompts are kept.
@@ -369,8 +376,8 @@ class Engine:
             return
         first = len(self._running)
         try:
-            with _threads(self.prefill_threads):
-                logits = self._prefill(arrived, first)
+            _use_threads(self.batch_threads)
+            logits = self._prefill(arrived, first)
         except Exception as error:
             log.exception("Prefill failed")
             for sequence in arrived:
@@ -440,6 +447,7 @@ class Engine:
         mask = torch.arange(width) <= columns[:, None, :, None]  # [rows, 1, 1, width]
         self._cache.select(0, columns, width)
         keys = [sequence.key for sequence in running]
+        _use_threads(self.batch_threads if len(running) >= WIDE_STEP else self.threads)
         logits = self._forward(inputs, keys, position_ids=columns, attention_mask=mask)
         for sequence in running:
             sequence.cached += 1
@@ -572,18 +580,11 @@ class Engine:
         log.info("Unloaded adapter %s", name)
 
 
-@contextlib.contextmanager
-def _threads(count: int | None):
-    """torch's intra-op threads set to `count` for the block (None: left as they are)."""
-    before = torch.get_num_threads()
-    if count is None or count == before:
-        yield
-        return
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+def _use_threads(count: int):
+    """torch's intra-op threads of the calling thread set to `count`, left so for the passes
+    after (set only when it changes: a batch's steady steps switch nothing)."""
+    if torch.get_num_threads() != count:
+        torch.set_num_threads(count)
 
 
 def _common_length(a, b, limit: int) -> int:

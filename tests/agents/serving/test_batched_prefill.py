@@ -10,7 +10,7 @@ import torch
 
 from agents.serving import engine as engine_module
 from agents.serving.decoding import Detokenizer
-from agents.serving.embedded import decoding_threads, prefill_threads
+from agents.serving.embedded import batch_threads, decoding_threads
 from agents.serving.engine import END, STARTED, Engine, Generation
 from agents.serving.protocol import ChatCompletionRequest
 
@@ -133,32 +133,41 @@ def test_threads_beyond_the_cores_less_one_are_cut(caplog):
     assert decoding_threads(4, 1) == 1
 
 
-def test_prefill_threads_default_to_the_cores_and_never_exceed_them(caplog):
-    assert prefill_threads(None, 2) == 2
-    assert prefill_threads(None, 64) == 8
-    assert prefill_threads(1, 2) == 1
-    assert prefill_threads(4, 2) == 2
-    assert "--prefill-threads 4" in caplog.text
+def test_batch_threads_default_to_the_cores_and_never_exceed_them(caplog):
+    assert batch_threads(None, 2) == 2
+    assert batch_threads(None, 64) == 8
+    assert batch_threads(1, 2) == 1
+    assert batch_threads(4, 2) == 2
+    assert "--batch-threads 4" in caplog.text
 
 
 @pytest.mark.model
-def test_a_prefill_pass_runs_on_its_threads_and_decoding_on_its_own(engine, monkeypatch):
-    seen = []
-    prefill, step = engine._prefill, engine._step
-    monkeypatch.setattr(engine, "prefill_threads", torch.get_num_threads() + 1)
-    monkeypatch.setattr(
-        engine,
-        "_prefill",
-        lambda *a: seen.append(("prefill", torch.get_num_threads())) or prefill(*a),
-    )
-    monkeypatch.setattr(
-        engine, "_step", lambda: seen.append(("step", torch.get_num_threads())) or step()
-    )
-    decoding = torch.get_num_threads()
+def test_passes_of_several_rows_run_on_the_batch_threads_and_one_request_on_its_own(
+    engine, monkeypatch
+):
+    seen = []  # (what, rows, torch threads of the decoding thread), as each pass begins
+    forward = engine._forward
+    monkeypatch.setattr(engine, "batch_threads", engine.threads + 1)
+
+    def counted(input_ids, keys, **kwargs):
+        what = "prefill" if input_ids.shape[1] > 1 else "step"  # a step is a token a row
+        seen.append((what, input_ids.shape[0], torch.get_num_threads()))
+        return forward(input_ids, keys, **kwargs)
+
+    monkeypatch.setattr(engine, "_forward", counted)
     assert Reply(engine, PROMPTS[1], max_tokens=4).text
-    assert ("prefill", decoding + 1) in seen and ("step", decoding) in seen
-    assert {threads for kind, threads in seen if kind == "step"} == {decoding}
-    assert torch.get_num_threads() == decoding
+    with engine._wake:  # two at once: one prefill pass, then steps of two rows
+        pair = [Reply(engine, prompt, max_tokens=4) for prompt in PROMPTS[:2]]
+    assert all(reply.text is not None for reply in pair)
+
+    by_rows = {(what, rows): threads for what, rows, threads in seen}
+    assert by_rows[("prefill", 1)] == by_rows[("prefill", 2)] == engine.batch_threads
+    assert by_rows[("step", 1)] == engine.threads
+    assert by_rows[("step", 2)] == engine.batch_threads
+    # each step of one row ran on `threads` (a prefill before it did not leave it on more)
+    assert {t for what, rows, t in seen if (what, rows) == ("step", 1)} == {engine.threads}
+    # the test's own thread keeps its count: the engine sets its decoding thread's alone
+    assert torch.get_num_threads() == engine.threads
 
 
 @pytest.mark.model

@@ -66,3 +66,32 @@ def test_peft_wraps_a_laid_out_layer_and_its_adapter_counts():
         torch.testing.assert_close(with_adapter, plain(ids).logits, rtol=1e-4, atol=1e-4)
         with laid_out.disable_adapter():
             assert not torch.allclose(laid_out(ids).logits, with_adapter, atol=1e-3)
+
+
+@pytest.mark.parametrize("packed_faster", [True, False])
+def test_one_row_takes_the_layout_timed_faster(monkeypatch, packed_faster):
+    from agents.serving import weights
+
+    timings = (2.0, 1.0) if packed_faster else (1.0, 2.0)  # (transposed, packed) ms
+    monkeypatch.setattr(weights, "one_row_ms", lambda layers: timings)
+    plain, model = tiny_llama(), tiny_llama()
+    lay_out_linear_weights(model)
+    layer = model.model.layers[0].self_attn.q_proj
+    assert layer.one_row_packed is packed_faster
+    x = torch.randn(1, 64)
+    with torch.no_grad():
+        ids = torch.randint(0, 97, (1, 1))
+        torch.testing.assert_close(model(ids).logits, plain(ids).logits, rtol=1e-4, atol=1e-4)
+        before = layer(x)
+        layer.weight.mul_(2)  # the packed copy keeps the old values: it shows which one ran
+        assert torch.allclose(layer(x), before, rtol=1e-4, atol=1e-4) is packed_faster
+
+
+def test_the_one_row_timing_measures_both_layouts():
+    from agents.serving import weights
+
+    model = tiny_llama()
+    lay_out_linear_weights(model)
+    layers = [m for m in model.modules() if type(m) is PackedLinear]
+    transposed, packed = weights.one_row_ms(layers, rounds=2)
+    assert 0 < transposed < 1000 and 0 < packed < 1000
