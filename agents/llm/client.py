@@ -556,30 +556,38 @@ class _Opened:
     async def _chunks(self):
         data: list[str] = []
         done = False
+        rest = b""  # a line not yet ended
+        # Blocks as they arrive, split into lines here: one await a block, where reading line
+        # by line awaited twice an event (its `data:` line and the blank line that ends it).
         # Read to the body's end even after [DONE]: a response left unfinished closes its
         # connection instead of returning it to the pool.
-        async for raw in self.response.content:
+        async for block in self.response.content.iter_any():
             if done:
                 continue
-            line = raw.decode("utf-8", "replace").rstrip("\r\n")
-            if line.startswith("data:"):
-                data.append(line[5:].lstrip(" "))
-                continue
-            if line or not data:  # a comment, an `event:`/`id:` field, or a keep-alive
-                continue
-            event, data = "\n".join(data), []  # a blank line ends the event
-            if event == "[DONE]":
-                done = True
-                continue
-            try:
-                chunk = json.loads(event)
-            except ValueError:
-                raise LLMError(f"Malformed event from {self.url}: {event[:200]!r}") from None
-            if isinstance(chunk, dict) and chunk.get("error"):  # an error inside a 200 stream
-                error = chunk["error"]
-                message = error.get("message") if isinstance(error, dict) else error
-                raise LLMError(f"The engine failed mid-stream: {message}")
-            yield chunk
+            *lines, rest = (rest + block).split(b"\n")
+            for raw in lines:
+                line = raw.decode("utf-8", "replace").rstrip("\r")
+                if line.startswith("data:"):
+                    data.append(line[5:].lstrip(" "))
+                    continue
+                if line or not data:  # a comment, an `event:`/`id:` field, or a keep-alive
+                    continue
+                event, data = "\n".join(data), []  # a blank line ends the event
+                if event == "[DONE]":
+                    done = True
+                    break
+                yield self._parsed(event)
+
+    def _parsed(self, event: str) -> dict:
+        try:
+            chunk = json.loads(event)
+        except ValueError:
+            raise LLMError(f"Malformed event from {self.url}: {event[:200]!r}") from None
+        if isinstance(chunk, dict) and chunk.get("error"):  # an error inside a 200 stream
+            error = chunk["error"]
+            message = error.get("message") if isinstance(error, dict) else error
+            raise LLMError(f"The engine failed mid-stream: {message}")
+        return chunk
 
     async def close(self):
         await self.chunks.aclose()

@@ -169,50 +169,99 @@ async def relay(stream, send: Send, reply_to: str) -> None:
     Any token is the engine's progress, text or a tool call that shows none (a forced call
     streams no text until it is whole): before its first token the page hears "slow" after
     the stall timeout, and EngineStalled comes after the first-token timeout; after it,
-    EngineStalled comes when no token has come for the stall timeout."""
-    stall = stall_timeout()
-    pieces = aiter(stream)
-    began = time.monotonic()
-    told_slow = False
-
-    async def next_piece() -> str | None:
-        nonlocal told_slow
-        # A task of its own, so that waiting for the piece can be told apart from the piece.
-        piece = asyncio.ensure_future(anext(pieces, None))
-        try:
-            while not piece.done():
-                heard = stream.last_token
-                if heard is not None:
-                    limit = heard + stall
-                else:
-                    limit = began + (first_token_timeout() if told_slow else stall)
-                await asyncio.wait({piece}, timeout=max(limit - time.monotonic(), 0))
-                if piece.done() or stream.last_token != heard or time.monotonic() < limit:
-                    continue  # a piece, or a token that shows no text: the engine is at work
-                if heard is not None:
-                    raise EngineStalled(f"no token from the engine for {stall:g} s")
-                if told_slow:
-                    raise EngineStalled(
-                        f"no first token from the engine in {first_token_timeout():g} s"
-                    )
-                notice = "The assistant is slow to answer just now; please wait a little."
-                await send({"type": "slow", "reply_to": reply_to, "message": notice})
-                told_slow = True
-        finally:
-            if not piece.done():  # the turn is cut short: end the read before the stream closes
-                piece.cancel()
-                await asyncio.gather(piece, return_exceptions=True)
-        return piece.result()
-
+    EngineStalled comes when no token has come for the stall timeout. A Watchdog keeps that
+    time beside the reading, so a piece costs one read and nothing more (a task and a wait a
+    piece were 3% of the server's CPU under load: docs/results/chat_load.md)."""
+    watchdog = Watchdog(stream, send, reply_to)
     sent_at, held = None, []  # sent_at: when the last delta went; None before the first
-    while (delta := await next_piece()) is not None:
-        now = time.monotonic()
-        held.append(delta)
-        if sent_at is None or now - sent_at >= DELTA_INTERVAL:
-            await send({"type": "delta", "reply_to": reply_to, "text": "".join(held)})
-            sent_at, held = now, []
+    try:
+        async for delta in stream:
+            await watchdog.told()  # "slow" goes out before the first delta, never after it
+            now = time.monotonic()
+            held.append(delta)
+            if sent_at is None or now - sent_at >= DELTA_INTERVAL:
+                await send({"type": "delta", "reply_to": reply_to, "text": "".join(held)})
+                sent_at, held = now, []
+        await watchdog.settle()
+    except asyncio.CancelledError:
+        # the watchdog's cancel (a stall) becomes EngineStalled; any other one goes on
+        if watchdog.stalled is not None and asyncio.current_task().uncancel() == 0:
+            raise watchdog.stalled from None
+        raise
+    finally:
+        await watchdog.stop()
     if held:
         await send({"type": "delta", "reply_to": reply_to, "text": "".join(held)})
+
+
+class Watchdog:
+    """The stall and slow-start timers of one relayed reply: one timer on the event loop that,
+    when it fires, looks at the time of the stream's latest token and sets itself again for
+    the next deadline, tells the page "slow" once, or cancels the relaying task, noting why
+    (`stalled`), so that the stream being read is closed."""
+
+    def __init__(self, stream, send: Send, reply_to: str):
+        self.stream, self.send, self.reply_to = stream, send, reply_to
+        self.stall = stall_timeout()
+        self.began = time.monotonic()
+        self.task = asyncio.current_task()
+        self.loop = asyncio.get_running_loop()
+        self.told_slow = False
+        self.telling: asyncio.Task | None = None  # the "slow" notice on its way
+        self.stalled: EngineStalled | None = None
+        self.timer = self.loop.call_later(self.stall, self.check)
+
+    def deadline(self) -> float:
+        heard = self.stream.last_token
+        if heard is not None:
+            return heard + self.stall
+        return self.began + (first_token_timeout() if self.told_slow else self.stall)
+
+    def check(self):
+        left = self.deadline() - time.monotonic()
+        if left > 0:  # a token came since the timer was set
+            self.timer = self.loop.call_later(left, self.check)
+        elif self.stream.last_token is not None:
+            self.stop_with(EngineStalled(f"no token from the engine for {self.stall:g} s"))
+        elif self.told_slow:
+            timeout = first_token_timeout()
+            self.stop_with(EngineStalled(f"no first token from the engine in {timeout:g} s"))
+        else:
+            notice = "The assistant is slow to answer just now; please wait a little."
+            message = {"type": "slow", "reply_to": self.reply_to, "message": notice}
+            self.telling = self.loop.create_task(self.send(message))
+            self.told_slow = True
+            self.check()
+
+    def stop_with(self, error: EngineStalled):
+        self.stalled = error
+        self.task.cancel()
+
+    async def settle(self):
+        """At the reply's end: a stall noticed at that same moment is taken back (the reply
+        is whole), and so is the cancel it asked for, which would come at the next await. A
+        "slow" notice still on its way goes out first (a reply of tool calls shows no text)."""
+        self.timer.cancel()
+        await self.told()
+        if self.stalled is None:
+            return
+        self.stalled = None
+        try:
+            await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            if self.task.uncancel() > 0:  # cancelled by someone else too
+                raise
+
+    async def told(self):
+        if self.telling is not None:
+            telling, self.telling = self.telling, None
+            await telling
+
+    async def stop(self):
+        self.timer.cancel()
+        if self.telling is not None and not self.telling.done():
+            self.telling.cancel()
+            await asyncio.gather(self.telling, return_exceptions=True)
 
 
 def final_reply(user_message: Message) -> Message | None:
