@@ -1,8 +1,9 @@
 """parley.http's ASGI handler: Django's middleware and view in one thread hop a request, with
-the same pages as Django's own handler."""
+the same pages as Django's own handler, on threads that finished requests gave back."""
 
 import asyncio
 import re
+import threading
 
 import httpx
 import pytest
@@ -66,3 +67,52 @@ def test_pages_are_those_of_djangos_own_handler(settings):
         # the same page, but for its per-request nonce and CSRF token
         scrub = re.compile(r'(nonce|value)="[^"]*"|nonce-[\w-]+')
         assert scrub.sub("", mine.text) == scrub.sub("", django.text), path
+
+
+def test_requests_reuse_the_thread_a_finished_request_gave_back(settings, monkeypatch):
+    settings.ALLOWED_HOSTS = ["testserver"]
+    handler = http.OneHopASGIHandler()
+    ran_on, respond = [], handler.get_response
+    monkeypatch.setattr(
+        handler,
+        "get_response",
+        lambda request: ran_on.append(threading.get_ident()) or respond(request),
+    )
+    started = []
+    monkeypatch.setattr(http, "RequestThread", counted(http.RequestThread, started))
+    for _ in range(4):
+        assert get(handler, "/healthz").status_code == 200
+    assert len(ran_on) == 4 and len(set(ran_on)) == 1
+    assert len(started) == 1 and handler.idle == started
+
+
+def test_a_thread_whose_work_outlives_its_request_is_not_given_back(monkeypatch):
+    handler = http.OneHopASGIHandler()
+    started = []
+    monkeypatch.setattr(http, "RequestThread", counted(http.RequestThread, started))
+    release = threading.Event()
+
+    async def handle(scope, receive, send):  # a view still running when the client is gone
+        view = asyncio.ensure_future(sync.sync_to_async(release.wait, thread_sensitive=True)())
+        await asyncio.sleep(0.05)
+        view.cancel()
+        await asyncio.gather(view, return_exceptions=True)
+
+    monkeypatch.setattr(handler, "handle", handle)
+    try:
+        asyncio.run(handler({"type": "http"}, None, None))
+        (thread,) = started
+        assert thread.pending == 1 and handler.idle == []  # not handed to the next request
+    finally:
+        release.set()
+    thread.shutdown(wait=True)  # it was told to shut down once its work is done: it does
+    assert thread.pending == 0
+
+
+def counted(cls, instances: list):
+    class Counted(cls):
+        def __init__(self):
+            super().__init__()
+            instances.append(self)
+
+    return Counted
