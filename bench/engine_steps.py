@@ -8,7 +8,7 @@ its weights laid out as the engine serves them), in this process with nothing el
 the pass alone, without the served engine's sampling, streaming and event loop. Prints ms a
 step for each rows x threads, with the machine's load. Asserts nothing.
 
-On 2 cores (2026-12-04 23:10 UTC, load 0.9) a second thread gained nothing below 12 rows here
+On 2 cores (2026-12-04 23:10 UTC, load 0.9, commit f3aaed1) a second thread gained nothing below 12 rows here
 (1 row 34.0 / 34.5 ms, 8 rows 38.5 / 39.6) and 13% at 32 (81 / 71 ms), while the served engine
 (bench/vllm_vs_embedded.py) gained 20-30% from 8 concurrent requests up: the engine's
 WIDE_STEP is chosen from the served figures, this table says what the pass alone does.

@@ -58,9 +58,12 @@ MIN_PREFIX = 8  # shorter shared beginnings of prompts are prefilled again
 # Padded prompt tokens one prefill pass may take: a bigger burst of arrivals is prefilled over
 # several passes, a decoding step between each, so running replies keep streaming.
 PREFILL_TOKENS = 2048
-# A decoding step of this many rows or more runs on the prefill threads: its products are
-# compute, not waiting on memory (SmolLM2-135M on 2 cores: a 32-row step 88 ms on one thread,
-# 74 on two; 16 rows 51 on either; bench/engine_steps.py).
+# A decoding step of this many rows or more runs on the batch threads, as a prefill pass does
+# (bench/vllm_vs_embedded.py --only embedded, SmolLM2-135M on 2 cores, 2026-12-04 23:12 UTC,
+# load 1.2-1.5, f3aaed1 with this threshold varied, three alternating runs each: at 8
+# concurrent 207-212 tok/s from 2 rows against 171-173 from 24; at 16, 343-350 against
+# 263-275). One request's step keeps `threads`: a core left to the event loop and the rest of
+# the machine, where one row gained nothing from a second thread (bench/engine_steps.py).
 WIDE_STEP = 2
 
 

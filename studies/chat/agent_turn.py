@@ -185,7 +185,7 @@ async def relay(stream, send: Send, reply_to: str) -> None:
         await watchdog.settle()
     except asyncio.CancelledError:
         # the watchdog's cancel (a stall) becomes EngineStalled; any other one goes on
-        if watchdog.stalled is not None and asyncio.current_task().uncancel() == 0:
+        if watchdog.stalled is not None and watchdog.task.uncancel() == 0:
             raise watchdog.stalled from None
         raise
     finally:
@@ -238,19 +238,11 @@ class Watchdog:
         self.task.cancel()
 
     async def settle(self):
-        """At the reply's end: a stall noticed at that same moment is taken back (the reply
-        is whole), and so is the cancel it asked for, which would come at the next await. A
-        "slow" notice still on its way goes out first (a reply of tool calls shows no text)."""
+        """At the reply's end: the timer stopped, and a "slow" notice still on its way sent
+        (a reply of tool calls shows no text). A stall cannot be pending here: the timer runs
+        only while the task waits, and its cancel is thrown in where the task waits."""
         self.timer.cancel()
         await self.told()
-        if self.stalled is None:
-            return
-        self.stalled = None
-        try:
-            await asyncio.sleep(0)
-        except asyncio.CancelledError:
-            if self.task.uncancel() > 0:  # cancelled by someone else too
-                raise
 
     async def told(self):
         if self.telling is not None:
