@@ -20,6 +20,16 @@ from django.db.models.query import ModelIterable, get_related_populators
 # comparison with an out-of-range value away); for a UUID column, UUIDs made of them.
 _MARKER = 2_147_400_001
 
+# The kinds of value a compiled read takes. A backend may send a value in another form than the
+# Python one (SQLite and MySQL send a UUID as its 32-digit hex text: UUIDField.get_db_prep_value),
+# so each kind lists the forms a compiled parameter can take, and a value is sent in the form its
+# marker was found in.
+FORMS: dict[type, tuple[Callable, ...]] = {
+    int: (lambda v: v,),
+    str: (lambda v: v,),
+    uuid.UUID: (lambda v: v, lambda v: v.hex, str),
+}
+
 
 def marker(kind: type, i: int):
     if kind is uuid.UUID:
@@ -41,6 +51,11 @@ class Prepared:
         self.kinds = kinds or (int,) * arity
         if len(self.kinds) != arity:
             raise TypeError(f"{arity} values but {len(self.kinds)} kinds")
+        unknown = [kind for kind in self.kinds if kind not in FORMS]
+        if unknown:
+            raise TypeError(
+                f"a compiled read takes {', '.join(k.__name__ for k in FORMS)}: not {unknown}"
+            )
         self._compiled: dict[str, tuple] = {}  # by database alias
         self._lock = threading.Lock()
 
@@ -50,16 +65,18 @@ class Prepared:
         compiler = queryset.query.get_compiler(using=alias)
         sql, params = compiler.as_sql()
 
-        def slot(param):  # a value's place (an int may come wrapped: psycopg's Int4)
-            found = [
-                i
-                for i, m in enumerate(markers)
-                if isinstance(param, type(m)) and not isinstance(param, bool) and param == m
-            ]
-            return found[0] if found else None
+        def slot(param):  # a value's place and form (an int may come wrapped: psycopg's Int4)
+            if isinstance(param, bool):
+                return None
+            for i, (kind, m) in enumerate(zip(self.kinds, markers, strict=True)):
+                for form in FORMS[kind]:
+                    sent = form(m)
+                    if isinstance(param, type(sent)) and param == sent:
+                        return i, form
+            return None
 
         slots = [slot(p) for p in params]
-        missing = set(range(self.arity)) - set(slots)
+        missing = set(range(self.arity)) - {s[0] for s in slots if s is not None}
         if missing:
             raise ValueError(f"Values {sorted(missing)} do not appear in the query's parameters")
         build = None
@@ -84,12 +101,17 @@ class Prepared:
     def _fetch(self, values, using: str) -> tuple[tuple, list]:
         if len(values) != self.arity:
             raise TypeError(f"expected {self.arity} values, got {len(values)}")
+        for value, kind in zip(values, self.kinds, strict=True):
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise TypeError(f"a {kind.__name__} was expected, not {value!r}")
         compiled = self._compiled.get(using)
         if compiled is None:  # compiled inside the caller's transaction (FOR UPDATE needs one)
             with self._lock:
                 compiled = self._compiled.setdefault(using, self._compile(using))
         compiler, sql, params, slots, _ = compiled
-        params = [p if s is None else values[s] for p, s in zip(params, slots, strict=True)]
+        params = [
+            p if s is None else s[1](values[s[0]]) for p, s in zip(params, slots, strict=True)
+        ]
         with connections[using].cursor() as cursor:
             cursor.execute(sql, params)
             fetched = cursor.fetchall()
