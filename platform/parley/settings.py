@@ -190,6 +190,9 @@ def pool_max_size() -> int:
 
 
 DATABASE_URL = env("str", "DATABASE_URL", "")
+# The participant pages' hot reads compiled once (studies/lib/prepared_queries.py); off, they take
+# Django's own query path: the way out if a Django upgrade changes the internals they lean on.
+PARLEY_COMPILED_READS = env("bool", "PARLEY_COMPILED_READS", True)
 if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL)}
     if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":

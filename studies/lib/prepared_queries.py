@@ -4,13 +4,19 @@ Django compiles a queryset's SQL each time it is evaluated, and for a short read
 of its CPU (bench/chat_load.py: about a third of a turn's database work). A chat turn runs the
 same few reads thousands of times with only ids changing, so `Prepared` keeps Django's SQL and
 its result converters and swaps the values in. Results are exactly the queryset's own
-(tests/studies/lib/test_prepared.py compares them).
+(tests/studies/lib/test_prepared.py compares them, for each kind of value, on SQLite and on
+PostgreSQL).
+
+It leans on Django's compiler internals (docs/development.md, "Framework internals", lists them;
+tests/platform/test_framework_internals.py fails when an upgrade changes them).
+PARLEY_COMPILED_READS=0 sends every read through Django's own query path instead.
 """
 
 import threading
 import uuid
 from collections.abc import Callable
 
+from django.conf import settings
 from django.db import connections
 from django.db.models import Model, QuerySet
 from django.db.models.query import ModelIterable, get_related_populators
@@ -98,12 +104,17 @@ class Prepared:
             )
         return compiler, sql, tuple(params), tuple(slots), build
 
-    def _fetch(self, values, using: str) -> tuple[tuple, list]:
+    def _fetch(self, values, using: str) -> tuple[tuple | bool, list]:
         if len(values) != self.arity:
             raise TypeError(f"expected {self.arity} values, got {len(values)}")
         for value, kind in zip(values, self.kinds, strict=True):
             if not isinstance(value, kind) or isinstance(value, bool):
                 raise TypeError(f"a {kind.__name__} was expected, not {value!r}")
+        if not settings.PARLEY_COMPILED_READS:  # Django's own path, value for value the same
+            queryset = self.build(*values).using(using)
+            if queryset._prefetch_related_lookups:
+                raise ValueError("prefetch_related is not prepared: prefetch after `objects`")
+            return queryset._iterable_class is ModelIterable, list(queryset)
         compiled = self._compiled.get(using)
         if compiled is None:  # compiled inside the caller's transaction (FOR UPDATE needs one)
             with self._lock:
@@ -121,9 +132,13 @@ class Prepared:
         return self._fetch(values, using)[1]
 
     def objects(self, *values, using: str = "default") -> list[Model]:
-        (_, _, _, _, build), rows = self._fetch(values, using)
-        if build is None:
+        compiled, rows = self._fetch(values, using)
+        made_by_django = isinstance(compiled, bool)  # compiled reads off: is it instances?
+        build = compiled if made_by_django else compiled[4]
+        if not build:
             raise TypeError("objects() needs a queryset of model instances, not values")
+        if made_by_django:
+            return rows
         model, start, end, names, populators, annotations = build
         made = []
         for row in rows:

@@ -116,3 +116,44 @@ def test_objects_refuse_what_they_cannot_make(db):
     prefetching = Prepared(lambda pk: Message.objects.filter(pk=pk).prefetch_related("replies"), 1)
     with pytest.raises(ValueError, match="prefetch_related"):
         prefetching.objects(1)
+
+
+# Each kind a compiled read takes, against a column of that kind. The suite runs once on the
+# README's default database (SQLite) and once on PostgreSQL (.ci/run), so each kind is tested on
+# each database parley supports; the two send a UUID differently (hex text, native uuid).
+KINDS = {
+    int: (lambda row: row.pk, lambda v: Participant.objects.filter(pk=v)),
+    str: (lambda row: row.prolific_pid, lambda v: Participant.objects.filter(prolific_pid=v)),
+    uuid.UUID: (lambda row: row.token, lambda v: Participant.objects.filter(token=v)),
+}
+OTHER = {int: 10**6, str: "no-such-pid", uuid.UUID: uuid.UUID(int=7)}
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "django"])
+@pytest.mark.parametrize("kind", list(KINDS), ids=lambda kind: kind.__name__)
+def test_each_kind_on_this_database(conversation, kind, compiled, settings):
+    settings.PARLEY_COMPILED_READS = compiled  # off: Django's own query path, the same answers
+    value_of, build = KINDS[kind]
+    participant = conversation.participant
+    prepared = Prepared(build, 1, kinds=(kind,))
+    by_value = Prepared(lambda v: build(v).values_list("pk", "token"), 1, kinds=(kind,))
+    value = value_of(participant)
+    assert isinstance(value, kind)
+    assert prepared.objects(value) == list(build(value)) == [participant]
+    assert by_value.rows(value) == [(participant.pk, participant.token)]
+    assert prepared.objects(OTHER[kind]) == list(build(OTHER[kind])) == []
+    # compiled once per database (the second read of another value reuses the SQL), or never
+    assert list(prepared._compiled) == ([connection.alias] if compiled else [])
+    values = Prepared(lambda v: build(v).values_list("pk"), 1, kinds=(kind,))
+    with pytest.raises(TypeError, match="model instances"):
+        values.objects(value)
+    wrong = "1" if kind is not str else 1
+    with pytest.raises(TypeError, match=f"a {kind.__name__} was expected"):
+        prepared.objects(wrong)
+
+
+def test_other_kinds_are_refused_where_declared(db):
+    from datetime import datetime
+
+    with pytest.raises(TypeError, match="a compiled read takes int, str, UUID"):
+        Prepared(lambda at: Message.objects.filter(created_at=at), 1, kinds=(datetime,))
