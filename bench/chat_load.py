@@ -4,6 +4,7 @@
                               [--think 5,15] [--out docs/results/chat_load]
     python bench/chat_load.py --cpu-only             # the CPU figures alone
     python bench/chat_load.py --against CHECKOUT     # CPU: this code and CHECKOUT's, side by side
+    python bench/chat_load.py --compare-reads        # CPU: compiled reads on and off, side by side
     python bench/chat_load.py --profile              # py-spy: OUT_profile.md
 
 The production layout on this machine: uvicorn workers (DJANGO_DEBUG=0) on PostgreSQL and Redis,
@@ -131,8 +132,11 @@ def start(args, env: dict, engine_port: int, web_port: int) -> list[subprocess.P
 
 def start_other(args, env: dict, web_port: int) -> subprocess.Popen:
     """The web server of another checkout (--against), on the same database, Redis and engine:
-    its code, its bench/load_settings.py, this bench."""
-    other = Path(args.against).resolve()
+    its code, its bench/load_settings.py, this bench. With --compare-reads, this checkout's with
+    the compiled reads off (studies/lib/prepared_queries.py: Django's own query path)."""
+    other = Path(args.against).resolve() if args.against else REPO
+    if args.compare_reads:
+        env = {**env, "PARLEY_COMPILED_READS": "0"}
     path = [str(other / "bench"), str(other), str(other / "platform"), env.get("PYTHONPATH", "")]
     web = subprocess.Popen(
         [
@@ -751,6 +755,12 @@ def main():
         help="only the CPU per turn and per participant, this code's and CHECKOUT's (e.g. an "
         "exported main) side by side, in alternating rounds",
     )
+    parser.add_argument(
+        "--compare-reads",
+        action="store_true",
+        help="only the CPU per turn and per participant of this code with its compiled reads "
+        "and without (PARLEY_COMPILED_READS=0), side by side in alternating rounds",
+    )
     parser.add_argument("--rounds", type=int, default=6, help="rounds of --against")
     parser.add_argument(
         "--profile",
@@ -795,19 +805,29 @@ def main():
     url, engine_url = f"http://127.0.0.1:{web_port}", env["PARLEY_ENGINE_URL"]
     runs, queries, turns_alone, whole = [], {}, {}, {}
     try:
-        if args.against:
+        if args.against or args.compare_reads:
             port = free_port()
             other = start_other(args, env, port)
             processes.append(other)
-            theirs = os.environ.get("BENCH_AGAINST_COMMIT") or args.against
+            if args.compare_reads:
+                names = (f"compiled reads ({commit()})", f"Django's query path ({commit()})")
+            else:
+                theirs = os.environ.get("BENCH_AGAINST_COMMIT") or args.against
+                names = (f"this ({commit()})", f"against ({theirs})")
             servers = {
-                f"this ({commit()})": (processes[1], url),
-                f"against ({theirs})": (other, f"http://127.0.0.1:{port}"),
+                names[0]: (processes[1], url),
+                names[1]: (other, f"http://127.0.0.1:{port}"),
             }
             figures = side_by_side(args, servers, engine_url, args.rounds)
             out = Path(args.out)
             out.parent.mkdir(parents=True, exist_ok=True)
-            result = {"when": now(), "load": load(), "against": args.against, "figures": figures}
+            result = {
+                "when": now(),
+                "load": load(),
+                "commit": commit(),
+                "against": args.against or "PARLEY_COMPILED_READS=0",
+                "figures": figures,
+            }
             out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
             print(json.dumps(result), flush=True)
             return
@@ -889,7 +909,7 @@ def main():
 def outputs(args) -> list[Path]:
     """The files this run writes."""
     out = Path(args.out)
-    if args.against:
+    if args.against or args.compare_reads:
         return [out.with_suffix(".json")]
     if args.profile:
         return [out.with_name(out.name + "_profile").with_suffix(".md")]
