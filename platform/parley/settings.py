@@ -190,11 +190,22 @@ def pool_max_size() -> int:
 
 
 DATABASE_URL = env("str", "DATABASE_URL", "")
+# SQLite's options wherever it is named (the default, or DATABASE_URL=sqlite:///...: the tests'
+# servers and workers get the test database so): the web server, Celery and the engine's
+# callbacks write to one file, so a writer waits for the lock (busy timeout) instead of
+# failing, and a transaction takes it when it begins (IMMEDIATE), since one that read first
+# and then writes gets "database is locked" at once, without waiting, when another holds it.
+SQLITE_OPTIONS = {"timeout": 20, "transaction_mode": "IMMEDIATE"}
 # The participant pages' hot reads compiled once (studies/lib/prepared_queries.py); off, they take
 # Django's own query path: the way out if a Django upgrade changes the internals they lean on.
 PARLEY_COMPILED_READS = env("bool", "PARLEY_COMPILED_READS", True)
 if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL)}
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+        DATABASES["default"]["OPTIONS"] = {
+            **SQLITE_OPTIONS,
+            **DATABASES["default"].get("OPTIONS", {}),
+        }
     if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
         # psycopg 3 connection pool; Django then keeps no persistent connections of its own.
         DATABASES["default"]["CONN_MAX_AGE"] = 0
@@ -218,8 +229,7 @@ else:
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": DATA_DIR / "parley.sqlite3",
-            # The ASGI server and the Celery worker write to one file: wait instead of failing.
-            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
+            "OPTIONS": dict(SQLITE_OPTIONS),
             # A file, not memory, so servers started by the tests see the test database.
             "TEST": {"NAME": DATA_DIR / "test.sqlite3"},
         }

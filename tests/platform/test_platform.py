@@ -148,6 +148,26 @@ def test_embedded_settings_need_no_server():
     }
 
 
+SQLITE_PROBE = (
+    "import json, django; from django.conf import settings as s; django.setup(); "
+    "print(json.dumps(s.DATABASES['default'].get('OPTIONS', {})))"
+)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("url", [None, "sqlite:////tmp/elsewhere.sqlite3"], ids=["default", "url"])
+def test_sqlite_waits_for_its_lock_however_it_is_named(url):
+    """The tests' servers and workers get the test database as DATABASE_URL=sqlite:///...: it
+    lost the busy timeout and IMMEDIATE transactions, and concurrent bots got "database is
+    locked" (a 503) at once."""
+    env = {"DATABASE_URL": url} if url else {}
+    clean = {k: v for k, v in child_env().items() if k != "DATABASE_URL"}
+    result = python("-c", SQLITE_PROBE, env={**clean, **env})
+    assert result.returncode == 0, result.stderr
+    options = json.loads(result.stdout.strip().splitlines()[-1])
+    assert options["timeout"] >= 20 and options["transaction_mode"] == "IMMEDIATE"
+
+
 @pytest.mark.django_db
 def test_production_settings_from_environment():
     got = probe(

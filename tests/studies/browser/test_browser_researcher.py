@@ -9,7 +9,7 @@ import pytest
 
 from agents.models import ModelEndpoint
 from studies.models import Item, Participant, Questionnaire, Study
-from tests.support.processes import REPO, child_env, need
+from tests.support.processes import REPO, child_env
 from tests.support.scripted_server import ScriptedServer
 
 pytestmark = pytest.mark.browser
@@ -19,11 +19,6 @@ pytestmark = pytest.mark.browser
 def isolated(monkeypatch, tmp_path, transactional_db):
     """The children's own data folder and broker, so no other test's worker takes the task."""
     import os
-
-    from django.db import connection
-
-    # bots arrive concurrently: SQLite's single writer answers them "database is locked"
-    need(connection.vendor == "postgresql", "needs DATABASE_URL pointing at PostgreSQL")
 
     # No shared key: the web server and the worker each make their own development key, as in
     # `make demo`, and still agree on who is a bot (the study's key is in the database).
