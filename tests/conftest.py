@@ -19,10 +19,58 @@ from agents.serving.process import (
 )
 from tests.support.processes import (
     CHECKPOINT_NAME,
+    IN_CI,
     REPO,
+    SERVICE_SKIP,
     child_env,
     need,
+    need_service,
 )
+
+# What makes a test's outcome depend on the set-up (SQLite or PostgreSQL, the in-memory channel
+# layer or Redis, Celery's broker): the database (pytest-django refuses it to any other test), a
+# service, or the servers and workers started on the test database.
+SETUP_FIXTURES = {
+    "db",
+    "transactional_db",
+    "django_db_reset_sequences",
+    "django_db_serialized_rollback",
+    "live_server",
+    "postgres",
+    "redis_url",
+    "celery_worker",
+    "web_server",
+}
+SETUP_FOLDERS = ("tests/studies/", "tests/platform/")  # the Django site's own tests, whole
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--setup-dependent",
+        action="store_true",
+        help="only the tests whose outcome can depend on the set-up (database, channel layer, "
+        "broker): the study app's and the platform's, and every other test that reaches the "
+        "database or a service. .ci/run runs the whole suite on the README's defaults, then "
+        "these on PostgreSQL and Redis.",
+    )
+
+
+def depends_on_setup(item) -> bool:
+    path = item.nodeid.replace("\\", "/")
+    return (
+        path.startswith(SETUP_FOLDERS)
+        or bool(SETUP_FIXTURES & set(item.fixturenames))
+        or item.get_closest_marker("django_db") is not None
+        or item.get_closest_marker("services") is not None
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--setup-dependent"):
+        return
+    kept = [item for item in items if depends_on_setup(item)]
+    config.hook.pytest_deselected(items=[item for item in items if not depends_on_setup(item)])
+    items[:] = kept
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -42,9 +90,28 @@ def pytest_runtest_makereport(item, call):
     """A transactional test's teardown whose flush fails says why beside the error: the cause
     (a deadlock, a pool timeout) and who else was on the test database (a worker still at work)."""
     report = yield
+    if IN_CI and report.skipped and not hasattr(report, "wasxfail"):
+        # CI skips nothing but a service its set-up has none of (need_service): whatever else a
+        # test needs (a browser, vLLM, bubblewrap, the reference data) CI has, or should.
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        if SERVICE_SKIP not in reason:
+            report.outcome = "failed"
+            report.longrepr = f"CI skips only for a missing service; this test skipped: {reason}"
     error = call.excinfo.value if call.excinfo is not None else None
     if call.when == "teardown" and "couldn't be flushed" in str(error):
         report.sections.append(("the failed flush", flush_failure(error)))
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+    """A module skipped whole (pytest.skip at import), under the same rule as a test."""
+    report = yield
+    if IN_CI and report.skipped:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        if SERVICE_SKIP not in reason:
+            report.outcome = "failed"
+            report.longrepr = f"CI skips only for a missing service; this module skipped: {reason}"
     return report
 
 
@@ -80,20 +147,20 @@ def flush_failure(error: BaseException) -> str:
 def postgres(db):
     from django.db import connection
 
-    need(connection.vendor == "postgresql", "needs DATABASE_URL pointing at PostgreSQL")
+    need_service(connection.vendor == "postgresql", "needs DATABASE_URL pointing at PostgreSQL")
     return connection
 
 
 @pytest.fixture
 def redis_url():
     url = os.environ.get("REDIS_URL")
-    need(bool(url), "needs REDIS_URL")
+    need_service(bool(url), "needs REDIS_URL")
     import redis
 
     try:
         redis.Redis.from_url(url).ping()
     except redis.RedisError as error:
-        need(False, f"Redis at {url} does not answer: {error}")
+        need_service(False, f"Redis at {url} does not answer: {error}")
     return url
 
 

@@ -17,7 +17,7 @@ from django.utils.module_loading import import_string
 
 from studies.chat.routing import websocket_urlpatterns
 from studies.participation import flow
-from tests.support.processes import need
+from tests.support.processes import need_service
 from tests.support.studies import make_study, prolific
 
 pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
@@ -28,7 +28,7 @@ IDLE = 20  # seconds: four of redis-py 8's default read timeouts (the CI's time 
 def redis_layer(redis_url):
     """settings.CHANNEL_LAYERS as the site builds it, fresh, its sockets named for the test."""
     config = settings.CHANNEL_LAYERS["default"]
-    need("Redis" in config["BACKEND"], "needs REDIS_URL when settings load")
+    need_service("Redis" in config["BACKEND"], "needs REDIS_URL when settings load")
     name = f"parley-idle-{uuid.uuid4().hex[:8]}"
     # The settings' own options, plus a client name to find the layer's sockets in Redis.
     hosts = [{**host, "client_name": name} for host in config["CONFIG"]["hosts"]]

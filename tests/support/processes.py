@@ -12,13 +12,30 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 IN_CI = os.environ.get("PARLEY_CI") == "1"
+# Which of CI's two runs this is (.ci/run): "defaults", the README's own set-up (SQLite, the
+# in-memory channel layer, no Redis), or "services" (PostgreSQL and Redis).
+CI_SETUP = os.environ.get("PARLEY_CI_SETUP", "services")
 
 
 def need(condition: bool, why: str) -> None:
+    """What a test needs besides a service (a browser, vLLM, the model, reference data): under
+    CI, in both runs, its absence fails the test; on a laptop it is skipped."""
     if not condition:
         if IN_CI:
             pytest.fail(f"CI requires it: {why}")
         pytest.skip(why)
+
+
+def need_service(condition: bool, why: str) -> None:
+    """PostgreSQL or Redis: skipped where the set-up has none by design (CI's run on the
+    README's defaults, a laptop), a failure in CI's run on the services."""
+    if not condition:
+        if IN_CI and CI_SETUP != "defaults":
+            pytest.fail(f"CI requires it: {why}")
+        pytest.skip(SERVICE_SKIP + why)
+
+
+SERVICE_SKIP = "a service this set-up has none of: "  # the one skip CI allows (tests/conftest.py)
 
 
 CHECKPOINT_NAME = "p4g-single-cpu-step4"  # from its manifest, as training writes it

@@ -19,7 +19,7 @@ from studies.chat.routing import websocket_urlpatterns
 from studies.models import Message, Participant, Response, StudyError
 from studies.participation import flow, ratelimit
 from tests.support.faulty_engine import FaultyEngine
-from tests.support.processes import need
+from tests.support.processes import need_service
 from tests.support.studies import GOOD_ANSWERS, make_study, prolific
 
 app = URLRouter(websocket_urlpatterns)
@@ -328,7 +328,7 @@ async def test_the_sockets_limiter_counts_with_the_views_and_lets_through_with_r
     """The consumer's asyncio client counts in the same buckets as the sync limiter; an
     unreachable Redis lets the message through rather than locking the participant out."""
     settings.PARLEY_RATE_MESSAGES_PER_PARTICIPANT = 2
-    need(ratelimit.async_limiter() is not None, "needs the cache on Redis (REDIS_URL)")
+    need_service(ratelimit.async_limiter() is not None, "needs the cache on Redis (REDIS_URL)")
     token = uuid.uuid4().hex
     assert ratelimit.message_allowed(token, "127.0.0.1")
     assert await ratelimit.message_allowed_async(token, "127.0.0.1")

@@ -23,7 +23,7 @@ from agents.serving.process import free_port
 from studies import tasks
 from studies.models import AnalysisRun, Participant
 from studies.participation import flow
-from tests.support.processes import need
+from tests.support.processes import need_service
 from tests.support.studies import (
     GOOD_ANSWERS,
     at_questionnaire,
@@ -72,7 +72,9 @@ def broker_out_for_a_while(monkeypatch):
     """Celery's broker at a port that takes connections and never answers (a partition, the
     worst case: no quick refusal) until the test brings it back (at most 60 s); then a real
     Redis answers there. Out until asked, not for a fixed time: a slow machine changes nothing."""
-    need(shutil.which("redis-server") is not None, "needs redis-server to bring the broker back")
+    need_service(
+        shutil.which("redis-server") is not None, "needs redis-server to bring the broker back"
+    )
     port = free_port()
     monkeypatch.setitem(celery_app.conf, "broker_url", f"redis://127.0.0.1:{port}/14")
     hole = socket.socket()
@@ -290,7 +292,7 @@ async def test_the_chat_socket_rides_out_redis_away_and_rejoins_when_it_returns(
 
     from studies.chat.routing import websocket_urlpatterns
 
-    need(shutil.which("redis-server") is not None, "needs redis-server to bring Redis back")
+    need_service(shutil.which("redis-server") is not None, "needs redis-server to bring Redis back")
     port = free_port()
     settings.CHANNEL_LAYERS = {
         "default": {
