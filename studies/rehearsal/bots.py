@@ -188,10 +188,14 @@ class BotFailed(Exception):
     pass
 
 
-def csrf_of(html: str) -> str:
-    match = CSRF.search(html)
+def csrf_of(page) -> str:
+    """The form's CSRF token on a page (an httpx response); a page that is no 200 says its
+    status, which "no form" would hide (a server error, a retry page)."""
+    if page.status_code != 200:
+        raise BotFailed(f"{page.url.path} answered {page.status_code}")
+    match = CSRF.search(page.text)
     if not match:
-        raise BotFailed("no form on the page")
+        raise BotFailed(f"no form on {page.url.path}")
     return match.group(1)
 
 
@@ -215,9 +219,10 @@ async def one_bot(plan: Plan, url: str, player, rng: random.Random, think=(0.0, 
             page = arrived.headers["location"]
             run.token = page.rstrip("/").rsplit("/", 1)[-1]
             consent = await http.get(page)
-            decision = {"decision": "accept", "csrfmiddlewaretoken": csrf_of(consent.text)}
-            if (await http.post(f"{page}consent/", data=decision)).status_code != 302:
-                raise BotFailed("consent was not accepted")
+            decision = {"decision": "accept", "csrfmiddlewaretoken": csrf_of(consent)}
+            accepted = await http.post(f"{page}consent/", data=decision)
+            if accepted.status_code != 302:
+                raise BotFailed(f"consent was not accepted: answered {accepted.status_code}")
             if plan.rating:
                 await rate(plan, http, page, rng)
             else:
@@ -225,7 +230,7 @@ async def one_bot(plan: Plan, url: str, player, rng: random.Random, think=(0.0, 
                 await chat(plan, url, run, player, rng, think)
                 form = await http.get(page)
                 answers = {a.key: a.value(rng) for a in plan.answers}
-                answers["csrfmiddlewaretoken"] = csrf_of(form.text)
+                answers["csrfmiddlewaretoken"] = csrf_of(form)
                 submitted = await http.post(f"{page}questionnaire/", data=answers)
                 if submitted.status_code != 302:
                     raise BotFailed(f"questionnaire answered {submitted.status_code}")
@@ -264,7 +269,7 @@ async def rate(plan: Plan, http, page: str, rng: random.Random) -> None:
         if plan.realism:
             answers |= {"real_person": rng.choice(["real", "simulated"]),
                         "realism_confidence": str(rng.randint(1, 5))}  # fmt: skip
-        answers |= {"position": position[1], "csrfmiddlewaretoken": csrf_of(form.text)}
+        answers |= {"position": position[1], "csrfmiddlewaretoken": csrf_of(form)}
         rated = await http.post(f"{page}rate/", data=answers)
         if rated.status_code != 302:
             raise BotFailed(f"rating answered {rated.status_code}")

@@ -216,3 +216,21 @@ def test_bots_rehearse_an_annotation_study_without_taking_peoples_places(server,
     assert RatingAssignment.objects.filter(status="rated").count() == 6  # 3 bots x 2, k aside
     person, _ = flow.arrive(study, prolific(pid="areal0rater"))
     assert len(flow.give_consent(person, True).rating_assignments.all()) == 2
+
+
+def test_a_page_that_fails_is_reported_with_its_status_not_as_a_missing_form():
+    """On SQLite a compiled read once failed every participant page with a 500, and the bots
+    said only "no form on the page"."""
+    import httpx
+
+    from studies.rehearsal.bots import BotFailed, csrf_of
+
+    request = httpx.Request("GET", "http://testserver/p/abc/")
+    failed = httpx.Response(500, text="<h1>Server Error</h1>", request=request)
+    with pytest.raises(BotFailed, match="/p/abc/ answered 500"):
+        csrf_of(failed)
+    formless = httpx.Response(200, text="<p>no form here</p>", request=request)
+    with pytest.raises(BotFailed, match="no form on /p/abc/"):
+        csrf_of(formless)
+    form = '<input type="hidden" name="csrfmiddlewaretoken" value="tok123">'
+    assert csrf_of(httpx.Response(200, text=form, request=request)) == "tok123"
