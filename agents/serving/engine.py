@@ -18,7 +18,8 @@ Constraint (agents.serving.constraints) that masks its own row of each step's lo
 The linear layers' weights are laid out for a step's few rows (agents.serving.weights):
 stored transposed for one row, packed by oneDNN for more. One request's step runs on
 `threads`; a pass of several rows (a prefill, a step of two requests or more) on
-`batch_threads`.
+`batch_threads`; either at most the cores other processes leave free (agents.serving.cpu), so
+a busy neighbour slows the engine in proportion to the CPU it takes, not fifty-fold.
 
 transformers' own continuous batching (`generate_batch`, ContinuousBatchingManager) is not
 used: it packs all requests into one row, so peft cannot give them different adapters, and it
@@ -43,6 +44,7 @@ from agents.llm.native_tools import HERMES, template_tool_style
 from agents.serving.adapters import Adapter, find_adapters
 from agents.serving.batchcache import FIRST_CAPACITY, BatchCache
 from agents.serving.constraints import Constraint, Grammars
+from agents.serving.cpu import CpuShare, threads_for
 from agents.serving.decoding import Detokenizer, StopText, sample_rows
 from agents.serving.kvcache import cache_keyword
 from agents.serving.protocol import ChatCompletionRequest, EngineError
@@ -176,6 +178,9 @@ class Engine:
         # one): several rows are compute that a second core speeds up (docs/serving.md).
         self.threads = threads or torch.get_num_threads()
         self.batch_threads = batch_threads or self.threads
+        # what other processes leave of the cores, measured between passes: a pass takes no
+        # more threads than that, so no thread waits for a core a neighbour holds
+        self.cpu = CpuShare()
         # The KV cache of recent prompts, by adapter key and prompt: a new prompt starting with
         # one of them (the same system prompt, the next turn of a conversation) prefills only
         # the rest, as vLLM's prefix caching does. At most `prefix_cache` prompts are kept.
@@ -379,7 +384,7 @@ class Engine:
             return
         first = len(self._running)
         try:
-            _use_threads(self.batch_threads)
+            _use_threads(self._pass_threads(self.batch_threads))
             logits = self._prefill(arrived, first)
         except Exception as error:
             log.exception("Prefill failed")
@@ -450,13 +455,19 @@ class Engine:
         mask = torch.arange(width) <= columns[:, None, :, None]  # [rows, 1, 1, width]
         self._cache.select(0, columns, width)
         keys = [sequence.key for sequence in running]
-        _use_threads(self.batch_threads if len(running) >= WIDE_STEP else self.threads)
+        _use_threads(
+            self._pass_threads(self.batch_threads if len(running) >= WIDE_STEP else self.threads)
+        )
         logits = self._forward(inputs, keys, position_ids=columns, attention_mask=mask)
         for sequence in running:
             sequence.cached += 1
         # a cancelled request leaves below, without a token it will not send
         rows = [(row, s) for row, s in enumerate(running) if not s.cancel.is_set()]
         self._choose(rows, logits)
+
+    def _pass_threads(self, asked: int) -> int:
+        """The threads of the next pass: `asked`, or fewer while other processes keep cores."""
+        return threads_for(asked, self.cpu.free())
 
     def _forward(self, input_ids, keys: list[str], **kwargs) -> torch.Tensor:
         """The logits of each row's last position, [rows, vocab]."""
