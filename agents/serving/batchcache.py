@@ -7,8 +7,9 @@ engine moves a row down when one before it leaves), so a forward over them reads
 the tensors, never a gathered copy. Slots and columns grow by doubling (up to the engine's
 batch size; the copy is paid rarely), so memory follows the most rows and the longest context
 seen (46 KB a token a row for SmolLM2-135M), not the model's whole length for 32 rows; longer
-columns go only to the slots in use when they grow (the engine allocates all its slots at
-start, at the first capacity).
+columns go only to the slots in use when they grow. An engine with no request left gives
+every slot back (`release`), so an idle engine holds no cache (issue 36: 360 MB at start for
+32 slots, 720 MB after a burst of 32 requests, kept for good).
 
 A forward is set up with `select`: which slots its rows are, the column each of its input
 positions is written to, and how many columns the attention reads. The model calls `update`
@@ -66,6 +67,15 @@ class BatchCache:
                 grown.append(tensor)
         self.keys, self.values = grown_keys, grown_values
         self.slots, self.capacity = grown_slots, capacity
+
+    def release(self):
+        """Drop every slot (no row is in use); the next `reserve` allocates afresh."""
+        self.keys, self.values = [], []
+        self.slots = self.capacity = 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(tensor.nbytes for tensor in (*self.keys, *self.values))
 
     def select(self, first: int, columns: torch.Tensor, width: int):
         """Set up the next forward: its rows are slots first.., its input position j of row i

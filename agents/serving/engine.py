@@ -18,7 +18,8 @@ Constraint (agents.serving.constraints) that masks its own row of each step's lo
 The linear layers' weights are laid out for a step's few rows (agents.serving.weights):
 stored transposed for one row, packed by oneDNN for more. One request's step runs on
 `threads`; a pass of several rows (a prefill, a step of two requests or more) on
-`batch_threads`.
+`batch_threads`; either at most the cores other processes leave free (agents.serving.cpu), so
+a busy neighbour slows the engine in proportion to the CPU it takes, not fifty-fold.
 
 transformers' own continuous batching (`generate_batch`, ContinuousBatchingManager) is not
 used: it packs all requests into one row, so peft cannot give them different adapters, and it
@@ -28,6 +29,8 @@ samples with one generator and one greedy/sampling switch for all; tried on this
 """
 
 import atexit
+import ctypes
+import ctypes.util
 import inspect
 import logging
 import threading
@@ -41,14 +44,19 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agents.llm.native_tools import HERMES, template_tool_style
 from agents.serving.adapters import Adapter, find_adapters
-from agents.serving.batchcache import FIRST_CAPACITY, BatchCache
+from agents.serving.batchcache import BatchCache
 from agents.serving.constraints import Constraint, Grammars
+from agents.serving.cpu import CpuShare, threads_for
 from agents.serving.decoding import Detokenizer, StopText, sample_rows
 from agents.serving.kvcache import cache_keyword
 from agents.serving.protocol import ChatCompletionRequest, EngineError
 from agents.serving.weights import lay_out_linear_weights
 
 log = logging.getLogger(__name__)
+try:  # glibc, for malloc_trim; elsewhere freed memory is left to the allocator
+    _malloc_trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+except (OSError, AttributeError):
+    _malloc_trim = None
 
 # What a request's `emit` receives, in order: STARTED (it has joined the batch, its adapter is
 # loaded), text pieces, then END; an exception ends it instead when it cannot start or fails.
@@ -65,6 +73,10 @@ PREFILL_TOKENS = 2048
 # 263-275). One request's step keeps `threads`: a core left to the event loop and the rest of
 # the machine, where one row gained nothing from a second thread (bench/engine_steps.py).
 WIDE_STEP = 2
+# Seconds without a request after which the engine gives its KV cache slots back: a
+# conversation's next turn comes later than that, and reallocating its slot costs
+# milliseconds.
+IDLE_RELEASE = 2.0
 
 
 @dataclass
@@ -133,6 +145,7 @@ class Engine:
         pack_weights: bool = True,
         threads: int | None = None,
         batch_threads: int | None = None,
+        idle_release: float = IDLE_RELEASE,
     ):
         self.model_dir = Path(model_dir)
         if not (self.model_dir / "config.json").is_file():
@@ -167,15 +180,20 @@ class Engine:
         # The batch, owned by the decoding thread: its requests, request i in slot i of the
         # KV cache (up to max_batch slots; slots and columns grow by doubling as needed).
         self._running: list[_Sequence] = []
+        # Slots are allocated as requests arrive (a burst's in one allocation) and all given
+        # back once the engine has been idle `idle_release` seconds, with the freed heap: an
+        # idle engine holds its weights and recent prompts, not 32 slots (377 MB for
+        # SmolLM2-135M at start, 720 MB after a burst of 32; issue 36).
         self._cache = BatchCache(config, self.max_batch)
-        # every slot allocated at start (SmolLM2-135M, 32 slots of 256 columns: 377 MB): a
-        # burst of arrivals does not wait while the cache grows (31 arrivals: 520 -> 160 ms)
-        self._cache.reserve(self.max_batch, FIRST_CAPACITY)
+        self.idle_release = idle_release
         # torch threads for one request's decoding step (None: torch's count now), and for a
         # pass of several rows, a prefill or a step of WIDE_STEP requests or more (None: as for
         # one): several rows are compute that a second core speeds up (docs/serving.md).
         self.threads = threads or torch.get_num_threads()
         self.batch_threads = batch_threads or self.threads
+        # what other processes leave of the cores, measured between passes: a pass takes no
+        # more threads than that, so no thread waits for a core a neighbour holds
+        self.cpu = CpuShare()
         # The KV cache of recent prompts, by adapter key and prompt: a new prompt starting with
         # one of them (the same system prompt, the next turn of a conversation) prefills only
         # the rest, as vLLM's prefix caching does. At most `prefix_cache` prompts are kept.
@@ -322,7 +340,9 @@ class Engine:
         while True:
             with self._wake:
                 while not self._waiting and not self._running and not self._closed:
-                    self._wake.wait()
+                    idle = self._cache.slots and self.idle_release is not None
+                    if not self._wake.wait(self.idle_release if idle else None):
+                        self._release()  # idle that long: give back what no request holds
                 if self._closed and not self._waiting and not self._running:
                     return
                 arrived = self._arrivals()
@@ -344,6 +364,10 @@ class Engine:
                         sequence.fail(error)
                 self._running = []
                 self._admitting = 0
+
+    def _release(self):
+        self._cache.release()
+        release_freed_memory()
 
     def _arrivals(self) -> list[_Sequence]:
         """Waiting requests for the free slots, as many as one prefill pass takes (at least
@@ -379,7 +403,7 @@ class Engine:
             return
         first = len(self._running)
         try:
-            _use_threads(self.batch_threads)
+            _use_threads(self._pass_threads(self.batch_threads))
             logits = self._prefill(arrived, first)
         except Exception as error:
             log.exception("Prefill failed")
@@ -450,13 +474,19 @@ class Engine:
         mask = torch.arange(width) <= columns[:, None, :, None]  # [rows, 1, 1, width]
         self._cache.select(0, columns, width)
         keys = [sequence.key for sequence in running]
-        _use_threads(self.batch_threads if len(running) >= WIDE_STEP else self.threads)
+        _use_threads(
+            self._pass_threads(self.batch_threads if len(running) >= WIDE_STEP else self.threads)
+        )
         logits = self._forward(inputs, keys, position_ids=columns, attention_mask=mask)
         for sequence in running:
             sequence.cached += 1
         # a cancelled request leaves below, without a token it will not send
         rows = [(row, s) for row, s in enumerate(running) if not s.cancel.is_set()]
         self._choose(rows, logits)
+
+    def _pass_threads(self, asked: int) -> int:
+        """The threads of the next pass: `asked`, or fewer while other processes keep cores."""
+        return threads_for(asked, self.cpu.free())
 
     def _forward(self, input_ids, keys: list[str], **kwargs) -> torch.Tensor:
         """The logits of each row's last position, [rows, vocab]."""
@@ -581,6 +611,14 @@ class Engine:
         else:
             self.model.delete_adapter(key)
         log.info("Unloaded adapter %s", name)
+
+
+def release_freed_memory():
+    """Hand the heap's free pages back to the system: glibc keeps what tensors below its
+    mmap threshold freed (a threshold that rises to the largest block freed, up to 32 MB), so
+    the cache's slots would still count in the engine's memory after they are dropped."""
+    if _malloc_trim is not None:
+        _malloc_trim(0)
 
 
 def _use_threads(count: int):

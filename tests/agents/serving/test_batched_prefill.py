@@ -148,6 +148,8 @@ def test_passes_of_several_rows_run_on_the_batch_threads_and_one_request_on_its_
     seen = []  # (what, rows, torch threads of the decoding thread), as each pass begins
     forward = engine._forward
     monkeypatch.setattr(engine, "batch_threads", engine.threads + 1)
+    # as on a quiet machine: every core free (tests/agents/serving/test_cpu_share.py has the rest)
+    monkeypatch.setattr(engine.cpu, "free", lambda: float(engine.batch_threads))
 
     def counted(input_ids, keys, **kwargs):
         what = "prefill" if input_ids.shape[1] > 1 else "step"  # a step is a token a row
@@ -171,14 +173,26 @@ def test_passes_of_several_rows_run_on_the_batch_threads_and_one_request_on_its_
 
 
 @pytest.mark.model
-def test_the_cache_holds_every_slot_from_the_start_and_a_full_burst_does_not_grow_it(base_model):
-    engine = Engine(base_model, max_batch=4, prefix_cache=0)
+def test_a_burst_gets_its_cache_slots_in_one_allocation(base_model):
+    """Slots are not held from the start (tests/agents/serving/test_engine_memory.py), but a
+    burst of arrivals allocates all it needs at once, not by doubling pass after pass."""
+    engine = Engine(base_model, max_batch=4, prefix_cache=0, idle_release=None)
     try:
-        assert engine._cache.slots == engine.max_batch
-        first_layer = engine._cache.keys[0]
+        assert engine._cache.slots <= 1
+        before = engine._cache.keys[0] if engine._cache.keys else None
+        first_layers = []  # the first layer's keys after each reservation of the burst
+        reserve = engine._cache.reserve
+
+        def recorded(slots, columns):
+            reserve(slots, columns)
+            first_layers.append(engine._cache.keys[0])
+
+        engine._cache.reserve = recorded
         with engine._wake:
             burst = [Reply(engine, PROMPTS[i], max_tokens=2) for i in range(engine.max_batch)]
         assert all(reply.text is not None for reply in burst)
-        assert engine._cache.keys[0] is first_layer
+        assert engine._cache.slots == engine.max_batch
+        allocated = {id(keys) for keys in first_layers if keys is not before}
+        assert len(allocated) == 1, f"{len(allocated)} allocations"
     finally:
         engine.close()
