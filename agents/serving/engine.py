@@ -58,7 +58,8 @@ BASE = "__base__"  # peft's name for "no adapter" in a mixed-adapter batch
 MIN_PREFIX = 8  # shorter shared beginnings of prompts are prefilled again
 # Prompt tokens whose KV cache `warm` keeps for good (the Domains' and arms' opening prompts,
 # prefilled before the engine reports ready): 46 KB a token for SmolLM2-135M, so 377 MB at
-# most; `make demo`'s studies need about 8,000 (docs/serving.md). Prompts beyond it are not kept.
+# most. `make demo`'s studies need about 3,600 (166 MB: tau2 retail's 3,189, P4G's 308, the chat
+# study's two), and 3,189 more per trained retail checkpoint; prompts beyond it are not kept.
 WARM_TOKENS = 8192
 # Padded prompt tokens one prefill pass may take: a bigger burst of arrivals is prefilled over
 # several passes, a decoding step between each, so running replies keep streaming.

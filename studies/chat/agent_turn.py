@@ -23,7 +23,12 @@ from agents.domains.base import Domain
 from agents.domains.base import Scenario as DomainScenario
 from agents.llm import LLMClient, shared_client
 from studies.lib.db_threads import db
-from studies.lib.domain_bridge import domain_of, shared_domain, system_prompt, system_prompt_of
+from studies.lib.domain_bridge import (
+    domain_and_scenario,
+    domain_of,
+    system_prompt,
+    system_prompt_of,
+)
 from studies.lib.prepared_queries import Prepared
 from studies.models import Arm, Conversation, Message, Participant, next_seq
 
@@ -159,12 +164,7 @@ def opening_requests(arm: Arm) -> list[dict]:
     client = LLMClient(tool_format=arm.tool_format)  # only shapes the body; sends nothing
     requests = {}
     for row in rows:
-        domain = shared_domain(row.domain, row.source) if row else shared_domain(study.domain)
-        scenario = (
-            DomainScenario(id=row.key, domain=row.domain, payload=row.payload, title=row.title)
-            if row
-            else None
-        )
+        domain, scenario = domain_and_scenario(study, row)
         if domain is not None and scenario is None:
             continue  # a Domain's study without scenarios serves no conversation yet
         system = system_prompt_of(domain, scenario, arm)
