@@ -206,6 +206,21 @@ class LLMClient:
         request.update(stream=True, stream_options=stream_options)
         return ChatStream(self, request, json_tools, Failover(self.replicas, conversation, avoid))
 
+    def request_body(
+        self,
+        model: str,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        *,
+        tool_format: str | None = None,
+        **params,
+    ) -> dict:
+        """The chat completion body `chat` would send for these arguments (`stream_chat` adds
+        only its streaming fields): the prompt an engine renders from it is the request's own,
+        token for token, so an engine warmed with it reuses the prefill (serve_agents)."""
+        params.pop("stream_options", None)
+        return self._chat_request(model, messages, tools, tool_format, params)[0]
+
     async def chat(
         self,
         model: str,

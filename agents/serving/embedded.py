@@ -15,7 +15,10 @@ the rest wait their turn. The engine's decoding thread hands each request's piec
 loop, which relays them and watches the client, so a client that disconnects leaves the batch
 within one step. When the engine is
 listening it prints `parley engine ready: http://HOST:PORT/v1` (with --port 0 it picks a free
-port; agents.serving.launch reads that line).
+port; agents.serving.launch reads that line). With `--warm FILE` (a JSON list of chat
+completion requests: the studies' opening prompts, as `manage.py serve_agents` writes them) each
+request's prompt is prefilled and its KV cache kept before that line, so the first conversation
+that begins with it prefills only its own part.
 """
 
 import os
@@ -28,6 +31,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse
 import asyncio
+import json
 import logging
 import socket
 import sys
@@ -47,7 +51,7 @@ from agents.llm.native_tools import HermesCallFilter
 from agents.llm.tool_format import ToolCallFilter
 from agents.serving import protocol
 from agents.serving.adapters import Adapter, serving_args
-from agents.serving.engine import END, Engine, Generation
+from agents.serving.engine import END, WARM_TOKENS, Engine, Generation
 from agents.serving.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -181,10 +185,11 @@ class Completion:
                 await ended.wait()
             job = self.job
             log.info(
-                "%s %s: %d prompt + %d completion tokens in %.1fs, finish_reason=%s",
+                "%s %s: %d prompt (%d cached) + %d completion tokens in %.1fs, finish_reason=%s",
                 self.id,
                 self.chat.model,
                 len(job.prompt_ids),
+                job.cached_tokens,
                 job.completion_tokens,
                 time.monotonic() - started,
                 job.finish_reason,
@@ -323,6 +328,18 @@ def main(argv: list[str] | None = None) -> int:
         help="recent prompts whose KV cache is kept, so a prompt that begins like one of them "
         "prefills only the rest (0: off; SmolLM2-135M's cache is 46 KB a token)",
     )
+    parser.add_argument(
+        "--warm",
+        type=Path,
+        help="JSON list of chat completion requests whose prompts are prefilled and kept before "
+        "the engine reports ready (the studies' opening prompts)",
+    )
+    parser.add_argument(
+        "--warm-tokens",
+        type=int,
+        default=WARM_TOKENS,
+        help="prompt tokens --warm keeps at most (46 KB a token for SmolLM2-135M)",
+    )
     parser.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
     parser.add_argument(
         "--default-max-tokens", type=int, default=1024, help="reply budget when a request sets none"
@@ -365,10 +382,24 @@ def main(argv: list[str] | None = None) -> int:
         default_max_tokens=args.default_max_tokens,
         max_batch=args.max_batch,
         prefix_cache=args.prefix_cache,
+        warm_tokens=args.warm_tokens,
         threads=threads,
         batch_threads=batch_threads(args.batch_threads, _cores()),
     )
+    if args.warm is not None:
+        engine.warm(warm_requests(args.warm))
     return serve(create_app(engine), args.host, args.port, args.log_level)
+
+
+def warm_requests(path: Path) -> list[ChatCompletionRequest]:
+    """The requests of a --warm file; one that does not validate is skipped with a warning."""
+    requests = []
+    for body in json.loads(path.read_text()):
+        try:
+            requests.append(ChatCompletionRequest.model_validate(body))
+        except ValueError as error:
+            log.warning("Not warmed: a request in %s does not validate: %s", path, error)
+    return requests
 
 
 def decoding_threads(asked: int | None, cores: int) -> int:

@@ -6,7 +6,8 @@ preallocated KV cache (agents.serving.batchcache) that steps write in place. The
 that arrived since the last step are prefilled together, in one forward pass of their prompts
 left-padded to the longest (up to PREFILL_TOKENS padded tokens a pass; the rest wait one
 decoding step, so running replies keep streaming), each after the longest stored beginning of
-its prompt (the prefix cache). Each decoding step is one forward pass over every running
+its prompt (the prefix cache; the opening prompts `warm` prefilled at start are kept there for
+good, so the first conversation on a fresh engine prefills only its own part). Each decoding step is one forward pass over every running
 request, with per-row positions, a 4-D mask of the columns each row may see and, once adapters
 are loaded, peft's per-row `adapter_names`, so requests for different adapters share a step.
 The step's tokens are sampled in one pass, each row with its temperature, top_p and seed
@@ -63,6 +64,11 @@ except (OSError, AttributeError):
 STARTED, END = object(), object()
 BASE = "__base__"  # peft's name for "no adapter" in a mixed-adapter batch
 MIN_PREFIX = 8  # shorter shared beginnings of prompts are prefilled again
+# Prompt tokens whose KV cache `warm` keeps for good (the Domains' and arms' opening prompts,
+# prefilled before the engine reports ready): 46 KB a token for SmolLM2-135M, so 377 MB at
+# most. `make demo`'s studies need about 3,600 (166 MB: tau2 retail's 3,189, P4G's 308, the chat
+# study's two), and 3,189 more per trained retail checkpoint; prompts beyond it are not kept.
+WARM_TOKENS = 8192
 # Padded prompt tokens one prefill pass may take: a bigger burst of arrivals is prefilled over
 # several passes, a decoding step between each, so running replies keep streaming.
 PREFILL_TOKENS = 2048
@@ -94,6 +100,8 @@ class Generation:
     native_tool_calls: bool = False  # read as the template's Hermes-style calls (tool_choice auto)
     completion_tokens: int = 0
     finish_reason: str | None = None  # "stop" (end of turn or stop sequence), "length", "abort"
+    cached_tokens: int = 0  # prompt tokens taken from the prefix cache, not prefilled
+    warm: bool = False  # a start-up warm-up: its prompt's KV cache is kept for good (Engine.warm)
 
 
 class _Sequence:
@@ -104,6 +112,9 @@ class _Sequence:
     ):
         self.job, self.adapter, self.emit, self.cancel = job, adapter, emit, cancel
         self.key = BASE  # the peft adapter key its rows are computed with
+        # the weights it runs with, which a kept prompt's KV cache depends on: BASE, or the
+        # adapter's name and files' stamp (its peft key changes when it is loaded again)
+        self.weights: str | tuple = BASE
         self.generator = torch.Generator().manual_seed(job.seed) if job.seed is not None else None
         self.stops = StopText(job.stop)
         self.text = detokenizer  # the reply's tokens (end-of-turn excluded) and their text
@@ -142,6 +153,7 @@ class Engine:
         default_max_tokens: int = 1024,
         max_batch: int = 32,
         prefix_cache: int = 8,
+        warm_tokens: int = WARM_TOKENS,
         pack_weights: bool = True,
         threads: int | None = None,
         batch_threads: int | None = None,
@@ -199,6 +211,10 @@ class Engine:
         # the rest, as vLLM's prefix caching does. At most `prefix_cache` prompts are kept.
         self._prefixes: OrderedDict[tuple[str, tuple[int, ...]], list] = OrderedDict()
         self.prefix_cache = max(0, prefix_cache)
+        # The prompts `warm` prefilled, by weights and prompt, never evicted by the ones above:
+        # the first conversation of each served opening prompt prefills only its own part.
+        self._warm: dict[tuple[str | tuple, tuple[int, ...]], list] = {}
+        self.warm_tokens = max(0, warm_tokens)
         self._waiting: deque[_Sequence] = deque()
         self._admitting = 0  # taken from the line, not yet in the batch (being prefilled)
         self._wake = threading.Condition()
@@ -334,6 +350,24 @@ class Engine:
         )
         self.generate(job)
 
+    def warm(self, requests: list[ChatCompletionRequest]) -> int:
+        """Prefill each request's prompt (rendered as the request itself would be, so its
+        tokens match) and keep its KV cache for good, up to `warm_tokens` tokens in all; a
+        request whose model is not served, or that does not fit, is skipped with a warning.
+        Called before the engine reports ready. Returns the tokens kept."""
+        for request in requests:
+            try:
+                adapter = self.resolve(request.model)
+                job = self.prepare(request)
+            except EngineError as error:
+                log.warning("Not warmed (%s): %s", request.model, error)
+                continue
+            job.max_new_tokens, job.temperature, job.constraint, job.warm = 1, 0.0, None, True
+            self.generate(job, adapter)
+        kept = sum(len(prompt) for _, prompt in self._warm)
+        log.info("Warmed %d prompt(s), %d tokens kept", len(self._warm), kept)
+        return kept
+
     # The decoding thread -------------------------------------------------------------------
 
     def _serve(self):
@@ -389,6 +423,7 @@ class Engine:
         try:
             if sequence.adapter is not None:
                 sequence.key = self._load(sequence.adapter)
+                sequence.weights = (sequence.adapter.name, self._loaded[sequence.adapter.name][1])
         except Exception as error:  # an adapter that does not load
             sequence.fail(error)
             return False
@@ -412,6 +447,10 @@ class Engine:
             return
         self._running += arrived
         self._choose(list(enumerate(arrived)), logits)
+        # kept once the first tokens are out: copying a long prompt's cache (147 MB for a tau2
+        # prompt) took 0.5-1.5 s of the first token's time at load 11
+        for row, sequence in enumerate(arrived):
+            self._remember_prefix(sequence, sequence.job.prompt_ids, first + row)
 
     def _prefill(self, arrived: list[_Sequence], first: int) -> torch.Tensor:
         """The logits of each prompt's last position, [arrivals, vocab]. Each prompt's part
@@ -420,7 +459,7 @@ class Engine:
         only column 0, so they change nothing."""
         prompts = [sequence.job.prompt_ids for sequence in arrived]
         known = [
-            self._reuse_prefix(sequence.key, prompt, first + row)
+            self._reuse_prefix(sequence, prompt, first + row)
             for row, (sequence, prompt) in enumerate(zip(arrived, prompts, strict=True))
         ]
         width = max(len(prompt) for prompt in prompts)  # also the padding's column
@@ -439,30 +478,47 @@ class Engine:
         logits = self._forward(inputs, keys, position_ids=positions, attention_mask=mask)
         for row, (sequence, prompt) in enumerate(zip(arrived, prompts, strict=True)):
             sequence.cached = len(prompt)
-            self._remember_prefix(sequence.key, prompt, first + row)
+            if sequence.job.warm:  # kept before its caller (Engine.warm) hears it has ended
+                self._keep_warm(sequence.weights, prompt, first + row)
         return logits
 
-    def _reuse_prefix(self, key: str, prompt: list[int], slot: int) -> int:
+    def _reuse_prefix(self, sequence: _Sequence, prompt: list[int], slot: int) -> int:
         """Fill the slot with the longest stored beginning of `prompt` (short of its last
-        token, whose logits are needed); the number of tokens it holds."""
+        token, whose logits are needed) computed with the request's weights, recent or warmed;
+        the number of tokens it holds."""
         best, states = 0, None
-        for (stored_key, stored), layers in self._prefixes.items():
-            if stored_key == key:
-                common = _common_length(stored, prompt, limit=len(prompt) - 1)
-                if common > best:
-                    best, states = common, layers
+        stored = [(p, layers) for (k, p), layers in self._prefixes.items() if k == sequence.key]
+        stored += [(p, layers) for (w, p), layers in self._warm.items() if w == sequence.weights]
+        for beginning, layers in stored:
+            common = _common_length(beginning, prompt, limit=len(prompt) - 1)
+            if common > best:
+                best, states = common, layers
         if best < MIN_PREFIX:
             return 0
         self._cache.write(slot, states, best)
+        sequence.job.cached_tokens = best
         return best
 
-    def _remember_prefix(self, key: str, prompt: list[int], slot: int):
-        if not self.prefix_cache:
+    def _remember_prefix(self, sequence: _Sequence, prompt: list[int], slot: int):
+        key = sequence.key
+        if not self.prefix_cache or sequence.job.warm:  # a warm-up's prompt is kept apart
             return
         self._prefixes[key, tuple(prompt)] = self._cache.read(slot, len(prompt))
         self._prefixes.move_to_end((key, tuple(prompt)))
         while len(self._prefixes) > self.prefix_cache:
             self._prefixes.popitem(last=False)
+
+    def _keep_warm(self, weights: str | tuple, prompt: list[int], slot: int):
+        kept = sum(len(stored) for _, stored in self._warm)
+        if kept + len(prompt) > self.warm_tokens:
+            log.warning(
+                "Not warmed: a prompt of %d tokens is beyond the %d kept (warm_tokens %d)",
+                len(prompt),
+                kept,
+                self.warm_tokens,
+            )
+            return
+        self._warm[weights, tuple(prompt)] = self._cache.read(slot, len(prompt))
 
     @torch.inference_mode()
     def _step(self):
@@ -572,6 +628,9 @@ class Engine:
                 self._loaded.move_to_end(adapter.name)
                 return key
             self._forget(adapter.name, self._in_use())
+            # its files changed: what was warmed with the old weights is of no use any more
+            for stored in [s for s in self._warm if s[0] == (adapter.name, loaded_stamp)]:
+                del self._warm[stored]
         self._keys += 1
         key = f"adapter{self._keys}"  # peft keys become module names: no dots or slashes
         try:

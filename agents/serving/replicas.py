@@ -10,16 +10,23 @@ vLLM replicas serve every adapter given as --lora-modules and accept more at run
 and rescans `adapters_root` on every request. Each replica leads its own process group, so a
 Ctrl-C meant for the launcher reaches only the launcher, which then stops them all. A
 replica that stops can be started again as it was (`restart_replica`; serve_agents does so).
+With `warm` (chat completion requests: the studies' opening prompts) a replica reports ready
+only once their prompts are prefilled and cached: the embedded engine prefills them itself
+before it answers /health (--warm), vLLM (--enable-prefix-caching) gets one request each.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import httpx
 
 from agents.serving.adapters import find_adapters
 from agents.serving.process import group_alive, port_is_free, stop
@@ -36,6 +43,7 @@ class Replica:
     launch: Callable[[], Replica] | None = field(default=None, repr=False)  # the same again
     startup_timeout: float = 900.0
     restarts: int = 0
+    warm: list[dict] = field(default_factory=list)  # vLLM: requests sent once it answers
 
 
 def replica_ports(port: int, count: int, host: str = "127.0.0.1") -> list[int]:
@@ -75,12 +83,14 @@ def start_replicas(
     max_lora_rank: int = RUNTIME_LORA_RANK,
     log_dir: Path | str | None = None,
     startup_timeout: float = 900.0,
+    warm: list[dict] = (),
     **options,
 ) -> list[Replica]:
     """Start `count` replicas of `engine` on ports port, port+1, ...; return once every one
     answers /health (if one cannot start, all are stopped and its StartError is raised).
     `options` go to the engine's launcher (vLLM: max_model_len, max_loras, extra_args...).
-    Each replica can be started again on its port, as it was (`restart_replica`)."""
+    Each replica can be started again on its port, as it was (`restart_replica`). `warm`:
+    chat completion requests whose prompts each replica has cached before it counts as up."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
     if engine == "vllm" and adapters_root is not None:
@@ -105,9 +115,17 @@ def start_replicas(
                     runtime_lora_rank=max_lora_rank,
                     **options,
                 )
-                return Replica(url, process, launch, startup_timeout)
+                return Replica(url, process, launch, startup_timeout, warm=list(warm))
 
             return launch
+
+        engine_options = dict(options)
+        if warm:
+            engine_options["extra_args"] = [
+                *engine_options.get("extra_args", ()),
+                "--warm",
+                str(warm_file(warm, log_dir, replica_port)),
+            ]
 
         def launch() -> Replica:
             process = launch_engine(
@@ -118,7 +136,7 @@ def start_replicas(
                 host=host,
                 log_path=log_path,
                 own_group=True,
-                **options,
+                **engine_options,
             )
             return Replica("", process, launch, startup_timeout)
 
@@ -154,9 +172,35 @@ def restart_replica(replica: Replica) -> None:
         raise
 
 
+def warm_file(requests: list[dict], log_dir: Path | str | None, port: int) -> Path:
+    """The embedded engine's --warm file of these requests (beside the logs, else temporary)."""
+    if log_dir is None:
+        import tempfile
+
+        handle, path = tempfile.mkstemp(prefix=f"parley-warm-{port}-", suffix=".json")
+        os.close(handle)
+        path = Path(path)
+    else:
+        path = Path(log_dir) / f"warm-{port}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(list(requests)))
+    return path
+
+
+def warm_vllm(base_url: str, requests: list[dict], timeout: float = 600.0) -> None:
+    """One request of one token per prompt, so vLLM's prefix cache holds it; a request it
+    refuses (a model it does not serve) is skipped: the first conversation prefills it."""
+    for body in requests:
+        body = {k: v for k, v in body.items() if k not in ("max_completion_tokens", "stream")}
+        body["max_tokens"] = 1
+        with contextlib.suppress(httpx.HTTPError):
+            httpx.post(f"{base_url}/chat/completions", json=body, timeout=timeout)
+
+
 def _wait(replica: Replica) -> None:
     if replica.url:  # vLLM: its URL is known from the start
         wait_vllm(replica.url, replica.process, replica.startup_timeout)
+        warm_vllm(replica.url, replica.warm)
     else:  # the embedded engine writes its address on its ready line
         from agents.serving.launch import wait_engine
 

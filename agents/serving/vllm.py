@@ -117,6 +117,9 @@ def build_command(
     command += ["--served-model-name", served_name]
     command += ["--host", host, "--port", str(port)]
     command += ["--dtype", dtype, "--max-model-len", str(max_model_len)]
+    # a conversation's turns and the studies' opening prompts (warmed before the replica
+    # counts as up: agents.serving.replicas) prefill only what they add
+    command += ["--enable-prefix-caching"]
     if loras or runtime_lora_rank:
         rank = max(max_lora_rank(loras or {}), runtime_lora_rank)
         # a runtime adapter is loaded before the previous one is unloaded: room for two more

@@ -23,7 +23,12 @@ from agents.domains.base import Domain
 from agents.domains.base import Scenario as DomainScenario
 from agents.llm import LLMClient, shared_client
 from studies.lib.db_threads import db
-from studies.lib.domain_bridge import domain_of, system_prompt
+from studies.lib.domain_bridge import (
+    domain_and_scenario,
+    domain_of,
+    system_prompt,
+    system_prompt_of,
+)
 from studies.lib.prepared_queries import Prepared
 from studies.models import Arm, Conversation, Message, Participant, next_seq
 
@@ -146,6 +151,38 @@ async def agent_turn(
                 }
             )
         budget -= len(calls)
+
+
+def opening_requests(arm: Arm) -> list[dict]:
+    """The first agent turn's request on `arm` as `agent_turn` sends it, up to the
+    participant's first message: the system prompt, the tools and the greeting, one request
+    per distinct opening over its study's scenarios (none for a chat that opens with nothing
+    of its own). `manage.py serve_agents` has the engine prefill them before it reports ready,
+    so that a conversation's first turn prefills only the participant's message."""
+    study = arm.study
+    rows = list(study.scenarios.filter(active=True)) or [None]
+    client = LLMClient(tool_format=arm.tool_format)  # only shapes the body; sends nothing
+    requests = {}
+    for row in rows:
+        domain, scenario = domain_and_scenario(study, row)
+        if domain is not None and scenario is None:
+            continue  # a Domain's study without scenarios serves no conversation yet
+        system = system_prompt_of(domain, scenario, arm)
+        tools = domain.tools(scenario) if domain else []
+        greeting = arm.greeting or (domain.greeting(scenario) if domain else "") or ""
+        if not (system or tools or greeting):
+            continue
+        chat = [{"role": "system", "content": system}] if system else []
+        if greeting:  # stored as the conversation's first message (flow.start_conversation)
+            chat.append({"role": "assistant", "content": greeting})
+        budget = domain.max_tool_calls_per_turn if domain else 0
+        offer_tools = tools if budget > 0 else None
+        params = step_params(arm, arm.generation_params(), offer_tools, 0)
+        body = client.request_body(
+            arm.model_name, chat, tools=offer_tools, tool_format=arm.tool_format, **params
+        )
+        requests[json.dumps(body, sort_keys=True)] = body
+    return list(requests.values())
 
 
 def step_params(arm: Arm, params: dict, offer_tools: list[dict] | None, step: int) -> dict:

@@ -25,21 +25,21 @@ def shared_domain(name: str, source: str = "") -> Domain | None:
 
 
 def domain_scenario(participant: Participant) -> DomainScenario | None:
-    scenario = participant.scenario
-    if scenario is None:
-        return None
-    return DomainScenario(
-        id=scenario.key, domain=scenario.domain, payload=scenario.payload, title=scenario.title
-    )
+    return domain_and_scenario(participant.study, participant.scenario)[1]
+
+
+def domain_and_scenario(study: Study, row) -> tuple[Domain | None, DomainScenario | None]:
+    """A scenario row's own Domain (a pool may mix retail and airline), else the study's, and
+    the row as the Domain takes it (None without one)."""
+    if row is None:
+        return shared_domain(study.domain), None
+    scenario = DomainScenario(id=row.key, domain=row.domain, payload=row.payload, title=row.title)
+    return shared_domain(row.domain, row.source), scenario
 
 
 def domain_of(participant: Participant) -> tuple[Domain | None, DomainScenario | None]:
     """The scenario's own Domain (a pool may mix retail and airline), else the study's."""
-    row = participant.scenario
-    domain = (
-        shared_domain(row.domain, row.source) if row else shared_domain(participant.study.domain)
-    )
-    scenario = domain_scenario(participant)
+    domain, scenario = domain_and_scenario(participant.study, participant.scenario)
     if domain is not None and scenario is None:
         raise FlowError("This study is not ready", "The study has no scenario for this task.", 503)
     return domain, scenario

@@ -9,8 +9,14 @@ per replica and a `ready:` line, and serves until Ctrl-C (or SIGTERM), which sto
 replica's process group. A replica that dies is reported and started again on its port (after
 1 s, longer if it keeps dying); the others go on serving. The endpoint keeps replicas added to
 it in the admin.
+
+Before a replica counts as up it has prefilled the opening prompt (system prompt, tools,
+greeting) of every arm it will serve: the study's arms, or those of the endpoint that lists
+the first replica's URL (or is named --name), so no participant's first turn waits for that
+prefill (studies.chat.agent_turn.opening_requests).
 """
 
+import json
 import logging
 import signal
 import sys
@@ -20,6 +26,7 @@ from pathlib import Path
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
+from django.db.models import Q
 
 from agents.models import ModelEndpoint, adapters_dir
 from agents.paths import base_model_dir, data_dir
@@ -32,7 +39,8 @@ from agents.serving.replicas import (
     stop_replicas,
 )
 from agents.serving.vllm import MAX_MODEL_LEN, VLLMNotInstalled
-from studies.models import Study
+from studies.chat.agent_turn import opening_requests
+from studies.models import Arm, Study
 from studies.setup.arm_adapters import UnknownAdapter, study_adapters
 from studies.setup.arm_endpoints import check_endpoint, point_arms, register_endpoint
 
@@ -98,13 +106,14 @@ class Command(BaseCommand):
             root = adapters_dir()
             root.mkdir(parents=True, exist_ok=True)
         engine_options = {"max_model_len": options["max_model_len"]} if engine == "vllm" else {}
+        warm = warm_requests(study, options["name"], first_url(options["host"], options["port"]))
 
         # SIGTERM (a supervisor, `make demo`) stops the servers as Ctrl-C does
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         log_dir = data_dir() / "logs"
         self.stdout.write(
             f"Starting {count} {engine} replica(s) of {model_dir.name} with "
-            f"{len(loras)} adapter(s); logs in {log_dir}"
+            f"{len(loras)} adapter(s), {len(warm)} opening prompt(s) to warm; logs in {log_dir}"
         )
         try:
             replicas = start_replicas(
@@ -118,6 +127,7 @@ class Command(BaseCommand):
                 max_lora_rank=options["max_lora_rank"],
                 log_dir=log_dir,
                 startup_timeout=options["startup_timeout"],
+                warm=warm,
                 **engine_options,
             )
         except (ValueError, VLLMNotInstalled, StartError) as error:
@@ -177,3 +187,25 @@ class Command(BaseCommand):
             check_endpoint(endpoint)
         except Exception:  # a database that is away must not stop the serving
             log.exception("could not store the health of endpoint %s", endpoint.name)
+
+
+def first_url(host: str, port: int) -> str:
+    """The first replica's base URL, as start_replicas gives it."""
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
+
+
+def warm_requests(study: Study | None, name: str | None, url: str) -> list[dict]:
+    """The opening requests of the arms this engine will serve: the study's, else the active
+    arms of open studies whose endpoint is named `name` or lists `url`."""
+    if study is not None:
+        arms = study.arms.all()
+    else:
+        where = Q(endpoint__replicas__url=url.rstrip("/"))
+        if name:
+            where |= Q(endpoint__name=name)
+        arms = Arm.objects.filter(where).exclude(study__status=Study.Status.CLOSED)
+    requests = {}
+    for arm in arms.filter(active=True).select_related("study").distinct():
+        for body in opening_requests(arm):
+            requests[json.dumps(body, sort_keys=True)] = body
+    return list(requests.values())

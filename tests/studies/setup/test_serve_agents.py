@@ -11,8 +11,10 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from agents.models import Checkpoint, ModelEndpoint, Replica
+from agents.paths import data_dir
 from agents.serving.process import free_port, group_alive, port_is_free
-from studies.models import Arm
+from studies.management.commands.serve_agents import warm_requests
+from studies.models import Arm, Study
 from tests.support.processes import CHECKPOINT_NAME, ServeAgents, child_env
 from tests.support.studies import make_study
 
@@ -52,6 +54,9 @@ def test_serves_the_study_on_two_replicas_and_stops_them_all(base_model, checkpo
         arms = Arm.objects.filter(study=study)
         assert {arm.endpoint_id for arm in arms} == {endpoint.pk}
         assert {arm.model_name for arm in arms} == {CHECKPOINT_NAME, "SmolLM2-135M-Instruct"}
+        for replica_port in (port, port + 1):  # each arm's opening, before it answered /health
+            log = (data_dir() / "logs" / f"embedded-{replica_port}.log").read_text()
+            assert "Warmed 2 prompt(s)" in log, log
     finally:
         # SIGTERM, as `make demo` stops its engine (Ctrl-C is the vLLM test's)
         code = command.interrupt(sig=signal.SIGTERM)
@@ -121,3 +126,22 @@ def test_refuses_a_taken_port(base_model):
         port = taken.getsockname()[1]
         with pytest.raises(CommandError, match=f"port {port} on 127.0.0.1 is taken"):
             call_command("serve_agents", "--engine", "embedded", "--port", str(port))
+
+
+def test_warms_the_arms_it_will_serve(base_model):
+    """The study's arms; without a study, the active arms of open studies on the endpoint
+    that lists the first replica's URL or is named --name (`make demo`'s `default`)."""
+    url = "http://127.0.0.1:8765/v1"
+    served = make_study(slug="on-url", arms=("a", "b"), engine=url)
+    make_study(slug="elsewhere", arms=("c",), engine="http://127.0.0.1:8766/v1")
+    closed = make_study(slug="closed", arms=("d",), engine=url, status=Study.Status.CLOSED)
+    served.arms.filter(name="b").update(active=False)
+
+    def prompts(requests):
+        return {body["messages"][0]["content"] for body in requests}
+
+    assert prompts(warm_requests(None, None, url)) == {"You are assistant a."}
+    assert prompts(warm_requests(closed, None, url)) == {"You are assistant d."}
+    named = warm_requests(None, ModelEndpoint.objects.get(replicas__url=url.rstrip("/")).name, "")
+    assert prompts(named) == {"You are assistant a."}
+    assert warm_requests(None, None, "http://127.0.0.1:9/v1") == []

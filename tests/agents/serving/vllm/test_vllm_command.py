@@ -176,3 +176,23 @@ def test_a_template_with_hermes_tools_is_served_with_the_hermes_parser(tokenizer
     result = run_cli("--model", str(tokenizer_dir), "--dry-run")
     assert result.returncode == 0, result.stderr
     assert option_values(result.stdout.split(), "--tool-call-parser") == ["hermes"]
+
+
+def test_vllm_caches_prefixes_and_is_sent_each_opening_prompt_once(model_dir):
+    """vLLM keeps the prompts it has prefilled (--enable-prefix-caching), and a replica is sent
+    each study's opening prompt, one token each, before it counts as up (issue 36, point 4)."""
+    from agents.serving.replicas import warm_vllm
+    from tests.support.scripted_server import ScriptedServer
+
+    assert "--enable-prefix-caching" in build_command(model_dir, 8123, None, python="/opt/py")
+    opening = {
+        "model": "SmolLM2-135M-Instruct",
+        "messages": [{"role": "system", "content": "Be kind."}],
+        "max_tokens": 384,
+        "temperature": 0.7,
+    }
+    with ScriptedServer([{"content": "Hi"}, {"content": "Hi"}]) as server:
+        warm_vllm(server.url, [opening, {**opening, "model": "unknown"}])
+    assert [r["max_tokens"] for r in server.requests] == [1, 1]
+    assert [r["messages"] for r in server.requests] == [opening["messages"]] * 2
+    assert not any(r.get("stream") for r in server.requests)
