@@ -84,6 +84,10 @@ class Domain(abc.ABC):
     name: str = ""
     title: str = ""  # what researchers read in the admin and in CLI help
     first_speaker: str = "user"  # "agent" when the agent opens without a fixed greeting
+    # what people reading a conversation call its two speakers (a rater's page, a transcript):
+    # the agent's role and the user's, in the task's own words
+    agent_name: str = "agent"
+    user_name: str = "user"
     # a co-trained simulator's reward under simulator_reward = "auto": one of training/config.py
     # SIMULATOR_REWARDS ("cooperative": the agent's own; P4G "adversarial": a persuadee keeps its
     # money; tau2 "curriculum": the agent's successes over a task's group should split evenly)

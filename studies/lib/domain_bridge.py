@@ -24,6 +24,19 @@ def shared_domain(name: str, source: str = "") -> Domain | None:
     return fresh_domain(name, data_dir=source or None)
 
 
+def speaker_names(domain_name: str) -> dict[str, str]:
+    """What a reader calls a conversation's two speakers, by stored speaker ("agent", "user"):
+    the Domain's own words (P4G's persuader and persuadee), an open chat's agent and user, and
+    the same for a domain no longer registered (its conversations are still read)."""
+    try:
+        domain = shared_domain(domain_name)
+    except ValueError:
+        domain = None
+    if domain is None:
+        return {"agent": Domain.agent_name, "user": Domain.user_name}
+    return {"agent": domain.agent_name, "user": domain.user_name}
+
+
 def domain_scenario(participant: Participant) -> DomainScenario | None:
     scenario = participant.scenario
     if scenario is None:

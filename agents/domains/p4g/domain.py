@@ -60,6 +60,7 @@ class P4GDomain(Domain):
 
     name = "p4g"
     title = "Persuasion for Good"
+    agent_name, user_name = "persuader", "persuadee"
     simulator_reward = "adversarial"  # the release: 1 - the agent's reward
     max_turns = 10  # messages; the persuader opens, so each side writes 5
     max_tool_calls_per_turn = 0
