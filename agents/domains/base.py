@@ -107,6 +107,12 @@ class Domain(abc.ABC):
     # in the study's admin and checked at go-live; none: the chat's own score is the outcome
     questionnaire_inputs: tuple[QuestionnaireInput, ...] = ()
 
+    def with_turn_limit(self, max_turns: int) -> Domain:
+        """This Domain for conversations of at most `max_turns` messages (user and agent), as a
+        study allows them: a Domain whose texts say how long the chat is (P4G) gives a copy that
+        says this limit; the others are the same whatever the length."""
+        return self
+
     @abc.abstractmethod
     def scenarios(self, split: str | None = None) -> list[Scenario]:
         """Bundled scenarios (split: 'train', 'test' or None for all)."""

@@ -52,6 +52,8 @@ def domain_of(participant: Participant) -> tuple[Domain | None, DomainScenario |
     domain = (
         shared_domain(row.domain, row.source) if row else shared_domain(participant.study.domain)
     )
+    if domain is not None:  # its texts say the study's length, not the Domain's own
+        domain = domain.with_turn_limit(2 * participant.study.max_exchanges)
     scenario = domain_scenario(participant)
     if domain is not None and scenario is None:
         raise FlowError("This study is not ready", "The study has no scenario for this task.", 503)
