@@ -123,3 +123,29 @@ def test_the_rating_page_names_p4g_speakers_and_passes_axe(web_server, browser, 
         page.wait_for_selector(".error")
         assert axe_violations(page) == []
     assert Participant.objects.get(prolific_pid="rater").status == "rating"
+
+
+@pytest.mark.parametrize("viewport", [{"width": 1280, "height": 720}, PHONE])
+def test_a_previews_banner_is_styled_and_leaves_the_chat_on_screen(
+    web_server, browser, monkeypatch, viewport
+):
+    from studies.participation import flow
+
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    with ScriptedServer([]) as engine:
+        study = make_study(slug="peek", domain="p4g", engine=engine.url, arms=("a",))
+        import_pool(study, "p4g", 1)
+        preview = flow.give_consent(flow.start_preview(study.arms.get()), True)
+        page = browser.new_context(bypass_csp=True, viewport=viewport).new_page()
+        page.goto(f"{web_server}/p/{preview.token}/")
+        page.wait_for_selector("#text:not([disabled])")
+        assert "Preview of arm a" in page.inner_text("#preview-banner")
+        background = page.eval_on_selector(
+            "#preview-banner", "b => getComputedStyle(b).backgroundColor"
+        )
+        assert background not in ("rgba(0, 0, 0, 0)", "transparent")  # styled, not bare text
+        for part in ("#text", "#send", "#end"):
+            where = box(page, part)
+            assert 0 <= where["top"] and where["bottom"] <= viewport["height"], (part, where)
+        assert page.evaluate("document.documentElement.scrollHeight") <= viewport["height"]
+        assert axe_violations(page) == []
