@@ -244,7 +244,9 @@ class TrainingRunAdmin(admin.ModelAdmin):
     def phase(current: dict) -> str:
         """Where the step in progress is (training/trainer/loop.py's `current`)."""
         if current.get("phase") == "rollouts":
-            return f"rollouts {current.get('rollouts_done', 0)} of {current.get('rollouts_total')}"
+            done = f"rollouts {current.get('rollouts_done', 0)} of {current.get('rollouts_total')}"
+            turns = current.get("turns_done")  # moves every turn: a group's rollouts end together
+            return f"{done}, {turns} turn{'s' * (turns != 1)} taken" if turns else done
         if current.get("phase") == "evaluation":
             return "held-out evaluation"
         return "updating the policy"

@@ -84,6 +84,10 @@ class Domain(abc.ABC):
     name: str = ""
     title: str = ""  # what researchers read in the admin and in CLI help
     first_speaker: str = "user"  # "agent" when the agent opens without a fixed greeting
+    # what people reading a conversation call its two speakers (a rater's page, a transcript):
+    # the agent's role and the user's, in the task's own words
+    agent_name: str = "agent"
+    user_name: str = "user"
     # a co-trained simulator's reward under simulator_reward = "auto": one of training/config.py
     # SIMULATOR_REWARDS ("cooperative": the agent's own; P4G "adversarial": a persuadee keeps its
     # money; tau2 "curriculum": the agent's successes over a task's group should split evenly)
@@ -102,6 +106,12 @@ class Domain(abc.ABC):
     # what `outcome_from_answers` reads from a person's questionnaire, each mapped to one item
     # in the study's admin and checked at go-live; none: the chat's own score is the outcome
     questionnaire_inputs: tuple[QuestionnaireInput, ...] = ()
+
+    def with_turn_limit(self, max_turns: int) -> Domain:
+        """This Domain for conversations of at most `max_turns` messages (user and agent), as a
+        study allows them: a Domain whose texts say how long the chat is (P4G) gives a copy that
+        says this limit; the others are the same whatever the length."""
+        return self
 
     @abc.abstractmethod
     def scenarios(self, split: str | None = None) -> list[Scenario]:

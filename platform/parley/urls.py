@@ -8,5 +8,6 @@ urlpatterns = [
     path("admin/login/", security.limited_admin_login, name="admin-login"),
     path("admin/", admin.site.urls),
     path("healthz", views.healthz, name="healthz"),
+    path("favicon.ico", views.favicon, name="favicon"),
     path("", include("studies.participation.urls")),
 ]

@@ -65,7 +65,9 @@ class AttachToArms:
                     self.message_user(request, warning, messages.WARNING)
                 self.message_user(
                     request,
-                    f"{checkpoint} attached to {', '.join(map(str, arms))}.",
+                    # the admin capitalises a message's first letter: a checkpoint's name
+                    # (p4g-single-step6) must not come first, or it reads P4g-single-step6
+                    f"Attached {checkpoint} to {', '.join(map(str, arms))}.",
                     messages.SUCCESS,
                 )
                 return HttpResponseRedirect(reverse("admin:agents_checkpoint_changelist"))

@@ -50,16 +50,35 @@ def reliability_matrix(rows: Iterable[tuple[object, object, float | None]]) -> n
     return matrix
 
 
+def undefined_because(matrix: np.ndarray) -> str | None:
+    """Why alpha says nothing about a raters x units matrix, in words; None when it does.
+
+    Alpha compares the disagreement within units with the disagreement between all pairable
+    values. With one pairable unit the two are the same values, so alpha is 0 whatever the
+    raters did (one conversation rated twice once printed "0.000 [0.000, 0.000]"); with no
+    variation at all both are 0 and alpha is 0/0."""
+    pairable = np.sum(~np.isnan(matrix), axis=0) >= 2
+    if pairable.sum() < 2:
+        return (
+            "undefined: needs at least two conversations each rated by two or more raters "
+            f"(there {'is' if pairable.sum() == 1 else 'are'} {int(pairable.sum())})"
+        )
+    values = matrix[:, pairable]
+    present = np.unique(values[~np.isnan(values)])
+    if present.size < 2:
+        return f"undefined: no variation among the ratings (every one is {present[0]:g})"
+    return None
+
+
 def alpha(matrix: np.ndarray, level: str = "ordinal", domain: Sequence[float] | None = None):
-    """Krippendorff's alpha of a raters x units matrix; None when it is undefined (fewer than
-    two pairable units' worth of values, or every value the same)."""
+    """Krippendorff's alpha of a raters x units matrix; None when it is undefined
+    (undefined_because says why)."""
     if level not in LEVELS:
         raise ValueError(f"level must be one of {', '.join(LEVELS)}, not {level!r}")
+    if undefined_because(matrix) is not None:
+        return None
     pairable = np.sum(~np.isnan(matrix), axis=0) >= 2
     values = matrix[:, pairable]
-    present = values[~np.isnan(values)]
-    if pairable.sum() < 1 or np.unique(present).size < 2:
-        return None
     kwargs = {"value_domain": list(domain)} if domain is not None else {}
     return float(krippendorff.alpha(reliability_data=values, level_of_measurement=level, **kwargs))
 
@@ -82,8 +101,7 @@ def agreement(
     units, ratings = int(pairable.sum()), int(np.sum(~np.isnan(matrix)))
     estimate = alpha(matrix, level, domain)
     if estimate is None:
-        note = "fewer than two raters on any conversation, or every rating the same"
-        return Agreement(None, None, level, units, ratings, note)
+        return Agreement(None, None, level, units, ratings, undefined_because(matrix))
     values = matrix[:, pairable]
     rng = np.random.default_rng(seed)
     draws = []

@@ -54,7 +54,7 @@ def format_annotation(report: dict) -> str:
         f"({a['excluded_ratings']} left out)"
     ]
     for item, g in a["agreement"].items():
-        alpha = "n/a" if g["alpha"] is None else f"{g['alpha']:.3f}"
+        alpha = g.get("note") or "n/a" if g["alpha"] is None else f"{g['alpha']:.3f}"
         ci = "" if not g["ci"] else f" [{g['ci'][0]:.3f}, {g['ci'][1]:.3f}]"
         lines.append(f"Krippendorff's alpha (ordinal), {item}: {alpha}{ci}")
     for name, r in a["realism"]["by_source"].items():

@@ -24,6 +24,19 @@ def shared_domain(name: str, source: str = "") -> Domain | None:
     return fresh_domain(name, data_dir=source or None)
 
 
+def speaker_names(domain_name: str) -> dict[str, str]:
+    """What a reader calls a conversation's two speakers, by stored speaker ("agent", "user"):
+    the Domain's own words (P4G's persuader and persuadee), an open chat's agent and user, and
+    the same for a domain no longer registered (its conversations are still read)."""
+    try:
+        domain = shared_domain(domain_name)
+    except ValueError:
+        domain = None
+    if domain is None:
+        return {"agent": Domain.agent_name, "user": Domain.user_name}
+    return {"agent": domain.agent_name, "user": domain.user_name}
+
+
 def domain_scenario(participant: Participant) -> DomainScenario | None:
     return domain_and_scenario(participant.study, participant.scenario)[1]
 
@@ -32,9 +45,15 @@ def domain_and_scenario(study: Study, row) -> tuple[Domain | None, DomainScenari
     """A scenario row's own Domain (a pool may mix retail and airline), else the study's, and
     the row as the Domain takes it (None without one)."""
     if row is None:
-        return shared_domain(study.domain), None
-    scenario = DomainScenario(id=row.key, domain=row.domain, payload=row.payload, title=row.title)
-    return shared_domain(row.domain, row.source), scenario
+        domain, scenario = shared_domain(study.domain), None
+    else:
+        domain = shared_domain(row.domain, row.source)
+        scenario = DomainScenario(
+            id=row.key, domain=row.domain, payload=row.payload, title=row.title
+        )
+    if domain is not None:  # its texts say the study's length, not the Domain's own
+        domain = domain.with_turn_limit(2 * study.max_exchanges)
+    return domain, scenario
 
 
 def domain_of(participant: Participant) -> tuple[Domain | None, DomainScenario | None]:

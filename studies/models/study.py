@@ -193,10 +193,22 @@ class Study(models.Model):
         except Preregistration.DoesNotExist:
             return None
 
+    @property
+    def rates_conversations(self) -> bool:
+        """An annotation study: its participants rate stored conversations. Its Domain is the
+        rated conversations' (it names their speakers); it gives nobody a task, so it needs no
+        scenarios and reads no answer from the questionnaire."""
+        return hasattr(self, "annotation")
+
+    def needs_scenarios(self) -> bool:
+        """A chat study with a Domain gives each participant one of its tasks; open chat and
+        annotation studies need none."""
+        return self.domain != self.OPEN_CHAT and not self.rates_conversations
+
     def domain_inputs(self) -> tuple[QuestionnaireInput, ...]:
-        """What the study's Domain reads from the questionnaire (none for open chat, or for a
-        domain no longer registered: the go-live checks name that)."""
-        if self.domain == self.OPEN_CHAT:
+        """What the study's Domain reads from the questionnaire (none for open chat, for an
+        annotation study, or for a domain no longer registered: the go-live checks name that)."""
+        if self.domain == self.OPEN_CHAT or self.rates_conversations:
             return ()
         try:
             return domain_class(self.domain).questionnaire_inputs

@@ -22,7 +22,6 @@ from studies.lib.domain_bridge import (  # noqa: F401 - debrief: the debrief pag
     outcome_after_questionnaire,
     questionnaire_inputs,
     score_conversation,
-    shared_domain,
 )
 from studies.lib.flow_errors import FlowError, NotFound, StudyFull, StudyNotOpen
 from studies.lib.prepared_queries import Prepared, fields_of, instances
@@ -263,7 +262,7 @@ def scenario_for(study: Study, arm: Arm, is_bot: bool = False) -> Scenario | Non
     """The least-used scenario; a study whose Domain needs one and has none starts nobody (the
     participant is told, and takes no place)."""
     scenario = least_used_scenario(study, arm, is_bot)
-    if scenario is None and shared_domain(study.domain) is not None:
+    if scenario is None and study.needs_scenarios():
         raise FlowError(
             "This study is not ready",
             "The study has no task ready for you yet. Please try again later or return to "

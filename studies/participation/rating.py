@@ -10,6 +10,7 @@ exclusion rule and its Prolific policy apply).
 from django.db import transaction
 from django.utils import timezone
 
+from studies.lib.domain_bridge import speaker_names
 from studies.lib.flow_errors import FlowError
 from studies.models import Item, Participant, RatingAssignment
 from studies.participation.flow import storable_text, study_progress, validate_answers
@@ -37,12 +38,12 @@ def progress(participant: Participant) -> tuple[int, int]:
     return mine.filter(status=RatingAssignment.Status.RATED).count(), mine.count()
 
 
-def realism_errors(data) -> tuple[dict, dict]:
+def realism_errors(data, user_name: str = "user") -> tuple[dict, dict]:
     answer = (data.get(REALISM) or "").strip()
     confidence = (data.get(CONFIDENCE) or "").strip()
     values, errors = {}, {}
     if answer not in dict(REALISM_CHOICES):
-        errors[REALISM] = "Please say whether you think the customer was a real person."
+        errors[REALISM] = f"Please say whether you think the {user_name} was a real person."
     else:
         values[REALISM] = answer
     if confidence not in {str(i) for i in range(1, CONFIDENCE_POINTS + 1)}:
@@ -72,7 +73,7 @@ def submit(participant: Participant, position, data) -> dict[str, str]:
     values, errors = validate_answers(items, data)
     answers = {item.key: values[item.id] for item in items if item.id in values}
     if study.annotation.ask_realism:
-        realism, wrong = realism_errors(data)
+        realism, wrong = realism_errors(data, speaker_names(study.domain)["user"])
         answers |= realism
         errors |= wrong
     if errors:

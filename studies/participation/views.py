@@ -170,6 +170,7 @@ def render_rating(request, p, errors, data, status=200):
         "study": p.study,
         "assignment": assignment,
         "turns": assignment.conversation.transcript,
+        "speakers": rating.speaker_names(p.study.domain),  # the Domain's words: P4G's persuadee
         "number": done + 1,
         "total": total,
         "fields": [

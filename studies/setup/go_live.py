@@ -71,8 +71,9 @@ def cached_health(arms: list[Arm]) -> dict[int, Health]:
 
 
 def needs_scenarios(study: Study) -> bool:
-    """A study with a Domain gives each participant one of its tasks; open chat needs none."""
-    return shared_domain(study.domain) is not None
+    """A chat study with a Domain gives each participant one of its tasks (a domain no longer
+    registered raises ValueError here); open chat and annotation studies need none."""
+    return study.needs_scenarios() and shared_domain(study.domain) is not None
 
 
 def problems(study: Study, fresh: bool = True) -> list[str]:

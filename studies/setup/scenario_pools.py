@@ -15,6 +15,12 @@ class PoolError(ValueError):
 
 
 @transaction.atomic
+def scenario_key(domain: str, scenario_id: str) -> str:
+    """A scenario's key in a pool: its id, after the domain's name unless the id begins with it
+    already (P4G's ids are "p4g-<persona>": once read "p4g-p4g-<persona>")."""
+    return scenario_id if scenario_id.startswith(f"{domain}-") else f"{domain}-{scenario_id}"
+
+
 def import_pool(
     study: Study,
     domain: str,
@@ -44,11 +50,17 @@ def import_pool(
         raise PoolError(f"No {domain} scenarios in split {split!r}.")
     if count is not None and count < len(scenarios):
         scenarios = random.Random(seed).sample(scenarios, count)
+    # the briefing says the study's own length (P4G's "up to N messages from each side")
+    family = family.with_turn_limit(2 * study.max_exchanges)
     added = existing = 0
     for scenario in scenarios:
+        key = scenario_key(domain, scenario.id)
+        if study.scenarios.filter(key=f"{domain}-{scenario.id}").exists():  # an older import's key
+            existing += 1
+            continue
         _, created = Scenario.objects.get_or_create(
             study=study,
-            key=f"{domain}-{scenario.id}",
+            key=key,
             defaults=dict(
                 title=scenario.title or f"{domain} {scenario.id}",
                 domain=domain,

@@ -330,3 +330,10 @@ def test_one_checkpoint_admin_whatever_the_order_of_the_apps(tmp_path, order):
         "['attach_to_arm',",
         "'delete_selected']",
     ]
+
+
+@pytest.mark.django_db
+def test_the_favicon_is_served_not_a_404(client):
+    response = client.get("/favicon.ico")
+    assert response.status_code == 200 and response["Content-Type"] == "image/svg+xml"
+    assert response.content.startswith(b"<svg") and "max-age=86400" in response["Cache-Control"]

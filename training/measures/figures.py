@@ -7,9 +7,11 @@ training/collapse2/results_report.py): a panel per measure, a line per regime, t
 from __future__ import annotations
 
 import statistics
+import textwrap
 from pathlib import Path
 
 from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 
@@ -19,7 +21,22 @@ def figure(width: float, height: float, panels: int = 1) -> tuple[Figure, list[A
     return fig, list(fig.subplots(1, panels, squeeze=False)[0])
 
 
+def fit_titles(fig: Figure) -> None:
+    """Wrap each panel's title that is wider than its panel: matplotlib cuts a title at the
+    figure's edge, and tight_layout makes room above a title, never beside it (collapse.png's
+    "collapse: exploit probability, decision entropies (nats), reward variance" lost both ends)."""
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    for ax in fig.axes:
+        title = ax.title
+        text, room = title.get_text(), ax.get_window_extent(renderer).width
+        wide = title.get_window_extent(renderer).width
+        if text and wide > room:
+            chars = max(12, int(len(text) * room / wide * 0.95))
+            title.set_text(textwrap.fill(text, chars))
+
+
 def save(fig: Figure, path: Path, dpi: int = 100) -> Path:
+    fit_titles(fig)
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)
     return path

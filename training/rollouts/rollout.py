@@ -157,7 +157,7 @@ def play(
     max_turns: int,
     max_tool_rounds: int = 4,
     redraw: random.Random | None = None,
-    on_finished: Callable[[int], None] | None = None,
+    on_finished: Callable[[int, int], None] | None = None,
 ) -> list[Rollout]:
     """Run one conversation per scenario to its end and score it with the Domain.
 
@@ -165,12 +165,14 @@ def play(
     choice drawn a second time from the same distribution (`redraw_reward`): two simulator
     draws per agent message, which split the reward's variance into the simulator's part and
     the agent's (training/measures/collapse.py). `on_finished` gets the count of conversations that
-    have ended each time it grows (the run page's progress within a step)."""
+    have ended and of the turns taken in them, after every speaker's turn (the run page's
+    progress within a step: the G conversations of a task move together and end together, so
+    the ended count alone stood at 0 for minutes)."""
     max_turns = min(max_turns, domain.max_turns)
     rollouts = [Rollout.begin(domain, s) for s in scenarios]
     for i, r in enumerate(rollouts):
         r.max_turns, r.index = max_turns, i
-    finished = 0
+    turns = 0
     while any(r.end_reason is None for r in rollouts):
         for speaker in (user, agent):
             waiting = [
@@ -185,10 +187,9 @@ def play(
                     if r.end_reason is not None:  # its speakers' keys and values are done with
                         r.agent.cache.clear()
                         r.user.cache.clear()
-        ended = sum(r.end_reason is not None for r in rollouts)
-        if on_finished is not None and ended > finished:
-            on_finished(ended)
-        finished = ended
+                turns += len(waiting)
+                if on_finished is not None:
+                    on_finished(sum(r.end_reason is not None for r in rollouts), turns)
     for r in rollouts:
         r.outcome = domain.score(r.conversation, r.state, r.end_reason)
         last = r.decision(USER)

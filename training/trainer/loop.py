@@ -13,7 +13,8 @@ Running it again with the same output folder resumes from the last checkpoint.
 `warnings` lists the run's collapse warnings so far (training/measures/diversity.py), each
 printed once when its threshold is first crossed. `within_step` gets, while a step runs (rank 0), the last
 step's dict with `current`: {"step", "phase": rollouts | update | evaluation, "rollouts_done",
-"rollouts_total"} (rank 0's share of the step's rollouts), so a long step shows it is moving.
+"rollouts_total", "turns_done"} (rank 0's share of the step's rollouts; the turns taken in them,
+after every turn), so a long step shows it is moving.
 """
 
 from __future__ import annotations
@@ -153,18 +154,22 @@ def train_step(run: Run, step: int, phase: Phase) -> tuple[dict[str, Any], list[
         live = run.run_dir / "live" / f"step-{step - 1:06d}"
         with agent.gathered():  # FSDP: the adapter is gathered by every rank
             run.speaker.publish(agent, live, f"{config.name}-live-{step - 1}", ranks)
-    mine = []
+    mine, turned = [], [0]  # the turns of this rank's tasks played before the one playing
     # FSDP: the models sampling in this process do so on their full weights, gathered once
     # for the whole phase by every rank (generation itself then makes no collectives)
     sampling = agent.gathered() if not config.rollout_endpoint else nullcontext()
     with sampling, regime.gathered(), regime.simulator(step) as user:
         for index, task in share:
-            done = len(mine)
-            ended = lambda n, done=done: phase("rollouts", done + n, total)  # noqa: E731
+            done, before = len(mine), turned[0]
+
+            def ended(n, turns, done=done, before=before):
+                turned[0] = before + turns
+                phase("rollouts", done + n, total, before + turns)
+
             mine += _play_task(config, run.domain, task, index, step, run.speaker, user, ended)
     rewards = torch.tensor([r.reward for r in mine]).view(-1, config.group_size)
     t_rollout = time.monotonic() - t0
-    phase("update", len(mine), total)
+    phase("update", len(mine), total, turned[0])
 
     # 2. the agent's GRPO step on its own tokens (data-parallel: this rank's rows, the
     # gradients summed over the ranks)

@@ -23,7 +23,7 @@ from training.rollouts.rollout import Rollout
 from training.trainer import checkpoint
 
 Progress = Callable[[dict[str, Any]], None]
-Phase = Callable[[str, int, int], None]  # (phase, rollouts done, rollouts total)
+Phase = Callable[..., None]  # (phase, rollouts done, rollouts total[, turns taken in them])
 
 
 class RunWriter:
@@ -63,12 +63,14 @@ class RunWriter:
         self.bar = tqdm(total=self.config.steps, initial=self.start, desc=self.config.name,
                         disable=not self.show_progress)  # fmt: skip
 
-    def phase(self, step: int, phase: str, rollouts_done: int, rollouts_total: int) -> None:
+    def phase(
+        self, step: int, phase: str, rollouts_done: int, rollouts_total: int, turns_done: int = 0
+    ) -> None:
         """Sends the last step's progress with where this step is (`current`). The last step's
         checkpoint stays in it: a reader of the progress file may not have seen it."""
         if self.within_step is not None:
             current = {"step": step, "phase": phase, "rollouts_done": rollouts_done,
-                       "rollouts_total": rollouts_total}  # fmt: skip
+                       "rollouts_total": rollouts_total, "turns_done": turns_done}  # fmt: skip
             self.within_step({**self.last, "current": current})
 
     def record(self, step: int, row: dict[str, Any], rollouts: list[Rollout]) -> None:

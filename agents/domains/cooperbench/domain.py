@@ -56,6 +56,7 @@ class CooperBenchDomain(Domain):
     name = "cooperbench"
     title = "CooperBench: two coding agents, one repository"
     first_speaker = "agent"
+    agent_name, user_name = "agent", "partner"
     simulator_reward = "cooperative"  # the partner's score is the team's
     limits_tool_rounds = False  # every step calls tools; max_steps bounds an episode
     max_steps = 50  # each speaker's: the release's --cooperbench-max-steps 50

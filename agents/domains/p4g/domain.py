@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,7 @@ class P4GDomain(Domain):
 
     name = "p4g"
     title = "Persuasion for Good"
+    agent_name, user_name = "persuader", "persuadee"
     simulator_reward = "adversarial"  # the release: 1 - the agent's reward
     max_turns = 10  # messages; the persuader opens, so each side writes 5
     max_tool_calls_per_turn = 0
@@ -78,8 +80,14 @@ class P4GDomain(Domain):
             )
         return [s for s in self._scenarios if split is None or s.payload["split"] == split]
 
+    def with_turn_limit(self, max_turns: int) -> P4GDomain:
+        limited = copy.copy(self)  # the same scenarios, loaded once
+        limited.max_turns = max_turns
+        return limited
+
     def agent_system_prompt(self, scenario: Scenario) -> str:
-        return prompts.PERSUADER_PROMPT  # the persuader never sees the persona
+        # the persuader never sees the persona
+        return prompts.PERSUADER_PROMPT.format(length=prompts.each_side(self.max_turns // 2))
 
     def greeting(self, scenario: Scenario) -> str | None:
         return prompts.GREETING
@@ -88,7 +96,8 @@ class P4GDomain(Domain):
         return {}  # no tools, nothing to keep: the conversation itself is the state
 
     def user_instructions(self, scenario: Scenario) -> str:
-        return prompts.HUMAN_BRIEFING  # a person plays themselves, never the persona
+        # a person plays themselves, never the persona
+        return prompts.HUMAN_BRIEFING.format(length=prompts.each_side(self.max_turns // 2))
 
     def simulator_system_prompt(self, scenario: Scenario) -> str:
         return prompts.persuadee_prompt(scenario.payload["persona"], self.max_turns // 2)

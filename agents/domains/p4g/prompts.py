@@ -18,6 +18,14 @@ CHARITY_FACTS = (
     "wars, famines and natural disasters."
 )
 
+
+def each_side(replies: int) -> str:
+    """How long the chat is, as the persuader's prompt and the human briefing say it: the
+    limit the conversation really has (a study's, or the Domain's own), never a fixed five."""
+    return f"up to {replies} message{'s' * (replies != 1)} from each side"
+
+
+# {length}: each_side(...) of the conversation's limit (P4GDomain.with_turn_limit)
 PERSUADER_PROMPT = f"""You are chatting online with another participant of a study. Your goal \
 is to persuade them to donate part of their task payment to the charity {CHARITY}.
 
@@ -33,7 +41,7 @@ are not. If you do not know something, say so.
 - Be natural and friendly, like a person in a chat: short messages of one to three sentences.
 - Listen to the other person, answer their questions and concerns, and adapt your arguments to \
 them. Respect their decision; never pressure, guilt-trip or insult them.
-- The conversation is short (about five messages from each side), so bring up the donation early."""
+- The conversation is short ({{length}}), so bring up the donation early."""
 
 # (low, high) phrases per trait; the middle of a scale says nothing.
 _BIG_FIVE = {
@@ -198,7 +206,7 @@ decide in it."""
 HUMAN_BRIEFING = f"""You are going to chat with someone about a charity, {CHARITY}.
 
 Chat naturally and be yourself: ask questions, share your views, agree or disagree as you \
-like. The chat lasts about five messages from each side.
+like. The chat lasts {{length}}.
 
 You may decide to donate part of your ${PAYMENT:.2f} bonus to the charity, anything from $0 \
 to ${PAYMENT:.2f}, or nothing at all. It is entirely your choice and there is no right answer. \

@@ -23,6 +23,7 @@ class Tau2Domain(Domain):
     toolkit: type[Toolkit] = Toolkit
     # the release's tau2 Self-Play default (training/regimes/sim_rewards.py)
     simulator_reward = "curriculum"
+    agent_name, user_name = "agent", "customer"
     max_turns = 60  # user and agent messages; tau2 tasks often need 20 or more of each
     max_steps = 100  # every message, tool calls and results included (tau2's default)
     max_errors = 10  # tool errors (tau2's default)

@@ -6,6 +6,7 @@ from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, render
 from django.template.loader import render_to_string
 from django.urls import reverse
+from django.utils import dateparse, formats, timezone
 from django.utils.html import format_html, format_html_join
 
 from studies.models import (
@@ -14,6 +15,31 @@ from studies.models import (
     only_people,
 )
 from studies.research import analysis_runs, monitor
+
+
+def readable_time(text: str | None) -> str | None:
+    """A snapshot's ISO time as a researcher reads it: the site's local time (TIME_ZONE),
+    "4 Mar 2026, 06:06:07 CET". monitor.json keeps the ISO text for programs."""
+    if not text:
+        return text
+    moment = timezone.localtime(dateparse.parse_datetime(text))
+    return f"{formats.date_format(moment, 'j M Y, H:i:s')} {moment.tzname()}"
+
+
+def readable_times(data: dict) -> dict:
+    """The snapshot with its times readable, for the page (the rest as it is)."""
+    return {
+        **data,
+        "active": [
+            {
+                **c,
+                "started": readable_time(c["started"]),
+                "last_activity": readable_time(c["last_activity"]),
+            }
+            for c in data["active"]
+        ],  # fmt: skip
+        "errors": [{**e, "at": readable_time(e["at"])} for e in data["errors"]],
+    }
 
 
 class Monitoring:
@@ -70,7 +96,7 @@ class Monitoring:
         html = render_to_string(
             "admin/studies/monitor_body.html",
             {
-                "data": data,
+                "data": readable_times(data),
                 "study": study,
                 "can_change": self.has_change_permission(request, study),
                 "statuses": Participant.Status.choices,

@@ -53,6 +53,16 @@ def test_prompts_keep_the_persona_away_from_the_persuader_and_the_human(domain):
     assert domain.greeting(first)
 
 
+def test_the_texts_say_the_conversations_own_length(domain):
+    scenario = domain.scenarios()[0]
+    assert "up to 5 messages from each side" in domain.agent_system_prompt(scenario)  # 10 turns
+    study = domain.with_turn_limit(16)  # a study allowing 8 messages from the participant
+    assert "up to 8 messages from each side" in study.agent_system_prompt(scenario)
+    assert "up to 8 messages from each side" in study.user_instructions(scenario)
+    assert "five" not in study.agent_system_prompt(scenario) + study.user_instructions(scenario)
+    assert domain.max_turns == 10 and study.scenarios() is not None  # the shared one unchanged
+
+
 def test_simulated_persuadee_prompt_renders_the_traits(domain):
     scenarios = domain.scenarios()
     prompts = {domain.simulator_system_prompt(s) for s in scenarios}

@@ -97,3 +97,16 @@ def test_kendall_tau_b_counts_ties_as_tau_b_does():
     assert kendall_tau_b({"a": 1}, {"a": 2}).tau is None
     assert not math.isnan(kendall_tau_b(first, first).tau)
     assert np.isclose(kendall_tau_b(first, first).tau, 1.0)
+
+
+def test_one_conversation_rated_twice_or_no_variation_is_undefined_and_says_why():
+    # with one pairable unit alpha is 0 whatever the raters did: it is undefined, not 0.000
+    once = agreement([("a", "x", 6), ("a", "y", 3)], boot=50)
+    assert once.alpha is None and once.ci is None and once.units == 1
+    assert once.note == (
+        "undefined: needs at least two conversations each rated by two or more raters (there is 1)"
+    )
+    flat = agreement([(u, r, 4) for u in "ab" for r in "xy"], boot=50)
+    assert flat.alpha is None and flat.note == (
+        "undefined: no variation among the ratings (every one is 4)"
+    )

@@ -58,6 +58,18 @@ def test_the_paper_items_are_one_action_away_and_the_pool_has_its_list(admin_cli
     )
     listing = admin_client.get(reverse("admin:studies_ratedconversation_changelist"))
     assert listing.status_code == 200 and "simulator" in listing.content.decode()
+    prompts = dict(annotation.questionnaire_items().values_list("key", "prompt"))
+    assert prompts["user_realism"] == "The user behaved like a real person would."  # open chat
+
+
+def test_the_paper_items_name_the_speakers_in_the_rated_domains_words(annotation):
+    from studies.annotation.items import add_paper_items
+
+    annotation.domain = "p4g"
+    add_paper_items(annotation)
+    prompts = dict(annotation.questionnaire_items().values_list("key", "prompt"))
+    assert prompts["agent_helpfulness"] == "The persuader was helpful."
+    assert prompts["user_realism"] == "The persuadee behaved like a real person would."
 
 
 def test_go_live_asks_for_a_pool_places_for_the_target_and_gold_that_fits(annotation):

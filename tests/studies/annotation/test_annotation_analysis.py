@@ -142,6 +142,39 @@ def test_the_command_line_reads_the_ratings_csv_and_gives_the_runs_numbers(tmp_p
     assert "not a ratings CSV" in capsys.readouterr().err
 
 
+def test_one_conversation_rated_twice_says_alpha_is_undefined_and_why(admin_client, tmp_path,
+                                                                      capsys):  # fmt: skip
+    from django.urls import reverse
+
+    from studies.analysis.annotation_cli import main
+
+    study = make_study(slug="once", arms=("raters",))
+    AnnotationSetup.objects.create(
+        study=study, raters_per_conversation=2, conversations_per_rater=1
+    )
+    RatedConversation.objects.create(study=study, source="person", transcript=[])
+    for r, helpful in enumerate(["6", "3"]):
+        p = Participant.objects.create(
+            study=study, arm=study.arms.get(), prolific_pid=f"ONCE{r}", prolific_study_id="S",
+            prolific_session_id=f"o{r}", status=Participant.Status.RATING,
+        )  # fmt: skip
+        (a,) = assign(p)
+        answers = {**GOOD_ANSWERS, "helpful": helpful, "real_person": "real",
+                   "realism_confidence": "3"}  # fmt: skip
+        assert rating.submit(p, a.position, answers) == {}
+    run = compute(AnalysisRun.objects.create(study=study))
+    helpful = run.results["annotation"]["agreement"]["helpful"]
+    why = "undefined: needs at least two conversations each rated by two or more raters"
+    assert helpful["alpha"] is None and helpful["note"].startswith(why)
+    html = admin_client.get(reverse("admin:studies_analysisrun_change", args=[run.pk]))
+    assert why in html.content.decode() and "0.000 [0.000, 0.000]" not in html.content.decode()
+    path = tmp_path / "ratings.csv"
+    path.write_text(ratings_csv(study))
+    assert main(["--ratings", str(path), "--scales", "helpful=7"]) == 0
+    printed = capsys.readouterr().out
+    assert f"Krippendorff's alpha (ordinal), helpful: {why}" in printed and "0.000" not in printed
+
+
 def test_an_annotation_plan_is_frozen_before_rating_and_its_run_is_confirmatory():
     from studies.research.preregistration import freeze
 

@@ -77,7 +77,7 @@ def test_missing_answers_are_asked_again_and_nothing_is_stored(client):
     )
     html = response.content.decode()
     assert response.status_code == 400
-    assert "Please say whether you think the customer was a real person." in html
+    assert "Please say whether you think the user was a real person." in html  # open chat
     assert "Please answer this question." in html
     assert not RatingAssignment.objects.filter(participant=participant, status="rated").exists()
 
@@ -136,3 +136,31 @@ def test_a_rater_whose_conversations_were_released_is_told_not_looped(client):
     participant.rating_assignments.update(status=RatingAssignment.Status.RELEASED)
     response = client.get(page)
     assert response.status_code != 302 and "Nothing left to rate" in response.content.decode()
+
+
+def test_an_annotation_study_in_the_rated_conversations_domain_is_checked_as_a_rating_study(
+    client,
+):
+    """A study rating P4G conversations takes P4G as its domain (its speakers' names): it is
+    asked for a pool, not for scenarios or the donation item a P4G chat study needs."""
+    from studies.setup import go_live
+
+    study = annotation_study()
+    study.domain, study.status, study.target_per_arm = "p4g", "draft", 2
+    study.save()
+    assert not study.scenarios.exists()
+    assert go_live.problems(study) == []
+    go_live.set_live(study)
+    participant, page, _ = arrive(client, study, "rater-p4g")
+    participant.refresh_from_db()
+    assert participant.status == Participant.Status.RATING and participant.scenario is None
+    html = client.get(page).content.decode()  # the speakers in P4G's words, never a customer
+    assert "Persuader:</span> Hello from the agent" in html and "Persuadee:</span> I would" in html
+    assert "Was the persuadee a real person?" in html and "ustomer" not in html
+    missing = client.post(
+        reverse("studies:rate", args=[participant.token]), rating(1, real_person="")
+    )
+    assert "whether you think the persuadee was a real person" in missing.content.decode()
+    chat = make_study(slug="p4g-chat", domain="p4g", status="draft")
+    found = " ".join(go_live.problems(chat))  # a P4G chat study is still asked for both
+    assert "needs scenarios" in found and "donation" in found

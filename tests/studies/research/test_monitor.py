@@ -1,7 +1,7 @@
 """The live monitor: places per arm by status, live conversations, time per stage, endpoint
 health, the latest errors with their participant, and the pause switch; it refreshes itself."""
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.contrib.auth.models import Permission, User
@@ -144,3 +144,19 @@ def test_a_participant_error_reaches_the_monitor(client, admin_client, running):
     client.get(arrival, {"PROLIFIC_PID": "only-a-pid"})  # an incomplete link
     text = admin_client.get(reverse("admin:studies_study_monitor", args=[running.pk])).content
     assert b"This link is incomplete" in text
+
+
+def test_the_page_shows_local_readable_times_and_the_json_keeps_iso(
+    admin_client, running, settings
+):
+    settings.TIME_ZONE = "Europe/Berlin"
+    moment = datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)
+    Participant.objects.filter(prolific_pid="chatting").update(consented_at=moment)
+    StudyError.objects.filter(title="Boom").update(created_at=moment)
+    page = admin_client.get(reverse("admin:studies_study_monitor", args=[running.pk]))
+    text = page.content.decode()
+    assert text.count("4 Mar 2026, 06:06:07 CET") == 2  # started, and the error's time
+    assert "2026-03-04T" not in text
+    data = admin_client.get(reverse("admin:studies_study_monitor_json", args=[running.pk])).json()
+    assert data["active"][0]["started"] == "2026-03-04T05:06:07+00:00"
+    assert "4 Mar 2026, 06:06:07 CET" in data["html"]

@@ -58,6 +58,8 @@ def test_attaching_to_a_vllm_endpoint_loads_the_checkpoint_on_every_replica(
             ]
     arm.refresh_from_db()
     assert arm.model_name == "run-step2" and arm.endpoint == endpoint
+    shown = admin_client.get(response.url).content.decode()  # the admin capfirsts a message
+    assert "Attached run-step2 to " in shown and "Run-step2" not in shown
 
 
 def test_an_embedded_endpoint_is_not_asked_to_load(admin_client, checkpoint):

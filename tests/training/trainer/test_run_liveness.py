@@ -59,12 +59,15 @@ def test_progress_within_a_step_counts_rollouts(tiny_model, tmp_path, letters):
     ends = []
     train(config, ends.append, domain=letters, show_progress=False, within_step=sent.append)
     assert [p["step"] for p in ends] == [1, 2] and not any("current" in p for p in ends)
-    inside = [(p["current"]["step"], p["current"]["phase"], p["current"]["rollouts_done"])
-              for p in sent if "current" in p]  # fmt: skip
-    assert inside == [
-        (1, "rollouts", 0), (1, "rollouts", 2), (1, "rollouts", 4), (1, "update", 4),
-        (2, "rollouts", 0), (2, "rollouts", 2), (2, "rollouts", 4), (2, "update", 4),
+    inside = [(p["current"]["step"], p["current"]["phase"], p["current"]["rollouts_done"],
+               p["current"]["turns_done"]) for p in sent if "current" in p]  # fmt: skip
+    # every turn moves it (2 rollouts a task, 2 turns each, the pair in step): the turn before
+    # either conversation ends is said too, where the count of ended ones alone stood still
+    per_step = [
+        ("rollouts", 0, 0), ("rollouts", 0, 2), ("rollouts", 2, 4), ("rollouts", 2, 6),
+        ("rollouts", 4, 8), ("update", 4, 8),
     ]  # fmt: skip
+    assert inside == [(step, *row) for step in (1, 2) for row in per_step]
     assert {p["current"]["rollouts_total"] for p in sent if "current" in p} == {4}
     # within step 2, the figures of step 1 stay; a step's end sends them without `current`
     step_two = next(p for p in sent if p.get("current", {}).get("step") == 2)
@@ -153,7 +156,8 @@ def test_a_fresh_heartbeat_is_alive_and_a_stale_one_lost(admin_client, settings)
         name="alive", status=TrainingRun.Status.RUNNING, started_at=now - timedelta(hours=1),
         heartbeat_at=now - timedelta(seconds=60),
         progress={"total_steps": 10, "current": {"step": 1, "phase": "rollouts",
-                                                 "rollouts_done": 3, "rollouts_total": 8}},
+                                                 "rollouts_done": 3, "rollouts_total": 8,
+                                                 "turns_done": 17}},
     )  # fmt: skip
     lost = TrainingRun.objects.create(
         name="lost", status=TrainingRun.Status.RUNNING, started_at=now - timedelta(hours=1),
@@ -164,7 +168,7 @@ def test_a_fresh_heartbeat_is_alive_and_a_stale_one_lost(admin_client, settings)
     )
     assert not alive.worker_lost() and lost.worker_lost() and not done.worker_lost()
     page = admin_client.get(reverse("admin:training_trainingrun_change", args=[alive.pk]))
-    assert "0/10; step 1: rollouts 3 of 8" in page.content.decode()
+    assert "0/10; step 1: rollouts 3 of 8, 17 turns taken" in page.content.decode()
     assert "worker lost" not in page.content.decode()
 
     # resuming a run whose worker is alive is refused; cancelling a lost one ends it at once
