@@ -96,7 +96,7 @@ def hit(scope: str, key: str, allowed: int, window: int = WINDOW) -> bool:
 
 def unavailable(scope: str, key: str) -> bool:
     # The key is a participant's token or an IP: the scope alone is said (a token is a credential).
-    log.warning("rate limit storage unavailable; letting a %s event through", scope)
+    log.warning("rate limit storage unavailable; letting %s events through", scope)
     return True
 
 

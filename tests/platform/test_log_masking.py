@@ -63,7 +63,7 @@ def test_the_outage_and_the_rate_limiter_log_no_token(web_log, monkeypatch):
     assert ratelimit.message_allowed(token, "203.0.113.9")  # let through, and said so
     text = web_log()
     assert "database unavailable on POST /p/[token]/questionnaire/" in text, text
-    assert "rate limit storage unavailable; letting a message event through" in text, text
+    assert "rate limit storage unavailable; letting message events through" in text, text
     assert token not in text
 
 

@@ -169,3 +169,19 @@ def test_study_page_shows_codes_with_redirects_and_the_prolific_panel(admin_clie
     assert "https://app.prolific.com/submissions/complete?cc=NOCONS" in text
     assert "AWAITING REVIEW: 1" in text
     assert reverse("admin:studies_study_bonus_csv", args=[linked.pk]) in text
+
+
+def test_the_prolific_panel_names_participants_only_with_the_permission(
+    client, linked, monkeypatch
+):
+    """view_study alone listed the Prolific ids of the rejections Prolific's rules allow: by
+    number instead (the rule itself is tested in tests/studies/prolific)."""
+    monkeypatch.setitem(prolific_sync.RULES, "FAILED_CHECK", (lambda p: True, ""))
+    p = join(linked, "PIDA", "SUBA", prolific_status="AWAITING REVIEW")
+    url = reverse("admin:studies_study_change", args=[linked.pk])
+    client.force_login(editor("view_study"))
+    text = client.get(url).content.decode()
+    assert "AWAITING REVIEW: 1" in text and f"#{p.pk} (FAILED_CHECK)" in text
+    assert "PIDA" not in text and "SUBA" not in text
+    client.force_login(editor("view_study", "view_participant"))
+    assert "PIDA (FAILED_CHECK)" in client.get(url).content.decode()
