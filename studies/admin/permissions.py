@@ -68,3 +68,12 @@ def identified(request, names, pseudonyms: dict[str, str]) -> list[str]:
     if can_read_participants(request):
         return list(names)
     return [pseudonyms.get(name, name) for name in names]
+
+
+class NamesParticipants:
+    """A ModelAdmin whose rows name participants throughout (Prolific's events carry the
+    participant's id and submission id, which together resume their study; bonus lines name
+    who is paid): viewed with its own permission and the participants permission."""
+
+    def has_view_permission(self, request, obj=None):
+        return super().has_view_permission(request, obj) and can_read_participants(request)
