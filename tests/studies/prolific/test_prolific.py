@@ -50,6 +50,11 @@ def api(fake):
 def deliver(client, event: dict, event_id="E1", timestamp=None, secret=SECRET, raw=None):
     body = raw if raw is not None else json.dumps(event).encode()
     timestamp = str(int(time.time()) if timestamp is None else timestamp)
+    return signed_post(client, body, timestamp, {"X-Event-ID": event_id}, secret)
+
+
+def signed_post(client, body: bytes, timestamp: str, headers: dict | None = None, secret=SECRET):
+    """`body` sent with its signature and timestamp exactly as given, and `headers`."""
     return client.post(
         "/prolific/webhook/",
         data=body,
@@ -57,7 +62,7 @@ def deliver(client, event: dict, event_id="E1", timestamp=None, secret=SECRET, r
         headers={
             "X-Prolific-Request-Signature": prolific_api.signature(secret, timestamp, body),
             "X-Prolific-Request-Timestamp": timestamp,
-            "X-Event-ID": event_id,
+            **(headers or {}),
         },
     )
 
@@ -142,20 +147,6 @@ def test_a_replayed_event_is_acknowledged_without_acting_twice(client, linked):
     p.refresh_from_db()
     assert p.prolific_status == "APPROVED"  # the old event was not applied again
     assert ProlificEvent.objects.filter(event_id="EV-1").count() == 1
-
-
-def signed_post(client, body: bytes, timestamp: str, headers: dict | None = None):
-    """`body` sent with its signature and timestamp exactly as given, and `headers`."""
-    return client.post(
-        "/prolific/webhook/",
-        data=body,
-        content_type="application/json",
-        headers={
-            "X-Prolific-Request-Signature": prolific_api.signature(SECRET, timestamp, body),
-            "X-Prolific-Request-Timestamp": timestamp,
-            **(headers or {}),
-        },
-    )
 
 
 @override_settings(PROLIFIC_WEBHOOK_SECRET=SECRET)
