@@ -102,11 +102,12 @@ def event_time(timestamp: str) -> float:
     return value / 1000 if value > 1e11 else value
 
 
-def delivery_digest(timestamp: str, body: bytes) -> str:
-    """What a signature signs (the timestamp and the body), hashed: the same signed request has
-    the same digest whatever its X-Event-ID and whichever of the signature's two accepted forms
-    it carries."""
-    return hashlib.sha256(timestamp.encode() + b"\n" + body).hexdigest()
+def delivery_digest(timestamp: str, event: dict) -> str:
+    """What a signature vouches for (the timestamp and the event), hashed. Over the parsed event,
+    not the raw bytes: a signature is also accepted over json.dumps of the body, so the same
+    signature covers bodies that differ in spacing; they all have this one digest."""
+    canonical = json.dumps(event, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(f"{timestamp}\n{canonical}".encode()).hexdigest()
 
 
 def receive_webhook(headers, body: bytes, now: float | None = None) -> str:
@@ -138,7 +139,7 @@ def receive_webhook(headers, body: bytes, now: float | None = None) -> str:
         raise WebhookRefused(400, "body is not JSON") from None
     if not isinstance(event, dict):
         raise WebhookRefused(400, "body is not a JSON object")
-    digest = delivery_digest(timestamp, body)
+    digest = delivery_digest(timestamp, event)
     # Retries carry the same X-Event-ID; without one, the signed request itself identifies it.
     given_id = headers.get("X-Event-ID", "").strip()[:128]
     event_id = given_id or "sig:" + digest

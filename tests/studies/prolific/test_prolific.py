@@ -180,6 +180,30 @@ def test_a_replayed_signed_request_is_refused_whatever_its_event_id(
 
 
 @override_settings(PROLIFIC_WEBHOOK_SECRET=SECRET)
+def test_a_replay_respaced_under_the_same_signature_is_refused(client, linked):
+    """The signature is also accepted over json.dumps of the body: a captured request sent again
+    with its body respaced still verifies, so the replay check reads the event, not the bytes."""
+    join(linked, "PID1", "SUB1")
+    event = status_event("SUB1", "RETURNED")
+    body = json.dumps(event).encode()
+    ts = str(int(time.time()))
+    assert signed_post(client, body, ts, {"X-Event-ID": "EV-1"}).status_code == 200
+    respaced = json.dumps(event, separators=(",", ":")).encode()
+    replay = client.post(
+        "/prolific/webhook/",
+        data=respaced,
+        content_type="application/json",
+        headers={
+            "X-Prolific-Request-Signature": prolific_api.signature(SECRET, ts, body),
+            "X-Prolific-Request-Timestamp": ts,
+            "X-Event-ID": "EV-2",
+        },
+    )
+    assert replay.status_code == 409, replay.content
+    assert ProlificEvent.objects.count() == 1
+
+
+@override_settings(PROLIFIC_WEBHOOK_SECRET=SECRET)
 @pytest.mark.parametrize(
     "timestamp",
     [
