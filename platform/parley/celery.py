@@ -2,7 +2,7 @@
 
 import os
 
-from celery import Celery
+from celery import Celery, signals
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "parley.settings")
 
@@ -15,6 +15,16 @@ TRAINING_QUEUES = ("training",)
 app = Celery("parley")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@signals.after_setup_logger.connect
+@signals.after_setup_task_logger.connect
+def mask_participants(logger, **kwargs) -> None:
+    """A worker sets up its own log handlers in place of settings.LOGGING's: they get its
+    filters too (no participant's token or Prolific id in a worker's log)."""
+    from parley import server_log
+
+    server_log.attach(logger.handlers)
 
 
 def worker_args(*options: str, queues: tuple[str, ...] = QUEUES) -> list[str]:

@@ -406,12 +406,18 @@ WHITENOISE_USE_FINDERS = True
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"client_faults": {"()": "parley.server_log.ClientFaultsInOneLine"}},
+    # The one list of what every log line passes through (parley/server_log.py): a client's
+    # fault or a refusal in one line, then participants' tokens and Prolific ids masked. uvicorn's
+    # and Celery's own handlers get the same filters (server_log.attach).
+    "filters": {
+        "client_faults": {"()": "parley.server_log.ClientFaultsInOneLine"},
+        "participants": {"()": "parley.server_log.RedactParticipants"},
+    },
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",
             "stream": sys.stderr,
-            "filters": ["client_faults"],
+            "filters": ["client_faults", "participants"],
         }
     },
     "root": {

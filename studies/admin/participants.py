@@ -10,7 +10,7 @@ from studies.admin.action_forms import (
     DonationMatchForm,
     RejectForm,
 )
-from studies.admin.permissions import pages
+from studies.admin.permissions import can_read_participants, identified, pages
 from studies.models import (
     Participant,
     Response,
@@ -191,6 +191,27 @@ class StudyErrorAdmin(admin.ModelAdmin):
     list_select_related = ["study", "participant"]
     fields = ["study", "participant", "created_at", "path", "title", "detail", "traceback"]
     readonly_fields = fields
+    # The participant by number, for staff without the participants permission.
+    PSEUDONYMS = {"participant": "participant_number"}
+
+    @admin.display(description="participant")
+    def participant_number(self, problem):
+        return f"#{problem.participant_id}" if problem.participant_id else "-"
+
+    def get_list_display(self, request):
+        return identified(request, super().get_list_display(request), self.PSEUDONYMS)
+
+    def get_fields(self, request, obj=None):
+        return identified(request, super().get_fields(request, obj), self.PSEUDONYMS)
+
+    def get_readonly_fields(self, request, obj=None):
+        return identified(request, super().get_readonly_fields(request, obj), self.PSEUDONYMS)
+
+    def get_search_fields(self, request):
+        fields = super().get_search_fields(request)
+        if can_read_participants(request):
+            return fields
+        return [field for field in fields if "prolific_pid" not in field]
 
     def has_add_permission(self, request):
         return False  # recorded by the participant pages only

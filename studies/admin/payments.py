@@ -3,6 +3,7 @@
 from django.contrib import admin
 from django.utils.html import format_html_join
 
+from studies.admin.permissions import NamesParticipants
 from studies.models import (
     BonusPayment,
     ProlificEvent,
@@ -10,7 +11,7 @@ from studies.models import (
 
 
 @admin.register(BonusPayment)
-class BonusPaymentAdmin(admin.ModelAdmin):
+class BonusPaymentAdmin(NamesParticipants, admin.ModelAdmin):
     list_display = ["__str__", "study", "source", "state", "setup_id", "created_at", "paid_at"]
     list_filter = ["state", "study"]
     fields = [
@@ -41,7 +42,7 @@ class BonusPaymentAdmin(admin.ModelAdmin):
 
 
 @admin.register(ProlificEvent)
-class ProlificEventAdmin(admin.ModelAdmin):
+class ProlificEventAdmin(NamesParticipants, admin.ModelAdmin):
     list_display = ["event_id", "event_type", "resource_id", "result", "received_at"]
     list_filter = ["event_type"]
     readonly_fields = ["event_id", "event_type", "resource_id", "payload", "result", "received_at"]

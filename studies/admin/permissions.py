@@ -58,3 +58,22 @@ def can_change_participants(request) -> bool:
     """Decisions and bonuses act on participants' submissions: the permission to change them."""
     opts = Participant._meta
     return request.user.has_perm(f"{opts.app_label}.{get_permission_codename('change', opts)}")
+
+
+def identified(request, names, pseudonyms: dict[str, str]) -> list[str]:
+    """A ModelAdmin's field names as a user sees them: a field that names a participant (a
+    Participant's str is their Prolific id, a Conversation's "conversation of <id>") gives way to
+    its pseudonym in `pseudonyms` (a display by number) for anyone without the participants
+    permission."""
+    if can_read_participants(request):
+        return list(names)
+    return [pseudonyms.get(name, name) for name in names]
+
+
+class NamesParticipants:
+    """A ModelAdmin whose rows name participants throughout (Prolific's events carry the
+    participant's id and submission id, which together resume their study; bonus lines name
+    who is paid): viewed with its own permission and the participants permission."""
+
+    def has_view_permission(self, request, obj=None):
+        return super().has_view_permission(request, obj) and can_read_participants(request)

@@ -74,7 +74,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         try:
             await handler(message)
         except Left:  # a normal event: the disconnect that follows ends the consumer
-            log.info("participant %s left mid-turn", getattr(self, "participant", None))
+            who = getattr(getattr(self, "participant", None), "pk", None)
+            log.info("participant #%s left mid-turn", who)
 
     async def send_json(self, content, close=False):
         """Every event out; a socket closed meanwhile is Left, not a server error (uvicorn
@@ -247,20 +248,24 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             # The streamed reply could not be stored: the page takes it back and offers Retry
             # at once. Recording the problem would only wait on the same database.
             log.warning(
-                "reply not stored for %s, database unavailable: %s", self.participant, error
+                "reply not stored for participant #%s, database unavailable: %s",
+                self.participant.pk,
+                error,
             )
             self.stale = True
             await self.send_json({**failure, "message": NOT_SAVED})
         except agent_turn.EngineStalled as stalled:
-            log.warning("agent reply stalled for %s: %s", self.participant, stalled)
+            log.warning("agent reply stalled for participant #%s: %s", self.participant.pk, stalled)
             await self.failed("The agent stalled", stalled)
             notice = "The assistant has stopped answering. Your message is saved; press Retry."
             await self.send_json({**failure, "stalled": True, "message": notice})
         except Exception as error:  # any engine failure: the message is kept for Retry
             if isinstance(error, LLMError):
-                log.warning("agent reply failed for %s: %s", self.participant, error)
+                log.warning(
+                    "agent reply failed for participant #%s: %s", self.participant.pk, error
+                )
             else:
-                log.exception("agent reply failed for %s", self.participant)
+                log.exception("agent reply failed for participant #%s", self.participant.pk)
             await self.failed("The agent could not answer", error)
             notice = "The assistant could not answer just now. Your message is saved; press Retry."
             await self.send_json({**failure, "message": notice})

@@ -10,9 +10,17 @@ from studies.models.study import Study
 
 class ProlificEvent(models.Model):
     """A webhook Prolific delivered, kept by its X-Event-ID so a redelivery is acknowledged
-    without acting twice."""
+    without acting twice, and by its digest (the signed timestamp and body) so a replay of the
+    same signed request under another X-Event-ID, or none, is refused."""
 
     event_id = models.CharField(max_length=128, unique=True)
+    digest = models.CharField(
+        max_length=64,
+        unique=True,
+        null=True,
+        blank=True,
+        help_text="SHA-256 of the signed timestamp and body (none on events kept before it).",
+    )
     event_type = models.CharField(max_length=64)
     resource_id = models.CharField(max_length=64, blank=True)
     payload = models.JSONField(default=dict, blank=True)

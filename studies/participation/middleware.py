@@ -11,6 +11,8 @@ from django.db import InterfaceError, OperationalError
 from django.http import HttpResponse
 from django.template.loader import render_to_string
 
+from studies.lib.credentials import mask_path
+
 log = logging.getLogger(__name__)
 
 OUTAGE = (OperationalError, InterfaceError)  # connection refused, lost, pool timeout; not bad SQL
@@ -48,7 +50,10 @@ class DatabaseUnavailableMiddleware:
     def process_exception(self, request, exception):
         if isinstance(exception, OUTAGE):
             log.warning(
-                "database unavailable on %s %s: %s", request.method, request.path, exception
+                "database unavailable on %s %s: %s",
+                request.method,
+                mask_path(request.path),  # a participant's path holds their token
+                exception,
             )
             return retrying_response(request)
         return None

@@ -5,6 +5,7 @@ import logging
 
 from django.db import DatabaseError, transaction
 
+from studies.lib.credentials import mask, mask_path
 from studies.lib.flow_errors import FlowError
 from studies.models import Participant, Study, StudyError
 
@@ -25,7 +26,9 @@ def record(
     error: FlowError,
     traceback: str = "",
 ) -> None:
-    """Keep the problem for the researcher; never fails the page that reports it."""
+    """Keep the problem for the researcher; never fails the page that reports it. The path
+    keeps no token: staff who may only view the study read it on the monitor, and the token
+    would let them open the participant's pages and write as them."""
     if study is None or not error.recorded:
         return
     try:
@@ -33,10 +36,10 @@ def record(
             StudyError.objects.create(
                 study=study,
                 participant=participant,
-                path=path[:500],
+                path=mask_path(path)[:500],
                 title=error.title[:200],
                 detail=error.detail,
-                traceback=traceback,
+                traceback=mask(traceback),
             )
     except DatabaseError:
         log.exception("could not record a participant's problem on study %s", study.pk)

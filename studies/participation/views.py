@@ -12,6 +12,7 @@ from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
+from studies.lib.credentials import mask_path
 from studies.models import Participant, Study
 from studies.participation import flow, problems, rating
 from studies.participation.middleware import OUTAGE
@@ -59,7 +60,7 @@ def friendly(view):
             problems.record(study, participant, request.path, error)
             return problem(request, error, study, participant)
         except Exception:
-            log.exception("participant page %s failed", request.path)
+            log.exception("participant page %s failed", mask_path(request.path))
             study, participant = whose(kwargs)
             problems.record(
                 study, participant, request.path, problems.UNEXPECTED, traceback.format_exc()

@@ -8,9 +8,11 @@ the old submission's RETURNED frees nobody).
 """
 
 import csv
+import hashlib
 import io
 import json
 import logging
+import re
 import statistics
 import time
 from decimal import Decimal, InvalidOperation
@@ -86,17 +88,38 @@ class WebhookRefused(Exception):
         self.status, self.reason = status, reason
 
 
+# A timestamp as Prolific sends it: whole seconds (or milliseconds), perhaps with a fraction.
+# float() alone takes "nan" (which passes every age comparison), "inf", "1_700_000_000", " 1e9 ".
+TIMESTAMP = re.compile(r"[0-9]{1,16}(\.[0-9]{1,6})?")
+
+
 def event_time(timestamp: str) -> float:
     """The request timestamp in seconds (Prolific's examples use seconds; milliseconds, which
-    no source rules out, are recognised by their size)."""
-    value = float(timestamp)
+    no source rules out, are recognised by their size). ValueError unless it is plain digits."""
+    if not TIMESTAMP.fullmatch(timestamp):
+        raise ValueError(f"not a timestamp: {timestamp[:40]!r}")
+    value = float(timestamp)  # finite: at most 16 digits
     return value / 1000 if value > 1e11 else value
+
+
+def delivery_digest(timestamp: str, event: dict) -> str:
+    """What a signature vouches for (the timestamp and the event), hashed. Over the parsed event,
+    not the raw bytes: a signature is also accepted over json.dumps of the body, so the same
+    signature covers bodies that differ in spacing; they all have this one digest."""
+    canonical = json.dumps(event, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(f"{timestamp}\n{canonical}".encode()).hexdigest()
 
 
 def receive_webhook(headers, body: bytes, now: float | None = None) -> str:
     """Verify and act on one delivery; returns what was done, or raises WebhookRefused (4xx).
-    Acting and recording the event id commit together, so a delivery that fails is redone by
-    Prolific's retry and one that succeeded is never done twice."""
+    Acting and recording the event id and the delivery's digest commit together, so a delivery
+    that fails is redone by Prolific's retry and one that succeeded is never done twice.
+
+    A signed request can be replayed by whoever saw it, within the age window, with any
+    X-Event-ID or none: its digest is kept (in the database, so every worker sees it; rows are
+    never purged, which keeps it past the window) and a second request with the same digest is
+    refused (409) unless it is Prolific's own redelivery under the same X-Event-ID (200, not
+    acted on again)."""
     secret = settings.PROLIFIC_WEBHOOK_SECRET
     if not secret:
         raise WebhookRefused(503, "PROLIFIC_WEBHOOK_SECRET is not set")
@@ -108,7 +131,7 @@ def receive_webhook(headers, body: bytes, now: float | None = None) -> str:
         age = (time.time() if now is None else now) - event_time(timestamp)
     except ValueError:
         raise WebhookRefused(400, "timestamp is not a number") from None
-    if abs(age) > settings.PROLIFIC_WEBHOOK_MAX_AGE:
+    if not abs(age) <= settings.PROLIFIC_WEBHOOK_MAX_AGE:  # NaN compares false both ways
         raise WebhookRefused(400, "timestamp too old or in the future")
     try:
         event = json.loads(body)
@@ -116,12 +139,15 @@ def receive_webhook(headers, body: bytes, now: float | None = None) -> str:
         raise WebhookRefused(400, "body is not JSON") from None
     if not isinstance(event, dict):
         raise WebhookRefused(400, "body is not a JSON object")
+    digest = delivery_digest(timestamp, event)
     # Retries carry the same X-Event-ID; without one, the signed request itself identifies it.
-    event_id = headers.get("X-Event-ID", "").strip()[:128] or "sig:" + given[:120]
+    given_id = headers.get("X-Event-ID", "").strip()[:128]
+    event_id = given_id or "sig:" + digest
     try:
         with transaction.atomic():
             record = ProlificEvent.objects.create(
                 event_id=event_id,
+                digest=digest,
                 event_type=str(event.get("event_type", ""))[:64],
                 resource_id=str(event.get("resource_id", ""))[:64],
                 payload=event,
@@ -129,6 +155,9 @@ def receive_webhook(headers, body: bytes, now: float | None = None) -> str:
             record.result = act_on(event)[:200]
             record.save(update_fields=["result"])
     except IntegrityError:
+        first = ProlificEvent.objects.filter(digest=digest).values_list("event_id", flat=True)
+        if first.exists() and not (given_id and first.first() == given_id):
+            raise WebhookRefused(409, "this signed request was already received") from None
         return f"event {event_id} already received"
     return record.result
 

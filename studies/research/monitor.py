@@ -1,6 +1,10 @@
 """What a researcher watches while a study runs: places per arm, live conversations, time per
 stage, endpoint health and the latest problems. One dict, rendered by the admin's monitor page
-and returned by its JSON endpoint (the page refreshes itself from it)."""
+and returned by its JSON endpoint (the page refreshes itself from it).
+
+Participants appear by their number; their Prolific id only for staff with the participants
+permission (`identities`), who may open their pages anyway. No problem's page path holds a token
+(studies/participation/problems.py masks it before it is stored)."""
 
 from statistics import median
 
@@ -20,7 +24,8 @@ STAGES = [
 LATEST_ERRORS = 20
 
 
-def snapshot(study: Study) -> dict:
+def snapshot(study: Study, identities: bool = False) -> dict:
+    """`identities`: with each participant's Prolific id (the participants permission)."""
     people = study.participants.filter(only_people())
     return {
         "study": {
@@ -32,9 +37,9 @@ def snapshot(study: Study) -> dict:
         },
         "at": timezone.now().isoformat(),
         "arms": arm_rows(study, people),
-        "active": active_conversations(people),
+        "active": active_conversations(people, identities),
         "stages": stage_medians(people),
-        "errors": latest_errors(study),
+        "errors": latest_errors(study, identities),
         "others": {
             "bots": study.participants.filter(is_bot=True).count(),
             "previews": study.participants.filter(is_preview=True).count(),
@@ -71,7 +76,7 @@ def arm_rows(study: Study, people) -> list[dict]:
     return rows
 
 
-def active_conversations(people) -> list[dict]:
+def active_conversations(people, identities: bool = False) -> list[dict]:
     chatting = (
         people.filter(status=Participant.Status.CHAT)
         .select_related("arm")
@@ -85,7 +90,7 @@ def active_conversations(people) -> list[dict]:
     return [
         {
             "participant": p.pk,
-            "pid": p.prolific_pid,
+            **({"pid": p.prolific_pid} if identities else {}),
             "arm": p.arm.name,
             "started": iso(p.consented_at),
             "last_activity": iso(p.last or p.consented_at),
@@ -108,7 +113,7 @@ def stage_medians(people) -> dict[str, float | None]:
     return medians
 
 
-def latest_errors(study: Study) -> list[dict]:
+def latest_errors(study: Study, identities: bool = False) -> list[dict]:
     errors = study.errors.select_related("participant")[:LATEST_ERRORS]
     return [
         {
@@ -118,7 +123,7 @@ def latest_errors(study: Study) -> list[dict]:
             "detail": e.detail,
             "path": e.path,
             "participant": e.participant_id,
-            "pid": e.participant.prolific_pid if e.participant else "",
+            **({"pid": e.participant.prolific_pid if e.participant else ""} if identities else {}),
             "unexpected": bool(e.traceback),
         }
         for e in errors

@@ -9,7 +9,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from studies.admin.action_forms import AddConversationsForm
-from studies.admin.permissions import pages
+from studies.admin.permissions import identified, pages
 from studies.annotation.items import add_paper_items
 from studies.annotation.pool import Draw, add_people, add_simulated, add_training_samples
 from studies.models import AnnotationSetup, RatedConversation, Study
@@ -95,11 +95,37 @@ class AnnotationPool:
 
 @admin.register(RatedConversation)
 class RatedConversationAdmin(admin.ModelAdmin):
-    """The pool with where each conversation came from: for researchers, never for raters."""
+    """The pool with where each conversation came from: for researchers, never for raters.
+
+    Under the participants rule: the origin conversation names its participant ("conversation
+    of <Prolific id>"), so staff without the participants permission see it by number. The
+    transcript stays readable to them: it is the redacted text that raters, strangers recruited
+    on Prolific, read blind; what an ethics board guards here is the link from those words to the
+    person, which is the participants permission's to give."""
 
     list_display = ["pk", "study", "source", "arm", "simulator", "is_gold", "ratings"]
     list_filter = ["study", "source"]
+    fields = [
+        "study", "source", "arm", "simulator", "origin_study", "origin_conversation",
+        "origin_evaluation", "origin_sample", "gold", "transcript",
+    ]  # fmt: skip
     readonly_fields = ["transcript", "origin_study", "origin_conversation", "origin_evaluation"]
+    PSEUDONYMS = {"origin_conversation": "origin_conversation_number"}
+
+    @admin.display(description="origin conversation")
+    def origin_conversation_number(self, conversation):
+        number = conversation.origin_conversation_id
+        return (
+            f"conversation #{number} (its participant: the participants permission)"
+            if (number)
+            else "-"
+        )
+
+    def get_fields(self, request, obj=None):
+        return identified(request, super().get_fields(request, obj), self.PSEUDONYMS)
+
+    def get_readonly_fields(self, request, obj=None):
+        return identified(request, super().get_readonly_fields(request, obj), self.PSEUDONYMS)
 
     @admin.display(boolean=True, description="gold")
     def is_gold(self, conversation):

@@ -9,6 +9,7 @@ from django.urls import reverse
 from django.utils import dateparse, formats, timezone
 from django.utils.html import format_html, format_html_join
 
+from studies.admin.permissions import can_read_participants
 from studies.models import (
     Participant,
     Study,
@@ -92,7 +93,7 @@ class Monitoring:
         return check.message
 
     def monitor_body(self, request, study) -> tuple[dict, str]:
-        data = monitor.snapshot(study)
+        data = monitor.snapshot(study, identities=can_read_participants(request))
         html = render_to_string(
             "admin/studies/monitor_body.html",
             {

@@ -26,6 +26,14 @@ class ProlificActions:
 
     @admin.display(description="Prolific")
     def prolific(self, study):
+        return self.prolific_summary(study, identities=True)
+
+    @admin.display(description="Prolific")
+    def prolific_without_ids(self, study):
+        """For staff without the participants permission: who may be rejected, by number."""
+        return self.prolific_summary(study, identities=False)
+
+    def prolific_summary(self, study, identities: bool):
         if not study.pk or not study.prolific_study_id:
             return "Not linked: set the Prolific study id."
         states = dict(
@@ -35,7 +43,7 @@ class ProlificActions:
         )
         awaiting = study.participants.filter(prolific_status=prolific_api.AWAITING_REVIEW)
         suggested = [
-            f"{p.prolific_pid} ({category})"
+            f"{p.prolific_pid if identities else f'#{p.pk}'} ({category})"
             for p in awaiting
             for category, (allowed, _) in prolific_sync.RULES.items()
             if allowed(p)

@@ -219,20 +219,26 @@ class StudyAdmin(
         return render(request, "admin/studies/import_pool.html", context)
 
     def get_fieldsets(self, request, obj=None):
-        # No download links for whoever may not read what participants wrote (they would 403).
+        # No download links for whoever may not read what participants wrote (they would 403),
+        # and no Prolific ids.
         fieldsets = super().get_fieldsets(request, obj)
         if can_read_participants(request):
             return fieldsets
+        withheld = {"downloads": "downloads_withheld", "prolific": "prolific_without_ids"}
         return [
             (name, {**options, "fields": [
-                "downloads_withheld" if field == "downloads" else field
+                withheld.get(field, field) if isinstance(field, str) else field
                 for field in options["fields"]
             ]})
             for name, options in fieldsets
         ]  # fmt: skip
 
     def get_readonly_fields(self, request, obj=None):
-        return [*super().get_readonly_fields(request, obj), "downloads_withheld"]
+        return [
+            *super().get_readonly_fields(request, obj),
+            "downloads_withheld",
+            "prolific_without_ids",
+        ]
 
     @admin.action(
         permissions=["change"],

@@ -169,3 +169,30 @@ def test_study_page_shows_codes_with_redirects_and_the_prolific_panel(admin_clie
     assert "https://app.prolific.com/submissions/complete?cc=NOCONS" in text
     assert "AWAITING REVIEW: 1" in text
     assert reverse("admin:studies_study_bonus_csv", args=[linked.pk]) in text
+
+
+def test_the_prolific_panel_names_participants_only_with_the_permission(
+    client, linked, monkeypatch
+):
+    """view_study alone listed the Prolific ids of the rejections Prolific's rules allow: by
+    number instead (the rule itself is tested in tests/studies/prolific)."""
+    monkeypatch.setitem(prolific_sync.RULES, "FAILED_CHECK", (lambda p: True, ""))
+    p = join(linked, "PIDA", "SUBA", prolific_status="AWAITING REVIEW")
+    url = reverse("admin:studies_study_change", args=[linked.pk])
+    client.force_login(editor("view_study"))
+    text = client.get(url).content.decode()
+    assert "AWAITING REVIEW: 1" in text and f"#{p.pk} (FAILED_CHECK)" in text
+    assert "PIDA" not in text and "SUBA" not in text
+    client.force_login(editor("view_study", "view_participant"))
+    assert "PIDA (FAILED_CHECK)" in client.get(url).content.decode()
+
+
+@pytest.mark.parametrize("model", ["prolificevent", "bonuspayment"])
+def test_prolifics_events_and_bonuses_need_the_participants_permission(client, linked, model):
+    """An event's payload holds the participant's id and submission id (together they resume
+    their study, studies/participation/flow.py resume); a bonus names who is paid."""
+    url = reverse(f"admin:studies_{model}_changelist")
+    client.force_login(editor(f"view_{model}"))
+    assert client.get(url).status_code == 403
+    client.force_login(editor(f"view_{model}", "view_participant"))
+    assert client.get(url).status_code == 200

@@ -112,3 +112,37 @@ def test_a_training_runs_samples_are_added_from_the_data_folder_only(
         outside.status_code == 200
         and "Not a training run&#x27;s samples.jsonl" in outside.content.decode()
     )
+
+
+def test_the_pool_ties_a_transcript_to_its_person_only_with_the_participants_permission(
+    client, annotation
+):
+    """view_ratedconversation alone showed "conversation of <Prolific id>" beside every pooled
+    transcript. The redacted transcript stays readable (raters, strangers, read it blind); the
+    link to the person needs the participants permission."""
+    from django.contrib.auth.models import Permission, User
+
+    from studies.annotation.pool import Draw, add_people
+
+    origin = make_study(slug="origin", arms=("kept",))
+    person = finish(origin, "5f0c0ffee0ddba11c0ffee77", text="my words")
+    add_people(annotation, origin, Draw())
+    pooled = annotation.rated_conversations.get()
+    url = reverse("admin:studies_ratedconversation_change", args=[pooled.pk])
+
+    def user(name, *codenames):
+        account = User.objects.create(username=name, is_staff=True)
+        account.user_permissions.set(Permission.objects.filter(codename__in=codenames))
+        return account
+
+    client.force_login(user("pool-viewer", "view_ratedconversation"))
+    page = client.get(url)
+    text = page.content.decode()
+    assert page.status_code == 200 and "my words" in text
+    assert person.prolific_pid not in text and str(person.token) not in text
+    assert f"conversation #{person.conversation.pk}" in text
+    listing = client.get(reverse("admin:studies_ratedconversation_changelist")).content.decode()
+    assert person.prolific_pid not in listing
+
+    client.force_login(user("researcher", "view_ratedconversation", "view_participant"))
+    assert person.prolific_pid in client.get(url).content.decode()

@@ -189,3 +189,20 @@ def test_the_access_log_keeps_no_prolific_ids(server):
     token = str(study.participants.get().token)
     assert "never-logged" not in server.text(), server.text()
     assert token not in server.text(), server.text()
+
+
+def test_a_questionnaire_error_leaves_no_token_or_prolific_id_in_the_log(server):
+    """25 of 113 tokens were in the web log: Django's own "Bad Request: /p/<token>/..." on every
+    questionnaire sent with an error, beside uvicorn's access line; the chat's lines named
+    Prolific ids. Through the real server, every line of it masked."""
+    from tests.support.studies import at_questionnaire
+
+    pid = "5f0c0ffee0ddba11c0ffee99"
+    study = make_study(slug="asked")
+    participant = at_questionnaire(study, pid, "a")
+    page = f"{server.url}/p/{participant.token}/questionnaire/"
+    assert post_form(f"{server.url}/p/{participant.token}/", page, b"helpful=") == 400
+    server.wait_for('"POST /p/[token]/questionnaire/ HTTP/1.1" 400')
+    server.wait_for("Bad Request: /p/[token]/questionnaire/")
+    text = server.text()
+    assert str(participant.token) not in text and pid not in text, text

@@ -50,6 +50,11 @@ def api(fake):
 def deliver(client, event: dict, event_id="E1", timestamp=None, secret=SECRET, raw=None):
     body = raw if raw is not None else json.dumps(event).encode()
     timestamp = str(int(time.time()) if timestamp is None else timestamp)
+    return signed_post(client, body, timestamp, {"X-Event-ID": event_id}, secret)
+
+
+def signed_post(client, body: bytes, timestamp: str, headers: dict | None = None, secret=SECRET):
+    """`body` sent with its signature and timestamp exactly as given, and `headers`."""
     return client.post(
         "/prolific/webhook/",
         data=body,
@@ -57,7 +62,7 @@ def deliver(client, event: dict, event_id="E1", timestamp=None, secret=SECRET, r
         headers={
             "X-Prolific-Request-Signature": prolific_api.signature(secret, timestamp, body),
             "X-Prolific-Request-Timestamp": timestamp,
-            "X-Event-ID": event_id,
+            **(headers or {}),
         },
     )
 
@@ -142,6 +147,90 @@ def test_a_replayed_event_is_acknowledged_without_acting_twice(client, linked):
     p.refresh_from_db()
     assert p.prolific_status == "APPROVED"  # the old event was not applied again
     assert ProlificEvent.objects.filter(event_id="EV-1").count() == 1
+
+
+@override_settings(PROLIFIC_WEBHOOK_SECRET=SECRET)
+@pytest.mark.parametrize(
+    "first_id, replay_id",
+    [("EV-1", "EV-forged"), ("EV-1", None), (None, "EV-forged"), (None, None)],
+)
+def test_a_replayed_signed_request_is_refused_whatever_its_event_id(
+    client, linked, first_id, replay_id
+):
+    """Whoever saw one signed request could send it again within the 5 minutes with a new
+    X-Event-ID or none: it was processed again. The same signed timestamp and body are refused
+    (the digest is kept in the database, so every worker sees it)."""
+    p = join(linked, "PID1", "SUB1")
+    returned = json.dumps(status_event("SUB1", "RETURNED")).encode()
+    ts = str(int(time.time()))
+    first = signed_post(client, returned, ts, first_id and {"X-Event-ID": first_id})
+    assert first.status_code == 200
+    Participant.objects.filter(pk=p.pk).update(
+        prolific_status="", status=Participant.Status.COMPLETED
+    )
+    replay = signed_post(client, returned, ts, replay_id and {"X-Event-ID": replay_id})
+    assert replay.status_code == 409, replay.content
+    p.refresh_from_db()
+    assert p.prolific_status == "" and p.status == Participant.Status.COMPLETED  # not redone
+    assert ProlificEvent.objects.count() == 1
+    # Prolific's own redelivery (same X-Event-ID) is still acknowledged, not acted on
+    if first_id:
+        again = signed_post(client, returned, ts, {"X-Event-ID": first_id})
+        assert again.status_code == 200 and b"already" in again.content
+
+
+@override_settings(PROLIFIC_WEBHOOK_SECRET=SECRET)
+def test_a_replay_respaced_under_the_same_signature_is_refused(client, linked):
+    """The signature is also accepted over json.dumps of the body: a captured request sent again
+    with its body respaced still verifies, so the replay check reads the event, not the bytes."""
+    join(linked, "PID1", "SUB1")
+    event = status_event("SUB1", "RETURNED")
+    body = json.dumps(event).encode()
+    ts = str(int(time.time()))
+    assert signed_post(client, body, ts, {"X-Event-ID": "EV-1"}).status_code == 200
+    respaced = json.dumps(event, separators=(",", ":")).encode()
+    replay = client.post(
+        "/prolific/webhook/",
+        data=respaced,
+        content_type="application/json",
+        headers={
+            "X-Prolific-Request-Signature": prolific_api.signature(SECRET, ts, body),
+            "X-Prolific-Request-Timestamp": ts,
+            "X-Event-ID": "EV-2",
+        },
+    )
+    assert replay.status_code == 409, replay.content
+    assert ProlificEvent.objects.count() == 1
+
+
+@override_settings(PROLIFIC_WEBHOOK_SECRET=SECRET)
+@pytest.mark.parametrize(
+    "timestamp",
+    [
+        "nan",
+        "NaN",
+        "inf",
+        "-inf",
+        "infinity",
+        "",
+        " {now}",
+        "+{now}",
+        "{now}e0",
+        "{now}.",
+        "1_{rest}",
+    ],
+)
+def test_a_signed_timestamp_that_is_not_plain_digits_is_refused(client, linked, timestamp):
+    """float("nan") passed the age check (every comparison with NaN is false); float() takes
+    other spellings of a time too (signs, spaces, exponents, underscores): plain digits only."""
+    join(linked, "PID1", "SUB1")
+    body = json.dumps(status_event("SUB1", "APPROVED")).encode()
+    now = str(int(time.time()))
+    timestamp = timestamp.format(now=now, rest=now[1:])  # a time within the window
+    response = signed_post(client, body, timestamp, {"X-Event-ID": "E-nan"})
+    assert response.status_code in (400, 403), response.content
+    assert not ProlificEvent.objects.exists()
+    assert prolific_sync.event_time(str(int(time.time() * 1000))) == pytest.approx(time.time(), 5)
 
 
 @override_settings(PROLIFIC_WEBHOOK_SECRET=SECRET)

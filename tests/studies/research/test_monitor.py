@@ -1,6 +1,8 @@
 """The live monitor: places per arm by status, live conversations, time per stage, endpoint
 health, the latest errors with their participant, and the pause switch; it refreshes itself."""
 
+import importlib
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -68,7 +70,7 @@ def running(engine):
 
 
 def test_the_snapshot_counts_times_health_and_errors(running):
-    data = monitor.snapshot(running)
+    data = monitor.snapshot(running, identities=True)
     a, b = data["arms"]
     assert a["counts"]["completed"] == 1 and a["counts"]["chat"] == 1
     assert a["counts"]["consent"] == 1 and a["holding"] == 3
@@ -160,3 +162,64 @@ def test_the_page_shows_local_readable_times_and_the_json_keeps_iso(
     data = admin_client.get(reverse("admin:studies_study_monitor_json", args=[running.pk])).json()
     assert data["active"][0]["started"] == "2026-03-04T05:06:07+00:00"
     assert "4 Mar 2026, 06:06:07 CET" in data["html"]
+
+
+# --- participants' credentials (issue 36 point 5) -------------------------------------------
+
+
+def test_a_view_only_user_sees_no_prolific_id_and_no_token(client, running):
+    """A view-only user took a token from monitor.json, read that participant's conversation and
+    wrote as them: the problem's path keeps no token, and Prolific ids need the participants
+    permission."""
+    reading = running.participants.get(prolific_pid="reading")
+    chatting = running.participants.get(prolific_pid="chatting")
+    # a real problem through the real page: the consent form sent without a choice
+    page = f"/p/{reading.token}/consent/"
+    assert client.post(page, {}).status_code == 400
+    problem = StudyError.objects.filter(study=running, title="Please choose").get()
+    assert problem.path == "/p/[token]/consent/" and str(reading.token) not in problem.path
+
+    client.force_login(staff("viewer", "view_study"))
+    html = client.get(reverse("admin:studies_study_monitor", args=[running.pk])).content.decode()
+    data = client.get(reverse("admin:studies_study_monitor_json", args=[running.pk])).json()
+    text = html + json.dumps(data)
+    for secret in (str(reading.token), str(chatting.token), "reading", "chatting"):
+        assert secret not in text, secret
+    assert "/p/[token]/consent/" in text
+    assert f"#{chatting.pk}" in data["html"]  # the participant by number
+    assert all("pid" not in row for row in data["active"] + data["errors"])
+
+    client.force_login(staff("researcher", "view_study", "view_participant"))
+    data = client.get(reverse("admin:studies_study_monitor_json", args=[running.pk])).json()
+    assert [row["pid"] for row in data["active"]] == ["chatting"]
+    assert "reading" in data["html"] and str(reading.token) not in data["html"]
+
+
+def test_the_problem_admin_names_participants_only_with_the_permission(client, running):
+    problem = StudyError.objects.get(study=running)
+    url = reverse("admin:studies_studyerror_change", args=[problem.pk])
+    listing = reverse("admin:studies_studyerror_changelist")
+    client.force_login(staff("viewer", "view_study", "view_studyerror"))
+    for page in (url, listing):
+        response = client.get(page)
+        assert response.status_code == 200 and "reading" not in response.content.decode(), page
+    # nor can a Prolific id be found by searching for it
+    assert "0 results" in client.get(listing + "?q=reading").content.decode()
+    assert f"#{problem.participant_id}" in client.get(url).content.decode()
+    client.force_login(staff("researcher", "view_studyerror", "view_participant"))
+    assert "reading" in client.get(url).content.decode()
+
+
+def test_stored_problem_paths_lose_their_token_in_the_data_migration(running):
+    from django.apps import apps
+
+    migration = importlib.import_module("studies.migrations.0020_mask_problem_paths")
+    token = str(running.participants.get(prolific_pid="reading").token)
+    StudyError.objects.filter(study=running).update(path=f"/p/{token}/questionnaire/")
+    socket = StudyError.objects.create(study=running, title="Chat", path=f"/ws/p/{token}/")
+    other = StudyError.objects.create(study=running, title="Arrival", path="/s/s1/")
+    migration.mask_paths(apps, None)
+    paths = dict(StudyError.objects.values_list("pk", "path"))
+    assert paths[socket.pk] == "/ws/p/[token]/" and paths[other.pk] == "/s/s1/"
+    assert "/p/[token]/questionnaire/" in paths.values()
+    assert not any(token in path for path in paths.values())
