@@ -157,11 +157,13 @@ def start_replicas(
 
 def restart_replica(replica: Replica) -> None:
     """Start a replica that stopped again, on its port and as it was, and return once it
-    answers /health (StartError if it cannot; its last log is kept beside as *.stopped.log)."""
+    answers /health (StartError if it cannot). Each instance's log is kept: the one that
+    stopped is renamed NAME.stopped-N.log, N counting the replica's instances from 1, so a
+    replica restarted again and again keeps the log of every crash."""
     stop(replica.process)  # reaps it, and ends what is left of its process group
     log = Path(replica.process.log_path)
     if not getattr(replica.process, "own_log", False) and log.exists():
-        log.replace(log.with_suffix(".stopped.log"))
+        log.replace(stopped_log(log, replica.restarts + 1))
     started, url = replica.launch(), replica.url
     replica.process, replica.restarts = started.process, replica.restarts + 1
     replica.url = started.url  # vLLM's, known at once; the embedded engine's once it is ready
@@ -170,6 +172,16 @@ def restart_replica(replica: Replica) -> None:
     except BaseException:
         replica.url = url  # its port's, which the next start has again
         raise
+
+
+def stopped_log(log: Path, instance: int) -> Path:
+    """Where the log of a replica's `instance`-th start goes once it stopped; one already there
+    (an earlier serve_agents on the same port) is not written over either."""
+    path = log.with_suffix(f".stopped-{instance}.log")
+    while path.exists():
+        instance += 1
+        path = log.with_suffix(f".stopped-{instance}.log")
+    return path
 
 
 def warm_file(requests: list[dict], log_dir: Path | str | None, port: int) -> Path:
