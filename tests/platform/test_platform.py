@@ -6,6 +6,7 @@ import os
 import re
 import sys
 import sysconfig
+import time
 import tomllib
 import urllib.request
 from importlib.metadata import packages_distributions
@@ -39,6 +40,19 @@ def test_layout():
     assert not (REPO / "platform" / "__init__.py").exists()
 
 
+def parse(source: str) -> ast.AST:
+    """ast.parse, again if CPython 3.11.7's ast conversion trips over another thread's (its
+    recursion count is the interpreter's, not the thread's: "AST constructor recursion depth
+    mismatch", CPython gh-106905, fixed in 3.11.8); the suite's servers leave threads behind."""
+    for attempt in range(5):
+        try:
+            return ast.parse(source)
+        except SystemError:
+            if attempt == 4:
+                raise
+            time.sleep(0.1)
+
+
 def imported_modules(folder: Path) -> dict[str, str]:
     """Top-level module -> a file importing it, for every absolute import under `folder`; a
     Domain's bundled data (`data/`: CooperBench's task repository) is not parley's code."""
@@ -46,7 +60,7 @@ def imported_modules(folder: Path) -> dict[str, str]:
     for path in sorted(folder.rglob("*.py")):
         if "data" in path.relative_to(folder).parts:
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse(path.read_text())):
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0:

@@ -111,7 +111,7 @@ def test_never_a_conversation_from_a_study_the_rater_took_part_in():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_concurrent_arrivals_never_over_rate_a_conversation(postgres):
+def test_concurrent_arrivals_never_over_rate_a_conversation(transactional_db):
     study = annotation_study(k=2, n=3)  # 12 places: four raters' worth
     raters = [rater(study, f"c{i}") for i in range(10)]
     served = []

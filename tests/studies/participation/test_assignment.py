@@ -49,7 +49,7 @@ def test_scenarios_used_equally_within_each_arm():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_concurrent_arrivals_on_postgresql(postgres):
+def test_concurrent_arrivals_balance_on_each_database(transactional_db):
     study = make_study(arms=("a", "b", "c"))
 
     def arrive(i):

@@ -66,7 +66,7 @@ def test_a_full_arm_sends_arrivals_to_the_arm_with_room():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_concurrent_arrivals_never_pass_the_cap_on_postgresql(postgres):
+def test_concurrent_arrivals_never_pass_the_cap(transactional_db):
     study = make_study(arms=("a", "b", "c"), target_per_arm=3)
     full = []
 

@@ -139,7 +139,7 @@ def test_the_same_rule_when_the_victim_wins_a_race(study, monkeypatch):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_racing_arrivals_with_one_pid_on_postgresql(postgres):
+def test_racing_arrivals_with_one_pid(transactional_db):
     """Twelve requests for one PID at once, six SESSION_IDs: whichever creates the participant,
     only the requests carrying its stored SESSION_ID get in."""
     study = make_study()

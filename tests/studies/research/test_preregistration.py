@@ -1,5 +1,5 @@
-"""Pre-registration on PostgreSQL: the freeze, its hash, what it refuses, the analysis it
-drives, and the exports that carry it."""
+"""Pre-registration: the freeze, its hash, what it refuses, the analysis it drives, and the
+exports that carry it; on SQLite and on PostgreSQL (whose jsonb gives the plan back reordered)."""
 
 import hashlib
 import json
@@ -21,7 +21,7 @@ from studies.rehearsal.bots import bot_pid
 from studies.research import analysis_runs, preregistration
 from tests.support.studies import change_form_data, fill, make_study, prolific
 
-pytestmark = pytest.mark.usefixtures("postgres")
+pytestmark = pytest.mark.usefixtures("db")
 
 
 def frozen_study(**fields):
