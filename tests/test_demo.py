@@ -88,8 +88,10 @@ class Demo:
         return [root, *root.children(recursive=True)]
 
     def ctrl_c(self) -> None:
-        """A terminal's Ctrl-C: SIGINT to every process of the foreground group."""
-        os.killpg(self.process.pid, signal.SIGINT)
+        """Ctrl-C to the launcher alone (`kill -INT`): it must stop every child itself. A
+        terminal's Ctrl-C reaches the whole group, so each child would also stop on its own and
+        hide a launcher that leaves them running."""
+        self.process.send_signal(signal.SIGINT)
 
     def kill(self) -> None:
         try:
