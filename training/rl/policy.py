@@ -333,9 +333,11 @@ class Policy(LocalModel):
         return full_weights(self.sharded, writeback)
 
     def optimizer_state(self) -> dict[str, Any]:
-        """The optimizer's state in torch's plain layout (parameters by position), whole on
-        every rank: under FSDP gathered from the shards (a collective), so a checkpoint resumes
-        at any process count."""
+        """The optimizer's state in torch's plain layout (parameters by position): under FSDP
+        gathered from the shards (a collective every rank enters) to rank 0's host memory
+        alone, one FSDP unit at a time (cpu_offload: rank0_only), so a checkpoint resumes at
+        any process count while no rank holds the whole AdamW m and v on its device, and the
+        other ranks hold none of it (they get an empty state: rank 0 writes the file)."""
         if self.sharded is None:
             return self.optimizer.state_dict()
         from torch.distributed.checkpoint.state_dict import (
@@ -343,8 +345,10 @@ class Policy(LocalModel):
             get_optimizer_state_dict,
         )
 
-        whole = StateDictOptions(full_state_dict=True)
+        whole = StateDictOptions(full_state_dict=True, cpu_offload=True)
         named = get_optimizer_state_dict(self.sharded, self.optimizer, options=whole)
+        if not named.get("state"):  # not rank 0: nothing gathered here
+            return {"state": {}, "param_groups": []}
         index = {name: i for i, name in enumerate(self._trained_names())}
         return {
             "state": {index[name]: value for name, value in named["state"].items()},

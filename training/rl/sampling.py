@@ -64,6 +64,14 @@ class KVCache:
         self.ids, self.layers, self.owner = ids, layers, owner
 
 
+def kv_dtype(lm: Any) -> torch.dtype | None:
+    """The dtype keys and values are kept in: the model's compute dtype under mixed precision
+    (autocast leaves the keys float32 after the float32 rotary embedding, and the values with
+    them: twice the memory of the 16-bit cache a serving engine keeps); None: as computed (a
+    model in its own dtype computes them in it)."""
+    return getattr(lm, "compute_dtype", None)
+
+
 def common_prefix(a: list[int], b: list[int], limit: int) -> int:
     n = min(len(a), len(b), limit)
     for i in range(n):
@@ -78,9 +86,11 @@ def plain_cache_model(model: Any) -> bool:
     return all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
 
 
-def _prefill(model: Any, ids: list[int], start: int, layers: Layers | None, device: Any):
+def _prefill(
+    model: Any, ids: list[int], start: int, layers: Layers | None, device: Any, dtype=None
+):
     """Run `ids` (positions start..) after `layers`; the last position's logits and the
-    keys and values of everything so far."""
+    keys and values of everything so far, in `dtype` when given (kv_dtype)."""
     cache = DynamicCache(ddp_cache_data=layers) if layers else DynamicCache()
     x = torch.tensor([ids], device=device)
     positions = torch.arange(start, start + len(ids), device=device)[None]
@@ -92,6 +102,8 @@ def _prefill(model: Any, ids: list[int], start: int, layers: Layers | None, devi
         **cache_arg(model, cache),
     )
     kept = [(layer.keys, layer.values) for layer in cache.layers]
+    if dtype is not None:  # kept between turns: in the compute dtype, not autocast's float32
+        kept = [(k.to(dtype), v.to(dtype)) for k, v in kept]
     return out.logits[:, -1].to(dtype=torch.float32), kept
 
 
@@ -127,7 +139,7 @@ def _starts(
         length = min(common_prefix(prompts[first], prompts[i], len(prompts[i]) - 1) for i in shared)
         if length < SHARED_MIN:
             continue
-        _, layers = _prefill(lm.model, prompts[first][:length], 0, None, lm.device)
+        _, layers = _prefill(lm.model, prompts[first][:length], 0, None, lm.device, kv_dtype(lm))
         lm.counts["prefilled"] += length
         for i in shared:
             starts[i], past[i] = length, layers
@@ -145,7 +157,7 @@ def sample_reusing(
     """LocalModel.sample's continuations (see the module's docstring), each cut after its first
     stop token; `caches` (one per prompt, or None) are read and then hold the prompt and the
     sampled ids that were run. Counts tokens run in prefill in lm.counts["prefilled"]."""
-    model, device, owner = lm.model, lm.device, id(lm)
+    model, device, owner, dtype = lm.model, lm.device, id(lm), kv_dtype(lm)
     rows = len(prompts)
     caches = caches or [None] * rows
     starts, past = _starts(lm, prompts, caches)
@@ -154,7 +166,7 @@ def sample_reusing(
     for i, prompt in enumerate(prompts):
         key = (tuple(prompt), starts[i], id(past[i]))
         if key not in done:
-            done[key] = _prefill(model, prompt[starts[i] :], starts[i], past[i], device)
+            done[key] = _prefill(model, prompt[starts[i] :], starts[i], past[i], device, dtype)
             lm.counts["prefilled"] += len(prompt) - starts[i]
         logits.append(done[key][0])
         full.append(done[key][1])
@@ -165,7 +177,9 @@ def sample_reusing(
     width = max(lengths)
     cache = DynamicCache()
     cache.layers = [
-        _Room([(layers[n], lengths[i]) for i, layers in enumerate(full)], width, max_new_tokens)
+        _Room(
+            [(layers[n], lengths[i]) for i, layers in enumerate(full)], width, max_new_tokens, dtype
+        )
         for n in range(len(full[0]))
     ]
     del full
@@ -236,11 +250,13 @@ class _Room(DynamicLayer):
     """A cache layer whose keys and values sit in buffers with room for a turn's decoding: a
     step writes its position in place, where DynamicLayer copies the whole cache (torch.cat)."""
 
-    def __init__(self, rows: list[tuple[tuple[torch.Tensor, torch.Tensor], int]], width, room):
+    def __init__(self, rows: list[tuple[tuple[torch.Tensor, torch.Tensor], int]], width, room,
+                 dtype=None):  # fmt: skip
         super().__init__()
         (k, _), _ = rows[0]
         shape = (len(rows), k.shape[1], width + room, k.shape[3])
-        self._k, self._v = k.new_zeros(shape), k.new_zeros(shape)
+        # in `dtype` (kv_dtype): each step's keys are written into it, cast
+        self._k, self._v = k.new_zeros(shape, dtype=dtype), k.new_zeros(shape, dtype=dtype)
         for i, ((keys, values), length) in enumerate(rows):
             self._k[i, :, width - length : width] = keys[0]
             self._v[i, :, width - length : width] = values[0]
@@ -283,7 +299,7 @@ def choice_logprobs_reusing(
     """training/rl/choices.py's choice_logprobs (the same restricted log-probabilities), with
     each prompt started from its carried cache or a shared prefix; the caches then hold the
     prompts."""
-    model, device, owner = lm.model, lm.device, id(lm)
+    model, device, owner, dtype = lm.model, lm.device, id(lm), kv_dtype(lm)
     starts, past = _starts(lm, prompts, caches)
     n_texts = len(choices.ids)
     length = max(len(t) for t in choices.ids)
@@ -294,7 +310,7 @@ def choice_logprobs_reusing(
         text_attention[n, : len(seq)] = 1
     result = torch.zeros((len(prompts), n_texts))
     for i, prompt in enumerate(prompts):
-        first, layers = _prefill(model, prompt[starts[i] :], starts[i], past[i], device)
+        first, layers = _prefill(model, prompt[starts[i] :], starts[i], past[i], device, dtype)
         lm.counts["prefilled"] += len(prompt) - starts[i]
         first = first[0] / temperature  # predicts each text's token 0
         if caches[i] is not None:

@@ -151,7 +151,9 @@ def resume(run_dir: Path, config: Any, agent: Any, regime: Any) -> int:
             f"{run_dir} holds a run whose agent calls tools in the {trained} format; "
             "use another output_dir (or name) for a new run"
         )
-    state = torch.load(folder / STATE, weights_only=False)
+    # mapped, not read: each rank's pages of the whole optimizer state are the page cache's,
+    # shared by the ranks of a node, and only the shard each rank takes is copied to its device
+    state = torch.load(folder / STATE, weights_only=False, mmap=True)
     with agent.gathered(writeback=True):  # FSDP: every rank loads the same whole weights
         agent.load_weights(folder)
     agent.load_optimizer_state(state["optimizer"])

@@ -143,3 +143,20 @@ def test_a_mixed_precision_checkpoint_resumes_exactly(smooth_tiny_model, tmp_pat
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert any(not torch.equal(a[k], saved[k]) for k in a)  # step 2 did move them
+
+
+def test_sampling_keeps_keys_and_values_in_the_compute_dtype(smooth_tiny_model):
+    """Under mixed precision the passes run in bfloat16 but autocast leaves the keys (after the
+    float32 rotary embedding) and values float32: the carried caches of every open transcript
+    would take twice the memory the dry run counts. They are kept in bfloat16, both after a
+    first turn (prefill and decoding) and after a turn started from the carried cache."""
+    from training.rl.sampling import KVCache
+
+    policy = Policy(smooth_tiny_model, finetune="full", dtype="bfloat16", mixed_precision=True)
+    caches = [KVCache(), KVCache()]
+    prompts = [[1, 5, 6, 7, 8, 9, 10, 11, 12, 13], [1, 5, 6, 7, 8, 9, 10, 11, 12, 14]]
+    policy.sample(prompts, 1.0, 6, caches=caches)
+    for _ in range(2):
+        dtypes = {t.dtype for cache in caches for layer in cache.layers for t in layer}
+        assert dtypes == {torch.bfloat16}
+        policy.sample([c.ids + [20, 21] for c in caches], 1.0, 6, caches=caches)
