@@ -518,6 +518,14 @@ class RunConfig:
     max_tool_rounds: StrictInt = Field(
         4, ge=1, description="consecutive tool-call turns of the agent before the turn is cut"
     )
+    rollouts_at_once: StrictInt = Field(
+        0,
+        ge=0,
+        le=4096,
+        description="conversations a rank plays at once (a task's group in parts of this size,"
+        " one part after the other): bounds the rollout phase's memory, every open transcript's"
+        " KV cache (the dry run counts this many); 0 = the whole group (group_size)",
+    )
     tool_format: ToolFormat = Field(
         "auto",
         description="how the agent writes tool calls, trained and served alike: "

@@ -158,6 +158,7 @@ def play(
     max_tool_rounds: int = 4,
     redraw: random.Random | None = None,
     on_finished: Callable[[int, int], None] | None = None,
+    first: int = 0,
 ) -> list[Rollout]:
     """Run one conversation per scenario to its end and score it with the Domain.
 
@@ -167,11 +168,12 @@ def play(
     the agent's (training/measures/collapse.py). `on_finished` gets the count of conversations that
     have ended and of the turns taken in them, after every speaker's turn (the run page's
     progress within a step: the G conversations of a task move together and end together, so
-    the ended count alone stood at 0 for minutes)."""
+    the ended count alone stood at 0 for minutes). `first`: the group position of the first
+    scenario (a group played in parts, rollouts_at_once: an Ensemble's member is drawn from it)."""
     max_turns = min(max_turns, domain.max_turns)
     rollouts = [Rollout.begin(domain, s) for s in scenarios]
     for i, r in enumerate(rollouts):
-        r.max_turns, r.index = max_turns, i
+        r.max_turns, r.index = max_turns, first + i
     turns = 0
     while any(r.end_reason is None for r in rollouts):
         for speaker in (user, agent):

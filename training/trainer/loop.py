@@ -279,11 +279,27 @@ def _play_task(config, domain, task, index, step, speaker, user, on_finished=Non
         user.rng.seed(f"{config.seed}-{step}-{index}-user")
     if hasattr(user, "begin_task"):  # an Ensemble draws each rollout's member from its position
         user.begin_task(index)
-    return play(
-        domain, [task] * config.group_size, speaker, user,
-        max_turns=config.max_turns, max_tool_rounds=config.max_tool_rounds,
-        redraw=random.Random(f"{config.seed}-{step}-{index}-redraw"), on_finished=on_finished,
-    )  # fmt: skip
+    # at most rollouts_at_once conversations open at once (their transcripts' KV caches are
+    # the rollout phase's memory, training/tools/dryrun.py): the group in parts, one after the other
+    redraw = random.Random(f"{config.seed}-{step}-{index}-redraw")
+    at_once = config.rollouts_at_once or config.group_size
+    played: list[Any] = []
+    taken = [0, 0]  # turns taken in the parts played before, and in the one playing
+
+    def report(n: int, turns: int) -> None:
+        taken[1] = turns
+        if on_finished is not None:
+            on_finished(len(played) + n, taken[0] + turns)
+
+    for first in range(0, config.group_size, at_once):
+        size = min(at_once, config.group_size - first)
+        taken[0], taken[1] = taken[0] + taken[1], 0
+        played += play(
+            domain, [task] * size, speaker, user,
+            max_turns=config.max_turns, max_tool_rounds=config.max_tool_rounds,
+            redraw=redraw, on_finished=report, first=first,
+        )  # fmt: skip
+    return played
 
 
 def _task_seed(seed: int, step: int, index: int) -> int:

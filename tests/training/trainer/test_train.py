@@ -158,3 +158,35 @@ def test_population_pool_resumes_with_the_run(tiny_model, tmp_path, letters):
     assert [r["pool/size"] for r in rows] == [1, 2, 3, 3]
     sim = checkpoint.read_manifest(cfg.run_dir() / "checkpoints/step-000004/simulator")
     assert sim["kind"] == "simulator" and sim["name"] == "toy-simulator-step4"
+
+
+def test_rollouts_at_once_bounds_the_conversations_a_rank_holds_open(
+    tiny_model, tmp_path, letters, monkeypatch
+):
+    """rollouts_at_once = 4 with G = 6: each task's group is played in parts of at most 4
+    conversations (so at most 4 transcripts per speaker hold a KV cache at once), the parts
+    numbered on from each other (an Ensemble's member is drawn from the group position), and
+    the step still trains on the whole group."""
+    from training.trainer import loop
+
+    sizes, positions = [], []
+
+    def counted(domain, scenarios, *args, **kwargs):
+        sizes.append(len(scenarios))
+        rollouts = play(domain, scenarios, *args, **kwargs)
+        positions.append([r.index for r in rollouts])
+        return rollouts
+
+    play = loop.play
+    monkeypatch.setattr(loop, "play", counted)
+    cfg = run_config(
+        tiny_model, tmp_path, steps=1, group_size=6, batch_tasks=2, rollouts_at_once=4,
+        heldout=[], save_every=0,
+    )  # fmt: skip
+    train(cfg, domain=letters, show_progress=False)
+    assert sizes == [4, 2, 4, 2]
+    assert positions == [[0, 1, 2, 3], [4, 5]] * 2
+    [row] = [
+        json.loads(line) for line in (cfg.run_dir() / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert row["trained_sequences"] == 12
