@@ -344,6 +344,14 @@ class DistributedSpec:
         " | fsdp: parameters sharded across ranks, for models that do not fit one device"
         " (LoRA or full fine-tuning; see docs/paper.md)",
     )
+    colocated_server_share: StrictFloat = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="the share of each GPU a vLLM server on the training GPUs holds (its"
+        " --gpu-memory-utilization): the dry run counts it in every phase; 0 = the rollout"
+        " servers (rollout_endpoint, simulator.endpoint) run on other GPUs",
+    )
 
 
 @dataclass(config=TABLE)

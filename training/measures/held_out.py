@@ -39,10 +39,14 @@ class HeldOutPanel:
         every: list[Rollout] = []
         for name, user in self.simulators.items():
             user.rng.seed(f"{cfg.seed}-{step}-eval-{name}")
-            rollouts = play(
-                self.domain, scenarios, speaker, user,
-                max_turns=cfg.max_turns, max_tool_rounds=cfg.max_tool_rounds,
-            )  # fmt: skip
+            # at most rollouts_at_once conversations open at once, as in training (0: all)
+            at_once = cfg.rollouts_at_once or len(scenarios)
+            rollouts = []
+            for first in range(0, len(scenarios), at_once):
+                rollouts += play(
+                    self.domain, scenarios[first : first + at_once], speaker, user,
+                    max_turns=cfg.max_turns, max_tool_rounds=cfg.max_tool_rounds, first=first,
+                )  # fmt: skip
             row[f"heldout/{name}/success"] = statistics.fmean(
                 bool(r.outcome.success) for r in rollouts
             )

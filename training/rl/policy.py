@@ -345,7 +345,14 @@ class Policy(LocalModel):
             get_optimizer_state_dict,
         )
 
-        whole = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        # rank0_only: on a GPU through cpu_offload (each unit's gathered m and v copied to host
+        # memory); on CPU without it, since there torch's offload aliases them (its .cpu() of a
+        # CPU tensor copies nothing and the gathered exp_avg and exp_avg_sq came back as one
+        # tensor, measured with torch 2.13), and broadcast_from_rank0 alone asks for rank0_only
+        on_gpu = self.device.type != "cpu"
+        whole = StateDictOptions(
+            full_state_dict=True, cpu_offload=on_gpu, broadcast_from_rank0=not on_gpu
+        )
         named = get_optimizer_state_dict(self.sharded, self.optimizer, options=whole)
         if not named.get("state"):  # not rank 0: nothing gathered here
             return {"state": {}, "param_groups": []}
@@ -554,8 +561,15 @@ class Policy(LocalModel):
                 params[key].copy_(value)
 
     def adapter_state(self) -> dict[str, torch.Tensor]:
-        """The trainable weights, copied (to swap pool snapshots in and out)."""
-        return {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
+        """The trainable weights, copied (to swap pool snapshots in and out): a LoRA adapter on
+        its device, a whole model (full fine-tuning) in host memory, where a second float32
+        copy of the model does not take the rollout phase's GPU memory (the dry run's pool_swap)."""
+        host = self.finetune == "full"
+        return {
+            n: p.detach().to("cpu", copy=True) if host else p.detach().clone()
+            for n, p in self.model.named_parameters()
+            if p.requires_grad
+        }
 
     def load_adapter_state(self, state: dict[str, torch.Tensor]) -> None:
         params = dict(self.model.named_parameters())

@@ -164,6 +164,13 @@ APPROXIMATE: dict[str, tuple[Architecture, str]] = {
     ),
 }
 
+# Tool results' size in tokens per Domain: the 90th percentile of every result of a read tool
+# that returns a record, over the Domain's bundled data, with SmolLM2's tokenizer (bench/
+# tool_result_tokens.py prints them: retail's order 413 / product 348 / user 240 at the median,
+# 499 over all; airline's user 314 / reservation 284 / one-stop search 301 at p90, 305 over all).
+# The official tau2 data's records are of the same shapes; Qwen3's tokenizer counts JSON alike.
+TOOL_RESULT_TOKENS = {"retail": 499, "airline": 305}
+
 # Rough prompt length (system prompt with the policy and tool schemas, in tokens) per Domain.
 PROMPT_TOKENS = {
     "p4g": 512,
@@ -197,9 +204,14 @@ def architecture(model: Path | str) -> tuple[Architecture, str]:
 
 
 def sequence_length(config: RunConfig) -> int:
+    """The longest conversation the config allows, in tokens: the prompt, every agent and user
+    turn at its cap, and on a Domain with measured tool results (TOOL_RESULT_TOKENS) up to
+    max_tool_rounds tool calls per agent turn, each at the agent's cap with its result, as
+    many as the Domain's own message limit (max_steps) leaves."""
     from agents.domains import domain_class
 
-    turns = min(config.max_turns, domain_class(config.domain).max_turns)
+    cls = domain_class(config.domain)
+    turns = min(config.max_turns, cls.max_turns)
     agent_turns, user_turns = math.ceil(turns / 2), turns // 2
     prompt = PROMPT_TOKENS.get(config.domain, DEFAULT_PROMPT_TOKENS)
     # the longest reply of any simulator the agent trains against (an Ensemble has K)
@@ -210,7 +222,33 @@ def sequence_length(config: RunConfig) -> int:
         else s.max_new_tokens
         for s in config.training_simulators()
     )
-    return prompt + agent_turns * config.max_new_tokens + user_turns * user
+    tools = 0
+    if config.domain in TOOL_RESULT_TOKENS:
+        rounds = agent_turns * config.max_tool_rounds
+        steps = getattr(cls, "max_steps", None)
+        if steps:  # a call and its result are two of the conversation's messages
+            rounds = min(rounds, max(0, steps - turns) // 2)
+        tools = rounds * (config.max_new_tokens + TOOL_RESULT_TOKENS[config.domain])
+    return prompt + agent_turns * config.max_new_tokens + user_turns * user + tools
+
+
+def trained_tokens(config: RunConfig) -> int:
+    """The most tokens of one conversation a model trains on: the agent's turns and tool calls
+    at its cap (sequence_length's counts), or a co-trained simulator's turns at its cap."""
+    from agents.domains import domain_class
+
+    cls = domain_class(config.domain)
+    turns = min(config.max_turns, cls.max_turns)
+    agent_turns, user_turns = math.ceil(turns / 2), turns // 2
+    rounds = 0
+    if config.domain in TOOL_RESULT_TOKENS:
+        rounds = agent_turns * config.max_tool_rounds
+        steps = getattr(cls, "max_steps", None)
+        if steps:
+            rounds = min(rounds, max(0, steps - turns) // 2)
+    agent = (agent_turns + rounds) * config.max_new_tokens
+    user = user_turns * config.simulator.max_new_tokens if config.trains_simulator else 0
+    return max(agent, user)
 
 
 def _in_process(spec: SimulatorSpec) -> bool:
@@ -222,8 +260,37 @@ def mixed(config: RunConfig) -> bool:
     return config.mixed_precision and config.dtype != "float32"
 
 
+def kv_bytes_per_token(arch: Architecture, b: int) -> int:
+    """One token's keys and values over every layer, in the compute dtype (b bytes):
+    training/rl/sampling.py keeps them so (kv_dtype)."""
+    return 2 * arch.layers * arch.kv_heads * arch.head_dim * b
+
+
+def open_conversations(config: RunConfig) -> int:
+    """How many conversations a rank plays at once in training: rollouts_at_once, at most G."""
+    return min(config.rollouts_at_once or config.group_size, config.group_size)
+
+
+def evaluation_conversations(config: RunConfig) -> int:
+    """How many held-out conversations rank 0 plays at once: every task x eval_samples of one
+    panel member (training/measures/held_out.py), at most rollouts_at_once. The task count is
+    max_eval, the eval ids, else the Domain's eval split (its bundled data when offline)."""
+    tasks = len(config.tasks.eval_ids) or config.tasks.max_eval
+    if not tasks:
+        try:
+            from agents.domains import get_domain
+
+            domain = get_domain(config.domain, config.domain_data or None)
+            tasks = len(domain.scenarios(config.tasks.eval_split))
+        except Exception:  # noqa: BLE001 - data not here (offline): a group's worth
+            tasks = 1
+    every = tasks * config.eval_samples
+    return min(config.rollouts_at_once or every, every)
+
+
 def memory(config: RunConfig, sequence: int | None = None) -> dict[str, Any]:
-    """The estimate of the module docstring, in bytes and GiB, per device."""
+    """The estimate of the module docstring, in bytes and GiB, per device: each phase's figure
+    (`phases`), the largest of them (`total_checkpointing_*`), and the terms they sum."""
     b = BYTES[config.dtype]
     w = BYTES["float32"] if mixed(config) else b  # the trained models' weights
     n = config.distributed.processes
@@ -238,6 +305,7 @@ def memory(config: RunConfig, sequence: int | None = None) -> dict[str, Any]:
     for model, _adapter in sorted(copies):
         p_frozen += architecture(model)[0].parameters()
     trainable = [(agent, config.beta)]  # each learning model and its KL weight
+    sim = None
     if config.trains_simulator:
         sim = architecture(config.simulator_model_path())[0]
         trainable.append((sim, config.simulator_beta))
@@ -249,6 +317,7 @@ def memory(config: RunConfig, sequence: int | None = None) -> dict[str, Any]:
         "processes": n,
         "strategy": config.distributed.strategy,
         "sequence_length": sequence or sequence_length(config),
+        "tool_result_tokens": TOOL_RESULT_TOKENS.get(config.domain, 0),
         "micro_batch": config.micro_batch,
         "mixed_precision": mixed(config),
         "weights": p_trained * w / shard + p_frozen * b,
@@ -260,8 +329,15 @@ def memory(config: RunConfig, sequence: int | None = None) -> dict[str, Any]:
     else:
         p_ref = sum(a.parameters() for a, beta in trainable if beta > 0)
         out["trainable_state"] = (3 * p_trained * w + p_ref * b) / shard
+    resident = out["weights"] + out["trainable_state"]
     s, m = out["sequence_length"], config.micro_batch
-    logits = s * m * agent.vocab * 8
+    # logits only where a row of the micro-batch has a token it trains on (grpo.token_logprobs):
+    # the union of the rows' trained positions, for each row; the fp32 log-softmax kept for the
+    # backward pass, its incoming and its outgoing gradient (12 B a logit); one process's plain
+    # head runs the trained positions in chunks (8 B, an upper bound there)
+    trained = trained_tokens(config)
+    out["trained_tokens"] = trained
+    logits = m * min(s, m * trained) * agent.vocab * (12 if shard > 1 else 8)
     layer = s * m * agent.hidden * 34 * b / 2
     out["activations_checkpointing_off"] = agent.layers * layer + logits
     out["activations_checkpointing_on"] = agent.layers * s * m * agent.hidden * b + layer + logits
@@ -269,20 +345,129 @@ def memory(config: RunConfig, sequence: int | None = None) -> dict[str, Any]:
     if mixed(config):  # the update's 16-bit weights, one model's update at a time
         unit = lambda a: a.parameters() if shard == 1 else _root_and_layer(a)  # noqa: E731
         out["compute_copy"] = max(unit(a) for a, _ in trainable) * b
-    out["gathered"] = p_trained * w * (1 - 1 / shard)
+    # FSDP's summon_full_params: a model's whole float32 weights beside its own shard
+    gather = (lambda p: p * w) if shard > 1 else (lambda p: 0)  # noqa: E731
+    # while a unit is gathered, the all-gather's staging copy of it (measured on gloo: entering
+    # summon_full_params peaks one unit above the whole weights)
+    staging = (lambda a: _unit(a) * w) if shard > 1 else (lambda a: 0)  # noqa: E731
+    # autocast's cache of 16-bit copies of float32 weights that require grad, while a trained
+    # model samples under mixed precision (torch.autocast keeps them for the whole block)
+    cast = (lambda a: a.parameters() * b) if mixed(config) else (lambda a: 0)  # noqa: E731
+    out["gathered"] = gather(p_trained)
     out["pool_swap"] = 0
     # the live simulator, copied aside while a snapshot samples
     if config.regime == Regime.POPULATION:
         lora = sim.lora_parameters(config.lora.r, config.lora.targets) * 4
-        out["pool_swap"] = sim.parameters() * w if config.finetune == "full" else lora
+        # a full model is copied aside to host memory (Policy.adapter_state), an adapter on
+        # the device; on a CPU run host memory is the device's
+        on_device = config.finetune != "full" or not config.device.startswith("cuda")
+        out["pool_swap"] = (sim.parameters() * w if config.finetune == "full" else lora) * on_device
         out["gathered"] += out["pool_swap"]
+
+    # rollout: the in-process samplers' gathered weights and every open transcript's KV cache
+    samplers = [] if config.rollout_endpoint else [agent]
+    user = None  # the architecture sampling the user's turns in this process, if any
+    if config.trains_simulator:
+        user = sim
+        if not config.simulator.endpoint:
+            samplers.append(sim)
+    elif any(_in_process(spec) for spec in config.training_simulators()):
+        spec = next(spec for spec in config.training_simulators() if _in_process(spec))
+        user = architecture(spec.model or config.base_model_path())[0]
+    rows = open_conversations(config)
+    out["open_conversations"] = rows
+    out["rollout_kv"] = _kv(None if config.rollout_endpoint else agent, user, rows, s,
+                            config.max_new_tokens, b)  # fmt: skip
+    out["rollout_gathered"] = (
+        sum(gather(a.parameters()) + cast(a) for a in samplers)
+        + max((staging(a) for a in samplers), default=0)
+        + out["pool_swap"]
+    )
+    out["rollout_logits"] = _sampling_logits(agent, rows)
+    rollout = resident + out["rollout_gathered"] + out["rollout_kv"] + out["rollout_logits"]
+
+    # update: one model's passes at a time; the reference copy gathered for its own pass
+    reference = max((gather(a.parameters()) * b / w for a, beta in trainable if beta > 0
+                     and config.finetune == "full"), default=0)  # fmt: skip
+    # checkpoint: a model's whole weights gathered to write them, and its AdamW m and v
+    # gathered one FSDP unit at a time to rank 0's host memory (optimizer_state)
+    largest = max(a.parameters() for a, _ in trainable)
+    # optimizer_state: one unit's m and v gathered on every rank at a time (rank0_only drops
+    # them on the others)
+    big = max((a for a, _ in trainable), key=lambda a: a.parameters())
+    optimizer_unit = 0 if config.finetune == "lora" or shard == 1 else 2 * _unit(big) * w
+    out["checkpoint_gathered"] = max(gather(largest) + staging(big), optimizer_unit)
+    # host memory on rank 0 (the device's own on a CPU run): the whole m and v of the model
+    # being saved and the copy of its weights written to disk (a full model)
+    p_state = (
+        sum(a.lora_parameters(config.lora.r, config.lora.targets) for a, _ in trainable[-1:])
+        if config.finetune == "lora"
+        else largest
+    )
+    # every trained model's m and v stay in host memory until the state file is written
+    p_all = p_state * len(trainable) if config.finetune == "full" else p_state
+    out["checkpoint_host"] = (2 * p_all * 4 + p_state * w) if shard > 1 else 0
+    # evaluation: rank 0 plays the panel on the agent's gathered weights (the others wait in
+    # the gathering); its open conversations' KV caches, a frozen panel member's own
+    heldout_user = next(
+        (architecture(spec.model or config.base_model_path())[0] for spec in config.heldout
+         if _in_process(spec)), None,
+    )  # fmt: skip
+    eval_rows = evaluation_conversations(config) if config.heldout else 0
+    out["evaluation_conversations"] = eval_rows
+    out["evaluation_kv"] = _kv(agent, heldout_user, eval_rows, s, config.max_new_tokens, b)
+    out["evaluation_logits"] = _sampling_logits(agent, eval_rows)
+    out["evaluation_cast"] = cast(agent)
+    evaluation = (
+        resident
+        + gather(p_agent)
+        + staging(agent)
+        + out["evaluation_cast"]
+        + out["evaluation_kv"]
+        + out["evaluation_logits"]
+        if config.heldout
+        else 0
+    )
+    on_cpu = not config.device.startswith("cuda")
+    checkpoint = resident + out["checkpoint_gathered"] + (out["checkpoint_host"] if on_cpu else 0)
     for flag in ("off", "on"):
-        update = out[f"activations_checkpointing_{flag}"] + out["compute_copy"]
-        passes = max(update, out["gathered"])
-        total = out["weights"] + out["trainable_state"] + passes
+        passes = out[f"activations_checkpointing_{flag}"] + out["compute_copy"]
+        phases = {
+            "rollout": rollout,
+            "update": resident + max(passes, reference),
+            "checkpoint": checkpoint,
+            "evaluation": evaluation,
+        }
+        if config.steps == 0:  # a base evaluation: no rollout, update or checkpoint
+            phases = {k: v if k == "evaluation" else 0 for k, v in phases.items()}
+        out[f"phases_checkpointing_{flag}"] = phases
+        total = max(out[f"phases_checkpointing_{flag}"].values())
         out[f"total_checkpointing_{flag}"] = total
         out[f"total_checkpointing_{flag}_gib"] = round(total / GIB, 2)
     return out
+
+
+def _kv(agent: Architecture | None, user: Architecture | None, rows: int, s: int, room: int,
+        b: int) -> float:  # fmt: skip
+    """The KV caches of `rows` open conversations of up to s tokens: each in-process speaker's
+    carried cache per conversation, plus, while one speaker takes its turn, its batch's
+    prefilled keys and values (up to s) and the decoding buffers (s + room tokens) before
+    they replace its carried caches (training/rl/sampling.py)."""
+    sizes = [kv_bytes_per_token(a, b) for a in (agent, user) if a is not None]
+    if not sizes:
+        return 0
+    return rows * (s * sum(sizes) + (2 * s + room) * max(sizes))
+
+
+def _sampling_logits(arch: Architecture, rows: int) -> float:
+    """A decoding step's float32 logits, softmax and scores over the vocabulary per row."""
+    return rows * arch.vocab * 4 * 3
+
+
+def _unit(arch: Architecture) -> int:
+    """The parameters of FSDP's largest unit (the root: embeddings, output head, final norm)."""
+    return max(arch.vocab * arch.hidden * (1 if arch.tied else 2) + arch.hidden,
+               (arch.parameters() - arch.vocab * arch.hidden) // arch.layers)  # fmt: skip
 
 
 def _root_and_layer(arch: Architecture) -> int:
@@ -412,25 +597,41 @@ def check_precision(config: RunConfig) -> Check:
 
 
 def check_memory(config: RunConfig, offline: bool, device_gib: float | None) -> tuple[Check, dict]:
+    """Each phase's memory per device against the device, less what a vLLM server on the same
+    GPUs holds (distributed.colocated_server_share); fails naming every phase that does not
+    fit, the largest first."""
     try:
         estimate = memory(config)
     except KeyError as exc:
         return Check("memory per device", False, str(exc.args[0])), {}
     size, where = device_memory(config, offline, device_gib)
+    share = config.distributed.colocated_server_share if config.device.startswith("cuda") else 0
+    room = size * (1 - share)
     flag = "on" if config.gradient_checkpointing else "off"
+    phases = estimate[f"phases_checkpointing_{flag}"]
     need = estimate[f"total_checkpointing_{flag}_gib"]
     estimate["device_gib"], estimate["device"] = round(size, 2), where
-    ok = need <= size
+    estimate["available_gib"] = round(room, 2)
+    estimate["phases_gib"] = {k: round(v / GIB, 2) for k, v in phases.items() if v}
+    over = sorted((k for k, v in phases.items() if v / GIB > room), key=lambda k: -phases[k])
+    server = f", {room:.1f} GiB beside a vLLM server holding {share:.0%}" if share else ""
+    listed = ", ".join(f"{k} {v / GIB:.1f}" for k, v in phases.items() if v)
+    other = "off" if flag == "on" else "on"
     detail = (
-        f"{need:.1f} GiB of {size:.0f} GiB ({where}); "
+        f"{need:.1f} GiB of {size:.0f} GiB ({where}{server}); by phase (GiB): {listed}; "
         f"{estimate['sequence_length']} tokens x micro_batch {config.micro_batch}, "
+        f"{estimate['open_conversations']} conversations open per rank (rollouts_at_once), "
         f"{config.finetune if config.finetune == 'full' else f'lora r={config.lora.r}'},"
         f" {config.dtype}{' mixed (float32 master weights)' if mixed(config) else ''}, "
         f"{estimate['strategy']} x {estimate['processes']}, gradient checkpointing {flag}; "
-        f"with it {'off' if flag == 'on' else 'on'} "
-        f"{estimate['total_checkpointing_off' if flag == 'on' else 'total_checkpointing_on'] / GIB:.1f} GiB"
+        f"with it {other} {estimate[f'total_checkpointing_{other}'] / GIB:.1f} GiB"
     )
-    return Check("memory per device", ok, detail), estimate
+    if over:
+        detail = (
+            f"the {', '.join(over)} phase{'s' if len(over) > 1 else ''} do{'' if len(over) > 1 else 'es'} not fit: "
+            + detail
+        )
+    return Check("memory per device", not over, detail), estimate
 
 
 def endpoints(config: RunConfig) -> list[tuple[str, str, str, str]]:

@@ -34,8 +34,10 @@ SHARED = (
     " is batch_tasks 16 x group_size 8, one optimizer step per rollout (ppo_epochs 1).",
     "Token caps: Slime caps a whole rollout's response (--rollout-max-response-len 32768 or"
     " 16384) and an agent turn at 8192 tokens; parley caps each turn (max_new_tokens), sized so"
-    " the dry run's memory estimate (every turn at its cap, no gradient checkpointing) fits an"
-    " 80 GiB GPU.",
+    " the dry run's memory estimate (every turn at its cap, tau2's tool results at their"
+    " measured size, gradient checkpointing on as the release's full recompute) fits an 80 GiB"
+    " GPU in every phase; rollouts_at_once bounds the conversations a rank holds open (SGLang"
+    " pages its KV cache instead).",
     "Turns: the release's --max-turns counts agent actions (a message or one tool call, each"
     " answered by the user or the tool; usim/core/orchestrator.py); parley's max_turns counts"
     " user and agent messages and bounds tool calls per agent turn (max_tool_rounds).",
@@ -342,6 +344,12 @@ def render(data: dict[str, Any]) -> str:
             "",
             f"{row['key']}  {row['name']}  [{memory}, {state}]",
             f"  config:   {row['config']}",
+            "  memory:   per GPU by phase: "
+            + (
+                ", ".join(f"{k} {v:.1f}" for k, v in row["memory"].get("phases_gib", {}).items())
+                or "?"
+            )
+            + " GiB",
             f"  command:  {row['command']}",
             f"  launcher: {row['launcher']}",
         ]
