@@ -351,7 +351,8 @@ def memory(config: RunConfig, sequence: int | None = None) -> dict[str, Any]:
     # summon_full_params peaks one unit above the whole weights)
     staging = (lambda a: _unit(a) * w) if shard > 1 else (lambda a: 0)  # noqa: E731
     # autocast's cache of 16-bit copies of float32 weights that require grad, while a trained
-    # model samples under mixed precision (torch.autocast keeps them for the whole block)
+    # model samples under mixed precision (kept for one sample() call's autocast block: one
+    # model's at a time)
     cast = (lambda a: a.parameters() * b) if mixed(config) else (lambda a: 0)  # noqa: E731
     out["gathered"] = gather(p_trained)
     out["pool_swap"] = 0
@@ -379,8 +380,8 @@ def memory(config: RunConfig, sequence: int | None = None) -> dict[str, Any]:
     out["rollout_kv"] = _kv(None if config.rollout_endpoint else agent, user, rows, s,
                             config.max_new_tokens, b)  # fmt: skip
     out["rollout_gathered"] = (
-        sum(gather(a.parameters()) + cast(a) for a in samplers)
-        + max((staging(a) for a in samplers), default=0)
+        sum(gather(a.parameters()) for a in samplers)
+        + max((staging(a) + cast(a) for a in samplers), default=0)
         + out["pool_swap"]
     )
     out["rollout_logits"] = _sampling_logits(agent, rows)

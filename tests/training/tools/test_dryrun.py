@@ -17,6 +17,7 @@ from tests.support.scripted_server import ScriptedServer
 from training.__main__ import main
 from training.tools.dryrun import (
     PUBLISHED,
+    TOOL_RESULT_TOKENS,
     Architecture,
     architecture,
     dry_run,
@@ -171,7 +172,7 @@ def test_full_fine_tuning_under_fsdp_shards_weights_gradients_adam_and_reference
     # gradient + AdamW m, v + the reference copy (beta > 0), in float32, per rank
     assert ddp["trainable_state"] == 4 * p * b
     assert fsdp["trainable_state"] == 4 * p * b / 4
-    assert fsdp["gathered"] == p * b * 3 / 4
+    assert fsdp["gathered"] == p * b  # summon_full_params: the whole weights beside the shard
     no_kl = memory(load_config(path, {**full, "distributed.strategy": "fsdp", "beta": 0.0}))
     assert no_kl["trainable_state"] == 3 * p * b / 4
 
@@ -196,12 +197,12 @@ def test_mixed_precision_counts_float32_master_state_and_a_16_bit_compute_copy(
     assert mixed["trainable_state"] == (3 * p * 4 + p * 2) / 4  # + the bf16 reference copy
     root = arch.vocab * arch.hidden + arch.hidden  # tied embeddings and the final norm
     assert mixed["compute_copy"] == (root + (p - root) // arch.layers) * 2
-    assert mixed["gathered"] == p * 4 * 3 / 4
+    assert mixed["gathered"] == p * 4
     assert mixed["activations_checkpointing_off"] == plain["activations_checkpointing_off"]
     update = mixed["activations_checkpointing_off"] + mixed["compute_copy"]
-    assert mixed["total_checkpointing_off"] == pytest.approx(
-        mixed["weights"] + mixed["trainable_state"] + max(update, mixed["gathered"])
-    )
+    phases = mixed["phases_checkpointing_off"]
+    assert phases["update"] == pytest.approx(mixed["weights"] + mixed["trainable_state"] + update)
+    assert mixed["total_checkpointing_off"] == max(phases.values())
     one = memory(load_config(path, {**full, "distributed.processes": 1, "mixed_precision": True}))
     assert one["compute_copy"] == p * 2 and one["trainable_state"] == 3 * p * 4 + p * 2
     # float32 has nothing to mix
@@ -333,3 +334,69 @@ def test_dry_run_flags_without_dry_run_are_refused(tmp_path, base_model, capsys)
     config = write_config(tmp_path, base_model)
     assert main(["run", str(config), "--offline"]) == 2
     assert "need --dry-run" in capsys.readouterr().err
+
+
+def test_every_phase_is_counted_and_one_that_does_not_fit_is_named(tmp_path, base_model, capsys):
+    """Rollout, update, checkpoint and evaluation each get a figure; the check fails naming the
+    phase that does not fit (here the rollout: 64 conversations open at once)."""
+    config = write_config(tmp_path, base_model, extra="group_size = 64\nmax_new_tokens = 512")
+    args = ["run", str(config), "--dry-run", "--offline", "--json", "--device-memory", "3"]
+    assert main(args) == 1
+    result = json.loads(capsys.readouterr().out)
+    check = next(c for c in result["checks"] if c["name"] == "memory per device")
+    assert check["detail"].startswith("the rollout phase does not fit")
+    assert set(result["memory"]["phases_gib"]) == {"rollout", "update", "checkpoint"}
+    # bounded by rollouts_at_once: 8 open conversations fit where 64 did not
+    assert main([*args, "--set", "rollouts_at_once=8"]) == 0
+
+
+def test_rollout_kv_is_the_open_transcripts_in_the_compute_dtype(tmp_path, base_model):
+    """Each open conversation's carried caches (agent and in-process user) and a turn's prefill
+    and decoding buffers, at 2 * layers * kv_heads * head_dim per token in the compute dtype:
+    bfloat16 under mixed precision (sampling.kv_dtype), half of float32's; rollouts_at_once
+    divides it."""
+    from training.config import load_config
+
+    path = write_config(tmp_path, base_model, extra="group_size = 8\nmax_new_tokens = 64")
+    arch = PUBLISHED["SmolLM2-135M-Instruct"][0]
+    token = 2 * arch.layers * arch.kv_heads * arch.head_dim
+    mixed = memory(load_config(path, {"dtype": "bfloat16", "mixed_precision": True}))
+    s = mixed["sequence_length"]
+    assert mixed["rollout_kv"] == 8 * (s * 2 * token * 2 + (2 * s + 64) * token * 2)
+    plain = memory(load_config(path))
+    assert plain["rollout_kv"] == 2 * mixed["rollout_kv"]  # float32
+    four = memory(load_config(path, {"dtype": "bfloat16", "mixed_precision": True,
+                                     "rollouts_at_once": 2}))  # fmt: skip
+    assert four["open_conversations"] == 2 and four["rollout_kv"] == mixed["rollout_kv"] / 4
+
+
+def test_tau2_tool_results_count_at_their_measured_size(tmp_path, base_model):
+    """A tau2 conversation may hold max_tool_rounds tool calls per agent turn, each with its
+    result (TOOL_RESULT_TOKENS, bench/tool_result_tokens.py), within the Domain's max_steps."""
+    from training.config import load_config
+    from training.tools.dryrun import sequence_length
+
+    path = tmp_path / "retail.toml"
+    path.write_text(write_config(tmp_path, base_model).read_text().replace("p4g", "retail"))
+    one = load_config(path, {"max_turns": 10, "max_tool_rounds": 1, "max_new_tokens": 100})
+    prompt, turns = 4096, 5 * 100 + 5 * one.simulator.max_new_tokens
+    assert sequence_length(one) == prompt + turns + 5 * (100 + TOOL_RESULT_TOKENS["retail"])
+    # 30 messages and up to 4 rounds per agent turn: tau2's 100 messages leave 35 rounds
+    many = load_config(path, {"max_turns": 30, "max_tool_rounds": 4, "max_new_tokens": 100})
+    tools = sequence_length(many) - 4096 - 15 * 100 - 15 * many.simulator.max_new_tokens
+    assert tools == 35 * (100 + TOOL_RESULT_TOKENS["retail"])
+
+
+def test_a_vllm_server_on_the_same_gpus_leaves_less_room(tmp_path, base_model):
+    """distributed.colocated_server_share: a vLLM server holding that share of each GPU (its
+    --gpu-memory-utilization) leaves the rest to every phase."""
+    config = write_config(tmp_path, base_model, extra='device = "cuda"')
+    alone = dry_run(str(config), offline=True, device_gib=4)
+    need = alone["memory"]["total_checkpointing_off_gib"]
+    assert alone["ok"] and need < 4
+    share = 1 - need / 4 / 2  # leaves half of what the run needs
+    shared = dry_run(
+        str(config), {"distributed.colocated_server_share": share}, offline=True, device_gib=4
+    )
+    check = next(c for c in shared["checks"] if c["name"] == "memory per device")
+    assert not check["ok"] and "beside a vLLM server holding" in check["detail"]
