@@ -26,7 +26,6 @@ from transformers import AutoTokenizer
 
 from agents.domains import get_domain
 
-
 DATA = Path(__file__).resolve().parents[1] / "agents" / "domains" / "tau2" / "data"
 RECORD = 8  # tokens: shorter results are "[]" (a search that finds nothing) or a flight status
 
