@@ -14,52 +14,53 @@ token cap, reasoning effort, Verbalized Sampling's response_format), so a parame
 provider refuses is reported with the provider's own message before any step is taken; in-process
 models and adapters are folders on disk.
 
-Memory per device (bytes; b = bytes per weight of `dtype`, P = a model's parameters, N =
-`distributed.processes`, shard = N under FSDP else 1; w = the trained models' bytes per weight:
-4 under mixed_precision (float32 master weights), else b):
+Memory per device, by phase (bytes; b = bytes per weight of `dtype`, P = a model's parameters,
+N = `distributed.processes`, shard = N under FSDP else 1; w = the trained models' bytes per
+weight: 4 under mixed_precision (float32 master weights), else b; U = a model's largest FSDP
+unit, the root: embeddings, output head, final norm). The check fails naming every phase that
+does not fit the device (less a colocated vLLM server's share):
 
-    weights      = P_trained * w / shard + P_frozen * b
-    LoRA         = 16 * P_lora / shard     (fp32 adapter 4 + its gradient 4 + AdamW m, v 8)
-    full         = 3 * P_trained * w / shard  (gradient + AdamW m, v in the weights' dtype)
-                   + P_ref * b / shard     (the frozen reference copies: the agent's when
-                                            beta > 0, a co-trained simulator's when
-                                            simulator_beta > 0; sharded like the policy, in
-                                            `dtype` under mixed precision too)
-    activations  = checkpointing off: L * s * m * h * 34 * b/2
-                   checkpointing on:  L * s * m * h * b + s * m * h * 34 * b/2
-                   + s * m * V * 8     (fp32 logits and their gradient, either way)
-    compute      = mixed_precision only, the 16-bit copy of the weights the update's passes use:
-                   one process: max P_trained * b (autocast's casts, saved for the backward pass)
-                   FSDP: max (P_root + P_layer) * b (MixedPrecision gathers one unit at a time:
-                   the root's embeddings, output head and final norm, and one decoder layer)
-    gathered     = (P_agent + P_sim) * w * (1 - 1/shard)    FSDP only, P_sim when co-trained
-                   (FSDP's summon_full_params gathers the float32 master weights)
-                   + Population: P_sim * w (full) or P_sim_lora * 4 (LoRA), the live
-                   simulator's weights copied aside while a pool snapshot samples
-    total        = weights + LoRA or full + max(activations + compute, gathered)
+    resident     = weights + LoRA or full state, held in every phase:
+      weights    = P_trained * w / shard + P_frozen * b   trained models sharded, frozen copies whole
+      LoRA       = 16 * P_lora / shard        fp32 adapter 4 + gradient 4 + AdamW m, v 8
+      full       = 3 * P_trained * w / shard  gradient + AdamW m, v (+ P * b / shard per reference
+                                              copy: the agent's when beta > 0, a co-trained
+                                              simulator's when simulator_beta > 0)
+    gather(P)    = FSDP: P * w (summon_full_params: the whole weights beside the shard); else 0
+    staging(U)   = FSDP: U * w (a unit's all-gather, while it lasts)
+    cast(P)      = mixed precision: P * b (autocast's 16-bit copies while a trained model samples)
+    KV(n, s)     = n * (s * (k_agent + k_user) + (2 s + max_new_tokens) * max(k_agent, k_user))
+                   k = 2 * layers * kv_heads * head_dim * b per token, in the compute dtype; every
+                   open conversation's carried caches, and a turn's prefill and decoding buffers
 
-with P_trained the models that learn (the agent; a co-trained simulator, LoRA or full as
-`finetune` says: it applies to both), P_frozen every other in-process model copy (a co-trained
-simulator is its trainable copy only) (whole on every
-rank: only the trained models are sharded), L layers, h hidden size, V vocabulary, s sequence
-length, m = `micro_batch`. Without mixed_precision full fine-tuning keeps no fp32 master copy:
-weights, gradients and AdamW's m and v are all in `dtype` (hence `check_precision`); with it they
-are float32 and only the passes are 16-bit (activations counted at b: under autocast in one
-process the residual stream stays float32, so that figure is a little low there). 34 s m h
-(16-bit) is one transformer layer's saved activations without the attention matrix (Korthikanti
-et al. 2022, "Reducing Activation Recomputation", with fused attention as SDPA/flash gives);
-checkpointing keeps only each layer's input and recomputes one layer at a time. P_lora sums
-r * (fan_in + fan_out) over the targeted projections of every layer. s is the longest
-conversation the config allows: the Domain's prompt (PROMPT_TOKENS, a rough figure) plus every
-agent and user turn at its token cap (a Verbalized user's cap / k: one candidate is kept; tool
-results are not counted). `gathered` is FSDP's other shards of the trained models while their
-full weights are gathered on every rank (in-process sampling, publishing an adapter, the
-update's gradient-free passes, evaluation, checkpoints), which no training pass overlaps; it
-counts both trained models, as a rollout with both sampling in-process does (an upper bound
-when they sample on endpoints). In-process model copies:
-the trainer loads one per distinct (model, adapter) among the frozen in-process simulators
-(training and held-out), plus the co-trained simulator's own trainable copy (and no frozen one). The figure checked is
-the one with the run's `gradient_checkpointing` (off unless the config turns it on).
+    rollout      = resident + sum gather(P) over the in-process samplers + max (staging + cast)
+                   + KV(rollouts_at_once, s) + Population's swap (a LoRA copy; a full model's goes
+                   to host memory)
+    update       = resident + activations + compute, or a full reference copy gathered (the larger)
+      activations= off: L * s * m * h * 34 * b/2;  on: L * s * m * h * b + s * m * h * 34 * b/2
+                   + m * min(s, m * T) * V * 12   (logits at the trained positions only: the fp32
+                                                   log-softmax, its incoming and outgoing gradient;
+                                               8 in one process, whose head runs in chunks)
+      compute    = mixed_precision: the 16-bit weights of one FSDP unit (root + one layer), or of
+                   the whole model in one process
+    checkpoint   = resident + max(gather(P) + staging(U), 2 * U * w)   (the weights gathered to
+                   write them; the optimizer state gathered one unit's m and v at a time to rank 0's
+                   host memory, where the whole m and v and a copy of the weights wait for the file)
+    evaluation   = resident + gather(P_agent) + staging + cast + KV(panel conversations at once, s)
+                   on rank 0 (the others wait inside the gathering)
+
+L layers, h hidden size, V vocabulary, m = `micro_batch`, T = trained_tokens (the most tokens of
+one conversation a model trains on), P_lora = r * (fan_in + fan_out) over the targeted
+projections of every layer. 34 s m h (16-bit) is one transformer layer's saved activations
+without the attention matrix (Korthikanti et al. 2022, with fused attention as SDPA/flash
+gives); checkpointing keeps only each layer's input and recomputes one layer at a time. s is
+sequence_length: the longest conversation the config allows (PROMPT_TOKENS, every turn at its
+cap, tau2's tool calls with results of TOOL_RESULT_TOKENS). P_trained is the models that learn
+(the agent; a co-trained simulator), P_frozen every other in-process model copy, one per
+distinct (model, adapter) among the frozen in-process simulators (training and held-out). The
+staging, cast and logit terms were measured (bench/phase_memory.py: 2 FSDP processes on CPU,
+each phase within 20% of these formulas; docs/results/phase_memory.md). The figure checked is
+the one with the run's `gradient_checkpointing`; docs/paper.md has the same text.
 """
 
 from __future__ import annotations
