@@ -344,6 +344,27 @@ class DistributedSpec:
         " | fsdp: parameters sharded across ranks, for models that do not fit one device"
         " (LoRA or full fine-tuning; see docs/paper.md)",
     )
+    # NCCL's own default is 10 minutes (accelerate's too): a collective that one rank enters
+    # while another is still working (a long checkpoint write, a slow rollout on one rank)
+    # is cut off after this long, and every rank then names the collective that timed out
+    timeout: StrictInt = Field(
+        1800,
+        ge=1,
+        le=86400,
+        description="seconds a rank waits in a collective for the others before the run fails"
+        " with a timeout naming the collective (the process group's timeout; NCCL's default is"
+        " 600). The held-out evaluation is split across ranks, so no rank waits out another's"
+        " whole panel",
+    )
+    backend: StrictStr = Field(
+        "auto",
+        pattern=r"^(auto|[a-z0-9_-]+(:[a-z0-9_-]+)?(,[a-z0-9_-]+:[a-z0-9_-]+)*)$",
+        description='the process group\'s backend: "auto" is "cpu:gloo,cuda:nccl" on GPUs (NCCL'
+        " for the model's tensors, gloo beside it for anything on the CPU) and gloo on CPU;"
+        ' or torch\'s own spelling ("nccl", "cpu:gloo,cuda:nccl"). With one the run\'s'
+        " device type has no backend in (a cuda-only group on a CPU run, as CI's NCCL"
+        " stand-in), the run's collectives go through a gloo group of their own",
+    )
 
 
 @dataclass(config=TABLE)

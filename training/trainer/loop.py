@@ -184,13 +184,13 @@ def train_step(run: Run, step: int, phase: Phase) -> tuple[dict[str, Any], list[
     run.optimizer_steps += int(row["optimizer_step"])
     row["optimizer_steps"] = run.optimizer_steps
 
-    # 4. held-out evaluation every eval_every steps and at the end (rank 0, on the agent's
-    # full weights under FSDP; the others wait at the next step's first collective)
+    # 4. held-out evaluation every eval_every steps and at the end: every rank plays its share
+    # of the panel (on the agent's full weights under FSDP) and the figures are gathered, so no
+    # rank waits out the whole panel in a collective (training/measures/held_out.py)
     if run.panel and due(step, config.eval_every, config.steps):
         phase("evaluation", len(mine), total)
         with agent.gathered():
-            if ranks.main:
-                row.update(run.panel.evaluate(agent, step))
+            row.update(run.panel.evaluate(agent, step, ranks))
     row["time_step"] = time.monotonic() - t0
     return row, rollouts
 
@@ -260,10 +260,10 @@ def _evaluate_start(
     update; cmd/slime/eval_base.sh). Nothing else is written: there is no checkpoint."""
     if not panel:
         raise ValueError("steps = 0 evaluates the held-out panel, and this config has none")
-    with agent.gathered():  # FSDP: rank 0 evaluates on the full weights, as after a step
+    with agent.gathered():  # FSDP: every rank plays its share on the full weights
+        row = {"step": 0, "optimizer_steps": 0, **panel.evaluate(agent, 0, ranks)}
         if ranks.main:
             (run_dir / "config.json").write_text(_json(config.to_dict()))
-            row = {"step": 0, "optimizer_steps": 0, **panel.evaluate(agent, 0)}
             metrics = run_dir / "metrics.jsonl"
             metrics.unlink(missing_ok=True)  # evaluated again: the new figures replace the old
             MetricsLog(metrics).write(row)
