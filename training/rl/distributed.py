@@ -131,7 +131,7 @@ class Ranks:
         the launcher already started one."""
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world == 1 and "LOCAL_RANK" not in os.environ:  # not under accelerate/torchrun
-            return cls()
+            return cls(device=config.device)
         if config.batch_tasks < world:
             raise ValueError(
                 f"batch_tasks = {config.batch_tasks} gives some of the {world} processes no task:"
@@ -328,16 +328,23 @@ def launch_command(config: str | Path, processes: int, args: list[str]) -> list[
     """The `accelerate launch --multi_gpu --num_processes N -m training run CONFIG ...` command
     line, with this interpreter and a free rendezvous port (runs side by side must not share one).
     `--multi_gpu` is accelerate's name for its torchrun launcher; it is what starts N processes
-    on CPU too (`--cpu` would start one), and Ranks.start then joins them over gloo."""
+    on CPU too (`--cpu` would start one), and Ranks.start then joins them over gloo. accelerate
+    refuses `--multi_gpu` for one process, so one process is started by torchrun itself: a
+    launched rank of one (FSDP of one rank, the one-GPU smoke's paper path), not a plain run."""
     import socket
     import sys
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
+    run = ["-m", "training", "run", str(config), *args]
+    if processes == 1:
+        return [
+            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1",
+            "--master_addr", "127.0.0.1", "--master_port", str(port), *run,
+        ]  # fmt: skip
     return [
         sys.executable, "-m", "accelerate.commands.launch",
         "--num_processes", str(processes), "--num_machines", "1", "--mixed_precision", "no",
-        "--dynamo_backend", "no", "--main_process_port", str(port), "--multi_gpu",
-        "-m", "training", "run", str(config), *args,
+        "--dynamo_backend", "no", "--main_process_port", str(port), "--multi_gpu", *run,
     ]  # fmt: skip

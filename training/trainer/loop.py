@@ -48,6 +48,7 @@ from training.rl.policy import Policy
 from training.rollouts.agent import EndpointAgent, LocalAgent, agent_tool_format
 from training.rollouts.rollout import Rollout, play
 from training.trainer import checkpoint
+from training.trainer.memory import PhaseMemory
 from training.trainer.writer import Phase, Progress, RunWriter, due
 from training.vocabulary import SimulatorKind
 
@@ -95,6 +96,7 @@ class Run:
     ranks: Ranks
     exploit: Any  # the frozen simulator's dominant mode, where the task makes it exact
     embed: Embedder | None  # rank 0's reply embedder for the step's diversity
+    memory: PhaseMemory  # this rank's peak memory per phase (<run>/memory/rank-K.json)
     optimizer_steps: int = 0  # so far: 0 means the adapter is still the base
 
 
@@ -114,6 +116,7 @@ def _train(
     eval_scenarios = select_scenarios(domain, config.tasks, "eval")
     torch.manual_seed(config.seed)
 
+    memory = PhaseMemory(run_dir, ranks.rank, ranks.world, ranks.device)  # before any model
     models = ModelCache(config)
     agent = Policy.for_run(config, lr=config.agent_lr, ranks=ranks)
     panel = HeldOutPanel(config, domain, eval_scenarios, models)
@@ -131,11 +134,14 @@ def _train(
     if ranks.main and config.collapse.embedding_model:
         embed = Embedder(config.collapse.embedding_model)
     run = Run(config, run_dir, domain, train_scenarios, agent, speaker, regime, panel,
-              ranks, exploit, embed, optimizer_steps=writer.optimizer_steps)  # fmt: skip
+              ranks, exploit, embed, memory, optimizer_steps=writer.optimizer_steps)  # fmt: skip
+    memory.loaded()
     writer.begin()
     for step in range(start + 1, config.steps + 1):
         row, rollouts = train_step(run, step, functools.partial(writer.phase, step))
-        writer.record(step, row, rollouts)
+        saving = due(step, config.save_every, config.steps)
+        with memory.phase("checkpoint") if saving else nullcontext():
+            writer.record(step, row, rollouts)
     return writer.close()
 
 
@@ -158,7 +164,7 @@ def train_step(run: Run, step: int, phase: Phase) -> tuple[dict[str, Any], list[
     # FSDP: the models sampling in this process do so on their full weights, gathered once
     # for the whole phase by every rank (generation itself then makes no collectives)
     sampling = agent.gathered() if not config.rollout_endpoint else nullcontext()
-    with sampling, regime.gathered(), regime.simulator(step) as user:
+    with run.memory.phase("rollouts"), sampling, regime.gathered(), regime.simulator(step) as user:
         for index, task in share:
             done, before = len(mine), turned[0]
 
@@ -174,11 +180,13 @@ def train_step(run: Run, step: int, phase: Phase) -> tuple[dict[str, Any], list[
     # 2. the agent's GRPO step on its own tokens (data-parallel: this rank's rows, the
     # gradients summed over the ranks)
     adv = group_advantages(rewards, config.scale_std, config.center_rewards).flatten()
-    stats = agent.learn([r.agent for r in mine], adv, config, temperature=config.temperature,
-                        beta=config.beta, ranks=ranks)  # fmt: skip
+    with run.memory.phase("update"):
+        stats = agent.learn([r.agent for r in mine], adv, config,
+                            temperature=config.temperature, beta=config.beta, ranks=ranks)  # fmt: skip
     # 3. the regime's own step (co-training: the simulator learns on this rank's rollouts,
     # data-parallel like the agent; population: rank 0 adds to the pool)
-    stats.update(regime.learn(step, mine))
+    with run.memory.phase("simulator_update") if config.trains_simulator else nullcontext():
+        stats.update(regime.learn(step, mine))
     rollouts = ranks.gather(mine)  # the whole step, in task order, on every rank
     row = _row(run, step, rollouts, len(tasks), stats) | {"time_rollout": t_rollout}
     run.optimizer_steps += int(row["optimizer_step"])
@@ -189,7 +197,7 @@ def train_step(run: Run, step: int, phase: Phase) -> tuple[dict[str, Any], list[
     # rank waits out the whole panel in a collective (training/measures/held_out.py)
     if run.panel and due(step, config.eval_every, config.steps):
         phase("evaluation", len(mine), total)
-        with agent.gathered():
+        with run.memory.phase("evaluation"), agent.gathered():
             row.update(run.panel.evaluate(agent, step, ranks))
     row["time_step"] = time.monotonic() - t0
     return row, rollouts
