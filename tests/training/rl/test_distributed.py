@@ -335,10 +335,11 @@ script = "steady"
 """
 
 
-def test_fsdp_free_text_sampling_and_rank_0_evaluating_alone(smooth_tiny_model, tmp_path):
+def test_fsdp_free_text_sampling_and_both_ranks_evaluating(smooth_tiny_model, tmp_path):
     """Under FSDP the agent generates free text on its gathered weights, to each rank's own
-    lengths and number of turns, and rank 0 alone plays the held-out panel: neither may wait on
-    the other rank (transformers syncs generation across FSDP ranks unless told not to)."""
+    lengths and number of turns, in the rollouts and in its share of the held-out panel:
+    neither rank may wait on the other (transformers syncs generation across FSDP ranks unless
+    told not to)."""
     path = tmp_path / "verbalized.toml"
     path.write_text(VERBALIZED.format(model=smooth_tiny_model) + FSDP)
     done = launch(path, tmp_path / "run", timeout=150)
