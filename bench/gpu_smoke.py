@@ -297,7 +297,7 @@ def paper_config(name: str, model: str, device: str, out: Path) -> dict:
         "finetune": "full",
         "dtype": "bfloat16",
         "mixed_precision": True,
-        "steps": 3,
+        "steps": 2 if small else 3,
         "group_size": 2 if small else 4,
         "batch_tasks": 1 if small else 2,
         "lr": 1e-6,
@@ -306,7 +306,7 @@ def paper_config(name: str, model: str, device: str, out: Path) -> dict:
         "max_new_tokens": 12 if small else 32,
         "max_turns": 4 if small else 10,
         "micro_batch": 4,
-        "eval_every": 3,
+        "eval_every": 2 if small else 3,
         "eval_samples": 1 if small else 2,
         "save_every": 1,
         "device": device,
@@ -333,11 +333,29 @@ def _gib(value: float) -> str:
     return f"{value / 2**30:7.3f}"
 
 
-def run_paper(args: argparse.Namespace) -> int:
-    """Each model: steps 1-2 launched, then a resume to step 3 (held-out evaluation at step 3),
-    both as one launched rank under FSDP; then the vLLM part where vllm imports."""
+def launched(command: list[str], timeout: float) -> tuple[int, str]:
+    """Run a launch (torchrun and its worker); past `timeout` both are killed, by id (the
+    worker runs in a session of its own and would outlive torchrun)."""
     import subprocess
 
+    import psutil
+
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as process:  # fmt: skip
+        try:
+            _, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for child in [*psutil.Process(process.pid).children(recursive=True), process]:
+                child.kill()
+            process.communicate()
+            return -1, f"the launch did not finish within {timeout:g} s (SMOKE_TIMEOUT)"
+    return process.returncode, stderr
+
+
+def run_paper(args: argparse.Namespace) -> int:
+    """Each model: steps 1-2 launched, then a resume to step 3 (held-out evaluation at step 3),
+    both as one launched rank under FSDP (on CPU, the script's check: step 1, then a resume to
+    step 2); then the vLLM part where vllm imports."""
     from training.config import load_config, parse_config
     from training.rl.distributed import launch_command, read_failures
     from training.trainer.memory import read_memory
@@ -354,11 +372,12 @@ def run_paper(args: argparse.Namespace) -> int:
         path = out / f"{name}.json"
         path.write_text(json.dumps(config.to_dict(), default=str))
         started, row = time.monotonic(), {"model": name, "path": model}
-        for steps in (2, 3):  # the second launch resumes from step 2's checkpoint
+        timeout = args.timeout or (1200 if small else 300)
+        for steps in (config.steps - 1, config.steps):  # the second resumes from the first's
             command = launch_command(path, 1, ["--steps", str(steps)])
-            done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
-            if done.returncode != 0:
-                row["error"] = read_failures(config.run_dir()) or done.stderr[-3000:]
+            code, stderr = launched(command, timeout)
+            if code != 0:
+                row["error"] = read_failures(config.run_dir()) or stderr[-3000:]
                 break
         row["wall_seconds"] = round(time.monotonic() - started, 1)
         if "error" in row:
@@ -382,7 +401,8 @@ def run_paper(args: argparse.Namespace) -> int:
         }
         results.append(row)
         print(
-            f"{name:8} ok  steps {row['steps']} (1-2, then resumed to 3)  wall {row['wall_seconds']} s"
+            f"{name:8} ok  steps {row['steps']} (the last resumed from a checkpoint)"
+            f"  wall {row['wall_seconds']} s"
         )
         print(f"         {step_s:.2f} s/step  {row['trained_tokens_per_second']} trained tokens/s"
               f" (agent + simulator)  held-out success {row['heldout_success']}")  # fmt: skip
@@ -430,7 +450,8 @@ def main(argv: list[str] | None = None) -> int:
     pp = commands.add_parser("paper", help="the paper path: FSDP, full, mixed, Self-Play, resume")
     pp.add_argument("--device", default=os.environ.get("DEVICE", "cuda"))
     pp.add_argument("--out", default=os.environ.get("SMOKE_OUT", "/tmp/gpu-smoke"))
-    pp.add_argument("--timeout", type=float, default=240, help="seconds a launch may take")
+    pp.add_argument("--timeout", type=float, default=float(os.environ.get("SMOKE_TIMEOUT", 0)),
+                    help="seconds a launch may take (default 300 on a GPU, 1200 on CPU)")  # fmt: skip
     r = commands.add_parser("run", help="one step of every regime")
     r.add_argument("--device", default=os.environ.get("DEVICE", "cuda"))
     r.add_argument("--dtype", default=os.environ.get("DTYPE", "bfloat16"))
