@@ -67,6 +67,8 @@ def rank_main(rank: int, scenario: str, port: int, out: str) -> None:
                 "gradient": weight.grad.tolist(),
             }
             ranks.barrier()
+            ranks.group = None  # then the default group: a CPU tensor NCCL would refuse
+            ranks.total(1.0)
         elif scenario == "timeout":
             if rank == 1:
                 time.sleep(timeout + 3)  # still working when rank 0 gives up on it
@@ -74,9 +76,6 @@ def rank_main(rank: int, scenario: str, port: int, out: str) -> None:
                 ranks.total(1.0)
         elif scenario == "evaluate":
             result |= evaluate(ranks, Path(out))
-        elif scenario == "refused":
-            ranks.group = None  # the default group: a CPU tensor NCCL would refuse
-            ranks.total(1.0)
     except Exception as exc:
         try:
             raise
