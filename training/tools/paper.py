@@ -8,6 +8,11 @@ lists one launcher per paper result. Every launcher cited below was read at comm
 (the held-out panels, `eval_configs/*_6model.yaml`, at EVAL_COMMIT). A config's comments give the
 launcher each value comes from; this registry says, per result, what parley cannot or does not do
 as the launcher does. SHARED holds the differences every paper config has.
+
+release_launchers.csv beside this file is the launchers' flags as data: launcher, commit, line,
+flag, value, one row per `--flag value` line of each launcher at RELEASE_COMMIT (the tau2 job of
+eval_base.sh). tests/training/tools/test_paper_release.py compares every config with it, number by
+number. P4G's launchers are not in it yet.
 """
 
 from __future__ import annotations
