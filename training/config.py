@@ -71,11 +71,12 @@ ENSEMBLE_DRAWS = {
     "task": "round-robin over the run's tasks (a task's whole group meets one member)",
 }
 # which tasks a step plays (training/trainer/loop.py step_tasks). The release's tau2 data source
-# (CHATS-lab/scope_usim usim/slime/data_source.py, every stored version; the index's at
-# 1c268eb026b6eca549e38001ab6805b904c35782) imports tau2.data_model.tasks.get_tasks, which no
-# tau2 version defines, and falls back to index-only samples Sample(group_index=i, index=i),
-# i = 0..15 every step: usim/slime/rollout.py@9d3a41e2 plays train task number sample.index and
-# picks the user sample.index % K; tau2_cotrain_rollout.py@6218b975 plays task id str(sample.index)
+# (CHATS-lab/scope_usim usim/slime/data_source.py; read at 16f3ec27, a plain loader without
+# Slime's get_samples, at b6bab9af and at 1c268eb0, the newest the index holds) imports
+# tau2.data_model.tasks.get_tasks, which no tau2 version defines; both Slime versions then fall
+# back to index-only samples Sample(group_index=i, index=i), i = 0..15 every step:
+# usim/slime/rollout.py@9d3a41e2 plays train task number sample.index and picks the user
+# sample.index % K; tau2_cotrain_rollout.py@6218b975 plays task id str(sample.index)
 TASK_DRAWS = {
     "split": "each step draws batch_tasks distinct tasks of the train split at random (seeded by"
     " seed and step); an Ensemble's member per ensemble_draw: what the release intended",
