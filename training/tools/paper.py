@@ -11,8 +11,8 @@ as the launcher does. SHARED holds the differences every paper config has.
 
 release_launchers.csv beside this file is the launchers' flags as data: launcher, commit, line,
 flag, value, one row per `--flag value` line of each launcher at RELEASE_COMMIT (the tau2 job of
-eval_base.sh). tests/training/tools/test_paper_release.py compares every config with it, number by
-number. P4G's launchers are not in it yet.
+eval_base.sh; p4g/eval_base.sh holds P4G's). tests/training/tools/test_paper_release.py compares
+every config with it, number by number.
 """
 
 from __future__ import annotations

@@ -4,8 +4,7 @@ CHATS-lab/scope_usim cmd/slime/ at the commit paper.py cites); a config that dri
 launcher, or a launcher value copied wrong, fails here. Where parley differs on purpose the rule
 below says how, and paper.py says why.
 
-P4G's launchers are not in the table yet: its configs are being reworked to the release's
-protocol (issue 38 point 1), and its rows follow with them."""
+Every paper result is covered, P4G's too; PENDING names what a domain's configs do not carry yet."""
 
 from __future__ import annotations
 
@@ -39,12 +38,14 @@ def launcher(result: Result) -> tuple[str, str]:
     return path, commit
 
 
-COVERED = [r for r in RESULTS if r.domain != "p4g"]
+# Fields a domain's configs do not carry yet, each with whose work sets it: the P4G configs are
+# issue 38 point 1's (h/p4g); they add loss_reduction = "sample", then this entry goes.
+PENDING = {"p4g": {"loss_reduction"}}
 
 
-def test_the_table_holds_every_covered_results_launcher_at_the_cited_commit():
+def test_the_table_holds_every_results_launcher_at_the_cited_commit():
     rows = table()
-    for result in COVERED:
+    for result in RESULTS:
         path, commit = launcher(result)
         assert path in rows, f"{result.key}: {path} is not in {TABLE.name}"
         assert {c for _, _, c in rows[path].values()} == {commit} == {RELEASE_COMMIT}
@@ -107,7 +108,7 @@ def actual(config, key: str) -> object:
     return value
 
 
-@pytest.mark.parametrize("result", COVERED, ids=lambda r: r.key)
+@pytest.mark.parametrize("result", RESULTS, ids=lambda r: r.key)
 def test_every_paper_config_has_its_launchers_numbers(result):
     path, _ = launcher(result)
     flags = table()[path]
@@ -115,6 +116,6 @@ def test_every_paper_config_has_its_launchers_numbers(result):
     drift = {
         key: (actual(config, key), want)
         for key, want in expected(result, flags).items()
-        if actual(config, key) != pytest.approx(want)
+        if key not in PENDING.get(result.domain, ()) and actual(config, key) != pytest.approx(want)
     }
     assert not drift, f"{result.key} differs from cmd/slime/{path}: {drift}"
