@@ -64,3 +64,15 @@ def test_provider_sampling_refuses_a_value_that_would_read_as_sent(spec, key):
     with pytest.raises(ConfigError) as error:
         RunConfig.from_dict({"name": "s", "domain": "retail", "simulator": spec})
     assert error.value.key == key
+
+
+def test_a_provider_sampling_config_loads_again_from_what_it_saves():
+    """A run saves its whole config (config.json, manifests) with every field, temperature and
+    top_p at their defaults included; loading that must not read them as sent."""
+    cfg = RunConfig.from_dict({
+        "name": "s", "domain": "retail",
+        "heldout": [{"name": "h", "endpoint": "https://openrouter.ai/api/v1", "model": "z-ai/glm-5",
+                     "api_key_env": "OPENROUTER_API_KEY", "sampling": "provider"}],
+    })  # fmt: skip
+    again = RunConfig.from_dict(cfg.to_dict())
+    assert again == cfg and again.heldout[0].request_params() == {"max_tokens": 64}
