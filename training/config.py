@@ -66,9 +66,36 @@ from training.vocabulary import Regime, SimulatorKind
 
 # how an Ensemble run picks the member that plays a rollout's user (training/regimes/regime.py Ensemble)
 ENSEMBLE_DRAWS = {
-    "rollout": "round-robin over the run's rollouts, as the release (each group meets every"
-    " member)",
+    "rollout": "round-robin over the run's rollouts, as the release's P4G (each group meets"
+    ' every member; its tau2 ran per task: task_draw = "release")',
     "task": "round-robin over the run's tasks (a task's whole group meets one member)",
+}
+# which tasks a step plays (training/trainer/loop.py step_tasks). The release's tau2 data source
+# (CHATS-lab/scope_usim usim/slime/data_source.py; read at 16f3ec27, a plain loader without
+# Slime's get_samples, at b6bab9af and at 1c268eb0, the newest the index holds) imports
+# tau2.data_model.tasks.get_tasks, which no tau2 version defines; both Slime versions then fall
+# back to index-only samples Sample(group_index=i, index=i), i = 0..15 every step:
+# usim/slime/rollout.py@9d3a41e2 plays train task number sample.index and picks the user
+# sample.index % K; tau2_cotrain_rollout.py@6218b975 plays task id str(sample.index)
+TASK_DRAWS = {
+    "split": "each step draws batch_tasks distinct tasks of the train split at random (seeded by"
+    " seed and step); an Ensemble's member per ensemble_draw: what the release intended",
+    "release": "the release's tau2 draws as they ran: frozen-user regimes play the first"
+    " batch_tasks train tasks, in the data's order, every step, and an Ensemble's member is the"
+    " task's position mod K (each task always meets the same member); cotrain and population"
+    ' play the tasks with ids "0" .. batch_tasks - 1 of the whole task set, test tasks included',
+}
+# how a step's per-token losses become one number (training/rl/grpo.py REDUCERS)
+LOSS_REDUCTIONS = {
+    "token": "one token mean over the global batch: a long conversation weighs more",
+    "sample": "each sequence's token mean, then the mean over the global batch's sequences:"
+    " Slime's default sum_of_sample_mean (no --calculate-per-token-loss), the release's",
+}
+# which sampling settings an endpoint simulator sends (agents/llm/providers.py sampling_params)
+SIMULATOR_SAMPLINGS = {
+    "sent": "temperature is sent, and top_p unless it is 1.0",
+    "provider": "neither temperature nor top_p is sent: the provider's defaults apply (1.0 on"
+    " OpenAI, Anthropic, Gemini and OpenRouter), as the release's hosted tau2 users sample",
 }
 # a co-trained simulator's reward, r the agent's (formulas and sources: training/regimes/sim_rewards.py)
 SIMULATOR_REWARDS = {
@@ -114,6 +141,9 @@ Name = Annotated[StrictStr, AfterValidator(_not_blank)]
 DomainName = Annotated[StrictStr, AfterValidator(_known_domain)]
 RegimeName = Literal[tuple(r.value for r in Regime)]
 EnsembleDraw = Literal[tuple(ENSEMBLE_DRAWS)]
+TaskDraw = Literal[tuple(TASK_DRAWS)]
+LossReduction = Literal[tuple(LOSS_REDUCTIONS)]
+SimulatorSampling = Literal[tuple(SIMULATOR_SAMPLINGS)]
 SimulatorKindName = Literal[tuple(k.value for k in SimulatorKind)]
 DrawMode = Literal[DRAW_MODES]
 Script = Literal[(*SCRIPTED_TYPES, "")]
@@ -180,6 +210,11 @@ class SimulatorSpec:
         " weights, reported beside the others and left out of the heldout/unseen_* means",
     )
     temperature: StrictFloat = Field(0.7, gt=0, description="sampling temperature")
+    sampling: SimulatorSampling = Field(
+        "sent",
+        description="endpoint: which sampling settings its requests carry: "
+        + " | ".join(f"{k}: {v}" for k, v in SIMULATOR_SAMPLINGS.items()),
+    )
     max_new_tokens: StrictInt = Field(64, ge=1, description="tokens per reply")
     k: StrictInt = Field(5, ge=2, description="verbalized: candidates per reply")
     draw: DrawMode = Field(
@@ -238,8 +273,21 @@ class SimulatorSpec:
             raise _refuse(
                 "api_key_env", self.api_key_env, "is for an endpoint simulator (set `endpoint`)"
             )
+        if self.sampling == "provider":
+            # not sent, so not settable: a value here would read as sent (the defaults are
+            # what to_dict writes, so a saved config loads again)
+            for key, unset in (("temperature", 0.7), ("top_p", 1.0)):
+                if getattr(self, key) != unset:
+                    raise _refuse(
+                        key,
+                        getattr(self, key),
+                        'is not sent with sampling = "provider" (the provider\'s default'
+                        ' applies): remove it, or set sampling = "sent"',
+                    )
         if not self.endpoint:
-            for key, unset in (("provider", "auto"), ("top_p", 1.0), ("reasoning_effort", "")):
+            for key, unset in (
+                ("provider", "auto"), ("top_p", 1.0), ("reasoning_effort", ""), ("sampling", "sent")
+            ):  # fmt: skip
                 if getattr(self, key) != unset:
                     raise _refuse(
                         key,
@@ -256,7 +304,7 @@ class SimulatorSpec:
                     f"must name the variable holding the key of {provider.label} (conventionally"
                     f" {provider.key_env})",
                 )
-            refused = provider.refusal(self.temperature, self.reasoning_effort)
+            refused = provider.refusal(self.sent_temperature(), self.reasoning_effort)
             if refused:
                 key, why = refused
                 raise _refuse(key, getattr(self, key), f"cannot be sent as asked: {why}")
@@ -270,8 +318,15 @@ class SimulatorSpec:
         """An endpoint simulator's generation settings in agents.llm's common vocabulary (the
         client shapes them for the provider): what every turn sends, and the dry run too."""
         return sampling_params(
-            self.temperature, self.max_new_tokens, self.top_p, self.reasoning_effort
+            self.sent_temperature(),
+            self.max_new_tokens,
+            None if self.sampling == "provider" else self.top_p,
+            self.reasoning_effort,
         )
+
+    def sent_temperature(self) -> float | None:
+        """The temperature its requests carry; None: not sent (sampling = "provider")."""
+        return None if self.sampling == "provider" else self.temperature
 
     def api_key(self) -> str | None:
         if not self.api_key_env:
@@ -461,7 +516,13 @@ class RunConfig:
     ensemble_draw: EnsembleDraw = Field(
         "rollout",
         description='regime "ensemble": which member plays a rollout\'s user: '
-        + " | ".join(f"{k}: {v}" for k, v in ENSEMBLE_DRAWS.items()),
+        + " | ".join(f"{k}: {v}" for k, v in ENSEMBLE_DRAWS.items())
+        + ' (with task_draw = "release" the member is the task\'s position mod K instead)',
+    )
+    task_draw: TaskDraw = Field(
+        "split",
+        description="which tasks a step plays: "
+        + " | ".join(f"{k}: {v}" for k, v in TASK_DRAWS.items()),
     )
     heldout: list[SimulatorSpec] = Field(
         default_factory=list, description="the held-out panel: users the agent never trains on"
@@ -498,6 +559,11 @@ class RunConfig:
     )
     # the release's launchers: --kl-loss-type low_var_kl, which is k3 (CHATS-lab/scope_usim
     # cmd/slime/p4g/rl_single_gpt5mini.sh @1470e27); the formulas are in grpo.grpo_loss
+    loss_reduction: LossReduction = Field(
+        "token",
+        description="how the step's per-token losses are averaged, for the agent and a"
+        " co-trained simulator: " + " | ".join(f"{k}: {v}" for k, v in LOSS_REDUCTIONS.items()),
+    )
     kl_estimator: KlEstimator = Field(
         "k3",
         description="the per-token KL estimator, d = log pi_ref - log pi: k1 = -d (the log"
@@ -649,6 +715,19 @@ class RunConfig:
                 self.finetune,
                 'must be "lora" with a served co-trained simulator (simulator.endpoint: the'
                 " server loads its adapter after each update)",
+            )
+        if self.task_draw == "release" and self.domain in ("p4g", "cooperbench"):
+            raise _refuse(
+                "task_draw",
+                self.task_draw,
+                "reproduces the release's tau2 data source: its P4G and CooperBench sources read"
+                ' their files in order (use "split")',
+            )
+        if self.trains_simulator and self.simulator.sampling != "sent":
+            raise _refuse(
+                "simulator.sampling",
+                self.simulator.sampling,
+                'must be "sent": a co-trained simulator samples at its own temperature',
             )
         if not self.center_rewards and self.scale_std:
             raise _refuse(

@@ -8,6 +8,11 @@ lists one launcher per paper result. Every launcher cited below was read at comm
 (the held-out panels, `eval_configs/*_6model.yaml`, at EVAL_COMMIT). A config's comments give the
 launcher each value comes from; this registry says, per result, what parley cannot or does not do
 as the launcher does. SHARED holds the differences every paper config has.
+
+release_launchers.csv beside this file is the launchers' flags as data: launcher, commit, line,
+flag, value, one row per `--flag value` line of each launcher at RELEASE_COMMIT (the tau2 job of
+eval_base.sh; p4g/eval_base.sh holds P4G's). tests/training/tools/test_paper_release.py compares
+every config with it, number by number.
 """
 
 from __future__ import annotations
@@ -43,9 +48,14 @@ SHARED = (
     " parley keeps them, marked `seen = true`, so heldout/success and heldout/reward are the"
     " release's whole-panel means, and adds heldout/unseen_* over the members the agent never"
     " met (training/measures/held_out.py).",
-    "Held-out sampling: the release evaluates at temperature 0.7, top_p 0.95 for agent and"
-    " users (eval_configs/*_6model.yaml); parley's agent samples at `temperature` (0.7) with"
-    " top_p 1, the panel's users at their SimulatorSpec temperature and top_p (0.7, 0.95).",
+    "Held-out sampling: the release's eval configs (eval_configs/*_6model.yaml) set"
+    " temperature 0.7, top_p 0.95 for the AGENT's sampling only; parley's agent samples at"
+    " `temperature` (0.7) with top_p 1 in training and evaluation alike (the release's agent:"
+    " top_p 1, Slime's --rollout-top-p default, in training; 0.95 at evaluation).",
+    "Hosted users on tau2 (training users and panel members): the release sends them no"
+    " temperature or top_p (its tau2 environment passes only the API key as user_llm_args, and"
+    " tau2's gym then uses that dict), so they sample at the provider's defaults (1.0); the"
+    ' tau2 configs do the same (sampling = "provider": the requests carry neither).',
     "Hosted training users: capped at 512 tokens a message on tau2 (a Verbalized reply 2560, five"
     ' candidates) and 2048 on P4G, and GPT-5-mini trains at reasoning_effort "low" on tau2:'
     " the dry run counts every user turn at its cap, and GPT-5's reasoning counts against it;"
@@ -244,6 +254,54 @@ _P4G = (
     " release's data/p4g files.",
 )
 
+# What the release's tau2 runs trained on (training/config.py TASK_DRAWS "release"): its data
+# source fell back to index-only samples (usim/slime/data_source.py@1c268eb0), so each step
+# played the same 16 groups. Checked against the official retail data by tests/training/tools/
+# test_paper.py. The held-out tasks are the release's `max_tasks: 8` of the test split.
+RELEASE_TRAIN_TASKS = ("0", "1", "2", "3", "4", "6", "7", "8", "10", "11", "13", "14", "15", "16",
+                       "19", "20")  # fmt: skip
+RELEASE_COTRAIN_TASKS = tuple(str(i) for i in range(16))
+RELEASE_HELD_OUT = ("5", "9", "12", "17", "18", "26", "27", "32")
+_FROZEN_DRAW = (
+    "the release played the first 16 retail train tasks (ids {ids}) every step, of 74"
+    " (its data source's fallback; usim/slime/rollout.py@9d3a41e2 plays train task number"
+    " sample.index)"
+)
+_COTRAIN_DRAW = (
+    "the release played task ids 0-15 of all 114 every step (task_id = str(sample.index),"
+    " tau2_cotrain_rollout.py@6218b975), held-out tasks {seen} among them: its held-out"
+    " numbers were partly measured on tasks it trained on ({n} of the 8)"
+)
+
+
+def task_draws(result: Result) -> dict[str, str] | None:
+    """For a tau2 result: what the release trained on, and what this config does; None else."""
+    from training.config import load_config
+
+    if result.domain not in ("retail", "airline"):
+        return None
+    config = load_config(result.config)
+    if config.steps == 0:
+        return {"release": "no training (an evaluation at rollout 0)", "parley": "no training"}
+    if config.trains_simulator:
+        seen = [t for t in RELEASE_COTRAIN_TASKS if t in RELEASE_HELD_OUT]
+        release = _COTRAIN_DRAW.format(seen=", ".join(seen), n=len(seen))
+    else:
+        release = _FROZEN_DRAW.format(ids=" ".join(RELEASE_TRAIN_TASKS))
+        if config.regime == "ensemble":
+            release += "; each task always met one member (sample.index % 3)"
+    if result.domain == "airline":
+        release = "none: the release has no airline run; on retail, " + release
+    if config.task_draw == "release":
+        parley = 'the same (task_draw = "release")'
+    else:
+        parley = (
+            f"{config.batch_tasks} tasks drawn from the {result.domain} train split each step"
+            ' (task_draw = "split", what the release intended)'
+        )
+    return {"release": release, "parley": parley}
+
+
 # Results the release does not cover for a domain, and why.
 NOT_COVERED = (
     ("p4g", "persona", "the release's README: not applicable, P4G tasks already carry personas"),
@@ -319,6 +377,7 @@ def describe(result: Result) -> dict[str, Any]:
         "ready": run["ok"],
         "failed_checks": failed,
         "differences": list(result.differences),
+        "tasks": task_draws(result),
     }
 
 
@@ -345,6 +404,11 @@ def render(data: dict[str, Any]) -> str:
             f"  command:  {row['command']}",
             f"  launcher: {row['launcher']}",
         ]
+        if row.get("tasks"):
+            lines += [
+                f"  tasks:    release: {row['tasks']['release']}",
+                f"            parley:  {row['tasks']['parley']}",
+            ]
         lines += [f"  - {d}" for d in row["differences"]]
     lines += ["", "Every config also differs from the release in:"]
     lines += [f"  - {d}" for d in data["shared_differences"]]

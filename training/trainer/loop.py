@@ -113,6 +113,8 @@ def _train(
     ranks.clear_failures(run_dir)
     domain = domain or _domain(config.domain, config.domain_data)
     train_scenarios = select_scenarios(domain, config.tasks, "train")
+    if config.task_draw == "release":  # the tasks every step plays, as the release's did
+        train_scenarios = released_tasks(domain, config, train_scenarios)
     eval_scenarios = select_scenarios(domain, config.tasks, "eval")
     torch.manual_seed(config.seed)
 
@@ -152,7 +154,7 @@ def train_step(run: Run, step: int, phase: Phase) -> tuple[dict[str, Any], list[
     config, agent, regime, ranks = run.config, run.agent, run.regime, run.ranks
     t0 = time.monotonic()
     # 1. rollouts: G conversations for each of this rank's share of the step's tasks
-    tasks = draw_tasks(run.tasks, config.batch_tasks, random.Random(f"{config.seed}-{step}"))
+    tasks = step_tasks(config, run.tasks, step)
     share = ranks.share(list(enumerate(tasks)))
     total = len(share) * config.group_size
     phase("rollouts", 0, total)
@@ -317,6 +319,33 @@ def select_scenarios(domain: Domain, spec: ScenarioSpec, which: str) -> list[Sce
     if which == "train" and not tasks:
         raise ValueError(f"no training scenarios in domain {domain.name!r} split {split!r}")
     return tasks
+
+
+def step_tasks(config: RunConfig, tasks: list[Scenario], step: int) -> list[Scenario]:
+    """The step's tasks (config.task_draw): a seeded draw from the train split, or with
+    "release" the fixed list released_tasks gave, the same every step."""
+    if config.task_draw == "release":
+        return list(tasks)
+    return draw_tasks(tasks, config.batch_tasks, random.Random(f"{config.seed}-{step}"))
+
+
+def released_tasks(domain: Domain, config: RunConfig, train: list[Scenario]) -> list[Scenario]:
+    """The batch_tasks tasks the release's tau2 runs played every step (TASK_DRAWS["release"]:
+    its data source's fallback gave sample indices 0 .. batch_tasks - 1). Frozen-user regimes:
+    train task number index, in the data's order (usim/slime/rollout.py@9d3a41e2 tasks[index]).
+    Co-training (cotrain, population): the task whose id is str(index) among ALL the Domain's
+    tasks, test tasks included (tau2_cotrain_rollout.py@6218b975 task_id = str(sample.index))."""
+    n = config.batch_tasks
+    if not config.trains_simulator:
+        return [train[i % len(train)] for i in range(n)]
+    by_id = {s.id: s for s in domain.scenarios(None)}
+    missing = [str(i) for i in range(n) if str(i) not in by_id]
+    if missing:
+        raise ValueError(
+            f'task_draw = "release" plays task ids 0..{n - 1}, as the release\'s co-training did;'
+            f" {domain.name} has no task {', '.join(missing[:5])}"
+        )
+    return [by_id[str(i)] for i in range(n)]
 
 
 def draw_tasks(tasks: list[Scenario], n: int, rng: random.Random) -> list[Scenario]:
