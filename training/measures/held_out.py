@@ -1,16 +1,25 @@
 """Held-out evaluation: the agent against each simulator of a panel none of which it trained
 against, on held-out tasks. Reports per simulator the success rate and mean reward, and the
-policy's entropy on its own held-out tokens (a collapsing policy's entropy falls)."""
+policy's entropy on its own held-out tokens (a collapsing policy's entropy falls).
+
+A Persona-Guided or Verbalized Sampling run's panel is, by default (heldout_users =
+"like_training"), built as the release built it: every member with the run's guidelines or its
+Verbalized Sampling setting (CHATS-lab/scope_usim usim/slime/rollout.py @
+e2110a13e24b57113066d85a85a6680ba8bfba31: `_usim_eval_single_dataset` copies the training args,
+`--usim-user-prompt-prefix` and `--usim-verbalized-sampling` included, and overrides only the
+model, base URL and key). The plain panel is evaluated beside it on the same tasks, written
+under `heldout_plain/`, so both read-outs exist."""
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from typing import Any
 
 import torch
 
 from agents.domains.base import Domain, Scenario
-from training.config import RunConfig
+from training.config import EVAL_DRAW_WINDOW, RunConfig, SimulatorSpec
 from training.regimes.regime import ModelCache, frozen_simulator
 from training.rl.grpo import TokenBatch, token_logprobs
 from training.rl.policy import LocalModel
@@ -18,54 +27,112 @@ from training.rollouts.agent import LocalAgent, agent_tool_format
 from training.rollouts.rollout import Rollout, play
 
 
+def panel_readouts(config: RunConfig) -> dict[str, list[SimulatorSpec]]:
+    """The panel's read-outs, by metrics prefix: "heldout" (the panel as the run's
+    heldout_users says), and "heldout_plain" (the [[heldout]] tables as written) beside it
+    when the first differs from them. A scripted member has no prompt to prefix and writes no
+    JSON: it stays as it is."""
+    plain = list(config.heldout)
+    if config.heldout_users != "like_training":
+        return {"heldout": plain}
+    trained = config.training_simulators()
+    if config.regime == "persona":
+        guidelines = trained[0].guidelines
+        like = [_unless_scripted(s, guidelines=guidelines) for s in plain]
+    elif config.regime == "verbalized":
+        vs = trained[0]
+        like = [_unless_scripted(s, kind=vs.kind, k=vs.k, draw=vs.draw) for s in plain]
+    else:
+        return {"heldout": plain}
+    return {"heldout": like, "heldout_plain": plain} if like != plain else {"heldout": plain}
+
+
+def _unless_scripted(spec: SimulatorSpec, **changes: Any) -> SimulatorSpec:
+    return spec if spec.kind == "scripted" else dataclasses.replace(spec, **changes)
+
+
+def cursor_tasks(
+    tasks: list[Scenario], config: RunConfig, step: int, member: int, members: int
+) -> list[Scenario]:
+    """eval_draw = "training_cursor": the tasks panel member `member` (of `members`) plays at
+    the evaluation after `step`, as the release's P4G evaluation draws them: its data source's
+    one cursor over the training files (sorted, cycling) has moved batch_tasks per step and
+    EVAL_DRAW_WINDOW per member at each earlier evaluation; each task drawn is a group of
+    group_size samples, each played eval_samples times (usim/p4g/rollout.py @ 9d3a41e,
+    usim/p4g/data_source.py @ 1c2c23a). Parley's training draw itself is its own (random per
+    step): the cursor counts what the release's would have taken."""
+    every = config.eval_every  # evaluations before this one: every eval_every steps
+    earlier = (step - 1) // every if every and step > 0 else 0
+    start = step * config.batch_tasks + (earlier * members + member) * EVAL_DRAW_WINDOW
+    window = [tasks[(start + i) % len(tasks)] for i in range(EVAL_DRAW_WINDOW)]
+    return [t for t in window for _ in range(config.group_size * config.eval_samples)]
+
+
 class HeldOutPanel:
     def __init__(
         self, config: RunConfig, domain: Domain, tasks: list[Scenario], models: ModelCache
     ):
         self.config, self.domain, self.tasks = config, domain, tasks
-        self.simulators = {
-            spec.name: frozen_simulator(spec, models, config.seed) for spec in config.heldout
+        # the read-outs' members, by metrics prefix, then name (panel_readouts)
+        self.readouts = {
+            prefix: {spec.name: frozen_simulator(spec, models, config.seed) for spec in specs}
+            for prefix, specs in panel_readouts(config).items()
         }
+        self.simulators = self.readouts["heldout"]
 
     def __bool__(self) -> bool:
         return bool(self.simulators and self.tasks)
 
+    def scenarios(self, member: int, step: int) -> list[Scenario]:
+        """The conversations panel member number `member` plays at the evaluation after `step`."""
+        cfg = self.config
+        if cfg.tasks.eval_draw == "training_cursor":
+            return cursor_tasks(self.tasks, cfg, step, member, len(self.simulators))
+        return [t for t in self.tasks for _ in range(cfg.eval_samples)]
+
     def evaluate(self, agent: LocalModel, step: int) -> dict[str, Any]:
         cfg = self.config
-        scenarios = [t for t in self.tasks for _ in range(cfg.eval_samples)]
         tool_format = agent_tool_format(cfg.tool_format, agent)
         speaker = LocalAgent(agent, cfg.temperature, cfg.max_new_tokens, tool_format)
         row: dict[str, Any] = {}
         every: list[Rollout] = []
-        for name, user in self.simulators.items():
-            user.rng.seed(f"{cfg.seed}-{step}-eval-{name}")
-            rollouts = play(
-                self.domain, scenarios, speaker, user,
-                max_turns=cfg.max_turns, max_tool_rounds=cfg.max_tool_rounds,
-            )  # fmt: skip
-            row[f"heldout/{name}/success"] = statistics.fmean(
-                bool(r.outcome.success) for r in rollouts
-            )
-            row[f"heldout/{name}/reward"] = statistics.fmean(r.reward for r in rollouts)
-            every += rollouts
-        row["heldout/success"] = statistics.fmean(
-            row[f"heldout/{n}/success"] for n in self.simulators
-        )
-        row["heldout/reward"] = statistics.fmean(
-            row[f"heldout/{n}/reward"] for n in self.simulators
-        )
-        row["heldout/worst_reward"] = min(row[f"heldout/{n}/reward"] for n in self.simulators)
-        # The release's means span its whole panel, training simulators included; the unseen
-        # means are the held-out ones proper (written only when the panel has a seen member)
-        unseen = [s.name for s in cfg.heldout if not s.seen]
-        if unseen and len(unseen) < len(self.simulators):
-            for measure in ("success", "reward"):
-                row[f"heldout/unseen_{measure}"] = statistics.fmean(
-                    row[f"heldout/{n}/{measure}"] for n in unseen
+        for prefix, simulators in self.readouts.items():
+            for member, (name, user) in enumerate(simulators.items()):
+                user.rng.seed(f"{cfg.seed}-{step}-eval-{name}")
+                rollouts = play(
+                    self.domain, self.scenarios(member, step), speaker, user,
+                    max_turns=cfg.max_turns, max_tool_rounds=cfg.max_tool_rounds,
+                )  # fmt: skip
+                row[f"{prefix}/{name}/success"] = statistics.fmean(
+                    bool(r.outcome.success) for r in rollouts
                 )
-            row["heldout/unseen_worst_reward"] = min(row[f"heldout/{n}/reward"] for n in unseen)
+                row[f"{prefix}/{name}/reward"] = statistics.fmean(r.reward for r in rollouts)
+                if prefix == "heldout":
+                    every += rollouts
+            unseen = [s.name for s in cfg.heldout if not s.seen]
+            row.update(panel_means(prefix, row, list(simulators), unseen))
         row["heldout/entropy"] = mean_entropy(agent, every, cfg.micro_batch, cfg.temperature)
         return row
+
+
+def panel_means(
+    prefix: str, row: dict[str, Any], names: list[str], unseen: list[str]
+) -> dict[str, float]:
+    """A read-out's means over its members `names` (row's `<prefix>/<name>/...` entries)."""
+    means = {
+        f"{prefix}/success": statistics.fmean(row[f"{prefix}/{n}/success"] for n in names),
+        f"{prefix}/reward": statistics.fmean(row[f"{prefix}/{n}/reward"] for n in names),
+        f"{prefix}/worst_reward": min(row[f"{prefix}/{n}/reward"] for n in names),
+    }
+    # The release's means span its whole panel, training simulators included; the unseen
+    # means are the held-out ones proper (written only when the panel has a seen member)
+    if unseen and len(unseen) < len(names):
+        for measure in ("success", "reward"):
+            means[f"{prefix}/unseen_{measure}"] = statistics.fmean(
+                row[f"{prefix}/{n}/{measure}"] for n in unseen
+            )
+        means[f"{prefix}/unseen_worst_reward"] = min(row[f"{prefix}/{n}/reward"] for n in unseen)
+    return means
 
 
 ENTROPY_ROLLOUTS = 32  # the token entropy is a mean: a sample of the panel's conversations
