@@ -219,4 +219,8 @@ class P4GDomain(Domain):
     ) -> Outcome | None:
         if DONATION.name not in answers:
             raise ValueError(f"no answer for {DONATION.describe()}")
-        return human_outcome(answers[DONATION.name], conversation)
+        outcome = human_outcome(answers[DONATION.name], conversation)
+        # the amount stated in the chat, read as this protocol reads it (the release's reader
+        # under "release"), so the debrief's "(In the chat you mentioned ...)" says the same
+        outcome.details["chat_donation"] = self.stated_donation(conversation)
+        return outcome

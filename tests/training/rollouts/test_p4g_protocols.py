@@ -140,3 +140,16 @@ def test_the_release_protocol_needs_its_data_and_split(tmp_path):
         P4GDomain(tmp_path, "release").scenarios()
     with pytest.raises(FileNotFoundError, match="full_info.csv"):
         P4GDomain(tmp_path / "absent", "release").scenarios()
+
+
+def test_a_persons_chat_amount_is_read_by_the_studys_protocol():
+    """The questionnaire's answer decides a person's outcome under either protocol; the amount
+    stated in the chat beside it is read as the protocol reads a persuadee."""
+    chat = [
+        {"role": "assistant", "content": "Hi!"},
+        {"role": "user", "content": "I won't donate $1"},
+    ]
+    parley = P4GDomain().outcome_from_answers({"donation": 0.5}, chat)
+    released = get_domain("p4g", FIXTURE, "release").outcome_from_answers({"donation": 0.5}, chat)
+    assert parley.reward == released.reward == 0.25
+    assert parley.details["chat_donation"] is None and released.details["chat_donation"] == 1.0
