@@ -807,6 +807,28 @@ class RunConfig:
 
         return domain_class(self.domain).simulator_guidelines
 
+    def panel_readouts(self) -> dict[str, list[SimulatorSpec]]:
+        """The held-out panel's read-outs, by metrics prefix: "heldout" (the panel as
+        heldout_users says), and "heldout_plain" (the [[heldout]] tables as written) beside it
+        when the first differs from them (training/measures/held_out.py). A scripted member has
+        no prompt to prefix and writes no JSON: it stays as it is."""
+        plain = list(self.heldout)
+        if self.heldout_users != "like_training" or self.regime not in (
+            Regime.PERSONA,
+            Regime.VERBALIZED,
+        ):
+            return {"heldout": plain}
+        (trained,) = self.training_simulators()
+        if self.regime == Regime.PERSONA:
+            changes: dict[str, Any] = {"guidelines": trained.guidelines}
+        else:
+            changes = {"kind": trained.kind, "k": trained.k, "draw": trained.draw}
+        like = [
+            s if s.kind == SimulatorKind.SCRIPTED else dataclasses.replace(s, **changes)
+            for s in plain
+        ]
+        return {"heldout": like, "heldout_plain": plain} if like != plain else {"heldout": plain}
+
     def training_simulators(self) -> list[SimulatorSpec]:
         """The simulators the agent trains against, as built: the Ensemble's members, the
         Persona-Guided simulator with its guidelines filled in, else `simulator`."""

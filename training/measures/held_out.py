@@ -12,43 +12,18 @@ under `heldout_plain/`, so both read-outs exist."""
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 from typing import Any
 
 import torch
 
 from agents.domains.base import Domain, Scenario
-from training.config import EVAL_DRAW_WINDOW, RunConfig, SimulatorSpec
+from training.config import EVAL_DRAW_WINDOW, RunConfig
 from training.regimes.regime import ModelCache, frozen_simulator
 from training.rl.grpo import TokenBatch, token_logprobs
 from training.rl.policy import LocalModel
 from training.rollouts.agent import LocalAgent, agent_tool_format
 from training.rollouts.rollout import Rollout, play
-
-
-def panel_readouts(config: RunConfig) -> dict[str, list[SimulatorSpec]]:
-    """The panel's read-outs, by metrics prefix: "heldout" (the panel as the run's
-    heldout_users says), and "heldout_plain" (the [[heldout]] tables as written) beside it
-    when the first differs from them. A scripted member has no prompt to prefix and writes no
-    JSON: it stays as it is."""
-    plain = list(config.heldout)
-    if config.heldout_users != "like_training":
-        return {"heldout": plain}
-    trained = config.training_simulators()
-    if config.regime == "persona":
-        guidelines = trained[0].guidelines
-        like = [_unless_scripted(s, guidelines=guidelines) for s in plain]
-    elif config.regime == "verbalized":
-        vs = trained[0]
-        like = [_unless_scripted(s, kind=vs.kind, k=vs.k, draw=vs.draw) for s in plain]
-    else:
-        return {"heldout": plain}
-    return {"heldout": like, "heldout_plain": plain} if like != plain else {"heldout": plain}
-
-
-def _unless_scripted(spec: SimulatorSpec, **changes: Any) -> SimulatorSpec:
-    return spec if spec.kind == "scripted" else dataclasses.replace(spec, **changes)
 
 
 def cursor_tasks(
@@ -73,10 +48,10 @@ class HeldOutPanel:
         self, config: RunConfig, domain: Domain, tasks: list[Scenario], models: ModelCache
     ):
         self.config, self.domain, self.tasks = config, domain, tasks
-        # the read-outs' members, by metrics prefix, then name (panel_readouts)
+        # the read-outs' members, by metrics prefix, then name (RunConfig.panel_readouts)
         self.readouts = {
             prefix: {spec.name: frozen_simulator(spec, models, config.seed) for spec in specs}
-            for prefix, specs in panel_readouts(config).items()
+            for prefix, specs in config.panel_readouts().items()
         }
         self.simulators = self.readouts["heldout"]
 

@@ -498,7 +498,8 @@ PROBE = [
 def endpoint_simulators(config: RunConfig) -> list[tuple[str, SimulatorSpec]]:
     """(role, spec) of every frozen simulator on an endpoint: each is sent one request."""
     specs = [] if config.trains_simulator else [("simulator", config.simulator)]
-    specs += [(f"held-out {s.name}", s) for s in config.heldout]
+    # the panel as the run builds it (a Persona-Guided or VS run's members like its simulator)
+    specs += [(f"held-out {s.name}", s) for s in config.panel_readouts()["heldout"]]
     return [(role, s) for role, s in specs if s.endpoint and s.kind != SimulatorKind.SCRIPTED]
 
 

@@ -10,7 +10,7 @@ import pytest
 from agents.domains.base import Scenario
 from tests.support.training import LetterDomain
 from training.config import ConfigError, RunConfig
-from training.measures.held_out import HeldOutPanel, cursor_tasks, panel_readouts
+from training.measures.held_out import HeldOutPanel, cursor_tasks
 from training.regimes.regime import ModelCache
 from training.rl.policy import LocalModel
 
@@ -46,22 +46,22 @@ def config(tiny_model, other_tiny_model, tmp_path, regime, **extra):
 def test_persona_and_vs_panels_carry_the_runs_setting_and_keep_the_plain_read_out(
     tiny_model, other_tiny_model, tmp_path
 ):
-    persona = panel_readouts(config(tiny_model, other_tiny_model, tmp_path, "persona"))
+    persona = config(tiny_model, other_tiny_model, tmp_path, "persona").panel_readouts()
     assert set(persona) == {"heldout", "heldout_plain"}
     like, plain = persona["heldout"], persona["heldout_plain"]
     assert like[0].guidelines == GUIDE and plain[0].guidelines == ""
     assert like[1] == plain[1]  # a scripted member has no prompt to prefix
-    vs = panel_readouts(config(tiny_model, other_tiny_model, tmp_path, "verbalized"))
+    vs = config(tiny_model, other_tiny_model, tmp_path, "verbalized").panel_readouts()
     assert (vs["heldout"][0].kind, vs["heldout"][0].k, vs["heldout"][0].draw) == (
         "verbalized", 3, "uniform",
     )  # fmt: skip
     assert vs["heldout_plain"][0].kind == "plain" and vs["heldout"][1].kind == "scripted"
     # other regimes, and a run that asks for the plain panel, have one read-out: the tables
-    assert set(panel_readouts(config(tiny_model, other_tiny_model, tmp_path, "single"))) == {
+    assert set(config(tiny_model, other_tiny_model, tmp_path, "single").panel_readouts()) == {
         "heldout"
     }
     asked = config(tiny_model, other_tiny_model, tmp_path, "persona", heldout_users="plain")
-    assert panel_readouts(asked) == {"heldout": asked.heldout}
+    assert asked.panel_readouts() == {"heldout": asked.heldout}
 
 
 def test_both_read_outs_are_evaluated_under_their_own_names(tiny_model, other_tiny_model, tmp_path):
@@ -101,3 +101,19 @@ def test_the_release_p4g_draw_moves_one_cursor_over_the_training_tasks(
     with pytest.raises(ConfigError, match="eval_split = train_split"):
         config(tiny_model, other_tiny_model, tmp_path, "single",
                tasks={"eval_draw": "training_cursor"})  # fmt: skip
+
+
+def test_the_online_dry_run_asks_the_panel_as_the_run_builds_it():
+    """The release's tau2 VS run: its panel members are sent Verbalized requests (k items), the
+    P4G VS run's stay plain (heldout_users = "plain": the release's P4G panel)."""
+    from pathlib import Path
+
+    from training.config import load_config
+    from training.tools.dryrun import endpoint_simulators
+
+    paper = Path(__file__).resolve().parents[3] / "training" / "configs" / "paper"
+    tau2 = endpoint_simulators(load_config(paper / "retail-verbalized.toml"))
+    panel = [spec for role, spec in tau2 if role.startswith("held-out")]
+    assert panel and all(s.kind == "verbalized" for s in panel)
+    p4g = endpoint_simulators(load_config(paper / "p4g-verbalized.toml"))
+    assert all(s.kind == "plain" for role, s in p4g if role.startswith("held-out"))
