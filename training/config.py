@@ -48,7 +48,7 @@ from pydantic import (
 from pydantic.dataclasses import dataclass
 from pydantic_core import PydanticCustomError
 
-from agents.domains import DOMAINS
+from agents.domains import DOMAINS, Domain, domain_class, get_domain
 from agents.llm.native_tools import TRAINED_TOOL_FORMATS
 from agents.llm.providers import (
     PROVIDER_CHOICES,
@@ -364,6 +364,31 @@ class SimulatorSpec:
         return ("local", str(model)) + ((str(adapter.resolve()),) if adapter else ())
 
 
+# How the held-out panel's tasks are drawn at each evaluation (training/measures/held_out.py).
+EVAL_DRAWS = {
+    "split": "every panel member plays each eval-side task eval_samples times, the same tasks"
+    " at every evaluation",
+    "training_cursor": "the release's P4G draw (CHATS-lab/scope_usim usim/p4g/rollout.py @"
+    " 9d3a41e, _p4g_eval_single_dataset: get_samples(16) on the training data source): each"
+    " member in turn takes the next 16 tasks of the training order (sorted ids, cycling) after"
+    " those the steps (batch_tasks each) and earlier members and evaluations took, each task"
+    " played group_size x eval_samples times; needs eval_split = train_split",
+}
+EVAL_DRAW_WINDOW = 16  # the release's get_samples(16)
+EvalDraw = Literal[tuple(EVAL_DRAWS)]
+
+# Which users make up the held-out panel of a Persona-Guided or Verbalized Sampling run.
+HELDOUT_USERS = {
+    "like_training": "as the release's tau2 evaluation (usim/slime/rollout.py @ e2110a1 copies"
+    " the run's args, --usim-user-prompt-prefix and --usim-verbalized-sampling included, into"
+    " every panel user): each member gets the training simulator's guidelines (regime"
+    " persona) or Verbalized Sampling k and draw (regime verbalized), written heldout/...;"
+    " the plain panel is evaluated too, written heldout_plain/...",
+    "plain": "the members as their [[heldout]] tables give them, written heldout/...",
+}
+HeldoutUsers = Literal[tuple(HELDOUT_USERS)]
+
+
 @dataclass(config=TABLE)
 class ScenarioSpec:
     train_split: StrictStr = Field("train", description="the Domain's split to train on")
@@ -376,6 +401,11 @@ class ScenarioSpec:
     )
     max_train: StrictInt = Field(0, ge=0, description="keep the first N scenarios (0 = all)")
     max_eval: StrictInt = Field(0, ge=0, description="keep the first N scenarios (0 = all)")
+    eval_draw: EvalDraw = Field(
+        "split",
+        description="which tasks each held-out evaluation plays; "
+        + " | ".join(f"{k}: {v}" for k, v in EVAL_DRAWS.items()),
+    )
 
 
 DISTRIBUTED_STRATEGIES = ("ddp", "fsdp")
@@ -496,7 +526,15 @@ class RunConfig:
         description="which simulator the agent meets, and whether it learns too",
     )
     domain_data: StrictStr = Field(
-        "", description='official data folder for the Domain ("" = its bundled data)'
+        "",
+        description='official data folder for the Domain ("" = its bundled data); a path that is'
+        " absent stops the run, never falling back to the bundled data",
+    )
+    domain_protocol: StrictStr = Field(
+        "",
+        description='which of the Domain\'s protocols the task runs ("" = its default; P4G:'
+        ' "parley", the honest persuader of the studies, or "release", the paper\'s released'
+        " task, which needs domain_data: agents/domains/p4g/release.py)",
     )
     base_model: StrictStr = Field(
         "", description='a Hugging Face model folder; "" = agents.paths.base_model_dir()'
@@ -526,6 +564,11 @@ class RunConfig:
     )
     heldout: list[SimulatorSpec] = Field(
         default_factory=list, description="the held-out panel: users the agent never trains on"
+    )
+    heldout_users: HeldoutUsers = Field(
+        "like_training",
+        description="regimes persona and verbalized: the panel's users; "
+        + " | ".join(f"{k}: {v}" for k, v in HELDOUT_USERS.items()),
     )
     # GRPO
     group_size: StrictInt = Field(
@@ -671,6 +714,7 @@ class RunConfig:
     @model_validator(mode="after")
     def _rules(self) -> RunConfig:
         self._supply_rules()
+        self._task_rules()
         base = self.base_model_path()
         if self.trains_simulator:  # learnt in this process, on an endpoint or not
             training = [("local", str(self.simulator_model_path().expanduser().resolve()))]
@@ -765,6 +809,39 @@ class RunConfig:
                     )
         return self
 
+    def _task_rules(self) -> None:
+        """The Domain's protocol exists (and has the data it needs); the release's evaluation
+        draw runs over the training tasks."""
+        if self.domain_protocol:
+            cls = domain_class(self.domain)
+            if self.domain_protocol not in cls.protocols:
+                raise _refuse(
+                    "domain_protocol",
+                    self.domain_protocol,
+                    f"must be one of {_one_of(cls.protocols)} for domain {self.domain}"
+                    if cls.protocols
+                    else f"must be empty: domain {self.domain} has one protocol",
+                )
+            try:  # a Domain refuses a protocol without the data it needs (P4G's release)
+                cls(data_dir=self.domain_data or None, protocol=self.domain_protocol)
+            except ValueError as error:
+                raise _refuse(
+                    "domain_protocol", self.domain_protocol, f"refused: {error}"
+                ) from None
+        tasks = self.tasks
+        if tasks.eval_draw == "training_cursor" and (
+            tasks.eval_split != tasks.train_split or tasks.eval_ids
+        ):
+            raise _refuse(
+                "tasks.eval_draw",
+                tasks.eval_draw,
+                "draws from the training tasks: set eval_split = train_split and no eval_ids",
+            )
+
+    def build_domain(self) -> Domain:
+        """The run's Domain: its official data (if any) and protocol."""
+        return get_domain(self.domain, self.domain_data or None, self.domain_protocol)
+
     def _supply_rules(self) -> None:
         """The Ensemble's members and the Persona-Guided guidelines: each read by its regime
         only, so a table another regime would ignore is refused rather than trained without."""
@@ -829,6 +906,28 @@ class RunConfig:
         from agents.domains import domain_class
 
         return domain_class(self.domain).simulator_guidelines
+
+    def panel_readouts(self) -> dict[str, list[SimulatorSpec]]:
+        """The held-out panel's read-outs, by metrics prefix: "heldout" (the panel as
+        heldout_users says), and "heldout_plain" (the [[heldout]] tables as written) beside it
+        when the first differs from them (training/measures/held_out.py). A scripted member has
+        no prompt to prefix and writes no JSON: it stays as it is."""
+        plain = list(self.heldout)
+        if self.heldout_users != "like_training" or self.regime not in (
+            Regime.PERSONA,
+            Regime.VERBALIZED,
+        ):
+            return {"heldout": plain}
+        (trained,) = self.training_simulators()
+        if self.regime == Regime.PERSONA:
+            changes: dict[str, Any] = {"guidelines": trained.guidelines}
+        else:
+            changes = {"kind": trained.kind, "k": trained.k, "draw": trained.draw}
+        like = [
+            s if s.kind == SimulatorKind.SCRIPTED else dataclasses.replace(s, **changes)
+            for s in plain
+        ]
+        return {"heldout": like, "heldout_plain": plain} if like != plain else {"heldout": plain}
 
     def training_simulators(self) -> list[SimulatorSpec]:
         """The simulators the agent trains against, as built: the Ensemble's members, the

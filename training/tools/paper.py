@@ -202,12 +202,16 @@ _OWN: dict[str, tuple[str, ...]] = {
     ),
 }
 
+_P4G_VS_PANEL = (
+    'P4G Verbalized Sampling panel: plain (heldout_users = "plain"). The P4G rollout files the'
+    " index holds from the launchers' time (usim/p4g/rollout.py @ 1c2c23a, @ 9d3a41e) read no"
+    " --usim-verbalized-sampling, in training or evaluation, and a later version seen in the"
+    " index turns it off for evaluation; which version ran the paper's P4G VS rows is not"
+    " recorded, and with the first two its persuadee was not Verbalized at all.",
+)
 _DOMAIN_OWN: dict[tuple[str, str], tuple[str, ...]] = {
-    ("p4g", "base"): (
-        "P4G data: the release's data/p4g/{train,test} persuadees; parley's P4G Domain builds"
-        " its personas and split from the Persuasion for Good corpus itself"
-        " (agents/domains/p4g), so the test persuadees differ.",
-    ),
+    ("p4g", "verbalized"): _P4G_VS_PANEL,
+    ("p4g", "verbalized-prob"): _P4G_VS_PANEL,
     ("retail", "selfplay"): (
         "--tau2-tool-error-penalty -0.1 (a tax on the user's reward per tau2 tool error) is"
         " not in parley's curriculum reward.",
@@ -250,8 +254,24 @@ _AIRLINE = (
     " config is retail's with the official airline data (/data/tau2, split 30 train / 20 test).",
 )
 _P4G = (
-    "P4G data: parley's own persuadee personas and split (agents/domains/p4g), not the"
-    " release's data/p4g files.",
+    'P4G task: the release\'s protocol (domain_protocol = "release"; agents/domains/p4g/release.py'
+    " follows usim/p4g/prompts.py @ 1c2c23a, persona.py @ e348b9f, core/environment/p4g/"
+    "environment.py @ 1d1253b and reward.py @ 2762e9b: persuader persona and bonus, 50 words,"
+    " the policy writes the first message, [DONATE $N] or [GIVE $N], a free last reply, $0 does"
+    " not end the episode, the release's donation reader). parley's own protocol (honest"
+    " persuader, fixed greeting, a forced final marker) stays the studies' default.",
+    "P4G data: read from domain_data (/data/p4g): the corpus's full_info.csv with the release's"
+    " data/p4g/train and test folders beside it, whose file names are its split (739 / 200,"
+    " data/README.md @ 06aface); the run and the online dry run stop when it is absent. The"
+    " persona text is built from full_info.csv's survey answers (the release reads the same"
+    " answers from its ConvoKit users.json), numbers written as full_info.csv gives them.",
+    'P4G evaluation: as the release draws it (tasks.eval_draw = "training_cursor"): each panel'
+    " member plays the next 16 training dialogues after those the steps and earlier members"
+    " took, 8 x 4 conversations each (usim/p4g/rollout.py @ 9d3a41e, get_samples(16) on the"
+    " training source; the usim://p4g/test paths are not read). parley draws its training"
+    " dialogues at random each step where the release's source reads them in file order, so"
+    " the dialogues behind one evaluation are the release's by position, not the same ones"
+    " trained on before.",
 )
 
 # What the release's tau2 runs trained on (training/config.py TASK_DRAWS "release"): its data
@@ -341,7 +361,7 @@ def _result(domain: str, result: str) -> Result:
     if domain == "airline":
         launcher = f"none: retail's {launcher}"
         differences = _AIRLINE + differences
-    elif domain == "p4g" and result != "base":
+    elif domain == "p4g":
         differences = _P4G + differences
     return Result(f"{domain}-{result}", _NAMES[result], domain, launcher, differences)
 

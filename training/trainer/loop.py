@@ -111,7 +111,7 @@ def _train(
     run_dir = config.run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
     ranks.clear_failures(run_dir)
-    domain = domain or _domain(config.domain, config.domain_data)
+    domain = domain or config.build_domain()
     train_scenarios = select_scenarios(domain, config.tasks, "train")
     if config.task_draw == "release":  # the tasks every step plays, as the release's did
         train_scenarios = released_tasks(domain, config, train_scenarios)
@@ -351,12 +351,6 @@ def released_tasks(domain: Domain, config: RunConfig, train: list[Scenario]) -> 
 def draw_tasks(tasks: list[Scenario], n: int, rng: random.Random) -> list[Scenario]:
     """n distinct tasks when there are enough, else with repeats."""
     return rng.sample(tasks, n) if n <= len(tasks) else [rng.choice(tasks) for _ in range(n)]
-
-
-def _domain(name: str, data_dir: str) -> Domain:
-    from agents.domains import get_domain
-
-    return get_domain(name, data_dir or None)
 
 
 def _json(data: Any) -> str:

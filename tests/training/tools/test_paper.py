@@ -79,7 +79,12 @@ def test_every_paper_config_passes_the_offline_dry_run(result, capsys):
     )
     assert (config.batch_tasks, config.group_size) == (16, 8)  # the release's 16 x 8 = 128
     assert not config.scale_std and config.weight_decay == 0.1
-    assert config.eval_samples == 4 and config.tasks.eval_split == "test"
+    assert config.eval_samples == 4
+    if config.domain == "p4g":  # the release's task, data and evaluation draw (issue 38)
+        assert config.domain_protocol == "release" and config.domain_data == "/data/p4g"
+        assert (config.tasks.eval_split, config.tasks.eval_draw) == ("train", "training_cursor")
+    else:
+        assert config.tasks.eval_split == "test"
     if config.domain != "p4g":
         assert config.tasks.max_eval == 8 and config.domain_data == "/data/tau2"
     # the panel: the paper's six, less the models this run trains against
