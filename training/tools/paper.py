@@ -56,6 +56,9 @@ SHARED = (
     " temperature or top_p (its tau2 environment passes only the API key as user_llm_args, and"
     " tau2's gym then uses that dict), so they sample at the provider's defaults (1.0); the"
     ' tau2 configs do the same (sampling = "provider": the requests carry neither).',
+    "P4G's hosted persuadee (training users and panel members): the release samples it at"
+    " temperature 0.7 with no top_p (core/environment/p4g/environment.py@1d1253b); the P4G"
+    " configs send temperature 0.7 and leave top_p at 1.0, which is not sent.",
     "Hosted training users: capped at 512 tokens a message on tau2 (a Verbalized reply 2560, five"
     ' candidates) and 2048 on P4G, and GPT-5-mini trains at reasoning_effort "low" on tau2:'
     " the dry run counts every user turn at its cap, and GPT-5's reasoning counts against it;"
@@ -174,9 +177,13 @@ _OWN: dict[str, tuple[str, ...]] = {
         "The release trains the user as a second full Qwen3-4B on 4 of the node's GPUs and the"
         " agent on the other 4 (dual_cotrain); parley fully fine-tunes both (finetune = full"
         " applies to the co-trained simulator too), sharded together over all 8 GPUs.",
-        "The release samples the user at top_p 0.95 (tau2_cotrain_rollout.py"
-        " opp_sampling_params); parley samples a co-trained model in process from its whole"
-        " distribution, the one whose log-probs the loss uses.",
+        "The release sends the user no top_p (tau2_cotrain_rollout.py@6218b97"
+        " opp_sampling_params sets none, so it samples at Slime's --rollout-top-p default, 1.0),"
+        " as parley samples a co-trained model in process: from its whole distribution, the one"
+        " whose log-probs the loss uses.",
+        "The release's tau2 user trains on its generated ids alone, without the conversation"
+        " around them (tau2_cotrain_rollout.py@6218b97); parley's co-trained simulator trains"
+        " on its turns in their conversation, as it sampled them.",
         "The release's KL 0.005 applies to both roles: beta = simulator_beta = 0.005.",
     ),
     "population": (
@@ -187,8 +194,15 @@ _OWN: dict[str, tuple[str, ...]] = {
         " a uniformly drawn snapshot (training/regimes/regime.py).",
         "--no-agent-kl: the agent trains without KL (beta = 0); the user keeps KL 0.01"
         " (simulator_beta = 0.01), as dual_selfplay does.",
-        "--trainable-role agent: dual_selfplay still trains the user's group every step on its"
-        " own tokens (cotrain_loop.py), as parley's population trains its simulator.",
+        "The release's user is reloaded from the drawn pool checkpoint before every rollout"
+        " batch and trained on that checkpoint's tokens, off-policy (cotrain_loop.py@0a0747d);"
+        " every pool entry is the launcher's one --save-hf folder, rewritten at each save"
+        " (checkpoint_pool.py@4951e76), so its pool is in effect {initial model, latest export}."
+        " Parley's population keeps distinct snapshots and trains its current simulator on its"
+        " own on-policy tokens; reproducing the release's pool is not offered (issue 38 point 6"
+        " is noted on the issue).",
+        "--trainable-role agent: dual_selfplay still trains the user's group every step"
+        " (cotrain_loop.py), as parley's population trains its simulator.",
         "The co-trained simulator is fully fine-tuned and sampled without top_p (see selfplay).",
     ),
     "cooperative": (
