@@ -199,8 +199,12 @@ _OWN: dict[str, tuple[str, ...]] = {
         " every pool entry is the launcher's one --save-hf folder, rewritten at each save"
         " (checkpoint_pool.py@4951e76), so its pool is in effect {initial model, latest export}."
         " Parley's population keeps distinct snapshots and trains its current simulator on its"
-        " own on-policy tokens; reproducing the release's pool is not offered (issue 38 point 6"
-        " is noted on the issue).",
+        " own on-policy tokens. The release's pool is not offered as an option: its two"
+        " effective members come from every entry naming one rewritten folder, not from a"
+        " method the paper describes (a pool of past snapshots), and its update trains the"
+        " current user on an older checkpoint's tokens with the clipped ratio taken against"
+        " those tokens' own log-probs, which parley's GRPO step (training/rl/grpo.py) does not"
+        " model; read these population results as {initial, latest} self-play.",
         "--trainable-role agent: dual_selfplay still trains the user's group every step"
         " (cotrain_loop.py), as parley's population trains its simulator.",
         "The co-trained simulator is fully fine-tuned and sampled without top_p (see selfplay).",
