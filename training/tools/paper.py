@@ -202,8 +202,8 @@ _OWN: dict[str, tuple[str, ...]] = {
         " own on-policy tokens. The release's pool is not offered as an option: its two"
         " effective members come from every entry naming one rewritten folder, not from a"
         " method the paper describes (a pool of past snapshots), and its update trains the"
-        " current user on an older checkpoint's tokens with the clipped ratio taken against"
-        " those tokens' own log-probs, which parley's GRPO step (training/rl/grpo.py) does not"
+        " current user on an older checkpoint's tokens (off-policy), which parley's on-policy"
+        " GRPO step (training/rl/grpo.py) does not"
         " model; read these population results as {initial, latest} self-play.",
         "--trainable-role agent: dual_selfplay still trains the user's group every step"
         " (cotrain_loop.py), as parley's population trains its simulator.",
