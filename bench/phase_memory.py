@@ -30,6 +30,7 @@ tests/training/rl/test_phase_memory.py, which asserts each is within 20%.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -143,6 +144,13 @@ class PhaseMeter:
             self.begin(name)
 
 
+class Unmeasured:
+    """Stands in for the run's PhaseMemory: its phases measure nothing."""
+
+    def phase(self, name: str) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+
 def worker(config_path: str, out: str) -> None:
     """One rank: the run's set-up as training/trainer/loop.py's _train, step 1, then step 2's
     phases and checkpoint measured."""
@@ -166,8 +174,10 @@ def worker(config_path: str, out: str) -> None:
     agent = Policy.for_run(config, lr=config.agent_lr, ranks=ranks)
     panel = HeldOutPanel(config, domain, held, models)
     regime = make_regime(config, run_dir, models, ranks)
+    # the trainer's own PhaseMemory (training/trainer/memory.py) resets the resident peak at its
+    # phases' starts, simulator_update's inside this meter's update: it stands aside here
     run = Run(config, run_dir, domain, train, agent, _speaker(config, agent), regime, panel,
-              ranks, None, None)  # fmt: skip
+              ranks, None, None, Unmeasured())  # fmt: skip
     train_step(run, 1, lambda *a: None)
     meter = PhaseMeter()
     _, rollouts = train_step(run, 2, meter)
@@ -177,7 +187,9 @@ def worker(config_path: str, out: str) -> None:
     longest = max(len(t.ids) for r in rollouts for t in (r.agent, r.user))
     estimate = memory(config, sequence=longest)
     formula = dict(estimate["phases_checkpointing_off"])
-    if not ranks.main:  # rank 0's own work: the checkpoint's host part, the panel's plays
+    # rank 0's own work: the checkpoint's host part; the panel's one (member, task) unit, which
+    # rank 0 plays (training/measures/held_out.py shares units across ranks) while rank 1 waits
+    if not ranks.main:
         formula["checkpoint"] -= estimate["checkpoint_host"]
         formula["evaluation"] -= (
             estimate["evaluation_kv"] + estimate["evaluation_logits"] + estimate["evaluation_cast"]

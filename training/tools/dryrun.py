@@ -46,8 +46,8 @@ does not fit the device (less a colocated vLLM server's share):
     checkpoint   = resident + max(gather(P) + staging(U), 2 * U * w)   (the weights gathered to
                    write them; the optimizer state gathered one unit's m and v at a time to rank 0's
                    host memory, where the whole m and v and a copy of the weights wait for the file)
-    evaluation   = resident + gather(P_agent) + staging + cast + KV(panel conversations at once, s)
-                   on rank 0 (the others wait inside the gathering)
+    evaluation   = resident + gather(P_agent) + staging + cast + KV(min(rollouts_at_once,
+                   eval_samples), s): every rank plays its share of the panel's (member, task) units
 
 L layers, h hidden size, V vocabulary, m = `micro_batch`, T = trained_tokens (the most tokens of
 one conversation a model trains on), P_lora = r * (fan_in + fan_out) over the targeted
@@ -273,20 +273,10 @@ def open_conversations(config: RunConfig) -> int:
 
 
 def evaluation_conversations(config: RunConfig) -> int:
-    """How many held-out conversations rank 0 plays at once: every task x eval_samples of one
-    panel member (training/measures/held_out.py), at most rollouts_at_once. The task count is
-    max_eval, the eval ids, else the Domain's eval split (its bundled data when offline)."""
-    tasks = len(config.tasks.eval_ids) or config.tasks.max_eval
-    if not tasks:
-        try:
-            from agents.domains import get_domain
-
-            domain = get_domain(config.domain, config.domain_data or None)
-            tasks = len(domain.scenarios(config.tasks.eval_split))
-        except Exception:  # noqa: BLE001 - data not here (offline): a group's worth
-            tasks = 1
-    every = tasks * config.eval_samples
-    return min(config.rollouts_at_once or every, every)
+    """How many held-out conversations a rank plays at once: the panel's (member, task) units
+    are shared across the ranks and each plays eval_samples conversations of one task
+    (training/measures/held_out.py), at most rollouts_at_once at a time."""
+    return min(config.rollouts_at_once or config.eval_samples, config.eval_samples)
 
 
 def memory(config: RunConfig, sequence: int | None = None) -> dict[str, Any]:
@@ -409,8 +399,8 @@ def memory(config: RunConfig, sequence: int | None = None) -> dict[str, Any]:
     # every trained model's m and v stay in host memory until the state file is written
     p_all = p_state * len(trainable) if config.finetune == "full" else p_state
     out["checkpoint_host"] = (2 * p_all * 4 + p_state * w) if shard > 1 else 0
-    # evaluation: rank 0 plays the panel on the agent's gathered weights (the others wait in
-    # the gathering); its open conversations' KV caches, a frozen panel member's own
+    # evaluation: every rank plays its share of the panel on the agent's gathered weights; its
+    # open conversations' KV caches, a frozen panel member's own
     heldout_user = next(
         (architecture(spec.model or config.base_model_path())[0] for spec in config.heldout
          if _in_process(spec)), None,
@@ -446,6 +436,8 @@ def memory(config: RunConfig, sequence: int | None = None) -> dict[str, Any]:
         total = max(out[f"phases_checkpointing_{flag}"].values())
         out[f"total_checkpointing_{flag}"] = total
         out[f"total_checkpointing_{flag}_gib"] = round(total / GIB, 2)
+        if flag == ("on" if config.gradient_checkpointing else "off"):  # the run's own
+            out["phases"] = {k: round(v / GIB, 2) for k, v in phases.items() if v}
     return out
 
 
@@ -701,7 +693,8 @@ PROBE = [
 def endpoint_simulators(config: RunConfig) -> list[tuple[str, SimulatorSpec]]:
     """(role, spec) of every frozen simulator on an endpoint: each is sent one request."""
     specs = [] if config.trains_simulator else [("simulator", config.simulator)]
-    specs += [(f"held-out {s.name}", s) for s in config.heldout]
+    # the panel as the run builds it (a Persona-Guided or VS run's members like its simulator)
+    specs += [(f"held-out {s.name}", s) for s in config.panel_readouts()["heldout"]]
     return [(role, s) for role, s in specs if s.endpoint and s.kind != SimulatorKind.SCRIPTED]
 
 
@@ -762,19 +755,42 @@ def check_local(config: RunConfig) -> list[Check]:
                 folders[f"{spec.name} adapter"] = str(spec.adapter_path())
     if config.collapse.embedding_model:  # sim/embedding_dispersion's model: loaded, never fetched
         folders["embedding model"] = config.collapse.embedding_model
-    if config.domain_data:
-        data = Path(config.domain_data).expanduser()
-        checks.append(
-            Check(
-                "domain data", data.is_dir(), f"{data}" + ("" if data.is_dir() else ": no folder")
-            )
-        )
     for name, folder in folders.items():
         path = Path(folder).expanduser()
         marker = "adapter_config.json" if name.endswith("adapter") else "config.json"
         ok = (path / marker).is_file()
         checks.append(Check(name, ok, f"{path}" + ("" if ok else f": no {marker} there")))
     return checks
+
+
+def check_domain_data(config: RunConfig, offline: bool) -> Check:
+    """The Domain's official data (domain_data) and the tasks it gives under the run's protocol.
+    A path that is absent is said plainly: the run stops there (it never falls back to the
+    bundled data); offline that is a note, since the data lives on the training machine."""
+    data = Path(config.domain_data).expanduser()
+    protocol = config.domain_protocol or "default"
+    if not data.exists():
+        where = "the online dry run and the run fail on it" if offline else "the run fails here"
+        return Check(
+            "domain data",
+            offline,
+            f"ABSENT: {data} does not exist on this machine; {where}, never falling back to"
+            f" {config.domain}'s bundled data (protocol {protocol})",
+        )
+    from training.trainer.loop import select_scenarios  # torch: only when the data is there
+
+    try:
+        domain = config.build_domain()
+        train = select_scenarios(domain, config.tasks, "train")
+        held = select_scenarios(domain, config.tasks, "eval")
+    except (OSError, ValueError, KeyError) as error:
+        return Check("domain data", False, f"{data} (protocol {protocol}): {error}")
+    return Check(
+        "domain data",
+        True,
+        f"{data} (protocol {protocol}): {len(train)} training and {len(held)} evaluation tasks"
+        f" (eval_draw {config.tasks.eval_draw})",
+    )
 
 
 def check_tool_format(config: RunConfig) -> Check:
@@ -820,6 +836,8 @@ def dry_run(
     checks.append(check_precision(config))
     mem_check, estimate = check_memory(config, offline, device_gib)
     checks.append(mem_check)
+    if config.domain_data:
+        checks.append(check_domain_data(config, offline))
     if not offline:
         checks += check_local(config)
         checks.append(check_tool_format(config))
