@@ -161,13 +161,13 @@ def worker(config_path: str, out: str) -> None:
     from training.rl.policy import Policy
     from training.tools.dryrun import memory
     from training.trainer import checkpoint
-    from training.trainer.loop import Run, _domain, _speaker, select_scenarios, train_step
+    from training.trainer.loop import Run, _speaker, select_scenarios, train_step
 
     config = load_config(config_path)
     ranks = Ranks.start(config)
     run_dir = config.run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
-    domain = _domain(config.domain, config.domain_data)
+    domain = config.build_domain()
     train, held = (select_scenarios(domain, config.tasks, w) for w in ("train", "eval"))
     torch.manual_seed(config.seed)
     models = ModelCache(config)
