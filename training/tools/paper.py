@@ -66,6 +66,11 @@ SHARED = (
     " keep 4096 tokens and the default effort.",
     "Gradient clipping: Megatron's default clip-grad 1.0 is parley's grad_clip 1.0 (not set in"
     " the launchers).",
+    "GPT-5 behind another host: the release recognises GPT-5 by the model id alone"
+    " (usim/core/api_model_adapter.py@ff06bcd2) and sends it no temperature or top_p; parley's"
+    ' provider = "auto" does the same on any host no provider claims (a gateway, a proxy,'
+    " Azure), so such a user is not refused at its first request; an id that does not name"
+    ' GPT-5 needs provider = "openai-reasoning", which the online dry run\'s refusal names.',
 )
 
 
