@@ -613,6 +613,13 @@ class RunConfig:
         " ratio) | k2 = d^2 / 2 | k3 = exp(d) - d - 1 (low variance, >= 0; the release's"
         " low_var_kl); for the agent (beta) and a co-trained simulator (simulator_beta)",
     )
+    kl_clamp: StrictFloat = Field(
+        0.0,
+        ge=0,
+        description="each token's KL estimate clamped to [-kl_clamp, kl_clamp] before beta weighs"
+        " it (agent and co-trained simulator); 0 = unclamped (TRL); the release's Slime clamps"
+        " low_var_kl (k3) at 10",
+    )
     adam_betas: AdamBetas = Field(
         default_factory=lambda: [0.9, 0.999],
         description="AdamW's (b1, b2) for the agent and a co-trained simulator; the release"

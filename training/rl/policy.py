@@ -421,6 +421,7 @@ class Policy(LocalModel):
             kl_estimator=self.kl_estimator,
             autocast=self.compute,
             loss_reduction=config.loss_reduction,
+            kl_clamp=config.kl_clamp,
         )
 
     def _reference_weights(self) -> Any:

@@ -66,6 +66,9 @@ SHARED = (
     " keep 4096 tokens and the default effort.",
     "Gradient clipping: Megatron's default clip-grad 1.0 is parley's grad_clip 1.0 (not set in"
     " the launchers).",
+    "KL: Slime clamps the low_var_kl (k3) estimate of each token to [-10, 10]; the configs set"
+    " kl_clamp = 10 (training/rl/grpo.py: the clamped token adds at most 10 x beta and no KL"
+    " gradient).",
     "GPT-5 behind another host: the release recognises GPT-5 by the model id alone"
     " (usim/core/api_model_adapter.py@ff06bcd2) and sends it no temperature or top_p; parley's"
     ' provider = "auto" does the same on any host no provider claims (a gateway, a proxy,'

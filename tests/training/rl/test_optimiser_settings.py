@@ -66,6 +66,22 @@ def test_the_default_estimator_is_k3_and_a_typo_is_refused():
         grpo_loss(logp, old, ref, adv, mask, beta=0.1, kl_estimator="low_var_kl")
 
 
+def test_kl_clamp_bounds_each_tokens_k3_as_slime_does():
+    """Slime clamps low_var_kl to [-10, 10]: a token at d = 15 (its probability e^15 times lower
+    than the reference's) counts 10, not e^15 - 16, and gets no KL gradient; the other token is
+    untouched. Unclamped (0, the default) it counts in full."""
+    logp = torch.full((1, 2), math.log(0.5), requires_grad=True)
+    ref = logp.detach() + torch.tensor([[15.0, LN2]])
+    args = (logp, logp.detach(), ref, torch.zeros(1), torch.ones(1, 2))
+    loss, stats = grpo_loss(*args, beta=1.0, kl_clamp=10.0)
+    assert stats["kl"] == pytest.approx((10.0 + 1 - LN2) / 2)
+    loss.backward()
+    assert float(logp.grad[0, 0]) == 0.0 and float(logp.grad[0, 1]) == pytest.approx(-0.5)
+    unclamped = grpo_loss(*args, beta=1.0)[1]["kl"]
+    assert unclamped == pytest.approx((math.exp(15) - 16 + 1 - LN2) / 2, rel=1e-5)
+    assert RunConfig(name="r", domain="p4g").kl_clamp == 0.0
+
+
 def test_the_config_offers_exactly_the_estimators_grpo_computes():
     annotation = RunConfig.__pydantic_fields__["kl_estimator"].annotation
     assert set(typing.get_args(annotation)) == set(KL_ESTIMATORS)

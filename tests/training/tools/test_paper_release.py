@@ -74,6 +74,8 @@ def expected(result: Result, flags: dict[str, tuple[str, int, str]]) -> dict[str
         "eps_high": num("--eps-clip-high"),
         "beta": 0.0 if "--no-agent-kl" in flags else num("--kl-loss-coef"),
         "kl_estimator": {"low_var_kl": "k3"}[flags["--kl-loss-type"][0]],
+        # not a flag: Slime's compute_approx_kl clamps low_var_kl to [-10, 10]
+        "kl_clamp": {"low_var_kl": 10.0}[flags["--kl-loss-type"][0]],
         "scale_std": "--disable-grpo-std-normalization" not in flags,
         "center_rewards": "--disable-rewards-normalization" not in flags,
     }
