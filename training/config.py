@@ -646,6 +646,12 @@ class RunConfig:
     weight_decay: StrictFloat = Field(
         0.0, ge=0, description="AdamW weight decay (agent and co-trained simulator)"
     )
+    weight_decay_skip_1d: StrictBool = Field(
+        False,
+        description="biases and 1-D parameters (norm weights) take no weight decay, as"
+        " Megatron's optimizer groups them (the release); false: every trained parameter"
+        " decays. Under LoRA every trained matrix is 2-D: no effect",
+    )
     # rollouts
     temperature: StrictFloat = Field(0.7, gt=0, description="the agent's sampling temperature")
     max_new_tokens: StrictInt = Field(48, ge=1, description="tokens per agent turn")

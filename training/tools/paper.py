@@ -69,6 +69,9 @@ SHARED = (
     "KL: Slime clamps the low_var_kl (k3) estimate of each token to [-10, 10]; the configs set"
     " kl_clamp = 10 (training/rl/grpo.py: the clamped token adds at most 10 x beta and no KL"
     " gradient).",
+    "Weight decay: Megatron's optimizer decays neither biases nor 1-D parameters (norm"
+    " weights); the configs set weight_decay_skip_1d = true (Qwen3's norms keep their values"
+    " under the 0.1 decay).",
     "GPT-5 behind another host: the release recognises GPT-5 by the model id alone"
     " (usim/core/api_model_adapter.py@ff06bcd2) and sends it no temperature or top_p; parley's"
     ' provider = "auto" does the same on any host no provider claims (a gateway, a proxy,'

@@ -117,6 +117,42 @@ def test_the_optimizer_settings_reach_the_agent_and_the_co_trained_simulator(
     assert (trained == everything) == (finetune == "full")
 
 
+def test_weight_decay_skips_biases_and_norms_as_megatron_does(tiny_model):
+    """weight_decay_skip_1d: one AdamW step with zero gradients moves a parameter only by its
+    decay, so the 2-D matrices shrink by (1 - lr x weight_decay) and the norms keep their
+    values; without the setting the norms shrink too. The optimizer's state round-trips through
+    a checkpoint's numbering (the model's order) into a fresh Policy."""
+    cfg = config(tiny_model, finetune="full", lr=0.5, weight_decay=0.2, weight_decay_skip_1d=True)
+    for skip in (True, False):
+        policy = Policy.for_run(
+            config(
+                tiny_model, finetune="full", lr=0.5, weight_decay=0.2, weight_decay_skip_1d=skip
+            ),
+            lr=0.5,
+        )
+        weights = policy._weights()
+        norms = [n for n, p in weights.items() if p.ndim == 1]
+        assert norms and all("norm" in n for n in norms)  # SmolLM2: no biases, 1-D = norms
+        before = {n: p.detach().clone() for n, p in weights.items()}
+        for p in weights.values():
+            p.grad = torch.zeros_like(p)
+        policy.optimizer.step()
+        for name, p in weights.items():
+            shrunk = before[name] * (1 - 0.5 * 0.2)
+            want = before[name] if skip and name in norms else shrunk
+            torch.testing.assert_close(p.detach(), want)
+        if skip:
+            state = policy.optimizer_state()
+            assert [len(g["params"]) for g in state["param_groups"]] == [
+                len(weights) - len(norms), len(norms)
+            ]  # fmt: skip
+            fresh = Policy.for_run(cfg, lr=0.5)
+            fresh.load_optimizer_state(state)
+            assert fresh.optimizer_state()["state"].keys() == state["state"].keys()
+            first_norm = list(weights).index(norms[0])  # model order, not the groups' order
+            assert state["param_groups"][1]["params"][0] == first_norm
+
+
 def test_lr_scale_scales_lora_only():
     lora = RunConfig(name="r", domain="p4g", lr=1e-6, lora={"lr_scale": 10.0})
     assert lora.agent_lr == pytest.approx(1e-5) and lora.sim_lr == pytest.approx(1e-5)

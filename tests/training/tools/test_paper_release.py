@@ -69,6 +69,7 @@ def expected(result: Result, flags: dict[str, tuple[str, int, str]]) -> dict[str
         # paper.py says why)
         "lr": num("--lr") * (10 if config.finetune == "lora" else 1),
         "weight_decay": num("--weight-decay"),
+        "weight_decay_skip_1d": True,  # not a flag: Megatron's param groups (biases, norms)
         "adam_betas": [num("--adam-beta1"), num("--adam-beta2")],
         "eps": num("--eps-clip"),
         "eps_high": num("--eps-clip-high"),
