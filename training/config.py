@@ -681,6 +681,12 @@ class RunConfig:
     eval_every: StrictInt = Field(
         0, ge=0, description="steps between evaluations (0 = only after the last step)"
     )
+    eval_at_end: StrictBool = Field(
+        True,
+        description="evaluate after the last step too, whatever eval_every; false: only at"
+        " multiples of eval_every (needs eval_every > 0), as the release's Slime, which"
+        " evaluates after steps 16, 32, ... 992 of 1000 and not after the last",
+    )
     eval_samples: StrictInt = Field(
         1, ge=1, description="conversations per held-out task and simulator"
     )
@@ -726,6 +732,12 @@ class RunConfig:
 
     @model_validator(mode="after")
     def _rules(self) -> RunConfig:
+        if not self.eval_at_end and self.eval_every == 0 and self.steps > 0 and self.heldout:
+            raise _refuse(
+                "eval_at_end",
+                False,
+                "with eval_every = 0 leaves the held-out panel never evaluated: set eval_every",
+            )
         self._supply_rules()
         self._task_rules()
         base = self.base_model_path()

@@ -72,6 +72,9 @@ SHARED = (
     "Weight decay: Megatron's optimizer decays neither biases nor 1-D parameters (norm"
     " weights); the configs set weight_decay_skip_1d = true (Qwen3's norms keep their values"
     " under the 0.1 decay).",
+    "Evaluation schedule: Slime evaluates after steps 16, 32, ... (992 of 1000, 96 of 100) and"
+    " not after the last step; the configs set eval_at_end = false, so the last held-out"
+    " figure of a run is the step-992 (or 96, 496) one, as the release's.",
     "GPT-5 behind another host: the release recognises GPT-5 by the model id alone"
     " (usim/core/api_model_adapter.py@ff06bcd2) and sends it no temperature or top_p; parley's"
     ' provider = "auto" does the same on any host no provider claims (a gateway, a proxy,'

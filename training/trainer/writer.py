@@ -126,6 +126,12 @@ def due(step: int, every: int, last: int) -> bool:
     return step == last or (every > 0 and step % every == 0)
 
 
+def evaluation_due(step: int, config: Any) -> bool:
+    """The held-out panel runs after this step: every eval_every steps, and after the last one
+    unless eval_at_end is false (the release's schedule: 16, 32, ... 992 of 1000)."""
+    return due(step, config.eval_every, config.steps if config.eval_at_end else -1)
+
+
 def _last_heldout(rows: list[dict[str, Any]]) -> dict[str, float] | None:
     for row in reversed(rows):
         if "heldout/success" in row:

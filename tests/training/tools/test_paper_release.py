@@ -88,6 +88,8 @@ def expected(result: Result, flags: dict[str, tuple[str, int, str]]) -> dict[str
         out["steps"] = int(num("--num-rollout"))
         out["save_every"] = int(num("--save-interval"))
         out["eval_every"] = int(num("--eval-interval")) if "--eval-interval" in flags else 0
+        if "--eval-interval" in flags:  # Slime: after steps 16, 32, ..., not after the last
+            out["eval_at_end"] = False
     if config.trains_simulator:  # the co-trained user's KL: the same coefficient
         out["simulator_beta"] = num("--kl-loss-coef")
     if "--max-turns" in flags:

@@ -158,3 +158,24 @@ def test_population_pool_resumes_with_the_run(tiny_model, tmp_path, letters):
     assert [r["pool/size"] for r in rows] == [1, 2, 3, 3]
     sim = checkpoint.read_manifest(cfg.run_dir() / "checkpoints/step-000004/simulator")
     assert sim["kind"] == "simulator" and sim["name"] == "toy-simulator-step4"
+
+
+def test_the_evaluation_schedule_can_be_the_releases():
+    """eval_at_end = false: the panel runs after steps 16, 32, ... and not after the last, as
+    Slime's --eval-interval 16 does over 40 rollouts; the default adds the last step. Without
+    eval_every there would be no evaluation at all: refused."""
+    from training.config import ConfigError
+    from training.trainer.writer import evaluation_due
+
+    def schedule(**fields):
+        panel = [{"name": "other", "kind": "scripted", "script": "steady"}]
+        config = RunConfig.from_dict(
+            {"name": "r", "domain": "p4g", "steps": 40, "heldout": panel, **fields}
+        )
+        return [step for step in range(1, 41) if evaluation_due(step, config)]
+
+    assert schedule(eval_every=16, eval_at_end=False) == [16, 32]
+    assert schedule(eval_every=16) == [16, 32, 40]
+    assert schedule() == [40]
+    with pytest.raises(ConfigError, match="eval_at_end .*never evaluated"):
+        schedule(eval_at_end=False)
