@@ -693,6 +693,17 @@ class RunConfig:
     save_every: StrictInt = Field(
         0, ge=0, description="steps between checkpoints (0 = only after the last step)"
     )
+    keep_checkpoints: StrictInt = Field(
+        0,
+        ge=0,
+        description="checkpoints kept: the last N, plus the best by keep_best_by (0 = every"
+        " one, as the release: about 1.5 TB for a 1000-step Qwen3-4B run saved every 32 steps)",
+    )
+    keep_best_by: Literal["heldout/success", "heldout/reward"] = Field(
+        "heldout/success",
+        description="keep_checkpoints > 0: the held-out figure (the checkpoint's step's"
+        " evaluation, whole-panel mean) whose best checkpoint is kept beside the last N",
+    )
     # model
     finetune: Finetune = Field(
         "lora",

@@ -75,6 +75,9 @@ SHARED = (
     "Evaluation schedule: Slime evaluates after steps 16, 32, ... (992 of 1000, 96 of 100) and"
     " not after the last step; the configs set eval_at_end = false, so the last held-out"
     " figure of a run is the step-992 (or 96, 496) one, as the release's.",
+    "Checkpoints: the release keeps every one (about 1.5 TB for a 1000-step run saved every 32"
+    " steps); so do the configs (keep_checkpoints = 0); keep_checkpoints = N keeps the last N"
+    " and the best by heldout/success, never the one a resume needs.",
     "GPT-5 behind another host: the release recognises GPT-5 by the model id alone"
     " (usim/core/api_model_adapter.py@ff06bcd2) and sends it no temperature or top_p; parley's"
     ' provider = "auto" does the same on any host no provider claims (a gateway, a proxy,'

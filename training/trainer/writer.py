@@ -97,7 +97,11 @@ class RunWriter:
         if save:
             folder = checkpoint.save(self.run_dir, step, config, self.agent, self.regime, row,
                                      ranks=self.ranks)  # fmt: skip
-            self.saved = checkpoint.list_checkpoints(self.run_dir)
+            # retention (keep_checkpoints): the last N and the best; the one a resume loads
+            # (the newest, just written) is always among the last N
+            self.saved = checkpoint.prune(
+                self.run_dir, config.keep_checkpoints, config.keep_best_by
+            )
             plot(self.log.rows(), self.run_dir)
 
         self.bar.update(1)
