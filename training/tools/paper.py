@@ -277,6 +277,9 @@ _DOMAIN_OWN: dict[tuple[str, str], tuple[str, ...]] = {
         " the Domain gives by default. The release also gives 0.1 for a non-empty failing patch"
         " in its baseline setting only; not here.",
         "No evaluation during training (EVAL_ARGS empty) and no held-out panel.",
+        "Pairs: the release trains on data/cooperbench/train_pairs.json (587 pairs) and holds"
+        ' out test_pairs.json (65); the config does the same (train_split = "train", read'
+        ' beside domain_data; "all" would train on the 65 held-out pairs too).',
     ),
 }
 
