@@ -38,9 +38,17 @@ SHARED = (
     "Batch: Slime's --rollout-batch-size 16 x --n-samples-per-prompt 8 = --global-batch-size 128"
     " is batch_tasks 16 x group_size 8, one optimizer step per rollout (ppo_epochs 1).",
     "Token caps: Slime caps a whole rollout's response (--rollout-max-response-len 32768 or"
-    " 16384) and an agent turn at 8192 tokens; parley caps each turn (max_new_tokens), sized so"
-    " the dry run's memory estimate (every turn at its cap, no gradient checkpointing) fits an"
-    " 80 GiB GPU.",
+    " 16384) and an agent turn at 8192 tokens in training, 16384 at tau2 evaluation and 2048 at"
+    " P4G evaluation (the co-trained tau2 user 1024); parley caps each agent turn at"
+    " max_new_tokens, 256 in the chat configs, in training and on the panel alike, sized so the"
+    " dry run's memory estimate (every turn at its cap, no gradient checkpointing) fits an 80 GiB"
+    " GPU. Effect: a turn longer than 256 tokens is cut there, kept as the message and trained as"
+    " sampled; a tool call cut before its JSON closes is no call (agents/llm/tool_format.py keeps"
+    " a malformed block as text; training/rollouts/agent.py add_agent_reply): no tool runs, the"
+    " cut text, tag included, goes to the user as the agent's message and the user's turn"
+    " follows, so a tau2 action that needs a longer turn (a long preface, large arguments)"
+    " fails in parley where the release's 8192 would let it through; P4G's 50-word messages"
+    " fit 256 tokens.",
     "Turns: the release's --max-turns counts agent actions (a message or one tool call, each"
     " answered by the user or the tool; usim/core/orchestrator.py); parley's max_turns counts"
     " user and agent messages and bounds tool calls per agent turn (max_tool_rounds).",
