@@ -291,6 +291,16 @@ _DOMAIN_OWN: dict[tuple[str, str], tuple[str, ...]] = {
     ),
 }
 
+_TAU2 = (
+    "tau2 task version: the release's tau2-bench pin could not be read, so which task set its"
+    " numbers were scored on is unknown. parley's tau2 Domain follows tau2-bench v0.2.0 (tools,"
+    " data, DB x COMMUNICATE scoring: agents/domains/tau2). tau2-bench v1.0.0 (2026-03-18)"
+    " changed 10 retail tasks' gold actions and scores 112 of 114 retail tasks as DB x"
+    " NL_ASSERTION, judged by an LLM; parley scores an NL assertion only with a judge, which no"
+    " run config names, so on v1.0.0's task files those tasks would never count as a success."
+    " Supporting both versions' tasks and scoring (with a configured judge) is not done: point"
+    " it at v0.2.0's data.",
+)
 _AIRLINE = (
     "The release has no airline launcher (every tau2 launcher sets --usim-domain retail); this"
     " config is retail's with the official airline data (/data/tau2, split 30 train / 20 test).",
@@ -400,6 +410,8 @@ def _result(domain: str, result: str) -> Result:
     release = domain if domain in ("p4g", "cooperbench") else "tau2"
     launcher = _at(_LAUNCHERS[(release, result)])
     differences = _OWN.get(result, ()) + _DOMAIN_OWN.get((domain, result), ())
+    if release == "tau2":
+        differences = _TAU2 + differences
     if domain == "airline":
         launcher = f"none: retail's {launcher}"
         differences = _AIRLINE + differences
