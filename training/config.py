@@ -621,6 +621,13 @@ class RunConfig:
         " ratio) | k2 = d^2 / 2 | k3 = exp(d) - d - 1 (low variance, >= 0; the release's"
         " low_var_kl); for the agent (beta) and a co-trained simulator (simulator_beta)",
     )
+    kl_clamp: StrictFloat = Field(
+        0.0,
+        ge=0,
+        description="each token's KL estimate clamped to [-kl_clamp, kl_clamp] before beta weighs"
+        " it (agent and co-trained simulator); 0 = unclamped (TRL); the release's Slime clamps"
+        " low_var_kl (k3) at 10",
+    )
     adam_betas: AdamBetas = Field(
         default_factory=lambda: [0.9, 0.999],
         description="AdamW's (b1, b2) for the agent and a co-trained simulator; the release"
@@ -646,6 +653,12 @@ class RunConfig:
     grad_clip: StrictFloat = Field(1.0, ge=0, description="gradient norm clip (0 = no clipping)")
     weight_decay: StrictFloat = Field(
         0.0, ge=0, description="AdamW weight decay (agent and co-trained simulator)"
+    )
+    weight_decay_skip_1d: StrictBool = Field(
+        False,
+        description="biases and 1-D parameters (norm weights) take no weight decay, as"
+        " Megatron's optimizer groups them (the release); false: every trained parameter"
+        " decays. Under LoRA every trained matrix is 2-D: no effect",
     )
     # rollouts
     temperature: StrictFloat = Field(0.7, gt=0, description="the agent's sampling temperature")
@@ -684,11 +697,28 @@ class RunConfig:
     eval_every: StrictInt = Field(
         0, ge=0, description="steps between evaluations (0 = only after the last step)"
     )
+    eval_at_end: StrictBool = Field(
+        True,
+        description="evaluate after the last step too, whatever eval_every; false: only at"
+        " multiples of eval_every (needs eval_every > 0), as the release's Slime, which"
+        " evaluates after steps 16, 32, ... 992 of 1000 and not after the last",
+    )
     eval_samples: StrictInt = Field(
         1, ge=1, description="conversations per held-out task and simulator"
     )
     save_every: StrictInt = Field(
         0, ge=0, description="steps between checkpoints (0 = only after the last step)"
+    )
+    keep_checkpoints: StrictInt = Field(
+        0,
+        ge=0,
+        description="checkpoints kept: the last N, plus the best by keep_best_by (0 = every"
+        " one, as the release: about 1.5 TB for a 1000-step Qwen3-4B run saved every 32 steps)",
+    )
+    keep_best_by: Literal["heldout/success", "heldout/reward"] = Field(
+        "heldout/success",
+        description="keep_checkpoints > 0: the held-out figure (the checkpoint's step's"
+        " evaluation, whole-panel mean) whose best checkpoint is kept beside the last N",
     )
     # model
     finetune: Finetune = Field(
@@ -729,6 +759,12 @@ class RunConfig:
 
     @model_validator(mode="after")
     def _rules(self) -> RunConfig:
+        if not self.eval_at_end and self.eval_every == 0 and self.steps > 0 and self.heldout:
+            raise _refuse(
+                "eval_at_end",
+                False,
+                "with eval_every = 0 leaves the held-out panel never evaluated: set eval_every",
+            )
         self._supply_rules()
         self._task_rules()
         base = self.base_model_path()

@@ -22,7 +22,11 @@ Callers speak one vocabulary, the OpenAI chat API's common parameters: `temperat
     generic           vLLM, the embedded engine, any other OpenAI-compatible server: everything
                       passes as given (vLLM enforces response_format by guided decoding)
 
-"auto" picks the first provider whose host and model pattern match, else generic. Sources:
+"auto" picks the first provider whose host and model pattern match; on any other host (a gateway,
+a proxy, Azure, a local stand-in) a GPT-5-family model id alone ("gpt-5-mini", "openai/gpt-5")
+picks openai-reasoning, as the release recognises GPT-5 by the id alone; else generic. A
+reasoning model whose id does not say so (an Azure deployment name) needs `provider =
+"openai-reasoning"` set by hand: the dry run's refusal says so. Sources:
 OpenAI's reasoning-model guide and error bodies; docs.anthropic.com/en/api/openai-sdk (the
 field table); ai.google.dev/gemini-api/docs/openai; openrouter.ai/docs (reasoning tokens). The
 release (CHATS-lab/scope_usim usim/core/api_model_adapter.py @ ff06bcd2) likewise sends no
@@ -50,6 +54,9 @@ class Provider:
     label: str
     hosts: tuple[str, ...] = ()  # base-URL host names that identify it ("" host: any)
     models: str = ""  # a regex the model id must match (search, case-insensitive); "" = any
+    # a regex recognising the model by its id alone on a host no provider claims ("" = never):
+    # a gateway or proxy serving the model keeps its rules (HTTP 400 to temperature on GPT-5)
+    model_alone: str = ""
     key_env: str = ""  # the variable its keys conventionally live in
     token_cap: str = "max_tokens"  # the name of the reply's token cap on this API
     fixed_sampling: bool = False  # temperature and top_p are the model's own: not sent
@@ -128,6 +135,9 @@ PROVIDERS: dict[str, Provider] = {
             hosts=("api.openai.com",),
             # gpt-5-chat-* is the non-reasoning chat model and samples as asked
             models=r"^(?:gpt-5(?!(?:\.\d+)?-chat)|o\d)",
+            # by the id alone elsewhere, as the release (startswith "gpt-5"); a vendor prefix
+            # ("openai/gpt-5") counts; bare o-series ids are too short a sign off OpenAI's host
+            model_alone=r"(?:^|/)gpt-5(?!(?:\.\d+)?-chat)",
             key_env="OPENAI_API_KEY",
             token_cap="max_completion_tokens",
             fixed_sampling=True,
@@ -206,7 +216,8 @@ def sampling_params(
 
 def provider_for(name: str | Provider, base_url: str, model: str) -> Provider:
     """The Provider `name` names, or with "auto" the one recognised from the endpoint and
-    model (generic when none is)."""
+    model: a provider's own host first, then on an unclaimed host the model id alone (GPT-5 behind
+    a gateway), then generic."""
     if isinstance(name, Provider):
         return name
     if name != AUTO:
@@ -216,4 +227,12 @@ def provider_for(name: str | Provider, base_url: str, model: str) -> Provider:
             raise ValueError(
                 f"unknown provider {name!r}: expected one of {', '.join(PROVIDER_CHOICES)}"
             ) from None
-    return next(p for p in PROVIDERS.values() if p.matches(base_url, model))
+    claimed = [p for p in PROVIDERS.values() if p.hosts and p.serves(base_url)]
+    for provider in claimed:
+        if provider.matches(base_url, model):
+            return provider
+    if not claimed:
+        for provider in PROVIDERS.values():
+            if provider.model_alone and re.search(provider.model_alone, model or "", re.I):
+                return provider
+    return GENERIC

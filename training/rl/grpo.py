@@ -46,8 +46,8 @@ def group_advantages(
 
 # Per-token estimators of KL(pi || pi_ref) from the sampled token's d = ref_logp - logp (Schulman,
 # "Approximating KL Divergence", 2020), as Slime's compute_approx_kl names them (the release's
-# --kl-loss-type low_var_kl is k3; Slime also clamps low_var_kl to [-10, 10], which parley does
-# not: TRL's k3, which bench/grpo_vs_trl.py compares against, is unclamped).
+# --kl-loss-type low_var_kl is k3; Slime also clamps low_var_kl to [-10, 10]: parley's kl_clamp,
+# 0 = unclamped by default, as TRL's k3, which bench/grpo_vs_trl.py compares against).
 KL_ESTIMATORS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "k1": lambda d: -d,  # log pi - log pi_ref: unbiased, can be negative, high variance
     "k2": lambda d: 0.5 * d * d,  # biased, >= 0; its gradient is that of the true KL
@@ -66,6 +66,7 @@ def grpo_loss(
     beta: float = 0.0,
     kl_estimator: str = "k3",
     reduction: str = "token",
+    kl_clamp: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The GRPO loss over the policy's own tokens, reduced as `reduction` says (config:
     loss_reduction):
@@ -76,6 +77,9 @@ def grpo_loss(
         KL_t    = k1: -d_t                     (the log ratio logp - ref)
                   k2: d_t^2 / 2
                   k3: exp(d_t) - d_t - 1       (the default, >= 0; the release's low_var_kl)
+        kl_clamp > 0: KL_t = clamp(KL_t, -kl_clamp, kl_clamp)   (Slime clamps low_var_kl at 10:
+                the k3 of one token whose probability fell e^10-fold under the reference's
+                would be ~e^10; clamped, its gradient is 0 there)
         token:  loss = sum_{b,t} mask_bt * L_bt / sum_{b,t} mask_bt        (one token mean)
         sample: loss = 1/B sum_b (sum_t mask_bt * L_bt / max(sum_t mask_bt, 1))
                 (each sequence's token mean, then the mean over sequences: Slime's
@@ -99,6 +103,8 @@ def grpo_loss(
     kl = torch.zeros_like(logp)
     if ref_logp is not None and beta > 0:
         kl = KL_ESTIMATORS[kl_estimator](ref_logp - logp)
+        if kl_clamp > 0:
+            kl = torch.clamp(kl, min=-kl_clamp, max=kl_clamp)
         per_token = per_token + beta * kl
     reduce = REDUCERS[reduction]
     loss = reduce(per_token, mask)
@@ -514,6 +520,7 @@ def update(
     kl_estimator: str = "k3",
     autocast: Callable[[], Any] = nullcontext,
     loss_reduction: str = "token",
+    kl_clamp: float = 0.0,
 ) -> dict[str, float]:
     """One GRPO step on `batch`: old and reference log-probs, then `epochs` optimizer steps.
 
@@ -595,7 +602,7 @@ def update(
             old_logp = old[c] if epochs > 1 else logp.detach()
             loss, stats = grpo_loss(
                 logp, old_logp, ref.get(c), adv[c[0] : c[1]], rows.mask, eps, eps_high, beta,
-                kl_estimator, loss_reduction,
+                kl_estimator, loss_reduction, kl_clamp,
             )  # fmt: skip
             weight = stats[share] / denominator  # this chunk's part of the whole batch's mean
             (loss * weight * scale).backward()

@@ -226,11 +226,13 @@ class LocalModel:
         return choices, [found.get(k) or self._remembered[k] for k in keys]
 
 
-def adamw(params: list[torch.nn.Parameter], **settings: Any) -> torch.optim.AdamW:
+def adamw(params: list[Any], **settings: Any) -> torch.optim.AdamW:
     """AdamW with the fused kernel where torch has one (CPU, CUDA): one kernel per tensor instead
     of about ten ops, the same update to within float rounding; transformers' Trainer (and so
-    TRL) defaults to it too (adamw_torch_fused)."""
-    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+    TRL) defaults to it too (adamw_torch_fused). `params`: parameters, or param groups."""
+    groups = [g for g in params if isinstance(g, dict)]
+    tensors = [p for g in groups for p in g["params"]] if groups else params
+    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in tensors)
     return torch.optim.AdamW(params, fused=fused or None, **settings)
 
 
@@ -247,6 +249,7 @@ class Policy(LocalModel):
         lora: LoraSpec | None = None,
         lr: float = 1e-5,
         weight_decay: float = 0.0,
+        weight_decay_skip_1d: bool = False,
         adam_betas: tuple[float, float] = (0.9, 0.999),
         beta: float = 0.0,
         kl_estimator: str = "k3",
@@ -286,6 +289,15 @@ class Policy(LocalModel):
                 model.activation_checkpointing_enable(kwargs)
             else:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        # Megatron's rule (get_param_groups): biases and 1-D parameters (norm weights) take no
+        # weight decay. Named here, before FSDP flattens every shape to 1-D.
+        undecayed = set()
+        if weight_decay_skip_1d:
+            undecayed = {
+                n.replace(FSDP_PREFIX, "")
+                for n, p in model.named_parameters()
+                if p.requires_grad and (n.endswith(".bias") or p.ndim < 2)
+            }
         super().__init__(model, tokenizer)
         self.dtype = dtype
         self.compute_dtype = DTYPES[dtype] if mixed else None
@@ -294,8 +306,18 @@ class Policy(LocalModel):
         self.reference_sharded = None
         if self.reference_model is not None and ranks is not None:
             self.reference_sharded = ranks.shard(self.reference_model)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = adamw(params, lr=lr, betas=tuple(adam_betas), weight_decay=weight_decay)
+        trained = [(n, p) for n, p in self._weights().items() if p.requires_grad]
+        groups = [{"params": [p for n, p in trained if n not in undecayed]}]
+        if undecayed:
+            groups.append(
+                {"params": [p for n, p in trained if n in undecayed], "weight_decay": 0.0}
+            )
+        groups = [g for g in groups if g["params"]]
+        self.optimizer = adamw(groups, lr=lr, betas=tuple(adam_betas), weight_decay=weight_decay)
+        # a checkpoint numbers the optimizer's parameters in the model's order, whatever the
+        # groups (the FSDP path's numbering), so it loads at any process count and grouping
+        position = {id(p): i for i, (_, p) in enumerate(trained)}
+        self._model_order = [position[id(p)] for g in groups for p in g["params"]]
 
     @classmethod
     def for_run(
@@ -316,6 +338,7 @@ class Policy(LocalModel):
             lora=config.lora,
             lr=lr,
             weight_decay=config.weight_decay,
+            weight_decay_skip_1d=config.weight_decay_skip_1d,
             adam_betas=tuple(config.adam_betas),
             beta=config.beta if beta is None else beta,
             kl_estimator=config.kl_estimator,
@@ -339,7 +362,14 @@ class Policy(LocalModel):
         any process count while no rank holds the whole AdamW m and v on its device, and the
         other ranks hold none of it (they get an empty state: rank 0 writes the file)."""
         if self.sharded is None:
-            return self.optimizer.state_dict()
+            state, order = self.optimizer.state_dict(), self._model_order
+            return {
+                "state": {order[i]: value for i, value in state["state"].items()},
+                "param_groups": [
+                    {**group, "params": [order[i] for i in group["params"]]}
+                    for group in state["param_groups"]
+                ],
+            }
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             get_optimizer_state_dict,
@@ -432,6 +462,7 @@ class Policy(LocalModel):
             kl_estimator=self.kl_estimator,
             autocast=self.compute,
             loss_reduction=config.loss_reduction,
+            kl_clamp=config.kl_clamp,
         )
 
     def _reference_weights(self) -> Any:

@@ -730,7 +730,15 @@ def check_request(role: str, spec: SimulatorSpec, timeout: float) -> Check:
     try:
         result = asyncio.run(ask())
     except LLMError as exc:  # the provider's own status and message (never the key)
-        return Check(name, False, f"{exc} [sent as {shaped}]")
+        hint = ""
+        if provider.name == "generic" and getattr(exc, "status", None) == 400:
+            # a reasoning model whose id does not say so (an Azure deployment name, a proxy's
+            # alias) is shaped as generic by "auto" and refuses temperature and max_tokens
+            hint = (
+                f" (a GPT-5-family or o-series model behind another host: set provider ="
+                f' "openai-reasoning" on {spec.name})'
+            )
+        return Check(name, False, f"{exc} [sent as {shaped}]{hint}")
     if not result.content.strip() and result.finish_reason == "length":
         return Check(
             name,

@@ -38,11 +38,19 @@ SHARED = (
     "Batch: Slime's --rollout-batch-size 16 x --n-samples-per-prompt 8 = --global-batch-size 128"
     " is batch_tasks 16 x group_size 8, one optimizer step per rollout (ppo_epochs 1).",
     "Token caps: Slime caps a whole rollout's response (--rollout-max-response-len 32768 or"
-    " 16384) and an agent turn at 8192 tokens; parley caps each turn (max_new_tokens), sized so"
-    " the dry run's memory estimate (every turn at its cap, tau2's tool results at their"
-    " measured size, gradient checkpointing on as the release's full recompute) fits an 80 GiB"
-    " GPU in every phase; rollouts_at_once bounds the conversations a rank holds open (SGLang"
-    " pages its KV cache instead).",
+    " 16384) and an agent turn at 8192 tokens in training, 16384 at tau2 evaluation and 2048 at"
+    " P4G evaluation (the co-trained tau2 user 1024); parley caps each agent turn at"
+    " max_new_tokens, 256 in the chat configs, in training and on the panel alike, sized so the"
+    " dry run's memory estimate (every turn at its cap, tau2's tool results at their measured"
+    " size, gradient checkpointing on as the release's full recompute) fits an 80 GiB GPU in"
+    " every phase; rollouts_at_once bounds the conversations a rank holds open (SGLang pages"
+    " its KV cache instead). Effect: a turn longer than 256 tokens is cut there, kept as the"
+    " message and trained as sampled; a tool call cut before its JSON closes is no call"
+    " (agents/llm/tool_format.py keeps a malformed block as text; training/rollouts/agent.py"
+    " add_agent_reply): no tool runs, the cut text, tag included, goes to the user as the"
+    " agent's message and the user's turn follows, so a tau2 action that needs a longer turn"
+    " (a long preface, large arguments) fails in parley where the release's 8192 would let it"
+    " through; P4G's 50-word messages fit 256 tokens.",
     "Turns: the release's --max-turns counts agent actions (a message or one tool call, each"
     " answered by the user or the tool; usim/core/orchestrator.py); parley's max_turns counts"
     " user and agent messages and bounds tool calls per agent turn (max_tool_rounds).",
@@ -68,6 +76,23 @@ SHARED = (
     " keep 4096 tokens and the default effort.",
     "Gradient clipping: Megatron's default clip-grad 1.0 is parley's grad_clip 1.0 (not set in"
     " the launchers).",
+    "KL: Slime clamps the low_var_kl (k3) estimate of each token to [-10, 10]; the configs set"
+    " kl_clamp = 10 (training/rl/grpo.py: the clamped token adds at most 10 x beta and no KL"
+    " gradient).",
+    "Weight decay: Megatron's optimizer decays neither biases nor 1-D parameters (norm"
+    " weights); the configs set weight_decay_skip_1d = true (Qwen3's norms keep their values"
+    " under the 0.1 decay).",
+    "Evaluation schedule: Slime evaluates after steps 16, 32, ... (992 of 1000, 96 of 100) and"
+    " not after the last step; the configs set eval_at_end = false, so the last held-out"
+    " figure of a run is the step-992 (or 96, 496) one, as the release's.",
+    "Checkpoints: the release keeps every one (about 1.5 TB for a 1000-step run saved every 32"
+    " steps); so do the configs (keep_checkpoints = 0); keep_checkpoints = N keeps the last N"
+    " and the best by heldout/success, never the one a resume needs.",
+    "GPT-5 behind another host: the release recognises GPT-5 by the model id alone"
+    " (usim/core/api_model_adapter.py@ff06bcd2) and sends it no temperature or top_p; parley's"
+    ' provider = "auto" does the same on any host no provider claims (a gateway, a proxy,'
+    " Azure), so such a user is not refused at its first request; an id that does not name"
+    ' GPT-5 needs provider = "openai-reasoning", which the online dry run\'s refusal names.',
 )
 
 
@@ -266,9 +291,22 @@ _DOMAIN_OWN: dict[tuple[str, str], tuple[str, ...]] = {
         " the Domain gives by default. The release also gives 0.1 for a non-empty failing patch"
         " in its baseline setting only; not here.",
         "No evaluation during training (EVAL_ARGS empty) and no held-out panel.",
+        "Pairs: the release trains on data/cooperbench/train_pairs.json (587 pairs) and holds"
+        ' out test_pairs.json (65); the config does the same (train_split = "train", read'
+        ' beside domain_data; "all" would train on the 65 held-out pairs too).',
     ),
 }
 
+_TAU2 = (
+    "tau2 task version: the release's tau2-bench pin could not be read, so which task set its"
+    " numbers were scored on is unknown. parley's tau2 Domain follows tau2-bench v0.2.0 (tools,"
+    " data, DB x COMMUNICATE scoring: agents/domains/tau2). tau2-bench v1.0.0 (2026-03-18)"
+    " changed 10 retail tasks' gold actions and scores 112 of 114 retail tasks as DB x"
+    " NL_ASSERTION, judged by an LLM; parley scores an NL assertion only with a judge, which no"
+    " run config names, so on v1.0.0's task files those tasks would never count as a success."
+    " Supporting both versions' tasks and scoring (with a configured judge) is not done: point"
+    " it at v0.2.0's data.",
+)
 _AIRLINE = (
     "The release has no airline launcher (every tau2 launcher sets --usim-domain retail); this"
     " config is retail's with the official airline data (/data/tau2, split 30 train / 20 test).",
@@ -378,6 +416,8 @@ def _result(domain: str, result: str) -> Result:
     release = domain if domain in ("p4g", "cooperbench") else "tau2"
     launcher = _at(_LAUNCHERS[(release, result)])
     differences = _OWN.get(result, ()) + _DOMAIN_OWN.get((domain, result), ())
+    if release == "tau2":
+        differences = _TAU2 + differences
     if domain == "airline":
         launcher = f"none: retail's {launcher}"
         differences = _AIRLINE + differences

@@ -126,6 +126,36 @@ def save(
     return final
 
 
+def retained(found: list[Path], keep: int, best_by: str) -> list[Path]:
+    """Of a run's complete checkpoints (oldest first), those kept_checkpoints keeps: every one
+    with keep 0; else the last `keep` (the last is the one a resume loads, so it is always
+    among them) and the best by the held-out figure `best_by` in its manifest's metrics (a
+    checkpoint of a step without an evaluation has none and is never "best"; equal figures:
+    the later)."""
+    if keep == 0:
+        return found
+    kept = set(found[-keep:])
+    scored = []
+    for order, folder in enumerate(found):
+        figure = read_manifest(folder).get("metrics", {}).get(best_by)
+        if isinstance(figure, (int, float)):
+            scored.append((figure, order, folder))
+    if scored:
+        kept.add(max(scored, key=lambda s: s[:2])[2])
+    return [p for p in found if p in kept]
+
+
+def prune(run_dir: Path, keep: int, best_by: str) -> list[Path]:
+    """Delete the complete checkpoints `retained` does not keep (rank 0, after a save);
+    returns those left, oldest first. A ".partial" folder is never touched here."""
+    found = list_checkpoints(run_dir)
+    kept = retained(found, keep, best_by)
+    for folder in found:
+        if folder not in kept:
+            shutil.rmtree(folder)
+    return kept
+
+
 def save_barrier(ranks: Any) -> None:
     """Where every rank meets before rank 0 makes a checkpoint complete (renames it)."""
     ranks.barrier()

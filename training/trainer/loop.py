@@ -49,7 +49,7 @@ from training.rollouts.agent import EndpointAgent, LocalAgent, agent_tool_format
 from training.rollouts.rollout import Rollout, play
 from training.trainer import checkpoint
 from training.trainer.memory import PhaseMemory
-from training.trainer.writer import Phase, Progress, RunWriter, due
+from training.trainer.writer import Phase, Progress, RunWriter, due, evaluation_due
 from training.vocabulary import SimulatorKind
 
 
@@ -194,10 +194,10 @@ def train_step(run: Run, step: int, phase: Phase) -> tuple[dict[str, Any], list[
     run.optimizer_steps += int(row["optimizer_step"])
     row["optimizer_steps"] = run.optimizer_steps
 
-    # 4. held-out evaluation every eval_every steps and at the end: every rank plays its share
-    # of the panel (on the agent's full weights under FSDP) and the figures are gathered, so no
-    # rank waits out the whole panel in a collective (training/measures/held_out.py)
-    if run.panel and due(step, config.eval_every, config.steps):
+    # 4. held-out evaluation every eval_every steps and at the end (eval_at_end): every rank
+    # plays its share of the panel (on the agent's full weights under FSDP) and the figures are
+    # gathered, so no rank waits out the whole panel in a collective (training/measures/held_out.py)
+    if run.panel and evaluation_due(step, config):
         phase("evaluation", len(mine), total)
         with run.memory.phase("evaluation"), agent.gathered():
             row.update(run.panel.evaluate(agent, step, ranks))

@@ -97,7 +97,11 @@ class RunWriter:
         if save:
             folder = checkpoint.save(self.run_dir, step, config, self.agent, self.regime, row,
                                      ranks=self.ranks)  # fmt: skip
-            self.saved = checkpoint.list_checkpoints(self.run_dir)
+            # retention (keep_checkpoints): the last N and the best; the one a resume loads
+            # (the newest, just written) is always among the last N
+            self.saved = checkpoint.prune(
+                self.run_dir, config.keep_checkpoints, config.keep_best_by
+            )
             plot(self.log.rows(), self.run_dir)
 
         self.bar.update(1)
@@ -124,6 +128,12 @@ class RunWriter:
 
 def due(step: int, every: int, last: int) -> bool:
     return step == last or (every > 0 and step % every == 0)
+
+
+def evaluation_due(step: int, config: Any) -> bool:
+    """The held-out panel runs after this step: every eval_every steps, and after the last one
+    unless eval_at_end is false (the release's schedule: 16, 32, ... 992 of 1000)."""
+    return due(step, config.eval_every, config.steps if config.eval_at_end else -1)
 
 
 def _last_heldout(rows: list[dict[str, Any]]) -> dict[str, float] | None:

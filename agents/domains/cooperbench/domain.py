@@ -41,7 +41,12 @@ BUNDLED = Path(__file__).resolve().parent / "data"
 AGENT, USER = "agent", "user"
 NAMES = {AGENT: "agent1", USER: "agent2"}  # the benchmark's names, which the prompts use
 BACKENDS = ("local", "docker")
-SPLITS = ("all",)  # CooperBench has no split; every pair of every task
+# "all": every pair of every task (the benchmark itself has no split). "train" / "test": the
+# pairs the release lists in data/cooperbench/train_pairs.json (587) and test_pairs.json (65)
+# (CHATS-lab/scope_usim @a4086fae / @6218b975): a JSON list of {"id": "{repo}_task/task{N}/
+# f{a}_f{b}", ...}, read from the dataset folder or the folder above it.
+PAIR_FILES = {"train": "train_pairs.json", "test": "test_pairs.json"}
+SPLITS = ("all", *PAIR_FILES)
 
 
 @dataclass
@@ -102,9 +107,35 @@ class CooperBenchDomain(Domain):
     def scenarios(self, split: str | None = None) -> list[Scenario]:
         if split is not None and split not in SPLITS:
             raise ValueError(
-                f"cooperbench has no split {split!r} (splits: {', '.join(SPLITS)}: the "
-                "benchmark has none; choose pairs with tasks.train_ids)"
+                f"cooperbench has no split {split!r} (splits: {', '.join(SPLITS)}: all pairs, or"
+                " the release's train_pairs.json / test_pairs.json; or choose pairs with"
+                " tasks.train_ids)"
             )
+        every = self._every_pair()
+        if split not in PAIR_FILES:
+            return every
+        listed = self._listed_pairs(split)
+        by_id = {s.id: s for s in every}
+        missing = [i for i in listed if i not in by_id]
+        if missing:
+            raise ValueError(
+                f"{len(missing)} pair(s) of {PAIR_FILES[split]} are not in {self.data_dir}"
+                f" (first: {missing[0]}): the pair list and the dataset do not match"
+            )
+        return [by_id[i] for i in listed]
+
+    def _listed_pairs(self, split: str) -> list[str]:
+        """The pair ids the release's list for `split` names, in its order."""
+        name = PAIR_FILES[split]
+        for folder in (self.data_dir, self.data_dir.parent):
+            if (folder / name).is_file():
+                return [pair["id"] for pair in json.loads((folder / name).read_text())]
+        raise ValueError(
+            f"cooperbench split {split!r} reads {name} (the release's data/cooperbench/{name}),"
+            f" in {self.data_dir} or {self.data_dir.parent}: not found"
+        )
+
+    def _every_pair(self) -> list[Scenario]:
         out = []
         for task in self.tasks:
             for first, second in feature_pairs(task):

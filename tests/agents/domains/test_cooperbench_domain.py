@@ -36,8 +36,10 @@ def test_every_pair_of_the_bundled_task_is_a_scenario_and_it_is_training_only(do
     ids = [s.id for s in domain.scenarios()]
     assert len(ids) == 10 and "tinycalc_task/task1/f1_f2" in ids  # 5 features, every two
     assert domain.scenarios("all") == domain.scenarios()
-    with pytest.raises(ValueError, match="no split 'train'"):
-        domain.scenarios("train")
+    with pytest.raises(ValueError, match="no split 'dev'"):
+        domain.scenarios("dev")
+    with pytest.raises(ValueError, match="reads train_pairs.json"):
+        domain.scenarios("train")  # the bundled task has no pair lists
     assert "cooperbench" not in STUDY_DOMAINS
     assert isinstance(get_domain("cooperbench"), CooperBenchDomain)
     with pytest.raises(FileNotFoundError):
@@ -200,3 +202,22 @@ def test_the_repository_is_prepared_once_per_task_at_its_base_commit(tmp_path):
     assert len(list((tmp_path / "cache").iterdir())) == 1
     with pytest.raises(FileNotFoundError, match="no checkout"):
         prepare_checkout(task, tmp_path / "elsewhere", tmp_path / "cache")
+
+
+def test_the_releases_train_and_test_pair_lists_split_the_pairs(tmp_path):
+    """The release trains on data/cooperbench/train_pairs.json and holds out test_pairs.json: a
+    list of {"id": ...} records, read beside the dataset folder or in it; "all" stays every
+    pair; a listed pair missing from the dataset is an error, not a silent drop."""
+    dataset = tmp_path / "dataset"
+    shutil.copytree(BUNDLED, dataset)
+    domain = CooperBenchDomain(data_dir=dataset, cache_dir=tmp_path / "cache", limits=LIMITS)
+    every = [s.id for s in domain.scenarios("all")]
+    train, test = every[3:], every[:3]
+    (tmp_path / "train_pairs.json").write_text(json.dumps([{"id": i} for i in train]))
+    (dataset / "test_pairs.json").write_text(json.dumps([{"id": i, "repo": "x"} for i in test]))
+    assert [s.id for s in domain.scenarios("train")] == train
+    assert [s.id for s in domain.scenarios("test")] == test
+    assert len(domain.scenarios("all")) == 10
+    (dataset / "test_pairs.json").write_text(json.dumps([{"id": "tinycalc_task/task9/f1_f2"}]))
+    with pytest.raises(ValueError, match="1 pair.*not in"):
+        domain.scenarios("test")

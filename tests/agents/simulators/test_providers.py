@@ -30,7 +30,15 @@ PANEL = [
     ("gpt-5-chat-latest", "https://api.openai.com/v1", "OPENAI_API_KEY", "openai"),
     ("claude-haiku-4-5", "https://api.anthropic.com/v1", "ANTHROPIC_API_KEY", "anthropic"),
     ("gemini-3-flash-preview", "https://generativelanguage.googleapis.com/v1beta/openai", "GEMINI_API_KEY", "gemini"),
-    ("gpt-5-mini", "http://127.0.0.1:8001/v1", "", "generic"),
+    # GPT-5 behind another host (a gateway, a proxy, Azure, a local stand-in) is recognised by
+    # its id alone, as the release does; a host a provider claims keeps that provider's rules
+    ("gpt-5-mini", "http://127.0.0.1:8001/v1", "OPENAI_API_KEY", "openai-reasoning"),
+    ("openai/gpt-5", "https://gateway.example.com/v1", "OPENAI_API_KEY", "openai-reasoning"),
+    ("gpt-5.1", "https://parley.openai.azure.com/openai/v1", "OPENAI_API_KEY", "openai-reasoning"),
+    ("gpt-5-chat-latest", "https://gateway.example.com/v1", "", "generic"),
+    ("o4-mini", "https://gateway.example.com/v1", "", "generic"),
+    ("openai/gpt-5-mini", "https://openrouter.ai/api/v1", "OPENROUTER_API_KEY", "openrouter"),
+    ("Qwen/Qwen3-8B", "http://127.0.0.1:8001/v1", "", "generic"),
 ]  # fmt: skip
 
 
@@ -164,3 +172,24 @@ async def test_the_sim_to_real_held_out_user_is_shaped_as_in_training():
         await user.aclose()
     assert text == "[DONATE $1]" and not server.refused
     assert server.requests[-1]["max_completion_tokens"] == 32
+
+
+async def test_auto_shapes_gpt5_behind_another_host_and_its_first_request_is_taken():
+    """Before the id alone was read, "auto" sent the stand-in (a gateway on 127.0.0.1) the
+    generic request, and it answered HTTP 400 at the first turn."""
+    with GPT5Server([{"content": "Hi there."}]) as server:
+        async with LLMClient(server.url, backoff=0) as client:  # auto
+            result = await client.chat("gpt-5-mini", CHAT, temperature=0.7, max_tokens=64)
+    assert result.content == "Hi there." and not server.refused
+    assert server.requests[-1]["max_completion_tokens"] == 64
+
+
+def test_the_dry_run_refusal_of_an_unrecognised_reasoning_model_names_the_provider_setting():
+    from training.config import SimulatorSpec
+    from training.tools.dryrun import check_request
+
+    with GPT5Server([]) as server:  # a deployment name that says nothing of GPT-5
+        spec = SimulatorSpec(name="azure-user", endpoint=server.url, model="prod-deployment")
+        check = check_request("simulator", spec, timeout=5)
+    assert not check.ok
+    assert 'set provider = "openai-reasoning" on azure-user' in check.detail

@@ -229,9 +229,12 @@ def test_fsdp_two_processes_fine_tune_every_weight_one_process_does(
     """Full fine-tuning under FSDP: every weight, its gradient and AdamW state sharded, the KL's
     frozen reference copy sharded too, on uneven shares; the checkpoints are whole Hugging Face
     model folders (the same files one process writes), and each run's step 3 resumes the other's
-    checkpoint at the other process count."""
+    checkpoint at the other process count. With Megatron's weight-decay groups (norms undecayed:
+    two AdamW groups, named before FSDP flattens the shapes), so the groups' state crosses
+    process counts too."""
     settings = uneven(config_file.read_text()).replace("lr = 1e-2", "lr = 1e-3")
-    config_file.write_text('finetune = "full"\nbeta = 0.05\n' + settings + FSDP)
+    decay = "weight_decay = 0.1\nweight_decay_skip_1d = true\n"
+    config_file.write_text('finetune = "full"\nbeta = 0.05\n' + decay + settings + FSDP)
     one, two = one_and_two(config_file, tmp_path, timeout=300)
 
     rows, single = metrics(two), metrics(one)

@@ -66,6 +66,22 @@ def test_the_default_estimator_is_k3_and_a_typo_is_refused():
         grpo_loss(logp, old, ref, adv, mask, beta=0.1, kl_estimator="low_var_kl")
 
 
+def test_kl_clamp_bounds_each_tokens_k3_as_slime_does():
+    """Slime clamps low_var_kl to [-10, 10]: a token at d = 15 (its probability e^15 times lower
+    than the reference's) counts 10, not e^15 - 16, and gets no KL gradient; the other token is
+    untouched. Unclamped (0, the default) it counts in full."""
+    logp = torch.full((1, 2), math.log(0.5), requires_grad=True)
+    ref = logp.detach() + torch.tensor([[15.0, LN2]])
+    args = (logp, logp.detach(), ref, torch.zeros(1), torch.ones(1, 2))
+    loss, stats = grpo_loss(*args, beta=1.0, kl_clamp=10.0)
+    assert stats["kl"] == pytest.approx((10.0 + 1 - LN2) / 2)
+    loss.backward()
+    assert float(logp.grad[0, 0]) == 0.0 and float(logp.grad[0, 1]) == pytest.approx(-0.5)
+    unclamped = grpo_loss(*args, beta=1.0)[1]["kl"]
+    assert unclamped == pytest.approx((math.exp(15) - 16 + 1 - LN2) / 2, rel=1e-5)
+    assert RunConfig(name="r", domain="p4g").kl_clamp == 0.0
+
+
 def test_the_config_offers_exactly_the_estimators_grpo_computes():
     annotation = RunConfig.__pydantic_fields__["kl_estimator"].annotation
     assert set(typing.get_args(annotation)) == set(KL_ESTIMATORS)
@@ -99,6 +115,42 @@ def test_the_optimizer_settings_reach_the_agent_and_the_co_trained_simulator(
     trained = sum(p.numel() for p in agent.optimizer.param_groups[0]["params"])
     everything = sum(p.numel() for p in agent.model.parameters())
     assert (trained == everything) == (finetune == "full")
+
+
+def test_weight_decay_skips_biases_and_norms_as_megatron_does(tiny_model):
+    """weight_decay_skip_1d: one AdamW step with zero gradients moves a parameter only by its
+    decay, so the 2-D matrices shrink by (1 - lr x weight_decay) and the norms keep their
+    values; without the setting the norms shrink too. The optimizer's state round-trips through
+    a checkpoint's numbering (the model's order) into a fresh Policy."""
+    cfg = config(tiny_model, finetune="full", lr=0.5, weight_decay=0.2, weight_decay_skip_1d=True)
+    for skip in (True, False):
+        policy = Policy.for_run(
+            config(
+                tiny_model, finetune="full", lr=0.5, weight_decay=0.2, weight_decay_skip_1d=skip
+            ),
+            lr=0.5,
+        )
+        weights = policy._weights()
+        norms = [n for n, p in weights.items() if p.ndim == 1]
+        assert norms and all("norm" in n for n in norms)  # SmolLM2: no biases, 1-D = norms
+        before = {n: p.detach().clone() for n, p in weights.items()}
+        for p in weights.values():
+            p.grad = torch.zeros_like(p)
+        policy.optimizer.step()
+        for name, p in weights.items():
+            shrunk = before[name] * (1 - 0.5 * 0.2)
+            want = before[name] if skip and name in norms else shrunk
+            torch.testing.assert_close(p.detach(), want)
+        if skip:
+            state = policy.optimizer_state()
+            assert [len(g["params"]) for g in state["param_groups"]] == [
+                len(weights) - len(norms), len(norms)
+            ]  # fmt: skip
+            fresh = Policy.for_run(cfg, lr=0.5)
+            fresh.load_optimizer_state(state)
+            assert fresh.optimizer_state()["state"].keys() == state["state"].keys()
+            first_norm = list(weights).index(norms[0])  # model order, not the groups' order
+            assert state["param_groups"][1]["params"][0] == first_norm
 
 
 def test_lr_scale_scales_lora_only():

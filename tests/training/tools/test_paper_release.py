@@ -69,11 +69,14 @@ def expected(result: Result, flags: dict[str, tuple[str, int, str]]) -> dict[str
         # paper.py says why)
         "lr": num("--lr") * (10 if config.finetune == "lora" else 1),
         "weight_decay": num("--weight-decay"),
+        "weight_decay_skip_1d": True,  # not a flag: Megatron's param groups (biases, norms)
         "adam_betas": [num("--adam-beta1"), num("--adam-beta2")],
         "eps": num("--eps-clip"),
         "eps_high": num("--eps-clip-high"),
         "beta": 0.0 if "--no-agent-kl" in flags else num("--kl-loss-coef"),
         "kl_estimator": {"low_var_kl": "k3"}[flags["--kl-loss-type"][0]],
+        # not a flag: Slime's compute_approx_kl clamps low_var_kl to [-10, 10]
+        "kl_clamp": {"low_var_kl": 10.0}[flags["--kl-loss-type"][0]],
         "scale_std": "--disable-grpo-std-normalization" not in flags,
         "center_rewards": "--disable-rewards-normalization" not in flags,
     }
@@ -85,6 +88,8 @@ def expected(result: Result, flags: dict[str, tuple[str, int, str]]) -> dict[str
         out["steps"] = int(num("--num-rollout"))
         out["save_every"] = int(num("--save-interval"))
         out["eval_every"] = int(num("--eval-interval")) if "--eval-interval" in flags else 0
+        if "--eval-interval" in flags:  # Slime: after steps 16, 32, ..., not after the last
+            out["eval_at_end"] = False
     if config.trains_simulator:  # the co-trained user's KL: the same coefficient
         out["simulator_beta"] = num("--kl-loss-coef")
     if "--max-turns" in flags:

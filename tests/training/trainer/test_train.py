@@ -190,3 +190,61 @@ def test_rollouts_at_once_bounds_the_conversations_a_rank_holds_open(
         json.loads(line) for line in (cfg.run_dir() / "metrics.jsonl").read_text().splitlines()
     ]
     assert row["trained_sequences"] == 12
+
+
+def test_the_evaluation_schedule_can_be_the_releases():
+    """eval_at_end = false: the panel runs after steps 16, 32, ... and not after the last, as
+    Slime's --eval-interval 16 does over 40 rollouts; the default adds the last step. Without
+    eval_every there would be no evaluation at all: refused."""
+    from training.config import ConfigError
+    from training.trainer.writer import evaluation_due
+
+    def schedule(**fields):
+        panel = [{"name": "other", "kind": "scripted", "script": "steady"}]
+        config = RunConfig.from_dict(
+            {"name": "r", "domain": "p4g", "steps": 40, "heldout": panel, **fields}
+        )
+        return [step for step in range(1, 41) if evaluation_due(step, config)]
+
+    assert schedule(eval_every=16, eval_at_end=False) == [16, 32]
+    assert schedule(eval_every=16) == [16, 32, 40]
+    assert schedule() == [40]
+    with pytest.raises(ConfigError, match="eval_at_end .*never evaluated"):
+        schedule(eval_at_end=False)
+
+
+def test_checkpoint_retention_keeps_the_last_n_and_the_best(tmp_path):
+    """keep_checkpoints = 2: of steps 8..40 (held-out success 0.2, 0.6, -, 0.4, 0.1; step 24 had
+    no evaluation) the last two stay, and step 16, the best; the newest, which a resume loads,
+    is always kept. 0 keeps every one (the release)."""
+    success = {8: 0.2, 16: 0.6, 24: None, 32: 0.4, 40: 0.1}
+    for step, figure in success.items():
+        folder = checkpoint.checkpoint_dir(tmp_path, step)
+        folder.mkdir(parents=True)
+        metrics = {"reward_mean": 0.5} | ({"heldout/success": figure} if figure is not None else {})
+        (folder / checkpoint.MANIFEST).write_text(json.dumps({"step": step, "metrics": metrics}))
+        (folder / checkpoint.STATE).write_bytes(b"")
+    partial = checkpoint.checkpoint_dir(tmp_path, 48).with_suffix(checkpoint.PARTIAL)
+    partial.mkdir()
+
+    def steps(folders):
+        return [checkpoint.read_manifest(f)["step"] for f in folders]
+
+    assert steps(checkpoint.prune(tmp_path, 0, "heldout/success")) == [8, 16, 24, 32, 40]
+    kept = checkpoint.prune(tmp_path, 2, "heldout/success")
+    assert steps(kept) == [16, 32, 40] == steps(checkpoint.list_checkpoints(tmp_path))
+    assert partial.is_dir()  # not a complete checkpoint: never pruned here
+    assert steps(checkpoint.prune(tmp_path, 1, "heldout/reward")) == [40]  # no reward figure
+
+
+def test_a_run_keeping_one_checkpoint_resumes_from_it(tiny_model, tmp_path, letters):
+    """keep_checkpoints = 1 in a run: each save leaves only the newest (no panel: no best), and
+    an interrupted run resumes from it."""
+    cfg = run_config(tiny_model, tmp_path, steps=3, save_every=1, heldout=[], keep_checkpoints=1)
+    with pytest.raises(Interrupt):
+        train(cfg, stop_at(2), domain=letters, show_progress=False)
+    # step 2 saved (its progress call came after the save), step 1 then pruned
+    assert [p.name for p in checkpoint.list_checkpoints(cfg.run_dir())] == ["step-000002"]
+    resumed = []
+    saved = train(cfg, resumed.append, domain=letters, show_progress=False)
+    assert [p["step"] for p in resumed] == [3] and [p.name for p in saved] == ["step-000003"]
