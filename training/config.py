@@ -530,6 +530,13 @@ class RunConfig:
         " the trainer pushes its weights into the served model through vLLM's weight-transfer"
         ' API (start it with weight_transfer = "nccl" on GPUs, "parley_shm" on CPU)',
     )
+    weight_sync_backend: Literal["auto", "nccl", "ipc", "parley_shm"] = Field(
+        "auto",
+        description="full fine-tuning with a served role: how the trainer's weights reach the"
+        ' vLLM server after each step (its --weight-transfer-config). "auto": "nccl" from a'
+        ' GPU (the server on other GPUs), "parley_shm" from the CPU (shared memory, one host);'
+        ' "ipc": CUDA IPC, the server on the trainer\'s own GPU (one trainer process)',
+    )
     weight_sync_host: StrictStr = Field(
         "127.0.0.1",
         min_length=1,

@@ -48,7 +48,8 @@ KV_CACHE_GIB = "2"  # vLLM-CPU's KV cache (VLLM_CPU_KVCACHE_SPACE) unless the en
 # parley's vLLM plugins (a CPU weight-transfer backend), found by vLLM through the dist-info
 # beside them once this folder is on the server's PYTHONPATH: nothing to install in vLLM's venv
 PLUGIN_DIR = Path(__file__).resolve().parent / "vllm-plugin"
-WEIGHT_TRANSFER_BACKENDS = ("parley_shm", "nccl")  # CPU (the plugin's), GPU (vLLM's own)
+# CPU (the plugin's); GPUs (vLLM's own): the trainer on other GPUs, or on the server's own
+WEIGHT_TRANSFER_BACKENDS = ("parley_shm", "nccl", "ipc")
 
 
 class VLLMNotInstalled(RuntimeError):
@@ -114,7 +115,7 @@ def build_command(
     `compact_json`: structured outputs (a `response_format` JSON schema) allow no whitespace
     between tokens of the JSON; a small model otherwise spends its token budget on indentation
     and a Verbalized Sampling simulator's k candidates are cut off (xgrammar only).
-    `weight_transfer` ("parley_shm" on CPU, "nccl" on GPUs): a trainer pushes its fully
+    `weight_transfer` ("parley_shm" on CPU, "nccl" or "ipc" on GPUs): a trainer pushes its fully
     fine-tuned weights into the served model after each step through vLLM's weight-transfer
     API (training/rollouts/weight_sync.py); vllm_env(weight_transfer=...) opens its routes."""
     model_dir = Path(model_dir)
@@ -178,6 +179,8 @@ def vllm_env(runtime_lora: bool = False, weight_transfer: str = "") -> dict[str,
         # vLLM's plugin loader finds the parley_shm backend's entry point here
         path = [str(PLUGIN_DIR), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
         env["PYTHONPATH"] = os.pathsep.join(path)
+    if weight_transfer == "ipc":  # CUDA IPC handles arrive pickled over HTTP
+        env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     env.setdefault("HF_HUB_OFFLINE", "1")  # local folders only: never reach for the hub
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB)

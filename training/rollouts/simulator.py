@@ -185,11 +185,14 @@ class ServedUser(LocalUser):
         spec: SimulatorSpec,
         rng: random.Random | None = None,
         nccl_host: str = "127.0.0.1",
+        backend: str = "auto",
     ):
         super().__init__(lm, spec, tracked=True, rng=rng)
         args = (spec.endpoint, lm, spec.temperature, spec.max_new_tokens)
         if getattr(lm, "finetune", "lora") == "full":  # its weights pushed after each update
-            self.server = ServedWeights(*args, api_key=spec.api_key(), nccl_host=nccl_host)
+            self.server = ServedWeights(
+                *args, api_key=spec.api_key(), backend=backend, nccl_host=nccl_host
+            )
         else:  # its adapter hot-loaded after each update
             self.server = ServedAdapter(*args, api_key=spec.api_key())
 

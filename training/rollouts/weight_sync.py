@@ -21,10 +21,12 @@ error, and a step whose transcripts mix versions is refused by the update
 (training/rl/tokens.py's one_weight_version).
 
 Backends (vLLM's --weight-transfer-config, set by agents.serving.vllm's start_vllm(...,
-weight_transfer=...)): "nccl" when the trainer is on cuda (vLLM's NCCLTrainerWeightTransferEngine:
-vllm must import in the trainer's environment, as in TRL's vllm mode), "parley_shm" on CPU (the
-plugin in agents/serving/vllm-plugin, registered through vLLM's entry points; vLLM 0.32 has no
-CPU backend of its own: docs/training.md says why this one).
+weight_transfer=...); RunConfig.weight_sync_backend, "auto" by the trainer's device): "nccl"
+when the trainer is on cuda (vLLM's NCCLTrainerWeightTransferEngine, the server on other GPUs;
+vllm must import in the trainer's environment, as in TRL's vllm mode), "ipc" for a server on
+the trainer's own GPU (vLLM's CUDA IPC engine), "parley_shm" on CPU (the plugin in
+agents/serving/vllm-plugin, registered through vLLM's entry points; vLLM 0.32 has no CPU
+backend of its own: docs/training.md says why this one).
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ from training.rollouts.served import Endpoint, SampledIds
 
 SHM = "parley_shm"
 NCCL = "nccl"
+IPC = "ipc"
+BACKENDS = (SHM, NCCL, IPC)
 SHM_DIR = "/dev/shm"  # memory, not disk, where the host has it
 
 
@@ -51,9 +55,11 @@ class WeightSyncError(RuntimeError):
     """The server did not take the weights, or sampled from others than the step's."""
 
 
-def transfer_backend(device: str) -> str:
-    """The backend a trainer on `device` pushes through: NCCL from a GPU, shared memory from
-    the CPU."""
+def transfer_backend(device: str, setting: str = "auto") -> str:
+    """The backend a trainer on `device` pushes through (RunConfig.weight_sync_backend):
+    "auto" is NCCL from a GPU, shared memory from the CPU."""
+    if setting != "auto":
+        return setting
     return NCCL if torch.device(device).type == "cuda" else SHM
 
 
@@ -86,7 +92,11 @@ class WeightSyncClient:
         self._post("start_weight_update")
 
     def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
-        self._post("update_weights", {"update_info": update_info})
+        infos = update_info if isinstance(update_info, list) else [update_info]
+        infos = [_json_safe(info) for info in infos]
+        self._post(
+            "update_weights", {"update_info": infos if isinstance(update_info, list) else infos[0]}
+        )
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         body = {"weight_version": weight_version} if weight_version is not None else None
@@ -113,6 +123,20 @@ class WeightSyncClient:
 
     def close(self) -> None:
         self.http.close()
+
+
+def _json_safe(update_info: dict[str, Any]) -> dict[str, Any]:
+    """CUDA IPC handles are not JSON: over HTTP they travel pickled, in base64, as vLLM's own
+    HTTP client sends them (the server unpickles them with VLLM_ALLOW_INSECURE_SERIALIZATION=1,
+    which start_vllm sets for the ipc backend)."""
+    if update_info.get("ipc_handles") is None:
+        return update_info
+    import base64
+    import pickle
+
+    out = {k: v for k, v in update_info.items() if k != "ipc_handles"}
+    out["ipc_handles_pickled"] = base64.b64encode(pickle.dumps(update_info["ipc_handles"])).decode()
+    return out
 
 
 class SharedMemoryTransfer:
@@ -146,28 +170,32 @@ class SharedMemoryTransfer:
         pass
 
 
-class NcclTransfer:
-    """GPUs: vLLM's own NCCL weight-transfer engine, trainer side (rank 0 of a group with
-    the server's workers). The trainer's process needs vllm importable; the server is started
-    with --weight-transfer-config '{"backend": "nccl"}'. Each round broadcasts the weights as
-    `weights()` gives them then (the gathered ones under FSDP)."""
-
-    backend = NCCL
+class VllmEngineTransfer:
+    """GPUs: one of vLLM's own trainer-side engines, driving the round through our client.
+    "nccl": a broadcast from the trainer's GPU (rank 0 of a group with the server's workers,
+    which reach `host` for the rendezvous) into the server's, which must be other GPUs (NCCL
+    refuses two ranks on one device); "ipc": CUDA IPC handles of the trainer's tensors, for a
+    server on the trainer's own GPU (one trainer process: the engine gathers handles over
+    every rank of a process group). The trainer's process needs vllm importable; the server
+    runs with --weight-transfer-config naming the same backend. Each round sends the weights
+    as `weights()` gives them then (the gathered ones under FSDP)."""
 
     def __init__(
-        self, client: WeightSyncClient, weights: Callable[[], dict[str, torch.Tensor]], host: str
+        self,
+        backend: str,
+        client: WeightSyncClient,
+        weights: Callable[[], dict[str, torch.Tensor]],
+        host: str,
     ):
         try:
             from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
             from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
-            from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
         except ImportError as error:
             raise WeightSyncError(
-                "full fine-tuning on GPUs pushes its weights with vLLM's NCCL engine, which"
-                f" needs vllm in the trainer's environment ({error}); install it there, or"
-                ' sample in process (rollout_endpoint = "")'
+                f"the {backend!r} weight transfer is vLLM's own engine, which needs vllm in"
+                f" the trainer's environment ({error}); install it there, or sample in"
+                ' process (rollout_endpoint = "")'
             ) from error
-        from agents.serving.process import free_port
 
         class PolicySource(WeightSource):
             """The policy's weights by their Hugging Face names, as they are when a round
@@ -179,13 +207,22 @@ class NcclTransfer:
             def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
                 yield from weights().items()
 
-        self.client = client
-        info = NCCLTrainerInitInfo(
-            master_address=host,
-            master_port=free_port(host),
-            world_size=1 + client.world_size(),
-            rank=0,
-        )
+        if backend == NCCL:
+            from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
+            from agents.serving.process import free_port
+
+            info: Any = NCCLTrainerInitInfo(
+                master_address=host,
+                master_port=free_port(host),
+                world_size=1 + client.world_size(),
+                rank=0,
+            )
+        else:
+            from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
+
+            info = IPCTrainerInitInfo(rank=0)
+        self.backend = backend
         self.engine = WeightTransferTrainerFactory.trainer_init(
             info, client=client, source=PolicySource()
         )
@@ -212,17 +249,17 @@ class ServedWeights:
         api_key: str | None = None,
         *,
         model: str = "",
-        backend: str = "",
+        backend: str = "auto",
         nccl_host: str = "127.0.0.1",
     ):
         self.base_url, self.lm = base_url, lm
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
         self.api_key, self.nccl_host = api_key, nccl_host
-        self.backend = backend or transfer_backend(str(lm.device))
+        self.backend = transfer_backend(str(lm.device), backend)
         self.model = model  # the served model's name: "" = the server's only one
         self.version = ""  # the weights' version the server holds, once pushed
         self.client = WeightSyncClient(base_url, api_key=api_key)
-        self.transfer: SharedMemoryTransfer | NcclTransfer | None = None
+        self.transfer: SharedMemoryTransfer | VllmEngineTransfer | None = None
         self._pushing: dict[str, torch.Tensor] = {}  # the round's weights (NCCL's source)
         self.endpoint = Endpoint(lambda: httpx.AsyncClient(timeout=600, headers=self._headers()))
 
@@ -252,13 +289,15 @@ class ServedWeights:
         self.client.resume()
         self.version = version
 
-    def _open(self, weights: dict[str, torch.Tensor]) -> SharedMemoryTransfer | NcclTransfer:
+    def _open(self, weights: dict[str, torch.Tensor]) -> SharedMemoryTransfer | VllmEngineTransfer:
         if self.backend == SHM:
             return SharedMemoryTransfer(self.client)
-        if self.backend == NCCL:
+        if self.backend in (NCCL, IPC):
             # the engine's source reads the weights each round: the ones `push` is given
-            return NcclTransfer(self.client, lambda: self._pushing, self.nccl_host)
-        raise ValueError(f"weight transfer backend {self.backend!r}: {SHM!r} or {NCCL!r}")
+            return VllmEngineTransfer(
+                self.backend, self.client, lambda: self._pushing, self.nccl_host
+            )
+        raise ValueError(f"weight transfer backend {self.backend!r}: one of {BACKENDS}")
 
     def sample(self, prompts: list[list[int]]) -> list[SampledIds]:
         """Each prompt's turn as the server sampled it (ids ending with the stop token that

@@ -254,7 +254,8 @@ def _speaker(config: RunConfig, agent: Policy) -> LocalAgent | EndpointAgent | W
         return LocalAgent(agent, config.temperature, config.max_new_tokens, tool_format)
     if config.finetune == "full":
         speaker = WeightSyncedAgent(config.rollout_endpoint, agent, config.temperature,
-                                    config.max_new_tokens, nccl_host=config.weight_sync_host)  # fmt: skip
+                                    config.max_new_tokens, backend=config.weight_sync_backend,
+                                    nccl_host=config.weight_sync_host)  # fmt: skip
     else:
         speaker = EndpointAgent(config.rollout_endpoint, agent, config.temperature,
                                 config.max_new_tokens)  # fmt: skip

