@@ -284,8 +284,15 @@ class ServedWeights:
         if self.transfer is None:
             self.transfer = self._open(weights)
         self.client.pause()
-        self.transfer.send(weights)
-        self.client.update_weight_version(version)
+        try:
+            self.transfer.send(weights)
+            self.client.update_weight_version(version)
+        except Exception as error:
+            raise WeightSyncError(
+                f"pushing weights version {version!r} to {self.client.root} failed: {error}."
+                " The server stays paused on weights of no known version; a resumed run pushes"
+                " again at its next step"
+            ) from error
         self.client.resume()
         self.version = version
 
