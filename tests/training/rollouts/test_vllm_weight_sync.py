@@ -233,6 +233,46 @@ def test_cotrained_simulator_fully_finetuned_on_its_own_vllm(
     assert rows[0]["sim/learned"] == 1.0 and rows[0]["sim/grad_norm"] > 0
 
 
+def test_two_processes_push_once_and_sample_the_pushed_version(synced_url, base_model, tmp_path):
+    """Full fine-tuning on 2 processes with the agent on vLLM: rank 0 alone pushes (the weights
+    every rank gathered), the other waits for it and samples the same version; the run ends
+    with the server on the weights the last update before the last step left."""
+    from tests.support.training import launch
+
+    path = tmp_path / "full-vllm.toml"
+    path.write_text(
+        "\n".join(
+            [
+                'name = "dp-full"',
+                'domain = "p4g"',
+                f'base_model = "{base_model}"',
+                'finetune = "full"',
+                "steps = 2",
+                "group_size = 2",
+                "batch_tasks = 2",
+                "max_turns = 2",
+                "max_new_tokens = 6",
+                "temperature = 1.0",
+                "save_every = 2",
+                "eval_every = 100",
+                "threads = 1",
+                "heldout = []",
+                f'rollout_endpoint = "{synced_url}"',
+                "[tasks]",
+                "max_train = 2",
+                "max_eval = 1",
+                "[simulator]",
+                "max_new_tokens = 6",
+            ]
+        )
+    )
+    done = launch(path, tmp_path / "run")
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(row)["step"] for row in rows] == [1, 2]
+    assert served_version(synced_url) == "dp-full-live-1"
+
+
 def test_full_finetuning_on_vllm_configs(base_model):
     """Accepted now (checked without vLLM): the agent on vLLM, and a co-trained simulator on a
     server of its own (the refusals: tests/training/test_config.py)."""
