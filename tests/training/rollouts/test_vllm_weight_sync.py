@@ -250,7 +250,7 @@ def test_two_processes_push_once_and_sample_the_pushed_version(synced_url, base_
                 "steps = 2",
                 "group_size = 2",
                 "batch_tasks = 2",
-                "max_turns = 2",
+                "max_turns = 4",  # the agent speaks twice in each conversation
                 "max_new_tokens = 6",
                 "temperature = 1.0",
                 "save_every = 2",
@@ -268,8 +268,9 @@ def test_two_processes_push_once_and_sample_the_pushed_version(synced_url, base_
     )
     done = launch(path, tmp_path / "run")
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(row)["step"] for row in rows] == [1, 2]
+    rows = [json.loads(r) for r in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2]
+    assert all(row["tokens"] > 0 for row in rows)  # the agent's turns, sampled on vLLM
     assert served_version(synced_url) == "dp-full-live-1"
 
 
