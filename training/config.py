@@ -48,7 +48,7 @@ from pydantic import (
 from pydantic.dataclasses import dataclass
 from pydantic_core import PydanticCustomError
 
-from agents.domains import DOMAINS
+from agents.domains import DOMAINS, Domain, domain_class, get_domain
 from agents.llm.native_tools import TRAINED_TOOL_FORMATS
 from agents.llm.providers import (
     PROVIDER_CHOICES,
@@ -66,9 +66,36 @@ from training.vocabulary import Regime, SimulatorKind
 
 # how an Ensemble run picks the member that plays a rollout's user (training/regimes/regime.py Ensemble)
 ENSEMBLE_DRAWS = {
-    "rollout": "round-robin over the run's rollouts, as the release (each group meets every"
-    " member)",
+    "rollout": "round-robin over the run's rollouts, as the release's P4G (each group meets"
+    ' every member; its tau2 ran per task: task_draw = "release")',
     "task": "round-robin over the run's tasks (a task's whole group meets one member)",
+}
+# which tasks a step plays (training/trainer/loop.py step_tasks). The release's tau2 data source
+# (CHATS-lab/scope_usim usim/slime/data_source.py; read at 16f3ec27, a plain loader without
+# Slime's get_samples, at b6bab9af and at 1c268eb0, the newest the index holds) imports
+# tau2.data_model.tasks.get_tasks, which no tau2 version defines; both Slime versions then fall
+# back to index-only samples Sample(group_index=i, index=i), i = 0..15 every step:
+# usim/slime/rollout.py@9d3a41e2 plays train task number sample.index and picks the user
+# sample.index % K; tau2_cotrain_rollout.py@6218b975 plays task id str(sample.index)
+TASK_DRAWS = {
+    "split": "each step draws batch_tasks distinct tasks of the train split at random (seeded by"
+    " seed and step); an Ensemble's member per ensemble_draw: what the release intended",
+    "release": "the release's tau2 draws as they ran: frozen-user regimes play the first"
+    " batch_tasks train tasks, in the data's order, every step, and an Ensemble's member is the"
+    " task's position mod K (each task always meets the same member); cotrain and population"
+    ' play the tasks with ids "0" .. batch_tasks - 1 of the whole task set, test tasks included',
+}
+# how a step's per-token losses become one number (training/rl/grpo.py REDUCERS)
+LOSS_REDUCTIONS = {
+    "token": "one token mean over the global batch: a long conversation weighs more",
+    "sample": "each sequence's token mean, then the mean over the global batch's sequences:"
+    " Slime's default sum_of_sample_mean (no --calculate-per-token-loss), the release's",
+}
+# which sampling settings an endpoint simulator sends (agents/llm/providers.py sampling_params)
+SIMULATOR_SAMPLINGS = {
+    "sent": "temperature is sent, and top_p unless it is 1.0",
+    "provider": "neither temperature nor top_p is sent: the provider's defaults apply (1.0 on"
+    " OpenAI, Anthropic, Gemini and OpenRouter), as the release's hosted tau2 users sample",
 }
 # a co-trained simulator's reward, r the agent's (formulas and sources: training/regimes/sim_rewards.py)
 SIMULATOR_REWARDS = {
@@ -114,6 +141,9 @@ Name = Annotated[StrictStr, AfterValidator(_not_blank)]
 DomainName = Annotated[StrictStr, AfterValidator(_known_domain)]
 RegimeName = Literal[tuple(r.value for r in Regime)]
 EnsembleDraw = Literal[tuple(ENSEMBLE_DRAWS)]
+TaskDraw = Literal[tuple(TASK_DRAWS)]
+LossReduction = Literal[tuple(LOSS_REDUCTIONS)]
+SimulatorSampling = Literal[tuple(SIMULATOR_SAMPLINGS)]
 SimulatorKindName = Literal[tuple(k.value for k in SimulatorKind)]
 DrawMode = Literal[DRAW_MODES]
 Script = Literal[(*SCRIPTED_TYPES, "")]
@@ -180,6 +210,11 @@ class SimulatorSpec:
         " weights, reported beside the others and left out of the heldout/unseen_* means",
     )
     temperature: StrictFloat = Field(0.7, gt=0, description="sampling temperature")
+    sampling: SimulatorSampling = Field(
+        "sent",
+        description="endpoint: which sampling settings its requests carry: "
+        + " | ".join(f"{k}: {v}" for k, v in SIMULATOR_SAMPLINGS.items()),
+    )
     max_new_tokens: StrictInt = Field(64, ge=1, description="tokens per reply")
     k: StrictInt = Field(5, ge=2, description="verbalized: candidates per reply")
     draw: DrawMode = Field(
@@ -238,8 +273,21 @@ class SimulatorSpec:
             raise _refuse(
                 "api_key_env", self.api_key_env, "is for an endpoint simulator (set `endpoint`)"
             )
+        if self.sampling == "provider":
+            # not sent, so not settable: a value here would read as sent (the defaults are
+            # what to_dict writes, so a saved config loads again)
+            for key, unset in (("temperature", 0.7), ("top_p", 1.0)):
+                if getattr(self, key) != unset:
+                    raise _refuse(
+                        key,
+                        getattr(self, key),
+                        'is not sent with sampling = "provider" (the provider\'s default'
+                        ' applies): remove it, or set sampling = "sent"',
+                    )
         if not self.endpoint:
-            for key, unset in (("provider", "auto"), ("top_p", 1.0), ("reasoning_effort", "")):
+            for key, unset in (
+                ("provider", "auto"), ("top_p", 1.0), ("reasoning_effort", ""), ("sampling", "sent")
+            ):  # fmt: skip
                 if getattr(self, key) != unset:
                     raise _refuse(
                         key,
@@ -256,7 +304,7 @@ class SimulatorSpec:
                     f"must name the variable holding the key of {provider.label} (conventionally"
                     f" {provider.key_env})",
                 )
-            refused = provider.refusal(self.temperature, self.reasoning_effort)
+            refused = provider.refusal(self.sent_temperature(), self.reasoning_effort)
             if refused:
                 key, why = refused
                 raise _refuse(key, getattr(self, key), f"cannot be sent as asked: {why}")
@@ -270,8 +318,15 @@ class SimulatorSpec:
         """An endpoint simulator's generation settings in agents.llm's common vocabulary (the
         client shapes them for the provider): what every turn sends, and the dry run too."""
         return sampling_params(
-            self.temperature, self.max_new_tokens, self.top_p, self.reasoning_effort
+            self.sent_temperature(),
+            self.max_new_tokens,
+            None if self.sampling == "provider" else self.top_p,
+            self.reasoning_effort,
         )
+
+    def sent_temperature(self) -> float | None:
+        """The temperature its requests carry; None: not sent (sampling = "provider")."""
+        return None if self.sampling == "provider" else self.temperature
 
     def api_key(self) -> str | None:
         if not self.api_key_env:
@@ -309,6 +364,31 @@ class SimulatorSpec:
         return ("local", str(model)) + ((str(adapter.resolve()),) if adapter else ())
 
 
+# How the held-out panel's tasks are drawn at each evaluation (training/measures/held_out.py).
+EVAL_DRAWS = {
+    "split": "every panel member plays each eval-side task eval_samples times, the same tasks"
+    " at every evaluation",
+    "training_cursor": "the release's P4G draw (CHATS-lab/scope_usim usim/p4g/rollout.py @"
+    " 9d3a41e, _p4g_eval_single_dataset: get_samples(16) on the training data source): each"
+    " member in turn takes the next 16 tasks of the training order (sorted ids, cycling) after"
+    " those the steps (batch_tasks each) and earlier members and evaluations took, each task"
+    " played group_size x eval_samples times; needs eval_split = train_split",
+}
+EVAL_DRAW_WINDOW = 16  # the release's get_samples(16)
+EvalDraw = Literal[tuple(EVAL_DRAWS)]
+
+# Which users make up the held-out panel of a Persona-Guided or Verbalized Sampling run.
+HELDOUT_USERS = {
+    "like_training": "as the release's tau2 evaluation (usim/slime/rollout.py @ e2110a1 copies"
+    " the run's args, --usim-user-prompt-prefix and --usim-verbalized-sampling included, into"
+    " every panel user): each member gets the training simulator's guidelines (regime"
+    " persona) or Verbalized Sampling k and draw (regime verbalized), written heldout/...;"
+    " the plain panel is evaluated too, written heldout_plain/...",
+    "plain": "the members as their [[heldout]] tables give them, written heldout/...",
+}
+HeldoutUsers = Literal[tuple(HELDOUT_USERS)]
+
+
 @dataclass(config=TABLE)
 class ScenarioSpec:
     train_split: StrictStr = Field("train", description="the Domain's split to train on")
@@ -321,6 +401,11 @@ class ScenarioSpec:
     )
     max_train: StrictInt = Field(0, ge=0, description="keep the first N scenarios (0 = all)")
     max_eval: StrictInt = Field(0, ge=0, description="keep the first N scenarios (0 = all)")
+    eval_draw: EvalDraw = Field(
+        "split",
+        description="which tasks each held-out evaluation plays; "
+        + " | ".join(f"{k}: {v}" for k, v in EVAL_DRAWS.items()),
+    )
 
 
 DISTRIBUTED_STRATEGIES = ("ddp", "fsdp")
@@ -343,6 +428,27 @@ class DistributedSpec:
         description="ddp: every rank holds the whole model, gradients are all-reduced"
         " | fsdp: parameters sharded across ranks, for models that do not fit one device"
         " (LoRA or full fine-tuning; see docs/paper.md)",
+    )
+    # NCCL's own default is 10 minutes (accelerate's too): a collective that one rank enters
+    # while another is still working (a long checkpoint write, a slow rollout on one rank)
+    # is cut off after this long, and every rank then names the collective that timed out
+    timeout: StrictInt = Field(
+        1800,
+        ge=1,
+        le=86400,
+        description="seconds a rank waits in a collective for the others before the run fails"
+        " with a timeout naming the collective (the process group's timeout; NCCL's default is"
+        " 600). The held-out evaluation is split across ranks, so no rank waits out another's"
+        " whole panel",
+    )
+    backend: StrictStr = Field(
+        "auto",
+        pattern=r"^(auto|[a-z0-9_-]+(:[a-z0-9_-]+)?(,[a-z0-9_-]+:[a-z0-9_-]+)*)$",
+        description='the process group\'s backend: "auto" is "cpu:gloo,cuda:nccl" on GPUs (NCCL'
+        " for the model's tensors, gloo beside it for anything on the CPU) and gloo on CPU;"
+        ' or torch\'s own spelling ("nccl", "cpu:gloo,cuda:nccl"). With one the run\'s'
+        " device type has no backend in (a cuda-only group on a CPU run, as CI's NCCL"
+        " stand-in), the run's collectives go through a gloo group of their own",
     )
 
 
@@ -420,7 +526,15 @@ class RunConfig:
         description="which simulator the agent meets, and whether it learns too",
     )
     domain_data: StrictStr = Field(
-        "", description='official data folder for the Domain ("" = its bundled data)'
+        "",
+        description='official data folder for the Domain ("" = its bundled data); a path that is'
+        " absent stops the run, never falling back to the bundled data",
+    )
+    domain_protocol: StrictStr = Field(
+        "",
+        description='which of the Domain\'s protocols the task runs ("" = its default; P4G:'
+        ' "parley", the honest persuader of the studies, or "release", the paper\'s released'
+        " task, which needs domain_data: agents/domains/p4g/release.py)",
     )
     base_model: StrictStr = Field(
         "", description='a Hugging Face model folder; "" = agents.paths.base_model_dir()'
@@ -440,10 +554,21 @@ class RunConfig:
     ensemble_draw: EnsembleDraw = Field(
         "rollout",
         description='regime "ensemble": which member plays a rollout\'s user: '
-        + " | ".join(f"{k}: {v}" for k, v in ENSEMBLE_DRAWS.items()),
+        + " | ".join(f"{k}: {v}" for k, v in ENSEMBLE_DRAWS.items())
+        + ' (with task_draw = "release" the member is the task\'s position mod K instead)',
+    )
+    task_draw: TaskDraw = Field(
+        "split",
+        description="which tasks a step plays: "
+        + " | ".join(f"{k}: {v}" for k, v in TASK_DRAWS.items()),
     )
     heldout: list[SimulatorSpec] = Field(
         default_factory=list, description="the held-out panel: users the agent never trains on"
+    )
+    heldout_users: HeldoutUsers = Field(
+        "like_training",
+        description="regimes persona and verbalized: the panel's users; "
+        + " | ".join(f"{k}: {v}" for k, v in HELDOUT_USERS.items()),
     )
     # GRPO
     group_size: StrictInt = Field(
@@ -477,6 +602,11 @@ class RunConfig:
     )
     # the release's launchers: --kl-loss-type low_var_kl, which is k3 (CHATS-lab/scope_usim
     # cmd/slime/p4g/rl_single_gpt5mini.sh @1470e27); the formulas are in grpo.grpo_loss
+    loss_reduction: LossReduction = Field(
+        "token",
+        description="how the step's per-token losses are averaged, for the agent and a"
+        " co-trained simulator: " + " | ".join(f"{k}: {v}" for k, v in LOSS_REDUCTIONS.items()),
+    )
     kl_estimator: KlEstimator = Field(
         "k3",
         description="the per-token KL estimator, d = log pi_ref - log pi: k1 = -d (the log"
@@ -603,6 +733,7 @@ class RunConfig:
     @model_validator(mode="after")
     def _rules(self) -> RunConfig:
         self._supply_rules()
+        self._task_rules()
         base = self.base_model_path()
         if self.trains_simulator:  # learnt in this process, on an endpoint or not
             training = [("local", str(self.simulator_model_path().expanduser().resolve()))]
@@ -653,6 +784,19 @@ class RunConfig:
                     " each push their own weights into their server's one model, so each needs"
                     " its own server",
                 )
+        if self.task_draw == "release" and self.domain in ("p4g", "cooperbench"):
+            raise _refuse(
+                "task_draw",
+                self.task_draw,
+                "reproduces the release's tau2 data source: its P4G and CooperBench sources read"
+                ' their files in order (use "split")',
+            )
+        if self.trains_simulator and self.simulator.sampling != "sent":
+            raise _refuse(
+                "simulator.sampling",
+                self.simulator.sampling,
+                'must be "sent": a co-trained simulator samples at its own temperature',
+            )
         if not self.center_rewards and self.scale_std:
             raise _refuse(
                 "scale_std",
@@ -688,6 +832,39 @@ class RunConfig:
                         " held-out user must share no weights with it",
                     )
         return self
+
+    def _task_rules(self) -> None:
+        """The Domain's protocol exists (and has the data it needs); the release's evaluation
+        draw runs over the training tasks."""
+        if self.domain_protocol:
+            cls = domain_class(self.domain)
+            if self.domain_protocol not in cls.protocols:
+                raise _refuse(
+                    "domain_protocol",
+                    self.domain_protocol,
+                    f"must be one of {_one_of(cls.protocols)} for domain {self.domain}"
+                    if cls.protocols
+                    else f"must be empty: domain {self.domain} has one protocol",
+                )
+            try:  # a Domain refuses a protocol without the data it needs (P4G's release)
+                cls(data_dir=self.domain_data or None, protocol=self.domain_protocol)
+            except ValueError as error:
+                raise _refuse(
+                    "domain_protocol", self.domain_protocol, f"refused: {error}"
+                ) from None
+        tasks = self.tasks
+        if tasks.eval_draw == "training_cursor" and (
+            tasks.eval_split != tasks.train_split or tasks.eval_ids
+        ):
+            raise _refuse(
+                "tasks.eval_draw",
+                tasks.eval_draw,
+                "draws from the training tasks: set eval_split = train_split and no eval_ids",
+            )
+
+    def build_domain(self) -> Domain:
+        """The run's Domain: its official data (if any) and protocol."""
+        return get_domain(self.domain, self.domain_data or None, self.domain_protocol)
 
     def _supply_rules(self) -> None:
         """The Ensemble's members and the Persona-Guided guidelines: each read by its regime
@@ -753,6 +930,28 @@ class RunConfig:
         from agents.domains import domain_class
 
         return domain_class(self.domain).simulator_guidelines
+
+    def panel_readouts(self) -> dict[str, list[SimulatorSpec]]:
+        """The held-out panel's read-outs, by metrics prefix: "heldout" (the panel as
+        heldout_users says), and "heldout_plain" (the [[heldout]] tables as written) beside it
+        when the first differs from them (training/measures/held_out.py). A scripted member has
+        no prompt to prefix and writes no JSON: it stays as it is."""
+        plain = list(self.heldout)
+        if self.heldout_users != "like_training" or self.regime not in (
+            Regime.PERSONA,
+            Regime.VERBALIZED,
+        ):
+            return {"heldout": plain}
+        (trained,) = self.training_simulators()
+        if self.regime == Regime.PERSONA:
+            changes: dict[str, Any] = {"guidelines": trained.guidelines}
+        else:
+            changes = {"kind": trained.kind, "k": trained.k, "draw": trained.draw}
+        like = [
+            s if s.kind == SimulatorKind.SCRIPTED else dataclasses.replace(s, **changes)
+            for s in plain
+        ]
+        return {"heldout": like, "heldout_plain": plain} if like != plain else {"heldout": plain}
 
     def training_simulators(self) -> list[SimulatorSpec]:
         """The simulators the agent trains against, as built: the Ensemble's members, the

@@ -50,10 +50,17 @@ def input_choices(names: Iterable[str] | None = None) -> list[tuple[str, str]]:
     return list(choices.items())
 
 
-def get_domain(name: str, data_dir: str | Path | None = None) -> Domain:
-    """A fresh Domain; data_dir points at official data (None: the project's bundled data)."""
+def get_domain(name: str, data_dir: str | Path | None = None, protocol: str = "") -> Domain:
+    """A fresh Domain; data_dir points at official data (None: the project's bundled data);
+    protocol names one of the Domain's `protocols` ("": its default)."""
     cls = domain_class(name)
-    return cls(data_dir=data_dir) if data_dir is not None else cls()
+    kwargs: dict = {} if data_dir is None else {"data_dir": data_dir}
+    if protocol:
+        if protocol not in cls.protocols:
+            known = ", ".join(cls.protocols) or "none: it has one protocol"
+            raise ValueError(f"domain {name!r} has no protocol {protocol!r} (known: {known})")
+        kwargs["protocol"] = protocol
+    return cls(**kwargs)
 
 
 __all__ = [

@@ -106,6 +106,10 @@ class Domain(abc.ABC):
     # what `outcome_from_answers` reads from a person's questionnaire, each mapped to one item
     # in the study's admin and checked at go-live; none: the chat's own score is the outcome
     questionnaire_inputs: tuple[QuestionnaireInput, ...] = ()
+    # the task's variants, by name, with what each does (the first is the default): a run config's
+    # domain_protocol and a study's pick one; {} = one protocol only (P4G: parley's and the
+    # paper's release's)
+    protocols: dict[str, str] = {}
 
     def with_turn_limit(self, max_turns: int) -> Domain:
         """This Domain for conversations of at most `max_turns` messages (user and agent), as a

@@ -97,9 +97,9 @@ class Provider:
             notes.append("response_format is not enforced: choices are read from the text")
         return out, notes
 
-    def refusal(self, temperature: float, reasoning_effort: str) -> tuple[str, str] | None:
+    def refusal(self, temperature: float | None, reasoning_effort: str) -> tuple[str, str] | None:
         """(the parameter, why) when a simulator asking this of this provider cannot be run as
-        asked; None when it can."""
+        asked; None when it can (a None temperature is not sent)."""
         if reasoning_effort and not self.reasoning:
             return (
                 "reasoning_effort",
@@ -108,6 +108,7 @@ class Provider:
         if (
             self.max_temperature is not None
             and not self.fixed_sampling
+            and temperature is not None
             and temperature > self.max_temperature
         ):
             why = (
@@ -185,12 +186,18 @@ PROVIDER_CHOICES = (AUTO, *PROVIDERS)
 
 
 def sampling_params(
-    temperature: float, max_tokens: int, top_p: float = 1.0, reasoning_effort: str = ""
+    temperature: float | None,
+    max_tokens: int,
+    top_p: float | None = 1.0,
+    reasoning_effort: str = "",
 ) -> dict[str, Any]:
-    """A simulator's generation settings in the common vocabulary, before shaping: top_p 1.0
-    (every API's default) and an empty effort are not sent."""
-    params: dict[str, Any] = {"temperature": temperature, "max_tokens": max_tokens}
-    if top_p != 1.0:
+    """A simulator's generation settings in the common vocabulary, before shaping: a None
+    temperature or top_p, top_p 1.0 (every API's default) and an empty effort are not sent, so
+    the provider's own defaults apply."""
+    params: dict[str, Any] = {"max_tokens": max_tokens}
+    if temperature is not None:
+        params["temperature"] = temperature
+    if top_p is not None and top_p != 1.0:
         params["top_p"] = top_p
     if reasoning_effort:
         params["reasoning_effort"] = reasoning_effort

@@ -16,12 +16,19 @@ OPEN_CHAT = Study.OPEN_CHAT  # a study with no Domain: free conversation, no sce
 
 
 @lru_cache(maxsize=8)
-def shared_domain(name: str, source: str = "") -> Domain | None:
+def shared_domain(name: str, source: str = "", protocol: str = "") -> Domain | None:
     """The one shared Domain of this name for the whole process (agents.domains.get_domain makes
-    a fresh one each call); `source` is the official data folder a scenario came from."""
+    a fresh one each call); `source` is the official data folder a scenario came from,
+    `protocol` the study's (protocol_of)."""
     if name == OPEN_CHAT:
         return None
-    return fresh_domain(name, data_dir=source or None)
+    return fresh_domain(name, data_dir=source or None, protocol=protocol)
+
+
+def protocol_of(study: Study, domain_name: str) -> str:
+    """The protocol a study runs `domain_name` under: its domain_protocol for its own domain
+    ("" = the Domain's default; a pool's scenario of another domain keeps that one's default)."""
+    return study.domain_protocol if domain_name == study.domain else ""
 
 
 def speaker_names(domain_name: str) -> dict[str, str]:
@@ -45,9 +52,9 @@ def domain_and_scenario(study: Study, row) -> tuple[Domain | None, DomainScenari
     """A scenario row's own Domain (a pool may mix retail and airline), else the study's, and
     the row as the Domain takes it (None without one)."""
     if row is None:
-        domain, scenario = shared_domain(study.domain), None
+        domain, scenario = shared_domain(study.domain, "", study.domain_protocol), None
     else:
-        domain = shared_domain(row.domain, row.source)
+        domain = shared_domain(row.domain, row.source, protocol_of(study, row.domain))
         scenario = DomainScenario(
             id=row.key, domain=row.domain, payload=row.payload, title=row.title
         )

@@ -14,6 +14,7 @@ from django.dispatch import receiver
 # endpoints and keys are left out (an engine may move host); statuses and texts too.
 FROZEN_STUDY_FIELDS = (
     "domain",
+    "domain_protocol",
     "target_per_arm",
     "control_arm",
     "comparisons",

@@ -21,6 +21,16 @@ def domain_choices() -> list[tuple[str, str]]:
     return [(Study.OPEN_CHAT, "Open chat (no task)"), *registered_domains(STUDY_DOMAINS)]
 
 
+def protocol_choices() -> list[tuple[str, str]]:
+    """Every protocol of the Domains people can take part in (P4G: "parley", "release"), for
+    Study.domain_protocol; which one a study may pick depends on its domain (Study.clean)."""
+    choices: dict[str, str] = {}
+    for name in STUDY_DOMAINS:
+        for protocol, text in domain_class(name).protocols.items():
+            choices.setdefault(protocol, f"{protocol}: {text}")
+    return list(choices.items())
+
+
 def default_engine_url() -> str:  # the default of a field migration 0001 still makes
     return settings.PARLEY_ENGINE_URL
 
@@ -61,6 +71,17 @@ class Study(models.Model):
     slug = models.SlugField(unique=True, help_text="Part of the participant link: /s/SLUG/")
     title = models.CharField(max_length=200)
     domain = models.CharField(max_length=20, choices=domain_choices, default=OPEN_CHAT)
+    domain_protocol = models.CharField(
+        "task protocol",
+        max_length=20,
+        blank=True,
+        default="",
+        choices=protocol_choices,
+        help_text="Which of the task's protocols the agent (and any simulated participant) "
+        "follows; blank = the task's default. P4G: parley's honest persuader (the default, made "
+        "for people) or the paper's released task (persuader persona, bonus, 50 words; needs the "
+        "official data with the release's split as the scenarios' source).",
+    )
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.DRAFT)
     target_per_arm = models.PositiveIntegerField(default=20, validators=[MinValueValidator(1)])
     prolific_study_id = models.CharField(
@@ -166,6 +187,14 @@ class Study(models.Model):
         if self.control_arm_id and self.pk and self.control_arm.study_id != self.pk:
             raise ValidationError({"control_arm": "The control arm must belong to this study."})
         errors = {}
+        if self.domain_protocol:
+            known = domain_class(self.domain).protocols if self.domain != self.OPEN_CHAT else {}
+            if self.domain_protocol not in known:
+                errors["domain_protocol"] = (
+                    f"The task ({self.get_domain_display()}) has no protocol "
+                    f"{self.domain_protocol!r}"
+                    + (f"; choose one of {', '.join(known)}." if known else ": leave it blank.")
+                )
         for name in ("alpha", "target_power"):
             if not 0 < getattr(self, name) < 1:
                 errors[name] = "Must lie strictly between 0 and 1."

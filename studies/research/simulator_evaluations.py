@@ -39,7 +39,7 @@ from studies.analysis.report import included_rows
 from studies.analysis.sim2real import ArmData, Conversation, build_sim2real
 from studies.analysis.table import numeric_column
 from studies.annotation import analysis as annotation_analysis
-from studies.lib.domain_bridge import shared_domain, system_prompt_of
+from studies.lib.domain_bridge import protocol_of, shared_domain, system_prompt_of
 from studies.models import Arm, Item, Participant, Scenario, SimulatorEvaluation, Study
 from studies.research import heldout_conversations, imitation_data
 from studies.research.analysis_runs import (
@@ -180,7 +180,7 @@ def evaluate_missing(
 def _domain_scenario(row: Scenario):
     from agents.domains.base import Scenario as DomainScenario
 
-    domain = shared_domain(row.domain, row.source)
+    domain = shared_domain(row.domain, row.source, protocol_of(row.study, row.domain))
     return domain, DomainScenario(
         id=row.key, domain=row.domain, payload=row.payload, title=row.title
     )

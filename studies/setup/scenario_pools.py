@@ -6,7 +6,7 @@ from pathlib import Path
 from django.db import transaction
 
 from agents.domains import STUDY_DOMAINS
-from studies.lib.domain_bridge import shared_domain
+from studies.lib.domain_bridge import protocol_of, shared_domain
 from studies.models import Scenario, Study
 
 
@@ -40,7 +40,7 @@ def import_pool(
     if count is not None and count < 1:
         raise PoolError("The number of scenarios must be at least 1.")
     try:
-        family = shared_domain(domain, source)
+        family = shared_domain(domain, source, protocol_of(study, domain))
         scenarios = family.scenarios(split or None)
     except (OSError, ValueError, KeyError) as error:
         raise PoolError(

@@ -5,7 +5,8 @@
                  guidelines (simulator.guidelines, default the Domain's: tau2 the release's text)
     ensemble     K frozen simulators ([[ensemble]]) in rotation: the member that plays a rollout's
                  user is round-robin over the run's rollouts (ensemble_draw = "rollout", the
-                 release's rule) or over its tasks ("task"); see Ensemble
+                 release's P4G rule) or over its tasks ("task"), or with task_draw = "release"
+                 the task's position mod K (the release's tau2 runs as they ran); see Ensemble
     verbalized   one frozen Verbalized Sampling simulator (k candidates, one drawn)
     cotrain      the simulator is a LoRA (finetune = "full": every weight) on its own model
                  (simulator.model, default the agent's base) taking its own GRPO step on its own
@@ -143,15 +144,23 @@ class Verbalized(Single):
 
 
 class Ensemble(RegimeRun):
-    """K frozen simulators in rotation. The member of rollout `j` of the step's task `i` is
-    position mod K, position = ((step - 1) * batch_tasks + i) * G + j with ensemble_draw =
-    "rollout", (step - 1) * batch_tasks + i with "task". The release's rule is the first: its
-    rollout picks `sample.index % K` (CHATS-lab/scope_usim usim/slime/rollout.py and
-    usim/p4g/rollout.py `_get_*_config`, commit 9d3a41e26d27a26795fdd3818979f5fd489c17e7), and
-    its data sources number a step's samples consecutively, a task's G together, across the run
-    (usim/slime/data_source.py get_samples, commit 1c268eb026b6eca549e38001ab6805b904c35782).
-    So each group meets every member (GRPO's baseline spans them) and the shares stay even. A
-    draw depends on (step, task index, rollout index) only, not on the seed or the process
+    """K frozen simulators in rotation. The member of rollout `j` of the step's task `i`:
+
+    - task_draw = "release": member i mod K, every step. That is what the release's tau2 runs
+      did: its data source fell back to index-only samples (usim/slime/data_source.py, commit
+      1c268eb026b6eca549e38001ab6805b904c35782: the tau2 task import fails), so a step's 16
+      groups carry sample.index = i, the same for the G rollouts of a group, and the rollout
+      picks `sample.index % K` (usim/slime/rollout.py `_get_user_model_config`, commit
+      9d3a41e26d27a26795fdd3818979f5fd489c17e7). Each task always meets ONE member: GRPO's
+      baseline compares rollouts against the same user, and a member's tasks are fixed.
+    - otherwise position mod K, position = ((step - 1) * batch_tasks + i) * G + j with
+      ensemble_draw = "rollout", (step - 1) * batch_tasks + i with "task". "rollout" is what the
+      release's data sources intended (get_samples numbers a step's samples consecutively, a
+      task's G together, across the run) and what its P4G runs did (usim/p4g/rollout.py reads
+      files and numbers rollouts consecutively): each group meets every member and the shares
+      stay even.
+
+    A draw depends on (step, task index, rollout index) only, not on the seed or the process
     count: it is the same whichever rank plays the task."""
 
     name = Regime.ENSEMBLE
@@ -170,6 +179,8 @@ class Ensemble(RegimeRun):
     def member(self, step: int, task: int, rollout: int) -> str:
         """The member that plays rollout `rollout` of the step's task number `task`."""
         cfg = self.config
+        if cfg.task_draw == "release":
+            return self.names[task % len(self.names)]
         position = (step - 1) * cfg.batch_tasks + task
         if cfg.ensemble_draw == "rollout":
             position = position * cfg.group_size + rollout

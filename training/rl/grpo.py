@@ -65,8 +65,10 @@ def grpo_loss(
     eps_high: float | None = None,
     beta: float = 0.0,
     kl_estimator: str = "k3",
+    reduction: str = "token",
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The GRPO loss, a token-level mean over the policy's own tokens:
+    """The GRPO loss over the policy's own tokens, reduced as `reduction` says (config:
+    loss_reduction):
 
         ratio_t = exp(logp_t - old_logp_t)
         L_t     = -min(ratio_t * A, clip(ratio_t, 1 - eps, 1 + eps_high) * A) + beta * KL_t
@@ -74,16 +76,21 @@ def grpo_loss(
         KL_t    = k1: -d_t                     (the log ratio logp - ref)
                   k2: d_t^2 / 2
                   k3: exp(d_t) - d_t - 1       (the default, >= 0; the release's low_var_kl)
-        loss    = sum_t mask_t * L_t / sum_t mask_t
+        token:  loss = sum_{b,t} mask_bt * L_bt / sum_{b,t} mask_bt        (one token mean)
+        sample: loss = 1/B sum_b (sum_t mask_bt * L_bt / max(sum_t mask_bt, 1))
+                (each sequence's token mean, then the mean over sequences: Slime's
+                sum_of_sample_mean, its default without --calculate-per-token-loss)
 
     logp/old_logp/ref_logp/mask: [B, T]; adv: [B] (one advantage per sequence).
-    Returns the loss and stats: kl, clip_frac (tokens whose gradient the clip removed), tokens.
+    Returns the loss and stats: kl, clip_frac (tokens whose gradient the clip removed), tokens,
+    samples (B), each stat reduced as the loss is.
     """
     if kl_estimator not in KL_ESTIMATORS:
         raise ValueError(f"kl_estimator must be one of {', '.join(KL_ESTIMATORS)}")
+    if reduction not in REDUCERS:
+        raise ValueError(f"reduction must be one of {', '.join(REDUCERS)}")
     eps_high = eps if eps_high is None else eps_high
     mask = mask.to(logp.dtype)
-    tokens = mask.sum().clamp(min=1.0)
     adv = adv.to(logp.dtype).unsqueeze(-1)
     ratio = torch.exp(logp - old_logp)
     unclipped = ratio * adv
@@ -93,15 +100,31 @@ def grpo_loss(
     if ref_logp is not None and beta > 0:
         kl = KL_ESTIMATORS[kl_estimator](ref_logp - logp)
         per_token = per_token + beta * kl
-    loss = (per_token * mask).sum() / tokens
+    reduce = REDUCERS[reduction]
+    loss = reduce(per_token, mask)
     with torch.no_grad():
-        clip_frac = ((clipped < unclipped).to(logp.dtype) * mask).sum() / tokens
         stats = {
-            "kl": float((kl * mask).sum() / tokens),
-            "clip_frac": float(clip_frac),
+            "kl": float(reduce(kl, mask)),
+            "clip_frac": float(reduce((clipped < unclipped).to(logp.dtype), mask)),
             "tokens": float(mask.sum()),
+            "samples": float(mask.shape[0]),
         }
     return loss, stats
+
+
+def _token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def _sample_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    per_sample = (values * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1.0)
+    return per_sample.mean()
+
+
+# How the per-token losses of a batch become one number (config: loss_reduction). `token`
+# weighs every token alike, so a long conversation counts more; `sample` weighs every sequence
+# alike, as Slime does by default (THUDM/slime get_sum_of_sample_mean, the release's trainer).
+REDUCERS = {"token": _token_mean, "sample": _sample_mean}
 
 
 @dataclass
@@ -490,6 +513,7 @@ def update(
     ranks: Any = None,
     kl_estimator: str = "k3",
     autocast: Callable[[], Any] = nullcontext,
+    loss_reduction: str = "token",
 ) -> dict[str, float]:
     """One GRPO step on `batch`: old and reference log-probs, then `epochs` optimizer steps.
 
@@ -516,10 +540,10 @@ def update(
     adv, n_live = adv[order], int(live.sum())
     chunks = [(i, min(i + micro_batch, n_live)) for i in range(0, n_live, micro_batch)]
     # Data-parallel (`ranks`, training/rl/distributed.py): each rank holds its own tasks' rows. The
-    # loss is a token mean over the GLOBAL batch, so every rank divides by the token count summed
-    # over all ranks, and the gradients are then summed (not averaged as DDP does): sum over
-    # ranks of (rank's token sum / global tokens) is exactly the 1-process loss over the whole
-    # batch. Whether to step at all is decided on the global count of live rows, so every rank
+    # loss is a mean over the GLOBAL batch (of tokens, or of sequences with loss_reduction
+    # "sample"), so every rank divides by that count summed over all ranks, and the gradients are
+    # then summed (not averaged as DDP does): sum over ranks of (rank's sum / global count) is
+    # exactly the 1-process loss over the whole batch. Whether to step at all is decided on the global count of live rows, so every rank
     # steps (or skips) together and the weights stay identical.
     #
     # FSDP (`model` an FSDP wrapper, training/rl/distributed.py): every pass through the wrapper is
@@ -532,6 +556,11 @@ def update(
     full = model.module if sharded else model
     global_live = ranks.total(n_live)
     total_tokens = max(ranks.total(float(batch.mask.sum())), 1.0)
+    # loss_reduction "sample": each micro-batch's mean of sequence means, weighted by its share
+    # of the GLOBAL sequence count (every row, idle ones too: they add 0, as in one process)
+    total_samples = max(ranks.total(float(len(batch))), 1.0)
+    share = "samples" if loss_reduction == "sample" else "tokens"
+    denominator = total_samples if loss_reduction == "sample" else total_tokens
     passes = ranks.most(len(chunks)) if sharded else len(chunks)
     scale = ranks.world if sharded else 1
     totals = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "entropy": 0.0, "grad_norm": 0.0}
@@ -566,9 +595,9 @@ def update(
             old_logp = old[c] if epochs > 1 else logp.detach()
             loss, stats = grpo_loss(
                 logp, old_logp, ref.get(c), adv[c[0] : c[1]], rows.mask, eps, eps_high, beta,
-                kl_estimator,
+                kl_estimator, loss_reduction,
             )  # fmt: skip
-            weight = stats["tokens"] / total_tokens  # token-level mean over the whole batch
+            weight = stats[share] / denominator  # this chunk's part of the whole batch's mean
             (loss * weight * scale).backward()
             totals["loss"] += loss.item() * weight / epochs
             totals["kl"] += stats["kl"] * weight / epochs

@@ -422,6 +422,7 @@ class Policy(LocalModel):
             ranks=ranks,
             kl_estimator=self.kl_estimator,
             autocast=self.compute,
+            loss_reduction=config.loss_reduction,
         )
 
     def _reference_weights(self) -> Any:

@@ -498,7 +498,8 @@ PROBE = [
 def endpoint_simulators(config: RunConfig) -> list[tuple[str, SimulatorSpec]]:
     """(role, spec) of every frozen simulator on an endpoint: each is sent one request."""
     specs = [] if config.trains_simulator else [("simulator", config.simulator)]
-    specs += [(f"held-out {s.name}", s) for s in config.heldout]
+    # the panel as the run builds it (a Persona-Guided or VS run's members like its simulator)
+    specs += [(f"held-out {s.name}", s) for s in config.panel_readouts()["heldout"]]
     return [(role, s) for role, s in specs if s.endpoint and s.kind != SimulatorKind.SCRIPTED]
 
 
@@ -559,19 +560,42 @@ def check_local(config: RunConfig) -> list[Check]:
                 folders[f"{spec.name} adapter"] = str(spec.adapter_path())
     if config.collapse.embedding_model:  # sim/embedding_dispersion's model: loaded, never fetched
         folders["embedding model"] = config.collapse.embedding_model
-    if config.domain_data:
-        data = Path(config.domain_data).expanduser()
-        checks.append(
-            Check(
-                "domain data", data.is_dir(), f"{data}" + ("" if data.is_dir() else ": no folder")
-            )
-        )
     for name, folder in folders.items():
         path = Path(folder).expanduser()
         marker = "adapter_config.json" if name.endswith("adapter") else "config.json"
         ok = (path / marker).is_file()
         checks.append(Check(name, ok, f"{path}" + ("" if ok else f": no {marker} there")))
     return checks
+
+
+def check_domain_data(config: RunConfig, offline: bool) -> Check:
+    """The Domain's official data (domain_data) and the tasks it gives under the run's protocol.
+    A path that is absent is said plainly: the run stops there (it never falls back to the
+    bundled data); offline that is a note, since the data lives on the training machine."""
+    data = Path(config.domain_data).expanduser()
+    protocol = config.domain_protocol or "default"
+    if not data.exists():
+        where = "the online dry run and the run fail on it" if offline else "the run fails here"
+        return Check(
+            "domain data",
+            offline,
+            f"ABSENT: {data} does not exist on this machine; {where}, never falling back to"
+            f" {config.domain}'s bundled data (protocol {protocol})",
+        )
+    from training.trainer.loop import select_scenarios  # torch: only when the data is there
+
+    try:
+        domain = config.build_domain()
+        train = select_scenarios(domain, config.tasks, "train")
+        held = select_scenarios(domain, config.tasks, "eval")
+    except (OSError, ValueError, KeyError) as error:
+        return Check("domain data", False, f"{data} (protocol {protocol}): {error}")
+    return Check(
+        "domain data",
+        True,
+        f"{data} (protocol {protocol}): {len(train)} training and {len(held)} evaluation tasks"
+        f" (eval_draw {config.tasks.eval_draw})",
+    )
 
 
 def check_tool_format(config: RunConfig) -> Check:
@@ -617,6 +641,8 @@ def dry_run(
     checks.append(check_precision(config))
     mem_check, estimate = check_memory(config, offline, device_gib)
     checks.append(mem_check)
+    if config.domain_data:
+        checks.append(check_domain_data(config, offline))
     if not offline:
         checks += check_local(config)
         checks.append(check_tool_format(config))

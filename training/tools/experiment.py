@@ -195,7 +195,6 @@ def final_simulator(config: RunConfig) -> dict[str, float] | None:
     """Each ask's exact expected reward against the simulator the agent ended up facing: the
     co-trained simulator of the last checkpoint (a frozen one never changes: exploit.json).
     Says whether co-training made the exploit less rewarding than the other asks."""
-    from agents.domains import get_domain
     from training.measures.collapse import simulator_exploit
     from training.rl.policy import LocalModel
     from training.rollouts.simulator import LocalUser
@@ -213,7 +212,7 @@ def final_simulator(config: RunConfig) -> dict[str, float] | None:
         return None
     lm = LocalModel.load(config.simulator_model_path(), config.dtype, config.device,
                          str(saved[-1] / "simulator"))  # fmt: skip
-    domain = get_domain(config.domain, config.domain_data or None)
+    domain = config.build_domain()
     user = LocalUser(lm, dataclasses.replace(config.simulator, kind="plain"))
     found = simulator_exploit(domain, select_scenarios(domain, config.tasks, "train"), user)
     return found["expected_reward"] if found else None

@@ -8,6 +8,11 @@ lists one launcher per paper result. Every launcher cited below was read at comm
 (the held-out panels, `eval_configs/*_6model.yaml`, at EVAL_COMMIT). A config's comments give the
 launcher each value comes from; this registry says, per result, what parley cannot or does not do
 as the launcher does. SHARED holds the differences every paper config has.
+
+release_launchers.csv beside this file is the launchers' flags as data: launcher, commit, line,
+flag, value, one row per `--flag value` line of each launcher at RELEASE_COMMIT (the tau2 job of
+eval_base.sh; p4g/eval_base.sh holds P4G's). tests/training/tools/test_paper_release.py compares
+every config with it, number by number.
 """
 
 from __future__ import annotations
@@ -43,9 +48,17 @@ SHARED = (
     " parley keeps them, marked `seen = true`, so heldout/success and heldout/reward are the"
     " release's whole-panel means, and adds heldout/unseen_* over the members the agent never"
     " met (training/measures/held_out.py).",
-    "Held-out sampling: the release evaluates at temperature 0.7, top_p 0.95 for agent and"
-    " users (eval_configs/*_6model.yaml); parley's agent samples at `temperature` (0.7) with"
-    " top_p 1, the panel's users at their SimulatorSpec temperature and top_p (0.7, 0.95).",
+    "Held-out sampling: the release's eval configs (eval_configs/*_6model.yaml) set"
+    " temperature 0.7, top_p 0.95 for the AGENT's sampling only; parley's agent samples at"
+    " `temperature` (0.7) with top_p 1 in training and evaluation alike (the release's agent:"
+    " top_p 1, Slime's --rollout-top-p default, in training; 0.95 at evaluation).",
+    "Hosted users on tau2 (training users and panel members): the release sends them no"
+    " temperature or top_p (its tau2 environment passes only the API key as user_llm_args, and"
+    " tau2's gym then uses that dict), so they sample at the provider's defaults (1.0); the"
+    ' tau2 configs do the same (sampling = "provider": the requests carry neither).',
+    "P4G's hosted persuadee (training users and panel members): the release samples it at"
+    " temperature 0.7 with no top_p (core/environment/p4g/environment.py@1d1253b); the P4G"
+    " configs send temperature 0.7 and leave top_p at 1.0, which is not sent.",
     "Hosted training users: capped at 512 tokens a message on tau2 (a Verbalized reply 2560, five"
     ' candidates) and 2048 on P4G, and GPT-5-mini trains at reasoning_effort "low" on tau2:'
     " the dry run counts every user turn at its cap, and GPT-5's reasoning counts against it;"
@@ -164,9 +177,13 @@ _OWN: dict[str, tuple[str, ...]] = {
         "The release trains the user as a second full Qwen3-4B on 4 of the node's GPUs and the"
         " agent on the other 4 (dual_cotrain); parley fully fine-tunes both (finetune = full"
         " applies to the co-trained simulator too), sharded together over all 8 GPUs.",
-        "The release samples the user at top_p 0.95 (tau2_cotrain_rollout.py"
-        " opp_sampling_params); parley samples a co-trained model in process from its whole"
-        " distribution, the one whose log-probs the loss uses.",
+        "The release sends the user no top_p (tau2_cotrain_rollout.py@6218b97"
+        " opp_sampling_params sets none, so it samples at Slime's --rollout-top-p default, 1.0),"
+        " as parley samples a co-trained model in process: from its whole distribution, the one"
+        " whose log-probs the loss uses.",
+        "The release's tau2 user trains on its generated ids alone, without the conversation"
+        " around them (tau2_cotrain_rollout.py@6218b97); parley's co-trained simulator trains"
+        " on its turns in their conversation, as it sampled them.",
         "The release's KL 0.005 applies to both roles: beta = simulator_beta = 0.005.",
     ),
     "population": (
@@ -177,8 +194,19 @@ _OWN: dict[str, tuple[str, ...]] = {
         " a uniformly drawn snapshot (training/regimes/regime.py).",
         "--no-agent-kl: the agent trains without KL (beta = 0); the user keeps KL 0.01"
         " (simulator_beta = 0.01), as dual_selfplay does.",
-        "--trainable-role agent: dual_selfplay still trains the user's group every step on its"
-        " own tokens (cotrain_loop.py), as parley's population trains its simulator.",
+        "The release's user is reloaded from the drawn pool checkpoint before every rollout"
+        " batch and trained on that checkpoint's tokens, off-policy (cotrain_loop.py@0a0747d);"
+        " every pool entry is the launcher's one --save-hf folder, rewritten at each save"
+        " (checkpoint_pool.py@4951e76), so its pool is in effect {initial model, latest export}."
+        " Parley's population keeps distinct snapshots and trains its current simulator on its"
+        " own on-policy tokens. The release's pool is not offered as an option: its two"
+        " effective members come from every entry naming one rewritten folder, not from a"
+        " method the paper describes (a pool of past snapshots), and its update trains the"
+        " current user on an older checkpoint's tokens (off-policy), which parley's on-policy"
+        " GRPO step (training/rl/grpo.py) does not"
+        " model; read these population results as {initial, latest} self-play.",
+        "--trainable-role agent: dual_selfplay still trains the user's group every step"
+        " (cotrain_loop.py), as parley's population trains its simulator.",
         "The co-trained simulator is fully fine-tuned and sampled without top_p (see selfplay).",
     ),
     "cooperative": (
@@ -192,12 +220,16 @@ _OWN: dict[str, tuple[str, ...]] = {
     ),
 }
 
+_P4G_VS_PANEL = (
+    'P4G Verbalized Sampling panel: plain (heldout_users = "plain"). The P4G rollout files the'
+    " index holds from the launchers' time (usim/p4g/rollout.py @ 1c2c23a, @ 9d3a41e) read no"
+    " --usim-verbalized-sampling, in training or evaluation, and a later version seen in the"
+    " index turns it off for evaluation; which version ran the paper's P4G VS rows is not"
+    " recorded, and with the first two its persuadee was not Verbalized at all.",
+)
 _DOMAIN_OWN: dict[tuple[str, str], tuple[str, ...]] = {
-    ("p4g", "base"): (
-        "P4G data: the release's data/p4g/{train,test} persuadees; parley's P4G Domain builds"
-        " its personas and split from the Persuasion for Good corpus itself"
-        " (agents/domains/p4g), so the test persuadees differ.",
-    ),
+    ("p4g", "verbalized"): _P4G_VS_PANEL,
+    ("p4g", "verbalized-prob"): _P4G_VS_PANEL,
     ("retail", "selfplay"): (
         "--tau2-tool-error-penalty -0.1 (a tax on the user's reward per tau2 tool error) is"
         " not in parley's curriculum reward.",
@@ -240,9 +272,73 @@ _AIRLINE = (
     " config is retail's with the official airline data (/data/tau2, split 30 train / 20 test).",
 )
 _P4G = (
-    "P4G data: parley's own persuadee personas and split (agents/domains/p4g), not the"
-    " release's data/p4g files.",
+    'P4G task: the release\'s protocol (domain_protocol = "release"; agents/domains/p4g/release.py'
+    " follows usim/p4g/prompts.py @ 1c2c23a, persona.py @ e348b9f, core/environment/p4g/"
+    "environment.py @ 1d1253b and reward.py @ 2762e9b: persuader persona and bonus, 50 words,"
+    " the policy writes the first message, [DONATE $N] or [GIVE $N], a free last reply, $0 does"
+    " not end the episode, the release's donation reader). parley's own protocol (honest"
+    " persuader, fixed greeting, a forced final marker) stays the studies' default.",
+    "P4G data: read from domain_data (/data/p4g): the corpus's full_info.csv with the release's"
+    " data/p4g/train and test folders beside it, whose file names are its split (739 / 200,"
+    " data/README.md @ 06aface); the run and the online dry run stop when it is absent. The"
+    " persona text is built from full_info.csv's survey answers (the release reads the same"
+    " answers from its ConvoKit users.json), numbers written as full_info.csv gives them.",
+    'P4G evaluation: as the release draws it (tasks.eval_draw = "training_cursor"): each panel'
+    " member plays the next 16 training dialogues after those the steps and earlier members"
+    " took, 8 x 4 conversations each (usim/p4g/rollout.py @ 9d3a41e, get_samples(16) on the"
+    " training source; the usim://p4g/test paths are not read). parley draws its training"
+    " dialogues at random each step where the release's source reads them in file order, so"
+    " the dialogues behind one evaluation are the release's by position, not the same ones"
+    " trained on before.",
 )
+
+# What the release's tau2 runs trained on (training/config.py TASK_DRAWS "release"): its data
+# source fell back to index-only samples (usim/slime/data_source.py@1c268eb0), so each step
+# played the same 16 groups. Checked against the official retail data by tests/training/tools/
+# test_paper.py. The held-out tasks are the release's `max_tasks: 8` of the test split.
+RELEASE_TRAIN_TASKS = ("0", "1", "2", "3", "4", "6", "7", "8", "10", "11", "13", "14", "15", "16",
+                       "19", "20")  # fmt: skip
+RELEASE_COTRAIN_TASKS = tuple(str(i) for i in range(16))
+RELEASE_HELD_OUT = ("5", "9", "12", "17", "18", "26", "27", "32")
+_FROZEN_DRAW = (
+    "the release played the first 16 retail train tasks (ids {ids}) every step, of 74"
+    " (its data source's fallback; usim/slime/rollout.py@9d3a41e2 plays train task number"
+    " sample.index)"
+)
+_COTRAIN_DRAW = (
+    "the release played task ids 0-15 of all 114 every step (task_id = str(sample.index),"
+    " tau2_cotrain_rollout.py@6218b975), held-out tasks {seen} among them: its held-out"
+    " numbers were partly measured on tasks it trained on ({n} of the 8)"
+)
+
+
+def task_draws(result: Result) -> dict[str, str] | None:
+    """For a tau2 result: what the release trained on, and what this config does; None else."""
+    from training.config import load_config
+
+    if result.domain not in ("retail", "airline"):
+        return None
+    config = load_config(result.config)
+    if config.steps == 0:
+        return {"release": "no training (an evaluation at rollout 0)", "parley": "no training"}
+    if config.trains_simulator:
+        seen = [t for t in RELEASE_COTRAIN_TASKS if t in RELEASE_HELD_OUT]
+        release = _COTRAIN_DRAW.format(seen=", ".join(seen), n=len(seen))
+    else:
+        release = _FROZEN_DRAW.format(ids=" ".join(RELEASE_TRAIN_TASKS))
+        if config.regime == "ensemble":
+            release += "; each task always met one member (sample.index % 3)"
+    if result.domain == "airline":
+        release = "none: the release has no airline run; on retail, " + release
+    if config.task_draw == "release":
+        parley = 'the same (task_draw = "release")'
+    else:
+        parley = (
+            f"{config.batch_tasks} tasks drawn from the {result.domain} train split each step"
+            ' (task_draw = "split", what the release intended)'
+        )
+    return {"release": release, "parley": parley}
+
 
 # Results the release does not cover for a domain, and why.
 NOT_COVERED = (
@@ -283,7 +379,7 @@ def _result(domain: str, result: str) -> Result:
     if domain == "airline":
         launcher = f"none: retail's {launcher}"
         differences = _AIRLINE + differences
-    elif domain == "p4g" and result != "base":
+    elif domain == "p4g":
         differences = _P4G + differences
     return Result(f"{domain}-{result}", _NAMES[result], domain, launcher, differences)
 
@@ -319,6 +415,7 @@ def describe(result: Result) -> dict[str, Any]:
         "ready": run["ok"],
         "failed_checks": failed,
         "differences": list(result.differences),
+        "tasks": task_draws(result),
     }
 
 
@@ -345,6 +442,11 @@ def render(data: dict[str, Any]) -> str:
             f"  command:  {row['command']}",
             f"  launcher: {row['launcher']}",
         ]
+        if row.get("tasks"):
+            lines += [
+                f"  tasks:    release: {row['tasks']['release']}",
+                f"            parley:  {row['tasks']['parley']}",
+            ]
         lines += [f"  - {d}" for d in row["differences"]]
     lines += ["", "Every config also differs from the release in:"]
     lines += [f"  - {d}" for d in data["shared_differences"]]

@@ -53,6 +53,7 @@ from training.rollouts.agent import (
 )
 from training.rollouts.rollout import Rollout, play
 from training.trainer import checkpoint
+from training.trainer.memory import PhaseMemory
 from training.trainer.writer import Phase, Progress, RunWriter, due
 from training.vocabulary import SimulatorKind
 
@@ -100,6 +101,7 @@ class Run:
     ranks: Ranks
     exploit: Any  # the frozen simulator's dominant mode, where the task makes it exact
     embed: Embedder | None  # rank 0's reply embedder for the step's diversity
+    memory: PhaseMemory  # this rank's peak memory per phase (<run>/memory/rank-K.json)
     optimizer_steps: int = 0  # so far: 0 means the adapter is still the base
 
 
@@ -114,11 +116,14 @@ def _train(
     run_dir = config.run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
     ranks.clear_failures(run_dir)
-    domain = domain or _domain(config.domain, config.domain_data)
+    domain = domain or config.build_domain()
     train_scenarios = select_scenarios(domain, config.tasks, "train")
+    if config.task_draw == "release":  # the tasks every step plays, as the release's did
+        train_scenarios = released_tasks(domain, config, train_scenarios)
     eval_scenarios = select_scenarios(domain, config.tasks, "eval")
     torch.manual_seed(config.seed)
 
+    memory = PhaseMemory(run_dir, ranks.rank, ranks.world, ranks.device)  # before any model
     models = ModelCache(config)
     agent = Policy.for_run(config, lr=config.agent_lr, ranks=ranks)
     panel = HeldOutPanel(config, domain, eval_scenarios, models)
@@ -136,11 +141,14 @@ def _train(
     if ranks.main and config.collapse.embedding_model:
         embed = Embedder(config.collapse.embedding_model)
     run = Run(config, run_dir, domain, train_scenarios, agent, speaker, regime, panel,
-              ranks, exploit, embed, optimizer_steps=writer.optimizer_steps)  # fmt: skip
+              ranks, exploit, embed, memory, optimizer_steps=writer.optimizer_steps)  # fmt: skip
+    memory.loaded()
     writer.begin()
     for step in range(start + 1, config.steps + 1):
         row, rollouts = train_step(run, step, functools.partial(writer.phase, step))
-        writer.record(step, row, rollouts)
+        saving = due(step, config.save_every, config.steps)
+        with memory.phase("checkpoint") if saving else nullcontext():
+            writer.record(step, row, rollouts)
     return writer.close()
 
 
@@ -151,7 +159,7 @@ def train_step(run: Run, step: int, phase: Phase) -> tuple[dict[str, Any], list[
     config, agent, regime, ranks = run.config, run.agent, run.regime, run.ranks
     t0 = time.monotonic()
     # 1. rollouts: G conversations for each of this rank's share of the step's tasks
-    tasks = draw_tasks(run.tasks, config.batch_tasks, random.Random(f"{config.seed}-{step}"))
+    tasks = step_tasks(config, run.tasks, step)
     share = ranks.share(list(enumerate(tasks)))
     total = len(share) * config.group_size
     phase("rollouts", 0, total)
@@ -163,7 +171,7 @@ def train_step(run: Run, step: int, phase: Phase) -> tuple[dict[str, Any], list[
     # FSDP: the models sampling in this process do so on their full weights, gathered once
     # for the whole phase by every rank (generation itself then makes no collectives)
     sampling = agent.gathered() if not config.rollout_endpoint else nullcontext()
-    with sampling, regime.gathered(), regime.simulator(step) as user:
+    with run.memory.phase("rollouts"), sampling, regime.gathered(), regime.simulator(step) as user:
         for index, task in share:
             done, before = len(mine), turned[0]
 
@@ -179,23 +187,25 @@ def train_step(run: Run, step: int, phase: Phase) -> tuple[dict[str, Any], list[
     # 2. the agent's GRPO step on its own tokens (data-parallel: this rank's rows, the
     # gradients summed over the ranks)
     adv = group_advantages(rewards, config.scale_std, config.center_rewards).flatten()
-    stats = agent.learn([r.agent for r in mine], adv, config, temperature=config.temperature,
-                        beta=config.beta, ranks=ranks)  # fmt: skip
+    with run.memory.phase("update"):
+        stats = agent.learn([r.agent for r in mine], adv, config,
+                            temperature=config.temperature, beta=config.beta, ranks=ranks)  # fmt: skip
     # 3. the regime's own step (co-training: the simulator learns on this rank's rollouts,
     # data-parallel like the agent; population: rank 0 adds to the pool)
-    stats.update(regime.learn(step, mine))
+    with run.memory.phase("simulator_update") if config.trains_simulator else nullcontext():
+        stats.update(regime.learn(step, mine))
     rollouts = ranks.gather(mine)  # the whole step, in task order, on every rank
     row = _row(run, step, rollouts, len(tasks), stats) | {"time_rollout": t_rollout}
     run.optimizer_steps += int(row["optimizer_step"])
     row["optimizer_steps"] = run.optimizer_steps
 
-    # 4. held-out evaluation every eval_every steps and at the end (rank 0, on the agent's
-    # full weights under FSDP; the others wait at the next step's first collective)
+    # 4. held-out evaluation every eval_every steps and at the end: every rank plays its share
+    # of the panel (on the agent's full weights under FSDP) and the figures are gathered, so no
+    # rank waits out the whole panel in a collective (training/measures/held_out.py)
     if run.panel and due(step, config.eval_every, config.steps):
         phase("evaluation", len(mine), total)
-        with agent.gathered():
-            if ranks.main:
-                row.update(run.panel.evaluate(agent, step))
+        with run.memory.phase("evaluation"), agent.gathered():
+            row.update(run.panel.evaluate(agent, step, ranks))
     row["time_step"] = time.monotonic() - t0
     return row, rollouts
 
@@ -271,10 +281,10 @@ def _evaluate_start(
     update; cmd/slime/eval_base.sh). Nothing else is written: there is no checkpoint."""
     if not panel:
         raise ValueError("steps = 0 evaluates the held-out panel, and this config has none")
-    with agent.gathered():  # FSDP: rank 0 evaluates on the full weights, as after a step
+    with agent.gathered():  # FSDP: every rank plays its share on the full weights
+        row = {"step": 0, "optimizer_steps": 0, **panel.evaluate(agent, 0, ranks)}
         if ranks.main:
             (run_dir / "config.json").write_text(_json(config.to_dict()))
-            row = {"step": 0, "optimizer_steps": 0, **panel.evaluate(agent, 0)}
             metrics = run_dir / "metrics.jsonl"
             metrics.unlink(missing_ok=True)  # evaluated again: the new figures replace the old
             MetricsLog(metrics).write(row)
@@ -322,15 +332,36 @@ def select_scenarios(domain: Domain, spec: ScenarioSpec, which: str) -> list[Sce
     return tasks
 
 
+def step_tasks(config: RunConfig, tasks: list[Scenario], step: int) -> list[Scenario]:
+    """The step's tasks (config.task_draw): a seeded draw from the train split, or with
+    "release" the fixed list released_tasks gave, the same every step."""
+    if config.task_draw == "release":
+        return list(tasks)
+    return draw_tasks(tasks, config.batch_tasks, random.Random(f"{config.seed}-{step}"))
+
+
+def released_tasks(domain: Domain, config: RunConfig, train: list[Scenario]) -> list[Scenario]:
+    """The batch_tasks tasks the release's tau2 runs played every step (TASK_DRAWS["release"]:
+    its data source's fallback gave sample indices 0 .. batch_tasks - 1). Frozen-user regimes:
+    train task number index, in the data's order (usim/slime/rollout.py@9d3a41e2 tasks[index]).
+    Co-training (cotrain, population): the task whose id is str(index) among ALL the Domain's
+    tasks, test tasks included (tau2_cotrain_rollout.py@6218b975 task_id = str(sample.index))."""
+    n = config.batch_tasks
+    if not config.trains_simulator:
+        return [train[i % len(train)] for i in range(n)]
+    by_id = {s.id: s for s in domain.scenarios(None)}
+    missing = [str(i) for i in range(n) if str(i) not in by_id]
+    if missing:
+        raise ValueError(
+            f'task_draw = "release" plays task ids 0..{n - 1}, as the release\'s co-training did;'
+            f" {domain.name} has no task {', '.join(missing[:5])}"
+        )
+    return [by_id[str(i)] for i in range(n)]
+
+
 def draw_tasks(tasks: list[Scenario], n: int, rng: random.Random) -> list[Scenario]:
     """n distinct tasks when there are enough, else with repeats."""
     return rng.sample(tasks, n) if n <= len(tasks) else [rng.choice(tasks) for _ in range(n)]
-
-
-def _domain(name: str, data_dir: str) -> Domain:
-    from agents.domains import get_domain
-
-    return get_domain(name, data_dir or None)
 
 
 def _json(data: Any) -> str:

@@ -63,6 +63,7 @@ class P4GDecisionDomain(P4GDomain):
     title = "Persuasion for Good: one ask, one decision"
     first_speaker = "agent"
     max_turns = 2
+    protocols = {"parley": "one fixed ask, one of five decision markers"}  # no release variant
 
     def agent_system_prompt(self, scenario: Scenario) -> str:
         return AGENT_PROMPT

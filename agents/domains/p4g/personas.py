@@ -130,16 +130,75 @@ def find_full_info(path: Path | str) -> Path:
     )
 
 
-def load_full_info(path: Path | str) -> list[Scenario]:
-    """Persuadee rows (B4 == 1) of the official full_info.csv with a donation in 0..2.
-    The actual donation (B6) stays in the payload for reference, never in any prompt."""
-    path = find_full_info(path)
+def _read_full_info(path: Path) -> list[dict[str, str]]:
     with path.open(newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
         missing = {"B2", "B3", "B4", "B6"} - set(reader.fieldnames or ())
         if missing:
             raise ValueError(f"{path}: missing columns {sorted(missing)}")
-        rows = list(reader)
+        return list(reader)
+
+
+def _persona(path: Path, line: int, row: dict[str, str]) -> dict[str, Any]:
+    try:
+        return persona_from_record(row)
+    except ValueError as exc:
+        raise ValueError(f"{path}:{line}: {exc}") from None
+
+
+def _title(row: dict[str, str], persona: dict[str, Any]) -> str:
+    demo = persona["demographics"]
+    described = ", ".join(str(demo[k]) for k in ("age", "sex", "ideology") if demo[k])
+    return f"P4G persuadee {row['B3']}" + (f" ({described})" if described else "")
+
+
+def load_release(path: Path | str) -> list[Scenario]:
+    """The release's P4G tasks: one per dialogue of its split (release.split_ids, the `train/`
+    and `test/` folders beside full_info.csv), in the order its data source reads them (sorted
+    by dialogue id), with the persuadee's persona and the persuader's own (the release gives the
+    persuader the persona of the dialogue's persuader, usim/p4g/rollout.py @ 9d3a41e). Every
+    listed dialogue counts, whatever its recorded donation: the release filters none."""
+    from agents.domains.p4g.release import split_ids
+
+    path = find_full_info(path)
+    split = split_ids(path.parent)
+    roles: dict[str, dict[str, tuple[int, dict[str, str]]]] = {}
+    for line, row in enumerate(_read_full_info(path), start=2):
+        if row["B2"] in split and row["B4"].strip() in ("0", "1"):
+            roles.setdefault(row["B2"], {})[row["B4"].strip()] = (line, row)
+    missing = sorted(d for d in split if set(roles.get(d, {})) != {"0", "1"})
+    if missing:
+        raise ValueError(
+            f"{path}: {len(missing)} dialogue(s) of the release's split lack a persuader or a"
+            f" persuadee row, e.g. {missing[:3]}"
+        )
+    scenarios = []
+    for dialogue in sorted(split):
+        (line, row), (persuader_line, persuader_row) = roles[dialogue]["1"], roles[dialogue]["0"]
+        persona = _persona(path, line, row)
+        try:
+            donation: float | None = float(row["B6"])
+        except ValueError:
+            donation = None
+        payload = {
+            "source": "release",
+            "split": split[dialogue],
+            "persona": persona,
+            "persuader": _persona(path, persuader_line, persuader_row),
+            "actual_donation": donation,
+            "dialogue_id": dialogue,
+            "user_id": row["B3"],
+            "persuader_id": persuader_row["B3"],
+        }
+        scenarios.append(Scenario(f"p4g-{dialogue}", DOMAIN, payload, _title(row, persona)))
+    return scenarios
+
+
+def load_full_info(path: Path | str) -> list[Scenario]:
+    """Persuadee rows (B4 == 1) of the official full_info.csv with a donation in 0..2.
+    The actual donation (B6) stays in the payload for reference, never in any prompt."""
+    path = find_full_info(path)
+    rows = _read_full_info(path)
     scenarios = []
     for line, row in enumerate(rows, start=2):
         if row["B4"].strip() != "1":
@@ -150,12 +209,7 @@ def load_full_info(path: Path | str) -> list[Scenario]:
             continue  # no recorded donation
         if not 0 <= donation <= 2:
             continue  # the few outliers the reference README tells us to drop
-        try:
-            persona = persona_from_record(row)
-        except ValueError as exc:
-            raise ValueError(f"{path}:{line}: {exc}") from None
-        demo = persona["demographics"]
-        described = ", ".join(str(demo[k]) for k in ("age", "sex", "ideology") if demo[k])
+        persona = _persona(path, line, row)
         payload = {
             "source": "full_info",
             "split": _split_of(row["B3"]),
@@ -165,6 +219,5 @@ def load_full_info(path: Path | str) -> list[Scenario]:
             "user_id": row["B3"],
             "turns": int(float(row["B7"])) if row.get("B7", "").strip() else None,
         }
-        title = f"P4G persuadee {row['B3']}" + (f" ({described})" if described else "")
-        scenarios.append(Scenario(f"p4g-{row['B2']}", DOMAIN, payload, title))
+        scenarios.append(Scenario(f"p4g-{row['B2']}", DOMAIN, payload, _title(row, persona)))
     return scenarios

@@ -88,6 +88,7 @@ class StudyAdmin(
                     "title",
                     "slug",
                     "domain",
+                    "domain_protocol",
                     "status",
                     "readiness",
                     "participant_link",

@@ -62,10 +62,12 @@ def who(rollouts):
 # -- Ensemble: the rotation ---------------------------------------------------------------------
 
 
-def test_ensemble_draws_per_rollout_round_robin_over_the_run_as_the_release(tmp_path, letters):
-    # the release: member = sample.index % K, samples numbered across the run, a task's G together
+def test_ensemble_draws_per_rollout_round_robin_over_the_run_as_the_releases_p4g(tmp_path, letters):
+    # the release's P4G (and its tau2 data source as written): member = sample.index % K,
+    # samples numbered across the run, a task's G together. Its tau2 runs as they ran drew per
+    # task: task_draw = "release" (tests/training/trainer/test_task_draw.py)
     cfg = config(regime="ensemble", ensemble=ENSEMBLE, group_size=4, batch_tasks=2, max_turns=2)
-    assert cfg.ensemble_draw == "rollout"  # the release's rule is the default
+    assert cfg.ensemble_draw == "rollout"  # the default
     regime = make_regime(cfg, tmp_path, ModelCache(cfg))
     step1 = play_step(cfg, regime, 1, [0, 1], letters)
     step2 = play_step(cfg, regime, 2, [0, 1], letters)

@@ -100,6 +100,22 @@ def test_two_processes_train_the_adapter_one_process_does(config_file, tmp_path)
     assert len((two / "samples.jsonl").read_text().splitlines()) == 4  # 2 tasks x 2 steps
 
 
+def test_two_processes_average_per_sequence_as_one_process_does(config_file, tmp_path):
+    """loss_reduction = "sample" (Slime's default): each rank's sequences weigh 1 / the GLOBAL
+    sequence count, so 2 ranks take the 1-rank step; the conversations differ in length, so the
+    token mean would take another."""
+    text = config_file.read_text().replace(
+        'name = "ddp"', 'name = "ddp"\nloss_reduction = "sample"'
+    )
+    config_file.write_text(text)
+    one, two = one_and_two(config_file, tmp_path)
+
+    assert_same(adapter(one, 2), adapter(two, 2))
+    for row, ref in zip(metrics(two), metrics(one), strict=True):
+        assert row["loss"] == pytest.approx(ref["loss"], abs=1e-6)
+        assert row["trained_sequences"] == ref["trained_sequences"] > 0
+
+
 def test_two_processes_cotrain_the_simulator_one_process_does(cotrain_file, tmp_path):
     one, two = one_and_two(cotrain_file, tmp_path)
 
@@ -335,10 +351,11 @@ script = "steady"
 """
 
 
-def test_fsdp_free_text_sampling_and_rank_0_evaluating_alone(smooth_tiny_model, tmp_path):
+def test_fsdp_free_text_sampling_and_both_ranks_evaluating(smooth_tiny_model, tmp_path):
     """Under FSDP the agent generates free text on its gathered weights, to each rank's own
-    lengths and number of turns, and rank 0 alone plays the held-out panel: neither may wait on
-    the other rank (transformers syncs generation across FSDP ranks unless told not to)."""
+    lengths and number of turns, in the rollouts and in its share of the held-out panel:
+    neither rank may wait on the other (transformers syncs generation across FSDP ranks unless
+    told not to)."""
     path = tmp_path / "verbalized.toml"
     path.write_text(VERBALIZED.format(model=smooth_tiny_model) + FSDP)
     done = launch(path, tmp_path / "run", timeout=150)

@@ -206,3 +206,62 @@ def test_shared_prefix_passes_the_kv_cache_as_cache(tiny_model):
             row = logits[len(p)]
             expected = float(row[41] - torch.logsumexp(row[[41, 42]], 0))
             assert got[i, 0] == pytest.approx(expected, abs=1e-4)
+
+
+def unequal_batch():
+    """Sequence 0 has three policy tokens, sequence 1 one: ratios 1.5, 0.5, 1.5 and 1.5."""
+    old = torch.zeros(2, 3)
+    logp = torch.tensor([[LN(1.5), LN(0.5), LN(1.5)], [LN(1.5), 50.0, -50.0]])
+    adv = torch.tensor([1.0, -2.0])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    return logp, old, adv, mask
+
+
+def test_the_two_loss_reductions_differ_on_unequal_lengths_and_agree_on_equal_ones():
+    # per token (clip [0.8, 1.2]): sequence 0 (A=+1) -1.2, -0.5, -1.2; sequence 1 (A=-2) 3.0
+    logp, old, adv, mask = unequal_batch()
+    token, _ = grpo_loss(logp, old, None, adv, mask, eps=0.2, reduction="token")
+    sample, stats = grpo_loss(logp, old, None, adv, mask, eps=0.2, reduction="sample")
+    assert math.isclose(float(token), (-1.2 - 0.5 - 1.2 + 3.0) / 4, rel_tol=1e-6)  # 0.025
+    assert math.isclose(float(sample), ((-1.2 - 0.5 - 1.2) / 3 + 3.0) / 2, rel_tol=1e-6)  # 1.017
+    assert stats["samples"] == 2 and stats["tokens"] == 4
+    # the same number of tokens in every sequence: the two means are one
+    logp, old, adv, mask = fixed_batch()
+    token, _ = grpo_loss(logp, old, None, adv, mask, eps=0.2, reduction="token")
+    sample, _ = grpo_loss(logp, old, None, adv, mask, eps=0.2, reduction="sample")
+    assert math.isclose(float(token), 0.725, rel_tol=1e-6)
+    assert math.isclose(float(sample), 0.725, rel_tol=1e-6)
+    with pytest.raises(ValueError, match="reduction must be one of token, sample"):
+        grpo_loss(logp, old, None, adv, mask, reduction="sum")
+
+
+def test_the_sample_mean_is_over_the_whole_batch_whatever_the_micro_batches(tiny_model):
+    """update() splits the batch into micro-batches and rows without signal: under "sample"
+    each sequence still weighs 1 / (the batch's sequences), idle ones included, so the step
+    is the same at any micro_batch, and not the token mean's step."""
+    from transformers import AutoModelForCausalLM
+
+    from training.rl.grpo import update
+
+    ids = [[5, 17, 300, 42, 9, 2], [7, 8, 1000, 11, 12, 2], [6, 9, 40, 2, 2, 2]]
+    masks = [[0, 0, 1, 1, 1, 1], [0, 0, 1, 0, 0, 0], [0, 1, 1, 0, 0, 0]]
+    batch = TokenBatch.from_lists(ids, masks, pad_id=2)
+
+    def step(reduction, micro_batch):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(tiny_model)
+        sgd = torch.optim.SGD(model.parameters(), lr=1.0)
+        stats = update(model, sgd, batch, torch.tensor([1.0, -0.5, 0.0]), eps=0.2, eps_high=0.2,
+                       beta=0.0, micro_batch=micro_batch, loss_reduction=reduction)  # fmt: skip
+        return stats, dict(model.named_parameters())
+
+    # one epoch: every ratio is 1, so a token's loss is -A. Sequence means -1, 0.5 and 0 (the
+    # third has no signal and is not back-propagated, but it is one of the batch's three)
+    one, a = step("sample", 1)
+    whole, b = step("sample", 3)
+    assert one["loss"] == pytest.approx((-1 + 0.5 + 0) / 3, abs=1e-6)
+    assert whole["loss"] == pytest.approx(one["loss"], abs=1e-6)
+    assert all(torch.allclose(a[n], b[n], atol=1e-6) for n in a)
+    token, c = step("token", 3)  # 4, 1 and 2 tokens
+    assert token["loss"] == pytest.approx((4 * -1 + 0.5) / 7, abs=1e-6)
+    assert not all(torch.allclose(a[n], c[n], atol=1e-6) for n in a)

@@ -9,7 +9,16 @@ import pytest
 
 from training.__main__ import main
 from training.config import RunConfig, load_config
-from training.tools.paper import CONFIGS, DOMAINS, RESULTS, by_key
+from training.tools.paper import (
+    CONFIGS,
+    DOMAINS,
+    RELEASE_COTRAIN_TASKS,
+    RELEASE_HELD_OUT,
+    RELEASE_TRAIN_TASKS,
+    RESULTS,
+    by_key,
+    task_draws,
+)
 from training.trainer.loop import train
 
 
@@ -70,7 +79,12 @@ def test_every_paper_config_passes_the_offline_dry_run(result, capsys):
     )
     assert (config.batch_tasks, config.group_size) == (16, 8)  # the release's 16 x 8 = 128
     assert not config.scale_std and config.weight_decay == 0.1
-    assert config.eval_samples == 4 and config.tasks.eval_split == "test"
+    assert config.eval_samples == 4
+    if config.domain == "p4g":  # the release's task, data and evaluation draw (issue 38)
+        assert config.domain_protocol == "release" and config.domain_data == "/data/p4g"
+        assert (config.tasks.eval_split, config.tasks.eval_draw) == ("train", "training_cursor")
+    else:
+        assert config.tasks.eval_split == "test"
     if config.domain != "p4g":
         assert config.tasks.max_eval == 8 and config.domain_data == "/data/tau2"
     # the panel: the paper's six, less the models this run trains against
@@ -116,3 +130,36 @@ def test_steps_zero_evaluates_the_starting_policy_and_stops(
 def test_steps_zero_needs_a_panel(tiny_model, tmp_path, letters):
     with pytest.raises(ValueError, match="steps = 0 evaluates the held-out panel"):
         train(base_evaluation(tiny_model, tmp_path), domain=letters, show_progress=False)
+
+
+def test_paper_states_what_each_tau2_result_trained_on_in_the_release_and_here(capsys):
+    """The release's tau2 runs played fixed tasks (training/config.py TASK_DRAWS); each tau2
+    result says which, what its config plays, and whether released held-out numbers were
+    measured on trained tasks. The ids are those of the official retail data."""
+    from agents.domains import get_domain
+    from tests.training.trainer.test_task_draw import official_retail
+
+    retail = get_domain("retail", str(official_retail()))
+    train, test = ([s.id for s in retail.scenarios(split)] for split in ("train", "test"))
+    assert list(RELEASE_TRAIN_TASKS) == train[:16] and list(RELEASE_HELD_OUT) == test[:8]
+    assert set(RELEASE_COTRAIN_TASKS) <= {s.id for s in retail.scenarios(None)}
+
+    for result in RESULTS:
+        draws = task_draws(result)
+        if result.domain not in ("retail", "airline"):
+            assert draws is None
+            continue
+        config = load_config(result.config)
+        if config.steps == 0:
+            continue
+        measured_on_trained = "partly measured on tasks it trained on (3 of the 8)"
+        assert (measured_on_trained in draws["release"]) == config.trains_simulator, result.key
+        assert ("5, 9, 12" in draws["release"]) == config.trains_simulator
+        # retail reproduces the release's draw; airline, which the release never ran, the intended
+        expected = "release" if result.domain == "retail" else "split"
+        assert config.task_draw == expected, result.key
+        assert f'task_draw = "{expected}"' in draws["parley"]
+    main(["paper"])
+    out = capsys.readouterr().out
+    assert "tasks:    release: the release played task ids 0-15 of all 114" in out
+    assert 'parley:  the same (task_draw = "release")' in out
