@@ -6,9 +6,10 @@ the last one: when another process holds one of the cores a part needs, that par
 the scheduler to hand the core back (a time slice, milliseconds), once per operation, hundreds
 of times a step. Beside one busy Python loop on 2 cores, 8 concurrent requests on 2 threads
 fell from 215 to 3.8 tokens/s (issue 36). So each pass takes no more threads than there are
-cores the others leave free, measured here, and the threads sleep rather than spin while
-they wait (OMP_WAIT_POLICY=PASSIVE, set by agents.serving.embedded before torch loads, so a
-waiting thread gives its core back to the one it waits for).
+cores the others leave free, measured here. A thread that waits spins briefly, then sleeps
+(libgomp's default, which agents.serving.embedded leaves alone): within a pass the waits are
+shorter than the spin, and beside a busy neighbour a pass runs on one thread, so none spins
+for a core the neighbour holds.
 
 The free cores are measured from Linux's counters, over the last WINDOW seconds: the busy
 time of this process's cores (/proc/stat's per-CPU lines for its affinity), less this

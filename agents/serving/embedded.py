@@ -21,18 +21,11 @@ request's prompt is prefilled and its KV cache kept before that line, so the fir
 that begins with it prefills only its own part.
 """
 
-import os
-
-# torch's threads wait for each other's parts of every operation; spinning, a thread keeps its
-# core while the part it waits for needs that core (beside a busy neighbour on 2 cores, 8
-# requests fell to 3.8 from 215 tokens/s: agents.serving.cpu). Sleeping gives the core back.
-# libgomp reads this once, when torch loads: it must be set before that import.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import argparse
 import asyncio
 import json
 import logging
+import os
 import socket
 import sys
 import threading
@@ -365,6 +358,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
 
     loras, model_dir = serving_args(parser, args)
+    # torch's threads wait for each other's parts of every operation. libgomp's default wait (no
+    # OMP_WAIT_POLICY) spins 300,000 rounds, then sleeps: between the operations of one pass the
+    # wait is shorter than that, so a quiet batch keeps both cores busy, and an idle thread sleeps
+    # once the passes stop. Beside a busy neighbour the passes take one thread
+    # (agents.serving.cpu), so no thread spins for a core the neighbour holds. PASSIVE (sleep at
+    # once) cost a quiet batch of 8 a quarter of its tokens and gained nothing beside the
+    # neighbour (docs/serving.md, "Beside other processes"); a value in the environment is kept.
     import torch
 
     threads = decoding_threads(args.threads, _cores())
