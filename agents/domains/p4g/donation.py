@@ -12,7 +12,7 @@ best effort (a regex reading of chat, not language understanding); the marker is
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from agents.messages import message_text
@@ -192,12 +192,16 @@ def parse_donation(text: str | None) -> float | None:
     return _clamp(max(found, key=lambda item: item[0])[1])
 
 
-def conversation_donation(conversation: list[dict[str, Any]]) -> float | None:
-    """The last donation the persuadee (role "user") stated anywhere in the conversation."""
+def conversation_donation(
+    conversation: list[dict[str, Any]], parse: Callable[[str], float | None] | None = None
+) -> float | None:
+    """The last donation the persuadee (role "user") stated anywhere in the conversation, read
+    by `parse` (parley's reader, parse_donation, unless another is given)."""
+    parse = parse or parse_donation
     amount = None
     for message in conversation:
         if message.get("role") == "user":
-            stated = parse_donation(message_text(message))
+            stated = parse(message_text(message))
             if stated is not None:
                 amount = stated
     return amount

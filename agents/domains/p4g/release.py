@@ -29,7 +29,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from agents.messages import message_text
+from agents.domains.p4g.donation import conversation_donation
 
 WORD_LIMIT = 50  # --p4g-word-limit 50 (cmd/slime/p4g/*.sh @ 1470e27a)
 
@@ -218,13 +218,7 @@ def release_message_donation(text: str | None) -> float | None:
 def release_donation(conversation: list[dict[str, Any]]) -> float | None:
     """The last amount a persuadee (role "user") message states, by the release's reading; None
     when none states one (the release scores that as $0)."""
-    amount = None
-    for message in conversation:
-        if message.get("role") == "user":
-            stated = release_message_donation(message_text(message))
-            if stated is not None:
-                amount = stated
-    return amount
+    return conversation_donation(conversation, release_message_donation)
 
 
 def split_ids(folder: Path) -> dict[str, str]:
