@@ -24,6 +24,7 @@ TrainingRun's Celery task) reads those files to say which rank failed and why.
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import traceback
@@ -149,6 +150,11 @@ class Ranks:
         if not dist.is_initialized():
             backend = group_backend(config.distributed.backend, device)
             dist.init_process_group(backend=backend, timeout=timeout)
+            # A group left to the interpreter's teardown after a collective timed out aborts the
+            # process (gloo's destructor: "terminate called without an active exception",
+            # SIGABRT), hiding the rank's own exit status and error; destroyed first, it exits
+            # as the error left it. train() closes it too; this covers every other way out.
+            atexit.register(cls.close)
         group = None
         if not serves(dist.get_backend(), device.type):
             group = dist.new_group(backend=group_backend("auto", device), timeout=timeout)
@@ -282,7 +288,8 @@ class Ranks:
                 path.unlink()
         self.barrier()
 
-    def close(self) -> None:
+    @staticmethod
+    def close() -> None:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
 
