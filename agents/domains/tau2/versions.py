@@ -56,11 +56,14 @@ VERSIONS: dict[str, TaskVersion] = {
 # refused without reading the files (Tau2Domain.check_judge reads them where a run starts).
 NL_JUDGED: dict[str, tuple[str, ...]] = {"v1.0.0": ("retail",)}
 
-# The paper's release most likely scored v0.2.0's task files. Its submodule pin cannot be read,
-# but its tau2 environment imports tau2.gym (added to tau2-bench on 2025-11-10, after v0.2.0),
-# its launchers sit in a folder dated 0312 (2026-03-12), and the task files did not change
-# between 2025-06-10 and v1.0.0 (2026-03-18): any commit from 2025-11-10 to 2026-03-17 serves
-# v0.2.0's tasks with v0.2.0's DB x COMMUNICATE scoring (docs/domains.md, "tau2 versions").
+# Which version the paper's release scored is not known: its submodule pin cannot be read. Its
+# tau2 environment imports tau2.gym (added to tau2-bench on 2025-11-10, after the v0.2.0 tag), so
+# it ran a later commit; every commit until v1.0.0 (2026-03-18) serves v0.2.0's task files
+# (unchanged since 2025-06-10), but its dated launcher folders run from 0206 to 0417, across
+# v1.0.0's release, so either is possible. The default stays v0.2.0: the task files of every
+# commit the release's code could have run before 2026-03-18, scored by rules (DB x COMMUNICATE)
+# that need no judge, so a default run never depends on a hosted model (docs/training.md,
+# "tau2 task versions").
 DEFAULT_VERSION = "v0.2.0"
 
 

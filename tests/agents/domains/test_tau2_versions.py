@@ -252,3 +252,12 @@ def test_the_run_start_reads_the_files_and_refuses_judged_tasks_without_a_judge(
     ):
         RetailDomain(folder, version="v1.0.0").check_judge()
     RetailDomain(folder, version="v1.0.0", nl_judge=domain.nl_judge).check_judge()
+
+
+def test_the_offline_dry_run_names_the_judge_setting(tmp_path):
+    from training.tools.dryrun import dry_run
+
+    result = dry_run(str(config(tmp_path, tau2_version="v1.0.0")), offline=True)
+    check = result["checks"][0]
+    assert not result["ok"] and check["name"] == "config" and not check["ok"]
+    assert "nl_judge.endpoint must name a judge" in check["detail"]
