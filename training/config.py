@@ -49,6 +49,7 @@ from pydantic.dataclasses import dataclass
 from pydantic_core import PydanticCustomError
 
 from agents.domains import DOMAINS, Domain, domain_class, get_domain
+from agents.domains.tau2.versions import NL_JUDGED, task_version
 from agents.llm.native_tools import TRAINED_TOOL_FORMATS
 from agents.llm.providers import (
     PROVIDER_CHOICES,
@@ -148,6 +149,7 @@ SimulatorKindName = Literal[tuple(k.value for k in SimulatorKind)]
 DrawMode = Literal[DRAW_MODES]
 Script = Literal[(*SCRIPTED_TYPES, "")]
 ProviderName = Literal[PROVIDER_CHOICES]
+TAU2_DOMAINS = ("retail", "airline")
 ReasoningEffort = Literal[REASONING_EFFORTS]
 SimulatorReward = Literal[tuple(SIMULATOR_REWARDS)]
 Finetune = Literal[FINETUNE]
@@ -390,6 +392,59 @@ HeldoutUsers = Literal[tuple(HELDOUT_USERS)]
 
 
 @dataclass(config=TABLE)
+class NLJudgeSpec:
+    """The model that judges tau2 NL assertions (agents/domains/tau2/judge.py), as tau2-bench's
+    evaluator_nl_assertions does with an LLM (its default: gpt-4.1-2025-04-14, temperature 0).
+    Unset (no endpoint): none; a run whose tasks score NL assertions then refuses to start."""
+
+    endpoint: StrictStr = Field(
+        "", description='base URL of an OpenAI-compatible server; "" = no judge'
+    )
+    model: StrictStr = Field("", description="the served model name")
+    api_key_env: StrictStr = Field(
+        "", description="the environment variable holding its API key (never the key)"
+    )
+    provider: ProviderName = Field(
+        "auto", description="how requests are shaped for its API (agents/llm/providers.py)"
+    )
+    temperature: StrictFloat = Field(
+        0.0, ge=0, le=2, description="sampling temperature (tau2's judge: 0)"
+    )
+    max_new_tokens: StrictInt = Field(
+        2048, ge=1, description="tokens for the judge's reply (a verdict and reason each)"
+    )
+    timeout: StrictFloat = Field(120.0, gt=0, description="seconds per judge request")
+
+    @model_validator(mode="after")
+    def _rules(self) -> NLJudgeSpec:
+        if self.endpoint and not self.model:
+            raise _refuse("model", self.model, "must name the judge's served model")
+        if self.model and not self.endpoint:
+            raise _refuse("endpoint", self.endpoint, "must name the judge's server")
+        return self
+
+    def build(self):
+        """The judge (None when unset); the API key is read now, so a missing one stops the
+        run before any step."""
+        if not self.endpoint:
+            return None
+        from agents.domains.tau2.judge import LLMJudge
+
+        key = None
+        if self.api_key_env:
+            key = secret(self.api_key_env)
+            if not key:
+                raise ConfigError(
+                    f"nl_judge: environment variable {self.api_key_env} is not set",
+                    "nl_judge.api_key_env",
+                )
+        return LLMJudge(
+            self.endpoint, self.model, api_key=key, provider=self.provider,
+            temperature=self.temperature, max_tokens=self.max_new_tokens, timeout=self.timeout,
+        )  # fmt: skip
+
+
+@dataclass(config=TABLE)
 class ScenarioSpec:
     train_split: StrictStr = Field("train", description="the Domain's split to train on")
     eval_split: StrictStr = Field("test", description="the split the held-out panel is tested on")
@@ -543,6 +598,17 @@ class RunConfig:
         description='which of the Domain\'s protocols the task runs ("" = its default; P4G:'
         ' "parley", the honest persuader of the studies, or "release", the paper\'s released'
         " task, which needs domain_data: agents/domains/p4g/release.py)",
+    )
+    tau2_version: StrictStr = Field(
+        "",
+        description='tau2 retail/airline: the tau2-bench task version, "v0.2.0" or "v1.0.0" (""'
+        " = v0.2.0, the version the paper's release most likely scored:"
+        " agents/domains/tau2/versions.py); task files of the other version are refused",
+    )
+    nl_judge: NLJudgeSpec = Field(
+        default_factory=NLJudgeSpec,
+        description="tau2: the model that judges NL assertions; required when the tasks' reward"
+        " basis includes NL_ASSERTION (v1.0.0 retail), which is never counted without one",
     )
     base_model: StrictStr = Field(
         "", description='a Hugging Face model folder; "" = agents.paths.base_model_dir()'
@@ -880,6 +946,26 @@ class RunConfig:
                 raise _refuse(
                     "domain_protocol", self.domain_protocol, f"refused: {error}"
                 ) from None
+        if self.domain not in TAU2_DOMAINS and (self.tau2_version or self.nl_judge.endpoint):
+            key = "tau2_version" if self.tau2_version else "nl_judge.endpoint"
+            raise _refuse(
+                key, getattr(self, key.split(".")[0]), f"is for tau2 domains, not {self.domain}"
+            )
+        if self.domain in TAU2_DOMAINS:
+            try:
+                version = task_version(self.tau2_version)
+            except ValueError as error:
+                raise _refuse("tau2_version", self.tau2_version, f"refused: {error}") from None
+            # known without reading the files (the offline dry run): v1.0.0's retail tasks
+            # score NL assertions; files that do are checked again where the run starts
+            if self.domain in NL_JUDGED.get(version.name, ()) and not self.nl_judge.endpoint:
+                raise _refuse(
+                    "nl_judge.endpoint",
+                    "",
+                    f"must name a judge: tau2 {version.name} {self.domain} tasks score NL"
+                    " assertions (LLM-judged), which are never counted without one; set"
+                    ' nl_judge.endpoint and nl_judge.model, or tau2_version = "v0.2.0"',
+                )
         tasks = self.tasks
         if tasks.eval_draw == "training_cursor" and (
             tasks.eval_split != tasks.train_split or tasks.eval_ids
@@ -891,8 +977,17 @@ class RunConfig:
             )
 
     def build_domain(self) -> Domain:
-        """The run's Domain: its official data (if any) and protocol."""
-        return get_domain(self.domain, self.domain_data or None, self.domain_protocol)
+        """The run's Domain: its official data (if any) and protocol; for tau2 its task version
+        and NL judge. A tau2 run whose tasks score NL assertions without a judge stops here."""
+        if self.domain not in TAU2_DOMAINS:
+            return get_domain(self.domain, self.domain_data or None, self.domain_protocol)
+        domain = domain_class(self.domain)(
+            data_dir=self.domain_data or None,
+            nl_judge=self.nl_judge.build(),
+            version=self.tau2_version,
+        )
+        domain.check_judge()  # reads the task files: refuses ones of another version too
+        return domain
 
     def _supply_rules(self) -> None:
         """The Ensemble's members and the Persona-Guided guidelines: each read by its regime

@@ -644,6 +644,9 @@ def endpoints(config: RunConfig) -> list[tuple[str, str, str, str]]:
     for role, spec in specs:
         if spec.endpoint:
             out.append((role, spec.endpoint, spec.model, spec.api_key_env))
+    if config.nl_judge.endpoint:  # tau2: the model that judges NL assertions
+        judge = config.nl_judge
+        out.append(("NL judge", judge.endpoint, judge.model, judge.api_key_env))
     return out
 
 
@@ -777,6 +780,8 @@ def check_domain_data(config: RunConfig, offline: bool) -> Check:
     bundled data); offline that is a note, since the data lives on the training machine."""
     data = Path(config.domain_data).expanduser()
     protocol = config.domain_protocol or "default"
+    if config.domain in ("retail", "airline"):
+        protocol += f", tau2 {config.tau2_version or 'v0.2.0 (default)'}"
     if not data.exists():
         where = "the online dry run and the run fail on it" if offline else "the run fails here"
         return Check(

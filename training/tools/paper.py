@@ -298,14 +298,15 @@ _DOMAIN_OWN: dict[tuple[str, str], tuple[str, ...]] = {
 }
 
 _TAU2 = (
-    "tau2 task version: the release's tau2-bench pin could not be read, so which task set its"
-    " numbers were scored on is unknown. parley's tau2 Domain follows tau2-bench v0.2.0 (tools,"
-    " data, DB x COMMUNICATE scoring: agents/domains/tau2). tau2-bench v1.0.0 (2026-03-18)"
-    " changed 10 retail tasks' gold actions and scores 112 of 114 retail tasks as DB x"
-    " NL_ASSERTION, judged by an LLM; parley scores an NL assertion only with a judge, which no"
-    " run config names, so on v1.0.0's task files those tasks would never count as a success."
-    " Supporting both versions' tasks and scoring (with a configured judge) is not done: point"
-    " it at v0.2.0's data.",
+    "tau2 task version: which version the release scored is unknown (its tau2-bench pin could"
+    " not be read). Its tau2 environment imports tau2.gym (added after the v0.2.0 tag, on"
+    " 2025-11-10) and every tau2-bench commit until v1.0.0 (2026-03-18) serves v0.2.0's task"
+    " files, but its dated launcher folders run from 0206 to 0417, across v1.0.0's release. The"
+    ' config scores v0.2.0\'s tasks (tau2_version, default "v0.2.0", DB x COMMUNICATE:'
+    " agents/domains/tau2/versions.py). v1.0.0 changed 10 retail tasks' gold actions, added"
+    " get_item_details and scores 112 of 114 retail tasks as DB x NL_ASSERTION (LLM-judged);"
+    ' parley runs it with tau2_version = "v1.0.0" and a judge model in [nl_judge], and refuses'
+    " to start such a run without one (an unjudged NL assertion is never counted).",
 )
 _AIRLINE = (
     "The release has no airline launcher (every tau2 launcher sets --usim-domain retail); this"

@@ -11,12 +11,13 @@ from typing import Any
 from ..base import Domain, Message, Outcome, Scenario, message_text
 from . import prompts
 from .airline import AirlineTools
-from .retail import RetailTools
+from .retail import RetailTools, RetailToolsV1
 from .scoring import NLJudge, score
 from .state import Tau2State, fresh_tools, rebuild
 from .store import Store
 from .taskset import TaskSet, load_task_set
 from .toolkit import Toolkit
+from .versions import TaskVersion, judged_tasks, task_version, version_problem
 
 
 class Tau2Domain(Domain):
@@ -31,9 +32,22 @@ class Tau2Domain(Domain):
     # the release runs Persona-Guided on retail; airline's customer simulator takes the same text
     simulator_guidelines = prompts.PERSONA_GUIDELINES
 
-    def __init__(self, data_dir: str | Path | None = None, nl_judge: NLJudge | None = None):
-        """data_dir: a folder in the official layout (None: the bundled data).
-        nl_judge: scores NL assertions; without it they are "not evaluated"."""
+    # the toolkit of each task version that adds tools (versions.py); others use `toolkit`
+    version_toolkits: dict[str, type[Toolkit]] = {}
+
+    def __init__(
+        self,
+        data_dir: str | Path | None = None,
+        nl_judge: NLJudge | None = None,
+        version: str = "",
+    ):
+        """data_dir: a folder in the official layout (None: the bundled data, v0.2.0-shaped).
+        nl_judge: scores NL assertions (judge.LLMJudge); without it an NL part of a task's
+        reward basis is "unjudged": left out of the reward and never a success (scoring.py).
+        version: the tau2-bench task version ("" = versions.DEFAULT_VERSION); task files of
+        another version are refused when first read."""
+        self.version: TaskVersion = task_version(version)
+        self.toolkit = self.version_toolkits.get(self.version.name, type(self).toolkit)
         self.data_dir = data_dir
         self.nl_judge = nl_judge
         self._task_set: TaskSet | None = None
@@ -42,8 +56,29 @@ class Tau2Domain(Domain):
     @property
     def task_set(self) -> TaskSet:
         if self._task_set is None:
-            self._task_set = load_task_set(self.name, self.data_dir)
+            task_set = load_task_set(self.name, self.data_dir)
+            where = f"the {self.name} tasks of {task_set.source}"
+            problem = version_problem(self.version, task_set.tasks, where)
+            if problem:
+                raise ValueError(problem)
+            self._task_set = task_set
         return self._task_set
+
+    def check_judge(self) -> None:
+        """Refuse a run whose tasks need the NL judge when none is configured: its rewards would
+        leave those assertions out (scoring.py), training toward, and reporting, something
+        other than the benchmark's score. Called where a run starts (RunConfig.build_domain)."""
+        if self.nl_judge is not None:
+            return
+        needing = judged_tasks(self.task_set.tasks)
+        if needing:
+            raise ValueError(
+                f"{len(needing)} of {len(self.task_set.tasks)} tau2 {self.version.name}"
+                f" {self.name} tasks score NL assertions (NL_ASSERTION in their reward basis,"
+                f" e.g. task {needing[0]!r}) and no NL judge is configured: set nl_judge.endpoint"
+                " and nl_judge.model (a model behind an OpenAI-compatible server), or use"
+                ' tau2_version = "v0.2.0"'
+            )
 
     # -- scenarios ----------------------------------------------------------------------------
 
@@ -68,7 +103,11 @@ class Tau2Domain(Domain):
         )
         title = " ".join(reason.split())
         title = title if len(title) <= 80 else title[:77] + "..."
-        payload = {**copy.deepcopy(task), "data_source": self.task_set.source}
+        payload = {
+            **copy.deepcopy(task),
+            "data_source": self.task_set.source,
+            "tau2_version": self.version.name,
+        }
         return Scenario(id=str(task["id"]), domain=self.name, payload=payload, title=title)
 
     def _task(self, scenario: Scenario) -> dict[str, Any]:
@@ -77,6 +116,13 @@ class Tau2Domain(Domain):
             raise ValueError(
                 f"scenario {scenario.id!r} was made from {source} data but this {self.name} domain reads "
                 f"{self.task_set.source}; create the domain with that data_dir"
+            )
+        # scenarios stored before versions existed were made under the default (v0.2.0)
+        version = scenario.payload.get("tau2_version") or task_version("").name
+        if version != self.version.name:
+            raise ValueError(
+                f"scenario {scenario.id!r} is a tau2 {version} task but this {self.name} domain"
+                f" scores {self.version.name}; create the domain with version={version!r}"
             )
         return scenario.payload
 
@@ -198,6 +244,7 @@ class RetailDomain(Tau2Domain):
     name = "retail"
     title = "tau2 retail"
     toolkit = RetailTools
+    version_toolkits = {"v1.0.0": RetailToolsV1}
 
 
 class AirlineDomain(Tau2Domain):

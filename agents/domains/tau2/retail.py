@@ -464,4 +464,21 @@ class RetailTools(Toolkit):
         return order
 
 
+class RetailToolsV1(RetailTools):
+    """tau2-bench v1.0.0's retail tools: v0.2.0's and `get_item_details` (versions.py)."""
+
+    @tool(
+        READ,
+        "Inventory details of one item (a product variant): its options, availability and price.",
+        item_id=string("The item id, e.g. '6086499569' (not a product id)."),
+    )
+    def get_item_details(self, item_id: str) -> dict:
+        # the official tool looks through every product's variants, in the DB's order
+        for product_id in self.db.tables["products"]:
+            variants = self.db.get("products", product_id)["variants"]
+            if item_id in variants:
+                return variants[item_id]
+        raise ValueError("Item not found")
+
+
 assert GENERIC  # calculate and transfer_to_human_agents come from Toolkit

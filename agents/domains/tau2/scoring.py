@@ -4,7 +4,12 @@
   same whole DB as the agent's conversation: equal sha256 of the canonical JSON.
 - COMMUNICATE: each communicate_info string occurs in some assistant message, compared in lower
   case with the message's commas removed.
-- NL_ASSERTION needs an LLM judge; without one it is "not evaluated" and never a success.
+- NL_ASSERTION (where the basis names it, as tau2 evaluates it) needs an LLM judge (judge.py).
+  Without one, or when the judge fails, the part is "unjudged": left out of the reward, named in
+  details["unjudged"], and the conversation is never a success. Why not 0: a 0 would count every
+  such conversation as failed (112 of 114 v1.0.0 retail tasks), a silent verdict the judge never
+  gave; why not 1: that would pass them. A training run refuses to start instead
+  (Tau2Domain.check_judge), so an unjudged reward never trains anything.
 - A conversation cut off by the step or error limit scores 0.
 """
 
@@ -20,6 +25,8 @@ from .store import Store
 PREMATURE_ENDS = {"max_steps", "max_turns", "too_many_errors"}
 DEFAULT_BASIS = ["DB", "COMMUNICATE"]
 NOT_EVALUATED = "not evaluated"
+UNJUDGED = "unjudged"  # an NL part of the basis that no judge scored: out of the reward
+NOT_IN_BASIS = "not in the reward basis"  # assertions the task has but its reward ignores
 
 # A judge gets the assertions and the conversation and says which hold.
 NLJudge = Callable[[list[str], list[Message]], list[bool]]
@@ -120,15 +127,24 @@ def score(
     details["communicate"] = checks
 
     assertions = criteria.get("nl_assertions") or []
-    if assertions:
-        components["NL_ASSERTION"] = NOT_EVALUATED
-    if assertions and judge is not None:
+    unjudged: dict[str, str] = {}
+    if assertions and "NL_ASSERTION" not in basis:
+        # tau2 judges only what the reward reads (EvaluationType.ALL): no judge call is spent
+        components["NL_ASSERTION"] = NOT_IN_BASIS
+    elif "NL_ASSERTION" in basis and not assertions:
+        components["NL_ASSERTION"] = 1.0  # nothing to judge: met, as in tau2
+    elif "NL_ASSERTION" in basis and judge is None:
+        components["NL_ASSERTION"] = UNJUDGED
+        unjudged["NL_ASSERTION"] = "no NL judge configured (setting nl_judge)"
+    elif "NL_ASSERTION" in basis:
         try:
             verdicts = [bool(v) for v in judge(assertions, conversation)]
             if len(verdicts) != len(assertions):
                 raise ValueError(f"{len(verdicts)} verdicts for {len(assertions)} assertions")
         except Exception as exc:  # a judge outage must not lose the rest of the score
             details["nl_error"] = f"{type(exc).__name__}: {exc}"
+            components["NL_ASSERTION"] = UNJUDGED
+            unjudged["NL_ASSERTION"] = f"the NL judge failed: {details['nl_error']}"
         else:
             details["nl_assertions"] = [
                 {"assertion": a, "met": v} for a, v in zip(assertions, verdicts, strict=True)
@@ -151,8 +167,15 @@ def score(
     )
     reward = 1.0
     for part in basis:
-        # No assertions: nothing to judge, met. "not evaluated" never counts as a success.
-        vacuous = part == "NL_ASSERTION" and not assertions
-        value = components.get(part, 1.0 if vacuous else NOT_EVALUATED)
+        if part in unjudged:
+            continue  # left out of the reward, and named below: never a silent 0 or 1
+        value = components.get(part, NOT_EVALUATED)
+        # "not evaluated" (a part parley cannot score, ENV_ASSERTION) never counts as a success
         reward *= value if isinstance(value, float) else 0.0
-    return Outcome(reward, reward == 1.0, components, details)
+    if unjudged:
+        details["unjudged"] = unjudged
+        details["note"] = (
+            f"reward over {', '.join(p for p in basis if p not in unjudged) or 'nothing'} only;"
+            f" {', '.join(unjudged)} unjudged, so success is unknown and not counted"
+        )
+    return Outcome(reward, reward == 1.0 and not unjudged, components, details)

@@ -257,14 +257,18 @@ def test_nl_assertions_need_a_judge(retail):
     conversation, state = played(retail, scenario)
     outcome = retail.score(conversation, state, "user_stop")
     assert (
-        outcome.components["NL_ASSERTION"] == "not evaluated" and outcome.reward == 1.0
-    )  # not in the basis
+        outcome.components["NL_ASSERTION"] == "not in the reward basis" and outcome.reward == 1.0
+    )
     payload = copy.deepcopy(scenario.payload)
     payload["evaluation_criteria"]["reward_basis"] = ["DB", "NL_ASSERTION"]
     judged = Scenario(scenario.id, "retail", payload)
     state = retail.new_state(judged)
     conversation, _ = gold_conversation(retail, judged, state)
-    assert retail.score(conversation, state, "user_stop").reward == 0.0  # never a success unjudged
+    unjudged = retail.score(conversation, state, "user_stop")
+    # left out of the reward and named: never a success, never a silent 0
+    assert (unjudged.reward, unjudged.success) == (1.0, False)
+    assert unjudged.components["NL_ASSERTION"] == "unjudged"
+    assert "nl_judge" in unjudged.details["unjudged"]["NL_ASSERTION"]
     seen = []
 
     def judge(assertions, messages):
@@ -284,8 +288,8 @@ def test_nl_assertions_need_a_judge(retail):
         raise ConnectionError("judge endpoint down")
 
     outcome = RetailDomain(nl_judge=broken).score(conversation, state, "user_stop")
-    assert outcome.reward == 0.0 and outcome.components["NL_ASSERTION"] == "not evaluated"
-    assert "judge endpoint down" in outcome.details["nl_error"]
+    assert not outcome.success and outcome.components["NL_ASSERTION"] == "unjudged"
+    assert "judge endpoint down" in outcome.details["unjudged"]["NL_ASSERTION"]
 
 
 def test_action_basis(retail):
