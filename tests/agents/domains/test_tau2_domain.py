@@ -256,9 +256,7 @@ def test_nl_assertions_need_a_judge(retail):
     scenario = task_with(retail, lambda c: c.get("nl_assertions"))
     conversation, state = played(retail, scenario)
     outcome = retail.score(conversation, state, "user_stop")
-    assert (
-        outcome.components["NL_ASSERTION"] == "not in the reward basis" and outcome.reward == 1.0
-    )
+    assert outcome.components["NL_ASSERTION"] == "not in the reward basis" and outcome.reward == 1.0
     payload = copy.deepcopy(scenario.payload)
     payload["evaluation_criteria"]["reward_basis"] = ["DB", "NL_ASSERTION"]
     judged = Scenario(scenario.id, "retail", payload)
