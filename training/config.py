@@ -613,9 +613,10 @@ class BehaviourSpec:
         " the reference (0.005 = the release's 5 samples of 1,000)",
     )  # fmt: skip
     cover_share: StrictFloat = Field(
-        0.0, ge=0, lt=1,
+        0.01, ge=0, lt=1,
         description="a simulator covers a cluster when more than 0 and at least this share of"
-        " its replies fall in it",
+        " its behaviour falls in it (on a choice turn, of its probability: the SmolLM2"
+        " persuadee's 0.3% on $0 is not behaviour a run meets)",
     )  # fmt: skip
     probe_tasks: StrictInt = Field(
         2, ge=1, le=64,

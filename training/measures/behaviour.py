@@ -78,12 +78,15 @@ def covered(p: Sequence[float], min_share: float) -> set[int]:
     return {k for k, x in enumerate(p) if x > 0 and x >= min_share}
 
 
-def bdi(simulated: set[int], reference: set[int]) -> float:
-    """BDI = |covered ∩ support(D)| / |support(D)|: the share of the real users' behaviour
-    support that the simulators' covered clusters reach (behaviour outside it does not count)."""
-    if not reference:
+def bdi(simulated: set[int], reference: Sequence[float], min_share: float) -> float:
+    """BDI = sum_{k in S ∩ C} r_k / sum_{k in S} r_k, S = support(r) the people's clusters, C
+    the simulators' covered ones: the share of the real users' behaviour (by its mass) that the
+    simulators' behaviour reaches. Behaviour outside the support counts for nothing; with an
+    even reference it is the share of the support's clusters covered."""
+    people = support(reference, min_share)
+    if not people:
         raise ValueError("BDI against a reference with no support")
-    return len(simulated & reference) / len(reference)
+    return sum(reference[k] for k in people & simulated) / sum(reference[k] for k in people)
 
 
 def coverage_growth(now: set[int], before: set[int], k: int) -> float:

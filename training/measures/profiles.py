@@ -173,8 +173,8 @@ class Profiles:
             return out
         put(f"{key}/scd", pooled, lambda x: m.scd(m.shares(x, k)))
         if self.human or acts:  # the acts' reference is always the annotated people
-            people = m.support(reference, self.support_share)
-            bdi = lambda x: m.bdi(m.covered(m.shares(x, k), self.cover_share), people)  # noqa: E731
+            cover, least = self.cover_share, self.support_share
+            bdi = lambda x: m.bdi(m.covered(m.shares(x, k), cover), reference, least)  # noqa: E731
             put(f"{key}/bdi", pooled, bdi)
             for n in names:
                 if labels.get(n):
@@ -209,14 +209,13 @@ class Profiles:
             return out
         q = m.mixture(population)
         out[f"{key}/scd"] = m.scd(q)
-        if self.decision_reference:
-            people = m.support([self.decision_reference.get(t, 0.0) for t in texts],
-                               self.support_share)  # fmt: skip
-            if people:
-                out[f"{key}/bdi"] = m.bdi(m.covered(q, self.cover_share), people)
-                for n in names:
-                    if n in exact:
-                        out[f"{key}/bdi/{n}"] = m.bdi(m.covered(exact[n], self.cover_share), people)
+        reference = [(self.decision_reference or {}).get(t, 0.0) for t in texts]
+        if m.support(reference, self.support_share):
+            least, cover = self.support_share, self.cover_share
+            out[f"{key}/bdi"] = m.bdi(m.covered(q, cover), reference, least)
+            for n in names:
+                if n in exact:
+                    out[f"{key}/bdi/{n}"] = m.bdi(m.covered(exact[n], cover), reference, least)
         return out
 
 

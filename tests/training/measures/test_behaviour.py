@@ -35,13 +35,23 @@ def test_mci_and_scd_in_between_and_on_counts():
 
 
 def test_half_coverage_is_bdi_one_half():
-    people = m.support([0.25, 0.25, 0.25, 0.25, 0.0, 0.0], 0.01)
+    people = [0.25, 0.25, 0.25, 0.25, 0.0, 0.0]
     simulated = m.covered([0.0, 0.0, 0.5, 0.5, 0.0, 0.0], 0.0)
-    assert m.bdi(simulated, people) == 0.5
+    assert m.bdi(simulated, people, 0.01) == 0.5
     # behaviour outside the people's support raises nothing
-    assert m.bdi(simulated | {4, 5}, people) == 0.5
+    assert m.bdi(simulated | {4, 5}, people, 0.01) == 0.5
     # a cluster below the support share is not the people's
     assert m.support([0.995, 0.004, 0.001], 0.005) == {0}
+
+
+def test_bdi_weighs_the_people_s_clusters_by_their_share():
+    # P4G's people gave $0 in about two thirds of dialogues: a persuadee that never gives $0
+    # covers only the third of their behaviour that is not $0
+    people = [0.67, 0.12, 0.14, 0.01, 0.06]
+    never_zero = m.covered([0.001, 0.2, 0.3, 0.2, 0.299], 0.01)
+    assert never_zero == {1, 2, 3, 4}
+    assert m.bdi(never_zero, people, 0.005) == pytest.approx(0.33)
+    assert m.bdi({0}, people, 0.005) == pytest.approx(0.67)
 
 
 def test_coverage_growth_and_psod_signs():
@@ -56,7 +66,7 @@ def test_bad_inputs_say_so():
     with pytest.raises(ValueError, match="at least 2"):
         m.scd([1.0])
     with pytest.raises(ValueError, match="no support"):
-        m.bdi({0}, set())
+        m.bdi({0}, [0.0, 0.0], 0.01)
 
 
 def test_bootstrap_interval_holds_the_value_and_is_seeded():
@@ -129,7 +139,7 @@ def decision(probs):
 
 def test_choice_turns_are_measured_exactly_and_against_people():
     people = {"$0": 0.6, "$1": 0.3, "$2": 0.1}
-    profiles = Profiles(None, 0.05, 0.0, 0, 0, True, people)
+    profiles = Profiles(None, 0.05, 0.01, 0, 0, True, people)
     probed = {
         "collapsed": [Reply("$2", decision([0.0, 0.0, 1.0]))] * 3,
         "even": [Reply("$0", decision([1 / 3, 1 / 3, 1 / 3]))] * 3,
@@ -138,7 +148,7 @@ def test_choice_turns_are_measured_exactly_and_against_people():
     assert row["behaviour/decision/probe/mci/collapsed"] == 1.0
     assert row["behaviour/decision/probe/mci/even"] == pytest.approx(1 / 3)
     assert row["behaviour/decision/probe/scd"] == 1.0  # the population is the collapsed one
-    assert row["behaviour/decision/probe/bdi"] == pytest.approx(1 / 3)
+    assert row["behaviour/decision/probe/bdi"] == pytest.approx(0.1)  # people's $2 share
     assert "behaviour/decision/probe/mci/collapsed/lo" not in row  # exact: no interval
     assert row["sim/decision_entropy_probe"] == 0.0
     both = profiles.row(1, probed, {}, ["collapsed", "even"])
@@ -156,6 +166,8 @@ def test_free_text_is_estimated_with_intervals_and_the_pooled_form_beside(tmp_pa
     assert row["behaviour/clusters/probe/mci/b"] == 1.0
     assert row["behaviour/clusters/probe/bdi"] == pytest.approx(0.75)
     assert row["behaviour/clusters/probe/bdi/b"] == pytest.approx(0.25)
+    # the intervals: an estimate from 4 replies is never exact
+    assert row["behaviour/clusters/probe/mci/a/lo"] < row["behaviour/clusters/probe/mci/a/hi"]
     assert row["behaviour/clusters/probe/scd/lo"] <= row["behaviour/clusters/probe/scd"]
     assert row["behaviour/clusters/probe/scd"] <= row["behaviour/clusters/probe/scd/hi"]
     assert row["behaviour/clusters/pooled/scd"] == 1.0
