@@ -567,6 +567,20 @@ class CollapseSpec:
     )  # fmt: skip
 
 
+def _behaviour_reference(value: str) -> str:
+    kind, _, where = value.partition(":")
+    if value and value != "p4g_corpus" and not (kind in ("run", "texts") and where.strip()):
+        raise PydanticCustomError(
+            "behaviour_reference",
+            'must be "", "p4g_corpus", "run:<folder>" or "texts:<file>" (got {value!r})',
+            {"value": value},
+        )
+    return value
+
+
+BehaviourReference = Annotated[StrictStr, AfterValidator(_behaviour_reference)]
+
+
 @dataclass(config=TABLE)
 class BehaviourSpec:
     """COLLAPSE-AWARE's behaviour profiles (training/measures/profiles.py): one behaviour space
@@ -575,7 +589,7 @@ class BehaviourSpec:
     evaluation steps (docs/training.md, "Behaviour profiles"). Off unless `reference` is set
     (or `decisions_only`)."""
 
-    reference: StrictStr = Field(
+    reference: BehaviourReference = Field(
         "",
         description='the reference the clusters are fit on: "p4g_corpus" (the official corpus\'s'
         ' human persuadee turns), "run:<folder>" (a run\'s pooled simulator turns: tau2),'

@@ -18,7 +18,7 @@ a human reference), or, where the reference is not human (tau2: a named run's si
 turns), coverage (covered clusters / K) and coverage_growth (the relative form: the change
 since the step before, not a BDI). sim/decision_entropy_probe is sim/decision_entropy on the
 probe set. psod/<name> = R(agent; <name>) - heldout/reward at evaluation steps, <name> each
-training simulator the regime names (training_collapse.md in docs/training.md).
+training simulator the regime names (docs/training.md, "Behaviour profiles").
 """
 
 from __future__ import annotations

@@ -183,3 +183,35 @@ def test_without_people_the_relative_form_is_written_instead_of_bdi():
     assert not any("bdi" in k for k in first)
     second = profiles.row(2, {"a": [Reply("yes", None), Reply("no", None)]}, {}, ["a"])
     assert second["behaviour/clusters/probe/coverage_growth"] == 0.25
+
+
+# -- the references ------------------------------------------------------------------------------
+
+
+def test_a_bad_reference_is_refused_where_the_config_enters():
+    from training.config import ConfigError, RunConfig
+
+    base = {"name": "x", "domain": "p4g"}
+    with pytest.raises(ConfigError, match="behaviour.reference"):
+        RunConfig.from_dict(base | {"behaviour": {"reference": "people"}})
+    with pytest.raises(ConfigError, match="behaviour.reference"):
+        RunConfig.from_dict(base | {"behaviour": {"reference": "run:"}})
+    assert RunConfig.from_dict(base | {"behaviour": {"reference": "run:/x"}}).behaviour.enabled
+
+
+def test_the_references_are_read_and_a_missing_one_says_where_it_looked(tmp_path, monkeypatch):
+    from training.measures.behaviour_space import reference_turns
+
+    (tmp_path / "samples.jsonl").write_text(
+        '{"conversation": [{"role": "assistant", "content": "Hi"},'
+        ' {"role": "user", "content": "I want a refund"}]}\n'
+    )
+    assert reference_turns(f"run:{tmp_path}") == ["I want a refund"]
+    (tmp_path / "people.jsonl").write_text('"one"\n{"text": "two"}\n\n')
+    assert reference_turns(f"texts:{tmp_path / 'people.jsonl'}") == ["one", "two"]
+    (tmp_path / "bad.jsonl").write_text("3\n")
+    with pytest.raises(ValueError, match="line 1"):
+        reference_turns(f"texts:{tmp_path / 'bad.jsonl'}")
+    monkeypatch.setenv("PARLEY_REFERENCE_DIR", str(tmp_path / "nowhere"))
+    with pytest.raises(ValueError, match="no Persuasion for Good full_dialog.csv in .*empty"):
+        reference_turns("p4g_corpus", corpus=str(tmp_path / "empty"))
