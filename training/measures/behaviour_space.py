@@ -176,11 +176,12 @@ def kmeans(x: np.ndarray, k: int, seed: int, iterations: int = 50) -> np.ndarray
         raise ValueError(f"behaviour.clusters = {k}: the reference has only {len(x)} turns")
     rng = np.random.default_rng(seed)
     centroids = [x[rng.integers(len(x))]]
+    d = ((x - centroids[0]) ** 2).sum(1)  # each point's squared distance to its nearest so far
     for _ in range(1, k):
-        d = np.min(((x[:, None, :] - np.array(centroids)[None]) ** 2).sum(-1), axis=1)
         total = d.sum()
         p = d / total if total > 0 else np.full(len(x), 1 / len(x))
         centroids.append(x[rng.choice(len(x), p=p)])
+        d = np.minimum(d, ((x - centroids[-1]) ** 2).sum(1))
     c = np.array(centroids)
     for _ in range(iterations):
         d = _distances(x, c)

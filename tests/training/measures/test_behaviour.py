@@ -215,3 +215,43 @@ def test_the_references_are_read_and_a_missing_one_says_where_it_looked(tmp_path
     monkeypatch.setenv("PARLEY_REFERENCE_DIR", str(tmp_path / "nowhere"))
     with pytest.raises(ValueError, match="no Persuasion for Good full_dialog.csv in .*empty"):
         reference_turns("p4g_corpus", corpus=str(tmp_path / "empty"))
+
+
+def test_kmeans_keeps_every_cluster_in_use():
+    from training.measures.behaviour_space import kmeans
+
+    x = np.random.default_rng(0).normal(size=(300, 16))
+    c = kmeans(x, 50, seed=1)
+    labels = ((x[:, None] - c[None]) ** 2).sum(-1).argmin(1)
+    assert c.shape == (50, 16) and len(set(labels.tolist())) == 50
+    with pytest.raises(ValueError, match="only 300 turns"):
+        kmeans(x, 301, seed=1)
+
+
+# -- the probe set, on scripted persuadees (no model) --------------------------------------------
+
+
+def test_an_ensemble_is_probed_member_by_member_on_the_same_fixed_probes(tmp_path):
+    from training.config import RunConfig
+    from training.measures.profiles import ask, probe_set
+    from training.regimes.regime import ModelCache, make_regime
+
+    members = [{"name": n, "kind": "scripted", "script": n} for n in ("anchored", "reactant")]
+    config = RunConfig.from_dict({"name": "e", "domain": "p4g-decision", "regime": "ensemble",
+                                  "ensemble": members, "heldout": [],
+                                  "output_dir": str(tmp_path)})  # fmt: skip
+    domain = config.build_domain()
+    regime = make_regime(config, tmp_path, ModelCache(config))
+    probed = list(regime.behaviour_simulators())
+    assert [n for n, _ in probed] == ["anchored", "reactant"]
+    assert regime.pooled_name("reactant") == "reactant" and regime.frozen_base() is None
+    tasks = domain.scenarios("train")
+    probes = probe_set(domain, tasks, 2, "")
+    assert len(probes) == 2 * 8  # every fixed ask of the decision episode, per task
+    assert all(not p.final for p in probes)  # the first reply already is the decision
+    replies = {n: ask(domain, probes, user, 2, "s") for n, user in probed}
+    assert replies["anchored"] == ask(domain, probes, probed[0][1], 2, "s")  # the same seeds
+    row = Profiles(None, 0.005, 0.01, 0, 0, True).row(1, replies, {}, ["anchored", "reactant"])
+    for n in ("anchored", "reactant"):
+        assert 0.2 <= row[f"behaviour/decision/probe/mci/{n}"] <= 1  # 5 amounts: MCI >= 1/5
+    assert 0 <= row["behaviour/decision/probe/scd"] <= 1
