@@ -91,6 +91,7 @@ class TrainingRunAdmin(admin.ModelAdmin):
         "state",
         "live_progress",
         "collapse_warnings",
+        "behaviour",
         "optimizer_steps",
         "plots",
         "samples",
@@ -172,6 +173,18 @@ class TrainingRunAdmin(admin.ModelAdmin):
             "<ul>{}</ul>Thresholds: the run's [collapse] table (docs/training.md, "
             '"Collapse warnings"); the measures are in diversity.png and metrics.jsonl.</div>',
             format_html_join("", "<li>{}</li>", ((w.get("message", w),) for w in warnings)),
+        )
+
+    @admin.display(description="Behaviour profile")
+    def behaviour(self, run):
+        """COLLAPSE-AWARE's measures at their last logged step (docs/training.md, "Behaviour
+        profiles"); every step's are in metrics.jsonl and behaviour.png."""
+        found = self.summary(run).get("behaviour") or []
+        if not found:
+            return "-"
+        return format_html(
+            '<table id="behaviour-profile">{}</table>',
+            format_html_join("", "<tr><th>{}</th><td>{}</td></tr>", found),
         )
 
     @admin.display(description="Plots")

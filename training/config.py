@@ -567,6 +567,106 @@ class CollapseSpec:
     )  # fmt: skip
 
 
+def _behaviour_reference(value: str) -> str:
+    kind, _, where = value.partition(":")
+    if value and value != "p4g_corpus" and not (kind in ("run", "texts") and where.strip()):
+        raise PydanticCustomError(
+            "behaviour_reference",
+            'must be "", "p4g_corpus", "run:<folder>" or "texts:<file>" (got {value!r})',
+            {"value": value},
+        )
+    return value
+
+
+BehaviourReference = Annotated[StrictStr, AfterValidator(_behaviour_reference)]
+
+
+@dataclass(config=TABLE)
+class BehaviourSpec:
+    """COLLAPSE-AWARE's behaviour profiles (training/measures/profiles.py): one behaviour space
+    fit at the run's start on a named reference and saved in <run>/behaviour_space/, the
+    simulators' MCI, SCD and BDI every step on a fixed probe set and pooled, PSOD at
+    evaluation steps (docs/training.md, "Behaviour profiles"). Off unless `reference` is set
+    (or `decisions_only`)."""
+
+    reference: BehaviourReference = Field(
+        "",
+        description='the reference the clusters are fit on: "p4g_corpus" (the official corpus\'s'
+        ' human persuadee turns), "run:<folder>" (a run\'s pooled simulator turns: tau2),'
+        ' "texts:<file>" (one JSON string a line: a study\'s participants\' turns); "" = none',
+    )
+    decisions_only: StrictBool = Field(
+        False,
+        description="without a reference: measure the choice turns alone (exact, from the"
+        " decision probabilities), no embedding, no clusters",
+    )
+    corpus: StrictStr = Field(
+        "",
+        description='p4g_corpus: the folder holding full_dialog.csv ("" = domain_data, else the'
+        " shared reference data's p4g/); nothing is downloaded",
+    )
+    embedder: StrictStr = Field(
+        "",
+        description="a local model folder whose mean-pooled last hidden states embed the turns"
+        ' (a sentence-embedding model or a causal LM; "" = the run\'s base model)',
+    )
+    clusters: StrictInt = Field(20, ge=2, le=1000, description="K, the k-means clusters")
+    reference_max: StrictInt = Field(
+        2000, ge=10, le=200_000,
+        description="at most this many reference turns (and labelled sentences) are embedded,"
+        " a seeded draw: the fit's cost at the run's start",
+    )  # fmt: skip
+    dialogue_acts: StrictBool = Field(
+        True,
+        description="p4g_corpus: also train a dialogue-act classifier on the annotated persuadee"
+        " sentences (300_dialog.xlsx) and measure in its human-defined categories",
+    )
+    support_share: StrictFloat = Field(
+        0.005, ge=0, lt=1,
+        description="a cluster is in the people's support when it holds at least this share of"
+        " the reference (0.005 = the release's 5 samples of 1,000)",
+    )  # fmt: skip
+    cover_share: StrictFloat = Field(
+        0.01, ge=0, lt=1,
+        description="a simulator covers a cluster when more than 0 and at least this share of"
+        " its behaviour falls in it (on a choice turn, of its probability: the SmolLM2"
+        " persuadee's 0.3% on $0 is not behaviour a run meets)",
+    )  # fmt: skip
+    probe_tasks: StrictInt = Field(
+        2, ge=1, le=64,
+        description="the fixed probe set's training tasks (each with every opening the Domain"
+        " fixes): the per-step cost",
+    )  # fmt: skip
+    probe_samples: StrictInt = Field(
+        2, ge=1, le=32, description="replies per probe (the same seeds every step)"
+    )
+    probe_opening: StrictStr = Field(
+        "",
+        description="the agent's opening on a probe where the agent speaks first and the Domain"
+        ' fixes no asks ("" = a plain greeting)',
+    )
+    bootstrap: StrictInt = Field(
+        200, ge=0, le=10_000,
+        description="bootstrap draws for the estimates' 90% intervals (0 = none)",
+    )  # fmt: skip
+    psod_base_tasks: StrictInt = Field(
+        2, ge=0, le=64,
+        description="co-training: at evaluation steps the agent also plays the frozen base"
+        " simulator on this many held-out tasks (group_size each) for psod/base (0 = not"
+        " measured)",
+    )  # fmt: skip
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.reference) or self.decisions_only
+
+    def space_settings(self, seed: int, embedder: str) -> dict[str, Any]:
+        """What defines the run's behaviour space (a resume must find the same)."""
+        return {"reference": self.reference, "embedder": embedder, "clusters": self.clusters,
+                "reference_max": self.reference_max, "seed": seed,
+                "dialogue_acts": self.dialogue_acts and self.reference == "p4g_corpus"}  # fmt: skip
+
+
 # the GRPO block's own types (the estimators' formulas: grpo.KL_ESTIMATORS)
 KlEstimator = Literal["k1", "k2", "k3"]
 
@@ -800,6 +900,11 @@ class RunConfig:
     collapse: CollapseSpec = Field(
         default_factory=CollapseSpec,
         description="collapse diagnostics: embedding model and the warning thresholds",
+    )
+    behaviour: BehaviourSpec = Field(
+        default_factory=BehaviourSpec,
+        description="COLLAPSE-AWARE behaviour profiles: MCI, SCD, BDI every step, PSOD at"
+        " evaluation steps (off unless behaviour.reference is set)",
     )
     dtype: Dtype = Field("float32", description="weights' dtype")
     mixed_precision: StrictBool = Field(

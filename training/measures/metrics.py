@@ -19,6 +19,7 @@ PLOTS = (
     "entropy.png",
     "collapse.png",
     "diversity.png",
+    "behaviour.png",  # only for a run with behaviour profiles ([behaviour])
 )
 
 
@@ -101,6 +102,12 @@ def plot(rows: list[dict[str, Any]], folder: Path) -> list[Path]:
             },
         ),
     }
+    behaviour = behaviour_lines(rows)
+    if behaviour:
+        panels["behaviour.png"] = (
+            "behaviour profiles: MCI, SCD, BDI on the fixed probe set (pooled beside), PSOD",
+            behaviour,
+        )
     written = []
     folder.mkdir(parents=True, exist_ok=True)
     for filename, (title, lines) in panels.items():
@@ -116,6 +123,42 @@ def plot(rows: list[dict[str, Any]], folder: Path) -> list[Path]:
             ax.legend(fontsize=8)
         written.append(save(fig, folder / filename))
     return written
+
+
+def behaviour_lines(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """behaviour.png's lines (training/measures/profiles.py's keys): per space, the probe MCI of
+    each simulator, SCD and BDI (or the relative coverage growth) on the probe set and pooled,
+    and PSOD of each named training simulator; intervals stay in metrics.jsonl."""
+    keys = sorted({k for r in rows for k in r})
+    lines = {}
+    for key in keys:
+        parts = key.split("/")
+        if parts[0] == "psod" and len(parts) == 2:
+            lines[f"PSOD vs {parts[1]}"] = key
+        elif parts[0] != "behaviour" or len(parts) < 4 or parts[-1] in ("lo", "hi"):
+            continue
+        elif parts[3] == "mci" and parts[2] == "probe" and len(parts) == 5:
+            lines[f"{parts[1]} MCI {parts[4]}"] = key
+        elif parts[3] in ("scd", "bdi", "coverage_growth") and len(parts) == 4:
+            pooled = " (pooled)" if parts[2] == "pooled" else ""
+            name = {"coverage_growth": "coverage growth (relative)"}.get(parts[3], parts[3].upper())
+            lines[f"{parts[1]} {name}{pooled}"] = key
+    return lines
+
+
+def behaviour_now(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The last logged value of each behaviour.png line, with its interval where it is an
+    estimate, and the step it is from (the run page's table)."""
+    found = []
+    for label, key in behaviour_lines(rows).items():
+        row = next((r for r in reversed(rows) if _finite(r.get(key))), None)
+        if row is None:
+            continue
+        value = f"{row[key]:.3f}"
+        if _finite(row.get(f"{key}/lo")) and _finite(row.get(f"{key}/hi")):
+            value += f" [{row[key + '/lo']:.3f}, {row[key + '/hi']:.3f}]"
+        found.append((label, f"{value} (step {row.get('step', '?')})"))
+    return found
 
 
 def _finite(value: Any) -> bool:
@@ -151,6 +194,7 @@ def run_summary(run_dir: Path | str, samples: int = 3) -> dict[str, Any]:
         else [],
         "samples": read_rows(folder / "samples.jsonl")[-samples:] if samples else [],
         "steps_logged": len(rows),
+        "behaviour": behaviour_now(rows),
         "optimizer_steps": int(sum(_number(r.get("optimizer_step")) for r in rows)),
     }
 

@@ -93,11 +93,30 @@ class RegimeRun:
     ):
         self.config = config
         self.ranks = ranks or Ranks()
+        self.models = models
 
     @contextmanager
     def simulator(self, step: int) -> Iterator[Any]:
         self.user.rng.seed(f"{self.config.seed}-{step}-user")
         yield self.user
+
+    # COLLAPSE-AWARE's behaviour profiles (training/measures/profiles.py) name the simulators:
+    # BASE is the frozen base of a co-trained simulator, measured beside the population but
+    # never counted in it (the agent does not train against it)
+    BASE = "base"
+
+    def behaviour_simulators(self) -> Iterator[tuple[str, Any]]:
+        """(name, Speaker) of every simulator to probe, as it is now; a name may come more than
+        once (a pool's snapshots are one simulator, the mixture the agent meets)."""
+        yield "training", self.user
+
+    def pooled_name(self, member: str) -> str:
+        """The behaviour-profile name of a rollout's `member`."""
+        return "training"
+
+    def frozen_base(self) -> Any:
+        """The co-trained simulator's frozen base, in process (None: nothing learns)."""
+        return None
 
     def gathered(self, writeback: bool = False) -> Any:
         """A learning simulator's full weights under FSDP (Policy.gathered); else nothing."""
@@ -191,6 +210,12 @@ class Ensemble(RegimeRun):
         self.step = step
         with super().simulator(step) as user:
             yield user
+
+    def behaviour_simulators(self) -> Iterator[tuple[str, Any]]:
+        yield from self.members.items()
+
+    def pooled_name(self, member: str) -> str:
+        return member
 
     def metrics(self, step: int, rollouts: list[Rollout]) -> dict[str, float]:
         """Per member: the share of the step's rollouts it played, their mean reward and
@@ -291,6 +316,22 @@ class CoTrain(RegimeRun):
     def gathered(self, writeback: bool = False) -> Any:
         return self.policy.gathered(writeback)
 
+    def behaviour_simulators(self) -> Iterator[tuple[str, Any]]:
+        yield self.BASE, self.frozen_base()
+        yield "current", self.user
+
+    def pooled_name(self, member: str) -> str:
+        return "current" if member == "current" else "pool"
+
+    def frozen_base(self) -> Any:
+        """The simulator's model without its training (its LoRA or full weights as loaded),
+        sampled in this process, its generator seeded like the run's."""
+        if not hasattr(self, "_base"):
+            spec = self.config.simulator
+            model = self.models.get(str(self.config.simulator_model_path()))
+            self._base = LocalUser(model, spec, tracked=False, rng=random.Random(self.config.seed))
+        return self._base
+
     def learn(self, step: int, rollouts: list[Rollout]) -> dict[str, float]:
         """The simulator's GRPO step on its own sampled tokens, grouped like the agent's (only
         the rollouts its current self played). `rollouts`: this rank's share of the step, whole
@@ -364,6 +405,31 @@ class Population(CoTrain):
         ]
         yield PoolUser(self)
 
+    def behaviour_simulators(self) -> Iterator[tuple[str, Any]]:
+        yield from super().behaviour_simulators()
+        for entry in list(self.pool.entries):  # each snapshot: the pool is their even mixture
+            yield "pool", _Snapshot(self, entry.name)
+
+    def respond_as(self, member: str, domain: Any, group: list[Rollout]) -> None:
+        """Pool snapshot `member` plays the user's turn of `group`: its weights swapped in
+        (on a served simulator, its adapter loaded) and the current ones put back after."""
+        entry = next(e for e in self.pool.entries if e.name == member)
+        current = self.policy.adapter_state()
+        folder = self.pool.path(entry)
+        self.policy.load_weights(folder)
+        # a served simulator samples the snapshot's turns from the snapshot's adapter
+        server = self.user.server if isinstance(self.user, ServedUser) else None
+        live = server.model if server else ""
+        try:
+            if server:
+                server.load(str(folder), f"{self.config.name}-{member}", keep_previous=True)
+            self.user.respond(domain, group)
+        finally:
+            self.policy.load_adapter_state(current)
+            if server and server.model != live:
+                server.unload(server.model)
+                server.model = live
+
     def learn(self, step: int, rollouts: list[Rollout]) -> dict[str, Any]:
         stats = super().learn(step, rollouts)
         if step % self.config.pool_every == 0:
@@ -412,23 +478,26 @@ class PoolUser:
         for member, group in by_member.items():
             if member == "current":
                 regime.user.respond(domain, group)
-                continue
-            entry = next(e for e in regime.pool.entries if e.name == member)
-            current = regime.policy.adapter_state()
-            folder = regime.pool.path(entry)
-            regime.policy.load_weights(folder)
-            # a served simulator samples the snapshot's turns from the snapshot's adapter
-            server = regime.user.server if isinstance(regime.user, ServedUser) else None
-            live = server.model if server else ""
-            try:
-                if server:
-                    server.load(str(folder), f"{regime.config.name}-{member}", keep_previous=True)
-                regime.user.respond(domain, group)
-            finally:
-                regime.policy.load_adapter_state(current)
-                if server and server.model != live:
-                    server.unload(server.model)
-                    server.model = live
+            else:
+                regime.respond_as(member, domain, group)
+
+
+class _Snapshot:
+    """One pool snapshot as a Speaker (the behaviour profiles probe each)."""
+
+    role = "user"
+
+    def __init__(self, regime: Population, member: str):
+        self.regime, self.member = regime, member
+
+    @property
+    def rng(self) -> random.Random:
+        return self.regime.user.rng
+
+    def respond(self, domain: Any, rollouts: list[Rollout]) -> None:
+        for r in rollouts:
+            r.member = self.member
+        self.regime.respond_as(self.member, domain, rollouts)
 
 
 # each class names its member of the registry (training.vocabulary.Regime): the one place a

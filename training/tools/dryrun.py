@@ -766,6 +766,8 @@ def check_local(config: RunConfig) -> list[Check]:
                 folders[f"{spec.name} adapter"] = str(spec.adapter_path())
     if config.collapse.embedding_model:  # sim/embedding_dispersion's model: loaded, never fetched
         folders["embedding model"] = config.collapse.embedding_model
+    if config.behaviour.reference:  # the behaviour space's embedder: loaded, never fetched
+        folders["behaviour embedder"] = config.behaviour.embedder or str(config.base_model_path())
     for name, folder in folders.items():
         path = Path(folder).expanduser()
         marker = "adapter_config.json" if name.endswith("adapter") else "config.json"

@@ -41,6 +41,7 @@ from training.measures.collapse import (
 from training.measures.diversity import Embedder, step_diversity
 from training.measures.held_out import HeldOutPanel
 from training.measures.metrics import MetricsLog
+from training.measures.profiles import Profiles, Reply, ask, probe_set, psod_row, rollout_replies
 from training.regimes.regime import ModelCache, frozen_simulator, make_regime
 from training.rl.distributed import Ranks
 from training.rl.grpo import group_advantages
@@ -98,6 +99,8 @@ class Run:
     embed: Embedder | None  # rank 0's reply embedder for the step's diversity
     memory: PhaseMemory  # this rank's peak memory per phase (<run>/memory/rank-K.json)
     optimizer_steps: int = 0  # so far: 0 means the adapter is still the base
+    profiles: Profiles | None = None  # behaviour profiles (rank 0 computes; None: off)
+    probes: list = dataclasses.field(default_factory=list)  # the fixed probe set (every rank)
 
 
 def _train(
@@ -137,6 +140,10 @@ def _train(
         embed = Embedder(config.collapse.embedding_model)
     run = Run(config, run_dir, domain, train_scenarios, agent, speaker, regime, panel,
               ranks, exploit, embed, memory, optimizer_steps=writer.optimizer_steps)  # fmt: skip
+    if config.behaviour.enabled:
+        b = config.behaviour
+        run.probes = probe_set(domain, train_scenarios, b.probe_tasks, b.probe_opening)
+        run.profiles = _profiles(config, run_dir) if ranks.main else None
     memory.loaded()
     writer.begin()
     for step in range(start + 1, config.steps + 1):
@@ -175,6 +182,9 @@ def train_step(run: Run, step: int, phase: Phase) -> tuple[dict[str, Any], list[
                 phase("rollouts", done + n, total, before + turns)
 
             mine += _play_task(config, run.domain, task, index, step, run.speaker, user, ended)
+        # the fixed probe set, answered by every simulator as it played this step (every rank
+        # asks the same, so a sharded simulator's generation is the same on every rank)
+        probed = _probe(run) if run.probes else {}
     rewards = torch.tensor([r.reward for r in mine]).view(-1, config.group_size)
     t_rollout = time.monotonic() - t0
     phase("update", len(mine), total, turned[0])
@@ -191,6 +201,10 @@ def train_step(run: Run, step: int, phase: Phase) -> tuple[dict[str, Any], list[
         stats.update(regime.learn(step, mine))
     rollouts = ranks.gather(mine)  # the whole step, in task order, on every rank
     row = _row(run, step, rollouts, len(tasks), stats) | {"time_rollout": t_rollout}
+    if run.profiles is not None:
+        population = [n for n in probed if n != regime.BASE]
+        pooled = rollout_replies(rollouts, regime.pooled_name)
+        row.update(run.profiles.row(step, probed, pooled, population))
     run.optimizer_steps += int(row["optimizer_step"])
     row["optimizer_steps"] = run.optimizer_steps
 
@@ -201,6 +215,8 @@ def train_step(run: Run, step: int, phase: Phase) -> tuple[dict[str, Any], list[
         phase("evaluation", len(mine), total)
         with run.memory.phase("evaluation"), agent.gathered():
             row.update(run.panel.evaluate(agent, step, ranks))
+            if run.probes and "heldout/reward" in row:
+                row.update(_psod(run, step, rollouts, row["heldout/reward"]))
     row["time_step"] = time.monotonic() - t0
     return row, rollouts
 
@@ -225,6 +241,63 @@ def _row(run: Run, step: int, rollouts: list[Rollout], tasks: int, stats: dict) 
         **step_metrics(rollouts, run.exploit),
         **(step_diversity([r.conversation for r in rollouts], run.embed) if run.ranks.main else {}),
     }
+
+
+def _profiles(config: RunConfig, run_dir: Path) -> Profiles:
+    """The run's behaviour profiles: its space fit (or loaded) once, at the start."""
+    from training.measures.behaviour_space import (
+        load_or_fit,
+        p4g_decision_shares,
+        p4g_folder,
+    )
+
+    b = config.behaviour
+    space, people = None, None
+    if b.reference:
+        folder = b.embedder or str(config.base_model_path())
+        embed = Embedder(folder)
+        settings = b.space_settings(config.seed, folder)
+        space = load_or_fit(run_dir, settings, embed, b.corpus, config.domain_data)
+    if b.reference == "p4g_corpus":
+        people = p4g_decision_shares(p4g_folder(b.corpus, config.domain_data))
+    human = b.reference == "p4g_corpus" or b.reference.startswith("texts:")
+    return Profiles(space, b.support_share, b.cover_share, b.bootstrap, config.seed, human, people)
+
+
+def _probe(run: Run) -> dict[str, list[Reply]]:
+    """Every simulator's replies to the fixed probe set, by name; the same seeds every step."""
+    b, found = run.config.behaviour, {}
+    for name, user in run.regime.behaviour_simulators():
+        replies = ask(run.domain, run.probes, user, b.probe_samples, f"{run.config.seed}-probe")
+        found.setdefault(name, []).extend(replies)
+    return found
+
+
+def _psod(run: Run, step: int, rollouts: list[Rollout], heldout: float) -> dict[str, float]:
+    """PSOD for each training simulator the regime names: "training" (every rollout of the
+    step, whatever the agent met), each named one it played (ensemble members; co-training's
+    "current" and "pool"), and co-training's frozen "base", which the agent plays here on the
+    first psod_base_tasks held-out tasks (it never met it in training)."""
+    rewards: dict[str, list[float]] = {"training": [r.reward for r in rollouts]}
+    for r in rollouts:
+        name = run.regime.pooled_name(r.member)
+        if name != "training":
+            rewards.setdefault(name, []).append(r.reward)
+    base = run.regime.frozen_base()
+    n = run.config.behaviour.psod_base_tasks
+    if base is not None and n and run.panel.tasks:
+        torch_state = torch.get_rng_state()  # seeded alone: the run's draws are untouched
+        torch.manual_seed(_task_seed(run.config.seed, step, -1))
+        base.rng.seed(f"{run.config.seed}-{step}-psod-base")
+        cfg = run.config
+        speaker = LocalAgent(run.agent, cfg.temperature, cfg.max_new_tokens,
+                             agent_tool_format(cfg.tool_format, run.agent))  # fmt: skip
+        tasks = [t for t in run.panel.tasks[:n] for _ in range(cfg.group_size)]
+        played = play(run.domain, tasks, speaker, base,
+                      max_turns=cfg.max_turns, max_tool_rounds=cfg.max_tool_rounds)  # fmt: skip
+        torch.set_rng_state(torch_state)
+        rewards[run.regime.BASE] = [r.reward for r in played]
+    return psod_row(heldout, rewards)
 
 
 def _exploit(config: RunConfig, domain: Domain, tasks: list[Scenario], models: ModelCache):
