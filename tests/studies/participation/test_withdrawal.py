@@ -9,6 +9,8 @@ import io
 import pytest
 from django.urls import reverse
 
+from studies.analysis.annotation import included
+from studies.annotation import analysis as annotation_analysis
 from studies.models import (
     AnnotationSetup,
     ConsentVersion,
@@ -316,6 +318,10 @@ def test_a_rater_stops_and_their_unrated_conversations_go_back_to_the_pool(clien
     statuses = dict(rater.rating_assignments.values_list("position", "status"))
     assert statuses == {1: "rated", 2: "released"}
     assert Withdrawal.objects.get(participant=rater).stage == "rating"
+    # The rating they made is kept (not yet asked otherwise) but never analysed.
+    ratings = annotation_analysis.ratings_of(study)
+    assert [r["withdrawn"] for r in ratings] == [True]
+    assert included(ratings, exclude_failed_attention=True) == []
     # The released conversation is another rater's to rate.
     released = rater.rating_assignments.get(position=2).conversation_id
     other, _ = rater_arrives(client, study, "rater2")
