@@ -10,7 +10,7 @@ from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from studies.lib.credentials import mask_path
 from studies.models import Participant, Study
@@ -233,6 +233,7 @@ def render_withdrawn(request, p, step, status=200):
     return render(request, "studies/withdrawn.html", context, status=status)
 
 
+@require_http_methods(["GET", "POST"])
 @friendly
 def stop(request, token):
     """ "Stop taking part": GET says what stopping means and asks to confirm; POST stops the
@@ -248,11 +249,8 @@ def stop(request, token):
     if request.method == "POST":
         withdraw.withdraw(p)
         return redirect("studies:participant", token=p.token)
-    if request.method != "GET":
-        return HttpResponse(status=405, headers={"Allow": "GET, POST"})
-    context = {"participant": p, "study": p.study, "back": reverse("studies:participant",
-                                                                   args=[p.token])}  # fmt: skip
-    return render(request, "studies/stop.html", context)
+    back = reverse("studies:participant", args=[p.token])
+    return render(request, "studies/stop.html", {"participant": p, "study": p.study, "back": back})
 
 
 @require_POST
