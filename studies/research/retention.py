@@ -5,8 +5,9 @@ pseudonym, so the analysis still runs, and gives the same numbers, on pseudonymo
 Purged: the Prolific PID (a pseudonym replaces it, in stored analysis runs too, so a run re-done
 from its stored inputs matches), the participant link's token (a new random one: the old link
 opens nothing), the SESSION_ID (kept only where a paid bonus needs it as the payment record), the
-answers to free-text items the study marks identifying (questionnaire and ratings), and the PID
-in the admin log's object names. Kept: arm, scenario, timestamps, messages, numeric answers,
+answers to free-text items the study marks identifying (questionnaire and ratings), and the ids
+in the admin log's object names, in stored Prolific webhooks about their submission, in bonus
+lines Prolific refused and in the words of problems they met. Kept: arm, scenario, timestamps, messages, numeric answers,
 outcome. A participant still on their way, or with a review or bonus not yet sent to Prolific,
 is held back until that is done (paying them needs their ids).
 """
@@ -30,10 +31,12 @@ from studies.models import (
     BonusPayment,
     Item,
     Participant,
+    ProlificEvent,
     RatingAssignment,
     Response,
     Review,
     Study,
+    StudyError,
 )
 
 log = logging.getLogger(__name__)
@@ -144,10 +147,14 @@ def purge(study: Study, participant_ids: list[int], now: datetime | None = None)
     for participant in locked:
         new = pseudonym()
         renamed[participant.prolific_pid] = new
+        own = {participant.prolific_pid: new}
         participant.prolific_pid = new
         participant.token = uuid.uuid4()
+        submission = participant.prolific_session_id
         if not participant.bonuses.all():  # a paid bonus's record names its submission
-            participant.prolific_session_id = pseudonym()
+            participant.prolific_session_id = own[submission] = pseudonym()
+        rename_in_events(submission, own)
+        rename_in_problems(participant, own)
         participant.purged_at = now
         participant.save(
             update_fields=["prolific_pid", "token", "prolific_session_id", "purged_at"]
@@ -166,6 +173,11 @@ def purge(study: Study, participant_ids: list[int], now: datetime | None = None)
             object_repr=participant.prolific_pid
         )
     rename_in_runs(study, renamed)
+    for payment in BonusPayment.objects.filter(study=study).exclude(refused_lines=[]):
+        # Lines Prolific refused are kept as uploaded: they name people by PID.
+        lines = renamed_json(payment.refused_lines, renamed)
+        if lines != payment.refused_lines:
+            BonusPayment.objects.filter(pk=payment.pk).update(refused_lines=lines)
     if locked:
         log.info("retention: purged %d participant(s) of study %s", len(locked), study.pk)
     return len(locked)
@@ -182,6 +194,32 @@ def purge_ratings(participant_ids: list[int], keys: set[str]) -> None:
         answers = {k: (PURGED_TEXT if k in keys else v) for k, v in assignment.answers.items()}
         if answers != assignment.answers:
             RatingAssignment.objects.filter(pk=assignment.pk).update(answers=answers)
+
+
+def renamed_json(value, renamed: dict[str, str]):
+    """`value` (JSON) with each id in `renamed` replaced by its pseudonym."""
+    text = json.dumps(value)
+    for old, new in renamed.items():
+        text = text.replace(json.dumps(old)[1:-1], new)
+    return json.loads(text)
+
+
+def rename_in_events(submission: str, renamed: dict[str, str]) -> None:
+    """Prolific's stored webhooks about their submission name its id and their PID."""
+    for event in ProlificEvent.objects.filter(resource_id=submission):
+        ProlificEvent.objects.filter(pk=event.pk).update(
+            payload=renamed_json(event.payload, renamed),
+            resource_id=renamed.get(submission, submission),
+            result=renamed_json(event.result, renamed),
+        )
+
+
+def rename_in_problems(participant: Participant, renamed: dict[str, str]) -> None:
+    """A problem's words may quote the participant's ids (their paths never hold a token)."""
+    for problem in StudyError.objects.filter(participant=participant):
+        detail = renamed_json(problem.detail, renamed)
+        if detail != problem.detail:
+            StudyError.objects.filter(pk=problem.pk).update(detail=detail)
 
 
 def rename_in_runs(study: Study, renamed: dict[str, str]) -> None:

@@ -19,8 +19,10 @@ from studies.models import (
     BonusPayment,
     Item,
     Participant,
+    ProlificEvent,
     Response,
     Study,
+    StudyError,
 )
 from studies.participation import flow
 from studies.research import analysis_runs, retention
@@ -53,6 +55,9 @@ def filled(study):
             finish(study, f"5f0c0ffee0ddba11c0ffe{i:03d}", {**answers, "helpful": str(helpful)},
                    arm=arm)
         )  # fmt: skip
+    for i, person in enumerate(people):  # each their own Prolific submission
+        Participant.objects.filter(pk=person.pk).update(prolific_session_id=f"sess-{i}")
+        person.prolific_session_id = f"sess-{i}"
     return people
 
 
@@ -86,6 +91,17 @@ def test_the_purge_keeps_the_analysis_and_removes_what_identifies():
     people = filled(study)
     pids = [p.prolific_pid for p in people]
     tokens = [str(p.token) for p in people]
+    ProlificEvent.objects.create(
+        event_id="ev1", event_type="submission.status.change", resource_id="sess-0",
+        payload={"participant_id": pids[0], "resource_id": "sess-0"}, result=f"{pids[0]}: APPROVED",
+    )  # fmt: skip
+    StudyError.objects.create(
+        study=study, participant=people[0], title="Trouble", detail=f"for {pids[0]}"
+    )
+    BonusPayment.objects.create(
+        study=study, source="bonus.csv", state=BonusPayment.State.FAILED,
+        refused_lines=[[pids[1], "0.50"], ["someone-else", "0.50"]],
+    )  # fmt: skip
     kind = ContentType.objects.get_for_model(Participant)
     staff = User.objects.create(username="staff", is_staff=True)
     LogEntry.objects.create(
@@ -120,6 +136,13 @@ def test_the_purge_keeps_the_analysis_and_removes_what_identifies():
         Response.objects.filter(item__key="remarks").values_list("value_text", flat=True)
     ) == {"not identifying"}
     assert LogEntry.objects.get().object_repr == people[0].prolific_pid
+    event = ProlificEvent.objects.get()
+    assert pids[0] not in str(event.payload) + event.result and "sess-0" not in str(event.payload)
+    assert event.payload["participant_id"] == people[0].prolific_pid
+    assert event.resource_id == people[0].prolific_session_id
+    assert StudyError.objects.get().detail == f"for {people[0].prolific_pid}"
+    refused = BonusPayment.objects.get(state=BonusPayment.State.FAILED).refused_lines
+    assert refused == [[people[1].prolific_pid, "0.50"], ["someone-else", "0.50"]]
 
     run.refresh_from_db()
     assert not [pid for pid in pids if pid in run.inputs["csv"]]
@@ -150,7 +173,7 @@ def test_nobody_is_purged_before_the_period_or_while_prolific_is_owed():
     assert retention.purge_due() == {study.slug: 1}
     first.refresh_from_db()
     # The paid bonus's record keeps its Prolific submission id; the PID goes.
-    assert first.prolific_session_id == "sess1" and first.prolific_pid.startswith("anon-")
+    assert first.prolific_session_id == "sess-0" and first.prolific_pid.startswith("anon-")
 
 
 def test_beat_schedules_the_purge():
