@@ -90,7 +90,7 @@ def erase(participant: Participant, withdrawal: Withdrawal, path: str) -> bool:
     try:
         from studies.privacy.erasure import erase_participant  # below this module, merged apart
 
-        erase_participant(participant, reason=ERASURE_REASON, by=None)
+        erase_participant(participant, reason=ERASURE_REASON, by="withdrawal")
     except Exception as error:  # noqa: BLE001 - the participant's page must still answer
         log.exception("erasure after withdrawal #%s failed", withdrawal.pk)
         problems.record(
