@@ -14,7 +14,7 @@ from django.utils import timezone
 from studies.models import AnalysisRun, BonusPayment, Study, time_out_overdue
 from studies.prolific import api as prolific_api
 from studies.prolific import sync as prolific_sync
-from studies.research import simulator_evaluations
+from studies.research import retention, simulator_evaluations
 from studies.research.analysis_runs import compute, target_reached
 
 log = logging.getLogger(__name__)
@@ -123,6 +123,17 @@ def time_out_overdue_participants() -> int:
     if timed_out:
         log.info("timed out %d participant(s) past the time limit", len(timed_out))
     return len(timed_out)
+
+
+# Celery beat runs this every PARLEY_RETENTION_SWEEP_SECONDS: each study's retention period.
+@shared_task(name="studies.tasks.purge_expired_data")
+def purge_expired_data() -> dict[str, int]:
+    """Purge the identifying data of participants past their study's retention period
+    (studies/research/retention.py); participants purged, by study slug."""
+    purged = retention.purge_due()
+    if purged:
+        log.info("retention: purged %s", purged)
+    return purged
 
 
 @shared_task(name="studies.tasks.run_bots")

@@ -331,6 +331,13 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": PARLEY_TIMEOUT_SWEEP_SECONDS},
     },
 }
+# Each study's retention period (Study.retention_days): how often beat purges what is past it.
+PARLEY_RETENTION_SWEEP_SECONDS = env("float", "PARLEY_RETENTION_SWEEP_SECONDS", 3600.0, above=0)
+CELERY_BEAT_SCHEDULE["purge-expired-participant-data"] = {
+    "task": "studies.tasks.purge_expired_data",
+    "schedule": PARLEY_RETENTION_SWEEP_SECONDS,
+    "options": {"expires": PARLEY_RETENTION_SWEEP_SECONDS},  # the next sweep covers a late one
+}
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ACKS_LATE = True
 

@@ -71,6 +71,9 @@ class ParticipantAdmin(admin.ModelAdmin):
         "outcome",
         "created_at",
         "consented_at",
+        "consent_version",
+        "withdrawn",
+        "purged_at",
         "chat_ended_at",
         "completed_at",
         "transcript_link",
@@ -141,6 +144,19 @@ class ParticipantAdmin(admin.ModelAdmin):
         if participant.is_preview:
             return "preview"
         return "bot" if participant.is_bot else "person"
+
+    @admin.display(description="Withdrawal")
+    def withdrawn(self, participant):
+        """When they stopped from inside the study, and what they said about their data."""
+        withdrawal = getattr(participant, "withdrawal", None)
+        if withdrawal is None:
+            return "-"
+        answer = {None: "not answered yet", True: "data kept", False: "asked to erase it"}
+        return (
+            f"stopped at {withdrawal.get_stage_display().lower()} on "
+            f"{withdrawal.at:%Y-%m-%d %H:%M} UTC; {answer[withdrawal.data_kept]}"
+            + ("; paid (completion code)" if withdrawal.paid else "")
+        )
 
     @admin.display(description="Transcript")
     def transcript_link(self, participant):

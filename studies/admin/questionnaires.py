@@ -47,6 +47,7 @@ class ItemInline(admin.TabularInline):
         "required",
         "expected_answer",
         "domain_input",
+        "identifying",
     ]
 
 

@@ -50,6 +50,7 @@ def included(ratings: list[dict], exclude_failed_attention: bool) -> list[dict]:
         for r in ratings
         if not (exclude_failed_attention and r.get("attention_passed") is False)
         and not r.get("gold")
+        and not r.get("withdrawn")  # the rater stopped taking part: never analysed
     ]
 
 
@@ -120,6 +121,7 @@ def annotation_report(
         "raters": len({r["rater"] for r in kept}),
         "ratings": len(kept),
         "excluded_ratings": len(ratings) - len(kept),
+        "withdrawn_ratings": sum(bool(r.get("withdrawn")) for r in ratings),
         "agreement": {
             item: asdict(
                 agreement(

@@ -221,6 +221,10 @@ def _table_problems(table: pd.DataFrame, settings: Settings) -> list[str]:
     return found
 
 
+# Participants who stopped taking part from inside the study (parley's tables mark them).
+WITHDRAWN_COLUMN = "withdrawn"
+
+
 def _exclusions(table: pd.DataFrame, labels: np.ndarray, settings: Settings, notes: list[str]):
     """Boolean 'included' mask and the count of each exclusion reason (reasons may overlap)."""
     reasons = {"no_arm": labels == ""}
@@ -241,6 +245,10 @@ def _exclusions(table: pd.DataFrame, labels: np.ndarray, settings: Settings, not
                 f"(not excluded), e.g. {_examples_text(flag.unreadable_examples)}"
             )
         reasons[reason] = flag.false
+    if WITHDRAWN_COLUMN in table.columns:
+        # Stopping is the participant's own choice, never the researcher's: always out, and
+        # always counted (a table without the column, e.g. another tool's CSV, has none).
+        reasons["withdrew"] = flag_column(table[WITHDRAWN_COLUMN]).true
     excluded = np.logical_or.reduce(list(reasons.values()))
     if reasons["no_arm"].any():
         notes.append(f"{int(reasons['no_arm'].sum())} rows have no arm and are excluded")

@@ -52,6 +52,9 @@ def ratings_of(study: Study, include_bots: bool = False) -> list[dict]:
             "gold": a.conversation.gold is not None,
             "attention_passed": a.participant.attention_passed,
             "completed": a.participant.status == Participant.Status.COMPLETED,
+            # stopped from inside the study: their ratings are kept only as they allowed, and
+            # never analysed (counted among the excluded)
+            "withdrawn": a.participant.status == Participant.Status.WITHDRAWN,
             "position": a.position,
             "rated_at": a.rated_at.isoformat() if a.rated_at else None,
             "answers": a.answers or {},

@@ -1,6 +1,7 @@
 """The participant's chat over a WebSocket.
 
-Client -> server: {"type": "message", "id": <client message id>, "text": ...}, {"type": "end"}.
+Client -> server: {"type": "message", "id": <client message id>, "text": ...}, {"type": "end"},
+{"type": "withdraw"} (stop taking part: the chat ends, the page moves on to ask about the data).
 Server -> client: history, ack (after the message is stored), start, delta (streamed text),
 tool_calls / tool_result (cards), reply (the stored answer), status, error, redirect.
 A resent message id is acknowledged again and never stored twice; if it was already
@@ -36,7 +37,7 @@ from studies.lib.db_threads import db
 from studies.lib.flow_errors import FlowError
 from studies.lib.prepared_queries import Prepared
 from studies.models import Conversation, Message, Participant
-from studies.participation import flow, problems, ratelimit
+from studies.participation import flow, problems, ratelimit, withdraw
 from studies.participation.middleware import OUTAGE
 
 log = logging.getLogger(__name__)
@@ -147,6 +148,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.on_message(content)
         elif kind == "end":
             await self.on_end()
+        elif kind == "withdraw":
+            await self.on_withdraw()
         else:
             shown = repr(kind)[:40] if isinstance(kind, str) else type(kind).__name__
             await self.send_json({"type": "error", "message": f"Unknown message type {shown}."})
@@ -301,6 +304,23 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json({"type": "error", "message": error.detail})
             return
         await self.redirect()
+
+    async def on_withdraw(self):
+        """Stop taking part: the conversation ends now, the page goes on to the question about
+        the data, and this socket closes cleanly (1000), as the chat is over."""
+        try:
+            await db(withdraw.withdraw)(self.participant)
+        except OUTAGE as error:
+            log.warning("withdrawal not stored, database unavailable: %s", error)
+            notice = "Stopping did not go through just now; please try again in a moment."
+            await self.send_json({"type": "error", "message": notice})
+            return
+        except flow.FlowError as error:
+            await self.send_json({"type": "error", "message": error.detail})
+            return
+        await self.send_json({"type": "withdrawn"})
+        await self.redirect()
+        await self.close(code=1000)
 
     async def redirect(self):
         url = reverse("studies:participant", args=[self.participant.token])

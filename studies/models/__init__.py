@@ -2,6 +2,7 @@
 zerver/models/ does) so the app label, the migrations and `from studies.models import X` stay."""
 
 from studies.models.annotation import AnnotationSetup, RatedConversation, RatingAssignment
+from studies.models.consent import ConsentVersion, consent_digest, current_consent
 from studies.models.frozen_plan import (
     FROZEN_ARM_FIELDS,
     FROZEN_ITEM_FIELDS,
@@ -19,6 +20,7 @@ from studies.models.participant import (
     Participant,
     Response,
     StudyError,
+    Withdrawal,
     finished_participants,
     humans_unless,
     next_seq,
@@ -50,6 +52,10 @@ from studies.models.study import (
 )
 
 __all__ = [
+    "ConsentVersion",
+    "consent_digest",
+    "current_consent",
+    "Withdrawal",
     "AnnotationSetup",
     "RatedConversation",
     "RatingAssignment",

@@ -6,6 +6,7 @@ from datetime import timedelta
 from django.db import models, transaction
 from django.utils import timezone
 
+from studies.models.consent import ConsentVersion
 from studies.models.questionnaire import Item
 from studies.models.study import Arm, Scenario, Study
 
@@ -41,11 +42,16 @@ class Participant(models.Model):
         # one again when they come back and the study can start them.
         UNSTARTED = "unstarted", "Could not start"
         RETURNED = "returned", "Returned on Prolific"
+        # Stopped from inside the study ("stop taking part"): a Withdrawal says when, at which
+        # step, and whether they let the data gathered so far be kept.
+        WITHDRAWN = "withdrawn", "Withdrew"
 
     # Those who hold a place in their arm (the least-filled assignment counts them).
     ACTIVE = (Status.CONSENT, Status.CHAT, Status.QUESTIONNAIRE, Status.RATING, Status.COMPLETED)
     # Those still on their way: the time limit applies to them.
     UNFINISHED = (Status.CONSENT, Status.CHAT, Status.QUESTIONNAIRE, Status.RATING)
+    # The steps a participant can stop taking part from (consent has its own "I do not agree").
+    CAN_WITHDRAW = (Status.CHAT, Status.QUESTIONNAIRE, Status.RATING)
 
     study = models.ForeignKey(Study, on_delete=models.CASCADE, related_name="participants")
     arm = models.ForeignKey(Arm, on_delete=models.PROTECT, related_name="participants")
@@ -76,6 +82,18 @@ class Participant(models.Model):
     is_preview = models.BooleanField(default=False, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     consented_at = models.DateTimeField(null=True, blank=True)
+    # The consent text they agreed to, at consented_at (studies/models/consent.py).
+    consent_version = models.ForeignKey(
+        ConsentVersion,
+        null=True,
+        blank=True,
+        on_delete=models.RESTRICT,  # a version someone agreed to goes only with its study
+        related_name="participants",
+        editable=False,
+    )
+    # When the study's retention period purged their identifying data (studies/research/
+    # retention.py): PID, token and session id are pseudonyms from then on.
+    purged_at = models.DateTimeField(null=True, blank=True, editable=False)
     chat_ended_at = models.DateTimeField(null=True, blank=True)
     completed_at = models.DateTimeField(null=True, blank=True)
 
@@ -101,6 +119,38 @@ class Participant(models.Model):
     def seconds_left(self) -> int:
         """Whole seconds until the time limit (0 once it has passed)."""
         return max(0, int((self.deadline - timezone.now()).total_seconds()))
+
+
+class Withdrawal(models.Model):
+    """A participant who stopped taking part from inside the study. It names no one (no PID, no
+    token), so it outlives an erasure of their data and the count on the monitor and in the
+    analysis stays true."""
+
+    study = models.ForeignKey(Study, on_delete=models.CASCADE, related_name="withdrawals")
+    participant = models.OneToOneField(
+        Participant, null=True, blank=True, on_delete=models.SET_NULL, related_name="withdrawal"
+    )
+    arm_name = models.CharField(max_length=64, blank=True)
+    stage = models.CharField(
+        max_length=16, choices=Participant.Status.choices, help_text="The step they stopped at."
+    )
+    at = models.DateTimeField(default=timezone.now)
+    data_kept = models.BooleanField(
+        null=True,
+        blank=True,
+        help_text="Whether they let the data gathered so far be kept; blank: not answered yet "
+        "(kept until they answer, and never analysed).",
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    erased_at = models.DateTimeField(null=True, blank=True)
+    # Whether the study's policy paid them for partial participation (its completion code).
+    paid = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"withdrawal from {self.study_id} at {self.stage}"
 
 
 class StudyError(models.Model):

@@ -50,6 +50,11 @@ class Item(models.Model):
     expected_answer = models.CharField(
         max_length=100, blank=True, help_text="Attention check: the point (1..k) to choose."
     )
+    identifying = models.BooleanField(
+        default=False,
+        help_text="Free text: its answers may name the person, so the study's retention period "
+        "purges them.",
+    )
     domain_input = models.CharField(
         "answers the task's",
         max_length=40,
@@ -80,6 +85,10 @@ class Item(models.Model):
 
     def clean(self):
         errors = {}
+        if self.identifying and self.kind != self.Kind.TEXT:
+            errors["identifying"] = (
+                "Only free-text answers can name a person; numbers and scale points are kept."
+            )
         if self.anchor_labels and (
             not isinstance(self.anchor_labels, list) or len(self.anchor_labels) != self.scale_points
         ):

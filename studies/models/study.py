@@ -14,6 +14,7 @@ from studies.models.frozen_plan import Preregistration, frozen_changes
 from studies.models.questionnaire import Item
 
 COMPLETE_URL = "https://app.prolific.com/submissions/complete?cc={code}"
+MAX_RETENTION_DAYS = 3650  # ten years: longer is a mistake in the field, not a policy
 
 
 def domain_choices() -> list[tuple[str, str]]:
@@ -91,6 +92,21 @@ class Study(models.Model):
         default="You are invited to take part in a short research study."
     )
     instructions = models.TextField(blank=True, help_text="Shown beside the chat.")
+    pays_partial = models.BooleanField(
+        "pays for partial participation",
+        default=False,
+        help_text="A participant who stops taking part is given the completion code (and so "
+        "paid). Unticked: they are asked to return their submission on Prolific.",
+    )
+    retention_days = models.PositiveIntegerField(
+        "retention period (days)",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_RETENTION_DAYS)],
+        help_text="Days after each participant's arrival until their identifying data (Prolific "
+        "ids, link, free-text answers marked identifying) is purged; the rest stays, under "
+        "pseudonymous ids. Going live needs it.",
+    )
     debrief_text = models.TextField(default="Thank you for taking part.")
     outcome_feedback = models.CharField(
         "tell participants",

@@ -37,6 +37,7 @@ from studies.models import (
     Response,
     Scenario,
     Study,
+    current_consent,
     next_seq,
     time_out_overdue,
 )
@@ -366,23 +367,42 @@ def chat_closed(participant: Participant) -> "ChatOver":
     return ChatOver("The chat has ended", "This conversation is over.")
 
 
-def give_consent(participant: Participant, accepted: bool) -> Participant:
+class ConsentChanged(FlowError):
+    """The consent text changed while the participant read it: they read the new one first."""
+
+
+def give_consent(participant: Participant, accepted: bool, read=None) -> Participant:
     """Consent, and the chat begins. A participant the study cannot start (no scenario for
-    the task) gives their place back (UNSTARTED) and sees why; the FlowError is raised on."""
+    the task) gives their place back (UNSTARTED) and sees why; the FlowError is raised on.
+    `read`: the id of the consent version their page showed; an agreement to a text that is no
+    longer the study's is refused (ConsentChanged), so each record names the text agreed to."""
     try:
-        return _give_consent(participant, accepted)
-    except (OperationalError, InterfaceError):
-        raise  # the database is briefly away (a retry page): the place is theirs still
+        return _give_consent(participant, accepted, read)
+    except (OperationalError, InterfaceError, ConsentChanged):
+        raise  # the database is briefly away (a retry page), or the text to read again: the
+        # place is theirs still
     except Exception:
         release_unstarted(participant)
         raise
 
 
 @transaction.atomic
-def _give_consent(participant: Participant, accepted: bool) -> Participant:
+def _give_consent(participant: Participant, accepted: bool, read=None) -> Participant:
     participant = lock_participant(participant.pk)
     if participant.status != Participant.Status.CONSENT:
         return participant  # a double submit changes nothing
+    if accepted:
+        # Locked until this agreement commits: an edit of the text waits, then sees that
+        # someone agreed to this version and makes a new one.
+        version = current_consent(participant.study, lock=True)
+        if read is not None and str(read) != str(version.pk):
+            raise ConsentChanged(
+                "The consent information has changed",
+                "The study's consent information was updated while you were reading it. "
+                "Please read it again before you decide.",
+                status=409,
+            )
+        participant.consent_version = version
     if accepted and is_annotation(participant.study):
         start_rating(participant)  # a rater: conversations to rate, not a chat
         participant.consented_at = timezone.now()
@@ -822,6 +842,10 @@ def completion_code(participant: Participant) -> str:
     study = participant.study
     if not study.knows_codes():  # read through the compiled query, once a page
         study.remember_codes(CODES.rows(study.pk))
+    if participant.status == Participant.Status.WITHDRAWN:
+        # Stopped from inside the study: paid only where the study's policy pays for partial
+        # participation; else they return the submission on Prolific (no code to give).
+        return study.code(Ending.COMPLETED) if study.pays_partial else ""
     reached = ending(participant)
     if reached is None:
         return ""

@@ -12,6 +12,8 @@ urlpatterns = [
     path("p/<str:token>/questionnaire/", views.questionnaire, name="questionnaire"),
     path("p/<str:token>/rate/", views.rate, name="rate"),
     path("p/<str:token>/done/", views.done, name="done"),
+    path("p/<str:token>/stop/", views.stop, name="stop"),
+    path("p/<str:token>/stop/data/", views.withdrawn_data, name="withdrawn-data"),
     # Prolific may post with or without the final slash (a POST cannot be redirected to it).
     re_path(r"^prolific/webhook/?$", views.prolific_webhook, name="prolific-webhook"),
 ]

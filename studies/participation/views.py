@@ -10,11 +10,11 @@ from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from studies.lib.credentials import mask_path
 from studies.models import Participant, Study
-from studies.participation import flow, problems, rating
+from studies.participation import flow, problems, rating, withdraw
 from studies.participation.middleware import OUTAGE
 from studies.participation.ratelimit import limit_arrivals
 from studies.prolific import sync as prolific_sync
@@ -122,7 +122,7 @@ def participant(request, token):
     context = {"participant": p, "study": study}
     match p.status:
         case Participant.Status.CONSENT:
-            return render(request, "studies/consent.html", context)
+            return render_consent(request, p)
         case Participant.Status.CHAT:
             context["scenario"] = p.scenario
             return render(request, "studies/chat.html", context)
@@ -130,6 +130,8 @@ def participant(request, token):
             return render_questionnaire(request, p, {}, request.GET)
         case Participant.Status.RATING:
             return render_rating(request, p, {}, {})
+        case Participant.Status.WITHDRAWN:
+            return render_withdrawn(request, p, withdraw.next_step(p))
         case Participant.Status.COMPLETED:
             context["completion_url"] = flow.completion_url(p)
             context["told"] = flow.debrief(p)
@@ -197,6 +199,17 @@ def rate(request, token):
     return redirect("studies:participant", token=p.token)
 
 
+def render_consent(request, p, notice: str = "", status=200):
+    """The study's consent text as it stands, with its version: the agreement posts it back."""
+    context = {
+        "participant": p,
+        "study": p.study,
+        "consent_version": flow.current_consent(p.study),
+        "notice": notice,
+    }
+    return render(request, "studies/consent.html", context, status=status)
+
+
 @require_POST
 @friendly
 def consent(request, token):
@@ -206,7 +219,51 @@ def consent(request, token):
     decision = request.POST.get("decision")
     if decision not in ("accept", "decline"):
         raise flow.FlowError("Please choose", "Please choose whether you agree to take part.")
-    flow.give_consent(p, decision == "accept")
+    try:
+        flow.give_consent(p, decision == "accept", request.POST.get("consent_version"))
+    except flow.ConsentChanged as changed:  # the new text, to read before deciding
+        return render_consent(request, load(token), changed.detail, status=changed.status)
+    return redirect("studies:participant", token=p.token)
+
+
+def render_withdrawn(request, p, step, status=200):
+    """After stopping: whether the data may be kept (until answered), and what to do on
+    Prolific. `p` is None once their data was erased: the page names nothing of theirs."""
+    context = {"participant": p, "study": p.study if p else None, "step": step}
+    return render(request, "studies/withdrawn.html", context, status=status)
+
+
+@require_http_methods(["GET", "POST"])
+@friendly
+def stop(request, token):
+    """ "Stop taking part": GET says what stopping means and asks to confirm; POST stops the
+    chat or rating at once (then the participant page asks about the data)."""
+    p = load(token)
+    if p.status == Participant.Status.WITHDRAWN:
+        return redirect("studies:participant", token=p.token)
+    if p.status not in Participant.CAN_WITHDRAW:
+        raise flow.FlowError(
+            "Nothing to stop",
+            "You are not taking part in this study at the moment, so there is nothing to stop.",
+        )
+    if request.method == "POST":
+        withdraw.withdraw(p)
+        return redirect("studies:participant", token=p.token)
+    back = reverse("studies:participant", args=[p.token])
+    return render(request, "studies/stop.html", {"participant": p, "study": p.study, "back": back})
+
+
+@require_POST
+@friendly
+def withdrawn_data(request, token):
+    """The withdrawn participant's answer: keep what was gathered, or erase it."""
+    p = load(token)
+    decision = request.POST.get("data")
+    if decision not in ("keep", "erase"):  # never erased by a stray or forged post
+        raise flow.FlowError("Please choose", "Please choose whether we may keep your data.")
+    step = withdraw.decide(p, decision == "keep", request.path)
+    if step.erased:  # their pages are gone with their data: this one says what happens next
+        return render_withdrawn(request, None, step)
     return redirect("studies:participant", token=p.token)
 
 

@@ -46,6 +46,10 @@ ITEMS = [
 ]
 
 
+# A demo's participants are people trying parley: their identifying data goes after a month.
+DEMO_RETENTION_DAYS = 30
+
+
 @transaction.atomic
 def seed_demo_study(engine_url: str | None = None, model_name: str = BASE_MODEL_NAME) -> Study:
     """Create the demo study, or bring its arms up to date; never deletes participants' data."""
@@ -70,6 +74,7 @@ def seed_demo_study(engine_url: str | None = None, model_name: str = BASE_MODEL_
             time_limit_minutes=30,
             min_exchanges=1,
             max_exchanges=10,
+            retention_days=DEMO_RETENTION_DAYS,
         ),
     )
     arms = [
@@ -238,6 +243,7 @@ def seed_domain_studies(engine_url: str | None = None) -> list[Study]:
                 "debrief_text": "The agents you met were trained with different user simulators. "
                 "Thank you!",
                 "completion_code": "C1PARLEY",
+                "retention_days": DEMO_RETENTION_DAYS,
                 "no_consent_code": "C0NOCONS",
                 "timeout_code": "C0TIMEOUT",
             },

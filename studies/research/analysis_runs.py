@@ -18,10 +18,12 @@ from studies.lib.prepared_queries import Prepared
 from studies.models import (
     AnalysisRun,
     Arm,
+    ConsentVersion,
     Item,
     Participant,
     Response,
     Study,
+    Withdrawal,
     humans_unless,
     only_people,
 )
@@ -44,15 +46,20 @@ def participant_table(study: Study, include_bots: bool = False) -> pd.DataFrame:
     Bot participants are rehearsal data, left out unless asked for."""
     items = measures_of(study)
     rows = {}
-    participants = study.participants.exclude(
-        status__in=[Participant.Status.NO_CONSENT, Participant.Status.UNSTARTED]
-    ).select_related("arm")
+    participants = (
+        study.participants.exclude(
+            status__in=[Participant.Status.NO_CONSENT, Participant.Status.UNSTARTED]
+        )
+        .exclude(withdrawal__erased_at__isnull=False)  # counted apart, as erased withdrawals
+        .select_related("arm")
+    )
     for p in humans_unless(participants, include_bots).order_by("created_at", "id"):
         rows[p.pk] = {
             "participant": p.prolific_pid,
             "arm": p.arm.name,
             "finished": p.status == Participant.Status.COMPLETED,
             "attention_passed": p.attention_passed,
+            "withdrawn": p.status == Participant.Status.WITHDRAWN,
             **{item.key: None for item in items},
             OUTCOME: (p.outcome or {}).get("reward"),
         }
@@ -62,8 +69,37 @@ def participant_table(study: Study, include_bots: bool = False) -> pd.DataFrame:
         "participant_id", "item_id", "value_number"
     ):
         rows[participant_id][keys[item_id]] = value
-    columns = ["participant", "arm", "finished", "attention_passed", *keys.values(), OUTCOME]
+    columns = [
+        "participant",
+        "arm",
+        "finished",
+        "attention_passed",
+        "withdrawn",
+        *keys.values(),
+        OUTCOME,
+    ]
     return pd.DataFrame(list(rows.values()), columns=columns)
+
+
+ERASED_WITHDRAWALS = "withdrew_data_erased"  # an exclusion reason: stopped, and erased
+
+
+def count_erased_withdrawals(study: Study, results: dict) -> None:
+    """People who withdrew and had their data erased are in no table, yet the report counts
+    them among the exclusions, so nobody leaves the analysis silently."""
+    # Those whose erasure is still pending are in the table, as "withdrew".
+    erased = (
+        Withdrawal.objects.filter(study=study, data_kept=False, erased_at__isnull=False)
+        .exclude(participant__isnull=False, participant__is_bot=True)
+        .exclude(participant__isnull=False, participant__is_preview=True)
+        .count()
+    )
+    counts = results.get("participants")
+    if not erased or not counts:
+        return
+    counts["total"] += erased
+    counts["excluded"]["total"] += erased
+    counts["excluded"]["by_reason"][ERASED_WITHDRAWALS] = erased
 
 
 def analysis_settings(study: Study, table: pd.DataFrame) -> Settings:
@@ -198,6 +234,7 @@ def compute(run: AnalysisRun, sections: dict[str, Section] | None = None) -> Ana
         run.inputs = {"participants": len(table), "csv": csvfile.table_text(table)}
         document = plan_document(frozen) if frozen is not None else None
         run.results = build_report(table, settings, document)
+        count_erased_withdrawals(run.study, run.results)
         run.results["pay"] = pay_check(run.study).to_dict()
         run.figures = render_all(run.results, "svg") if not run.results["errors"] else {}
         for key, section in (sections or {}).items():
@@ -259,7 +296,28 @@ def plan_document(frozen) -> dict:
         "sha256": frozen.sha256,
         "canonical": frozen.canonical,
         "plan": frozen.plan,
+        # Outside the hash: every consent text participants have agreed to so far.
+        "consent_versions": consent_versions(frozen.study),
     }
+
+
+def consent_versions(study: Study) -> list[dict]:
+    """The study's consent versions, oldest first, each with how many people agreed to it."""
+    versions = (
+        ConsentVersion.objects.filter(study=study)
+        .annotate(agreed=Count("participants", filter=only_people("participants")))
+        .order_by("version")
+    )
+    return [
+        {
+            "version": v.version,
+            "sha256": v.sha256,
+            "created_at": v.created_at.isoformat(),
+            "reconstructed": v.reconstructed,
+            "participants": v.agreed,
+        }
+        for v in versions
+    ]
 
 
 # Each active arm's completed people, compiled once (studies/lib/prepared_queries.py): every

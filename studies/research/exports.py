@@ -24,6 +24,8 @@ PARTICIPANT_COLUMNS = [
     "attention_passed",
     "created_at",
     "consented_at",
+    "consent_version",  # the consent text agreed to: its number and SHA-256 (the study's
+    "consent_sha256",  # consent versions hold each text)
     "chat_ended_at",
     "completed_at",
     "messages",
@@ -62,7 +64,7 @@ def response_rows(participants, include_bots: bool = False) -> Iterator[list]:
     """Header, then one row per participant; item columns hold the raw answers as given."""
     participants = list(
         humans_unless(participants, include_bots)
-        .select_related("study", "arm", "scenario")
+        .select_related("study", "arm", "scenario", "consent_version")
         .annotate(n_messages=Count("conversation__messages"))
         .order_by("study_id", "created_at", "id")
     )
@@ -91,6 +93,8 @@ def response_rows(participants, include_bots: bool = False) -> Iterator[list]:
             "" if p.attention_passed is None else p.attention_passed,
             iso(p.created_at),
             iso(p.consented_at),
+            p.consent_version.version if p.consent_version else "",
+            p.consent_version.sha256 if p.consent_version else "",
             iso(p.chat_ended_at),
             iso(p.completed_at),
             p.n_messages,

@@ -11,7 +11,7 @@ from statistics import median
 from django.db.models import Count, Max, Q
 from django.utils import timezone
 
-from studies.models import Participant, Study, only_people
+from studies.models import Participant, Study, Withdrawal, only_people
 from studies.setup.go_live import cached_health
 
 # Each stage and the two stored timestamps that bound it.
@@ -40,6 +40,7 @@ def snapshot(study: Study, identities: bool = False) -> dict:
         "active": active_conversations(people, identities),
         "stages": stage_medians(people),
         "errors": latest_errors(study, identities),
+        "withdrawals": withdrawal_counts(study),
         "others": {
             "bots": study.participants.filter(is_bot=True).count(),
             "previews": study.participants.filter(is_preview=True).count(),
@@ -111,6 +112,33 @@ def stage_medians(people) -> dict[str, float | None]:
         spans = [(r[j] - r[i]).total_seconds() for r in rows if r[i] and r[j]]
         medians[stage] = round(median(spans), 1) if spans else None
     return medians
+
+
+def withdrawal_counts(study: Study) -> dict:
+    """Who stopped taking part from inside the study, from the Withdrawal rows (they outlive
+    an erasure, so people whose data is gone are still counted): by answer and by step.
+    Bots and previews are counted apart, as elsewhere on the monitor."""
+    rows = (
+        Withdrawal.objects.filter(study=study)
+        .exclude(participant__isnull=False, participant__is_bot=True)
+        .exclude(participant__isnull=False, participant__is_preview=True)
+    )
+    counts = {"total": 0, "kept": 0, "erased": 0, "erasure_pending": 0, "unanswered": 0}
+    stages: dict[str, int] = {}
+    for kept, erased_at, stage in rows.values_list("data_kept", "erased_at", "stage"):
+        counts["total"] += 1
+        stages[stage] = stages.get(stage, 0) + 1
+        if kept is None:
+            counts["unanswered"] += 1
+        elif kept:
+            counts["kept"] += 1
+        elif erased_at:
+            counts["erased"] += 1
+        else:  # asked to be erased and not yet: the researcher must act (the errors say why)
+            counts["erasure_pending"] += 1
+    labels = dict(Participant.Status.choices)
+    counts["by_stage"] = {labels.get(stage, stage): n for stage, n in sorted(stages.items())}
+    return counts
 
 
 def latest_errors(study: Study, identities: bool = False) -> list[dict]:

@@ -17,6 +17,7 @@ from studies.models import (
     Participant,
     Preregistration,
     Study,
+    current_consent,
     frozen_values,
     only_people,
 )
@@ -32,6 +33,12 @@ class FreezeRefused(Exception):
 def first_participants(study: Study):
     """People who took part (previews and bots are not participants of the study)."""
     return Participant.objects.filter(only_people(), study=study)
+
+
+def consent_of(study: Study) -> dict:
+    """The study's consent version as it stands: number and SHA-256 of its text."""
+    version = current_consent(study)
+    return {"version": version.version, "sha256": version.sha256}
 
 
 def plan_of(study: Study) -> dict:
@@ -83,6 +90,9 @@ def plan_of(study: Study) -> dict:
             "always": "previews, bot participants, declined consent, could not start",
         },
         "target_per_arm": study.target_per_arm,
+        # The consent text participants will agree to (a later text is a new version, and
+        # each participant's record names theirs; exports list them).
+        "consent": consent_of(study),
         "power": found.to_dict() if found else None,
         "analysis": canonical_plan.settings_values(settings),
     }

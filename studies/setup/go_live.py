@@ -105,6 +105,12 @@ def problems(study: Study, fresh: bool = True) -> list[str]:
         found += [
             f"Arm {arm.name}: {health[arm.pk].detail}." for arm in arms if not health[arm.pk].ok
         ]
+    if not study.retention_days:
+        found.append(
+            "The retention period is missing: set how many days after arrival each "
+            "participant's identifying data (Prolific ids, link, identifying free text) is kept "
+            "before it is purged, as your ethics approval states."
+        )
     if not study.completion_code.strip():
         found.append("The completion code is missing.")
     for field in ("no_consent_code", "timeout_code"):

@@ -34,6 +34,7 @@ def make_study(slug="s1", arms=("a", "b"), engine="http://127.0.0.1:9/v1", **fie
         timeout_code="LATE",
         min_exchanges=1,
         max_exchanges=5,
+        retention_days=90,
     )
     study = Study.objects.create(slug=slug, **{**defaults, **fields})
     endpoint = ModelEndpoint.of_url(engine)

@@ -6,7 +6,7 @@ from django.db.models import Count, Q
 from django.http import HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.views.decorators.http import require_http_methods, require_POST
 
 from studies import tasks
@@ -26,7 +26,7 @@ from studies.models import (
     Study,
     only_people,
 )
-from studies.research import analysis_runs
+from studies.research import analysis_runs, retention
 from studies.setup.scenario_pools import PoolError, import_pool
 
 
@@ -79,6 +79,8 @@ class StudyAdmin(
         "analysis",
         "pay_check",
         "prolific",
+        "data_retention",
+        "consent_versions",
     ]
     fieldsets = [
         (
@@ -120,6 +122,17 @@ class StudyAdmin(
             "Participant texts",
             {"fields": ["consent_text", "instructions", "debrief_text", "outcome_feedback"]},
         ),
+        (
+            "Participants' data",
+            {
+                "fields": [
+                    "consent_versions",
+                    "pays_partial",
+                    "retention_days",
+                    "data_retention",
+                ]
+            },
+        ),
         ("Chat", {"fields": ["min_exchanges", "max_exchanges", "max_message_chars"]}),
         ("Analysis", {"fields": ["control_arm", "comparisons", "holm_family"]}),
         (
@@ -135,6 +148,35 @@ class StudyAdmin(
             },
         ),
     ]
+
+    @admin.display(description="Data purged")
+    def data_retention(self, study):
+        """When the study's identifying data is purged (its retention period)."""
+        if not study.pk:
+            return "Set the retention period; the study cannot go live without one."
+        return retention.schedule(study).describe()
+
+    @admin.display(description="Consent versions")
+    def consent_versions(self, study):
+        """Each consent text participants agreed to: a new one is made when the text changes
+        after someone has agreed."""
+        if not study.pk:
+            return "-"
+        rows = analysis_runs.consent_versions(study)
+        return format_html_join(
+            "",
+            "<div>v{} · sha256 {} · {} · {} participant(s){}</div>",
+            (
+                (
+                    v["version"],
+                    v["sha256"][:12],
+                    v["created_at"][:16].replace("T", " "),
+                    v["participants"],
+                    " · reconstructed from the text of that day" if v["reconstructed"] else "",
+                )
+                for v in rows
+            ),
+        )
 
     @admin.display(description="Participant link")
     def participant_link(self, study):

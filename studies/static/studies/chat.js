@@ -212,6 +212,10 @@
         setBusy(true);
         showNotice(event.message);
         break;
+      case "withdrawn":  // the server ended the chat: the redirect that follows asks about the data
+        redirecting = true;
+        setBusy(true);
+        break;
       case "ended":  // the task is over (e.g. a donation): the agent's last reply stays readable
         showNotice("The conversation is over. Taking you to the next step…", null, true);
         lastErrorAt = Date.now();
@@ -272,6 +276,16 @@
   text.addEventListener("input", showCount);
   text.addEventListener("keydown", (e) => {
     if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); $("composer").requestSubmit(); }
+  });
+  // Stop taking part: over the socket when it is open (the chat ends at once, in the order of
+  // the messages before it), else the link's page, which asks to confirm and works without it.
+  const stop = $("stop-taking-part");
+  if (stop) stop.addEventListener("click", (click) => {
+    if (!socket || socket.readyState !== WebSocket.OPEN) return;
+    click.preventDefault();
+    if (confirm("Stop taking part? The conversation ends now and cannot be continued. Next, you choose whether we may keep what you have given so far.")) {
+      socket.send(JSON.stringify({ type: "withdraw" }));
+    }
   });
   end.addEventListener("click", () => {
     if (confirm("End the conversation and go on to the questions?")) socket.send(JSON.stringify({ type: "end" }));

@@ -97,6 +97,7 @@ def test_researcher_creates_a_study_rehearses_it_with_bots_and_reads_them(
         page.select_option("#id_completion_codes-1-ending", "problem")
         page.fill("#id_min_exchanges", "1")
         page.fill("#id_max_exchanges", "3")
+        page.fill("#id_retention_days", "90")  # going live asks for it (issue 39)
         for i, name in enumerate(["warm", "brief"]):
             page.click("#arms-group .add-row a")
             page.fill(f"#id_arms-{i}-name", name)
