@@ -59,7 +59,7 @@ class ParticipantAdmin(DataRights, admin.ModelAdmin):
         "approve_on_prolific",
         "reject_on_prolific",
         "donation_match_bonus",
-        "export_person",
+        "access_request_export",
         "erase_on_request",
     ]
     search_fields = ["prolific_pid", "prolific_session_id"]

@@ -44,11 +44,13 @@ class DataRights:
     def has_erase_permission(self, request):
         return request.user.has_perm(ERASE)
 
-    def has_export_person_permission(self, request):
+    def has_access_request_export_permission(self, request):
         return request.user.has_perm(EXPORT)
 
-    @admin.action(permissions=["export_person"], description="Export everything held (JSON)")
-    def export_person(self, request, queryset):
+    @admin.action(
+        permissions=["access_request_export"], description="Export everything held (JSON)"
+    )
+    def access_request_export(self, request, queryset):
         people = list(queryset.select_related("study"))
         response = HttpResponse(export_json(people), content_type="application/json")
         # Named by internal numbers: the file name is seen by more eyes than its content.

@@ -238,24 +238,37 @@ def messages(person: Person):
 
 def problems(person: Person):
     """Problems recorded for them, and any other whose text names them (a path before paths
-    were masked, a traceback)."""
-    named = Q(participant=person.participant)
+    were masked, a traceback): found by the database, confirmed as whole ids here (a short id
+    must not take another's problems with it)."""
+    texts = Q()
     for needle in person.needles:
-        named |= Q(path__contains=needle) | Q(detail__contains=needle)
-        named |= Q(traceback__contains=needle)
-    return StudyError.objects.filter(named)
+        texts |= Q(path__contains=needle) | Q(detail__contains=needle)
+        texts |= Q(traceback__contains=needle)
+    named = {
+        pk
+        for pk, *text in StudyError.objects.filter(texts).values_list(
+            "pk", "path", "detail", "traceback"
+        )
+        if person.names(" ".join(text))
+    }
+    return StudyError.objects.filter(Q(participant=person.participant) | Q(pk__in=named))
 
 
 def prolific_events(person: Person):
-    """Webhooks about their submission, or whose payload names them."""
+    """Webhooks about their submission, or whose payload or result names them."""
     p = person.participant
-    named = Q(resource_id=p.prolific_session_id) if p.prolific_session_id else Q(pk__in=[])
-    for needle in person.needles:
-        named |= Q(result__contains=needle)
-    found = {e.pk for e in ProlificEvent.objects.filter(named)}
+    found = set()
+    if p.prolific_session_id:
+        found |= set(
+            ProlificEvent.objects.filter(resource_id=p.prolific_session_id).values_list(
+                "pk", flat=True
+            )
+        )
     # JSON containment differs per database: the payloads are read here, as text.
-    for pk, payload in ProlificEvent.objects.exclude(pk__in=found).values_list("pk", "payload"):
-        if person.names(json.dumps(payload)):
+    for pk, payload, result in ProlificEvent.objects.exclude(pk__in=found).values_list(
+        "pk", "payload", "result"
+    ):
+        if person.names(json.dumps(payload)) or person.names(result):
             found.add(pk)
     return ProlificEvent.objects.filter(pk__in=found).order_by("pk")
 
@@ -266,12 +279,20 @@ def events_erase(person: Person) -> int:
 
 
 def admin_log(person: Person):
-    """The admin's history of their rows: entries on them, and any naming them."""
+    """The admin's history of their rows: entries on them, and any naming them (whole ids)."""
     p = person.participant
-    named = Q(content_type=ContentType.objects.get_for_model(Participant), object_id=str(p.pk))
+    on_them = Q(content_type=ContentType.objects.get_for_model(Participant), object_id=str(p.pk))
+    texts = Q(pk__in=[])
     for needle in person.needles:
-        named |= Q(object_repr__contains=needle) | Q(change_message__contains=needle)
-    return LogEntry.objects.filter(named).order_by("pk")
+        texts |= Q(object_repr__contains=needle) | Q(change_message__contains=needle)
+    named = {
+        pk
+        for pk, name, message in LogEntry.objects.filter(texts).values_list(
+            "pk", "object_repr", "change_message"
+        )
+        if person.names(f"{name} {message}")
+    }
+    return LogEntry.objects.filter(on_them | Q(pk__in=named)).order_by("pk")
 
 
 def admin_log_erase(person: Person) -> int:

@@ -385,7 +385,7 @@ def test_erasure_and_export_have_their_own_permissions(data_dir):
     form = {"prolific_pid": PID, "reason": REASON, "confirm": "on"}
     assert client.post(page, form).status_code == 403
     changelist = reverse("admin:studies_participant_changelist")
-    for action in ("erase_on_request", "export_person"):
+    for action in ("erase_on_request", "access_request_export"):
         client.post(changelist, {"action": action, "_selected_action": [person.pk]})
     assert Participant.objects.filter(pk=person.pk).exists()
 
@@ -394,7 +394,9 @@ def test_erasure_and_export_have_their_own_permissions(data_dir):
     )
     staff = User.objects.get(pk=staff.pk)  # permissions are cached on the instance
     client.force_login(staff)
-    exported = client.post(changelist, {"action": "export_person", "_selected_action": [person.pk]})
+    exported = client.post(
+        changelist, {"action": "access_request_export", "_selected_action": [person.pk]}
+    )
     assert exported["Content-Type"] == "application/json" and PID in exported.content.decode()
     # The erase action asks for a reason first; a blank one is refused by the form.
     asked = client.post(changelist, {"action": "erase_on_request", "_selected_action": [person.pk]})
@@ -406,3 +408,19 @@ def test_erasure_and_export_have_their_own_permissions(data_dir):
     client.post(changelist, {**blank, "reason": REASON})
     assert not Participant.objects.filter(pk=person.pk).exists()
     assert ErasureRecord.objects.get().erased_by == "staff"
+
+
+def test_a_short_prolific_id_takes_nothing_of_another_whose_id_holds_it(data_dir):
+    """Text is matched by whole ids: erasing "p1" leaves "p10"'s problem, log line and events."""
+    study = make_study(slug="short", arms=("a",))
+    short, _ = flow.arrive(study, prolific(pid="p1", session_id="s1"))
+    longer, _ = flow.arrive(study, prolific(pid="p10", session_id="s10"))
+    from studies.models import StudyError
+
+    StudyError.objects.create(study=study, title="x", detail="p10 saw a problem")
+    (data_dir / "app.log").write_text("p10 arrived\np1 arrived\n")
+    record = erase_participant(short, reason=REASON)
+    assert record.counts["problems"] == 0 and record.counts["files"] == 1
+    assert StudyError.objects.get().detail == "p10 saw a problem"
+    assert (data_dir / "app.log").read_text() == "p10 arrived\n[erased]\n"
+    assert Participant.objects.filter(pk=longer.pk).exists()
