@@ -280,6 +280,11 @@ def test_planting_reaches_every_place(planted):
 
 def test_erasure_from_the_admin_leaves_nothing_behind(planted, admin_client, data_dir):
     page = reverse("admin:studies_erasurerecord_erase")
+    assert "Prolific id" in admin_client.get(page).content.decode()
+    # Without a reason nothing happens, and the page says what is missing.
+    asked = admin_client.post(page, {"prolific_pid": PID, "reason": " ", "confirm": "on"})
+    assert asked.status_code == 200 and "This field is required" in asked.content.decode()
+    assert Participant.objects.filter(prolific_pid=PID).count() == 2
     response = admin_client.post(page, {"prolific_pid": PID, "reason": REASON, "confirm": "on"})
     assert response.status_code == 302, response.content.decode()[-2000:]
 
