@@ -429,3 +429,22 @@ def test_a_short_prolific_id_takes_nothing_of_another_whose_id_holds_it(data_dir
     assert StudyError.objects.get().detail == "p10 saw a problem"
     assert (data_dir / "app.log").read_text() == "p10 arrived\n[erased]\n"
     assert Participant.objects.filter(pk=longer.pk).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sqlite_keeps_no_erased_words_in_its_free_pages(data_dir):
+    """SQLite leaves a deleted row's bytes in the file's free pages unless told to overwrite
+    them (PRAGMA secure_delete): the embedded database file itself must not hold them."""
+    if connection.vendor != "sqlite":
+        pytest.skip("PostgreSQL's files are not the site's to read; its rows are checked above")
+    study = make_study(slug="file", arms=("a",))
+    person, _ = flow.arrive(study, prolific(pid=PID))
+    flow.give_consent(person, True)
+    flow.store_user_message(person, "m-1", SAID * 20)
+    erase_participant(person, reason=REASON)
+    connection.close()
+    name = Path(connection.settings_dict["NAME"])
+    stored = b"".join(
+        path.read_bytes() for path in name.parent.glob(name.name + "*") if path.is_file()
+    )
+    assert SAID.encode() not in stored and PID.encode() not in stored
