@@ -120,13 +120,6 @@ class ErasureRecordAdmin(admin.ModelAdmin):
             )
         ] + super().get_urls()
 
-    def changelist_view(self, request, extra_context=None):
-        extra_context = {
-            **(extra_context or {}),
-            "title": "Erasures (find a person by Prolific id: /admin/studies/erasurerecord/erase/)",
-        }
-        return super().changelist_view(request, extra_context)
-
     def erase_by_pid(self, request):
         if not request.user.has_perm(ERASE):
             raise PermissionDenied

@@ -280,6 +280,8 @@ def test_planting_reaches_every_place(planted):
 
 def test_erasure_from_the_admin_leaves_nothing_behind(planted, admin_client, data_dir):
     page = reverse("admin:studies_erasurerecord_erase")
+    records = admin_client.get(reverse("admin:studies_erasurerecord_changelist"))
+    assert page in records.content.decode()  # the way to it
     assert "Prolific id" in admin_client.get(page).content.decode()
     # Without a reason nothing happens, and the page says what is missing.
     asked = admin_client.post(page, {"prolific_pid": PID, "reason": " ", "confirm": "on"})
