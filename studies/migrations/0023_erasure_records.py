@@ -78,7 +78,7 @@ class Migration(migrations.Migration):
                     models.JSONField(
                         blank=True,
                         default=list,
-                        help_text="What stays by law: each paid bonus's Prolific submission id, amount and date.",
+                        help_text="What stays by law: each paid bonus (its row keeps the Prolific submission id), its amount and date.",
                     ),
                 ),
                 (

@@ -27,7 +27,8 @@ class ErasureRecord(models.Model):
     kept = models.JSONField(
         default=list,
         blank=True,
-        help_text="What stays by law: each paid bonus's Prolific submission id, amount and date.",
+        help_text="What stays by law: each paid bonus (its row keeps the Prolific submission id), "
+        "its amount and date.",
     )
 
     class Meta:

@@ -81,13 +81,17 @@ def erase_participant(participant: Participant, *, reason: str, by: str | None =
             )
         person = Person(participant)
         number, study_id = participant.pk, participant.study_id
+        # The record names the payment rows that stay (they hold the submission id), not the id.
         kept = [
-            {"submission_id": participant.prolific_session_id, "amount": str(amount),
-             "paid_at": paid_at.isoformat() if paid_at else None}
-            for amount, paid_at in Bonus.objects.filter(participant=participant).values_list(
-                "amount", "payment__paid_at"
+            {
+                "bonus": pk,
+                "amount": str(amount),
+                "paid_at": paid_at.isoformat() if paid_at else None,
+            }
+            for pk, amount, paid_at in Bonus.objects.filter(participant=participant).values_list(
+                "pk", "amount", "payment__paid_at"
             )
-        ]  # fmt: skip
+        ]
         counts = {place.name: place.erase(person) for place in PLAN.in_database}
         record = ErasureRecord.objects.create(
             erased_by=(by or "")[:150],

@@ -18,7 +18,7 @@ from pathlib import Path
 from django.conf import settings
 from django.contrib.admin.models import LogEntry
 from django.contrib.contenttypes.models import ContentType
-from django.db.models import Q
+from django.db.models import F, Q
 
 from studies.models import (
     AnalysisRun,
@@ -148,6 +148,20 @@ def run_rows(run: AnalysisRun, person: Person) -> tuple[list[str], list[list[str
     return header, [row for row in body if row_about(row)], ratings
 
 
+def csv_records(text: str):
+    """(row, its text as written) for each record of a CSV: a quoted cell may span lines."""
+    consumed: list[str] = []
+
+    def lines():
+        for line in text.splitlines(keepends=True):
+            consumed.append(line)
+            yield line
+
+    for row in csv.reader(lines()):
+        yield row, "".join(consumed)
+        consumed.clear()
+
+
 def runs_naming(person: Person):
     """The runs whose stored inputs or results hold a row or a word about them."""
     studies = {person.participant.study_id}
@@ -171,14 +185,16 @@ def runs_erase(person: Person) -> int:
     is marked as computed before the erasure (its results still count them: re-computing would
     change a reported, perhaps pre-registered, analysis behind the researcher's back)."""
     n = 0
-    for run, header, found, ratings in runs_naming(person):
+    for run, _header, found, ratings in runs_naming(person):
         inputs = dict(run.inputs or {})
         if found:
-            kept = [row for row in csv.reader(io.StringIO(inputs["csv"]))][1:]
-            kept = [row for row in kept if row not in found]
-            out = io.StringIO()
-            csv.writer(out, lineterminator="\n").writerows([header, *kept])
-            inputs["csv"] = out.getvalue()
+            # The text of the other rows as it was written (studies/analysis/csvfile.py), whole.
+            records = list(csv_records(inputs["csv"]))
+            inputs["csv"] = "".join(
+                text
+                for number, (row, text) in enumerate(records)
+                if number == 0 or row not in found
+            )
         if ratings:
             inputs["ratings"] = [r for r in inputs["ratings"] if r not in ratings]
         for count in ("participants", "ratings"):  # how many rows the inputs say they hold
@@ -190,7 +206,7 @@ def runs_erase(person: Person) -> int:
             figures=person.scrub(run.figures),
             settings=person.scrub(run.settings),
             error=person.scrub(run.error),
-            erased_participants=run.erased_participants + 1,
+            erased_participants=F("erased_participants") + 1,  # two erasures at once count 2
         )
         n += 1
     return n

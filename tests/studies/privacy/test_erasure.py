@@ -320,11 +320,14 @@ def test_erasure_from_the_admin_leaves_nothing_behind(planted, admin_client, dat
     # (the log's line with the first's token is the second's: 2 files, 3 redactions)
     assert total["analysis_runs"] == 3 and total["files"] == 3
     assert first.kept == [
-        {"submission_id": SUBMISSION, "amount": "1.50",
-         "paid_at": bonus.payment.paid_at.isoformat()}
+        {"bonus": bonus.pk, "amount": "1.50", "paid_at": bonus.payment.paid_at.isoformat()}
     ]  # fmt: skip
     # Each run says that it was computed before the erasure.
     assert sorted(AnalysisRun.objects.values_list("erased_participants", flat=True)) == [1, 1, 1]
+    run = AnalysisRun.objects.filter(study=planted["origin"]).get()
+    shown = admin_client.get(reverse("admin:studies_analysisrun_change", args=[run.pk]))
+    assert "Computed before the erasure of 1 participant(s)" in shown.content.decode()
+    assert run.inputs["participants"] == 2  # of the 3 analysed
 
 
 def test_export_and_erasure_cover_the_same_places(planted):
