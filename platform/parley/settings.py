@@ -195,7 +195,14 @@ DATABASE_URL = env("str", "DATABASE_URL", "")
 # callbacks write to one file, so a writer waits for the lock (busy timeout) instead of
 # failing, and a transaction takes it when it begins (IMMEDIATE), since one that read first
 # and then writes gets "database is locked" at once, without waiting, when another holds it.
-SQLITE_OPTIONS = {"timeout": 20, "transaction_mode": "IMMEDIATE"}
+SQLITE_OPTIONS = {
+    "timeout": 20,
+    "transaction_mode": "IMMEDIATE",
+    # A deleted row's bytes are overwritten, not left in the file's free pages: an erasure on
+    # request (studies/privacy) must not leave a participant's words in the database file.
+    # Debian's SQLite does it by default, other builds (macOS, python.org, conda) do not.
+    "init_command": "PRAGMA secure_delete=ON;",
+}
 # The participant pages' hot reads compiled once (studies/lib/prepared_queries.py); off, they take
 # Django's own query path: the way out if a Django upgrade changes the internals they lean on.
 PARLEY_COMPILED_READS = env("bool", "PARLEY_COMPILED_READS", True)

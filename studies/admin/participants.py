@@ -11,6 +11,7 @@ from studies.admin.action_forms import (
     RejectForm,
 )
 from studies.admin.permissions import can_read_participants, identified, pages
+from studies.admin.privacy import DataRights
 from studies.models import (
     Participant,
     Response,
@@ -30,7 +31,7 @@ class ResponseInline(admin.TabularInline):
 
 
 @admin.register(Participant)
-class ParticipantAdmin(admin.ModelAdmin):
+class ParticipantAdmin(DataRights, admin.ModelAdmin):
     list_display = [
         "prolific_pid",
         "study",
@@ -54,7 +55,13 @@ class ParticipantAdmin(admin.ModelAdmin):
         "study",
         "attention_passed",
     ]
-    actions = ["approve_on_prolific", "reject_on_prolific", "donation_match_bonus"]
+    actions = [
+        "approve_on_prolific",
+        "reject_on_prolific",
+        "donation_match_bonus",
+        "access_request_export",
+        "erase_on_request",
+    ]
     search_fields = ["prolific_pid", "prolific_session_id"]
     readonly_fields = [
         "study",

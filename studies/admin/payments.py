@@ -37,7 +37,11 @@ class BonusPaymentAdmin(NamesParticipants, admin.ModelAdmin):
 
     @admin.display(description="Bonuses")
     def lines(self, payment):
-        paid = [(b.participant, b.amount) for b in payment.bonuses.all()]
+        # An erased participant's bonus keeps its submission id (the payment record), no name.
+        paid = [
+            (b.participant or f"erased (submission {b.submission_id})", b.amount)
+            for b in payment.bonuses.all()
+        ]
         return format_html_join(", ", "{}: {}", paid + payment.refused_lines)
 
 

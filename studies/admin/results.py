@@ -39,6 +39,7 @@ class AnalysisRunAdmin(admin.ModelAdmin):
         "created_at",
         "started_at",
         "finished_at",
+        "erasures",
         "downloads",
         "summary",
         "figures_view",
@@ -56,6 +57,16 @@ class AnalysisRunAdmin(admin.ModelAdmin):
     @admin.display(description="Included")
     def included(self, run):
         return (run.results or {}).get("participants", {}).get("included", "-")
+
+    @admin.display(description="Erased since")
+    def erasures(self, run):
+        """Said beside the results: they count people whose rows have since left the inputs."""
+        if not run.erased_participants:
+            return "-"
+        return (
+            f"Computed before the erasure of {run.erased_participants} participant(s) on request: "
+            "their rows are gone from the inputs; these results still count them."
+        )
 
     @admin.display(description="Downloads")
     def downloads(self, run):

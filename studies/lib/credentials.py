@@ -8,7 +8,11 @@ link carries PROLIFIC_PID, STUDY_ID and SESSION_ID (SESSION_ID is the submission
 data to the person on Prolific); Prolific's ids are 24 hexadecimal digits.
 """
 
+import hashlib
+import hmac
 import re
+
+from django.conf import settings
 
 TOKEN_MASK = "[token]"
 # A participant's path anywhere in a text (a bare path, a full URL, a request line).
@@ -19,6 +23,14 @@ PROLIFIC_PARAMETERS = re.compile(
 PROLIFIC_ID = re.compile(r"\b[0-9a-f]{24}\b", re.IGNORECASE)
 
 
+def keyed_hash(value) -> str:
+    """A short stand-in for a token or a Prolific id where something must tell participants
+    apart (the rate limiter's counts): the same for the same value, and without the site's
+    secret key no way back to it."""
+    key = settings.SECRET_KEY.encode()
+    return hmac.new(key, str(value).encode(), hashlib.sha256).hexdigest()[:16]
+
+
 def mask_path(path: str) -> str:
     """`path` with a participant's token replaced: /p/<token>/questionnaire/ ->
     /p/[token]/questionnaire/."""
@@ -26,8 +38,8 @@ def mask_path(path: str) -> str:
 
 
 def mask(text: str) -> str:
-    """`text` with every participant token (in a participant path), every Prolific link
-    parameter's value and every Prolific-style id replaced."""
+    """`text` with every participant token (in a participant path), every Prolific
+    link parameter's value and every Prolific-style id replaced."""
     text = mask_path(text)
     text = PROLIFIC_PARAMETERS.sub(lambda m: f"{m['name']}=[redacted]", text)
     return PROLIFIC_ID.sub("[prolific id]", text)

@@ -27,6 +27,7 @@ from studies.models.participant import (
     only_people,
     time_out_overdue,
 )
+from studies.models.privacy import ErasureRecord
 from studies.models.prolific import Bonus, BonusPayment, ProlificEvent, Review
 from studies.models.questionnaire import (
     PLANNED_ITEM_KINDS,
@@ -92,6 +93,7 @@ __all__ = [
     "Review",
     "BonusPayment",
     "Bonus",
+    "ErasureRecord",
     "FROZEN_STUDY_FIELDS",
     "FROZEN_ARM_FIELDS",
     "FROZEN_ITEM_FIELDS",

@@ -96,7 +96,17 @@ class Bonus(models.Model):
 
     payment = models.ForeignKey(BonusPayment, on_delete=models.CASCADE, related_name="bonuses")
     study = models.ForeignKey(Study, on_delete=models.CASCADE, related_name="+")
-    participant = models.ForeignKey(Participant, on_delete=models.PROTECT, related_name="bonuses")
+    # PROTECT: only an erasure (studies/privacy) lets a bonused participant go, keeping the
+    # submission id below; null after it.
+    participant = models.ForeignKey(
+        Participant, null=True, blank=True, on_delete=models.PROTECT, related_name="bonuses"
+    )
+    submission_id = models.CharField(
+        max_length=64,
+        blank=True,
+        help_text="The Prolific submission paid, kept when its participant is erased (what the "
+        "payment record needs by law, with the amount and the payment's date).",
+    )
     amount = models.DecimalField(max_digits=8, decimal_places=2, help_text="pounds/dollars")
 
     class Meta:
@@ -107,4 +117,6 @@ class Bonus(models.Model):
         ]
 
     def __str__(self) -> str:
+        if self.participant_id is None:
+            return f"erased participant (submission {self.submission_id}): {self.amount}"
         return f"{self.participant}: {self.amount}"

@@ -27,6 +27,11 @@ class AnalysisRun(models.Model):
     results = models.JSONField(null=True, blank=True)
     figures = models.JSONField(default=dict, blank=True, help_text="SVG figures by name.")
     error = models.TextField(blank=True)
+    erased_participants = models.PositiveIntegerField(
+        default=0,
+        help_text="People erased on request after this run was computed: their rows are gone "
+        "from its inputs, its results still count them.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -27,6 +27,7 @@ from limits.aio import strategies as async_strategies
 from limits.storage import MemoryStorage, RedisStorage
 from limits.strategies import FixedWindowRateLimiter
 
+from studies.lib.credentials import keyed_hash
 from studies.lib.flow_errors import FlowError
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,10 @@ def unavailable(scope: str, key: str) -> bool:
 
 def message_limits(participant_token, ip: str | None) -> list[tuple[str, str, int]]:
     """The limits a chat message frame counts against: the participant's, and the IP's."""
-    limits = [("message", str(participant_token), limit("PARLEY_RATE_MESSAGES_PER_PARTICIPANT"))]
+    # Counted under a keyed hash of the token: a token is a credential, and the counts' keys sit
+    # in Redis where whoever reads it would find them.
+    who = keyed_hash(participant_token)
+    limits = [("message", who, limit("PARLEY_RATE_MESSAGES_PER_PARTICIPANT"))]
     if not exempt(ip):
         limits.append(("message-ip", ip, limit("PARLEY_RATE_MESSAGES_PER_IP")))
     return limits

@@ -15,6 +15,7 @@ from studies.models import (
     AnalysisRun,
     Arm,
     BonusPayment,
+    ErasureRecord,
     Participant,
     Review,
     Scenario,
@@ -47,6 +48,7 @@ ACTS = {
     "studies_study_analyse",
     "studies_study_switch",
     "studies_study_bonus_csv",
+    "studies_erasurerecord_erase",
 }
 
 
@@ -93,6 +95,7 @@ def data(db):
     Checkpoint.objects.create(name="ckpt1", path="/nowhere/ckpt1")
     BonusPayment.objects.create(study=study, source="test", state=BonusPayment.State.FAILED)
     study.participants.update(prolific_status="AWAITING REVIEW")
+    ErasureRecord.objects.create(participant_number=0, reason="an earlier request")
     return study
 
 
