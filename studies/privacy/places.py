@@ -33,6 +33,7 @@ from studies.models import (
     Response,
     Review,
     StudyError,
+    Withdrawal,
 )
 
 ERASED = "[erased]"
@@ -541,6 +542,25 @@ PLACES: tuple[Place, ...] = (
             messages(person), "seq", "role", "content", "tool_calls", "tool_name", "created_at"
         ),
         lambda person: delete(messages(person)),
+    ),
+    Place(
+        "withdrawal",
+        "when they stopped taking part from inside the study, and what they said of their data",
+        (Withdrawal,),
+        lambda person: rows(
+            Withdrawal.objects.filter(participant=person.participant),
+            "id",
+            "stage",
+            "at",
+            "data_kept",
+            "decided_at",
+            "paid",
+        ),  # fmt: skip
+        # the row names no one and keeps the monitor's and the analysis's counts true: only its
+        # link to the person goes
+        lambda person: Withdrawal.objects.filter(participant=person.participant).update(
+            participant=None
+        ),
     ),
     Place(
         "conversation",

@@ -34,6 +34,7 @@ from studies.models import (
     Participant,
     ProlificEvent,
     Review,
+    Withdrawal,
 )
 from studies.participation import flow, problems
 from studies.privacy import places
@@ -181,6 +182,14 @@ def planted(data_dir, admin_client):
     rate_all(client, as_rater, SAID)
     assert as_rater.rating_assignments.filter(status="rated").count() == 2
 
+    # They stopped taking part in a third study from inside it, letting what was said be kept.
+    left = make_study(slug="left", arms=("a",), prolific_study_id="STUDYP")
+    stopped = arrive(client, left, PID, "SUBMISSIONerase03")
+    flow.store_user_message(stopped, "m-1", SAID)
+    assert client.post(reverse("studies:stop", args=[stopped.token])).status_code == 302
+    client.post(reverse("studies:withdrawn-data", args=[stopped.token]), {"data": "keep"})
+    assert Withdrawal.objects.filter(participant=stopped, data_kept=True).exists()
+
     # An analysis run of each study, kept with its inputs.
     for study in (origin, pool, rating_pool):
         run = compute(AnalysisRun.objects.create(study=study))
@@ -208,9 +217,12 @@ def planted(data_dir, admin_client):
             person.token.hex,
             str(as_rater.token),
             as_rater.token.hex,
+            str(stopped.token),
+            stopped.token.hex,
         ],  # fmt: skip
         "person": person,
         "as_rater": as_rater,
+        "stopped": stopped,
         "origin": origin,
         "pool": pool,
     }
@@ -269,7 +281,7 @@ def test_planting_reaches_every_place(planted):
                   "studies_prolificevent", "studies_bonuspayment", "studies_studyerror",
                   "django_admin_log"]:  # fmt: skip
         assert any(n in tables[table] for n in planted["needles"]), table
-    exports_ = [export_participant(planted[who]) for who in ("person", "as_rater")]
+    exports_ = [export_participant(planted[who]) for who in ("person", "as_rater", "stopped")]
     empty = [
         place.name
         for place in places.PLACES
@@ -286,7 +298,7 @@ def test_erasure_from_the_admin_leaves_nothing_behind(planted, admin_client, dat
     # Without a reason nothing happens, and the page says what is missing.
     asked = admin_client.post(page, {"prolific_pid": PID, "reason": " ", "confirm": "on"})
     assert asked.status_code == 200 and "This field is required" in asked.content.decode()
-    assert Participant.objects.filter(prolific_pid=PID).count() == 2
+    assert Participant.objects.filter(prolific_pid=PID).count() == 3
     response = admin_client.post(page, {"prolific_pid": PID, "reason": REASON, "confirm": "on"})
     assert response.status_code == 302, response.content.decode()[-2000:]
 
@@ -309,12 +321,16 @@ def test_erasure_from_the_admin_leaves_nothing_behind(planted, admin_client, dat
     assert event.payload == {} and event.digest
 
     records = list(ErasureRecord.objects.order_by("participant_number"))
-    assert len(records) == 2  # their chat and their rating: one record per participation
+    # their chat, their rating and the study they stopped: one record per participation
+    assert len(records) == 3
     first = records[0]
     assert first.reason == REASON and first.erased_by == "researcher"
     assert first.counts["messages"] == 1 and first.counts["responses"] == 5
     assert first.counts["pool_copies"] >= 2  # the copy, and the ratings of it
     assert records[1].counts["ratings"] == 2
+    # the withdrawal row stays, for the counts, linked to no one
+    assert records[2].counts["withdrawal"] == 1 and records[2].counts["messages"] == 1
+    assert Withdrawal.objects.filter(participant=None, data_kept=True).count() == 1
     # Both participations share the Prolific id: a run or file naming it is the first's to clean.
     total = {name: sum(r.counts[name] for r in records) for name in first.counts}
     # (the log's line with the first's token is the second's: 2 files, 3 redactions)
@@ -332,19 +348,21 @@ def test_erasure_from_the_admin_leaves_nothing_behind(planted, admin_client, dat
 
 def test_export_and_erasure_cover_the_same_places(planted):
     """Every place the export lists is emptied by the erasure, and every place the erasure
-    touches is in the export."""
+    touches is in the export: for each of the person's participations (a chat, a rating, a
+    study they stopped)."""
     person = planted["person"]
-    exported = export_participant(person)["places"]
-    held = {name for name, place in exported.items() if place["held"]}
-    words = json.dumps(exported)
-    assert PID in words and SAID in words and str(person.token) not in words
-    record = erase_participant(person, reason=REASON, by="test")
-    touched = {name for name, count in record.counts.items() if count}
-    assert set(record.counts) == set(exported)
-    assert touched == held, touched ^ held
-    # The pieces the export showed are nowhere now (their second participation's aside).
-    remaining = erase_by_prolific_id(PID, reason=REASON)
-    assert len(remaining) == 1
+    first = json.dumps(export_participant(person)["places"])
+    assert PID in first and SAID in first and str(person.token) not in first
+    for who in ("person", "as_rater", "stopped"):
+        exported = export_participant(planted[who])["places"]
+        held = {name for name, place in exported.items() if place["held"]}
+        record = erase_participant(planted[who], reason=REASON, by="test")
+        touched = {name for name, count in record.counts.items() if count}
+        assert set(record.counts) == set(exported)
+        assert touched == held, (who, touched ^ held)
+    assert "withdrawal" in touched  # the stopped study's row, unlinked
+    # The pieces the exports showed are nowhere now.
+    assert not Participant.objects.filter(prolific_pid=PID).exists()
     assert where([PID, SAID, str(person.token)], database_text()) == []
 
 

@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("studies", "0022_study_domain_protocol"),
+        ("studies", "0023_data_rights_consent"),
     ]
 
     operations = [
