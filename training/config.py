@@ -1147,7 +1147,7 @@ class RunConfig:
                 ' (use simulator_reward "adversarial" or "cooperative", or "sampled")'
             )
         elif self.distributed.strategy == "fsdp" and self.distributed.processes > 1:
-            why = 'is not implemented under FSDP (distributed.strategy = "ddp")'
+            why = 'is not implemented under FSDP: use distributed.strategy = "ddp"'
         if why:
             raise _refuse("simulator_update", self.simulator_update, why)
 

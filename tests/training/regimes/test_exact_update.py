@@ -137,6 +137,7 @@ def test_a_rollout_without_the_simulators_choice_is_refused(tiny_model, tmp_path
         ({"domain": "p4g"}, 'domain "p4g" does not give the simulator one choice'),
         ({"regime": "single"}, 'regime "single" trains none'),
         ({"simulator_reward": "curriculum"}, "the curriculum reward is one per group"),
+        ({"distributed": {"processes": 2, "strategy": "fsdp"}}, "not implemented under FSDP"),
     ],
 )
 def test_exact_where_the_decision_is_not_exact_is_refused(settings, message):
