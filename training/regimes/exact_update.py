@@ -25,6 +25,11 @@ the text's non-forced tokens, exactly as it was sampled. The expectation over m 
 objective is on-policy on every pass: each of ppo_epochs passes recomputes pi, V and sigma, and
 needs no ratio or clip. The first term's value is 0 at the current pi (the baseline centres each
 ask's advantages), so the loss reported is beta x KL. kl_estimator and kl_clamp do not apply.
+Note that since sum_m grad pi(m|x_i) = 0, a baseline constant over the texts of one ask does
+not change this gradient without scale_std; what the per-ask baseline changes is each ask's
+std scaling (sigma_i is the spread around the ask's own V_i, not a spread across asks) and the
+advantages and loss that are reported. The variance the sampled update's mixed-ask baseline adds
+is gone here because nothing is sampled.
 """
 
 from __future__ import annotations
