@@ -92,6 +92,16 @@ LOSS_REDUCTIONS = {
     "sample": "each sequence's token mean, then the mean over the global batch's sequences:"
     " Slime's default sum_of_sample_mean (no --calculate-per-token-loss), the release's",
 }
+# how a co-trained simulator learns from a step (training/regimes/exact_update.py for "exact")
+SIMULATOR_UPDATES = {
+    "sampled": "GRPO on its own sampled tokens, advantages relative to the task's group (which"
+    " mixes the agent's different asks), the KL to its base estimated on those tokens"
+    " (kl_estimator)",
+    "exact": "on an exact decision (a Domain whose simulator answers one opening ask with one of"
+    " fixed texts: P4G's five markers), the exact expected advantage over every text for each"
+    " ask played, baseline the ask's own expected reward, plus simulator_beta x the exact"
+    " reverse KL(pi || base) over the texts (kl_estimator and kl_clamp do not apply)",
+}
 # which sampling settings an endpoint simulator sends (agents/llm/providers.py sampling_params)
 SIMULATOR_SAMPLINGS = {
     "sent": "temperature is sent, and top_p unless it is 1.0",
@@ -144,6 +154,7 @@ RegimeName = Literal[tuple(r.value for r in Regime)]
 EnsembleDraw = Literal[tuple(ENSEMBLE_DRAWS)]
 TaskDraw = Literal[tuple(TASK_DRAWS)]
 LossReduction = Literal[tuple(LOSS_REDUCTIONS)]
+SimulatorUpdate = Literal[tuple(SIMULATOR_UPDATES)]
 SimulatorSampling = Literal[tuple(SIMULATOR_SAMPLINGS)]
 SimulatorKindName = Literal[tuple(k.value for k in SimulatorKind)]
 DrawMode = Literal[DRAW_MODES]
@@ -764,6 +775,11 @@ class RunConfig:
         ge=0,
         description="co-trained simulator's KL weight (kl_estimator) to its own base model",
     )
+    simulator_update: SimulatorUpdate = Field(
+        "sampled",
+        description="how a co-trained simulator learns each step: "
+        + " | ".join(f"{k}: {v}" for k, v in SIMULATOR_UPDATES.items()),
+    )
     eps: StrictFloat = Field(0.2, gt=0, lt=1, description="clip range of the ratio")
     eps_high: StrictFloat = Field(
         0.0, ge=0, description="upper clip range (0 = eps, symmetric clipping)"
@@ -996,6 +1012,8 @@ class RunConfig:
                 self.simulator.sampling,
                 'must be "sent": a co-trained simulator samples at its own temperature',
             )
+        if self.simulator_update == "exact":
+            self._check_exact_update()
         if not self.center_rewards and self.scale_std:
             raise _refuse(
                 "scale_std",
@@ -1213,6 +1231,30 @@ class RunConfig:
     @property
     def trains_simulator(self) -> bool:
         return Regime(self.regime).trains_simulator
+
+    def _check_exact_update(self) -> None:
+        """simulator_update = "exact" only where the simulator's decision is exact and its
+        reward is one per decision text (training/regimes/exact_update.py)."""
+        from agents.domains import domain_class
+
+        why = None
+        if not self.trains_simulator:
+            why = f'needs a co-trained simulator; regime "{self.regime}" trains none'
+        elif not domain_class(self.domain).exact_user_decision:
+            why = (
+                f'needs an exact decision distribution: domain "{self.domain}" does not give the'
+                " simulator one choice among fixed texts for every ask (p4g-decision does);"
+                ' use "sampled"'
+            )
+        elif self.simulator_reward_mode == "curriculum":
+            why = (
+                "needs a reward for each decision text; the curriculum reward is one per group"
+                ' (use simulator_reward "adversarial" or "cooperative", or "sampled")'
+            )
+        elif self.distributed.strategy == "fsdp" and self.distributed.processes > 1:
+            why = 'is not implemented under FSDP: use distributed.strategy = "ddp"'
+        if why:
+            raise _refuse("simulator_update", self.simulator_update, why)
 
     @property
     def simulator_reward_mode(self) -> str:

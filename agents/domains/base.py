@@ -92,6 +92,10 @@ class Domain(abc.ABC):
     # SIMULATOR_REWARDS ("cooperative": the agent's own; P4G "adversarial": a persuadee keeps its
     # money; tau2 "curriculum": the agent's successes over a task's group should split evenly)
     simulator_reward: str = "cooperative"
+    # whether the simulator's whole part of an episode is one choice (user_choices) answering
+    # the agent's opening choice: its distribution over the texts is then exact for every ask,
+    # which a co-trained simulator's simulator_update = "exact" needs (the P4G decision episode)
+    exact_user_decision: bool = False
     max_turns: int = 30  # messages of the user and agent, tool messages excluded
     # lowest and highest `Outcome.reward` this Domain gives: a study's outcome figure is drawn
     # on it (a Domain with another scale says so here)

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from training.config import RunConfig, SimulatorSpec
+from training.regimes.exact_update import learn_exact
 from training.regimes.pool import SimulatorPool
 from training.regimes.sim_rewards import group_variance, simulator_advantages
 from training.rl.distributed import Ranks
@@ -298,6 +299,7 @@ class CoTrain(RegimeRun):
         else:
             self.user = LocalUser(self.policy, config.simulator, tracked=True, rng=rng)
         self.live = run_dir / "live" / "simulator"
+        self.domain = None  # the exact update scores every decision text: built when first needed
 
     @contextmanager
     def simulator(self, step: int) -> Iterator[Any]:
@@ -354,11 +356,16 @@ class CoTrain(RegimeRun):
             mode, rewards, self.config.scale_std, self.config.center_rewards
         )
         adv = adv.flatten()
-        stats = self.policy.learn(
-            [r.user for r in own], adv, self.config,
-            temperature=self.config.simulator.temperature, beta=self.config.simulator_beta,
-            ranks=self.ranks,
-        )  # fmt: skip
+        if self.config.simulator_update == "exact":  # every text's reward, per ask (see there)
+            if self.domain is None:
+                self.domain = self.config.build_domain()
+            stats = learn_exact(self.policy, own, self.domain, self.config, mode, self.ranks)
+        else:
+            stats = self.policy.learn(
+                [r.user for r in own], adv, self.config,
+                temperature=self.config.simulator.temperature, beta=self.config.simulator_beta,
+                ranks=self.ranks,
+            )  # fmt: skip
         out = {f"sim/{k}": v for k, v in stats.items()}
         count = self.ranks.total(sim_rewards.numel())
         out["sim/reward_mean"] = self.ranks.total(float(sim_rewards.sum())) / count

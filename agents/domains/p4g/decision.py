@@ -64,6 +64,7 @@ class P4GDecisionDomain(P4GDomain):
     first_speaker = "agent"
     max_turns = 2
     protocols = {"parley": "one fixed ask, one of five decision markers"}  # no release variant
+    exact_user_decision = True  # the persuadee's one turn is a choice among the five markers
 
     def agent_system_prompt(self, scenario: Scenario) -> str:
         return AGENT_PROMPT
