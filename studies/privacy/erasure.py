@@ -22,8 +22,10 @@ The places (studies/privacy/places.py, one registry shared with the per-person e
 - studies_bonus: a paid bonus stays as the payment record the law asks for (the Prolific
   submission id, the amount, the payment's date), no longer tied to the person.
 - studies_review: the approval or rejection sent to Prolific.
-- files under the data folder (PARLEY_DATA_DIR): logs (which should hold no identifiers at all,
-  parley/server_log.py), exports saved there, Celery's file broker and results: redacted in place.
+- files under the data folder (PARLEY_DATA_DIR), in its participants' folders only
+  (places.PERSONAL_FOLDERS: logs/ and *.log, which should hold no identifiers at all,
+  parley/server_log.py; exports/ saved there; Celery's file broker and results): redacted in
+  place. Models, checkpoints and runs in the same folder are never read or edited.
 - Not kept anywhere else: exports are streamed, never cached; the rate limiter counts by a keyed
   hash of the token (studies/participation/ratelimit.py); chat groups are named by internal id.
 

@@ -373,10 +373,22 @@ def database_files() -> set[Path]:
     return found
 
 
+# Where under the data folder parley writes what can name a participant: the servers' logs
+# (`make demo`'s and serve_agents' logs/, a worker's *.log beside them), exports a researcher
+# saved there, and Celery's file broker and result store. Only these are read and rewritten: the
+# same folder holds model weights, tokenizers, checkpoints and training runs, whose text is no
+# one's data and must never be edited (a short Prolific id, matched as a word, would otherwise
+# rewrite a tokenizer's vocabulary line).
+PERSONAL_FOLDERS = ("logs", "exports", "celery-broker", "celery-results")
+
+
 def text_files() -> Iterator[Path]:
     root = Path(settings.DATA_DIR)
     skip = database_files()
-    for path in sorted(root.rglob("*")) if root.is_dir() else []:
+    found = [root / folder for folder in PERSONAL_FOLDERS if (root / folder).is_dir()]
+    paths = [p for folder in found for p in folder.rglob("*")]
+    paths += list(root.glob("*.log")) if root.is_dir() else []
+    for path in sorted(paths):
         try:
             if path.is_symlink() or not path.is_file() or path.resolve() in skip:
                 continue

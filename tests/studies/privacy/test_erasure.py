@@ -454,6 +454,25 @@ def test_a_short_prolific_id_takes_nothing_of_another_whose_id_holds_it(data_dir
     assert Participant.objects.filter(pk=longer.pk).exists()
 
 
+def test_model_files_in_the_data_folder_are_never_edited(data_dir):
+    """The data folder also holds the base model, checkpoints and runs: a tokenizer's vocabulary
+    line that is a short Prolific id as a word stays as it is; only logs, saved exports and
+    Celery's folders are participants' files."""
+    study = make_study(slug="vocab", arms=("a",))
+    person, _ = flow.arrive(study, prolific(pid="p", session_id="s1"))
+    vocabulary = '{\n  "p": 96,\n  "q": 97\n}\n'
+    for folder in ("models/SmolLM2-135M-Instruct", "checkpoints/run-1", "runs/run-1"):
+        (data_dir / folder).mkdir(parents=True)
+        (data_dir / folder / "tokenizer.json").write_text(vocabulary)
+    (data_dir / "logs").mkdir()
+    (data_dir / "logs" / "web.log").write_text("p arrived\n")
+    record = erase_participant(person, reason=REASON)
+    assert record.counts["files"] == 1
+    assert (data_dir / "logs" / "web.log").read_text() == "[erased]\n"
+    for folder in ("models/SmolLM2-135M-Instruct", "checkpoints/run-1", "runs/run-1"):
+        assert (data_dir / folder / "tokenizer.json").read_text() == vocabulary
+
+
 @pytest.mark.django_db(transaction=True)
 def test_sqlite_keeps_no_erased_words_in_its_free_pages(data_dir):
     """SQLite leaves a deleted row's bytes in the file's free pages unless told to overwrite
