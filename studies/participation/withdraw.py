@@ -21,7 +21,7 @@ from studies.models import (
 )
 from studies.participation import problems
 from studies.participation.flow import completion_code, lock_participant
-from studies.privacy.erasure import erase_participant
+from studies.privacy import erasure
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def erase(participant: Participant, withdrawal: Withdrawal, path: str) -> bool:
     fail, their request stands recorded (data_kept False, erased_at blank) and the researcher
     is told on the monitor, who must complete it: it is never dropped quietly."""
     try:
-        erase_participant(participant, reason=ERASURE_REASON, by="withdrawal")
+        erasure.erase_participant(participant, reason=ERASURE_REASON, by="withdrawal")
     except Exception as error:  # noqa: BLE001 - the participant's page must still answer
         log.exception("erasure after withdrawal #%s failed", withdrawal.pk)
         problems.record(
