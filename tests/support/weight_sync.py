@@ -49,6 +49,19 @@ def run_scenario(scenario: str, url: str, base_model: Path | str, out: Path, tim
     return json.loads((out / "result.json").read_text())
 
 
+def build_synced_model(folder: Path, base_model: Path | str) -> Path:
+    """training.tools.tiny's Llama, 256 wide (64-wide heads) with a small init, in a child."""
+    code = (
+        "import sys; from pathlib import Path; from training.tools.tiny import build_tiny_model;"
+        " build_tiny_model(Path(sys.argv[1]), Path(sys.argv[2]), hidden=256, init_range=0.02)"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'platform'}"}
+    done = subprocess.run([sys.executable, "-c", code, str(folder), str(base_model)], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return folder
+
+
 def scored_ids(lm: Any) -> list[int]:
     """The trees question as the chat template opens it, and a fixed reply."""
     return lm.fmt.opening(QUESTION) + lm.fmt.generation_prompt + lm.fmt.encode(REPLY)

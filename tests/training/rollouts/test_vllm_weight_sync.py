@@ -53,11 +53,11 @@ def synced_model(base_model, tmp_path_factory) -> Path:
     fine-tuning and a push take seconds, not the minute SmolLM2's 135M weights and their
     optimizer's state take on this CPU, with the same protocol and the same vLLM code paths
     (fused q/k/v and gate/up, the tied head). Small init: its log-probs are not so peaked that
-    float noise between two kernels grows with them."""
-    from training.tools.tiny import build_tiny_model
+    float noise between two kernels grows with them. Built in a child: transformers' model
+    classes need not load in pytest's process."""
+    from tests.support.weight_sync import build_synced_model
 
-    folder = tmp_path_factory.mktemp("synced") / "tiny-synced"
-    return build_tiny_model(folder, Path(base_model), hidden=256, init_range=0.02)
+    return build_synced_model(tmp_path_factory.mktemp("synced") / "tiny-synced", base_model)
 
 
 @pytest.fixture(scope="module")
