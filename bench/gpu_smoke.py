@@ -417,24 +417,33 @@ def run_paper(args: argparse.Namespace) -> int:
             if key.endswith("_gib") or key == "phases":
                 print(f"           {key:33} {value}")
         sys.stdout.flush()
-    vllm = vllm_part()
+    vllm = vllm_part(smollm2, out / "vllm")
     results.append(vllm)
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
     print(f"results: {out / 'results.json'}; {2 - failed} of 2 models ran the paper path")
-    return 1 if failed else 0
+    return 1 if failed or (vllm["ran"] and vllm["returncode"]) else 0
 
 
-def vllm_part() -> dict:
-    """Rollouts on vLLM with weight sync, where vllm imports (h/weightsync adds the run
-    itself); else said plainly, with why."""
+def vllm_part(model: str, out: Path) -> dict:
+    """Rollouts on vLLM with weight sync, where vllm imports: bench/gpu_smoke_vllm.py (full
+    fine-tuning, the agent sampled by vLLM on the same GPU, its weights pushed after each step
+    through vLLM's CUDA IPC engine) on `model`, in a process of its own; else said plainly,
+    with why."""
     try:
         import vllm  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - any reason it does not import is the answer
         why = f"{type(exc).__name__}: {exc}"
         print(f"vLLM rollouts with weight sync: NOT RUN (vllm does not import here: {why})")
         return {"part": "vllm", "ran": False, "why": why}
-    print("vLLM rollouts with weight sync: vllm imports, but no run of it is wired here yet")
-    return {"part": "vllm", "ran": False, "why": "not wired yet (issue 37, point 4)"}
+    import subprocess
+
+    print("vLLM rollouts with weight sync (bench/gpu_smoke_vllm.py):", flush=True)
+    command = [sys.executable, str(REPO / "bench" / "gpu_smoke_vllm.py"), "--model", model,
+               "--out", str(out)]  # fmt: skip
+    code = subprocess.run(command, timeout=900).returncode
+    found = out / "results.json"
+    result = json.loads(found.read_text()) if found.is_file() else {}
+    return {"part": "vllm", "ran": True, "returncode": code, **result}
 
 
 def main(argv: list[str] | None = None) -> int:

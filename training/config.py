@@ -865,7 +865,26 @@ class RunConfig:
         + "; ".join(f"{name}: {what}" for name, what in TRAINED_TOOL_FORMATS.items()),
     )
     rollout_endpoint: StrictStr = Field(
-        "", description='vLLM base URL for the agent\'s rollouts; "" = in-process'
+        "",
+        description='vLLM base URL for the agent\'s rollouts; "" = in-process. LoRA: the server'
+        " hot-loads the adapter before each step (start it with runtime LoRA); full fine-tuning:"
+        " the trainer pushes its weights into the served model through vLLM's weight-transfer"
+        ' API (start it with weight_transfer = "nccl" on GPUs, "parley_shm" on CPU)',
+    )
+    weight_sync_backend: Literal["auto", "nccl", "ipc", "parley_shm"] = Field(
+        "auto",
+        description="full fine-tuning with a served role: how the trainer's weights reach the"
+        ' vLLM server after each step (its --weight-transfer-config). "auto": "nccl" from a'
+        ' GPU (the server on other GPUs), "parley_shm" from the CPU (shared memory, one host);'
+        ' "ipc": CUDA IPC, the server on the trainer\'s own GPU (one trainer process)',
+    )
+    weight_sync_host: StrictStr = Field(
+        "127.0.0.1",
+        min_length=1,
+        description="full fine-tuning on GPUs with a served role: the address of this trainer"
+        " that the vLLM server's workers reach for NCCL's rendezvous (vLLM's weight-transfer"
+        " engine; the trainer is rank 0 of that group). 127.0.0.1 when vLLM runs on the"
+        " same node",
     )
     # population co-training
     pool_size: StrictInt = Field(10, ge=1, description="simulator snapshots kept (FIFO)")
@@ -986,19 +1005,24 @@ class RunConfig:
         names = [s.name for s in self.heldout]
         if len(set(names)) != len(names):
             raise _refuse("heldout", names, "need distinct names")
-        if self.rollout_endpoint and self.finetune != "lora":
-            raise _refuse(
-                "finetune",
-                self.finetune,
-                'must be "lora" with rollout_endpoint (the server loads adapters)',
-            )
-        if self.trains_simulator and self.simulator.endpoint and self.finetune != "lora":
-            raise _refuse(
-                "finetune",
-                self.finetune,
-                'must be "lora" with a served co-trained simulator (simulator.endpoint: the'
-                " server loads its adapter after each update)",
-            )
+        served_simulator = self.trains_simulator and self.simulator.endpoint
+        if served_simulator and self.finetune == "full":
+            if self.regime == Regime.POPULATION:
+                raise _refuse(
+                    "simulator.endpoint",
+                    self.simulator.endpoint,
+                    'must be empty with regime = "population" and finetune = "full": each pool'
+                    " snapshot's turns would need its whole weights pushed into the server and"
+                    " the current ones pushed back (LoRA loads a snapshot's adapter beside them)",
+                )
+            if self.simulator.endpoint.rstrip("/") == self.rollout_endpoint.rstrip("/"):
+                raise _refuse(
+                    "simulator.endpoint",
+                    self.simulator.endpoint,
+                    "is rollout_endpoint too: under full fine-tuning the agent and the simulator"
+                    " each push their own weights into their server's one model, so each needs"
+                    " its own server",
+                )
         if self.task_draw == "release" and self.domain in ("p4g", "cooperbench"):
             raise _refuse(
                 "task_draw",

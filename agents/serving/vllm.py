@@ -45,6 +45,11 @@ LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the ranks vLLM's --max-lo
 MAX_MODEL_LEN = 8192  # SmolLM2's own: a tau2 retail prompt alone is about 4.5k tokens
 AUTO_PARSER = "auto"  # tool_call_parser: found from the chat template (native_tool_parser)
 KV_CACHE_GIB = "2"  # vLLM-CPU's KV cache (VLLM_CPU_KVCACHE_SPACE) unless the environment says
+# parley's vLLM plugins (a CPU weight-transfer backend), found by vLLM through the dist-info
+# beside them once this folder is on the server's PYTHONPATH: nothing to install in vLLM's venv
+PLUGIN_DIR = Path(__file__).resolve().parent / "vllm-plugin"
+# CPU (the plugin's); GPUs (vLLM's own): the trainer on other GPUs, or on the server's own
+WEIGHT_TRANSFER_BACKENDS = ("parley_shm", "nccl", "ipc")
 
 
 class VLLMNotInstalled(RuntimeError):
@@ -96,6 +101,7 @@ def build_command(
     runtime_lora_rank: int = 0,
     tool_call_parser: str | None = "auto",
     compact_json: bool = False,
+    weight_transfer: str = "",
     extra_args: list[str] = (),
 ) -> list[str]:
     """vLLM's OpenAI server command line (explicit `extra_args` come last, so they win).
@@ -108,7 +114,10 @@ def build_command(
     in the Hermes style, else none; None or "none": never.
     `compact_json`: structured outputs (a `response_format` JSON schema) allow no whitespace
     between tokens of the JSON; a small model otherwise spends its token budget on indentation
-    and a Verbalized Sampling simulator's k candidates are cut off (xgrammar only)."""
+    and a Verbalized Sampling simulator's k candidates are cut off (xgrammar only).
+    `weight_transfer` ("parley_shm" on CPU, "nccl" or "ipc" on GPUs): a trainer pushes its fully
+    fine-tuned weights into the served model after each step through vLLM's weight-transfer
+    API (training/rollouts/weight_sync.py); vllm_env(weight_transfer=...) opens its routes."""
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise ValueError(f"{model_dir} is not a Hugging Face model folder (no config.json)")
@@ -133,6 +142,15 @@ def build_command(
     if compact_json:
         compact = {"backend": "xgrammar", "disable_any_whitespace": True}
         command += ["--structured-outputs-config", json.dumps(compact)]
+    if weight_transfer:
+        if weight_transfer not in WEIGHT_TRANSFER_BACKENDS:
+            raise ValueError(
+                f"weight_transfer {weight_transfer!r}: one of {WEIGHT_TRANSFER_BACKENDS}"
+            )
+        command += ["--weight-transfer-config", json.dumps({"backend": weight_transfer})]
+        # /inference/v1/generate: token ids in and out, each choice with the weight versions
+        # that sampled it (the trainer's check that a step's turns share one)
+        command += ["--enable-scale-out"]
     if loras:
         command += ["--lora-modules"]
         command += [f"{name}={Path(path).resolve()}" for name, path in loras.items()]
@@ -151,10 +169,18 @@ def native_tool_parser(model_dir: Path | str, extra_args: list[str] = ()) -> str
     return HERMES if model_tool_style(model_dir, template) == HERMES else None
 
 
-def vllm_env(runtime_lora: bool = False) -> dict[str, str]:
+def vllm_env(runtime_lora: bool = False, weight_transfer: str = "") -> dict[str, str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if runtime_lora:  # vLLM refuses /v1/load_lora_adapter without it
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    if weight_transfer:
+        # /pause, /resume, /init_weight_transfer_engine, /update_weights ... are dev routes
+        env["VLLM_SERVER_DEV_MODE"] = "1"
+        # vLLM's plugin loader finds the parley_shm backend's entry point here
+        path = [str(PLUGIN_DIR), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+        env["PYTHONPATH"] = os.pathsep.join(path)
+    if weight_transfer == "ipc":  # CUDA IPC handles arrive pickled over HTTP
+        env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     env.setdefault("HF_HUB_OFFLINE", "1")  # local folders only: never reach for the hub
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB)
@@ -190,7 +216,13 @@ def launch_vllm(
         log_path,
         log_prefix="parley-vllm-",
         own_group=True,
-        env={**vllm_env(runtime_lora=bool(options.get("runtime_lora_rank"))), **(env or {})},
+        env={
+            **vllm_env(
+                runtime_lora=bool(options.get("runtime_lora_rank")),
+                weight_transfer=options.get("weight_transfer", ""),
+            ),
+            **(env or {}),
+        },
     )
     url_host = f"[{host}]" if ":" in host else host
     return f"http://{url_host}:{port}/v1", process

@@ -108,14 +108,20 @@ def test_minimal_config_gets_defaults(tmp_path):
             MINIMAL + "[simulator]\nendpoint = 'http://x/v1'\n",
             "simulator.model must name the served",
         ),
-        (
-            MINIMAL + 'finetune = "full"\nregime = "cotrain"\n[simulator]\n'
-            'endpoint = "http://x/v1"\nmodel = "m"\n',
-            'finetune must be "lora" with a served co-trained simulator',
+        (  # full fine-tuning pushes each role's weights into its server's one model
+            MINIMAL + 'finetune = "full"\nregime = "cotrain"\nrollout_endpoint = "http://x/v1"\n'
+            '[simulator]\nendpoint = "http://x/v1/"\nmodel = "m"\n',
+            "simulator.endpoint is rollout_endpoint too: under full fine-tuning",
         ),
         (
-            MINIMAL + 'finetune = "full"\nrollout_endpoint = "http://x/v1"\n',
-            'finetune must be "lora" with rollout_endpoint',
+            MINIMAL + 'finetune = "full"\nregime = "population"\n[simulator]\n'
+            'endpoint = "http://x/v1"\nmodel = "m"\n',
+            'simulator.endpoint must be empty with regime = "population" and finetune = "full"',
+        ),
+        (
+            MINIMAL + 'finetune = "full"\nrollout_endpoint = "http://x/v1"\n'
+            'weight_sync_backend = "gloo"\n',
+            "weight_sync_backend",
         ),
         (MINIMAL + 'kl_estimator = "k4"\n', "kl_estimator must be one of k1, k2, k3 (got 'k4')"),
         (

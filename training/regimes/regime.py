@@ -294,8 +294,9 @@ class CoTrain(RegimeRun):
             ranks=self.ranks,
         )
         rng = random.Random(config.seed)
-        if config.simulator.endpoint:  # sampled by vLLM from the adapter published each step
-            self.user = ServedUser(self.policy, config.simulator, rng)
+        if config.simulator.endpoint:  # sampled by vLLM from the weights published each step
+            self.user = ServedUser(self.policy, config.simulator, rng, config.weight_sync_host,
+                                   config.weight_sync_backend)  # fmt: skip
         else:
             self.user = LocalUser(self.policy, config.simulator, tracked=True, rng=rng)
         self.live = run_dir / "live" / "simulator"

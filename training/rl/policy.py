@@ -43,7 +43,7 @@ from training.rl.sampling import (
     plain_cache_model,
     sample_reusing,
 )
-from training.rl.tokens import ChatFormat, Transcript
+from training.rl.tokens import ChatFormat, Transcript, one_weight_version
 
 FSDP_PREFIX = "_fsdp_wrapped_module."  # in parameter names under FSDP's per-layer units
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -437,7 +437,9 @@ class Policy(LocalModel):
     ) -> dict:
         """One GRPO update on these transcripts' own tokens (mask 1), one advantage each, with
         log-probs at the sampling `temperature` and the KL weight `beta` of this role; with
-        `ranks`, these are this rank's rows of a data-parallel step (grpo.update)."""
+        `ranks`, these are this rank's rows of a data-parallel step (grpo.update). Turns a
+        server sampled must all come from one version of the weights (one_weight_version)."""
+        one_weight_version(transcripts)
         batch = TokenBatch.from_lists(
             [t.ids for t in transcripts],
             [t.mask for t in transcripts],

@@ -87,6 +87,9 @@ class Transcript:
     mask: list[int] = field(default_factory=list)
     allowed: dict[int, list[int]] = field(default_factory=dict)  # index -> ids a choice allowed
     consumed: int = 0
+    # the weights' version of each turn a server sampled (training/rollouts/served.py's
+    # SampledIds); none for turns sampled in this process
+    weight_versions: list[str] = field(default_factory=list)
     _prompt_tail: int = 0
     # the speaker's keys and values for these ids, carried from turn to turn while the
     # conversation is played (training/rl/sampling.py); play() drops them when it ends
@@ -111,6 +114,9 @@ class Transcript:
         """The speaker's own turn: its exact sampled ids (mask 1), then the turn's closing. For a
         choice turn, `allowed` gives each sampled position's allowed ids: a forced position
         (one allowed id) was no choice of the model's and gets mask 0."""
+        version = getattr(sampled, "weight_version", None)
+        if version is not None:
+            self.weight_versions.append(version)
         if allowed is None:
             self._extend(list(sampled), 1)
         else:
@@ -124,3 +130,26 @@ class Transcript:
     def _extend(self, ids: list[int], value: int) -> None:
         self.ids.extend(ids)
         self.mask.extend([value] * len(ids))
+
+
+class MixedWeightVersions(ValueError):
+    """A step's served turns came from more than one version of the weights."""
+
+
+def one_weight_version(transcripts: list[Transcript], role: str = "") -> str | None:
+    """The one weights' version every served turn of these transcripts was sampled from (None
+    when none was served). GRPO's ratio compares each token's log-prob now with the one it
+    was sampled at, and a group's advantages compare its members: both assume one policy
+    sampled them all, so a step whose turns came from several versions is refused."""
+    counts: dict[str, int] = {}
+    for transcript in transcripts:
+        for version in transcript.weight_versions:
+            counts[version] = counts.get(version, 0) + 1
+    if len(counts) > 1:
+        whose = f"{role}'s " if role else ""
+        raise MixedWeightVersions(
+            f"this step's {whose}turns were sampled from {len(counts)} versions of the weights"
+            f" (turns per version: {counts}); every turn of a step must come from the weights"
+            " pushed for it: was the server updated by another trainer while the step ran?"
+        )
+    return next(iter(counts), None)

@@ -26,6 +26,7 @@ from training.rl.tokens import ChatFormat
 from training.rollouts.rollout import AGENT, Rollout
 from training.rollouts.served import ServedAdapter
 from training.rollouts.turns import speak
+from training.rollouts.weight_sync import ServedWeights
 
 
 def agent_tool_format(tool_format: str, lm: LocalModel) -> str:
@@ -90,9 +91,9 @@ class LocalAgent:
             add_agent_reply(domain, r, text, tool_format)
 
 
-class EndpointAgent(ServedAdapter):
-    """The agent's turns sampled by a vLLM server from this process's token ids, from the
-    adapter the trainer publishes before each step (training/rollouts/served.py's ServedAdapter)."""
+class ServedAgent:
+    """The agent's turns sampled by a vLLM server from this process's token ids; its subclasses
+    say how the server gets the trainer's weights before each step."""
 
     role = AGENT
     tool_format = "json"  # "json" | "native": agent_tool_format's, set by its owner
@@ -109,3 +110,13 @@ class EndpointAgent(ServedAdapter):
             r.agent.record(self.lm.fmt, ids)
             r.agent.consumed = len(r.conversation) + 1
             add_agent_reply(domain, r, self.lm.decode(ids), self.tool_format)
+
+
+class EndpointAgent(ServedAgent, ServedAdapter):
+    """LoRA: the adapter the trainer publishes before each step, hot-loaded by the server
+    (training/rollouts/served.py's ServedAdapter)."""
+
+
+class WeightSyncedAgent(ServedAgent, ServedWeights):
+    """Full fine-tuning: the weights the trainer pushes into the served model before each
+    step through vLLM's weight-transfer API (training/rollouts/weight_sync.py)."""

@@ -69,6 +69,16 @@ class _Open:
             self.runner = self.client = None
 
 
+class SampledIds(list):
+    """A turn's sampled ids and the weights' version that sampled them (the served adapter's
+    name, or the version a full fine-tuning run pushed: training/rollouts/weight_sync.py);
+    Transcript.record keeps it, and the update refuses a step that mixes versions."""
+
+    def __init__(self, ids: list[int], weight_version: str):
+        super().__init__(ids)
+        self.weight_version = weight_version
+
+
 class ServedAdapter:
     """A trained speaker's LoRA adapter sampled by a vLLM server from this process's token ids,
     so transcripts keep the exact sampled ids: `/v1/completions` with a token-id prompt and
@@ -145,7 +155,7 @@ class ServedAdapter:
             stop_token_ids=self.lm.stop_ids,
             skip_special_tokens=False,
         )
-        return turn_ids(result, self.lm.stop_ids)
+        return SampledIds(turn_ids(result, self.lm.stop_ids), self.model)
 
 
 def turn_ids(result: Any, stop_ids: list[int]) -> list[int]:

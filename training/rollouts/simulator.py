@@ -28,6 +28,7 @@ from training.rl.policy import LocalModel
 from training.rollouts.rollout import USER, Decision, Rollout
 from training.rollouts.served import Endpoint, ServedAdapter
 from training.rollouts.turns import speak
+from training.rollouts.weight_sync import ServedWeights
 from training.vocabulary import SimulatorKind
 
 
@@ -170,17 +171,30 @@ class LocalUser:
 
 
 class ServedUser(LocalUser):
-    """A co-trained simulator whose free-text turns a vLLM server samples from its adapter, as
-    the agent's are (training/rollouts/served.py's ServedAdapter: token-id prompts, the exact sampled
-    ids back, the adapter published after each update). Its choice turns are drawn in this
+    """A co-trained simulator whose free-text turns a vLLM server samples from its adapter, or
+    under full fine-tuning from its weights, as the agent's are (training/rollouts/served.py's
+    ServedAdapter: token-id prompts, the exact sampled ids back, the adapter published after
+    each update; weight_sync.py's ServedWeights: the weights pushed into the served model
+    through vLLM's weight-transfer API). Its choice turns are drawn in this
     process from their exact distribution: the trained weights are here anyway for the update,
     and the loss needs that distribution's restriction."""
 
-    def __init__(self, lm: LocalModel, spec: SimulatorSpec, rng: random.Random | None = None):
+    def __init__(
+        self,
+        lm: LocalModel,
+        spec: SimulatorSpec,
+        rng: random.Random | None = None,
+        nccl_host: str = "127.0.0.1",
+        backend: str = "auto",
+    ):
         super().__init__(lm, spec, tracked=True, rng=rng)
-        self.server = ServedAdapter(
-            spec.endpoint, lm, spec.temperature, spec.max_new_tokens, api_key=spec.api_key()
-        )
+        args = (spec.endpoint, lm, spec.temperature, spec.max_new_tokens)
+        if getattr(lm, "finetune", "lora") == "full":  # its weights pushed after each update
+            self.server = ServedWeights(
+                *args, api_key=spec.api_key(), backend=backend, nccl_host=nccl_host
+            )
+        else:  # its adapter hot-loaded after each update
+            self.server = ServedAdapter(*args, api_key=spec.api_key())
 
     def _speak(
         self, rollouts: list[Rollout], prompts: list[list[int]], allowed: list[list[str] | None]

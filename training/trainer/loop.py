@@ -46,7 +46,12 @@ from training.regimes.regime import ModelCache, frozen_simulator, make_regime
 from training.rl.distributed import Ranks
 from training.rl.grpo import group_advantages
 from training.rl.policy import Policy
-from training.rollouts.agent import EndpointAgent, LocalAgent, agent_tool_format
+from training.rollouts.agent import (
+    EndpointAgent,
+    LocalAgent,
+    WeightSyncedAgent,
+    agent_tool_format,
+)
 from training.rollouts.rollout import Rollout, play
 from training.trainer import checkpoint
 from training.trainer.memory import PhaseMemory
@@ -91,7 +96,7 @@ class Run:
     domain: Domain
     tasks: list[Scenario]  # the training scenarios
     agent: Policy
-    speaker: LocalAgent | EndpointAgent
+    speaker: LocalAgent | EndpointAgent | WeightSyncedAgent
     regime: Any
     panel: HeldOutPanel
     ranks: Ranks
@@ -165,9 +170,9 @@ def train_step(run: Run, step: int, phase: Phase) -> tuple[dict[str, Any], list[
     share = ranks.share(list(enumerate(tasks)))
     total = len(share) * config.group_size
     phase("rollouts", 0, total)
-    if config.rollout_endpoint:  # the server samples from the adapter as it is now
+    if config.rollout_endpoint:  # the server samples from the weights as they are now
         live = run.run_dir / "live" / f"step-{step - 1:06d}"
-        with agent.gathered():  # FSDP: the adapter is gathered by every rank
+        with agent.gathered():  # FSDP: the adapter (or every weight) is gathered by every rank
             run.speaker.publish(agent, live, f"{config.name}-live-{step - 1}", ranks)
     mine, turned = [], [0]  # the turns of this rank's tasks played before the one playing
     # FSDP: the models sampling in this process do so on their full weights, gathered once
@@ -324,13 +329,19 @@ def _exploit(config: RunConfig, domain: Domain, tasks: list[Scenario], models: M
     )
 
 
-def _speaker(config: RunConfig, agent: Policy) -> LocalAgent | EndpointAgent:
-    """The agent's side of the rollouts: sampled in this process, or by a vLLM server."""
+def _speaker(config: RunConfig, agent: Policy) -> LocalAgent | EndpointAgent | WeightSyncedAgent:
+    """The agent's side of the rollouts: sampled in this process, or by a vLLM server that
+    hot-loads its adapter (LoRA) or takes its pushed weights (full fine-tuning)."""
     tool_format = agent_tool_format(config.tool_format, agent)  # "json" | "native"
     if not config.rollout_endpoint:
         return LocalAgent(agent, config.temperature, config.max_new_tokens, tool_format)
-    speaker = EndpointAgent(config.rollout_endpoint, agent, config.temperature,
-                            config.max_new_tokens)  # fmt: skip
+    if config.finetune == "full":
+        speaker = WeightSyncedAgent(config.rollout_endpoint, agent, config.temperature,
+                                    config.max_new_tokens, backend=config.weight_sync_backend,
+                                    nccl_host=config.weight_sync_host)  # fmt: skip
+    else:
+        speaker = EndpointAgent(config.rollout_endpoint, agent, config.temperature,
+                                config.max_new_tokens)  # fmt: skip
     speaker.tool_format = tool_format
     return speaker
 
