@@ -44,13 +44,17 @@ class Everything(logging.Handler):
 
 @pytest.fixture
 def logs():
-    [console] = [
+    # every handler of the root that carries the masking (one under settings.LOGGING; an earlier
+    # test in the same process may have left another, e.g. a worker's set up in process)
+    consoles = [
         handler
         for handler in logging.getLogger().handlers
         if any(isinstance(f, server_log.RedactParticipants) for f in handler.filters)
+        and isinstance(handler, logging.StreamHandler)
     ]
+    assert consoles, "settings.LOGGING's console handler is not on the root logger"
     written = io.StringIO()
-    before = console.setStream(written)
+    before = [console.setStream(written) for console in consoles]
     raw = Everything()
     root = logging.getLogger()
     level = root.level
@@ -59,7 +63,8 @@ def logs():
     yield lambda: (written.getvalue(), "\n".join(raw.lines))
     root.setLevel(level)
     root.removeHandler(raw)
-    console.setStream(before)
+    for console, stream in zip(consoles, before, strict=True):
+        console.setStream(stream)
 
 
 def arrive(client, slug, pid, session):
