@@ -122,7 +122,10 @@ def test_zero_advantage_rows_are_skipped_exactly(tiny_model):
     computed, b = step([1.0, 1e-30])  # a non-zero advantage is back-propagated
     assert skipped["trained_sequences"] == 1 and computed["trained_sequences"] == 2
     assert all(torch.allclose(a[n], b[n], atol=1e-6) for n in a)
-    assert skipped["entropy"] == pytest.approx(computed["entropy"], rel=1e-5)
+    # the skipped row's entropy is measured without a graph, the other's with one: float32 sums
+    # in another order (and over however many threads the machine gives each call) differ by
+    # about 2e-5 of it; a row left out or counted twice moves it by far more
+    assert skipped["entropy"] == pytest.approx(computed["entropy"], rel=1e-4)
 
     idle, c = step([0.0, 0.0])  # no signal at all: no optimizer step
     fresh = AutoModelForCausalLM.from_pretrained(tiny_model)
