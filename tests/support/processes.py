@@ -26,6 +26,19 @@ def need(condition: bool, why: str) -> None:
         pytest.skip(why)
 
 
+def official_tau2_dir():
+    """The official tau2 folder of ../shared/reference (v0.2.0's task files), as `need` says."""
+    from agents import paths
+
+    reference = paths.reference_dir()
+    folder = reference / "tau2" if reference else None
+    need(
+        folder is not None and (folder / "retail" / "tasks.json").is_file(),
+        f"the official tau2 data in ../shared/reference (reference dir: {reference})",
+    )
+    return folder
+
+
 def need_service(condition: bool, why: str) -> None:
     """PostgreSQL or Redis: skipped where the set-up has none by design (CI's run on the
     README's defaults, a laptop), a failure in CI's run on the services."""

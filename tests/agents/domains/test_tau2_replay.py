@@ -3,28 +3,16 @@ data always and on the official tau2-bench data when ../shared/reference is ther
 
 import io
 import json
-import os
 import shutil
 
 import pytest
 
-from agents import paths
 from agents.domains.tau2 import replay
 from agents.domains.tau2.airline import AIRLINE_DB
 from agents.domains.tau2.data import make_data
 from agents.domains.tau2.retail import RETAIL_DB
 from agents.domains.tau2.taskset import BUNDLED_DIR
-
-
-def official_dir():
-    """The official tau2 folder; a missing one fails under PARLEY_CI=1 and skips elsewhere."""
-    reference = paths.reference_dir()
-    folder = reference / "tau2" if reference else None
-    if folder is None or not (folder / "retail" / "tasks.json").is_file():
-        if os.environ.get("PARLEY_CI") == "1":
-            pytest.fail(f"CI needs the official tau2 data (reference dir: {reference})")
-        pytest.skip("no official tau2 data in ../shared/reference")
-    return folder
+from tests.support.processes import official_tau2_dir
 
 
 def run(*args, **kwargs):
@@ -92,7 +80,7 @@ def test_management_command(tmp_path):
 
 @pytest.mark.parametrize("domain, count", [("retail", 114), ("airline", 50)])
 def test_official_data_replays_to_full_reward(domain, count):
-    status, lines = run(domain, data_dir=official_dir(), as_json=True)
+    status, lines = run(domain, data_dir=official_tau2_dir(), as_json=True)
     rows = [json.loads(line) for line in lines[:-1]]
     failed = [row for row in rows if not row["passed"]]
     assert not failed, failed[:3]
@@ -108,7 +96,7 @@ def test_official_data_replays_to_full_reward(domain, count):
 def test_official_splits():
     from agents.domains.tau2 import AirlineDomain, RetailDomain
 
-    folder = official_dir()
+    folder = official_tau2_dir()
     for cls, train, test in ((RetailDomain, 74, 40), (AirlineDomain, 30, 20)):
         domain = cls(data_dir=folder)
         assert (len(domain.scenarios("train")), len(domain.scenarios("test"))) == (train, test)

@@ -4,33 +4,21 @@ unjudged (out of the reward, named, never a success) without one; a run refuses 
 without a judge when its tasks need one."""
 
 import json
-import os
 import shutil
 
 import pytest
 
-from agents import paths
 from agents.domains.base import Scenario
 from agents.domains.tau2 import AirlineDomain, RetailDomain
 from agents.domains.tau2.judge import LLMJudge, read_verdicts
 from agents.domains.tau2.replay import gold_conversation
 from agents.domains.tau2.taskset import BUNDLED_DIR
 from agents.domains.tau2.versions import DEFAULT_VERSION, judged_tasks
+from tests.support.processes import official_tau2_dir
 from tests.support.scripted_server import ScriptedServer
 from training.config import ConfigError, load_config
 
 MODEL = "judge-model"
-
-
-def official_dir():
-    """The official tau2 folder (v0.2.0's task files); missing: fails in CI, skips elsewhere."""
-    reference = paths.reference_dir()
-    folder = reference / "tau2" if reference else None
-    if folder is None or not (folder / "retail" / "tasks.json").is_file():
-        if os.environ.get("PARLEY_CI") == "1":
-            pytest.fail(f"CI needs the official tau2 data (reference dir: {reference})")
-        pytest.skip("no official tau2 data in ../shared/reference")
-    return folder
 
 
 def v1_folder(tmp_path, source, domain="retail"):
@@ -67,7 +55,7 @@ def test_default_is_v020_and_unknown_versions_are_refused():
 
 
 def test_official_v020_tasks_load_with_their_ids_and_splits():
-    folder = official_dir()
+    folder = official_tau2_dir()
     retail, airline = RetailDomain(folder), AirlineDomain(folder)
     assert [len(d.scenarios()) for d in (retail, airline)] == [114, 50]
     assert [len(retail.scenarios(s)) for s in ("train", "test")] == [74, 40]
@@ -81,7 +69,7 @@ def test_official_v020_tasks_load_with_their_ids_and_splits():
 
 @pytest.mark.parametrize("domain_class", [RetailDomain, AirlineDomain])
 def test_tasks_of_the_other_version_are_refused(domain_class, tmp_path):
-    folder = official_dir()
+    folder = official_tau2_dir()
     with pytest.raises(
         ValueError, match=r"not tau2 v1\.0\.0 tasks: \d+ of \d+ name no reward_basis"
     ):
@@ -96,7 +84,7 @@ def test_tasks_of_the_other_version_are_refused(domain_class, tmp_path):
 
 
 def test_v1_tasks_load_with_their_ids_splits_and_tools(tmp_path):
-    folder = official_dir()
+    folder = official_tau2_dir()
     retail = RetailDomain(v1_folder(tmp_path, folder), version="v1.0.0")
     v0 = RetailDomain(folder)
     assert [s.id for s in retail.scenarios("test")] == [s.id for s in v0.scenarios("test")]

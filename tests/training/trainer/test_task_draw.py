@@ -4,26 +4,15 @@ fallen back to index-only samples (training/config.py TASK_DRAWS): the first 16 
 step, and under co-training the task ids 0-15 of the whole set, three of them held-out tasks."""
 
 import json
-import os
 
 import pytest
 
-from agents import paths
 from agents.domains import get_domain
 from agents.simulators.scripted import REMARKS
+from tests.support.processes import official_tau2_dir
 from tests.training.regimes.test_supplies import ENSEMBLE, MEMBERS, short_run
 from training.config import ConfigError, RunConfig
 from training.trainer.loop import released_tasks, select_scenarios, step_tasks, train
-
-
-def official_retail():
-    reference = paths.reference_dir()
-    folder = reference / "tau2" if reference else None
-    if folder is None or not (folder / "retail" / "tasks.json").is_file():
-        if os.environ.get("PARLEY_CI") == "1":
-            pytest.fail(f"CI needs the official tau2 data (reference dir: {reference})")
-        pytest.skip("no official tau2 data in ../shared/reference")
-    return folder
 
 
 def retail_config(folder, **extra) -> RunConfig:
@@ -34,7 +23,7 @@ def retail_config(folder, **extra) -> RunConfig:
 
 
 def test_the_release_draw_plays_what_the_releases_tau2_runs_played():
-    folder = official_retail()
+    folder = official_tau2_dir()
     domain = get_domain("retail", str(folder))
     held_out = [s.id for s in select_scenarios(domain, retail_config(folder).tasks, "eval")]
     assert held_out == ["5", "9", "12", "17", "18", "26", "27", "32"]  # the release's 8
