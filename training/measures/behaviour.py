@@ -25,6 +25,8 @@ import math
 import random
 from collections.abc import Callable, Sequence
 
+from training.rl import choices
+
 
 def shares(labels: Sequence[int], k: int) -> list[float]:
     """p_k: the share of `labels` (cluster indices 0..k-1) in each cluster."""
@@ -55,9 +57,9 @@ def mci(p: Sequence[float]) -> float:
 
 
 def entropy(p: Sequence[float]) -> float:
-    """H(p) in nats over the normalised p (0 log 0 = 0)."""
+    """H(p) in nats over the normalised p (0 log 0 = 0): counts or shares alike."""
     total = sum(p)
-    return -sum((x / total) * math.log(x / total) for x in p if x > 0)
+    return choices.entropy([x / total for x in p])
 
 
 def scd(q: Sequence[float]) -> float:

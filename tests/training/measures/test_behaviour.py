@@ -32,6 +32,10 @@ def test_mci_and_scd_in_between_and_on_counts():
     q = [0.5, 0.5, 0.0, 0.0]  # half of a 4-cluster space: H = log 2, H_max = log 4
     assert m.scd(q) == pytest.approx(0.5)
     assert m.mci(q) == pytest.approx(0.5)
+    # on counts as on shares (the population's turns are counted before they are shared)
+    assert m.scd([6, 6, 0, 0]) == pytest.approx(0.5) and m.entropy([6, 6]) == pytest.approx(
+        0.6931, rel=1e-4
+    )
 
 
 def test_half_coverage_is_bdi_one_half():
