@@ -175,8 +175,9 @@ class Command(BaseCommand):
             time.sleep(1)
             for replica in watched:
                 if line := replica.check():
-                    self.stderr.write(line)
+                    # stored first, so that once the line is out the admin's list says it too
                     self.check_health(endpoint)
+                    self.stderr.write(line)
 
     def restart(self, replica):
         restart_replica(replica)

@@ -137,9 +137,9 @@ def test_paper_states_what_each_tau2_result_trained_on_in_the_release_and_here(c
     result says which, what its config plays, and whether released held-out numbers were
     measured on trained tasks. The ids are those of the official retail data."""
     from agents.domains import get_domain
-    from tests.training.trainer.test_task_draw import official_retail
+    from tests.support.processes import official_tau2_dir
 
-    retail = get_domain("retail", str(official_retail()))
+    retail = get_domain("retail", str(official_tau2_dir()))
     train, test = ([s.id for s in retail.scenarios(split)] for split in ("train", "test"))
     assert list(RELEASE_TRAIN_TASKS) == train[:16] and list(RELEASE_HELD_OUT) == test[:8]
     assert set(RELEASE_COTRAIN_TASKS) <= {s.id for s in retail.scenarios(None)}
