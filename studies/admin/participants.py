@@ -94,6 +94,11 @@ class ParticipantAdmin(DataRights, admin.ModelAdmin):
     def has_add_permission(self, request):
         return False  # participants arrive from Prolific, never by hand
 
+    def has_delete_permission(self, request, obj=None):
+        # Deleting the row would leave their files and no audit record: the one way to remove a
+        # participant is "Erase on request" (studies/privacy/erasure.py), which does both.
+        return False
+
     @admin.action(permissions=["change"], description="Approve on Prolific (AWAITING REVIEW only)")
     def approve_on_prolific(self, request, queryset):
         queued, skipped = prolific_sync.decide(queryset, Review.Action.APPROVE)

@@ -439,6 +439,25 @@ def test_erasure_and_export_have_their_own_permissions(data_dir):
     assert ErasureRecord.objects.get().erased_by == "staff"
 
 
+def test_the_admin_deletes_no_participant_but_through_erasure(data_dir, admin_client):
+    """Django's delete (the page and the bulk action) would drop the row and keep their files,
+    with no audit record: even a superuser finds neither; erasure is the way."""
+    study = make_study(slug="nodelete", arms=("a",))
+    person, _ = flow.arrive(study, prolific(pid=PID))
+    page = reverse("admin:studies_participant_delete", args=[person.pk])
+    assert admin_client.post(page, {"post": "yes"}).status_code == 403
+    changelist = reverse("admin:studies_participant_changelist")
+    bulk = {"action": "delete_selected", "_selected_action": [person.pk], "post": "yes"}
+    admin_client.post(changelist, bulk)
+    assert Participant.objects.filter(pk=person.pk).exists()
+    assert "delete_selected" not in admin_client.get(changelist).content.decode()
+    # nor by deleting their study (Django asks for the delete permission of what it cascades to)
+    study_page = reverse("admin:studies_study_delete", args=[study.pk])
+    refused = admin_client.post(study_page, {"post": "yes"}).content.decode()
+    assert "permission to delete the following types of objects: participant" in refused
+    assert Participant.objects.filter(pk=person.pk).exists()
+
+
 def test_a_short_prolific_id_takes_nothing_of_another_whose_id_holds_it(data_dir):
     """Text is matched by whole ids: erasing "p1" leaves "p10"'s problem, log line and events."""
     study = make_study(slug="short", arms=("a",))
