@@ -57,3 +57,10 @@ def test_cli_refuses_to_resume_another_run(tiny_model, other_tiny_model, tmp_pat
     path.write_text(path.read_text().replace('domain = "p4g"', 'domain = "retail"'))
     assert main(["run", str(path), "--steps", "2"]) == 2
     assert "holds a run with different domain" in capsys.readouterr().err
+    # the optimizer's parameter groups differ: a clear refusal, not torch's load error
+    path.write_text(path.read_text().replace('domain = "retail"', 'domain = "p4g"'))
+    path.write_text(
+        path.read_text().replace("steps = 1\n", "steps = 1\nweight_decay_skip_1d = true\n")
+    )
+    assert main(["run", str(path), "--steps", "2"]) == 2
+    assert "holds a run with different weight_decay_skip_1d" in capsys.readouterr().err

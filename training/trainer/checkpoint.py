@@ -39,6 +39,11 @@ STATE = "trainer_state.pt"
 PARTIAL = ".partial"
 # a resumed run must train the same thing; steps, intervals and eval settings may change
 SAME_RUN_KEYS = ("domain", "regime", "base_model", "finetune", "lora", "simulator", "group_size")
+SAME_RUN_KEYS += ("weight_decay_skip_1d",)  # the optimizer's parameter groups (below)
+# keys a checkpoint written before the setting existed lacks: their value then was the default
+# (weight_decay_skip_1d: it sets the optimizer's parameter groups, so a saved state fits only
+# the grouping it was saved with; torch's own error on load names neither)
+SAVED_BEFORE = {"weight_decay_skip_1d": False}
 
 
 class ResumeError(RuntimeError):
@@ -169,7 +174,7 @@ def resume(run_dir: Path, config: Any, agent: Any, regime: Any) -> int:
     folder = found[-1]
     manifest = read_manifest(folder)
     saved, current = manifest["config"], config.to_dict()
-    changed = [k for k in SAME_RUN_KEYS if saved.get(k) != current.get(k)]
+    changed = [k for k in SAME_RUN_KEYS if saved.get(k, SAVED_BEFORE.get(k)) != current.get(k)]
     if changed:
         raise ResumeError(
             f"{run_dir} holds a run with different {', '.join(changed)}; "
