@@ -13,6 +13,7 @@ The filters are named once, in settings.LOGGING's "filters", and put on its cons
 `attach` puts the same ones on the handlers that uvicorn and Celery set up themselves.
 """
 
+import ipaddress
 import logging
 
 from django.conf import settings
@@ -26,6 +27,10 @@ REDACTED = "?[query redacted]"
 CLIENT_FRAME_ERRORS = ("Invalid UTF-8 sequence received from client",)
 # Loggers whose arguments are request paths or request lines: a query string is cut whole.
 REQUEST_LOGGERS = ("uvicorn.access", "uvicorn.error", "django.server")
+# A participant's IP address is personal data (GDPR recital 30) and no line needs it whole: the
+# access line keeps its network (IPv4 /24, IPv6 /48, as web analytics anonymise), no port.
+ACCESS_LOGGER = "uvicorn.access"
+KEPT_PREFIX = {4: 24, 6: 48}
 
 
 def without_query(value):
@@ -34,6 +39,17 @@ def without_query(value):
     if "?" in value:
         value = value.partition("?")[0] + REDACTED
     return value
+
+
+def network_only(client: str) -> str:
+    """uvicorn's client "host:port" (always with its port; IPv6 unbracketed), as its network:
+    "203.0.113.0/24"."""
+    host = client.rpartition(":")[0].strip("[]")
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:  # a Unix socket's path, or a name: no address to keep
+        return "-"
+    return str(ipaddress.ip_network(f"{address}/{KEPT_PREFIX[address.version]}", strict=False))
 
 
 def masked(value, paths: bool = False):
@@ -55,6 +71,8 @@ class RedactParticipants(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         paths = record.name.startswith(REQUEST_LOGGERS)
+        if record.name == ACCESS_LOGGER and isinstance(record.args, tuple) and record.args:
+            record.args = (network_only(str(record.args[0])), *record.args[1:])
         record.msg = masked(record.msg)
         if isinstance(record.args, tuple):
             record.args = tuple(masked(arg, paths) for arg in record.args)

@@ -4,6 +4,7 @@ ridden out cleanly: at most a line in the log, never a traceback."""
 
 import http.cookiejar
 import json
+import re
 import time
 import urllib.error
 import urllib.parse
@@ -189,6 +190,9 @@ def test_the_access_log_keeps_no_prolific_ids(server):
     token = str(study.participants.get().token)
     assert "never-logged" not in server.text(), server.text()
     assert token not in server.text(), server.text()
+    # and the participant's address as its network alone (personal data; no line needs it whole)
+    server.wait_for('127.0.0.0/24 - "GET /p/[token]/ HTTP/1.1" 200')
+    assert not re.search(r'127\.0\.0\.1:\d+ - "', server.text()), server.text()
 
 
 def test_a_questionnaire_error_leaves_no_token_or_prolific_id_in_the_log(server):

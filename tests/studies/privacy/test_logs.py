@@ -150,3 +150,28 @@ def test_the_rate_limiter_counts_by_a_keyed_hash_of_the_token(db):
     assert key == ratelimit.message_limits(participant.token, None)[0][1]  # stable
     other, _ = flow.arrive(study, prolific(pid="anotherPID", session_id="s2"))
     assert ratelimit.message_limits(other.token, None)[0][1] != key
+
+
+@pytest.mark.parametrize(
+    ("client", "kept"),
+    [
+        ("203.0.113.77:51234", "203.0.113.0/24"),
+        ("2001:db8:abcd:12:1:2:3:4:8080", "2001:db8:abcd::/48"),
+        ("::1:443", "::/48"),
+        ("", "-"),  # no client (a Unix socket)
+    ],
+)
+def test_the_access_line_keeps_the_clients_network_alone(client, kept):
+    """uvicorn's access line starts with the participant's address and port: the address is
+    personal data, and the line keeps only its network, whatever handler writes it."""
+    record = logging.LogRecord(
+        "uvicorn.access",
+        logging.INFO,
+        __file__,
+        1,
+        '%s - "%s %s HTTP/%s" %d',
+        (client, "GET", "/p/1/", "1.1", 200),
+        None,
+    )  # fmt: skip  (uvicorn's own call, argument for argument)
+    server_log.RedactParticipants().filter(record)
+    assert record.getMessage() == f'{kept} - "GET /p/[token]/ HTTP/1.1" 200'
