@@ -4,6 +4,8 @@ every rollout the gate drops trains nothing."""
 
 import json
 
+import pytest
+
 from tests.training.measures.test_behaviour_run import corpus  # noqa: F401 (a fixture)
 from training.config import RunConfig
 from training.trainer.loop import train
@@ -55,3 +57,53 @@ def test_a_step_whose_every_rollout_is_gated_trains_nothing(tiny_model, corpus, 
         assert row["curation/kept"] == 0 and row["curation/ess"] == 0
         assert row["trained_sequences"] == 0 and row["optimizer_step"] == 0
         assert "curation/density_mean" not in row  # the gate alone weighs nothing
+
+
+CURATED = """
+name = "curated"
+domain = "p4g"
+base_model = "{model}"
+steps = 2
+group_size = 4
+batch_tasks = 2              # one task's group per rank
+lr = 1e-2
+max_new_tokens = 6
+max_turns = 4
+micro_batch = 4
+save_every = 1
+threads = 1
+heldout = []
+eval_at_end = false
+[simulator]
+name = "tiny"
+max_new_tokens = 6
+[behaviour]
+reference = "p4g_corpus"
+corpus = "{corpus}"
+clusters = 3
+probe_tasks = 1
+bootstrap = 0
+dialogue_acts = false
+[curation]
+enabled = true
+gate = ["empty"]
+mode_balance = true
+"""
+
+
+def test_two_processes_curate_as_one_process_does(smooth_tiny_model, corpus, tmp_path):  # noqa: F811
+    """Data-parallel: rank 0 weighs the whole step in its space and every rank trains its own
+    rows with their weights, so 2 ranks take the 1-rank step (the same rows, the same
+    adapter)."""
+    from tests.support.training import adapter, assert_same, metrics, one_and_two
+
+    path = tmp_path / "curated.toml"
+    path.write_text(CURATED.format(model=smooth_tiny_model, corpus=corpus))
+    one, two = one_and_two(path, tmp_path)
+    single = metrics(one)
+    assert any(r["curation/weight_min"] < r["curation/weight_max"] for r in single)  # not all 1
+    for row, ref in zip(metrics(two), single, strict=True):
+        curated = {k: v for k, v in ref.items() if k.startswith("curation/")}
+        assert {k: row[k] for k in curated} == pytest.approx(curated)
+        assert row["loss"] == pytest.approx(ref["loss"], abs=1e-6)
+    assert_same(adapter(one, 2), adapter(two, 2))
