@@ -3,8 +3,9 @@ then a weight per rollout, applied by the GRPO loss as per-sequence loss weights
 advantages untouched: training/rl/grpo.py grpo_loss).
 
     gate      a rollout is dropped (weight 0) when its SIMULATOR's side failed (GATES):
-              a fallback to raw text, an empty turn, a turn cut at max_new_tokens, a tool-call
-              block that did not parse. The agent's own failures are never gated: they are what
+              a fallback to raw text, an empty turn, a turn cut at max_new_tokens (counted
+              where it is sampled: in this process or by vLLM; a Verbalized simulator's cut
+              JSON shows as its fallback), a tool-call block that did not parse. The agent's own failures are never gated: they are what
               its reward teaches it to avoid. A dropped rollout's reward still counts in its
               group's mean (the advantages are computed as without curation) and its tokens in
               the batch's count, as a rollout of advantage 0 does.
