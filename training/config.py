@@ -678,6 +678,85 @@ class BehaviourSpec:
                 "dialogue_acts": self.dialogue_acts and self.reference == "p4g_corpus"}  # fmt: skip
 
 
+# what the curation's quality gate drops a rollout for (training/measures/curation.py GATES)
+CURATION_GATES = {
+    "fallback": "a Verbalized simulator's reply (or an endpoint's choice turn) fell back to raw"
+    " text",
+    "empty": "a simulator turn with no text and no tool call",
+    "cut": "a simulator turn cut off at its max_new_tokens (sampled in this process or by vLLM)",
+    "parse": "a simulator turn holding a tool-call block that did not parse (left as text)",
+}
+CurationGate = Literal[tuple(CURATION_GATES)]
+
+
+@dataclass(config=TABLE)
+class CurationSpec:
+    """COLLAPSE-AWARE's curation of the agent's training data (training/measures/curation.py):
+    a quality gate on the simulator's side of each rollout, then diversity weights
+    w = (1 / MCI of its simulator) * exp(-alpha * density of its simulator turns) and, with
+    mode_balance, an equal share of the batch for each behaviour cluster present, applied as
+    per-sequence loss weights (mean 1 over the kept rollouts, the advantages untouched). Off
+    by default: without it a step is exactly today's."""
+
+    enabled: StrictBool = Field(False, description="curate the agent's update (opt-in)")
+    gate: list[CurationGate] = Field(
+        default_factory=lambda: list(CURATION_GATES),
+        description="what drops a rollout from the update before any weighting: "
+        + "; ".join(f'"{k}": {v}' for k, v in CURATION_GATES.items())
+        + " ([] = no gate)",
+    )
+    diversity: StrictBool = Field(
+        True,
+        description="weigh each kept rollout by 1/MCI of its simulator times exp(-alpha x its"
+        " kernel density among the step's rollouts), in the run's behaviour space (needs"
+        " behaviour.reference)",
+    )
+    alpha: StrictFloat = Field(
+        1.0, ge=0, le=50,
+        description="how strongly a rollout in a crowded region of the behaviour space is"
+        " down-weighted: exp(-alpha x density), density in [0, 1] (0 = the density is ignored)",
+    )  # fmt: skip
+    bandwidth: StrictFloat = Field(
+        0.0, ge=0, le=4,
+        description="the Gaussian kernel's width h on the unit-length behaviour vectors"
+        " (distances lie in [0, 2]); 0 = the median distance between the step's rollouts",
+    )  # fmt: skip
+    mode_balance: StrictBool = Field(
+        False,
+        description="give each behaviour cluster present among the step's kept rollouts an"
+        " equal share of the batch's weight (needs behaviour.reference and 2 clusters present;"
+        " parley trains on every rollout it plays, so balancing re-weights, never resamples)",
+    )
+    min_weight: StrictFloat = Field(
+        0.0, ge=0, le=1,
+        description="a kept rollout's weight is clipped to at least this after the mean-1"
+        " normalisation (then normalised once more)",
+    )  # fmt: skip
+    max_weight: StrictFloat = Field(
+        5.0, ge=1, le=100,
+        description="a kept rollout's weight is clipped to at most this after the mean-1"
+        " normalisation (then normalised once more): bounds the variance one rollout adds",
+    )  # fmt: skip
+
+    @model_validator(mode="after")
+    def _rules(self) -> CurationSpec:
+        if len(set(self.gate)) != len(self.gate):
+            raise _refuse("gate", self.gate, "names a reason twice")
+        if self.enabled and not (self.gate or self.diversity or self.mode_balance):
+            raise _refuse(
+                "enabled",
+                True,
+                "with no gate, diversity = false and mode_balance = false"
+                " curates nothing: set one, or leave [curation] off",
+            )
+        return self
+
+    @property
+    def weighs(self) -> bool:
+        """Whether the weights are measured in the behaviour space (needs [behaviour])."""
+        return self.enabled and (self.diversity or self.mode_balance)
+
+
 # the GRPO block's own types (the estimators' formulas: grpo.KL_ESTIMATORS)
 KlEstimator = Literal["k1", "k2", "k3"]
 
@@ -941,6 +1020,11 @@ class RunConfig:
         description="COLLAPSE-AWARE behaviour profiles: MCI, SCD, BDI every step, PSOD at"
         " evaluation steps (off unless behaviour.reference is set)",
     )
+    curation: CurationSpec = Field(
+        default_factory=CurationSpec,
+        description="COLLAPSE-AWARE curation of the agent's update: quality gate, diversity"
+        " weights, mode-balanced batches (off unless curation.enabled)",
+    )
     dtype: Dtype = Field("float32", description="weights' dtype")
     mixed_precision: StrictBool = Field(
         False,
@@ -973,6 +1057,13 @@ class RunConfig:
             )
         self._supply_rules()
         self._task_rules()
+        if self.curation.weighs and not self.behaviour.reference:
+            raise _refuse(
+                "curation.diversity" if self.curation.diversity else "curation.mode_balance",
+                True,
+                "weighs rollouts in the run's behaviour space: set behaviour.reference (or"
+                " curate with the gate alone: diversity = false, mode_balance = false)",
+            )
         base = self.base_model_path()
         if self.trains_simulator:  # learnt in this process, on an endpoint or not
             training = [("local", str(self.simulator_model_path().expanduser().resolve()))]
@@ -1475,7 +1566,10 @@ _TYPES = {
 def _why(error: dict[str, Any], info: Any) -> str:
     kind = error["type"]
     if kind == "literal_error" and info is not None:
-        return f"must be one of {_one_of(typing.get_args(info.annotation))}"
+        options = typing.get_args(info.annotation)
+        if len(options) == 1 and typing.get_origin(options[0]) is typing.Literal:  # list[Literal]
+            options = typing.get_args(options[0])
+        return f"must be one of {_one_of(options)}"
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         return f"must be {_bounds(info)}" if info is not None else error["msg"]
     if kind in _TYPES:

@@ -67,6 +67,7 @@ def grpo_loss(
     kl_estimator: str = "k3",
     reduction: str = "token",
     kl_clamp: float = 0.0,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The GRPO loss over the policy's own tokens, reduced as `reduction` says (config:
     loss_reduction):
@@ -80,12 +81,16 @@ def grpo_loss(
         kl_clamp > 0: KL_t = clamp(KL_t, -kl_clamp, kl_clamp)   (Slime clamps low_var_kl at 10:
                 the k3 of one token whose probability fell e^10-fold under the reference's
                 would be ~e^10; clamped, its gradient is 0 there)
+        weights: L_bt <- w_b * L_bt   (a per-sequence weight, [curation]: the advantage A is
+                untouched and the denominators below are not weighted, so w_b = 1 is today's
+                loss bit for bit and w_b = 0 drops sequence b as an advantage of 0 would)
         token:  loss = sum_{b,t} mask_bt * L_bt / sum_{b,t} mask_bt        (one token mean)
         sample: loss = 1/B sum_b (sum_t mask_bt * L_bt / max(sum_t mask_bt, 1))
                 (each sequence's token mean, then the mean over sequences: Slime's
                 sum_of_sample_mean, its default without --calculate-per-token-loss)
 
-    logp/old_logp/ref_logp/mask: [B, T]; adv: [B] (one advantage per sequence).
+    logp/old_logp/ref_logp/mask: [B, T]; adv: [B] (one advantage per sequence); weights: [B]
+    or None (training/measures/curation.py; mean 1 over the batch's kept sequences).
     Returns the loss and stats: kl, clip_frac (tokens whose gradient the clip removed), tokens,
     samples (B), each stat reduced as the loss is.
     """
@@ -106,6 +111,8 @@ def grpo_loss(
         if kl_clamp > 0:
             kl = torch.clamp(kl, min=-kl_clamp, max=kl_clamp)
         per_token = per_token + beta * kl
+    if weights is not None:  # x * 1.0 == x exactly: weights of 1 leave the loss as it was
+        per_token = per_token * weights.to(logp.dtype).unsqueeze(-1)
     reduce = REDUCERS[reduction]
     loss = reduce(per_token, mask)
     with torch.no_grad():
@@ -521,6 +528,7 @@ def update(
     autocast: Callable[[], Any] = nullcontext,
     loss_reduction: str = "token",
     kl_clamp: float = 0.0,
+    weights: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """One GRPO step on `batch`: old and reference log-probs, then `epochs` optimizer steps.
 
@@ -537,14 +545,23 @@ def update(
     so it is not back-propagated (its entropy is still measured); a batch with no signal at all
     (every group's rewards equal) takes no optimizer step, since Adam's momentum alone would
     still move the weights.
+
+    `weights` ([B] or None): each sequence's loss term times its weight (grpo_loss), the
+    advantages untouched; a sequence of weight 0 (gated by [curation]) is skipped like one of
+    advantage 0 and still counts in the batch's token or sequence count.
     """
     if beta > 0 and reference is None:
         raise ValueError("beta > 0 needs a reference model")
+    if weights is not None and weights.shape != adv.shape:
+        raise ValueError(f"weights {tuple(weights.shape)} must be one per sequence, as adv is")
     # a row without tokens of this policy (it never spoke) has nothing to train
     live = ((adv != 0) | (beta > 0)) & (batch.mask.sum(dim=-1) > 0)
+    if weights is not None:
+        live = live & (weights != 0)
     order = torch.cat([live.nonzero().squeeze(-1), (~live).nonzero().squeeze(-1)])
     batch = batch.select(order)
     adv, n_live = adv[order], int(live.sum())
+    weights = weights[order] if weights is not None else None
     chunks = [(i, min(i + micro_batch, n_live)) for i in range(0, n_live, micro_batch)]
     # Data-parallel (`ranks`, training/rl/distributed.py): each rank holds its own tasks' rows. The
     # loss is a mean over the GLOBAL batch (of tokens, or of sequences with loss_reduction
@@ -603,6 +620,7 @@ def update(
             loss, stats = grpo_loss(
                 logp, old_logp, ref.get(c), adv[c[0] : c[1]], rows.mask, eps, eps_high, beta,
                 kl_estimator, loss_reduction, kl_clamp,
+                None if weights is None else weights[c[0] : c[1]],
             )  # fmt: skip
             weight = stats[share] / denominator  # this chunk's part of the whole batch's mean
             (loss * weight * scale).backward()

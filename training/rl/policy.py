@@ -434,11 +434,13 @@ class Policy(LocalModel):
         temperature: float,
         beta: float,
         ranks: Any = None,
+        weights: torch.Tensor | None = None,
     ) -> dict:
         """One GRPO update on these transcripts' own tokens (mask 1), one advantage each, with
         log-probs at the sampling `temperature` and the KL weight `beta` of this role; with
         `ranks`, these are this rank's rows of a data-parallel step (grpo.update). Turns a
-        server sampled must all come from one version of the weights (one_weight_version)."""
+        server sampled must all come from one version of the weights (one_weight_version).
+        `weights`: one per transcript, multiplying its loss term ([curation]); None = today's."""
         one_weight_version(transcripts)
         batch = TokenBatch.from_lists(
             [t.ids for t in transcripts],
@@ -465,6 +467,7 @@ class Policy(LocalModel):
             autocast=self.compute,
             loss_reduction=config.loss_reduction,
             kl_clamp=config.kl_clamp,
+            weights=weights,
         )
 
     def _reference_weights(self) -> Any:

@@ -68,6 +68,9 @@ class Rollout:
     outcome: Outcome | None = None
     tool_rounds: int = 0  # consecutive agent turns that called tools
     fallbacks: int = 0  # verbalized replies (and endpoint choice turns) that fell back to raw text
+    # turns cut off at max_new_tokens (no stop token sampled), by role: sampled in this process
+    # or by vLLM; an endpoint's text says nothing of it ([curation]'s "cut" gate)
+    cut_turns: dict[str, int] = field(default_factory=dict)
     agent_first: bool = False
     max_turns: int = 0  # set by play(): the user's last message is its `final` one
     decisions: list[Decision] = field(default_factory=list)

@@ -39,6 +39,9 @@ def speak(
             samples = lm.sample(prompted, temperature, max_new_tokens, caches=caches)
         for i, ids in zip(free, samples, strict=True):
             turns[i] = (ids, None, lm.decode(ids).strip())
+            if ids and ids[-1] not in lm.stop_ids:  # the budget ended it, not the model
+                cut = rollouts[i].cut_turns
+                cut[role] = cut.get(role, 0) + 1
     groups: dict[tuple[str, ...], list[int]] = {}
     for i, texts in enumerate(allowed):
         if texts:

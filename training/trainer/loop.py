@@ -38,6 +38,7 @@ from training.measures.collapse import (
     simulator_exploit,
     step_metrics,
 )
+from training.measures.curation import Curation
 from training.measures.diversity import Embedder, step_diversity
 from training.measures.held_out import HeldOutPanel
 from training.measures.metrics import MetricsLog
@@ -106,6 +107,7 @@ class Run:
     optimizer_steps: int = 0  # so far: 0 means the adapter is still the base
     profiles: Profiles | None = None  # behaviour profiles (rank 0 computes; None: off)
     probes: list = dataclasses.field(default_factory=list)  # the fixed probe set (every rank)
+    curation: Curation | None = None  # [curation] (every rank; rank 0 holds its space)
 
 
 def _train(
@@ -149,6 +151,8 @@ def _train(
         b = config.behaviour
         run.probes = probe_set(domain, train_scenarios, b.probe_tasks, b.probe_opening)
         run.profiles = _profiles(config, run_dir) if ranks.main else None
+    if config.curation.enabled:  # rank 0 weighs in the profiles' space (the others are told)
+        run.curation = Curation(config.curation, run.profiles and run.profiles.space)
     memory.loaded()
     writer.begin()
     for step in range(start + 1, config.steps + 1):
@@ -197,15 +201,18 @@ def train_step(run: Run, step: int, phase: Phase) -> tuple[dict[str, Any], list[
     # 2. the agent's GRPO step on its own tokens (data-parallel: this rank's rows, the
     # gradients summed over the ranks)
     adv = group_advantages(rewards, config.scale_std, config.center_rewards).flatten()
+    weights, curated = None, {}
+    if run.curation:  # the gate, then diversity weights: per-sequence loss weights, adv untouched
+        weights, curated = run.curation.step(mine, probed, ranks, regime.pooled_name)
     with run.memory.phase("update"):
-        stats = agent.learn([r.agent for r in mine], adv, config,
-                            temperature=config.temperature, beta=config.beta, ranks=ranks)  # fmt: skip
+        stats = agent.learn([r.agent for r in mine], adv, config, temperature=config.temperature,
+                            beta=config.beta, ranks=ranks, weights=weights)  # fmt: skip
     # 3. the regime's own step (co-training: the simulator learns on this rank's rollouts,
     # data-parallel like the agent; population: rank 0 adds to the pool)
     with run.memory.phase("simulator_update") if config.trains_simulator else nullcontext():
         stats.update(regime.learn(step, mine))
     rollouts = ranks.gather(mine)  # the whole step, in task order, on every rank
-    row = _row(run, step, rollouts, len(tasks), stats) | {"time_rollout": t_rollout}
+    row = _row(run, step, rollouts, len(tasks), stats) | curated | {"time_rollout": t_rollout}
     if run.profiles is not None:
         population = [n for n in probed if n != regime.BASE]
         pooled = rollout_replies(rollouts, regime.pooled_name)
