@@ -42,11 +42,11 @@ class RunWriter:
         breaker: Breaker | None = None,
     ):
         self.config, self.run_dir, self.start, self.ranks = config, run_dir, start, ranks
+        self.agent, self.regime = agent, regime
+        self.main = ranks.main  # rank 0 alone writes the run's files
         self.breaker = breaker  # [breaker]: its state goes into every checkpoint
         # its events, one a line; a resume sets aside those of the steps it replays
         self.events = MetricsLog(run_dir / EVENTS, resume_step=start) if self.main else None
-        self.agent, self.regime = agent, regime
-        self.main = ranks.main  # rank 0 alone writes the run's files
         self.progress_callback = progress_callback
         self.within_step = within_step if self.main else None
         self.show_progress = show_progress and self.main

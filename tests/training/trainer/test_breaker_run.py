@@ -1,0 +1,133 @@
+"""The breaker in a real (tiny) co-training run on the command line: a scripted SCD sequence
+trips yellow then red, the run stops after a resumable checkpoint with the reason and exit
+status 3, and running the same command again resumes from that checkpoint, re-diversifies the
+co-trained simulator (back to its base) before the next step, and takes the way back down to
+green. Only the measure is scripted (its real value is the tiny model's noise); the loop, the
+writer, the checkpoint, the resume and the regime are the real ones."""
+
+import json
+
+import pytest
+import torch
+
+from training.__main__ import main
+from training.measures.breaker import STOPPED_EXIT, last_stop, read_events
+from training.regimes.regime import CoTrain
+from training.trainer import loop
+
+SCD = "behaviour/decision/probe/scd"
+# warmup 0.3, 0.4: yellow > Q(0.9) = 0.39, red > max + 1 x range = 0.5
+SCRIPT = {1: 0.3, 2: 0.4, 3: 0.45, 4: 0.7, 5: 0.2, 6: 0.2}
+
+CONFIG = """
+name = "breaker-run"
+domain = "letters"
+regime = "cotrain"
+base_model = "{model}"
+steps = 6
+save_every = 0
+group_size = 2
+batch_tasks = 1
+max_new_tokens = 4
+max_turns = 2
+threads = 1
+output_dir = "{out}"
+heldout = []
+[tasks]
+max_eval = 1
+[simulator]
+max_new_tokens = 4
+[behaviour]
+decisions_only = true
+[breaker]
+enabled = true
+measures = ["scd"]
+warmup = 2
+yellow_step = 0.25
+recover_steps = 1
+"""
+
+
+def rows(out):
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    """Each step's row gets the scripted SCD, as [behaviour] would write it."""
+    real = loop.train_step
+
+    def step(run, n, phase):
+        row, rollouts = real(run, n, phase)
+        return row | {SCD: SCRIPT[n]}, rollouts
+
+    monkeypatch.setattr(loop, "train_step", step)
+
+
+@pytest.fixture
+def rediversified(monkeypatch):
+    """CoTrain.rediversify as it is, noting when it ran and whether the simulator's LoRA was
+    back at its base after (every B matrix zero)."""
+    calls = []
+    real = CoTrain.rediversify
+
+    def spy(self):
+        lora_b = [p for n, p in self.policy.model.named_parameters() if "lora_B" in n]
+        trained = any(torch.any(p != 0) for p in lora_b)  # as the checkpoint held it
+        what = real(self)
+        logged = rows(self.config.run_dir())
+        calls.append({"rows_before": len(logged), "share": self.synthesis_share,
+                      "trained": trained,
+                      "at_base": bool(lora_b) and all(torch.all(p == 0) for p in lora_b)})  # fmt: skip
+        return what
+
+    monkeypatch.setattr(CoTrain, "rediversify", spy)
+    return calls
+
+
+def test_red_stops_with_a_checkpoint_and_the_resumed_run_rediversifies(
+    tiny_model, tmp_path, capsys, scripted, rediversified
+):
+    out = tmp_path / "out"
+    path = tmp_path / "run.toml"
+    path.write_text(CONFIG.format(model=tiny_model, out=out))
+
+    assert main(["run", str(path)]) == STOPPED_EXIT == 3
+    said = capsys.readouterr().err
+    assert "stopped by the breaker: the breaker went red at step 4" in said
+    assert f"{SCD} = 0.7" in said and "checkpoint: " + str(out / "checkpoints/step-000004") in said
+    logged = rows(out)
+    assert [r["step"] for r in logged] == [1, 2, 3, 4]
+    assert [r["breaker/level"] for r in logged] == [0, 0, 1, 2]
+    assert [r["breaker/synthesis_share"] for r in logged] == [0, 0, 0.25, 0.25]
+    # save_every = 0 saves only at the end: the step-4 checkpoint is the breaker's, complete
+    # and resumable, with the breaker's state in it
+    folder = out / "checkpoints" / "step-000004"
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000004"]
+    state = json.loads((folder / "breaker.json").read_text())
+    assert state["level"] == "red" and state["stopped"]["step"] == 4
+    assert (folder / "simulator" / "adapter_model.safetensors").is_file()
+    stop = last_stop(out)
+    assert stop["measures"] == {SCD: {"value": 0.7, "yellow": pytest.approx(0.39),
+                                      "red": pytest.approx(0.5)}}  # fmt: skip
+    assert not rediversified  # not while stopping: when the run goes on
+
+    assert main(["run", str(path)]) == 0  # the same command resumes it
+    said = capsys.readouterr().err
+    assert "resumed after the red stop at step 4; re-diversified before step 5" in said
+    # re-diversified once, before step 5 was played, on the simulator as the checkpoint held it
+    assert rediversified == [{"rows_before": 4, "share": 0.25, "trained": True, "at_base": True}]
+    logged = rows(out)
+    assert [r["step"] for r in logged] == [1, 2, 3, 4, 5, 6]
+    # the way back: one calm step (recover_steps = 1) a level, the share back to the start
+    assert [r["breaker/level"] for r in logged[4:]] == [1, 0]
+    assert [r["breaker/synthesis_share"] for r in logged[4:]] == [0.25, 0]
+    events = read_events(out)
+    assert [(e["event"], e.get("from"), e.get("to")) for e in events] == [
+        ("fit", None, None), ("transition", "green", "yellow"), ("transition", "yellow", "red"),
+        ("resume", None, None), ("transition", "red", "yellow"), ("transition", "yellow", "green"),
+    ]  # fmt: skip
+    assert last_stop(out) is None
+    assert (
+        json.loads((out / "checkpoints/step-000006/breaker.json").read_text())["level"] == "green"
+    )
