@@ -131,3 +131,49 @@ def test_red_stops_with_a_checkpoint_and_the_resumed_run_rediversifies(
     assert (
         json.loads((out / "checkpoints/step-000006/breaker.json").read_text())["level"] == "green"
     )
+
+
+def settings(tiny_model, out) -> dict:
+    """CONFIG as the admin's settings JSON (the run's name, domain and regime are its fields)."""
+    import tomllib
+
+    data = tomllib.loads(CONFIG.format(model=tiny_model, out=out))
+    return {k: v for k, v in data.items() if k not in ("name", "domain", "regime")}
+
+
+@pytest.mark.django_db
+def test_the_run_page_and_the_admin_say_why_it_stopped_and_resume_it(
+    tiny_model, tmp_path, admin_client, scripted, rediversified
+):
+    from django.urls import reverse
+
+    from training.models import TrainingRun
+    from training.tasks import run_training
+
+    run = TrainingRun.objects.create(name="breaker-page", domain="letters", regime="cotrain",
+                                     settings=settings(tiny_model, tmp_path / "out"))  # fmt: skip
+    assert run_training.apply((run.pk,)).get() == TrainingRun.Status.STOPPED
+    run.refresh_from_db()
+    assert run.stop_reason.startswith("the breaker went red at step 4") and not run.error
+    assert f"{SCD} = 0.7" in run.stop_reason
+    # its checkpoint is registered like any other (servable, attachable to an arm)
+    assert [c.step for c in run.checkpoints.all()] == [4]
+    assert run.progress["breaker"]["level"] == "red"
+    page = admin_client.get(reverse("admin:training_trainingrun_change", args=[run.pk]))
+    page = page.content.decode()
+    assert 'id="breaker-stop"' in page and "Stopped by the breaker" in page
+    assert "green -&gt; yellow at step 3" in page and "yellow -&gt; red at step 4" in page
+    listing = admin_client.get(reverse("admin:training_trainingrun_changelist")).content.decode()
+    assert "Stopped by the breaker" in listing
+
+    # the list's Resume queues it again (the worker's send waits for the commit: none here)
+    changelist = reverse("admin:training_trainingrun_changelist")
+    admin_client.post(changelist, {"action": "resume", "_selected_action": [run.pk]})
+    run.refresh_from_db()
+    assert run.status == TrainingRun.Status.QUEUED and run.stop_reason == ""
+    assert run_training.apply((run.pk,)).get() == TrainingRun.Status.DONE
+    assert len(rediversified) == 1
+    page = admin_client.get(reverse("admin:training_trainingrun_change", args=[run.pk]))
+    page = page.content.decode()
+    assert 'id="breaker-stop"' not in page
+    assert "resumed after the red stop at step 4" in page and "yellow -&gt; green" in page
