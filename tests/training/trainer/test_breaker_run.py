@@ -165,6 +165,9 @@ def test_the_run_page_and_the_admin_say_why_it_stopped_and_resume_it(
     assert "green -&gt; yellow at step 3" in page and "yellow -&gt; red at step 4" in page
     listing = admin_client.get(reverse("admin:training_trainingrun_changelist")).content.decode()
     assert "Stopped by the breaker" in listing
+    # its level and share stand beside the measures in the behaviour table and behaviour.png
+    assert "breaker level (0 green, 1 yellow, 2 red)</th><td>2.000 (step 4)" in page
+    assert (tmp_path / "out" / "behaviour.png").is_file()
 
     # the list's Resume queues it again (the worker's send waits for the commit: none here)
     changelist = reverse("admin:training_trainingrun_changelist")
