@@ -180,3 +180,20 @@ def test_the_run_page_and_the_admin_say_why_it_stopped_and_resume_it(
     page = page.content.decode()
     assert 'id="breaker-stop"' not in page
     assert "resumed after the red stop at step 4" in page and "yellow -&gt; green" in page
+
+
+def test_red_without_a_stop_rediversifies_at_once_and_trains_on(
+    tiny_model, tmp_path, capsys, scripted, rediversified
+):
+    out = tmp_path / "out"
+    path = tmp_path / "run.toml"
+    path.write_text(CONFIG.format(model=tiny_model, out=out) + "red_stops = false\n")
+    assert main(["run", str(path)]) == 0
+    # judged after step 4's update, before its row is written: the next step meets the base
+    assert rediversified == [{"rows_before": 3, "share": 0.25, "trained": True, "at_base": True}]
+    assert [r["breaker/level"] for r in rows(out)] == [0, 0, 1, 2, 1, 0]
+    events = read_events(out)
+    assert [e["event"] for e in events] == ["fit", "transition", "transition", "rediversify",
+                                            "transition", "transition"]  # fmt: skip
+    assert events[3]["step"] == 4 and "reset to its base" in events[3]["rediversified"]
+    assert not events[2]["stops"] and "re-diversified at step 4" in capsys.readouterr().err
