@@ -197,3 +197,39 @@ def test_red_without_a_stop_rediversifies_at_once_and_trains_on(
                                             "transition", "transition"]  # fmt: skip
     assert events[3]["step"] == 4 and "reset to its base" in events[3]["rediversified"]
     assert not events[2]["stops"] and "re-diversified at step 4" in capsys.readouterr().err
+
+
+@pytest.mark.django_db
+def test_a_launched_run_stopped_red_is_a_stop_not_a_failure(tmp_path, monkeypatch):
+    """distributed.processes > 1: the task follows `accelerate launch`, whose ranks all exit
+    with status 3 after the red stop; launch() reads the stop from breaker.jsonl and raises
+    BreakerStopped (so the run is "stopped", not "failed") with the last checkpoint."""
+    import subprocess
+    import sys
+
+    from agents.serving import process
+    from training import tasks
+    from training.config import RunConfig
+    from training.measures.breaker import BreakerStopped
+    from training.models import TrainingRun
+
+    out = tmp_path / "out"
+    config = RunConfig.from_dict({"name": "launched", "domain": "letters", "output_dir": str(out),
+                                  "distributed": {"processes": 2}})  # fmt: skip
+    folder = out / "checkpoints" / "step-000004"
+    folder.mkdir(parents=True)
+    (folder / "manifest.json").write_text(json.dumps({"step": 4}))
+    (folder / "trainer_state.pt").write_bytes(b"")
+    stop = {"event": "transition", "step": 4, "to": "red", "stops": True, "reason": "SCD high"}
+    (out / "breaker.jsonl").write_text(json.dumps(stop) + "\n")
+    exits = [sys.executable, "-c", f"import sys; sys.exit({STOPPED_EXIT})"]
+    monkeypatch.setattr(process, "spawn", lambda command, *a, **k: subprocess.Popen(exits))
+    run = TrainingRun.objects.create(name="launched", domain="letters")
+    with pytest.raises(BreakerStopped) as stopped:
+        tasks.launch(run, config, poll=0.05)
+    assert (stopped.value.reason, stopped.value.step) == ("SCD high", 4)
+    assert stopped.value.checkpoint == str(folder)
+    # without the stop in breaker.jsonl the same exit is a failure
+    (out / "breaker.jsonl").write_text(json.dumps(stop | {"stops": False}) + "\n")
+    with pytest.raises(tasks.LaunchFailed):
+        tasks.launch(run, config, poll=0.05)
