@@ -5,6 +5,8 @@ python -m training experiment collapse2 [--out DIR] [--jobs J]
 python -m training paper [--json]
 
 `run` trains the run the TOML file describes, with a progress bar; run it again to resume.
+Exit status: 0 done, 1 a failure, 2 a bad config or resume, 3 stopped by the breaker
+([breaker]: red; resumable, and the resumed run re-diversifies the simulators).
 `--set` changes any key of the file (dotted into tables: `--set lora.r=4`), checked with it.
 `--dry-run` checks the wiring without training (training/tools/dryrun.py): config, accelerate settings,
 endpoints and their models, one request shaped for its provider per endpoint simulator, memory
@@ -122,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
+    from training.measures.breaker import STOPPED_EXIT, BreakerStopped
     from training.trainer.checkpoint import ResumeError
     from training.trainer.loop import train  # torch and transformers load only for a valid config
 
@@ -131,6 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ResumeError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BreakerStopped as stop:  # on purpose and resumable: its own exit status
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"stopped by the breaker: {stop.reason}", file=sys.stderr)
+            print(f"checkpoint: {stop.checkpoint}", file=sys.stderr)
+            print("resume: run the same command again (the simulators are re-diversified"
+                  " before the next step)", file=sys.stderr)  # fmt: skip
+        return STOPPED_EXIT
     if int(os.environ.get("RANK", "0")) != 0:
         return 0  # rank 0 reports the run
     run_dir = config.run_dir()

@@ -14,6 +14,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from . import tasks
+from .measures.breaker import read_events as read_breaker_events
 from .measures.metrics import run_summary
 from .models import CONFIG_FIELDS, TrainingRun, preset_choices, preset_values
 
@@ -91,6 +92,7 @@ class TrainingRunAdmin(admin.ModelAdmin):
         "state",
         "live_progress",
         "collapse_warnings",
+        "breaker",
         "behaviour",
         "optimizer_steps",
         "plots",
@@ -173,6 +175,29 @@ class TrainingRunAdmin(admin.ModelAdmin):
             "<ul>{}</ul>Thresholds: the run's [collapse] table (docs/training.md, "
             '"Collapse warnings"); the measures are in diversity.png and metrics.jsonl.</div>',
             format_html_join("", "<li>{}</li>", ((w.get("message", w),) for w in warnings)),
+        )
+
+    @admin.display(description="Breaker")
+    def breaker(self, run):
+        """COLLAPSE-AWARE's breaker ([breaker]): why it stopped the run, when it did, and every
+        transition so far with the measures that caused it (<run>/breaker.jsonl)."""
+        events = read_breaker_events(run.output_dir) if run.output_dir else []
+        said = [e.get("message", "") for e in events if e.get("event") != "fit"]
+        stopped = ""
+        if run.status == TrainingRun.Status.STOPPED:
+            stopped = format_html(
+                '<div class="errornote" id="breaker-stop"><strong>Stopped by the breaker:'
+                '</strong> {}. Select the run in the list and use "Resume the selected runs"'
+                " to continue from its checkpoint; the simulators are re-diversified before"
+                " the next step.</div>",
+                run.stop_reason or "red",
+            )
+        if not said and not stopped:
+            return "-"
+        return format_html(
+            '{}<ul id="breaker-events">{}</ul>',
+            stopped,
+            format_html_join("", "<li>{}</li>", ((m,) for m in said)),
         )
 
     @admin.display(description="Behaviour profile")
@@ -409,7 +434,8 @@ class TrainingRunAdmin(admin.ModelAdmin):
 
     @admin.action(
         permissions=["change"],
-        description="Resume the selected runs whose worker was lost (from their last checkpoint)",
+        description="Resume the selected runs whose worker was lost or that the breaker stopped"
+        " (from their last checkpoint)",
     )
     def resume(self, request, queryset):
         resumed, skipped = [], []
@@ -421,6 +447,10 @@ class TrainingRunAdmin(admin.ModelAdmin):
                 .filter(Q(heartbeat_at__lt=lost_since) | Q(heartbeat_at=None))
                 .update(status=TrainingRun.Status.QUEUED, heartbeat_at=None)
             )
+            # stopped red: the resumed run re-diversifies its simulators before its next step
+            claimed = claimed or TrainingRun.objects.filter(
+                pk=run.pk, status=TrainingRun.Status.STOPPED
+            ).update(status=TrainingRun.Status.QUEUED, stop_reason="", heartbeat_at=None)
             if claimed:
                 tasks.start(run)
                 resumed.append(run.name)
@@ -435,7 +465,8 @@ class TrainingRunAdmin(admin.ModelAdmin):
         if skipped:
             self.message_user(
                 request,
-                f"Not resumed (not running with its worker lost): {', '.join(skipped)}.",
+                f"Not resumed (neither running with its worker lost nor stopped by the breaker):"
+                f" {', '.join(skipped)}.",
                 messages.WARNING,
             )
 
@@ -448,7 +479,8 @@ def worker_lost_help(run: TrainingRun) -> str:
         f"Worker lost: no heartbeat from the Celery worker running this run for {minutes} min "
         "(it was stopped or killed, or its machine went down). Start a worker on the `training` "
         'queue, then select the run in the list and use "Resume the selected runs whose worker '
-        'was lost": it continues from the last checkpoint in its folder (or "Cancel" it).'
+        'was lost or that the breaker stopped": it continues from the last checkpoint in its '
+        'folder (or "Cancel" it).'
     )
 
 

@@ -678,6 +678,7 @@ class BehaviourSpec:
                 "dialogue_acts": self.dialogue_acts and self.reference == "p4g_corpus"}  # fmt: skip
 
 
+<<<<<<< HEAD
 # what the curation's quality gate drops a rollout for (training/measures/curation.py GATES)
 CURATION_GATES = {
     "fallback": "a Verbalized simulator's reply (or an endpoint's choice turn) fell back to raw"
@@ -755,6 +756,89 @@ class CurationSpec:
     def weighs(self) -> bool:
         """Whether the weights are measured in the behaviour space (needs [behaviour])."""
         return self.enabled and (self.diversity or self.mode_balance)
+=======
+def _breaker_measures(names: list[str]) -> list[str]:
+    for name in names:
+        if name not in ("scd", "psod") and "/" not in name:
+            raise PydanticCustomError(
+                "breaker_measure",
+                'each must be "scd" (every behaviour/<space>/probe/scd), "psod" (psod/training)'
+                " or a metrics.jsonl key such as psod/current, not {name}",
+                {"name": repr(name)},
+            )
+    return names
+
+
+BreakerMeasures = Annotated[list[StrictStr], Field(strict=True), AfterValidator(_breaker_measures)]
+
+
+@dataclass(config=TABLE)
+class BreakerSpec:
+    """COLLAPSE-AWARE's two-level breaker (training/measures/breaker.py): each measure's
+    thresholds are quantiles of its own values over the run's first `warmup` steps, never
+    constants; yellow raises the synthesis share, red stops the run with a resumable checkpoint
+    and the resumed run re-diversifies the simulators (docs/training.md, "The breaker"). Every
+    measure is one where higher is worse. Needs [behaviour]."""
+
+    enabled: StrictBool = Field(False, description="judge every step (off: nothing is judged)")
+    measures: BreakerMeasures = Field(
+        default_factory=lambda: ["scd", "psod"],
+        min_length=1,
+        description='what is judged: "scd" (the probe-set SCD of every behaviour space the run'
+        ' has), "psod" (psod/training, at evaluation steps) or metrics.jsonl keys; higher is worse',
+    )
+    warmup: StrictInt = Field(
+        8, ge=2, le=100_000,
+        description="N: each measure's values in the first N steps fit its thresholds; the"
+        " breaker judges from step N + 1",
+    )  # fmt: skip
+    yellow_quantile: StrictFloat = Field(
+        0.9, gt=0, le=1,
+        description="yellow when a measure is above this quantile of its warmup values",
+    )  # fmt: skip
+    red_quantile: StrictFloat = Field(
+        1.0, gt=0, le=1,
+        description="red when a measure is above this quantile of its warmup values plus"
+        " red_margin x their range (at least yellow_quantile)",
+    )  # fmt: skip
+    red_margin: StrictFloat = Field(
+        1.0, ge=0, le=100,
+        description="how far past red_quantile red starts, in warmup ranges (max - min): with"
+        " the defaults red is a rise past the warmup's maximum by its whole spread again",
+    )  # fmt: skip
+    red_after: StrictInt = Field(
+        0, ge=0, le=100_000,
+        description="yellow this many steps in a row turns red (the raised synthesis did not"
+        " help); 0 = only the red threshold does",
+    )  # fmt: skip
+    yellow_step: StrictFloat = Field(
+        0.1, gt=0, le=1,
+        description="entering yellow raises the synthesis share by this much (at most 1);"
+        " back to green takes it away again",
+    )  # fmt: skip
+    recover_steps: StrictInt = Field(
+        3, ge=1, le=100_000,
+        description="M: a level is left downwards (red to yellow, yellow to green) after M"
+        " steps in a row below its threshold",
+    )  # fmt: skip
+    red_stops: StrictBool = Field(
+        True,
+        description="red stops training with a resumable checkpoint, and the resumed run"
+        " re-diversifies; false: red re-diversifies at once and training goes on",
+    )
+
+    @model_validator(mode="after")
+    def _order(self) -> BreakerSpec:
+        if self.red_quantile < self.yellow_quantile:
+            raise _refuse(
+                "red_quantile", self.red_quantile,
+                f"must be at least yellow_quantile ({self.yellow_quantile}): red is past yellow",
+            )  # fmt: skip
+        return self
+
+    def judges_psod(self) -> bool:
+        return any(m == "psod" or m.startswith("psod/") for m in self.measures)
+>>>>>>> h/breaker
 
 
 # the GRPO block's own types (the estimators' formulas: grpo.KL_ESTIMATORS)
@@ -1020,10 +1104,17 @@ class RunConfig:
         description="COLLAPSE-AWARE behaviour profiles: MCI, SCD, BDI every step, PSOD at"
         " evaluation steps (off unless behaviour.reference is set)",
     )
+<<<<<<< HEAD
     curation: CurationSpec = Field(
         default_factory=CurationSpec,
         description="COLLAPSE-AWARE curation of the agent's update: quality gate, diversity"
         " weights, mode-balanced batches (off unless curation.enabled)",
+=======
+    breaker: BreakerSpec = Field(
+        default_factory=BreakerSpec,
+        description="COLLAPSE-AWARE's breaker: yellow raises the synthesis share, red stops the"
+        " run to re-diversify (thresholds: quantiles of the first steps; needs [behaviour])",
+>>>>>>> h/breaker
     )
     dtype: Dtype = Field("float32", description="weights' dtype")
     mixed_precision: StrictBool = Field(
@@ -1057,6 +1148,7 @@ class RunConfig:
             )
         self._supply_rules()
         self._task_rules()
+<<<<<<< HEAD
         if self.curation.weighs and not self.behaviour.reference:
             raise _refuse(
                 "curation.diversity" if self.curation.diversity else "curation.mode_balance",
@@ -1064,6 +1156,9 @@ class RunConfig:
                 "weighs rollouts in the run's behaviour space: set behaviour.reference (or"
                 " curate with the gate alone: diversity = false, mode_balance = false)",
             )
+=======
+        self._breaker_rules()
+>>>>>>> h/breaker
         base = self.base_model_path()
         if self.trains_simulator:  # learnt in this process, on an endpoint or not
             training = [("local", str(self.simulator_model_path().expanduser().resolve()))]
@@ -1164,6 +1259,30 @@ class RunConfig:
                         " held-out user must share no weights with it",
                     )
         return self
+
+    def _breaker_rules(self) -> None:
+        """The breaker judges COLLAPSE-AWARE's measures, which [behaviour] writes; PSOD only at
+        evaluation steps, so the warmup must hold at least one."""
+        b = self.breaker
+        if not b.enabled:
+            return
+        if not self.behaviour.enabled:
+            raise _refuse(
+                "breaker.enabled", True,
+                "needs [behaviour] (reference or decisions_only): the breaker judges the"
+                " behaviour measures it writes",
+            )  # fmt: skip
+        if b.judges_psod() and not self.heldout:
+            raise _refuse(
+                "breaker.measures", b.measures,
+                "judge PSOD, which needs a held-out panel ([[heldout]]): add one or leave psod out",
+            )  # fmt: skip
+        if b.judges_psod() and not 0 < self.eval_every <= b.warmup:
+            raise _refuse(
+                "breaker.warmup", b.warmup,
+                f"holds no evaluation step (eval_every = {self.eval_every}), so PSOD would have"
+                " no warmup values to fit its thresholds on: set eval_every <= warmup",
+            )  # fmt: skip
 
     def _task_rules(self) -> None:
         """The Domain's protocol exists (and has the data it needs); the release's evaluation

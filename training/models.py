@@ -64,6 +64,8 @@ class TrainingRun(models.Model):
         CANCELLED = "cancelled", "Cancelled"
         DONE = "done", "Done"
         FAILED = "failed", "Failed"
+        # COLLAPSE-AWARE's breaker went red: stopped after a resumable checkpoint (stop_reason)
+        STOPPED = "stopped", "Stopped by the breaker"
 
     name = models.SlugField(max_length=100, unique=True, help_text="Also the output folder's name.")
     preset = models.CharField(
@@ -101,6 +103,11 @@ class TrainingRun(models.Model):
     status = models.CharField(max_length=12, choices=Status.choices, default=Status.QUEUED)
     progress = models.JSONField(default=dict, blank=True)
     error = models.TextField(blank=True)
+    stop_reason = models.TextField(
+        blank=True,
+        help_text="Why the breaker stopped the run (red: the measures that crossed their"
+        " thresholds); resume it to continue with re-diversified simulators.",
+    )
     output_dir = models.CharField(max_length=500, blank=True)
     task_id = models.CharField(max_length=64, blank=True)
     heartbeat_at = models.DateTimeField(

@@ -60,6 +60,7 @@ def progress_writer(run: TrainingRun, every: float = 1.0):
 # timeout on a run longer than it) leaves it alone: a run never trains twice.
 @shared_task(name="training.tasks.run_training", acks_late=True, reject_on_worker_lost=True)
 def run_training(run_id: int) -> str:
+    from training.measures.breaker import BreakerStopped
     from training.trainer.loop import train
 
     run = TrainingRun.objects.get(pk=run_id)
@@ -91,10 +92,14 @@ def run_training(run_id: int) -> str:
         run.status = TrainingRun.Status.DONE
     except RunCancelled:
         run.status = TrainingRun.Status.CANCELLED
+    except BreakerStopped as stop:  # red: its checkpoint stays registered, the run resumable
+        if stop.checkpoint:
+            run.register_checkpoint(stop.checkpoint)
+        run.status, run.stop_reason = TrainingRun.Status.STOPPED, stop.reason
     except Exception:  # noqa: BLE001 - stored for the researcher; the checkpoints so far stay on disk
         run.status, run.error = TrainingRun.Status.FAILED, traceback.format_exc()
     run.finished_at = timezone.now()
-    run.save(update_fields=["status", "error", "finished_at"])
+    run.save(update_fields=["status", "error", "stop_reason", "finished_at"])
     return run.status
 
 
@@ -133,6 +138,7 @@ def launch(run: TrainingRun, config, poll: float = 1.0) -> list[Path]:
     complete checkpoints. A failure raises LaunchFailed with each failed rank's traceback
     (training/rl/distributed.py); a cancelled run stops the whole process group."""
     from agents.serving.process import spawn, stop
+    from training.measures.breaker import BreakerStopped, last_stop
     from training.rl.distributed import launch_command, read_failures
     from training.trainer.checkpoint import list_checkpoints
 
@@ -166,6 +172,10 @@ def launch(run: TrainingRun, config, poll: float = 1.0) -> list[Path]:
     progress = _read_json(progress_file)
     if progress and progress != seen:
         write(progress)
+    red = last_stop(run_dir)
+    if process.returncode and red is not None:  # every rank stopped red on purpose
+        found = list_checkpoints(run_dir)
+        raise BreakerStopped(red["reason"], red["step"], str(found[-1]) if found else "")
     if process.returncode:
         why = read_failures(run_dir) or _tail(run_dir / "launch.log")
         raise LaunchFailed(f"{config.distributed.processes} processes, exit {process.returncode}"

@@ -128,13 +128,18 @@ def plot(rows: list[dict[str, Any]], folder: Path) -> list[Path]:
 def behaviour_lines(rows: list[dict[str, Any]]) -> dict[str, str]:
     """behaviour.png's lines (training/measures/profiles.py's keys): per space, the probe MCI of
     each simulator, SCD and BDI (or the relative coverage growth) on the probe set and pooled,
-    and PSOD of each named training simulator; intervals stay in metrics.jsonl."""
+    and PSOD of each named training simulator, and the breaker's level and synthesis share
+    where [breaker] is on; intervals stay in metrics.jsonl."""
     keys = sorted({k for r in rows for k in r})
     lines = {}
     for key in keys:
         parts = key.split("/")
         if parts[0] == "psod" and len(parts) == 2:
             lines[f"PSOD vs {parts[1]}"] = key
+        elif key == "breaker/level":  # [breaker]: where it stood beside what it judged
+            lines["breaker level (0 green, 1 yellow, 2 red)"] = key
+        elif key == "breaker/synthesis_share":
+            lines["synthesis share (breaker)"] = key
         elif parts[0] != "behaviour" or len(parts) < 4 or parts[-1] in ("lo", "hi"):
             continue
         elif parts[3] == "mci" and parts[2] == "probe" and len(parts) == 5:

@@ -88,6 +88,9 @@ class RegimeRun:
 
     name: str
     user: Any
+    # the share of the simulator supply that is anti-collapse synthesis (issue 40 point 5);
+    # COLLAPSE-AWARE's breaker (training/measures/breaker.py) raises it at yellow
+    synthesis_share: float = 0.0
 
     def __init__(
         self, config: RunConfig, run_dir: Path, models: ModelCache, ranks: Ranks | None = None
@@ -95,6 +98,14 @@ class RegimeRun:
         self.config = config
         self.ranks = ranks or Ranks()
         self.models = models
+        synthesis = getattr(config, "synthesis", None)  # [synthesis], where the run has one
+        self.synthesis_share = float(getattr(synthesis, "share", 0.0) or 0.0)
+
+    def rediversify(self) -> str:
+        """The breaker's red: make the simulator population diverse again, before the next
+        step; returns what was done (logged). Frozen simulators have nothing that collapsed
+        by training: they stay, and what changes is the synthesis share."""
+        return "frozen simulators: nothing trained to reset; the synthesis share carries on"
 
     @contextmanager
     def simulator(self, step: int) -> Iterator[Any]:
@@ -377,6 +388,21 @@ class CoTrain(RegimeRun):
         out["sim/learned"] = float(stats.get("trained_sequences", 0) > 0)
         return out
 
+    def rediversify(self) -> str:
+        """The co-trained simulator back to its base (what it was before any training: a LoRA's
+        B matrices zero, as PEFT initialises them; full fine-tuning: simulator.model's weights
+        read again) with a fresh optimizer, so it starts over from the base's spread."""
+        with self.policy.gathered(writeback=True):
+            if self.config.finetune == "lora":
+                with torch.no_grad():
+                    for name, p in self.policy.model.named_parameters():
+                        if "lora_B" in name:
+                            p.zero_()
+            else:
+                self.policy.load_weights(self.config.simulator_model_path())
+        self.policy.optimizer.state.clear()  # AdamW's moments belong to the collapsed weights
+        return "the co-trained simulator reset to its base, its optimizer state cleared"
+
     def save(self, folder: Path | None) -> dict[str, Any]:
         state = {"simulator_optimizer": self.policy.optimizer_state()}
         with self.policy.gathered():
@@ -454,6 +480,11 @@ class Population(CoTrain):
         if self.ranks.main:
             self.pool.drop_after(step)
         self._synced()
+
+    def rediversify(self) -> str:
+        """The current simulator back to its base (CoTrain's); the pool's snapshots stay: they
+        are the population's history, the earlier (less collapsed) selves it draws from."""
+        return super().rediversify() + f"; the pool's {len(self.pool)} snapshots kept"
 
     def _synced(self) -> None:
         """After rank 0 changed the pool: every rank waits for it, then reads its manifest."""

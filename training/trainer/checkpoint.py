@@ -8,6 +8,7 @@
         manifest.json        name, kind, base model, regime, domain, tool format, step,
                              metrics, config
         trainer_state.pt     optimizer(s) and RNG state, for resuming
+        breaker.json         [breaker]: its state (thresholds, level, share), for resuming
         simulator/           co-training: the simulator's adapter (full fine-tuning: its
                              model folder) at this step (+ manifest.json)
 
@@ -84,9 +85,11 @@ def save(
     regime: Any,
     metrics: dict[str, Any],
     ranks: Any = None,
+    files: dict[str, Any] | None = None,
 ) -> Path:
     """Write the step's checkpoint (rank 0; every rank calls this and takes part in the
-    gathering) and return its folder."""
+    gathering) and return its folder. `files`: more JSON files for it, {name: data} (the
+    breaker's state, breaker.json), complete with it."""
     final = checkpoint_dir(run_dir, step)
     temp = final.with_name(final.name + PARTIAL)
     main = ranks is None or ranks.main
@@ -119,6 +122,8 @@ def save(
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     _write_json(temp / MANIFEST, manifest)
+    for name, data in (files or {}).items():
+        _write_json(temp / name, data)
     if (temp / "simulator").is_dir():
         sim = {**manifest, "name": f"{config.name}-simulator-step{step}", "kind": "simulator"}
         del sim["tool_format"]  # the simulator calls no tools

@@ -6,7 +6,9 @@ and a RunWriter (training/trainer/writer.py) writes it, checkpoints and reports 
     from training.trainer.loop import train
     checkpoints = train(load_config("training/configs/p4g-single-cpu.toml"), progress_callback=print)
 
-Running it again with the same output folder resumes from the last checkpoint.
+Running it again with the same output folder resumes from the last checkpoint. With [breaker]
+on, a red level stops the run after a checkpoint by raising BreakerStopped (training/measures/
+breaker.py); running it again resumes it, re-diversifying the simulators first.
 `progress_callback` gets a dict after every step:
     {"step", "total_steps", "reward", "heldout_success", "eta_seconds", "metrics", "checkpoint",
      "warnings"}
@@ -32,6 +34,8 @@ import torch
 
 from agents.domains.base import Domain, Scenario
 from training.config import RunConfig, ScenarioSpec
+from training.measures.breaker import Breaker, BreakerStopped, Verdict
+from training.measures.breaker import load as breaker_state
 from training.measures.collapse import (
     load_or_find_exploit,
     mixture_exploit,
@@ -79,6 +83,8 @@ def train(
     ranks = Ranks.start(config)
     try:
         return _train(config, progress_callback, domain, show_progress, ranks, within_step)
+    except BreakerStopped:  # not a failure: stopped on purpose, resumable
+        raise
     except Exception as exc:
         # the launcher stops the other ranks; this file says which one failed and why
         ranks.record_failure(config.run_dir(), exc)
@@ -138,8 +144,13 @@ def _train(
     # every rank loads the same global checkpoint (adapter, optimizer, RNG), so a run resumes at
     # any process count
     start = checkpoint.resume(run_dir, config, agent, regime)
+    breaker = None  # [breaker]: every rank holds it; rank 0's judgement is every rank's
+    if config.breaker.enabled:
+        saved = breaker_state(checkpoint.checkpoint_dir(run_dir, start)) if start else None
+        breaker = Breaker(config.breaker, regime.synthesis_share, saved)
+        regime.synthesis_share = breaker.share  # a resume keeps what yellow raised
     writer = RunWriter(config, run_dir, start, ranks, agent, regime, progress_callback,
-                       within_step, show_progress)  # fmt: skip
+                       within_step, show_progress, breaker)  # fmt: skip
     exploit = _exploit(config, domain, train_scenarios, models) if ranks.main else None
     speaker = _speaker(config, agent)
     embed = None  # rank 0 alone measures the step's diversity (every rank has the rollouts)
@@ -153,14 +164,37 @@ def _train(
         run.profiles = _profiles(config, run_dir) if ranks.main else None
     if config.curation.enabled:  # rank 0 weighs in the profiles' space (the others are told)
         run.curation = Curation(config.curation, run.profiles and run.profiles.space)
+    if breaker is not None and breaker.stopped:  # resumed after a red stop: re-diversify first
+        writer.note(breaker.resumed(start, regime.rediversify()))
     memory.loaded()
     writer.begin()
     for step in range(start + 1, config.steps + 1):
         row, rollouts = train_step(run, step, functools.partial(writer.phase, step))
-        saving = due(step, config.save_every, config.steps)
+        verdict = _judge(run, breaker, step, row)
+        saving = due(step, config.save_every, config.steps) or bool(verdict and verdict.stop)
         with memory.phase("checkpoint") if saving else nullcontext():
-            writer.record(step, row, rollouts)
+            folder = writer.record(step, row, rollouts, verdict)
+        if verdict and verdict.stop:  # red: stopped cleanly, the checkpoint resumes it
+            writer.close()
+            raise BreakerStopped(verdict.stop, step, str(folder or ""))
     return writer.close()
+
+
+def _judge(run: Run, breaker: Breaker | None, step: int, row: dict[str, Any]) -> Verdict | None:
+    """The breaker's judgement of the step (rank 0 holds the behaviour measures, so its
+    verdict is every rank's): its fields into the row, the synthesis share into the regime,
+    red without a stop re-diversifies now."""
+    if breaker is None:
+        return None
+    mine = [breaker.observe(step, row)] if run.ranks.main else []
+    verdict = run.ranks.gather(mine)[0]
+    row.update(verdict.row())
+    run.regime.synthesis_share = verdict.share
+    if verdict.rediversify:
+        what = run.regime.rediversify()
+        verdict.events.append({"event": "rediversify", "step": step, "rediversified": what,
+                               "message": f"breaker: re-diversified at step {step}: {what}"})  # fmt: skip
+    return verdict
 
 
 def train_step(run: Run, step: int, phase: Phase) -> tuple[dict[str, Any], list[Rollout]]:

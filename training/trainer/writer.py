@@ -16,6 +16,7 @@ from typing import Any
 from tqdm import tqdm
 
 from training.config import RunConfig
+from training.measures.breaker import EVENTS, STATE, Breaker, Verdict
 from training.measures.diversity import Warnings
 from training.measures.metrics import MetricsLog, plot
 from training.rl.distributed import Ranks
@@ -38,10 +39,14 @@ class RunWriter:
         progress_callback: Progress | None,
         within_step: Progress | None,
         show_progress: bool,
+        breaker: Breaker | None = None,
     ):
         self.config, self.run_dir, self.start, self.ranks = config, run_dir, start, ranks
         self.agent, self.regime = agent, regime
         self.main = ranks.main  # rank 0 alone writes the run's files
+        self.breaker = breaker  # [breaker]: its state goes into every checkpoint
+        # its events, one a line; a resume sets aside those of the steps it replays
+        self.events = MetricsLog(run_dir / EVENTS, resume_step=start) if self.main else None
         self.progress_callback = progress_callback
         self.within_step = within_step if self.main else None
         self.show_progress = show_progress and self.main
@@ -73,16 +78,26 @@ class RunWriter:
                        "rollouts_total": rollouts_total, "turns_done": turns_done}  # fmt: skip
             self.within_step({**self.last, "current": current})
 
-    def record(self, step: int, row: dict[str, Any], rollouts: list[Rollout]) -> None:
-        """The step's row and samples, its warnings, the checkpoint when due, the progress."""
+    def record(
+        self,
+        step: int,
+        row: dict[str, Any],
+        rollouts: list[Rollout],
+        verdict: Verdict | None = None,
+    ) -> Path | None:
+        """The step's row and samples, its warnings and breaker events, the checkpoint when due
+        (and when the breaker stops the run), the progress. Returns the checkpoint written."""
         config = self.config
-        save = due(step, config.save_every, config.steps)
+        save = due(step, config.save_every, config.steps) or bool(verdict and verdict.stop)
+        files = {STATE: self.breaker.state()} if self.breaker is not None else None
         if not self.main:
             if save:  # its part of the gathering
                 checkpoint.save(self.run_dir, step, config, self.agent, self.regime, row,
-                                ranks=self.ranks)  # fmt: skip
-            return
+                                ranks=self.ranks, files=files)  # fmt: skip
+            return None
         self.log.write(row)
+        for event in verdict.events if verdict else []:  # each with the measures that caused it
+            self.note(event)
         for warning in self.warnings.check(row):  # once per threshold, when first crossed
             tqdm.write(f"collapse warning: {warning['message']}", file=sys.stderr)
         self.samples.write_many(
@@ -96,7 +111,7 @@ class RunWriter:
         folder = None
         if save:
             folder = checkpoint.save(self.run_dir, step, config, self.agent, self.regime, row,
-                                     ranks=self.ranks)  # fmt: skip
+                                     ranks=self.ranks, files=files)  # fmt: skip
             # retention (keep_checkpoints): the last N and the best; the one a resume loads
             # (the newest, just written) is always among the last N
             self.saved = checkpoint.prune(
@@ -118,7 +133,17 @@ class RunWriter:
                 "checkpoint": str(folder) if folder else None,
                 "warnings": list(self.warnings.seen),
             }
+            if self.breaker is not None:  # the run page's breaker line
+                self.last["breaker"] = {"level": self.breaker.level, "share": self.breaker.share,
+                                        "stop": verdict.stop if verdict else ""}  # fmt: skip
             self.progress_callback(self.last)
+        return folder
+
+    def note(self, event: dict[str, Any]) -> None:
+        """A breaker event: into <run>/breaker.jsonl and said on stderr (rank 0)."""
+        if self.main:
+            self.events.write(event)
+            tqdm.write(event["message"], file=sys.stderr)
 
     def close(self) -> list[Path]:
         """The run's complete checkpoints, oldest first."""
