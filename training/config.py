@@ -678,7 +678,6 @@ class BehaviourSpec:
                 "dialogue_acts": self.dialogue_acts and self.reference == "p4g_corpus"}  # fmt: skip
 
 
-<<<<<<< HEAD
 # what the curation's quality gate drops a rollout for (training/measures/curation.py GATES)
 CURATION_GATES = {
     "fallback": "a Verbalized simulator's reply (or an endpoint's choice turn) fell back to raw"
@@ -756,7 +755,8 @@ class CurationSpec:
     def weighs(self) -> bool:
         """Whether the weights are measured in the behaviour space (needs [behaviour])."""
         return self.enabled and (self.diversity or self.mode_balance)
-=======
+
+
 def _breaker_measures(names: list[str]) -> list[str]:
     for name in names:
         if name not in ("scd", "psod") and "/" not in name:
@@ -838,7 +838,6 @@ class BreakerSpec:
 
     def judges_psod(self) -> bool:
         return any(m == "psod" or m.startswith("psod/") for m in self.measures)
->>>>>>> h/breaker
 
 
 # the GRPO block's own types (the estimators' formulas: grpo.KL_ESTIMATORS)
@@ -1104,17 +1103,15 @@ class RunConfig:
         description="COLLAPSE-AWARE behaviour profiles: MCI, SCD, BDI every step, PSOD at"
         " evaluation steps (off unless behaviour.reference is set)",
     )
-<<<<<<< HEAD
     curation: CurationSpec = Field(
         default_factory=CurationSpec,
         description="COLLAPSE-AWARE curation of the agent's update: quality gate, diversity"
         " weights, mode-balanced batches (off unless curation.enabled)",
-=======
+    )
     breaker: BreakerSpec = Field(
         default_factory=BreakerSpec,
         description="COLLAPSE-AWARE's breaker: yellow raises the synthesis share, red stops the"
         " run to re-diversify (thresholds: quantiles of the first steps; needs [behaviour])",
->>>>>>> h/breaker
     )
     dtype: Dtype = Field("float32", description="weights' dtype")
     mixed_precision: StrictBool = Field(
@@ -1148,7 +1145,6 @@ class RunConfig:
             )
         self._supply_rules()
         self._task_rules()
-<<<<<<< HEAD
         if self.curation.weighs and not self.behaviour.reference:
             raise _refuse(
                 "curation.diversity" if self.curation.diversity else "curation.mode_balance",
@@ -1156,9 +1152,7 @@ class RunConfig:
                 "weighs rollouts in the run's behaviour space: set behaviour.reference (or"
                 " curate with the gate alone: diversity = false, mode_balance = false)",
             )
-=======
         self._breaker_rules()
->>>>>>> h/breaker
         base = self.base_model_path()
         if self.trains_simulator:  # learnt in this process, on an endpoint or not
             training = [("local", str(self.simulator_model_path().expanduser().resolve()))]
