@@ -16,6 +16,7 @@ the reference's shares.
 from __future__ import annotations
 
 import json
+import random
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +33,13 @@ _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 def sentences(text: str) -> list[str]:
     """A turn's sentences (the unit the P4G annotation labels)."""
     return [s for s in (part.strip() for part in _SENTENCE.split(text)) if s]
+
+
+def capped(texts: list[str], cap: int, seed: int) -> list[str]:
+    """At most `cap` of `texts`, an even seeded draw (the order of a file says nothing)."""
+    if len(texts) <= cap:
+        return list(texts)
+    return random.Random(seed).sample(texts, cap)
 
 
 def kmeans(x: np.ndarray, k: int, seed: int, iterations: int = 50) -> np.ndarray:

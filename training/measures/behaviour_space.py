@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import csv
 import json
-import random
 from pathlib import Path
 from typing import Any
 
 from agents.behaviour.space import (  # noqa: F401  (the space itself: agents/behaviour/space.py)
     BehaviourSpace,
     Embed,
+    capped,
     fit_classifier,
     kmeans,
     sentences,
@@ -150,13 +150,6 @@ def reference_turns(reference: str, corpus: str = "", domain_data: str = "") -> 
     raise ValueError(
         f"behaviour.reference {reference!r}: expected p4g_corpus, run:<folder> or texts:<file>"
     )
-
-
-def capped(texts: list[str], cap: int, seed: int) -> list[str]:
-    """At most `cap` of `texts`, an even seeded draw (the order of a file says nothing)."""
-    if len(texts) <= cap:
-        return list(texts)
-    return random.Random(seed).sample(texts, cap)
 
 
 # -- the run's space ---------------------------------------------------------------------------
