@@ -153,12 +153,11 @@ def test_a_study_with_few_turns_says_so_on_the_page(constructed_embedder, admin_
     assert "sim2real_behaviour" not in run.figures
 
 
+@pytest.mark.model
 @pytest.mark.django_db
-def test_the_default_embedder_is_the_base_model_folder(settings, tmp_path):
+def test_the_default_embedder_is_the_base_model_folder(base_model, settings, tmp_path):
     """SmolLM2's mean-pooled hidden states, from PARLEY_BASE_MODEL: turns of a sort the people
     wrote are nearer the people than turns of another sort."""
-    if not (base_model_dir() / "config.json").is_file():
-        pytest.skip(f"no base model at {base_model_dir()}")
     settings.PARLEY_SIM2REAL_EMBEDDER, settings.PARLEY_SIM2REAL_CLUSTERS = "", 2
     assert simulator_evaluations.space_settings().embedder == str(base_model_dir())
     study = study_with_people_and_simulators()
