@@ -62,6 +62,10 @@ def study_with_people_and_simulators():
         p = finish(study, f"p{i}", answers, arm="a" if i % 2 else "b", text=wrote[0])
         for seq, text in enumerate(wrote[1:], 100):  # the rest of what they wrote
             Message.objects.create(conversation=p.conversation, seq=seq, role="user", content=text)
+    # one who missed the attention check: excluded by the study's rule, their turns left out
+    p = finish(study, "inattentive", {**answers, "attn": "5"}, arm="a", text="refuse a")
+    for seq in range(100, 110):
+        Message.objects.create(conversation=p.conversation, seq=seq, role="user", content="refuse")
     for name, conversations in SAYS.items():
         for scenario, said in zip(scenarios, conversations, strict=True):
             conversation = [{"role": "assistant", "content": "Hello, would you donate?"}]
