@@ -363,7 +363,7 @@ def behaviour_report(
             continue
         rows = (
             SimulatorEvaluation.objects.filter(arm=arm, checkpoint=checkpoint)
-            .filter(simulator__in=simulators, scenario_id__in=scenarios)
+            .filter(simulator__in=list(simulators), scenario_id__in=scenarios)
             .order_by("simulator", "scenario_id", "sample")
             .values_list("simulator", "conversation")
         )
