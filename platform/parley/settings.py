@@ -354,6 +354,11 @@ PARLEY_ENGINE_URL = env("str", "PARLEY_ENGINE_URL", f"http://{PARLEY_HOST}:{PARL
 PARLEY_LLM_TIMEOUT = env("float", "PARLEY_LLM_TIMEOUT", 120.0, above=0)
 # The sim-to-real report: conversations per held-out simulator and scenario of the study's pool.
 PARLEY_SIM2REAL_CONVERSATIONS = env("int", "PARLEY_SIM2REAL_CONVERSATIONS", 1, least=1)
+# Its behaviour section (studies/analysis/sim2real_behaviour.py): the local model folder whose
+# mean-pooled hidden states embed the turns ("" = the base model, PARLEY_BASE_MODEL; nothing is
+# downloaded), and the clusters of the space fit on the study's participants' turns.
+PARLEY_SIM2REAL_EMBEDDER = env("str", "PARLEY_SIM2REAL_EMBEDDER", "")
+PARLEY_SIM2REAL_CLUSTERS = env("int", "PARLEY_SIM2REAL_CLUSTERS", 8, least=2, most=200)
 # A running training run whose worker has not beaten this long is shown as "worker lost"; the
 # worker beats every quarter of it.
 PARLEY_TRAINING_LOST_AFTER = env("float", "PARLEY_TRAINING_LOST_AFTER", 120.0, above=0)

@@ -376,3 +376,33 @@ def sim2real_figure(report: dict[str, Any]) -> Figure | None:
         title = f"Sim-to-real gap ({level} CI); τ undefined"
     ax.set_title(title, fontsize=10)
     return figure
+
+
+def sim2real_behaviour_figure(section: dict[str, Any] | None) -> Figure | None:
+    """The behaviour section's shares: per cluster of the space fit on the study's participants,
+    the people's share of their turns beside each simulator's (grouped bars), each simulator's
+    BDI and Jensen-Shannon distance in its legend entry, the one most like the people first.
+    None when nothing was compared."""
+    if not section or section.get("error") or not (section.get("people") or {}).get("shares"):
+        return None
+    people = section["people"]["shares"]
+    sims = [s for s in section["simulators"] if s["shares"]]
+    k = len(people)
+    figure = _new_figure(max(4.5, 0.22 * (len(sims) + 1) * k + 2.5), 3.4)
+    ax = figure.subplots()
+    width = 0.8 / (len(sims) + 1)
+    x = np.arange(k)
+    ax.bar(x - 0.4 + width / 2, people, width, color=PEOPLE_COLOR,
+           label=f"people ({section['people']['turns']} turns)")  # fmt: skip
+    colors = (SIMULATOR_COLOR, *HUMANLIKE_COLORS, NEUTRAL_COLOR, CONTROL_COLOR)
+    for i, s in enumerate(sims, 1):
+        label = f"{s['label']}: BDI {s['bdi']:.2f}, JSD {s['jsd']:.2f}"
+        ax.bar(x - 0.4 + width * (i + 0.5), s["shares"], width, color=colors[(i - 1) % len(colors)],
+               label=label)  # fmt: skip
+    ax.set_xticks(x, [str(c + 1) for c in range(k)])
+    ax.set_xlabel("behaviour cluster (fit on the participants' turns)")
+    ax.set_ylabel("share of turns")
+    ax.legend(fontsize=LEGEND_SIZE, frameon=False, loc="best")
+    most = next((s["label"] for s in sims if s["name"] == section.get("most_like")), None)
+    ax.set_title(f"Behaviour beside the people; most like them: {most or '-'}", fontsize=10)
+    return figure

@@ -39,6 +39,7 @@ from scipy import stats as scipy_stats
 
 from . import stats
 from .report import finite, measure_label
+from .sim2real_behaviour import format_behaviour
 
 FORMAT = "parley.sim2real/1"
 MEASURES = ("success", "reward")  # what a held-out simulator conversation is scored on
@@ -345,5 +346,6 @@ def format_sim2real(report: dict[str, Any]) -> str:
             + (f"; {tau}" if tau else "")
             + (f" (note: {r['note']})" if r["note"] else "")
         )
+    lines += format_behaviour(report.get("behaviour"))
     lines += [f"note: {n}" for n in report["notes"]]
     return "\n".join(lines)

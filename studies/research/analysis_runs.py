@@ -12,6 +12,7 @@ from django.utils import timezone
 from studies.analysis import Settings, build_report, csvfile, pay, power
 from studies.analysis.plots import render_all
 from studies.analysis.report import control_named
+from studies.analysis.sim2real_behaviour import shares_rows
 from studies.annotation import analysis as annotation_analysis
 from studies.lib.domain_bridge import shared_domain
 from studies.lib.prepared_queries import Prepared
@@ -449,4 +450,8 @@ def comparisons_csv(report: dict) -> str:
                     arm["name"] == control,
                 ]
             )
+    # the sim-to-real behaviour section: each simulator's cluster shares beside the people's
+    behaviour = shares_rows((report.get("sim2real") or {}).get("behaviour") or {})
+    if behaviour:
+        rows += [[], ["sim-to-real behaviour"], *behaviour]
     return csvfile.to_text(rows)

@@ -5,6 +5,7 @@ played by `evaluate_missing` on the arm's endpoint), beside the arm's participan
     pending = missing(study)                  # conversations not played yet
     evaluate_missing(study)                   # play and store them (the Celery job calls this)
     report = study_report(study)              # studies.analysis.sim2real's report, with `missing`
+                                              # and `behaviour` (each simulator beside the people)
 
 An arm's checkpoint is the registered Checkpoint its model name serves (attached from a
 TrainingRun); its panel is the `[[heldout]]` list of the run config in the checkpoint's
@@ -16,6 +17,12 @@ or those named. Each is played as a plain simulator on the arm's own endpoint un
 checkpoint name: `imitate_users` registers it in the adapters folder that endpoint's engine
 serves the arms' checkpoints from, on the same base model. Its conversations are stored under its
 checkpoint name and reported apart from the run's panel, with their own gap to people.
+
+Behaviour (issue 40 point 7, studies/analysis/sim2real_behaviour.py): every simulator's stored
+turns set beside the study's included participants' turns in a behaviour space fit on the
+participants' (BDI, cluster shares, Jensen-Shannon distance): which simulator behaves most like
+the people this study met. The space is saved under PARLEY_DATA_DIR/sim2real/<study>/
+behaviour_space/<key>/ (or beside the command's --out report), named in the section.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import asyncio
 import logging
 import random
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,16 +39,28 @@ from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.db import IntegrityError
 
+from agents.behaviour.embedder import Embedder
+from agents.behaviour.space import Embed
 from agents.llm import LLMClient
 from agents.llm.errors import LLMError
 from agents.models import Checkpoint
-from studies.analysis.plots import render_svg, sim2real_figure
+from agents.paths import base_model_dir, data_dir
+from studies.analysis.plots import render_svg, sim2real_behaviour_figure, sim2real_figure
 from studies.analysis.report import included_rows
 from studies.analysis.sim2real import ArmData, Conversation, build_sim2real
+from studies.analysis.sim2real_behaviour import SimulatorTurns, SpaceSettings, behaviour_section
 from studies.analysis.table import numeric_column
 from studies.annotation import analysis as annotation_analysis
 from studies.lib.domain_bridge import protocol_of, shared_domain, system_prompt_of
-from studies.models import Arm, Item, Participant, Scenario, SimulatorEvaluation, Study
+from studies.models import (
+    Arm,
+    Item,
+    Message,
+    Participant,
+    Scenario,
+    SimulatorEvaluation,
+    Study,
+)
 from studies.research import heldout_conversations, imitation_data
 from studies.research.analysis_runs import (
     OUTCOME,
@@ -292,15 +312,86 @@ def human_values(study: Study) -> tuple[dict[str, dict[str, list[float]]], list[
     return values, [i.key for i in items], reverse
 
 
+def participant_turns(study: Study) -> tuple[list[str], int]:
+    """The turns the study's included participants wrote (the people the report's own columns
+    count: its exclusions), in the order they were written, and how many participants wrote
+    them."""
+    table = participant_table(study)
+    if table.empty:
+        return [], 0
+    included = set(table[included_rows(table, analysis_settings(study, table))]["participant"])
+    rows = (
+        Message.objects.filter(conversation__participant__study=study, role=Message.Role.USER)
+        .filter(conversation__participant__prolific_pid__in=included)
+        .order_by("conversation__participant__created_at", "conversation_id", "seq")
+        .values_list("conversation__participant_id", "content")
+    )
+    turns = [(who, text) for who, text in rows if text and text.strip()]
+    return [text for _, text in turns], len({who for who, _ in turns})
+
+
+def behaviour_embedder(folder: str) -> Embed:
+    """The embedding function of the behaviour section: mean-pooled hidden states of a local
+    model folder, loaded from disk (agents/behaviour/embedder.py)."""
+    return Embedder(folder)
+
+
+def space_settings() -> SpaceSettings:
+    """The behaviour space's settings: PARLEY_SIM2REAL_EMBEDDER ("" = the base model folder,
+    PARLEY_BASE_MODEL, as training's [behaviour] embedder) and PARLEY_SIM2REAL_CLUSTERS."""
+    folder = settings.PARLEY_SIM2REAL_EMBEDDER or str(base_model_dir())
+    return SpaceSettings(embedder=folder, clusters=settings.PARLEY_SIM2REAL_CLUSTERS)
+
+
+def behaviour_report(
+    study: Study,
+    panels: list[tuple[Arm, Checkpoint | None, list[dict]]],
+    labels: dict[str, str],
+    scenarios: set[int],
+    space_dir: Path | None = None,
+) -> dict[str, Any]:
+    """The report's `behaviour` section: every held-out and human-like simulator's stored user
+    turns (pooled over the arms, as the people are) beside the included participants'."""
+    simulators: dict[str, SimulatorTurns] = {}
+    for _, _, panel in panels:
+        for spec in panel:
+            simulators.setdefault(spec["name"], SimulatorTurns(spec["name"], spec["name"]))
+    for name, label in labels.items():
+        simulators.setdefault(name, SimulatorTurns(name, label, humanlike=True))
+    for arm, checkpoint, _ in panels:
+        if checkpoint is None:
+            continue
+        rows = (
+            SimulatorEvaluation.objects.filter(arm=arm, checkpoint=checkpoint)
+            .filter(simulator__in=list(simulators), scenario_id__in=scenarios)
+            .order_by("simulator", "scenario_id", "sample")
+            .values_list("simulator", "conversation")
+        )
+        for name, conversation in rows:
+            simulators[name].conversations += 1
+            simulators[name].turns += [
+                m["content"] for m in conversation or []
+                if m.get("role") == "user" and isinstance(m.get("content"), str)
+            ]  # fmt: skip
+    people, participants = participant_turns(study)
+    folder = space_dir or data_dir() / "sim2real" / study.slug / "behaviour_space"
+    return behaviour_section(
+        people, participants, list(simulators.values()), space_settings(), Path(folder),
+        behaviour_embedder,
+    )  # fmt: skip
+
+
 def study_report(
     study: Study,
     ci_level: float = 0.95,
     conversations: int | None = None,
     humanlike: list[str] | None = None,
+    space_dir: Path | None = None,
 ) -> dict[str, Any]:
     """The gap report of the study from what is stored, with `missing` (conversations not
-    played yet) and the study's slug; `humanlike` names the human-like simulators to show
-    (default: every one fine-tuned on this study's people)."""
+    played yet), the study's slug and `behaviour` (each simulator beside the people, its
+    space saved in `space_dir`, by default under the data folder); `humanlike` names the
+    human-like simulators to show (default: every one fine-tuned on this study's people)."""
     if shared_domain(study.domain) is None:
         report = build_sim2real([], ci_level)
         report["errors"] = [
@@ -342,6 +433,7 @@ def study_report(
         )
     # what raters of an annotation study said about these conversations, when any did
     report["annotation"] = annotation_analysis.sim2real_annotation(study, report["arms"])
+    report["behaviour"] = behaviour_report(study, panels, labels, scenarios, space_dir)
     return report
 
 
@@ -357,13 +449,14 @@ def stored(arm: Arm, checkpoint: Checkpoint | None, simulators: set[str], scenar
     )
 
 
-def figure_svg(report: dict[str, Any]) -> str | None:
-    figure = sim2real_figure(report)
-    return render_svg(figure) if figure is not None else None
+def figures_svg(report: dict[str, Any]) -> dict[str, str]:
+    """The report's figures by name: the gap, and the behaviour shares when there are any."""
+    found = {"sim2real": sim2real_figure(report),
+             "sim2real_behaviour": sim2real_behaviour_figure(report.get("behaviour"))}  # fmt: skip
+    return {name: render_svg(f) for name, f in found.items() if f is not None}
 
 
 def analysis_section(study: Study) -> tuple[dict[str, Any], dict[str, str]]:
-    """The report's `sim2real` section and its figure, for an AnalysisRun."""
+    """The report's `sim2real` section and its figures, for an AnalysisRun."""
     report = study_report(study)
-    svg = figure_svg(report)
-    return report, ({"sim2real": svg} if svg else {})
+    return report, figures_svg(report)

@@ -23,3 +23,9 @@ def interval(pair):
 @register.filter
 def ci_header(report):
     return f"{report.get('settings', {}).get('ci_level', 0.95):.0%} CI"
+
+
+@register.filter
+def at(values, index):
+    """values[index], or None past its end (a row of a table laid out by column)."""
+    return values[index] if values is not None and 0 <= index < len(values) else None

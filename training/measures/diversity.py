@@ -25,9 +25,9 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from agents.behaviour import embedder
 from agents.messages import message_text
 
 _WORD = re.compile(r"[\w']+")
@@ -100,36 +100,11 @@ def step_diversity(
     return {k: v for k, v in values.items() if v is not None}
 
 
-class Embedder:
-    """Sentence embeddings from a local Hugging Face model folder: the mean of its last hidden
-    states over the text's tokens. Loaded from disk only (nothing is downloaded)."""
+class Embedder(embedder.Embedder):
+    """The [collapse] embedding model (agents/behaviour/embedder.py: mean-pooled last hidden
+    states of a local model folder)."""
 
-    def __init__(self, folder: str | Path, batch: int = 16):
-        from transformers import AutoModel, AutoTokenizer
-
-        folder = Path(folder).expanduser()
-        if not folder.is_dir():
-            raise ValueError(f"collapse.embedding_model: no model folder at {folder}")
-        self.tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-        if self.tokenizer.pad_token is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = AutoModel.from_pretrained(folder, local_files_only=True).eval()
-        self.batch = batch
-
-    def __call__(self, texts: list[str]) -> list[list[float]]:
-        import torch
-
-        out = []
-        with torch.no_grad():
-            for i in range(0, len(texts), self.batch):
-                enc = self.tokenizer(
-                    texts[i : i + self.batch], padding=True, truncation=True,
-                    max_length=256, return_tensors="pt",
-                )  # fmt: skip
-                hidden = self.model(**enc).last_hidden_state
-                mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-                out += ((hidden * mask).sum(1) / mask.sum(1).clamp(min=1)).tolist()
-        return out
+    setting = "collapse.embedding_model"
 
 
 # -- warnings -----------------------------------------------------------------------------------

@@ -15,12 +15,12 @@ the gradient are those of the distribution that was sampled.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from agents.behaviour.measures import shannon
 from agents.serving.kvcache import cache_arg, cache_of
 
 
@@ -56,9 +56,8 @@ class Choices:
         return self.texts.index(text)
 
 
-def entropy(probs: list[float]) -> float:
-    """Shannon entropy (nats) of a discrete distribution."""
-    return -sum(p * math.log(p) for p in probs if p > 0)
+# Shannon entropy (nats) of a discrete distribution, written once with the behaviour measures.
+entropy = shannon
 
 
 @torch.no_grad()

@@ -6,13 +6,21 @@ arms' rankings compared (Kendall's tau). ``--evaluate`` first plays the missing 
 conversations in this process, as the Celery job does. Human-like simulators fine-tuned on this
 study's people (`imitate_users`) are columns of their own: every one by default, or those named
 with ``--humanlike NAME`` (repeatable; any study's), or none with ``--no-humanlike``.
+
+The report's behaviour section sets every simulator's turns beside the study's participants'
+(BDI, cluster shares, most like the people). ``--out DIR`` writes report.json, behaviour.csv,
+the figures (SVG) and the behaviour space it was measured in (DIR/behaviour_space/<key>/), so
+the report can be reproduced from what sits beside it.
 """
 
 import json
+from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
+from studies.analysis import csvfile
 from studies.analysis.sim2real import format_sim2real
+from studies.analysis.sim2real_behaviour import shares_rows
 from studies.models import Study
 from studies.research import simulator_evaluations
 
@@ -43,6 +51,12 @@ class Command(BaseCommand):
             "--no-humanlike", action="store_true", help="show no human-like simulator column"
         )
         parser.add_argument(
+            "--out",
+            metavar="DIR",
+            help="also write report.json, behaviour.csv, the figures and the behaviour space "
+            "here (made if missing)",
+        )
+        parser.add_argument(
             "--conversations",
             type=int,
             default=None,
@@ -68,10 +82,27 @@ class Command(BaseCommand):
             )
             for problem in done["failed"]:
                 self.stderr.write(f"not played: {problem}")
+        out = Path(options["out"]).expanduser() if options["out"] else None
+        if out is not None and out.exists() and not out.is_dir():
+            raise CommandError(f"--out {out}: not a folder")
         report = simulator_evaluations.study_report(
-            study, conversations=options["conversations"], humanlike=humanlike
+            study,
+            conversations=options["conversations"],
+            humanlike=humanlike,
+            space_dir=out / "behaviour_space" if out else None,
         )
+        if out is not None:
+            write_out(out, report)
         if options["json"]:
             self.stdout.write(json.dumps(report, indent=2))
         else:
             self.stdout.write(format_sim2real(report))
+
+
+def write_out(out: Path, report: dict) -> None:
+    """The report and what it was computed in, side by side in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    (out / "behaviour.csv").write_text(csvfile.to_text(shares_rows(report.get("behaviour") or {})))
+    for name, svg in simulator_evaluations.figures_svg(report).items():
+        (out / f"{name}.svg").write_text(svg)
