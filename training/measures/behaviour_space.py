@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from agents.behaviour.embedder import Embedder
 from agents.behaviour.space import (  # noqa: F401  (the space itself: agents/behaviour/space.py)
     BehaviourSpace,
     Embed,
@@ -35,6 +36,12 @@ SPACE_DIR = "behaviour_space"
 
 
 # -- the reference sets -------------------------------------------------------------------------
+
+
+class BehaviourEmbedder(Embedder):
+    """The [behaviour] embedder (agents/behaviour/embedder.py), named as such in its errors."""
+
+    setting = "behaviour.embedder"
 
 
 def p4g_folder(corpus: str, domain_data: str = "") -> Path:

@@ -292,6 +292,7 @@ def _row(run: Run, step: int, rollouts: list[Rollout], tasks: int, stats: dict) 
 def _profiles(config: RunConfig, run_dir: Path) -> Profiles:
     """The run's behaviour profiles: its space fit (or loaded) once, at the start."""
     from training.measures.behaviour_space import (
+        BehaviourEmbedder,
         load_or_fit,
         p4g_decision_shares,
         p4g_folder,
@@ -301,7 +302,7 @@ def _profiles(config: RunConfig, run_dir: Path) -> Profiles:
     space, people = None, None
     if b.reference:
         folder = b.embedder or str(config.base_model_path())
-        embed = Embedder(folder)
+        embed = BehaviourEmbedder(folder)  # its errors name behaviour.embedder
         settings = b.space_settings(config.seed, folder)
         space = load_or_fit(run_dir, settings, embed, b.corpus, config.domain_data)
     if b.reference == "p4g_corpus":

@@ -129,6 +129,11 @@ def test_the_defaults_are_the_documented_ones():
 def test_an_embedding_model_is_a_local_folder(tmp_path, tiny_model):
     with pytest.raises(ValueError, match="collapse.embedding_model: no model folder at"):
         Embedder(tmp_path / "absent")
+    from training.measures.behaviour_space import BehaviourEmbedder
+
+    # the same embedder under [behaviour] names its own setting
+    with pytest.raises(ValueError, match="behaviour.embedder: no model folder at"):
+        BehaviourEmbedder(tmp_path / "absent")
     embed = Embedder(tiny_model)
     assert dispersion(embed(["the same words", "the same words"])) == pytest.approx(0.0, abs=1e-6)
     assert dispersion(embed(["the same words", "zebra quantum 1987 ??"])) > 0.001
