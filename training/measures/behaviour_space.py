@@ -32,6 +32,7 @@ import numpy as np
 from agents.paths import reference_dir
 
 SPACE_DIR = "behaviour_space"
+EXEMPLARS = 5  # reference turns kept per cluster, nearest its centroid first
 Embed = Callable[[list[str]], list[list[float]]]
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 
@@ -233,6 +234,9 @@ class BehaviourSpace:
         self.reference_shares, self.reference_count = reference_shares, reference_count
         self.acts = acts  # {"labels", "weights", "bias", "reference_shares", "count"} or None
         self.embed = embed
+        # per cluster, the reference turns nearest its centroid: what a cluster looks like in
+        # words (Verbalized Sampling is shown the missing ones: training/regimes/synthesis.py)
+        self.exemplars: list[list[str]] | None = None
 
     @property
     def k(self) -> int:
@@ -273,7 +277,10 @@ class BehaviourSpace:
         x = raw - mean
         x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
         space.centroids = kmeans(x, settings["clusters"], settings["seed"])
-        space.reference_shares = shares(_distances(x, space.centroids).argmin(1).tolist(), space.k)
+        d = _distances(x, space.centroids)
+        space.reference_shares = shares(d.argmin(1).tolist(), space.k)
+        space.exemplars = [list(dict.fromkeys(turns[i] for i in np.argsort(d[:, j])))[:EXEMPLARS]
+                           for j in range(space.k)]  # fmt: skip
         if labelled:
             names = sorted({label for _, label in labelled})
             y = np.array([names.index(label) for _, label in labelled])
@@ -291,6 +298,7 @@ class BehaviourSpace:
             "clusters": self.k,
             "reference_count": self.reference_count,
             "reference_shares": self.reference_shares,
+            "exemplars": self.exemplars,
         }
         if self.acts is not None:
             np.save(folder / "acts_weights.npy", self.acts["weights"])
@@ -305,9 +313,11 @@ class BehaviourSpace:
         if "acts" in about:
             acts = dict(about["acts"], weights=np.load(folder / "acts_weights.npy"),
                         bias=np.load(folder / "acts_bias.npy"))  # fmt: skip
-        return cls(about["settings"], np.load(folder / "mean.npy"),
-                   np.load(folder / "centroids.npy"), about["reference_shares"],
-                   about["reference_count"], acts, embed)  # fmt: skip
+        space = cls(about["settings"], np.load(folder / "mean.npy"),
+                    np.load(folder / "centroids.npy"), about["reference_shares"],
+                    about["reference_count"], acts, embed)  # fmt: skip
+        space.exemplars = about.get("exemplars")  # a space saved before they were kept: None
+        return space
 
 
 def load_or_fit(run_dir: Path, settings: dict[str, Any], embed: Embed,

@@ -149,6 +149,7 @@ def _train(
         b = config.behaviour
         run.probes = probe_set(domain, train_scenarios, b.probe_tasks, b.probe_opening)
         run.profiles = _profiles(config, run_dir) if ranks.main else None
+        regime.observe(run.profiles)  # synthesis steers by the space before the first step too
     memory.loaded()
     writer.begin()
     for step in range(start + 1, config.steps + 1):
@@ -210,6 +211,7 @@ def train_step(run: Run, step: int, phase: Phase) -> tuple[dict[str, Any], list[
         population = [n for n in probed if n != regime.BASE]
         pooled = rollout_replies(rollouts, regime.pooled_name)
         row.update(run.profiles.row(step, probed, pooled, population))
+        regime.observe(run.profiles)
     run.optimizer_steps += int(row["optimizer_step"])
     row["optimizer_steps"] = run.optimizer_steps
 
