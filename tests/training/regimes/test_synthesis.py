@@ -201,8 +201,8 @@ def test_a_prompt_variant_is_mixed_into_its_share_of_the_group(tiny_model, tmp_p
         )
         cuts.append(round(lam * cfg.group_size))
     assert cuts == [1, 2, 3]  # lambda = 1/4, 1/2, 3/4 of G = 4 rollouts meet the second prompt
-    supply.choose(1)  # lambda 1/2: rollouts 0 and 1 meet "generous", 2 and 3 "careful"
-    _, first, second = supply.variants[1]
+    supply.choose(0)  # lambda 1/4: rollout 0 meets "generous", 1 to 3 "careful"
+    _, first, second = supply.variants[0]
     said = []
     first.respond = lambda d, rs: said.extend(("careful", r.index) for r in rs)
     second.respond = lambda d, rs: said.extend(("generous", r.index) for r in rs)
@@ -210,7 +210,7 @@ def test_a_prompt_variant_is_mixed_into_its_share_of_the_group(tiny_model, tmp_p
     for i, r in enumerate(group):
         r.index = i
     supply.respond(domain, group)
-    assert sorted(said) == [("careful", 2), ("careful", 3), ("generous", 0), ("generous", 1)]
+    assert sorted(said) == [("careful", 1), ("careful", 2), ("careful", 3), ("generous", 0)]
 
 
 # -- verbalized_missing ---------------------------------------------------------------------------
@@ -239,6 +239,14 @@ class InstructedServer(ScriptedServer):
         reply = {"responses": [{"text": t, "probability": 1 / self.k} for t in texts]}
         self.replies.append({"content": json.dumps(reply)})
         return await super().complete(request)
+
+
+def test_the_missing_clusters_are_the_peoples_least_covered_first():
+    people = [0.4, 0.3, 0.2, 0.1, 0.0]
+    population = [0.0, 0.3, 0.0, 0.5, 0.2]  # deficits 0.4, 0, 0.2, -0.4; cluster 4 not people's
+    assert syn.missing_clusters(people, population, 1) == [0]
+    assert syn.missing_clusters(people, population, 3) == [0, 2]  # only deficits above 0
+    assert syn.missing_clusters(people, None, 3) == [0, 1, 2]  # before any step: the largest
 
 
 def test_verbalized_sampling_told_the_missing_clusters_raises_the_populations_bdi(tmp_path):
@@ -341,3 +349,35 @@ def test_every_supplys_free_text_turns_land_in_the_behaviour_space(tiny_model, t
         assert texts and len(labels) == len(texts) and all(0 <= k < space.k for k in labels)
         names.add(name)
     assert names == {syn.INTERPOLATE, syn.MISSING, syn.ADVERSARIAL}
+
+
+# -- a run ----------------------------------------------------------------------------------------
+
+
+def test_a_run_with_synthesis_trains_checkpoints_and_resumes_with_the_share_it_had(
+    tiny_model, tmp_path
+):
+    from training.trainer import checkpoint
+    from training.trainer.loop import train
+
+    def run(steps):
+        cfg = decision_config(tiny_model, tmp_path, {"adversarial": True, "interpolate": True,
+                                                      "share": 0.5},
+                              steps=steps, save_every=1, threads=1, micro_batch=8)  # fmt: skip
+        train(cfg, show_progress=False)
+        return [json.loads(x) for x in (cfg.run_dir() / "metrics.jsonl").read_text().splitlines()]
+
+    first, second = run(2)
+    # one of each step's two tasks; the synthesis tasks cycle through the supplies
+    assert first["synthesis/share"] == second["synthesis/share"] == 0.5
+    assert "synthesis/interpolate/reward" in first and "synthesis/adversarial/reward" in second
+    assert second["synthesis/adversarial/learned"] == 1.0  # it learnt from its own group
+    folder = checkpoint.checkpoint_dir(tmp_path / "run", 2)
+    assert (folder / "synthesis_adversary").is_dir()
+    # the breaker raised the share before this checkpoint was written: a resume keeps it
+    state = torch.load(folder / checkpoint.STATE, weights_only=False)
+    assert state["synthesis"]["synthesis_share"] == 0.5
+    state["synthesis"]["synthesis_share"] = 1.0
+    torch.save(state, folder / checkpoint.STATE)
+    *_, third = run(3)
+    assert third["step"] == 3 and third["synthesis/share"] == 1.0
