@@ -327,6 +327,8 @@ class Synthesis:
             mine = [r for r in rollouts if r.member == ADVERSARIAL]
             stats = self.adversary.learn(step, mine)
             out.update({f"{ADVERSARIAL}/{k.removeprefix('sim/')}": v for k, v in stats.items()})
+        if MISSING in self.supplies:
+            out[f"{MISSING}/told"] = float(len(self.supplies[MISSING].told))
         for name in self.names:
             mine = [r.reward for r in rollouts if r.member == name]
             if mine:

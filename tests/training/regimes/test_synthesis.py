@@ -381,3 +381,27 @@ def test_a_run_with_synthesis_trains_checkpoints_and_resumes_with_the_share_it_h
     torch.save(state, folder / checkpoint.STATE)
     *_, third = run(3)
     assert third["step"] == 3 and third["synthesis/share"] == 1.0
+
+
+def test_a_measured_run_tells_verbalized_sampling_the_missing_clusters_and_probes_it(
+    tiny_model, tmp_path
+):
+    from training.trainer.loop import train
+
+    said = ["I am not sure about donating.", "What does Save the Children do?", "Sure.",
+            "I need the money myself.", "Hello, how are you?", "No thanks."]  # fmt: skip
+    (tmp_path / "people.jsonl").write_text("\n".join(json.dumps(t) for t in said))
+    cfg = decision_config(
+        tiny_model, tmp_path, {"verbalized_missing": True, "share": 1.0, "missing_clusters": 2},
+        steps=1, threads=1, micro_batch=8,
+        behaviour={"reference": f"texts:{tmp_path / 'people.jsonl'}", "clusters": 3,
+                   "probe_tasks": 1, "bootstrap": 0},
+    )  # fmt: skip
+    train(cfg, show_progress=False)
+    (row,) = [json.loads(x) for x in (cfg.run_dir() / "metrics.jsonl").read_text().splitlines()]
+    assert row["synthesis/share"] == 1.0 and "synthesis/verbalized_missing/reward" in row
+    assert row["synthesis/verbalized_missing/told"] == 2.0  # told before the first step
+    # played now, so probed and counted in the population (the tiny model's Verbalized Sampling
+    # answers do not parse: their raw text is its turn, measured in the clusters)
+    assert 0 < row["behaviour/clusters/probe/mci/synthesis/verbalized_missing"] <= 1
+    assert row["behaviour/clusters/probe/bdi/synthesis/verbalized_missing"] >= 0
