@@ -12,6 +12,8 @@
     [[heldout]] the held-out panel, one table per simulator
     [lora]     r / alpha / dropout / targets  (finetune = "full" trains every weight instead)
     [collapse] the diversity warnings' thresholds, an optional embedding model (CollapseSpec)
+    [behaviour] COLLAPSE-AWARE behaviour profiles (BehaviourSpec)
+    [synthesis] COLLAPSE-AWARE anti-collapse simulator supplies (SynthesisSpec)
 
 Each field is declared once, with its help and bounds beside it (pydantic dataclasses, so
 `dataclasses.replace` and `asdict` keep working). A config enters only through `parse_config`
