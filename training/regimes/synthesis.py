@@ -75,7 +75,9 @@ def synthesis_ordinal(share: float, step: int, batch_tasks: int, index: int) -> 
 
 
 def lerp(a: float, b: float, lam: float) -> float:
-    return (1 - lam) * a + lam * b
+    """(1 - lambda) a + lambda b; exactly a when a == b (an in-process simulator's top_p must
+    stay exactly 1.0, which (1 - lambda) + lambda need not give in floating point)."""
+    return a if a == b else (1 - lam) * a + lam * b
 
 
 def _persona(*parts: str) -> str:
