@@ -405,3 +405,40 @@ def test_a_measured_run_tells_verbalized_sampling_the_missing_clusters_and_probe
     # answers do not parse: their raw text is its turn, measured in the clusters)
     assert 0 < row["behaviour/clusters/probe/mci/synthesis/verbalized_missing"] <= 1
     assert row["behaviour/clusters/probe/bdi/synthesis/verbalized_missing"] >= 0
+
+
+def test_under_co_training_each_simulator_learns_from_its_own_groups_alone(
+    tiny_model, tmp_path, monkeypatch
+):
+    from training.regimes import regime as regimes
+
+    shapes = []  # each simulator's reward rows: [groups, group size]
+
+    def recorded(mode, rewards, *args):
+        shapes.append(tuple(rewards.shape))
+        return advantages(mode, rewards, *args)
+
+    advantages = regimes.simulator_advantages
+    monkeypatch.setattr(regimes, "simulator_advantages", recorded)
+    cfg = decision_config(tiny_model, tmp_path, {"adversarial": True, "share": 0.5},
+                          regime="cotrain", simulator_lr=1e-2)  # fmt: skip
+    domain = cfg.build_domain()
+    regime = make_regime(cfg, tmp_path / "r", ModelCache(cfg))
+    assert type(regime).__name__ == "SynthesizedCoTrain"
+    own, supplied = play_step(cfg, regime, 1, domain)  # the step's second task is synthesis
+    assert {r.member for r in own} == {"current"} and {r.member for r in supplied} == {
+        syn.ADVERSARIAL
+    }
+    stats = regime.learn(1, own + supplied)
+    # the co-trained simulator's reward is over its own group (P4G's: 1 - r), the adversary's too
+    assert stats["sim/reward_mean"] == pytest.approx(1 - sum(r.reward for r in own) / 4)
+    assert stats[f"{syn.ADVERSARIAL}/reward_mean"] == pytest.approx(
+        1 - sum(r.reward for r in supplied) / 4
+    )
+    assert stats["synthesis/share"] == 0.5
+    assert shapes == [(1, 4), (1, 4)]  # one whole group each, never the two mixed or split
+    # a step whose every task is a supply's leaves the co-trained simulator nothing to learn from
+    regime.synthesis_share = 1.0
+    groups = play_step(cfg, regime, 2, domain)
+    stats = regime.learn(2, [r for g in groups for r in g])
+    assert stats["sim/learned"] == 0.0 and stats["synthesis/share"] == 1.0
