@@ -12,6 +12,8 @@
     [[heldout]] the held-out panel, one table per simulator
     [lora]     r / alpha / dropout / targets  (finetune = "full" trains every weight instead)
     [collapse] the diversity warnings' thresholds, an optional embedding model (CollapseSpec)
+    [behaviour] COLLAPSE-AWARE behaviour profiles (BehaviourSpec)
+    [synthesis] COLLAPSE-AWARE anti-collapse simulator supplies (SynthesisSpec)
 
 Each field is declared once, with its help and bounds beside it (pydantic dataclasses, so
 `dataclasses.replace` and `asdict` keep working). A config enters only through `parse_config`
@@ -840,6 +842,86 @@ class BreakerSpec:
         return any(m == "psod" or m.startswith("psod/") for m in self.measures)
 
 
+@dataclass(config=TABLE)
+class SynthesisSpec:
+    """COLLAPSE-AWARE's anti-collapse synthesis (training/regimes/synthesis.py): simulator
+    supplies that play a share of each step's tasks beside the regime's own simulator.
+    interpolate: frozen variants whose settings lie between two sources (temperature, top_p,
+    a prompt variant mixed in); verbalized_missing: Verbalized Sampling told which behaviour
+    clusters the population leaves uncovered (needs [behaviour]); adversarial: a simulator
+    co-trained on 1 - the agent's reward. Off unless a supply is on: runs without it are
+    today's, draw for draw."""
+
+    share: StrictFloat = Field(
+        0.0, ge=0, le=1,
+        description="the share of each step's tasks (a task's whole group) that synthesis"
+        " supplies play; the breaker raises it at run time (regime.synthesis_share); 0 with a"
+        " supply on: built, probed for nothing, and played only once the share is raised",
+    )  # fmt: skip
+    interpolate: StrictBool = Field(
+        False, description="supply: frozen variants between the two sources' settings"
+    )
+    verbalized_missing: StrictBool = Field(
+        False,
+        description="supply: Verbalized Sampling whose prompt shows the reference's turns"
+        " nearest the clusters the population covers least (needs behaviour.reference)",
+    )
+    adversarial: StrictBool = Field(
+        False,
+        description="supply: a simulator co-trained on 1 - the agent's reward (the co-training"
+        " update, its own LoRA on simulator.model, sim learning rate and simulator_beta)",
+    )
+    from_temperature: StrictFloat = Field(
+        0.3, gt=0, le=5, description="interpolate: the first source's temperature"
+    )
+    to_temperature: StrictFloat = Field(
+        1.3, gt=0, le=5, description="interpolate: the second source's temperature"
+    )
+    from_top_p: StrictFloat = Field(
+        1.0, gt=0, le=1,
+        description="interpolate: the first source's top_p (an endpoint simulator's: in-process"
+        " sampling uses temperature alone)",
+    )  # fmt: skip
+    to_top_p: StrictFloat = Field(
+        1.0, gt=0, le=1, description="interpolate: the second source's top_p (endpoint only)"
+    )
+    from_persona: StrictStr = Field(
+        "", description="interpolate: the first source's prompt variant (persona text)"
+    )
+    to_persona: StrictStr = Field(
+        "", description="interpolate: the second source's prompt variant (persona text)"
+    )
+    variants: StrictInt = Field(
+        3, ge=1, le=16,
+        description="interpolate: the variants strictly between the sources, at lambda ="
+        " i / (variants + 1); variant i plays the second source's prompt in round(lambda x G)"
+        " of its group's G rollouts",
+    )  # fmt: skip
+    missing_clusters: StrictInt = Field(
+        3, ge=1, le=50,
+        description="verbalized_missing: how many under-covered clusters the prompt shows"
+        " (largest reference share minus population share first)",
+    )  # fmt: skip
+    exemplars: StrictInt = Field(
+        2, ge=1, le=5,
+        description="verbalized_missing: the reference's turns shown per missing cluster"
+        " (those nearest its centroid)",
+    )  # fmt: skip
+    rediversify_steps: StrictInt = Field(
+        4, ge=1, le=1000,
+        description="regime.rediversify() (the breaker, on resuming after a red stop): steps"
+        " played at share 1.0 before the share returns to what it was",
+    )  # fmt: skip
+
+    @property
+    def enabled(self) -> bool:
+        return self.interpolate or self.verbalized_missing or self.adversarial
+
+    def supplies(self) -> list[str]:
+        """The supplies on, in a fixed order (the order synthesis tasks cycle through)."""
+        return [n for n in ("interpolate", "verbalized_missing", "adversarial") if getattr(self, n)]
+
+
 # the GRPO block's own types (the estimators' formulas: grpo.KL_ESTIMATORS)
 KlEstimator = Literal["k1", "k2", "k3"]
 
@@ -1113,6 +1195,12 @@ class RunConfig:
         description="COLLAPSE-AWARE's breaker: yellow raises the synthesis share, red stops the"
         " run to re-diversify (thresholds: quantiles of the first steps; needs [behaviour])",
     )
+    synthesis: SynthesisSpec = Field(
+        default_factory=SynthesisSpec,
+        description="COLLAPSE-AWARE anti-collapse synthesis supplies: interpolated variants,"
+        " Verbalized Sampling told the missing clusters, an adversarial co-trained simulator"
+        " (off unless a supply is on)",
+    )
     dtype: Dtype = Field("float32", description="weights' dtype")
     mixed_precision: StrictBool = Field(
         False,
@@ -1153,6 +1241,7 @@ class RunConfig:
                 " curate with the gate alone: diversity = false, mode_balance = false)",
             )
         self._breaker_rules()
+        self._synthesis_rules()
         base = self.base_model_path()
         if self.trains_simulator:  # learnt in this process, on an endpoint or not
             training = [("local", str(self.simulator_model_path().expanduser().resolve()))]
@@ -1393,6 +1482,53 @@ class RunConfig:
                     " default guidelines (the release runs Persona-Guided on tau2 only, P4G's"
                     " tasks already carrying personas)",
                 )
+
+    def _synthesis_rules(self) -> None:
+        """[synthesis]: each supply's needs, refused at the start rather than met mid-run."""
+        syn = self.synthesis
+        if not syn.enabled:
+            if syn.share > 0:
+                raise _refuse(
+                    "synthesis.share", syn.share, "needs a supply on (interpolate,"
+                    " verbalized_missing or adversarial)",
+                )  # fmt: skip
+            return
+        if self.distributed.processes > 1:
+            raise _refuse(
+                "synthesis", syn.supplies(), "runs in one process: a synthesis task's group is"
+                " played and learnt on one rank (set distributed.processes = 1)",
+            )  # fmt: skip
+        base = self.synthesis_base()
+        if (syn.interpolate or syn.verbalized_missing) and base.kind == SimulatorKind.SCRIPTED:
+            raise _refuse(
+                "synthesis", syn.supplies(), "interpolate and verbalized_missing vary a model"
+                f" simulator's settings; the training simulator {base.name!r} is scripted",
+            )  # fmt: skip
+        if syn.verbalized_missing and not self.behaviour.reference:
+            raise _refuse(
+                "synthesis.verbalized_missing", True, "needs [behaviour] reference: the"
+                " clusters it is told are missing are the run's behaviour space's",
+            )  # fmt: skip
+        if syn.interpolate:
+            if not base.endpoint:
+                for key in ("from_top_p", "to_top_p"):
+                    if getattr(syn, key) != 1.0:
+                        raise _refuse(
+                            f"synthesis.{key}", getattr(syn, key), "is for an endpoint"
+                            " simulator (in-process sampling uses temperature alone)",
+                        )  # fmt: skip
+            ends = [(syn.from_temperature, syn.from_top_p, syn.from_persona),
+                    (syn.to_temperature, syn.to_top_p, syn.to_persona)]  # fmt: skip
+            if ends[0] == ends[1]:
+                raise _refuse(
+                    "synthesis.interpolate", True, "needs two sources that differ (from_/to_"
+                    " temperature, top_p or persona): every variant would be the same",
+                )  # fmt: skip
+
+    def synthesis_base(self) -> SimulatorSpec:
+        """The simulator the synthesis supplies vary: the training simulator (an Ensemble's
+        first member; a co-trained simulator's frozen base)."""
+        return self.training_simulators()[0]
 
     # -- derived values -------------------------------------------------------------------------
 

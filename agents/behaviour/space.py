@@ -28,6 +28,7 @@ from agents.behaviour.measures import shares
 
 Embed = Callable[[list[str]], list[list[float]]]
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
+EXEMPLARS = 5  # reference turns kept per cluster, nearest its centroid first
 
 
 def sentences(text: str) -> list[str]:
@@ -106,6 +107,9 @@ class BehaviourSpace:
         self.reference_shares, self.reference_count = reference_shares, reference_count
         self.acts = acts  # {"labels", "weights", "bias", "reference_shares", "count"} or None
         self.embed = embed
+        # per cluster, the reference turns nearest its centroid: what a cluster looks like in
+        # words (Verbalized Sampling is shown the missing ones: training/regimes/synthesis.py)
+        self.exemplars: list[list[str]] | None = None
 
     @property
     def k(self) -> int:
@@ -136,15 +140,22 @@ class BehaviourSpace:
 
     @classmethod
     def fit(cls, settings: dict[str, Any], turns: list[str], embed: Embed,
-            labelled: list[tuple[str, str]] | None = None) -> BehaviourSpace:  # fmt: skip
-        """Fit the clustering on the reference `turns` (and the act classifier on `labelled`)."""
+            labelled: list[tuple[str, str]] | None = None,
+            exemplars: int = EXEMPLARS) -> BehaviourSpace:  # fmt: skip
+        """Fit the clustering on the reference `turns` (and the act classifier on `labelled`);
+        keep `exemplars` reference turns per cluster (0: none, where the reference is people
+        whose words must not be copied beside the space, as a study's participants)."""
         raw = np.asarray(embed(turns), dtype=np.float64)
         mean = raw.mean(0)
         space = cls(settings, mean, np.zeros((1, raw.shape[1])), [], len(turns), embed=embed)
         x = raw - mean
         x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
         space.centroids = kmeans(x, settings["clusters"], settings["seed"])
-        space.reference_shares = shares(_distances(x, space.centroids).argmin(1).tolist(), space.k)
+        d = _distances(x, space.centroids)
+        space.reference_shares = shares(d.argmin(1).tolist(), space.k)
+        if exemplars:  # words of the reference, saved with the space: only where it may keep them
+            space.exemplars = [list(dict.fromkeys(turns[i] for i in np.argsort(d[:, j])))[:exemplars]
+                               for j in range(space.k)]  # fmt: skip
         if labelled:
             names = sorted({label for _, label in labelled})
             y = np.array([names.index(label) for _, label in labelled])
@@ -162,6 +173,7 @@ class BehaviourSpace:
             "clusters": self.k,
             "reference_count": self.reference_count,
             "reference_shares": self.reference_shares,
+            "exemplars": self.exemplars,
         }
         if self.acts is not None:
             np.save(folder / "acts_weights.npy", self.acts["weights"])
@@ -176,6 +188,8 @@ class BehaviourSpace:
         if "acts" in about:
             acts = dict(about["acts"], weights=np.load(folder / "acts_weights.npy"),
                         bias=np.load(folder / "acts_bias.npy"))  # fmt: skip
-        return cls(about["settings"], np.load(folder / "mean.npy"),
-                   np.load(folder / "centroids.npy"), about["reference_shares"],
-                   about["reference_count"], acts, embed)  # fmt: skip
+        space = cls(about["settings"], np.load(folder / "mean.npy"),
+                    np.load(folder / "centroids.npy"), about["reference_shares"],
+                    about["reference_count"], acts, embed)  # fmt: skip
+        space.exemplars = about.get("exemplars")  # a space saved before they were kept: None
+        return space

@@ -92,7 +92,7 @@ def fit_or_load(folder: Path, settings: SpaceSettings, turns: list[str],
     where = folder / space_key(settings, turns)
     if (where / "space.json").is_file():
         return BehaviourSpace.load(where, embed), False
-    space = BehaviourSpace.fit(settings.as_dict(), turns, embed)
+    space = BehaviourSpace.fit(settings.as_dict(), turns, embed, exemplars=0)  # no words kept
     space.save(where)
     return space, True
 

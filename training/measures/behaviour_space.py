@@ -23,6 +23,7 @@ from typing import Any
 
 from agents.behaviour.embedder import Embedder
 from agents.behaviour.space import (  # noqa: F401  (the space itself: agents/behaviour/space.py)
+    EXEMPLARS,
     BehaviourSpace,
     Embed,
     capped,

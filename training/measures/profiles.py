@@ -125,6 +125,9 @@ class Profiles:
     human: bool  # the space's reference is people (BDI) or simulators (relative form)
     decision_reference: dict[str, float] | None = None  # people's shares over decision texts
     before: dict[str, set[int]] = field(default_factory=dict)
+    # the training population's shares per "<space>/<form>" at the last step measured (what
+    # the synthesis supplies steer by: training/regimes/synthesis.py)
+    population_shares: dict[str, list[float]] = field(default_factory=dict)
 
     def row(self, step: int, probed: dict[str, list[Reply]], pooled: dict[str, list[Reply]],
             population: Iterable[str]) -> dict[str, float]:  # fmt: skip
@@ -172,6 +175,7 @@ class Profiles:
         if not pooled:
             return out
         put(f"{key}/scd", pooled, lambda x: m.scd(m.shares(x, k)))
+        self.population_shares[f"{space}/{form}"] = m.shares(pooled, k)
         if self.human or acts:  # the acts' reference is always the annotated people
             cover, least = self.cover_share, self.support_share
             bdi = lambda x: m.bdi(m.covered(m.shares(x, k), cover), reference, least)  # noqa: E731

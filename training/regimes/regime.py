@@ -88,7 +88,11 @@ class RegimeRun:
 
     name: str
     user: Any
-    # the share of the simulator supply that is anti-collapse synthesis (issue 40 point 5);
+    # COLLAPSE-AWARE's synthesis supplies (training/regimes/synthesis.py), set by make_regime
+    # when [synthesis] has a supply on; None: the regime's own simulator alone, as ever
+    synthesis: Any = None
+    # the share of each step's tasks the supplies play, read at every step (not the config)
+    # so the breaker can raise it while the run goes on; saved with a checkpoint (synthesis on)
     # COLLAPSE-AWARE's breaker (training/measures/breaker.py) raises it at yellow
     synthesis_share: float = 0.0
 
@@ -98,14 +102,7 @@ class RegimeRun:
         self.config = config
         self.ranks = ranks or Ranks()
         self.models = models
-        synthesis = getattr(config, "synthesis", None)  # [synthesis], where the run has one
-        self.synthesis_share = float(getattr(synthesis, "share", 0.0) or 0.0)
-
-    def rediversify(self) -> str:
-        """The breaker's red: make the simulator population diverse again, before the next
-        step; returns what was done (logged). Frozen simulators have nothing that collapsed
-        by training: they stay, and what changes is the synthesis share."""
-        return "frozen simulators: nothing trained to reset; the synthesis share carries on"
+        self.synthesis_share = config.synthesis.share
 
     @contextmanager
     def simulator(self, step: int) -> Iterator[Any]:
@@ -148,6 +145,20 @@ class RegimeRun:
 
     def load(self, folder: Path, state: dict[str, Any], step: int) -> None:
         pass
+
+    def observe(self, profiles: Any) -> None:
+        """The step's behaviour profiles (training/measures/profiles.py), once measured: what
+        the synthesis supplies steer by (Verbalized Sampling's missing clusters)."""
+
+    def rediversify(self) -> str:
+        """The breaker's red: make the simulators the agent meets diverse again, before the next
+        step; returns what was done (logged). Frozen simulators have nothing that collapsed by
+        training: they stay. A co-trained one goes back to its base (CoTrain). With [synthesis]
+        the supplies' share goes to 1.0 for synthesis.rediversify_steps steps, then back
+        (training/regimes/synthesis.py); without it the share is set all the same (nothing
+        plays it)."""
+        self.synthesis_share = 1.0
+        return "frozen simulators: nothing trained to reset"
 
 
 class Single(RegimeRun):
@@ -290,27 +301,48 @@ class EnsembleUser:
 
 
 class CoTrain(RegimeRun):
+    """The co-trained simulator. `spec`, `reward_mode`, `member` and `saved_as` default to the
+    run's own; the adversarial synthesis supply (training/regimes/synthesis.py) is another
+    CoTrain on its own spec, rewarded 1 - r, whose rollouts carry its own member name and whose
+    weights are saved in its own checkpoint folder."""
+
     name = Regime.COTRAIN
 
     def __init__(
-        self, config: RunConfig, run_dir: Path, models: ModelCache, ranks: Ranks | None = None
+        self,
+        config: RunConfig,
+        run_dir: Path,
+        models: ModelCache,
+        ranks: Ranks | None = None,
+        *,
+        spec: SimulatorSpec | None = None,
+        reward_mode: str = "",
+        member: str = "current",
+        saved_as: str = "simulator",
     ):
         super().__init__(config, run_dir, models, ranks)
-        self.reward_mode = config.simulator_reward_mode  # resolved now: a bad one fails at start
+        self.spec = spec or config.simulator
+        # resolved now: a bad one fails at start
+        self.reward_mode = reward_mode or config.simulator_reward_mode
+        self.member, self.saved_as = member, saved_as
+        # "exact" reads config.simulator's temperature: the run's own simulator alone takes it
+        self.update = config.simulator_update if spec is None else "sampled"
         self.policy = Policy.for_run(
             config,
             lr=config.sim_lr,
-            model=config.simulator_model_path(),
+            model=Path(self.spec.model).expanduser()
+            if self.spec.model
+            else config.base_model_path(),
             beta=config.simulator_beta,
             ranks=self.ranks,
         )
         rng = random.Random(config.seed)
-        if config.simulator.endpoint:  # sampled by vLLM from the weights published each step
-            self.user = ServedUser(self.policy, config.simulator, rng, config.weight_sync_host,
+        if self.spec.endpoint:  # sampled by vLLM from the weights published each step
+            self.user = ServedUser(self.policy, self.spec, rng, config.weight_sync_host,
                                    config.weight_sync_backend)  # fmt: skip
         else:
-            self.user = LocalUser(self.policy, config.simulator, tracked=True, rng=rng)
-        self.live = run_dir / "live" / "simulator"
+            self.user = LocalUser(self.policy, self.spec, tracked=True, rng=rng)
+        self.live = run_dir / "live" / saved_as
         self.domain = None  # the exact update scores every decision text: built when first needed
 
     @contextmanager
@@ -358,8 +390,8 @@ class CoTrain(RegimeRun):
         simulator plays every rollout of a group (its pool swaps one checkpoint in per rollout
         batch: CHATS-lab/scope_usim usim/slime/cotrain_loop.py dual_selfplay, commit
         6218b97532dd1c726746840486ef31801ce110e8), so its groups hold no other's rollouts."""
-        own = [r for r in rollouts if r.member == "current"]
-        per_group = len(own) * self.config.group_size // len(rollouts)
+        own = [r for r in rollouts if r.member == self.member]
+        per_group = len(own) * self.config.group_size // len(rollouts) if rollouts else 0
         if per_group < 2:
             return {"sim/learned": 0.0}
         mode = self.reward_mode
@@ -368,14 +400,14 @@ class CoTrain(RegimeRun):
             mode, rewards, self.config.scale_std, self.config.center_rewards
         )
         adv = adv.flatten()
-        if self.config.simulator_update == "exact":  # every text's reward, per ask (see there)
+        if self.update == "exact":  # every text's reward, per ask (see there)
             if self.domain is None:
                 self.domain = self.config.build_domain()
             stats = learn_exact(self.policy, own, self.domain, self.config, mode, self.ranks)
         else:
             stats = self.policy.learn(
                 [r.user for r in own], adv, self.config,
-                temperature=self.config.simulator.temperature, beta=self.config.simulator_beta,
+                temperature=self.spec.temperature, beta=self.config.simulator_beta,
                 ranks=self.ranks,
             )  # fmt: skip
         out = {f"sim/{k}": v for k, v in stats.items()}
@@ -404,16 +436,16 @@ class CoTrain(RegimeRun):
         return "the co-trained simulator reset to its base, its optimizer state cleared"
 
     def save(self, folder: Path | None) -> dict[str, Any]:
-        state = {"simulator_optimizer": self.policy.optimizer_state()}
+        state = {f"{self.saved_as}_optimizer": self.policy.optimizer_state()}
         with self.policy.gathered():
             if folder is not None:
-                self.policy.save(folder / "simulator")
+                self.policy.save(folder / self.saved_as)
         return state
 
     def load(self, folder: Path, state: dict[str, Any], step: int) -> None:
         with self.policy.gathered(writeback=True):
-            self.policy.load_weights(folder / "simulator")
-        self.policy.load_optimizer_state(state["simulator_optimizer"])
+            self.policy.load_weights(folder / self.saved_as)
+        self.policy.load_optimizer_state(state[f"{self.saved_as}_optimizer"])
 
 
 class Population(CoTrain):
@@ -547,4 +579,13 @@ CLASSES = {r.name: r for r in (Single, Persona, Ensemble, Verbalized, CoTrain, P
 def make_regime(
     config: RunConfig, run_dir: Path, models: ModelCache, ranks: Ranks | None = None
 ) -> RegimeRun:
-    return CLASSES[Regime(config.regime)](config, run_dir, models, ranks)
+    """The run's regime; with a [synthesis] supply on, the same class with the supplies mixed
+    in front of it (training/regimes/synthesis.py), so a run without one is today's exactly."""
+    cls = CLASSES[Regime(config.regime)]
+    if config.synthesis.enabled:
+        from training.regimes.synthesis import Synthesis, synthesized
+
+        regime = synthesized(cls)(config, run_dir, models, ranks)
+        regime.synthesis = Synthesis(config, run_dir, models, ranks)
+        return regime
+    return cls(config, run_dir, models, ranks)

@@ -162,6 +162,7 @@ def _train(
         b = config.behaviour
         run.probes = probe_set(domain, train_scenarios, b.probe_tasks, b.probe_opening)
         run.profiles = _profiles(config, run_dir) if ranks.main else None
+        regime.observe(run.profiles)  # synthesis steers by the space before the first step too
     if config.curation.enabled:  # rank 0 weighs in the profiles' space (the others are told)
         run.curation = Curation(config.curation, run.profiles and run.profiles.space)
     if breaker is not None and breaker.stopped:  # resumed after a red stop: re-diversify first
@@ -251,6 +252,7 @@ def train_step(run: Run, step: int, phase: Phase) -> tuple[dict[str, Any], list[
         population = [n for n in probed if n != regime.BASE]
         pooled = rollout_replies(rollouts, regime.pooled_name)
         row.update(run.profiles.row(step, probed, pooled, population))
+        regime.observe(run.profiles)
     run.optimizer_steps += int(row["optimizer_step"])
     row["optimizer_steps"] = run.optimizer_steps
 
