@@ -156,7 +156,8 @@ def worker(config_path: str, out: str) -> None:
     phases and checkpoint measured."""
     from training.config import load_config
     from training.measures.held_out import HeldOutPanel
-    from training.regimes.regime import ModelCache, make_regime
+    from training.regimes.choose import make_regime
+    from training.regimes.regime import ModelCache
     from training.rl.distributed import Ranks
     from training.rl.policy import Policy
     from training.tools.dryrun import memory

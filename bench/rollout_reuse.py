@@ -30,7 +30,8 @@ from pathlib import Path
 import torch
 
 from training.config import load_config
-from training.regimes.regime import ModelCache, make_regime
+from training.regimes.choose import make_regime
+from training.regimes.regime import ModelCache
 from training.rl.distributed import Ranks
 from training.rl.policy import LocalModel, Policy
 from training.trainer.loop import Run, _domain, _speaker, select_scenarios, train_step

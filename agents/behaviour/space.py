@@ -95,6 +95,16 @@ def fit_classifier(
     return w.detach().numpy(), b.detach().numpy()
 
 
+def _members_nearest_first(turns: list[str], d: np.ndarray, per: int) -> list[list[str]]:
+    """Per cluster, up to `per` distinct turns assigned to it, nearest its centroid first
+    (`d`: each turn's squared distance to each centroid)."""
+    nearest = d.argmin(1)
+    return [
+        list(dict.fromkeys(turns[i] for i in np.argsort(d[:, k]) if nearest[i] == k))[:per]
+        for k in range(d.shape[1])
+    ]
+
+
 class BehaviourSpace:
     """The run's behaviour space: `assign` puts turns in clusters, `acts` (P4G) labels their
     sentences with dialogue acts; `reference_shares` / `act_shares` are the reference's."""
@@ -138,6 +148,12 @@ class BehaviourSpace:
         scores = self.vectors(units) @ self.acts["weights"] + self.acts["bias"]
         return scores.argmax(1).tolist()
 
+    def nearest_turns(self, turns: list[str], per: int) -> list[list[str]]:
+        """Each cluster's `per` distinct member turns nearest its centroid, nearest first (its
+        own members only: a turn of the next cluster would show a missing one wrongly)."""
+        unique = list(dict.fromkeys(t for t in turns if t.strip()))
+        return _members_nearest_first(unique, _distances(self.vectors(unique), self.centroids), per)
+
     @classmethod
     def fit(cls, settings: dict[str, Any], turns: list[str], embed: Embed,
             labelled: list[tuple[str, str]] | None = None,
@@ -154,8 +170,8 @@ class BehaviourSpace:
         d = _distances(x, space.centroids)
         space.reference_shares = shares(d.argmin(1).tolist(), space.k)
         if exemplars:  # words of the reference, saved with the space: only where it may keep them
-            space.exemplars = [list(dict.fromkeys(turns[i] for i in np.argsort(d[:, j])))[:exemplars]
-                               for j in range(space.k)]  # fmt: skip
+            # as nearest_turns, from the distances at hand (no second embedding pass)
+            space.exemplars = _members_nearest_first(turns, d, exemplars)
         if labelled:
             names = sorted({label for _, label in labelled})
             y = np.array([names.index(label) for _, label in labelled])

@@ -176,6 +176,10 @@ def load_or_fit(run_dir: Path, settings: dict[str, Any], embed: Embed,
                 f"{folder} was fit with {space.settings}, this config asks for {settings}:"
                 " every step of a run is measured in one space (delete the folder to refit)"
             )
+        if space.exemplars is None:  # saved before they were kept: read its reference again
+            turns = capped(reference_turns(settings["reference"], corpus, domain_data),
+                           settings["reference_max"], settings["seed"])  # fmt: skip
+            space.exemplars = space.nearest_turns(turns, EXEMPLARS)
         return space
     turns = capped(reference_turns(settings["reference"], corpus, domain_data),
                    settings["reference_max"], settings["seed"])  # fmt: skip

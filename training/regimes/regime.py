@@ -574,18 +574,3 @@ class _Snapshot:
 # each class names its member of the registry (training.vocabulary.Regime): the one place a
 # regime's name, label and what it trains are declared
 CLASSES = {r.name: r for r in (Single, Persona, Ensemble, Verbalized, CoTrain, Population)}
-
-
-def make_regime(
-    config: RunConfig, run_dir: Path, models: ModelCache, ranks: Ranks | None = None
-) -> RegimeRun:
-    """The run's regime; with a [synthesis] supply on, the same class with the supplies mixed
-    in front of it (training/regimes/synthesis.py), so a run without one is today's exactly."""
-    cls = CLASSES[Regime(config.regime)]
-    if config.synthesis.enabled:
-        from training.regimes.synthesis import Synthesis, synthesized
-
-        regime = synthesized(cls)(config, run_dir, models, ranks)
-        regime.synthesis = Synthesis(config, run_dir, models, ranks)
-        return regime
-    return cls(config, run_dir, models, ranks)

@@ -44,10 +44,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from training.config import RunConfig, SimulatorSpec
-from training.measures.behaviour_space import EXEMPLARS as EXEMPLARS_KEPT
 from training.regimes.regime import CoTrain, ModelCache, frozen_simulator
 from training.rl.distributed import Ranks
 from training.rollouts.rollout import USER, Rollout
@@ -150,14 +147,6 @@ def missing_clusters(reference: Sequence[float], population: Sequence[float] | N
     q = population or [0.0] * len(reference)
     deficit = [(r - x, -k) for k, (r, x) in enumerate(zip(reference, q, strict=True)) if r > 0]
     return [-k for d, k in sorted(deficit, reverse=True) if d > 0][:n]
-
-
-def cluster_exemplars(space: Any, turns: list[str], per: int) -> list[list[str]]:
-    """The `per` distinct reference turns nearest each centroid of `space`."""
-    unique = list(dict.fromkeys(t for t in turns if t.strip()))
-    x = space.vectors(unique)
-    d = (x * x).sum(1)[:, None] - 2 * x @ space.centroids.T + (space.centroids**2).sum(1)[None]
-    return [[unique[i] for i in np.argsort(d[:, k])[:per]] for k in range(space.k)]
 
 
 def missing_note(exemplars: list[list[str]]) -> str:
@@ -306,20 +295,13 @@ class Synthesis:
             return
         space = profiles.space
         if self.exemplars is None:
-            self.exemplars = getattr(space, "exemplars", None) or self._exemplars(space)
+            # load_or_fit (training/measures/behaviour_space.py) gives a run's space its
+            # exemplars, a space saved before they were kept included
+            self.exemplars = space.exemplars
         self.measured = profiles.population_shares.get("clusters/probe", self.measured)
         syn = self.config.synthesis
         told = missing_clusters(space.reference_shares, self.measured, syn.missing_clusters)
         self.supplies[MISSING].tell(told, [e[: syn.exemplars] for e in self.exemplars])
-
-    def _exemplars(self, space: Any) -> list[list[str]]:
-        """A space saved without its exemplars: read its reference again (as it was fit)."""
-        from training.measures.behaviour_space import capped, reference_turns
-
-        s, b = space.settings, self.config.behaviour
-        turns = capped(reference_turns(s["reference"], b.corpus, self.config.domain_data),
-                       s["reference_max"], s["seed"])  # fmt: skip
-        return cluster_exemplars(space, turns, EXEMPLARS_KEPT)
 
     def learn(self, step: int, rollouts: list[Rollout], share: float) -> dict[str, float]:
         """The adversary's step on its own groups; the step's synthesis figures."""

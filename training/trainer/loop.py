@@ -47,7 +47,8 @@ from training.measures.diversity import Embedder, step_diversity
 from training.measures.held_out import HeldOutPanel
 from training.measures.metrics import MetricsLog
 from training.measures.profiles import Profiles, Reply, ask, probe_set, psod_row, rollout_replies
-from training.regimes.regime import ModelCache, frozen_simulator, make_regime
+from training.regimes.choose import make_regime
+from training.regimes.regime import ModelCache, frozen_simulator
 from training.rl.distributed import Ranks
 from training.rl.grpo import group_advantages
 from training.rl.policy import Policy

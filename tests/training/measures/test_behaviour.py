@@ -123,6 +123,27 @@ def test_a_resumed_run_refuses_another_space(tmp_path):
         load_or_fit(tmp_path, fitted | {"clusters": 3}, embed)
 
 
+def test_each_cluster_keeps_its_nearest_reference_turns_a_space_saved_without_them_too(tmp_path):
+    """Verbalized Sampling is told what a missing cluster looks like in the reference's words
+    (training/regimes/synthesis.py): each cluster's turns nearest its centroid, kept with a run's
+    space; a space saved before they were kept finds them again from its reference."""
+    import json
+
+    (tmp_path / "ref.jsonl").write_text("\n".join(f'"{w} {i}"' for w in WORDS for i in range(3)))
+    fitted = settings(reference=f"texts:{tmp_path / 'ref.jsonl'}")
+    space = load_or_fit(tmp_path, fitted, embed)
+    for k, turns in enumerate(space.exemplars):
+        assert len(turns) == 3 and set(space.assign(turns)) == {k}
+    saved = tmp_path / "behaviour_space" / "space.json"
+    about = json.loads(saved.read_text())
+    del about["exemplars"]
+    saved.write_text(json.dumps(about))
+    assert load_or_fit(tmp_path, fitted, embed).exemplars == space.exemplars
+    # a study's people: no words kept beside the space
+    assert BehaviourSpace.fit(fitted, [f"{w} {i}" for w in WORDS for i in range(3)], embed,
+                              exemplars=0).exemplars is None  # fmt: skip
+
+
 def test_the_act_classifier_learns_constructed_acts():
     labelled = [(f"{w} {'y' * i}.", "agree" if w in ("yes", "ok") else "object")
                 for w in WORDS for i in range(6)]  # fmt: skip
@@ -238,7 +259,8 @@ def test_kmeans_keeps_every_cluster_in_use():
 def test_an_ensemble_is_probed_member_by_member_on_the_same_fixed_probes(tmp_path):
     from training.config import RunConfig
     from training.measures.profiles import ask, probe_set
-    from training.regimes.regime import ModelCache, make_regime
+    from training.regimes.choose import make_regime
+    from training.regimes.regime import ModelCache
 
     members = [{"name": n, "kind": "scripted", "script": n} for n in ("anchored", "reactant")]
     config = RunConfig.from_dict({"name": "e", "domain": "p4g-decision", "regime": "ensemble",

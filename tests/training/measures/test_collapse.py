@@ -17,7 +17,8 @@ from agents.simulators.scripted import ScriptedPersuadee
 from training.config import RunConfig, SimulatorSpec
 from training.measures.collapse import variance_split
 from training.measures.held_out import HeldOutPanel
-from training.regimes.regime import ModelCache, make_regime
+from training.regimes.choose import make_regime
+from training.regimes.regime import ModelCache
 from training.rl.grpo import TokenBatch, token_logprobs
 from training.rl.policy import LocalModel, Policy
 from training.rollouts.agent import LocalAgent

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from training.config import RunConfig, SimulatorSpec
+from training.regimes.choose import make_regime
 from training.regimes.pool import SimulatorPool
-from training.regimes.regime import ModelCache, make_regime
+from training.regimes.regime import ModelCache
 from training.rl.grpo import TokenBatch, group_advantages, update
 from training.rl.policy import LocalModel, Policy
 from training.rollouts.agent import LocalAgent

@@ -14,7 +14,8 @@ from safetensors.torch import load_file
 from agents.domains import DOMAINS, domain_class
 from training.__main__ import vocabularies
 from training.config import SIMULATOR_REWARDS, ConfigError, RunConfig
-from training.regimes.regime import ModelCache, make_regime
+from training.regimes.choose import make_regime
+from training.regimes.regime import ModelCache
 from training.regimes.sim_rewards import curriculum_reward, simulator_advantages, simulator_rewards
 from training.rl.policy import Policy
 from training.rollouts.agent import LocalAgent

@@ -14,7 +14,8 @@ from tests.support.scripted_server import ScriptedServer
 from tests.support.training import adapter, assert_same, metrics, one_and_two
 from training.config import ConfigError, RunConfig
 from training.measures.collapse import mixture_exploit
-from training.regimes.regime import ModelCache, make_regime
+from training.regimes.choose import make_regime
+from training.regimes.regime import ModelCache
 from training.rl.policy import LocalModel
 from training.rollouts.rollout import Rollout
 from training.trainer.loop import _play_task, train

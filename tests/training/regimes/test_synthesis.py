@@ -18,7 +18,8 @@ from training.measures.behaviour_space import BehaviourSpace
 from training.measures.diversity import Embedder
 from training.measures.profiles import Profiles, Reply, ask, probe_set
 from training.regimes import synthesis as syn
-from training.regimes.regime import ModelCache, frozen_simulator, make_regime
+from training.regimes.choose import make_regime
+from training.regimes.regime import ModelCache, frozen_simulator
 from training.rollouts.rollout import USER, Rollout
 from training.trainer.loop import _play_task
 
