@@ -289,6 +289,13 @@ def analyse(
             "exploit_earns": [r.get("exploit_earns") for r in records],
             "secondary": secondary(records),
         }
+        # PSOD's exact form: R(agent; the simulator it trained against at the end) - R(agent;
+        # the deciding held-out panel), both sum_a pi(a) E(a) (secondary)
+        block["secondary"]["exact/psod"] = [
+            r["secondary"]["exact/R_train"] - h
+            for r, h in zip(records, block["heldout_deciding"], strict=True)
+            if "exact/R_train" in (r.get("secondary") or {})
+        ]
         out["regimes"][regime] = block
         if regime == "single":
             continue

@@ -140,7 +140,7 @@ def base_decisions(run_toml: Path) -> tuple[dict[str, Any], list[str]]:
     from agents.domains import get_domain
     from agents.paths import base_model_dir
     from training.config import load_config
-    from training.measures.collapse import simulator_exploit, user_decisions
+    from training.measures.collapse import EXPLOIT_TOLERANCE, user_decisions
     from training.rl.policy import LocalModel
     from training.rollouts.simulator import LocalUser
     from training.trainer.loop import select_scenarios
@@ -158,7 +158,10 @@ def base_decisions(run_toml: Path) -> tuple[dict[str, Any], list[str]]:
                "texts": list(d.texts)} for d, r in pairs]
         for ask, pairs in found.items()
     }  # fmt: skip
-    exploit = simulator_exploit(domain, tasks, user)["exploit"]
+    # the exploit as training/measures/collapse.py defines it (simulator_exploit), from the same
+    # decisions: the asks within EXPLOIT_TOLERANCE of the best base expected reward
+    base = expected_at(decisions, None)
+    exploit = [a for a, e in base.items() if e >= max(base.values()) - EXPLOIT_TOLERANCE]
     return decisions, exploit
 
 
