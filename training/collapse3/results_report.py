@@ -43,10 +43,13 @@ def markdown(r: dict[str, Any]) -> str:
     lines = [
         "# collapse3: can the decision episode tell the regimes apart?",
         "",
-        f"`{r['command']}`, {r['runtime_s'] / 60:.0f} minutes in all. Load at the start: "
-        f"`{r['load']['start']}`; at the end: `{r['load']['end']}`. Design: "
+        f"`{r['command']}`, {r['runtime_s'] / 60:.0f} minutes in all. Design: "
         "training/collapse3/design.toml and README.md, registered (registration.toml) before any "
-        "run.",
+        "run. The machine's load (`uptime`), per invocation: "
+        + "; ".join(
+            f"{x['seconds'] / 60:.0f} min from `{x['start']}` to `{x['end']}`" for x in r["load"]
+        )
+        + ".",
         "",
         provenance_line(r["provenance"]),
         "",

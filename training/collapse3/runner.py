@@ -348,14 +348,20 @@ def run(
     for config in runs:
         records.setdefault(config.regime, []).append(record(config, checks["vs_expected"]))
     runtime = _add_runtime(out, time.monotonic() - started)
+    loads = _add_load(out, {"start": load_start, "end": load(),
+                            "seconds": round(time.monotonic() - started, 1)})  # fmt: skip
     result = analysis.analyse(records, expected, deciding, checks["C3"]["tv"])
     for regime in arms["regimes"]:
         if regime not in regimes:
             why = ("C3 failed: not run" if regime == Regime.VERBALIZED and not checks["C3"]["holds"]
                    else "no-go: " + gate["why"])  # fmt: skip
             result["regimes"][regime] = {"verdict": "not run", "uninformative_because": [why]}
-    # the configuration hashed without this machine's folders (flat prior, SmolLM2)
+    # the configuration hashed without this machine's folders (flat prior, SmolLM2), with what
+    # the pilots chose (the agent's lr, the simulator's weight and lr)
     portable = base.to_dict() | {
+        "lr": lr,
+        "simulator_beta": chosen[0] if chosen else None,
+        "simulator_lr": chosen[1] if chosen else None,
         "base_model": "",
         "simulator": {**base.to_dict()["simulator"], "model": ""},
     }
@@ -365,7 +371,7 @@ def run(
         "provenance": provenance({"design": design, "run": portable})
         | {"commit": source[0], "dirty": source[1]},
         "registration": check_registration(),
-        "load": {"start": load_start, "end": load()},
+        "load": loads,  # one entry per invocation that built DIR (a resumed run has several)
         "runtime_s": round(runtime, 1),
         "design": design,
         "flat_prior": prior,
@@ -384,6 +390,15 @@ def run(
 
     write(results, out)
     return results
+
+
+def _add_load(out: Path, entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """The machine's load at the start and the end of each invocation that built `out`."""
+    path = out / "load.json"
+    loads = json.loads(path.read_text()) if path.is_file() else []
+    loads.append(entry)
+    path.write_text(json.dumps(loads, indent=1))
+    return loads
 
 
 def _by(runs: list[RunConfig], key) -> dict[Any, list[dict[str, Any]]]:
