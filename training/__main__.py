@@ -2,6 +2,7 @@
 python -m training run CONFIG.toml --dry-run [--offline] [--json] [--accelerate-config FILE]
 python -m training experiment collapse [--seeds N] [--steps N] [--out DIR] [--jobs J]
 python -m training experiment collapse2 [--out DIR] [--jobs J]
+python -m training experiment collapse3 [--out DIR] [--jobs J]
 python -m training paper [--json]
 
 `run` trains the run the TOML file describes, with a progress bar; run it again to resume.
@@ -14,7 +15,9 @@ per device; `--offline` only what needs no network or weights.
 `experiment collapse` trains every regime on the P4G decision episode for each seed and writes
 DIR/results.json, DIR/results.md and plots (training/tools/experiment.py); run it again to resume.
 `experiment collapse2` is the pre-registered one (training/collapse2/: its design, analysis and
-verdict rule are fixed; --seeds, --steps and --config do not apply).
+verdict rule are fixed; --seeds, --steps and --config do not apply); `experiment collapse3` is
+its successor (training/collapse3/: design, analysis and runner registered by hash, the same three
+options refused).
 `paper` lists the paper's results (training/tools/paper.py): each one's config, the command for one
 8-GPU node, the memory per GPU from the offline dry run, and where it differs from the release.
 """
@@ -89,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     experiment = commands.add_parser(
         "experiment", help="reproduce simulator collapse: every regime x seeds (see README)"
     )
-    experiment.add_argument("name", choices=["collapse", "collapse2"], help="the experiment")
+    experiment.add_argument(
+        "name", choices=["collapse", "collapse2", "collapse3"], help="the experiment"
+    )
     experiment.add_argument("--seeds", type=int, default=3, help="seeds per regime (default 3)")
     experiment.add_argument("--steps", type=int, help="override the config's steps")
     experiment.add_argument(
@@ -199,7 +204,7 @@ def _experiment(args: argparse.Namespace, argv: list[str]) -> int:
     from training.tools.experiment import command_line, run
 
     out = Path(args.out) if args.out else data_dir() / "experiments" / args.name
-    if args.name == "collapse2":
+    if args.name in ("collapse2", "collapse3"):
         return _collapse2(args, argv, out)
     try:
         results = run(
@@ -216,13 +221,17 @@ def _experiment(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _collapse2(args: argparse.Namespace, argv: list[str], out) -> int:
-    from training.collapse2.runner import run
+    """collapse2 and collapse3: pre-registered, so nothing the design fixes is an option."""
+    import importlib
+
     from training.tools.experiment import command_line
+
+    run = importlib.import_module(f"training.{args.name}.runner").run
 
     fixed = [f"--{k}" for k in ("seeds", "steps", "config")
              if f"--{k}" in argv or any(a.startswith(f"--{k}=") for a in argv)]  # fmt: skip
     if fixed:
-        print(f"error: collapse2's design is fixed: {', '.join(fixed)} does not apply",
+        print(f"error: {args.name}'s design is fixed: {', '.join(fixed)} does not apply",
               file=sys.stderr)  # fmt: skip
         return 2
     try:
