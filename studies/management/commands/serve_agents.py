@@ -28,7 +28,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 from django.db.models import Q
 
-from agents.models import ModelEndpoint, adapters_dir
+from agents.models import ModelEndpoint, Replica, adapters_dir
 from agents.paths import base_model_dir, data_dir
 from agents.serving.process import StartError, Supervised
 from agents.serving.replicas import (
@@ -45,6 +45,8 @@ from studies.setup.arm_adapters import UnknownAdapter, study_adapters
 from studies.setup.arm_endpoints import check_endpoint, point_arms, register_endpoint
 
 log = logging.getLogger(__name__)
+# probes of a replica just started again before its stored health is left as the last answered
+HEALTH_TRIES = 5
 
 
 class Command(BaseCommand):
@@ -169,25 +171,41 @@ class Command(BaseCommand):
         """Serve until interrupted; a replica that stops is reported and started again, and the
         endpoint's stored health follows (a down replica is routed around until then)."""
         watched = [
-            Supervised(f"replica {r.url}", r.process, lambda r=r: self.restart(r)) for r in replicas
+            (r, Supervised(f"replica {r.url}", r.process, lambda r=r: self.restart(r)))
+            for r in replicas
         ]
         while True:
             time.sleep(1)
-            for replica in watched:
-                if line := replica.check():
-                    # stored first, so that once the line is out the admin's list says it too
-                    self.check_health(endpoint)
+            for replica, supervised in watched:
+                if line := supervised.check():
+                    # stored first, so that once the line is out the admin's list says it too;
+                    # a replica started again has answered /health already: a probe that times
+                    # out on a busy machine is asked again rather than stored as its state
+                    running = replica.process.poll() is None
+                    self.check_health(endpoint, up=replica.url if running else None)
                     self.stderr.write(line)
 
     def restart(self, replica):
         restart_replica(replica)
         return replica.process
 
-    def check_health(self, endpoint):
-        try:
-            check_endpoint(endpoint)
-        except Exception:  # a database that is away must not stop the serving
-            log.exception("could not store the health of endpoint %s", endpoint.name)
+    def check_health(self, endpoint, up: str | None = None, tries: int = HEALTH_TRIES):
+        """Store every replica's health now; `up`: a replica known to be serving, whose probe
+        is repeated (1 s apart, `tries` in all) until it reads up."""
+        for attempt in range(tries):
+            try:
+                check_endpoint(endpoint)
+                stored = dict(endpoint.replicas.values_list("url", "status"))
+            except Exception:  # a database that is away must not stop the serving
+                log.exception("could not store the health of endpoint %s", endpoint.name)
+                return
+            if (
+                up is None
+                or stored.get(up.rstrip("/")) == Replica.Status.UP
+                or attempt == tries - 1
+            ):
+                return
+            time.sleep(1)
 
 
 def first_url(host: str, port: int) -> str:

@@ -106,6 +106,32 @@ def test_a_killed_replica_is_started_again_and_the_admins_replicas_are_kept(base
     assert not group_alive(int(started.split("pid ")[1].rstrip(")")))
 
 
+def test_a_replica_started_again_is_probed_until_it_reads_up(monkeypatch):
+    """A replica started again has answered /health; a probe that times out on a busy machine
+    (3 s) must not leave it stored "down" until the next beat: it is asked again. A replica
+    that stopped is stored at once."""
+    from studies.management.commands import serve_agents
+
+    url = "http://127.0.0.1:9/v1"
+    ModelEndpoint.register("default", "embedded", [url])
+    endpoint = ModelEndpoint.objects.get(name="default")
+    answers = iter(["down", "down", "up"])
+    probed = []
+
+    def probe(endpoint):
+        probed.append(1)
+        endpoint.replicas.update(status=next(answers))
+
+    monkeypatch.setattr(serve_agents, "check_endpoint", probe)
+    monkeypatch.setattr(serve_agents.time, "sleep", lambda s: None)
+    command = serve_agents.Command()
+    command.check_health(endpoint, up=url)
+    assert len(probed) == 3 and endpoint.replicas.get().status == "up"
+    probed.clear()
+    command.check_health(endpoint)  # stopped: one probe, stored as it answered
+    assert len(probed) == 1
+
+
 def test_refuses_what_it_cannot_serve(base_model):
     with pytest.raises(CommandError, match="No study 'nowhere'"):
         call_command("serve_agents", "--study", "nowhere")
