@@ -121,6 +121,13 @@ class ServeAgents:
             pytest.fail(f"serve_agents exited ({self.process.wait()}):\n{self.log()}")
         return line
 
+    def next_saying(self, start: str, timeout: float = 300) -> str:
+        """The command's next line that starts with `start` (httpx logs each health probe's
+        request between its own lines)."""
+        while not (line := self.next_line(timeout)).startswith(start):
+            pass
+        return line
+
     def log(self) -> str:
         return "".join(self.output)[-4000:]
 

@@ -64,13 +64,6 @@ def test_serves_the_study_on_two_replicas_and_stops_them_all(base_model, checkpo
     assert not [url for url, pid in command.replicas.items() if group_alive(pid)]
 
 
-def next_saying(command: ServeAgents, start: str) -> str:
-    """The command's next line that starts with `start` (httpx logs its requests between)."""
-    while not (line := command.next_line(300)).startswith(start):
-        pass
-    return line
-
-
 @pytest.mark.model
 def test_a_killed_replica_is_started_again_and_the_admins_replicas_are_kept(base_model, tmp_path):
     """`make demo`'s engine: its replica killed outright (SIGKILL) is started again on its port
@@ -91,9 +84,9 @@ def test_a_killed_replica_is_started_again_and_the_admins_replicas_are_kept(base
         assert endpoint.urls() == [url, added]  # nothing stored is lost
         (pid,) = command.replicas.values()
         os.killpg(pid, signal.SIGKILL)
-        stopped = next_saying(command, f"replica {url} stopped")
+        stopped = command.next_saying(f"replica {url} stopped")
         assert stopped.startswith(f"replica {url} stopped (code -9); starting it again in 1 s")
-        started = next_saying(command, f"replica {url} ")
+        started = command.next_saying(f"replica {url} ")
         assert started.startswith(f"replica {url} started again (pid "), command.log()
         assert command.process.poll() is None
         assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200

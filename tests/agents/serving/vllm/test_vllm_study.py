@@ -193,7 +193,8 @@ async def test_turns_stream_from_vllm_and_fail_over_when_the_replica_dies(served
     deadline = time.monotonic() + 30
     while group_alive(served.replicas[first.replica]) and time.monotonic() < deadline:
         await asyncio.sleep(0.2)
-    assert "stopped" in served.next_line(timeout=30)  # serve_agents says so, and serves on
+    # serve_agents says so (its health probes' request lines may come first), and serves on
+    assert "stopped" in served.next_saying("replica ", timeout=30)
 
     events = await turn(chat, 2)
     assert events[-1]["message"]["content"]
