@@ -12,6 +12,7 @@ from collections import Counter, defaultdict
 from django.db import transaction
 from django.db.models import Count, Q
 
+from studies.lib.lock_objects import lock_study
 from studies.models import Participant, RatedConversation, RatingAssignment, Study
 
 
@@ -24,7 +25,7 @@ def assign(participant: Participant, rng: random.Random | None = None) -> list[R
     """The rater's conversations, made once (a rater who comes back gets the same ones)."""
     rng = rng or random.Random()
     with transaction.atomic():
-        study = Study.objects.select_for_update().get(pk=participant.study_id)
+        study = lock_study(participant.study_id)
         mine = list(participant.rating_assignments.select_related("conversation"))
         if mine:
             return mine

@@ -29,8 +29,9 @@ from studies.lib.domain_bridge import (
     system_prompt,
     system_prompt_of,
 )
+from studies.lib.lock_objects import lock_conversation, lock_conversation_id
 from studies.lib.prepared_queries import Prepared
-from studies.models import Arm, Conversation, Message, Participant, next_seq
+from studies.models import Arm, Message, Participant, next_seq
 
 Send = Callable[[dict], Awaitable[None]]
 
@@ -302,9 +303,6 @@ def final_reply(user_message: Message) -> Message | None:
 
 
 # The reply's reads, compiled once (studies/lib/prepared_queries.py).
-LOCK_CONVERSATION = Prepared(
-    lambda pk: Conversation.objects.select_for_update().filter(pk=pk).values_list("pk"), 1
-)
 LATER_MESSAGES = Prepared(
     lambda conversation, seq: (
         Message.objects.filter(conversation=conversation, seq__gt=seq)
@@ -320,7 +318,7 @@ def store_turn_message(user_message: Message, mine: list[int], **fields) -> Mess
     """Store this turn's agent message unless another turn already answers `user_message`
     (the conversation's row lock orders two windows' writes, on every worker); None when one
     does. One read after the lock gives both the other replies and the next seq."""
-    LOCK_CONVERSATION.rows(user_message.conversation_id)
+    lock_conversation_id(user_message.conversation_id)
     later = LATER_MESSAGES.rows(user_message.conversation_id, user_message.seq)
     if any(reply_to == user_message.pk and pk not in mine for _, reply_to, pk in later):
         return None
@@ -355,7 +353,7 @@ def run_tool(
 ) -> Message:
     """Run one tool call on this conversation's own state and store its result."""
     with transaction.atomic():
-        conversation = Conversation.objects.select_for_update().get(pk=conversation_id)
+        conversation = lock_conversation(conversation_id)
         state = domain.load_state(scenario, conversation.state)
         function = call.get("function", {})
         arguments = function.get("arguments") or "{}"

@@ -24,6 +24,13 @@ from studies.lib.domain_bridge import (  # noqa: F401 - debrief: the debrief pag
     score_conversation,
 )
 from studies.lib.flow_errors import FlowError, NotFound, StudyFull, StudyNotOpen
+from studies.lib.lock_objects import (
+    PAGE_RELATIONS,
+    lock_arm,
+    lock_chat_conversation,
+    lock_participant,
+    lock_participant_with_page,
+)
 from studies.lib.prepared_queries import Prepared, fields_of, instances
 from studies.models import (
     COMPLETE_URL,
@@ -86,10 +93,6 @@ def open_study(slug: str) -> Study:
     return study
 
 
-# What a participant's pages show besides the participant: study__annotation tells an
-# annotation study, study__questionnaire the questionnaire's page, without another read.
-PAGE_RELATIONS = ("study", "study__annotation", "study__questionnaire", "arm", "scenario")
-
 # Every participant page reads its participant by token, with what the page shows of the study:
 # compiled once (studies/lib/prepared_queries.py), as compiling it cost more than running it.
 # The token is unique: no order needed.
@@ -98,26 +101,6 @@ PARTICIPANT = Prepared(
     1,
     kinds=(uuid.UUID,),
 )
-
-
-# A step's read of its participant under the row lock (of its own row only), with the same
-# relations, so that the step reads no study, arm or scenario again.
-LOCKED_PARTICIPANT = Prepared(
-    lambda pk: (
-        Participant.objects.select_for_update(of=("self",))
-        .select_related(*PAGE_RELATIONS)
-        .filter(pk=pk)
-    ),
-    1,
-)
-
-
-def lock_participant(pk: int) -> Participant:
-    """The participant, locked until the caller's transaction ends; DoesNotExist as `get`."""
-    found = LOCKED_PARTICIPANT.objects(pk)
-    if not found:
-        raise Participant.DoesNotExist("Participant matching query does not exist.")
-    return found[0]
 
 
 def find_participant(token: str) -> Participant:
@@ -246,8 +229,7 @@ def place_in_least_filled(study: Study, is_bot: bool, last: bool) -> tuple[Arm, 
     every arm is full it takes no place (StudyFull). Bots rehearse beside people, uncapped.
     """
     arm = least_filled_arm(study, is_bot)
-    # Unordered: Arm's default order joins the study, and FOR UPDATE would lock its row too.
-    list(Arm.objects.select_for_update().filter(pk=arm.pk).order_by().values_list("pk"))
+    lock_arm(arm.pk)
     filled = {a.pk: a.filled for a in arms_with_fill(study, is_bot)}
     mine = filled.get(arm.pk, arm.filled)
     if not is_bot and mine >= study.target_per_arm:
@@ -388,7 +370,7 @@ def give_consent(participant: Participant, accepted: bool, read=None) -> Partici
 
 @transaction.atomic
 def _give_consent(participant: Participant, accepted: bool, read=None) -> Participant:
-    participant = lock_participant(participant.pk)
+    participant = lock_participant_with_page(participant.pk)
     if participant.status != Participant.Status.CONSENT:
         return participant  # a double submit changes nothing
     if accepted:
@@ -452,7 +434,7 @@ def restart(participant: Participant) -> Participant:
     for attempt in range(ASSIGN_ATTEMPTS):
         try:
             with transaction.atomic():
-                locked = Participant.objects.select_for_update().get(pk=participant.pk)
+                locked = lock_participant(participant.pk)
                 if locked.status != Participant.Status.UNSTARTED:
                     return locked
                 if locked.is_preview:  # a preview keeps the arm its link fixed
@@ -550,16 +532,8 @@ def storable_text(text: str) -> str:
     return LONE_SURROGATE.sub("\ufffd", text.replace("\x00", ""))
 
 
-# A chat turn's reads, compiled once (studies/lib/prepared_queries.py). The lock: the participant's
-# conversation, with what of the participant changes during a chat (status, clock).
-LOCK_CHAT = Prepared(
-    lambda participant: (
-        Conversation.objects.select_for_update(of=("self",))
-        .filter(participant=participant)
-        .values_list("pk", "ended_at", "participant__status", "participant__created_at")
-    ),
-    1,
-)
+# A chat turn's reads, compiled once (studies/lib/prepared_queries.py); its lock:
+# lock_chat_conversation.
 # Unordered: an ORDER BY costs Django more to compile than the sort costs Python.
 MESSAGES = Prepared(
     lambda conversation: (
@@ -582,7 +556,7 @@ def store_user_message(participant: Participant, client_id: str, text: str) -> S
     the chat opened); only what changes during a chat is read again under the lock.
     """
     text = storable_text(text)
-    locked = LOCK_CHAT.rows(participant.pk)
+    locked = lock_chat_conversation(participant.pk)
     if not locked:
         raise Conversation.DoesNotExist
     conversation_id, ended_at, status, created_at = locked[0]
@@ -655,7 +629,7 @@ def chat_status(participant: Participant, sent: int | None = None) -> dict:
 
 @transaction.atomic
 def end_chat(participant: Participant, reason: str = "participant") -> Participant:
-    participant = lock_participant(participant.pk)
+    participant = lock_participant_with_page(participant.pk)
     if participant.status != Participant.Status.CHAT:
         return participant
     conversation = CONVERSATION_OF.objects(participant.pk)[0]
@@ -745,7 +719,7 @@ def questionnaire_items(study: Study) -> list[Item]:
 @transaction.atomic
 def submit_questionnaire(participant: Participant, data) -> dict[str, str]:
     """Store the answers and complete the participant; returns errors (nothing stored) if any."""
-    participant = lock_participant(participant.pk)
+    participant = lock_participant_with_page(participant.pk)
     if participant.status != Participant.Status.QUESTIONNAIRE:
         return {}
     items = questionnaire_items(participant.study)

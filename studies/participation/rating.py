@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from studies.lib.domain_bridge import speaker_names
 from studies.lib.flow_errors import FlowError
+from studies.lib.lock_objects import lock_participant, lock_rating_assignment
 from studies.models import Item, Participant, RatingAssignment
 from studies.participation.flow import storable_text, study_progress, validate_answers
 
@@ -57,13 +58,11 @@ def realism_errors(data, user_name: str = "user") -> tuple[dict, dict]:
 def submit(participant: Participant, position, data) -> dict[str, str]:
     """Store one conversation's ratings; errors by field (nothing stored) if any. A repeated
     submit of a rated conversation changes nothing."""
-    participant = Participant.objects.select_for_update().get(pk=participant.pk)
+    participant = lock_participant(participant.pk)
     if participant.status != Participant.Status.RATING:
         return {}
     try:
-        assignment = participant.rating_assignments.select_for_update().get(
-            position=int(storable_text(str(position)))
-        )
+        assignment = lock_rating_assignment(participant, int(storable_text(str(position))))
     except (ValueError, RatingAssignment.DoesNotExist):
         raise FlowError("Unknown conversation", "Please reload the page and rate again.") from None
     if assignment.status != RatingAssignment.Status.ASSIGNED:

@@ -12,6 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from studies.lib.flow_errors import FlowError
+from studies.lib.lock_objects import lock_participant_with_page, lock_withdrawal
 from studies.models import (
     COMPLETE_URL,
     Conversation,
@@ -20,7 +21,7 @@ from studies.models import (
     Withdrawal,
 )
 from studies.participation import problems
-from studies.participation.flow import completion_code, lock_participant
+from studies.participation.flow import completion_code
 from studies.privacy import erasure
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ ERASURE_REASON += "be kept."
 def withdraw(participant: Participant) -> Withdrawal:
     """Stop the participant's chat or rating now and record it; a second stop changes nothing.
     A step that cannot be stopped from (consent has its own decline; finished) is refused."""
-    participant = lock_participant(participant.pk)
+    participant = lock_participant_with_page(participant.pk)
     if participant.status == Participant.Status.WITHDRAWN:
         return Withdrawal.objects.get(participant=participant)
     if participant.status not in Participant.CAN_WITHDRAW:
@@ -70,10 +71,10 @@ def decide(participant: Participant, keep: bool, by_page: str = "") -> "NextStep
     from everywhere parley keeps it (studies/privacy/erasure.py). Returns what they do next on
     Prolific, worked out before an erasure takes their record away. A decision is made once."""
     with transaction.atomic():
-        participant = lock_participant(participant.pk)
+        participant = lock_participant_with_page(participant.pk)
         if participant.status != Participant.Status.WITHDRAWN:
             raise FlowError("Nothing to decide", "You have not stopped taking part in this study.")
-        withdrawal = Withdrawal.objects.select_for_update().get(participant=participant)
+        withdrawal = lock_withdrawal(participant)
         step = next_step(participant)
         if withdrawal.data_kept is not None:
             return step  # a double submit: the first answer stands

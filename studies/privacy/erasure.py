@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from django.db import transaction
 
+from studies.lib.lock_objects import lock_participant
 from studies.models import Bonus, BonusPayment, ErasureRecord, Participant
 from studies.privacy.places import PLACES, Person
 
@@ -74,7 +75,7 @@ def erase_participant(participant: Participant, *, reason: str, by: str | None =
         raise ErasureRefused("An erasure needs a reason (the request, as received).")
     with transaction.atomic():
         # Locked: a page of theirs writing meanwhile waits, then finds them gone.
-        participant = Participant.objects.select_for_update().get(pk=participant.pk)
+        participant = lock_participant(participant.pk)
         unsettled = Bonus.objects.filter(participant=participant, payment__state__in=UNSETTLED)
         if unsettled.exists():
             raise ErasureRefused(

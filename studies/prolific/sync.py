@@ -21,6 +21,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from studies.lib.lock_objects import lock_bonus_payment, lock_participant
 from studies.models import (
     Bonus,
     BonusPayment,
@@ -52,7 +53,7 @@ def apply_status(participant: Participant, status: str) -> str:
     status = normal_status(status)
     if status not in prolific_api.KNOWN_STATUSES:
         return f"{participant.prolific_pid}: unknown status {status[:40]!r}, not applied"
-    participant = Participant.objects.select_for_update().get(pk=participant.pk)
+    participant = lock_participant(participant.pk)
     participant.prolific_status = status
     participant.prolific_synced_at = timezone.now()
     fields = ["prolific_status", "prolific_synced_at"]
@@ -306,7 +307,7 @@ def decide(participants, action: str, message: str = "", category: str = "") -> 
         prolific_api.check_rejection(message, category)
     queued, skipped = [], []
     for participant in participants:
-        participant = Participant.objects.select_for_update().get(pk=participant.pk)
+        participant = lock_participant(participant.pk)
         why = reviewable(participant)
         if why is None and category in RULES and not RULES[category][0](participant):
             why = RULES[category][1]
@@ -538,7 +539,7 @@ def pay(payment_id: int, api: Prolific) -> BonusPayment:
 
 @transaction.atomic
 def set_up(payment_id: int, api: Prolific) -> BonusPayment:
-    payment = BonusPayment.objects.select_for_update().select_related("study").get(pk=payment_id)
+    payment = lock_bonus_payment(payment_id)
     if payment.state != BonusPayment.State.NEW:
         return payment
     # By participant id: the rows come back in no order of their own (a join's plan decides).

@@ -11,9 +11,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from studies.analysis import plan as canonical_plan
+from studies.lib.lock_objects import lock_arm_ids, lock_study
 from studies.models import (
     PLANNED_ITEM_KINDS,
-    Arm,
     Participant,
     Preregistration,
     Study,
@@ -106,8 +106,8 @@ def freeze(study: Study, by: str = "") -> Preregistration:
     arrives between the check and the freeze.
     """
     with transaction.atomic():
-        locked = Study.objects.select_for_update().get(pk=study.pk)
-        list(Arm.objects.select_for_update().filter(study=locked).values_list("pk"))
+        locked = lock_study(study.pk)
+        lock_arm_ids(locked)
         if Preregistration.objects.filter(study=locked).exists():
             raise FreezeRefused(f"{locked} is already pre-registered; a plan is frozen once.")
         if first_participants(locked).exists():

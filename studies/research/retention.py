@@ -25,6 +25,7 @@ from django.db import transaction
 from django.db.models import Exists, Min, OuterRef, Q
 from django.utils import timezone
 
+from studies.lib.lock_objects import lock_participants
 from studies.models import (
     AnalysisRun,
     Bonus,
@@ -138,10 +139,9 @@ def purge(study: Study, participant_ids: list[int], now: datetime | None = None)
     """Purge these participants of the study (those still due under their row locks)."""
     now = now or timezone.now()
     locked = list(
-        due(study, now)
-        .filter(pk__in=participant_ids)
-        .select_for_update(of=("self",))
-        .prefetch_related("bonuses")
+        lock_participants(due(study, now).filter(pk__in=participant_ids)).prefetch_related(
+            "bonuses"
+        )
     )
     renamed: dict[str, str] = {}
     for participant in locked:

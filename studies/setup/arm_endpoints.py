@@ -12,6 +12,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from agents.models import ModelEndpoint
+from studies.lib.lock_objects import lock_arms
 from studies.models import Arm, PlanFrozen, Study, arm_model_check, frozen_changes
 
 
@@ -39,7 +40,7 @@ def point_arms(
     the served names) when an arm's model is served by no healthy replica, checked first if
     the stored health is stale; with PARLEY_ARM_MODEL_CHECK=warn the arms are saved anyway.
     Returns the arms."""
-    arms = list(study.arms.select_for_update().order_by("order", "id"))
+    arms = lock_arms(study)
     unknown = sorted(set(models or {}) - {arm.name for arm in arms})
     if unknown:
         raise ValidationError(f"Study {study.slug} has no arm named {', '.join(unknown)}.")

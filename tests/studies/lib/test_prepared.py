@@ -6,11 +6,12 @@ import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from studies.chat.agent_turn import LATER_MESSAGES, LOCK_CONVERSATION
+from studies.chat.agent_turn import LATER_MESSAGES
+from studies.lib.lock_objects import LOCK_CHAT, LOCK_CONVERSATION, lock_participant_with_page
 from studies.lib.prepared_queries import Prepared, fields_of, instances
 from studies.models import Message, Participant
 from studies.participation import flow
-from studies.participation.flow import LOCK_CHAT, MESSAGES
+from studies.participation.flow import MESSAGES
 from tests.support.studies import prolific
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -103,10 +104,10 @@ def test_objects_by_text_and_under_a_lock(conversation, study):
     assert flow.STUDY.objects(study.slug + "x") == []
     participant = conversation.participant
     with transaction.atomic():
-        locked = flow.lock_participant(participant.pk)
+        locked = lock_participant_with_page(participant.pk)
         assert locked == participant and locked.study == study
     with pytest.raises(Participant.DoesNotExist):
-        flow.lock_participant(participant.pk + 1000)
+        lock_participant_with_page(participant.pk + 1000)
 
 
 def test_objects_refuse_what_they_cannot_make(db):
