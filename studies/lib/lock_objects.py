@@ -7,12 +7,14 @@ lasts until the caller's transaction ends: every function here is called inside 
 The order locks are taken in, when one transaction holds more than one (two transactions that
 take two rows in opposite orders can deadlock each other; PostgreSQL then kills one):
 
-    participant  ->  consent version  ->  study  ->  arm(s)
+    participant  ->  study  ->  consent version
+    participant  ->  arm;  study  ->  arm(s)
     participant  ->  rating assignment, withdrawal
 
 - restart (participation/flow.py): lock_participant, then lock_arm (place_in_least_filled).
-- consent (flow._give_consent): lock_participant_with_page, then the latest consent version
-  (current_consent(lock=True)), then, for a rater, lock_study (annotation.assignment.assign).
+- consent (flow._give_consent): lock_participant_with_page, for a rater lock_study (the
+  study's lock that annotation.assignment.assign takes again), then the latest consent version
+  (current_consent(lock=True)).
 - freezing the plan (research/preregistration.freeze): lock_study, then lock_arm_ids.
 - a rating (participation/rating.submit): lock_participant, then lock_rating_assignment.
 - a withdrawal's decision (participation/withdraw.decide): lock_participant_with_page, then
@@ -22,10 +24,10 @@ lock_conversation_id; a tool call: lock_conversation); a step that holds its par
 write the conversation after it (participant -> conversation), never the other way round.
 The bonus payment (prolific/sync.set_up), the arms of an endpoint edit (setup/arm_endpoints)
 and the participants of a retention purge (research/retention.purge) are each locked alone.
-One pair is taken both ways (left as it was): saving a study in the admin holds the study's
-row, then versions its consent text (models/consent.py's post_save: study -> consent version),
-while a rater's consent takes the consent version, then the study. An edit of an annotation
-study's consent text at the moment a rater agrees can deadlock; PostgreSQL ends one of them.
+Saving a study in the admin holds the study's row, then versions its consent text
+(models/consent.py's post_save: study -> consent version); a rater's consent takes them in the
+same order (it took the consent version first until a deadlock was reproduced: an edit of an
+annotation study's consent text at the moment a rater agreed lost the researcher's save).
 
 Two locks live below this module, in the data layer it may not be imported by
 (pyproject.toml's layers): the sweep of overdue participants (studies/models/participant.py,

@@ -30,6 +30,7 @@ from studies.lib.lock_objects import (
     lock_chat_conversation,
     lock_participant,
     lock_participant_with_page,
+    lock_study,
 )
 from studies.lib.prepared_queries import Prepared, fields_of, instances
 from studies.models import (
@@ -374,6 +375,11 @@ def _give_consent(participant: Participant, accepted: bool, read=None) -> Partic
     if participant.status != Participant.Status.CONSENT:
         return participant  # a double submit changes nothing
     if accepted:
+        if is_annotation(participant.study):
+            # A rater's place is taken under the study's lock (annotation.assign): taken before
+            # the consent version's, in the order an admin's save of the study takes them
+            # (studies/lib/lock_objects.py), or the two can deadlock.
+            lock_study(participant.study_id)
         # Locked until this agreement commits: an edit of the text waits, then sees that
         # someone agreed to this version and makes a new one.
         version = current_consent(participant.study, lock=True)

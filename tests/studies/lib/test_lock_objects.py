@@ -222,3 +222,25 @@ def test_the_lock_holds_its_rows_until_the_transaction_ends(rows, name, take, lo
             assert not held(MODELS[row], rows[row].pk), f"{name} locks the {row} as well"
     for row in locked:
         assert not held(MODELS[row], rows[row].pk), f"{name} outlives its transaction"
+
+
+def test_a_raters_consent_locks_the_study_before_the_consent_version(postgres):
+    """An admin's save of a study locks its row, then versions the consent text; a rater's
+    consent took the consent version first, then the study (to assign conversations): the two
+    deadlocked (PostgreSQL ended the researcher's save). Both now go study -> consent version."""
+    from django.test.utils import CaptureQueriesContext
+
+    from studies.models import AnnotationSetup
+
+    study = make_study(slug="rate-order", arms=("raters",))
+    AnnotationSetup.objects.create(study=study, conversations_per_rater=1)
+    RatedConversation.objects.create(
+        study=study, transcript=[{"speaker": "user", "text": "hi"}], source="person"
+    )
+    participant, _ = flow.arrive(study, prolific(pid="rater-1"))
+    with CaptureQueriesContext(connection) as queries:
+        flow.give_consent(participant, True)
+    locked = [re.search(r'FROM "(\w+)"', q["sql"])[1] for q in queries if "FOR UPDATE" in q["sql"]]
+    order = [t for t in locked if t in ("studies_study", "studies_consentversion")]
+    assert order and order[0] == "studies_study", locked
+    assert "studies_consentversion" in order, locked
