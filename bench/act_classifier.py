@@ -11,6 +11,11 @@ unit length, L2 and solver) and read on the other. Prints held-out accuracy and 
 the majority-class baseline, per-act recall, and, where the file has a second annotation
 (ee_label_2), how often the two annotators agree on the same sentences: a ceiling of sorts.
 Asserts nothing.
+
+Commit dde5a3a, 2026-12-06 (load 5-9 from other work; the figures do not depend on it): 4,847
+sentences, 23 acts, fit on 3,853 (240 dialogues), read on 994 (60): accuracy 0.424 (majority
+class 0.226), macro-F1 0.191; recall 0.85 / 0.79 / 0.87 on the three most worded acts, 0.00 on
+11 of the 23. 15 sentences labelled twice: the annotators agree on 4.
 """
 
 import argparse
