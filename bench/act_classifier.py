@@ -27,7 +27,8 @@ from collections import Counter
 
 import numpy as np
 
-from training.measures.behaviour_space import fit_classifier, p4g_folder, sentences
+from agents.behaviour.space import fit_classifier, sentences
+from training.measures.behaviour_space import p4g_folder
 
 
 def annotated(folder) -> list[tuple[str, str, str, str | None]]:

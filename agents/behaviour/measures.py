@@ -2,7 +2,7 @@
 definition. They are plain functions over behaviour-cluster shares (a simulator's share of its
 turns in each cluster of one BehaviourSpace, agents/behaviour/space.py), so the training's
 profiles, the curation, the breaker and the study's sim-to-real report compute them the same
-way (training/measures/behaviour.py re-exports them under their old name).
+way.
 
     p_k        a simulator's share of its turns in behaviour cluster k (sum_k p_k = 1)
     MCI        mode concentration index of one simulator

@@ -2,7 +2,7 @@
 k-means clustering fit once on a named reference set, and (P4G) a dialogue-act classifier
 trained on the corpus's labelled persuadee sentences.
 It is saved in <run>/behaviour_space/ and loaded again on resume, so every step's turns are
-measured in the same space (training/measures/behaviour.py's MCI, SCD, BDI).
+measured in the same space (agents/behaviour/measures.py's MCI, SCD, BDI).
 
 References ([behaviour] reference):
     p4g_corpus         the human persuadee turns of the official Persuasion for Good corpus
@@ -22,27 +22,19 @@ from pathlib import Path
 from typing import Any
 
 from agents.behaviour.embedder import Embedder
-from agents.behaviour.space import (  # noqa: F401  (the space itself: agents/behaviour/space.py)
-    EXEMPLARS,
-    BehaviourSpace,
-    Embed,
-    capped,
-    fit_classifier,
-    kmeans,
-    sentences,
-)
+from agents.behaviour.space import EXEMPLARS, BehaviourSpace, Embed, capped
 from agents.paths import reference_dir
 
 SPACE_DIR = "behaviour_space"
-
-
-# -- the reference sets -------------------------------------------------------------------------
 
 
 class BehaviourEmbedder(Embedder):
     """The [behaviour] embedder (agents/behaviour/embedder.py), named as such in its errors."""
 
     setting = "behaviour.embedder"
+
+
+# -- the reference sets -------------------------------------------------------------------------
 
 
 def p4g_folder(corpus: str, domain_data: str = "") -> Path:

@@ -12,7 +12,7 @@ advantages untouched: training/rl/grpo.py grpo_loss).
     weight    w(tau) = (1 / MCI(s(tau))) * exp(-alpha * density(z(tau))) * balance(tau)
               s(tau)   the simulator that played tau (the regime's pooled_name of its member)
               MCI(s)   = sum_k p_k^2 / (sum_k p_k)^2 over s's cluster shares
-                       (training/measures/behaviour.py), from its replies to the fixed probe
+                       (agents/behaviour/measures.py), from its replies to the fixed probe
                        set where it was probed, else its turns in this step's rollouts
               z(tau)   the mean of tau's free-text simulator turns in the behaviour space
                        (centred, unit-length embeddings: BehaviourSpace.vectors), made unit
@@ -54,8 +54,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from agents.behaviour import measures as m
 from agents.llm.tool_format import OPEN
-from training.measures import behaviour as m
 from training.rollouts.rollout import USER, Rollout
 
 # the gate's reasons, in the order they are checked (config: curation.gate, CURATION_GATES)

@@ -1,5 +1,5 @@
 """Behaviour profiles every step (metrics.jsonl): COLLAPSE-AWARE's MCI, SCD and BDI
-(training/measures/behaviour.py) of the simulators, in two forms, and PSOD at evaluation steps.
+(agents/behaviour/measures.py) of the simulators, in two forms, and PSOD at evaluation steps.
 
     probe    each simulator answers a FIXED probe set: the same first `probe_tasks` training
              tasks, the same agent openings (every opening ask where the Domain fixes them) and
@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
+from agents.behaviour import measures as m
 from agents.domains.base import Domain, Message, Scenario, count_turns
-from training.measures import behaviour as m
 from training.rollouts.rollout import AGENT, USER, Decision, Rollout
 
 DEFAULT_OPENING = "Hello! How are you today?"

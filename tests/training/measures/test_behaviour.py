@@ -1,5 +1,5 @@
 """COLLAPSE-AWARE's measures on constructed distributions with known answers
-(training/measures/behaviour.py), the behaviour space's clustering and act classifier on
+(agents/behaviour/measures.py), the behaviour space's clustering and act classifier on
 constructed embeddings, and the profiles' probe and pooled forms (training/measures/profiles.py)."""
 
 import math
@@ -7,8 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from training.measures import behaviour as m
-from training.measures.behaviour_space import BehaviourSpace, load_or_fit
+from agents.behaviour import measures as m
+from agents.behaviour.space import BehaviourSpace
+from training.measures.behaviour_space import load_or_fit
 from training.measures.profiles import Profiles, Reply
 from training.rollouts.rollout import USER, Decision
 
@@ -243,7 +244,7 @@ def test_the_references_are_read_and_a_missing_one_says_where_it_looked(tmp_path
 
 
 def test_kmeans_keeps_every_cluster_in_use():
-    from training.measures.behaviour_space import kmeans
+    from agents.behaviour.space import kmeans
 
     x = np.random.default_rng(0).normal(size=(300, 16))
     c = kmeans(x, 50, seed=1)

@@ -6,9 +6,9 @@ import math
 import numpy as np
 import pytest
 
+from agents.behaviour.space import BehaviourSpace
 from agents.domains.base import Scenario
 from training.config import CURATION_GATES, ConfigError, CurationSpec, RunConfig
-from training.measures.behaviour_space import BehaviourSpace
 from training.measures.curation import (
     GATES,
     Curation,

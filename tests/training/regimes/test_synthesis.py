@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
+from agents.behaviour.space import BehaviourSpace
 from agents.domains.p4g.decision import ASKS
 from agents.domains.p4g.donation import DECISION_AMOUNTS, MAX_DONATION
 from tests.support.scripted_server import ScriptedServer
 from training.config import ConfigError, RunConfig
-from training.measures.behaviour_space import BehaviourSpace
 from training.measures.diversity import Embedder
 from training.measures.profiles import Profiles, Reply, ask, probe_set
 from training.regimes import synthesis as syn
