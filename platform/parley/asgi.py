@@ -7,6 +7,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "parley.settings")
 from parley import http  # noqa: E402 - after the settings module is named
 
 django_asgi_app = http.application()  # Django's ASGI app, its middleware in one thread hop
+# (or Django's own handler: PARLEY_ONE_HOP_HTTP=0)
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 

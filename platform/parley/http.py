@@ -72,9 +72,14 @@ class OneHopASGIHandler(ASGIHandler):
         return await sync_to_async(self.get_response, thread_sensitive=True)(request)
 
 
-def application() -> OneHopASGIHandler:
-    """What django.core.asgi.get_asgi_application gives, with the handler above."""
+def application() -> ASGIHandler:
+    """What django.core.asgi.get_asgi_application gives, with the handler above; Django's own
+    handler when PARLEY_ONE_HOP_HTTP=0 (the way out if a Django or asgiref upgrade changes the
+    internals this module leans on: docs/development.md, Framework internals)."""
     import django
+    from django.conf import settings
 
     django.setup(set_prefix=False)
+    if not settings.PARLEY_ONE_HOP_HTTP:
+        return ASGIHandler()  # get_asgi_application's own, django.setup done above
     return OneHopASGIHandler()

@@ -206,6 +206,12 @@ SQLITE_OPTIONS = {
 # The participant pages' hot reads compiled once (studies/lib/prepared_queries.py); off, they take
 # Django's own query path: the way out if a Django upgrade changes the internals they lean on.
 PARLEY_COMPILED_READS = env("bool", "PARLEY_COMPILED_READS", True)
+# Each request's middleware and view in one thread hop (parley/http.py); off, Django's own ASGI
+# handler (a dozen hops a request): the way out if a Django or asgiref upgrade changes its internals.
+PARLEY_ONE_HOP_HTTP = env("bool", "PARLEY_ONE_HOP_HTTP", True)
+# The chat socket's frames without Channels' close_old_connections hop before each
+# (studies/chat/consumers.py ChatConsumer.dispatch); off, Channels' own dispatch.
+PARLEY_LEAN_CHAT_DISPATCH = env("bool", "PARLEY_LEAN_CHAT_DISPATCH", True)
 if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL)}
     if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":

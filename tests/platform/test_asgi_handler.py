@@ -116,3 +116,14 @@ def counted(cls, instances: list):
             instances.append(self)
 
     return Counted
+
+
+def test_off_the_site_runs_on_djangos_own_handler(settings):
+    """PARLEY_ONE_HOP_HTTP=0: the way out if an upgrade changes the internals used above."""
+    settings.ALLOWED_HOSTS = ["testserver"]
+    settings.PARLEY_ONE_HOP_HTTP = False
+    stock = http.application()
+    assert type(stock) is ASGIHandler
+    assert get(stock, "/healthz").status_code == 200
+    settings.PARLEY_ONE_HOP_HTTP = True
+    assert type(http.application()) is http.OneHopASGIHandler
