@@ -3,7 +3,7 @@ and idle after it.
 
     python bench/engine_memory.py [--requests 32] [--max-tokens 64] [--idle 4]
 
-Starts the engine (`python -m agents.serving.embedded`, as `make demo` does) on the prepared
+Starts the engine (`python -m agents.serving.embedded.server`, as `make demo` does) on the prepared
 base model and reads its /proc/PID/status: VmRSS (resident), RssAnon (its own memory: weights,
 caches, heap), RssFile (mapped files: libraries, a model file still mapped) and VmHWM (the
 peak). Then sends `--requests` concurrent streamed chat requests at temperature 0.7, each with

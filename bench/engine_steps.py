@@ -3,7 +3,7 @@
     python bench/engine_steps.py [--rows 1 4 8 12 16 20 24 32] [--threads 1 2] [--columns 80]
 
 A step is one forward pass of `rows` running requests, one token each, over a KV cache of
-`columns` tokens a row (agents/serving/engine.py's `_forward`, on the prepared base model with
+`columns` tokens a row (agents/serving/embedded/engine.py's `_forward`, on the prepared base model with
 its weights laid out as the engine serves them), in this process with nothing else running:
 the pass alone, without the served engine's sampling, streaming and event loop. Prints ms a
 step for each rows x threads, with the machine's load. Asserts nothing.
@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from agents.serving.engine import WIDE_STEP, Engine
+from agents.serving.embedded.engine import WIDE_STEP, Engine
 from agents.serving.prepare import ensure_base_model
 
 

@@ -1,4 +1,4 @@
-"""The embedded engine's linear-weight layouts side by side (agents/serving/weights.py).
+"""The embedded engine's linear-weight layouts side by side (agents/serving/embedded/weights.py).
 
     python bench/linear_layouts.py [--rows 1 8 32 320] [--threads 1]
 
@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from agents.serving.embedded.weights import PACK_HINT, can_pack
 from agents.serving.prepare import ensure_base_model
-from agents.serving.weights import PACK_HINT, can_pack
 
 
 def timed(fn, reps: int) -> float:

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agents.serving.embedded import READY
+from agents.serving.embedded.server import READY
 from agents.serving.process import StartError, serving, spawn, stop, wait_healthy
 
 EngineStartError = StartError  # the name callers of the engine launcher know
@@ -37,7 +37,7 @@ def launch_engine(
     """start_engine without the wait (wait_engine): several replicas start side by side.
     `own_group`: the engine leads its own process group (a Ctrl-C meant for the launcher does
     not reach it; stop() ends the whole group)."""
-    command = [sys.executable, "-m", "agents.serving.embedded", "--model", str(model_dir)]
+    command = [sys.executable, "-m", "agents.serving.embedded.server", "--model", str(model_dir)]
     command += ["--host", host, "--port", str(port or 0)]
     if adapters is not None:
         command += ["--adapters", str(adapters)]
@@ -74,7 +74,7 @@ def start_engine(
     startup_timeout: float = 180.0,
     **options,
 ) -> tuple[str, subprocess.Popen]:
-    """Launch `python -m agents.serving.embedded`; returns (base_url ending in /v1, process).
+    """Launch `python -m agents.serving.embedded.server`; returns (base_url ending in /v1, process).
     `options` go to launch_engine (loras, served_name, host, extra_args, log_path)."""
     process = launch_engine(model_dir, port, adapters, **options)
     return wait_engine(process, startup_timeout), process

@@ -5,7 +5,7 @@ Requests: what the engine honours is declared, and every other field is refused 
 naming it (`refuse_unsupported`) unless it cannot change the reply (`user`, `metadata`, ...) or
 holds its neutral value (`logprobs: false`, `presence_penalty: 0`), so a caller never gets a
 reply that silently ignored what it asked. `response_format` (json_object, json_schema, and
-vLLM's structural_tag) is enforced by constrained decoding (agents.serving.constraints).
+vLLM's structural_tag) is enforced by constrained decoding (agents.serving.embedded.constraints).
 `tools` are taken as vLLM takes them when agents.serving.vllm serves the same model: a template
 that renders tools in the Hermes style (Qwen3's) is served with `--tool-call-parser hermes`, so
 here it gets the tools and the conversation's calls structured, its reply's `<tool_call>` blocks

@@ -18,7 +18,7 @@ named at its start, and more only with `runtime_lora_rank`, where clients load t
 (LLMClient.load_lora_adapter: the trainer's `rollout_endpoint`; `manage.py serve_agents`, whose
 replicas load a checkpoint when the admin attaches it to an arm). launch_vllm and wait_vllm
 are the two halves of start_vllm, for several replicas started side by side
-(agents.serving.replicas).
+(agents.serving.fleet).
 
 Tool calls: a model whose chat template renders tools in the Hermes style (the Qwen family;
 agents.llm.native_tools, the folder's template or the one `--chat-template` gives) is served
@@ -127,7 +127,7 @@ def build_command(
     command += ["--host", host, "--port", str(port)]
     command += ["--dtype", dtype, "--max-model-len", str(max_model_len)]
     # a conversation's turns and the studies' opening prompts (warmed before the replica
-    # counts as up: agents.serving.replicas) prefill only what they add
+    # counts as up: agents.serving.fleet) prefill only what they add
     command += ["--enable-prefix-caching"]
     if loras or runtime_lora_rank:
         rank = max(max_lora_rank(loras or {}), runtime_lora_rank)

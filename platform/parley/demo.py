@@ -20,6 +20,7 @@ from pathlib import Path
 from django.conf import settings
 
 from agents.paths import REPO_DIR, base_model_dir, data_dir
+from agents.serving.fleet import ENGINES
 from agents.serving.process import (
     StartError,
     Supervised,
@@ -28,7 +29,6 @@ from agents.serving.process import (
     stop,
     wait_healthy,
 )
-from agents.serving.replicas import ENGINES
 from parley.celery import SERVICE_QUEUES, TRAINING_QUEUES, beat_args, worker_args
 from parley.credentials import admin_password
 

@@ -138,11 +138,11 @@ def test_channels_dispatch_is_what_the_chat_consumer_copies():
 def test_torch_onednn_linear_ops():
     import torch
 
-    from agents.serving.weights import PACK_HINT, can_pack
+    from agents.serving.embedded.weights import PACK_HINT, can_pack
 
     if not can_pack():
         pytest.skip("this torch has no oneDNN: the engine keeps plain weights")
-    user = "agents/serving/weights.py (PackedLinear)"
+    user = "agents/serving/embedded/weights.py (PackedLinear)"
     weight, x = torch.randn(8, 16), torch.randn(3, 16)
     packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_HINT)
     out = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")

@@ -30,14 +30,14 @@ from django.db.models import Q
 
 from agents.models import ModelEndpoint, Replica, adapters_dir
 from agents.paths import base_model_dir, data_dir
-from agents.serving.process import StartError, Supervised
-from agents.serving.replicas import (
+from agents.serving.fleet import (
     ENGINES,
     RUNTIME_LORA_RANK,
     restart_replica,
     start_replicas,
     stop_replicas,
 )
+from agents.serving.process import StartError, Supervised
 from agents.serving.vllm import MAX_MODEL_LEN, VLLMNotInstalled
 from studies.chat.agent_turn import opening_requests
 from studies.models import Arm, Study

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import torch
 
-from agents.serving.batchcache import FIRST_CAPACITY, BatchCache
+from agents.serving.embedded.batchcache import FIRST_CAPACITY, BatchCache
 
 CONFIG = SimpleNamespace(
     num_hidden_layers=2, num_key_value_heads=1, num_attention_heads=2, hidden_size=8, head_dim=4

@@ -8,10 +8,10 @@ import threading
 import pytest
 import torch
 
-from agents.serving import engine as engine_module
-from agents.serving.decoding import Detokenizer
-from agents.serving.embedded import batch_threads, decoding_threads
-from agents.serving.engine import END, STARTED, Engine, Generation
+from agents.serving.embedded import engine as engine_module
+from agents.serving.embedded.decoding import Detokenizer
+from agents.serving.embedded.engine import END, STARTED, Engine, Generation
+from agents.serving.embedded.server import batch_threads, decoding_threads
 from agents.serving.protocol import ChatCompletionRequest
 
 PROMPTS = [

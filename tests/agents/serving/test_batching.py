@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from agents.serving.engine import END, MIN_PREFIX, STARTED, Engine, Generation
+from agents.serving.embedded.engine import END, MIN_PREFIX, STARTED, Engine, Generation
 from agents.serving.protocol import ChatCompletionRequest
 
 pytestmark = pytest.mark.model

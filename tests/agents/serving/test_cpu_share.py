@@ -10,8 +10,8 @@ import time
 import pytest
 import torch
 
-from agents.serving.cpu import CpuShare, cpu_ticks, own_ticks, threads_for
-from agents.serving.engine import Engine, Generation
+from agents.serving.embedded.cpu import CpuShare, cpu_ticks, own_ticks, threads_for
+from agents.serving.embedded.engine import Engine, Generation
 
 
 @pytest.mark.parametrize(
@@ -92,7 +92,7 @@ def test_the_engine_process_leaves_libgomps_brief_spin_before_torch_loads(given,
     if given:
         env["OMP_WAIT_POLICY"] = given
     run = subprocess.run(
-        [sys.executable, "-m", "agents.serving.embedded", "--help"],
+        [sys.executable, "-m", "agents.serving.embedded.server", "--help"],
         env=env,
         capture_output=True,
         text=True,

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from agents.serving.decoding import StopText, sample
-from agents.serving.engine import Engine
+from agents.serving.embedded.decoding import StopText, sample
+from agents.serving.embedded.engine import Engine
 from agents.serving.protocol import ChatCompletionRequest, EngineError
 
 

@@ -282,6 +282,28 @@ def test_unknown_routes_are_vllm_shaped(served):
     assert (error["type"], error["code"]) == ("Method Not Allowed", 405)
 
 
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/completions",
+        "/v1/load_lora_adapter",
+        "/v1/unload_lora_adapter",
+        "/pause",
+        "/resume",
+        "/update_weights",
+        "/inference/v1/generate",
+    ],
+)
+def test_vllms_other_routes_are_not_served(served, path):
+    """docs/serving.md's contract with vLLM: a caller that needs one of vLLM's other routes (raw
+    completions, adapters loaded at run time, a trainer's weight transfer) gets a 404 in vLLM's
+    shape, never a reply that pretends the route did its job."""
+    response = httpx.post(served.url.removesuffix("/v1") + path, json={}, timeout=30)
+    assert response.status_code == 404
+    error = response.json()["error"]
+    assert (error["type"], error["code"]) == ("Not Found", 404)
+
+
 def test_adapters_are_served_and_change_the_reply(served, greedy):
     base_text = greedy["choices"][0]["message"]["content"]
     tuned = served.chat(QUESTION, model="tiny-lora", max_tokens=12)

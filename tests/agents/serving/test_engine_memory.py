@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from agents.serving.engine import Engine, Generation
+from agents.serving.embedded.engine import Engine, Generation
 
 
 @pytest.fixture(scope="module")

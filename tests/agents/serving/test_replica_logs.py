@@ -3,8 +3,8 @@ crashing had only its last crash's log: each restart wrote over the one before).
 
 import sys
 
+from agents.serving.fleet import Replica, restart_replica, stop_replicas
 from agents.serving.process import free_port, spawn
-from agents.serving.replicas import Replica, restart_replica, stop_replicas
 from agents.serving.vllm import wait_vllm
 
 # A stand-in replica: answers /health, and says in its log which start it is.

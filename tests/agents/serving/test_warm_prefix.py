@@ -8,7 +8,7 @@ import pytest
 from agents.domains import get_domain
 from agents.llm import LLMClient
 from agents.serving.adapters import find_adapters
-from agents.serving.engine import Engine, _common_length
+from agents.serving.embedded.engine import Engine, _common_length
 from agents.serving.protocol import ChatCompletionRequest
 from tests.agents.conftest import MANIFEST_NAME
 

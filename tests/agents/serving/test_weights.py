@@ -1,5 +1,5 @@
 """The embedded engine's linear layers laid out for a decoding step's few rows
-(agents.serving.weights): the same products as the plain layers, for one row and for many,
+(agents.serving.embedded.weights): the same products as the plain layers, for one row and for many,
 with peft's LoRA wrapped around them as around any Linear. A tiny random Llama, no weights
 read from disk."""
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from agents.serving.weights import PackedLinear, can_pack, lay_out_linear_weights
+from agents.serving.embedded.weights import PackedLinear, can_pack, lay_out_linear_weights
 
 pytestmark = pytest.mark.skipif(not can_pack(), reason="this torch has no oneDNN")
 
@@ -70,7 +70,7 @@ def test_peft_wraps_a_laid_out_layer_and_its_adapter_counts():
 
 @pytest.mark.parametrize("packed_faster", [True, False])
 def test_one_row_takes_the_layout_timed_faster(monkeypatch, packed_faster):
-    from agents.serving import weights
+    from agents.serving.embedded import weights
 
     timings = (2.0, 1.0) if packed_faster else (1.0, 2.0)  # (transposed, packed) ms
     monkeypatch.setattr(weights, "one_row_ms", lambda layers: timings)
@@ -88,7 +88,7 @@ def test_one_row_takes_the_layout_timed_faster(monkeypatch, packed_faster):
 
 
 def test_the_one_row_timing_measures_both_layouts():
-    from agents.serving import weights
+    from agents.serving.embedded import weights
 
     model = tiny_llama()
     lay_out_linear_weights(model)

@@ -181,7 +181,7 @@ def test_a_template_with_hermes_tools_is_served_with_the_hermes_parser(tokenizer
 def test_vllm_caches_prefixes_and_is_sent_each_opening_prompt_once(model_dir):
     """vLLM keeps the prompts it has prefilled (--enable-prefix-caching), and a replica is sent
     each study's opening prompt, one token each, before it counts as up (issue 36, point 4)."""
-    from agents.serving.replicas import warm_vllm
+    from agents.serving.fleet import warm_vllm
     from tests.support.scripted_server import ScriptedServer
 
     assert "--enable-prefix-caching" in build_command(model_dir, 8123, None, python="/opt/py")

@@ -1,6 +1,6 @@
 """The embedded engine: an OpenAI-compatible server over transformers, a drop-in for vLLM's.
 
-    python -m agents.serving.embedded --model DIR [--adapters DIR] [--lora NAME=PATH ...]
+    python -m agents.serving.embedded.server --model DIR [--adapters DIR] [--lora NAME=PATH ...]
         [--host 127.0.0.1] [--port 8001] [--served-name NAME]
 
 Routes: `GET /health`, `GET /metrics` (vLLM's gauges of running and waiting requests, in
@@ -10,7 +10,7 @@ are the declared models of agents.serving.protocol; errors are vLLM's, `{"error"
 "type", "param", "code"}}`: 400 for a bad body or parameter, 404 for an unknown model.
 
 Concurrent requests are decoded together, one forward pass per step for all of them, each
-with its own adapter and sampling settings (agents.serving.engine); up to --max-batch at once,
+with its own adapter and sampling settings (agents.serving.embedded.engine); up to --max-batch at once,
 the rest wait their turn. The engine's decoding thread hands each request's pieces to the event
 loop, which relays them and watches the client, so a client that disconnects leaves the batch
 within one step. When the engine is
@@ -44,7 +44,7 @@ from agents.llm.native_tools import HermesCallFilter
 from agents.llm.tool_format import ToolCallFilter
 from agents.serving import protocol
 from agents.serving.adapters import Adapter, serving_args
-from agents.serving.engine import END, WARM_TOKENS, Engine, Generation
+from agents.serving.embedded.engine import END, WARM_TOKENS, Engine, Generation
 from agents.serving.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -61,7 +61,7 @@ from agents.serving.protocol import (
     UsageInfo,
 )
 
-log = logging.getLogger("agents.serving.embedded")
+log = logging.getLogger("agents.serving.embedded.server")
 READY = "parley engine ready:"
 
 
@@ -294,7 +294,7 @@ async def _http_error(request: Request, error: HTTPException):
 def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(
-        prog="python -m agents.serving.embedded",
+        prog="python -m agents.serving.embedded.server",
         description="Serve a Hugging Face model and its LoRA adapters with an OpenAI-compatible API.",
     )
     parser.add_argument(
@@ -362,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     # OMP_WAIT_POLICY) spins 300,000 rounds, then sleeps: between the operations of one pass the
     # wait is shorter than that, so a quiet batch keeps both cores busy, and an idle thread sleeps
     # once the passes stop. Beside a busy neighbour the passes take one thread
-    # (agents.serving.cpu), so no thread spins for a core the neighbour holds. PASSIVE (sleep at
+    # (agents.serving.embedded.cpu), so no thread spins for a core the neighbour holds. PASSIVE (sleep at
     # once) cost a quiet batch of 8 a quarter of its tokens and gained nothing beside the
     # neighbour (docs/serving.md, "Beside other processes"); a value in the environment is kept.
     import torch

@@ -7,7 +7,7 @@ the scheduler to hand the core back (a time slice, milliseconds), once per opera
 of times a step. Beside one busy Python loop on 2 cores, 8 concurrent requests on 2 threads
 fell from 215 to 3.8 tokens/s (issue 36). So each pass takes no more threads than there are
 cores the others leave free, measured here. A thread that waits spins briefly, then sleeps
-(libgomp's default, which agents.serving.embedded leaves alone): within a pass the waits are
+(libgomp's default, which agents.serving.embedded.server leaves alone): within a pass the waits are
 shorter than the spin, and beside a busy neighbour a pass runs on one thread, so none spins
 for a core the neighbour holds.
 

@@ -2,7 +2,7 @@
 
 Concurrent requests are decoded together: one thread owns the model and, between steps, lets
 waiting requests join and finished or cancelled ones leave. Each request has a row (slot) of a
-preallocated KV cache (agents.serving.batchcache) that steps write in place. The requests
+preallocated KV cache (agents.serving.embedded.batchcache) that steps write in place. The requests
 that arrived since the last step are prefilled together, in one forward pass of their prompts
 left-padded to the longest (up to PREFILL_TOKENS padded tokens a pass; the rest wait one
 decoding step, so running replies keep streaming), each after the longest stored beginning of
@@ -11,15 +11,15 @@ good, so the first conversation on a fresh engine prefills only its own part). E
 request, with per-row positions, a 4-D mask of the columns each row may see and, once adapters
 are loaded, peft's per-row `adapter_names`, so requests for different adapters share a step.
 The step's tokens are sampled in one pass, each row with its temperature, top_p and seed
-(agents.serving.decoding), so a piece of text leaves as soon as its token is chosen; replies
+(agents.serving.embedded.decoding), so a piece of text leaves as soon as its token is chosen; replies
 are decoded incrementally, stop sequences are checked on the decoded text, and a cancelled
 request stops within one step. A request's `response_format` or forced `tool_choice` is a
-Constraint (agents.serving.constraints) that masks its own row of each step's logits.
+Constraint (agents.serving.embedded.constraints) that masks its own row of each step's logits.
 
-The linear layers' weights are laid out for a step's few rows (agents.serving.weights):
+The linear layers' weights are laid out for a step's few rows (agents.serving.embedded.weights):
 stored transposed for one row, packed by oneDNN for more. One request's step runs on
 `threads`; a pass of several rows (a prefill, a step of two requests or more) on
-`batch_threads`; either at most the cores other processes leave free (agents.serving.cpu), so
+`batch_threads`; either at most the cores other processes leave free (agents.serving.embedded.cpu), so
 a busy neighbour slows the engine in proportion to the CPU it takes, not fifty-fold.
 
 transformers' own continuous batching (`generate_batch`, ContinuousBatchingManager) is not
@@ -45,13 +45,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agents.llm.native_tools import HERMES, template_tool_style
 from agents.serving.adapters import Adapter, find_adapters
-from agents.serving.batchcache import BatchCache
-from agents.serving.constraints import Constraint, Grammars
-from agents.serving.cpu import CpuShare, threads_for
-from agents.serving.decoding import Detokenizer, StopText, sample_rows
+from agents.serving.embedded.batchcache import BatchCache
+from agents.serving.embedded.constraints import Constraint, Grammars
+from agents.serving.embedded.cpu import CpuShare, threads_for
+from agents.serving.embedded.decoding import Detokenizer, StopText, sample_rows
+from agents.serving.embedded.weights import lay_out_linear_weights
 from agents.serving.kvcache import cache_keyword
 from agents.serving.protocol import ChatCompletionRequest, EngineError
-from agents.serving.weights import lay_out_linear_weights
 
 log = logging.getLogger(__name__)
 try:  # glibc, for malloc_trim; elsewhere freed memory is left to the allocator
