@@ -29,6 +29,7 @@ import os
 import sys
 
 from agents.domains import DOMAINS
+from agents.environment import setting
 from agents.simulators.verbalized import MODES
 from training.config import (
     SIMULATOR_REWARDS,
@@ -37,6 +38,14 @@ from training.config import (
     parse_assignment,
 )
 from training.vocabulary import Regime, SimulatorKind
+
+RANK = setting(
+    "RANK",
+    "int",
+    0,
+    least=0,
+    help="set by accelerate or torchrun: this process's rank; only rank 0 reports a run",
+)
 
 
 def vocabularies() -> str:
@@ -140,13 +149,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except BreakerStopped as stop:  # on purpose and resumable: its own exit status
-        if int(os.environ.get("RANK", "0")) == 0:
+        if RANK.read() == 0:
             print(f"stopped by the breaker: {stop.reason}", file=sys.stderr)
             print(f"checkpoint: {stop.checkpoint}", file=sys.stderr)
             print("resume: run the same command again (the simulators are re-diversified"
                   " before the next step)", file=sys.stderr)  # fmt: skip
         return STOPPED_EXIT
-    if int(os.environ.get("RANK", "0")) != 0:
+    if RANK.read() != 0:
         return 0  # rank 0 reports the run
     run_dir = config.run_dir()
     print(f"run folder: {run_dir}")
@@ -160,7 +169,6 @@ def _progress_file(path: str | None):
     if not path:
         return None
     import json
-    import os
 
     def write(progress: dict) -> None:
         temp = f"{path}.tmp"

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import httpx
 
+from agents.environment import setting
 from agents.serving.adapters import find_adapters
 from agents.serving.process import group_alive, port_is_free, stop
 from agents.serving.vllm import launch_vllm, wait_vllm
@@ -59,11 +60,20 @@ def replica_ports(port: int, count: int, host: str = "127.0.0.1") -> list[int]:
     return ports
 
 
+VLLM_CPU_OMP_THREADS_BIND = setting(
+    "VLLM_CPU_OMP_THREADS_BIND",
+    "str",
+    None,
+    help="vLLM-CPU's own: the cores its compute threads bind to. Set, every replica is left to "
+    "it; unset, `serve --replicas N` gives each replica its share of this process's cores",
+)
+
+
 def cpu_binds(count: int) -> list[dict[str, str]]:
     """Each replica's share of this process's CPU cores for vLLM-CPU's compute threads: left
     to itself every vLLM-CPU process binds to the same first cores. Nothing when there is one
     replica or the environment already says (VLLM_CPU_OMP_THREADS_BIND); a GPU build ignores it."""
-    if count < 2 or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+    if count < 2 or VLLM_CPU_OMP_THREADS_BIND.is_set():
         return [{} for _ in range(count)]
     cores = sorted(os.sched_getaffinity(0))
     size = max(1, len(cores) // count)

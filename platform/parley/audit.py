@@ -10,9 +10,18 @@ audit that must reach the database.
 """
 
 import json
-import os
 import subprocess
 import sys
+
+from agents.environment import setting
+
+PARLEY_AUDIT_STRICT = setting(
+    "PARLEY_AUDIT_STRICT",
+    "bool",
+    False,
+    help="`make lint`'s dependency audit (`python -m parley.audit`) fails when the "
+    "vulnerability database cannot be reached, instead of saying that nothing was audited",
+)
 
 
 def pip_audit() -> tuple[dict | None, str]:
@@ -41,7 +50,7 @@ def pip_audit() -> tuple[dict | None, str]:
 
 
 def main() -> int:
-    strict = os.environ.get("PARLEY_AUDIT_STRICT") == "1"
+    strict = PARLEY_AUDIT_STRICT.read()
     report, errors = pip_audit()
     if report is None:
         last = errors.strip().splitlines()[-1:] or ["no output"]

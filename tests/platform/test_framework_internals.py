@@ -80,25 +80,25 @@ def test_django_asgi_handler_as_the_one_hop_handler_uses_it():
     from django.core.handlers.asgi import ASGIHandler
     from django.core.handlers.base import BaseHandler
 
-    user = "platform/parley/http.py (OneHopASGIHandler)"
+    user = "platform/parley/http.py (OneHopASGIHandler)", "set PARLEY_ONE_HOP_HTTP=0"
     assert list(inspect.signature(ASGIHandler.handle).parameters) == [
         "self",
         "scope",
         "receive",
         "send",
-    ], changed("ASGIHandler.handle", user)
+    ], changed("ASGIHandler.handle", *user)
     assert list(inspect.signature(ASGIHandler.get_response_async).parameters) == [
         "self",
         "request",
-    ], changed("ASGIHandler.get_response_async", user)
+    ], changed("ASGIHandler.get_response_async", *user)
     assert "is_async" in inspect.signature(BaseHandler.load_middleware).parameters, changed(
-        "BaseHandler.load_middleware", user
+        "BaseHandler.load_middleware", *user
     )
     # Django's own __init__ loads the async chain; ours replaces exactly that one line.
     source = inspect.getsource(ASGIHandler.__init__)
-    assert "self.load_middleware(is_async=True)" in source, changed("ASGIHandler.__init__", user)
+    assert "self.load_middleware(is_async=True)" in source, changed("ASGIHandler.__init__", *user)
     assert len([line for line in source.splitlines() if line.strip()]) == 3, changed(
-        "ASGIHandler.__init__ (it does more now)", user
+        "ASGIHandler.__init__ (it does more now)", *user
     )
 
 
@@ -106,7 +106,9 @@ def test_asgiref_thread_sensitive_context_takes_an_executor():
     from asgiref.sync import ThreadSensitiveContext
 
     assert "executor" in inspect.signature(ThreadSensitiveContext.__init__).parameters, changed(
-        "asgiref's ThreadSensitiveContext(executor=...)", "platform/parley/http.py"
+        "asgiref's ThreadSensitiveContext(executor=...)",
+        "platform/parley/http.py",
+        "set PARLEY_ONE_HOP_HTTP=0",
     )
 
 
@@ -115,7 +117,7 @@ def test_channels_dispatch_is_what_the_chat_consumer_copies():
     if Channels' changes, the copy must follow."""
     from channels.consumer import AsyncConsumer, get_handler_name
 
-    user = "studies/chat/consumers.py (ChatConsumer.dispatch)"
+    user = "studies/chat/consumers.py (ChatConsumer.dispatch)", "set PARLEY_LEAN_CHAT_DISPATCH=0"
     source = inspect.getsource(AsyncConsumer.dispatch)
     body = [
         line.strip()
@@ -129,9 +131,9 @@ def test_channels_dispatch_is_what_the_chat_consumer_copies():
         "await handler(message)",
         "else:",
         'raise ValueError("No handler for message type %s" % message["type"])',
-    ], changed("channels.consumer.AsyncConsumer.dispatch", user)
+    ], changed("channels.consumer.AsyncConsumer.dispatch", *user)
     assert get_handler_name({"type": "websocket.receive"}) == "websocket_receive", changed(
-        "channels.consumer.get_handler_name", user
+        "channels.consumer.get_handler_name", *user
     )
 
 
@@ -142,10 +144,10 @@ def test_torch_onednn_linear_ops():
 
     if not can_pack():
         pytest.skip("this torch has no oneDNN: the engine keeps plain weights")
-    user = "agents/serving/embedded/weights.py (PackedLinear)"
+    user = "agents/serving/embedded/weights.py (PackedLinear)", "set PARLEY_ENGINE_PACKED_WEIGHTS=0"
     weight, x = torch.randn(8, 16), torch.randn(3, 16)
     packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_HINT)
     out = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
     assert torch.allclose(out, x @ weight.t(), atol=1e-5), changed(
-        "torch.ops.mkldnn._reorder_linear_weight / _linear_pointwise", user
+        "torch.ops.mkldnn._reorder_linear_weight / _linear_pointwise", *user
     )

@@ -25,7 +25,6 @@ TrainingRun's Celery task) reads those files to say which rank failed and why.
 from __future__ import annotations
 
 import atexit
-import os
 import re
 import traceback
 from collections.abc import Iterator
@@ -35,7 +34,25 @@ from typing import Any, TypeVar
 
 import torch
 
+from agents.environment import setting
+
 FAILURES = "failures"
+# Set by the launcher (accelerate, torchrun) in each process it starts; neither: one rank.
+WORLD_SIZE = setting(
+    "WORLD_SIZE",
+    "int",
+    1,
+    least=1,
+    help="set by accelerate or torchrun: the processes of a distributed training run",
+)
+LOCAL_RANK = setting(
+    "LOCAL_RANK",
+    "int",
+    0,
+    least=0,
+    help="set by accelerate or torchrun: this process's place on its machine (its GPU, "
+    "unless the config names one)",
+)
 
 T = TypeVar("T")
 
@@ -130,8 +147,8 @@ class Ranks:
         """Join the launched processes (none: one rank). The process group is started here,
         with the run's backend and timeout (distributed.backend, distributed.timeout), unless
         the launcher already started one."""
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        if world == 1 and "LOCAL_RANK" not in os.environ:  # not under accelerate/torchrun
+        world = WORLD_SIZE.read()
+        if world == 1 and not LOCAL_RANK.is_set():  # not under accelerate/torchrun
             return cls(device=config.device)
         if config.batch_tasks < world:
             raise ValueError(
@@ -142,7 +159,7 @@ class Ranks:
 
         device = torch.device(config.device)
         if device.type == "cuda" and device.index is None:  # each process its own GPU
-            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            device = torch.device("cuda", LOCAL_RANK.read())
         if device.type == "cuda":
             torch.cuda.set_device(device)  # NCCL's object collectives use the current device
         timeout = timedelta(seconds=config.distributed.timeout)

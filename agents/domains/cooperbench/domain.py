@@ -19,13 +19,13 @@ both features pass on the merged tree, 0.5 when only the agent's own feature pas
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agents.environment import setting
 from agents.llm.tool_format import render_tool_calls
 from agents.messages import OPENING, Message, message_text
 from agents.sandbox import DockerSandbox, Limits, LocalSandbox, Sandbox
@@ -41,6 +41,14 @@ BUNDLED = Path(__file__).resolve().parent / "data"
 AGENT, USER = "agent", "user"
 NAMES = {AGENT: "agent1", USER: "agent2"}  # the benchmark's names, which the prompts use
 BACKENDS = ("local", "docker")
+PARLEY_SANDBOX = setting(
+    "PARLEY_SANDBOX",
+    "choice",
+    "local",
+    choices=BACKENDS,
+    help="where CooperBench runs its commands when not told: `local` (bubblewrap) or `docker` "
+    "(each task's own image)",
+)
 # "all": every pair of every task (the benchmark itself has no split). "train" / "test": the
 # pairs the release lists in data/cooperbench/train_pairs.json (587) and test_pairs.json (65)
 # (CHATS-lab/scope_usim @a4086fae / @6218b975): a JSON list of {"id": "{repo}_task/task{N}/
@@ -85,7 +93,7 @@ class CooperBenchDomain(Domain):
         if not self.data_dir.is_dir():
             raise FileNotFoundError(f"no CooperBench dataset folder at {self.data_dir}")
         self.repos_dir = Path(repos_dir) if repos_dir else self.data_dir / "repos"
-        self.backend = backend or os.environ.get("PARLEY_SANDBOX") or "local"
+        self.backend = backend or PARLEY_SANDBOX.read()
         if self.backend not in BACKENDS:
             raise ValueError(f"sandbox backend {self.backend!r}: expected one of {BACKENDS}")
         self.cache_dir = Path(cache_dir or Path(tempfile.gettempdir()) / "parley-cooperbench")

@@ -40,6 +40,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
+from agents.environment import setting
 from agents.llm.native_tools import HermesCallFilter
 from agents.llm.tool_format import ToolCallFilter
 from agents.serving import protocol
@@ -62,6 +63,16 @@ from agents.serving.protocol import (
 )
 
 log = logging.getLogger("agents.serving.embedded.server")
+# The linear weights packed by torch's oneDNN ops (embedded/weights.py, a private torch op listed
+# in docs/development.md, Framework internals); off, the model's own nn.Linear weights.
+PACKED_WEIGHTS = setting(
+    "PARLEY_ENGINE_PACKED_WEIGHTS",
+    "bool",
+    True,
+    help="the embedded engine's linear weights packed for torch's oneDNN kernels "
+    "(`agents/serving/embedded/weights.py`, a private torch op listed in [Layout, layers and "
+    "tests](development.md#framework-internals)); `0` keeps the model's own `nn.Linear` weights",
+)
 READY = "parley engine ready:"
 
 
@@ -374,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
 
     engine = Engine(
         model_dir,
+        pack_weights=PACKED_WEIGHTS.read(),
         served_name=args.served_name,
         adapters_root=args.adapters,
         loras=loras,
