@@ -302,14 +302,15 @@ def turn_cpu(
     seconds per second) over the same time."""
     import websockets
 
-    from studies.participation import flow
+    from studies.participation.arrive import arrive
+    from studies.participation.consent import give_consent
 
     study = load_study(f"turns-{secrets.token_hex(3)}", engine_url, turns)
     tokens = []
     for i in range(n):
         params = {"PROLIFIC_PID": f"t{i}", "STUDY_ID": "s", "SESSION_ID": f"t{i}"}
-        participant, _ = flow.arrive(study, params)
-        tokens.append(str(flow.give_consent(participant, True).token))
+        participant, _ = arrive(study, params)
+        tokens.append(str(give_consent(participant, True).token))
     ws = url.replace("http", "ws", 1)
 
     async def run() -> float:
@@ -567,7 +568,8 @@ def queries_per_turn(engine_url: str) -> dict[str, int]:
     from django.db.backends.signals import connection_created
 
     from studies.chat.routing import websocket_urlpatterns
-    from studies.participation import flow
+    from studies.participation.arrive import arrive
+    from studies.participation.consent import give_consent
 
     statements = []
 
@@ -586,8 +588,8 @@ def queries_per_turn(engine_url: str) -> dict[str, int]:
     log.propagate = False  # counted, not printed
     connection_created.connect(log_queries)
     study = load_study(f"queries-{secrets.token_hex(3)}", engine_url, 2)
-    participant, _ = flow.arrive(study, {"PROLIFIC_PID": "q1", "STUDY_ID": "s", "SESSION_ID": "s"})
-    flow.give_consent(participant, True)
+    participant, _ = arrive(study, {"PROLIFIC_PID": "q1", "STUDY_ID": "s", "SESSION_ID": "s"})
+    give_consent(participant, True)
 
     async def chat() -> dict[str, int]:
         app = URLRouter(websocket_urlpatterns)

@@ -88,7 +88,7 @@ async def agent_turn(
 ) -> Message | None:
     """Stream the agent's answer to `user_message`; loop over tool calls up to the Domain's cap.
 
-    `messages` is the conversation as read when the turn began (flow.Stored.messages); each
+    `messages` is the conversation as read when the turn began (chat_turn.Stored.messages); each
     message this turn stores is appended to it, so the only database work is storing them.
     """
     domain, scenario = domain_of(participant)
@@ -174,7 +174,7 @@ def opening_requests(arm: Arm) -> list[dict]:
         if not (system or tools or greeting):
             continue
         chat = [{"role": "system", "content": system}] if system else []
-        if greeting:  # stored as the conversation's first message (flow.start_conversation)
+        if greeting:  # stored as the conversation's first message (start.start_conversation)
             chat.append({"role": "assistant", "content": greeting})
         budget = domain.max_tool_calls_per_turn if domain else 0
         offer_tools = tools if budget > 0 else None

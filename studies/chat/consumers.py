@@ -37,7 +37,14 @@ from studies.lib.db_threads import db
 from studies.lib.flow_errors import FlowError
 from studies.lib.prepared_queries import Prepared
 from studies.models import Conversation, Message, Participant
-from studies.participation import flow, problems, ratelimit, withdraw
+from studies.participation import problems, ratelimit, withdraw
+from studies.participation.chat_turn import (
+    ChatOver,
+    chat_status,
+    end_chat,
+    expire_if_overdue,
+    store_user_message,
+)
 from studies.participation.middleware import OUTAGE
 
 log = logging.getLogger(__name__)
@@ -61,7 +68,7 @@ NOT_SAVED = (
 class ChatConsumer(AsyncJsonWebsocketConsumer):
     """One participant's socket. The participant, with study, arm and scenario, is read at
     connect and then kept: each message re-reads only its status under the conversation's lock
-    (flow.store_user_message), so a turn costs two transactions (the message, the reply)."""
+    (chat_turn.store_user_message), so a turn costs two transactions (the message, the reply)."""
 
     stale = False
 
@@ -195,7 +202,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 self.stale = False
             if self.participant is None:
                 raise Participant.DoesNotExist
-            stored = await db(flow.store_user_message)(self.participant, client_id, text)
+            stored = await db(store_user_message)(self.participant, client_id, text)
         except OUTAGE as error:  # not acknowledged: the page keeps it for Retry
             log.warning("message not stored for %s, database unavailable: %s", client_id, error)
             await self.send_json(
@@ -205,13 +212,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         except (Participant.DoesNotExist, Conversation.DoesNotExist):  # deleted meanwhile
             await self.close(code=4404)
             return
-        except flow.ChatOver as over:  # ended or timed out: say why, then the page moves on
+        except ChatOver as over:  # ended or timed out: say why, then the page moves on
             # Not "drop": the redirect right after finds the message unsent and tells the next
             # page, which says why the message was not taken.
             await self.send_json({"type": "error", "reply_to": client_id, "message": over.detail})
             await self.redirect()
             return
-        except flow.FlowError as error:
+        except FlowError as error:
             await self.refuse(client_id, error.detail)
             return
         self.participant = stored.participant
@@ -233,14 +240,14 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.answer(stored.messages, stored.message)  # adds the turn's messages
             if await self.ended_by_domain(stored.messages):
                 return
-        await self.send_json({"type": "status", **flow.chat_status(self.participant, stored.sent)})
+        await self.send_json({"type": "status", **chat_status(self.participant, stored.sent)})
 
     async def ended_by_domain(self, messages: list[Message]) -> bool:
         """End the chat when the Domain says it is over (e.g. a donation was stated)."""
         reason = domain_bridge.end_reason(self.participant, messages)
         if reason is None:
             return False
-        self.participant = await db(flow.end_chat)(self.participant, reason)
+        self.participant = await db(end_chat)(self.participant, reason)
         await self.send_json({"type": "ended", "reason": reason})
         await self.redirect()
         return True
@@ -298,13 +305,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def on_end(self):
         try:
-            self.participant = await db(flow.end_chat)(self.participant)
+            self.participant = await db(end_chat)(self.participant)
         except OUTAGE as error:
             log.warning("chat not ended, database unavailable: %s", error)
             notice = "The chat could not be ended just now; please try again in a moment."
             await self.send_json({"type": "error", "message": notice})
             return
-        except flow.FlowError as error:
+        except FlowError as error:
             await self.send_json({"type": "error", "message": error.detail})
             return
         await self.redirect()
@@ -319,7 +326,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             notice = "Stopping did not go through just now; please try again in a moment."
             await self.send_json({"type": "error", "message": notice})
             return
-        except flow.FlowError as error:
+        except FlowError as error:
             await self.send_json({"type": "error", "message": error.detail})
             return
         await self.send_json({"type": "withdrawn"})
@@ -367,7 +374,7 @@ def open_chat(token) -> tuple[Participant | None, Opening | None]:
     participant = load_participant(token)
     if participant is None:
         return None, None
-    participant = flow.expire_if_overdue(participant)
+    participant = expire_if_overdue(participant)
     if participant.status != Participant.Status.CHAT:
         return participant, None
     messages = list(Message.objects.filter(conversation__participant=participant).order_by("seq"))
@@ -375,7 +382,7 @@ def open_chat(token) -> tuple[Participant | None, Opening | None]:
     history = {
         "type": "history",
         "messages": [m.to_client() for m in messages],
-        **flow.chat_status(participant, sent),
+        **chat_status(participant, sent),
     }
     last = messages[-1] if messages else None
     pending = last if last is not None and last.role == Message.Role.USER else None
@@ -383,4 +390,4 @@ def open_chat(token) -> tuple[Participant | None, Opening | None]:
 
 
 def status(participant: Participant) -> dict:
-    return {"type": "status", **flow.chat_status(participant)}
+    return {"type": "status", **chat_status(participant)}

@@ -11,8 +11,8 @@ take two rows in opposite orders can deadlock each other; PostgreSQL then kills 
     participant  ->  arm;  study  ->  arm(s)
     participant  ->  rating assignment, withdrawal
 
-- restart (participation/flow.py): lock_participant, then lock_arm (place_in_least_filled).
-- consent (flow._give_consent): lock_participant_with_page, for a rater lock_study (the
+- restart (participation/start.py): lock_participant, then lock_arm (place_in_least_filled).
+- consent (participation/consent._give_consent): lock_participant_with_page, for a rater lock_study (the
   study's lock that annotation.assignment.assign takes again), then the latest consent version
   (current_consent(lock=True)).
 - freezing the plan (research/preregistration.freeze): lock_study, then lock_arm_ids.
@@ -52,7 +52,7 @@ from studies.models import (
 # What a participant's pages show besides the participant: study__annotation tells an
 # annotation study, study__questionnaire the questionnaire's page, without another read. The
 # flow's steps read them under the lock (lock_participant_with_page), so that a step reads no
-# study, arm or scenario again; participation/flow.py reads them with a page's participant.
+# study, arm or scenario again; participation/arrive.py reads them with a page's participant.
 PAGE_RELATIONS = ("study", "study__annotation", "study__questionnaire", "arm", "scenario")
 
 

@@ -14,7 +14,9 @@ from studies.lib.domain_bridge import speaker_names
 from studies.lib.flow_errors import FlowError
 from studies.lib.lock_objects import lock_participant, lock_rating_assignment
 from studies.models import Item, Participant, RatingAssignment
-from studies.participation.flow import storable_text, study_progress, validate_answers
+from studies.participation.chat_turn import storable_text
+from studies.participation.complete import study_progress
+from studies.participation.questionnaire import validate_answers
 
 # The realism item's answers, as stored and analysed: "real" counts toward "judged human".
 REALISM = "real_person"

@@ -1,4 +1,5 @@
-"""Participant pages. Thin: the flow module holds the rules, templates the words."""
+"""Participant pages. Thin: the step modules beside it (arrive.py ... complete.py) hold the
+rules, templates the words."""
 
 import functools
 import logging
@@ -13,20 +14,28 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from studies.lib.credentials import mask_path
-from studies.models import Participant, Study
-from studies.participation import flow, problems, rating, withdraw
+from studies.lib.domain_bridge import debrief
+from studies.lib.flow_errors import FlowError
+from studies.models import Participant, Study, current_consent
+from studies.participation import arrive as arrival
+from studies.participation import problems, rating, withdraw
+from studies.participation.chat_turn import expire_if_overdue
+from studies.participation.complete import PROLIFIC_COMPLETE_URL, completion_code, completion_url
+from studies.participation.consent import ConsentChanged, give_consent
 from studies.participation.middleware import OUTAGE
+from studies.participation.questionnaire import questionnaire_items, submit_questionnaire
 from studies.participation.ratelimit import limit_arrivals
+from studies.participation.start import restart
 from studies.prolific import sync as prolific_sync
 
 log = logging.getLogger(__name__)
 
 
-def problem(request, error: flow.FlowError, study=None, participant=None):
+def problem(request, error: FlowError, study=None, participant=None):
     """The friendly page of a step that cannot go on, with the study's way back to Prolific."""
     back = None
     if study is not None and study.other_code and not getattr(participant, "is_preview", False):
-        back = flow.PROLIFIC_COMPLETE_URL.format(code=study.other_code)
+        back = PROLIFIC_COMPLETE_URL.format(code=study.other_code)
     context = {"error": error, "study": study, "participant": participant, "prolific_url": back}
     return render(request, "studies/problem.html", context, status=error.status)
 
@@ -35,11 +44,11 @@ def whose(kwargs) -> tuple[Study | None, Participant | None]:
     """The study and participant a participant URL names, if they can be read."""
     try:
         if "token" in kwargs:
-            participant = flow.find_participant(kwargs["token"])
+            participant = arrival.find_participant(kwargs["token"])
             return participant.study, participant
         if "slug" in kwargs:
-            return flow.open_study(kwargs["slug"]), None
-    except (flow.FlowError, DatabaseError):
+            return arrival.open_study(kwargs["slug"]), None
+    except (FlowError, DatabaseError):
         pass
     return None, None
 
@@ -55,7 +64,7 @@ def friendly(view):
             return view(request, *args, **kwargs)
         except (Http404, *OUTAGE):
             raise
-        except flow.FlowError as error:
+        except FlowError as error:
             study, participant = whose(kwargs)
             problems.record(study, participant, request.path, error)
             return problem(request, error, study, participant)
@@ -71,7 +80,7 @@ def friendly(view):
 
 
 # The browser that first arrived keeps its participant's token in a signed cookie, so the same
-# person can come back with a new SESSION_ID (see flow.resume). Signed per study and sent only to
+# person can come back with a new SESSION_ID (see arrive.resume). Signed per study and sent only to
 # that study's link; a week outlasts Prolific's longest allowed time (under 24 h).
 ARRIVAL_COOKIE = "parley_arrival"
 ARRIVAL_COOKIE_AGE = 7 * 24 * 3600
@@ -86,11 +95,11 @@ def arrival_salt(study) -> str:
 @friendly
 def arrive(request, slug):
     """The Prolific link: /s/<slug>/?PROLIFIC_PID=...&STUDY_ID=...&SESSION_ID=..."""
-    study = flow.open_study(slug)
+    study = arrival.open_study(slug)
     known_token = request.get_signed_cookie(
         ARRIVAL_COOKIE, None, salt=arrival_salt(study), max_age=ARRIVAL_COOKIE_AGE
     )
-    participant, _ = flow.arrive(study, request.GET, known_token)
+    participant, _ = arrival.arrive(study, request.GET, known_token)
     response = redirect("studies:participant", token=participant.token)
     # Set at the first arrival and renewed on every resume: each of them proved its right.
     response.set_signed_cookie(
@@ -107,7 +116,7 @@ def arrive(request, slug):
 
 
 def load(token) -> Participant:
-    return flow.expire_if_overdue(flow.find_participant(token))
+    return expire_if_overdue(arrival.find_participant(token))
 
 
 @require_GET
@@ -116,7 +125,7 @@ def participant(request, token):
     """Whatever step the participant is at: re-opening the link resumes here."""
     p = load(token)
     if p.status == Participant.Status.UNSTARTED:  # could not start before: a place anew
-        flow.restart(p)
+        restart(p)
         p = load(token)
     study = p.study
     context = {"participant": p, "study": study}
@@ -133,12 +142,12 @@ def participant(request, token):
         case Participant.Status.WITHDRAWN:
             return render_withdrawn(request, p, withdraw.next_step(p))
         case Participant.Status.COMPLETED:
-            context["completion_url"] = flow.completion_url(p)
-            context["told"] = flow.debrief(p)
-            context["completion_code"] = flow.completion_code(p)
+            context["completion_url"] = completion_url(p)
+            context["told"] = debrief(p)
+            context["completion_code"] = completion_code(p)
             return render(request, "studies/debrief.html", context)
         case _:  # declined consent or timed out
-            context["completion_url"] = flow.completion_url(p)
+            context["completion_url"] = completion_url(p)
             # the chat page sends here a message the server no longer took: say so
             context["unsent"] = request.GET.get("unsent") == "1"
             return render(request, "studies/ended.html", context)
@@ -151,7 +160,7 @@ def render_questionnaire(request, p, errors, data, status=200):
         "questionnaire": getattr(p.study, "questionnaire", None),
         "fields": [
             {"item": item, "value": data.get(item.key, ""), "error": errors.get(item.key)}
-            for item in flow.questionnaire_items(p.study)
+            for item in questionnaire_items(p.study)
         ],
         "errors": errors,
     }
@@ -162,7 +171,7 @@ def render_rating(request, p, errors, data, status=200):
     """One conversation to rate: its words only (no arm, model or source), the study's items."""
     assignment = rating.current(p)
     if assignment is None:  # none left that is theirs (released by hand): say so, never loop
-        raise flow.FlowError(
+        raise FlowError(
             "Nothing left to rate",
             "There is no conversation left for you to rate in this study. Please message the "
             "researcher through Prolific.",
@@ -204,7 +213,7 @@ def render_consent(request, p, notice: str = "", status=200):
     context = {
         "participant": p,
         "study": p.study,
-        "consent_version": flow.current_consent(p.study),
+        "consent_version": current_consent(p.study),
         "notice": notice,
     }
     return render(request, "studies/consent.html", context, status=status)
@@ -218,10 +227,10 @@ def consent(request, token):
     # so a participant is never declined for good by a request they did not make.
     decision = request.POST.get("decision")
     if decision not in ("accept", "decline"):
-        raise flow.FlowError("Please choose", "Please choose whether you agree to take part.")
+        raise FlowError("Please choose", "Please choose whether you agree to take part.")
     try:
-        flow.give_consent(p, decision == "accept", request.POST.get("consent_version"))
-    except flow.ConsentChanged as changed:  # the new text, to read before deciding
+        give_consent(p, decision == "accept", request.POST.get("consent_version"))
+    except ConsentChanged as changed:  # the new text, to read before deciding
         return render_consent(request, load(token), changed.detail, status=changed.status)
     return redirect("studies:participant", token=p.token)
 
@@ -242,7 +251,7 @@ def stop(request, token):
     if p.status == Participant.Status.WITHDRAWN:
         return redirect("studies:participant", token=p.token)
     if p.status not in Participant.CAN_WITHDRAW:
-        raise flow.FlowError(
+        raise FlowError(
             "Nothing to stop",
             "You are not taking part in this study at the moment, so there is nothing to stop.",
         )
@@ -260,7 +269,7 @@ def withdrawn_data(request, token):
     p = load(token)
     decision = request.POST.get("data")
     if decision not in ("keep", "erase"):  # never erased by a stray or forged post
-        raise flow.FlowError("Please choose", "Please choose whether we may keep your data.")
+        raise FlowError("Please choose", "Please choose whether we may keep your data.")
     step = withdraw.decide(p, decision == "keep", request.path)
     if step.erased:  # their pages are gone with their data: this one says what happens next
         return render_withdrawn(request, None, step)
@@ -271,7 +280,7 @@ def withdrawn_data(request, token):
 @friendly
 def questionnaire(request, token):
     p = load(token)
-    errors = flow.submit_questionnaire(p, request.POST)
+    errors = submit_questionnaire(p, request.POST)
     if errors:
         return render_questionnaire(request, p, errors, request.POST, status=400)
     return redirect("studies:participant", token=p.token)
@@ -282,7 +291,7 @@ def questionnaire(request, token):
 def done(request, token):
     """Back to Prolific with the code that fits how the participant finished."""
     p = load(token)
-    url = flow.completion_url(p)
+    url = completion_url(p)
     if url is None:
         return redirect("studies:participant", token=p.token)
     return HttpResponseRedirect(url)

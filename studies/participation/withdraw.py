@@ -21,7 +21,7 @@ from studies.models import (
     Withdrawal,
 )
 from studies.participation import problems
-from studies.participation.flow import completion_code
+from studies.participation.complete import completion_code
 from studies.privacy import erasure
 
 log = logging.getLogger(__name__)

@@ -102,7 +102,7 @@ def plan_of(study: Study) -> dict:
 def freeze(study: Study, by: str = "") -> Preregistration:
     """Freeze the study's plan, once, before its first participant; FreezeRefused otherwise.
 
-    The study's arms are locked as participant arrival locks them (studies.participation.flow), so nobody
+    The study's arms are locked as participant arrival locks them (studies.participation.assign), so nobody
     arrives between the check and the freeze.
     """
     with transaction.atomic():

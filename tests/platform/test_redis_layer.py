@@ -16,7 +16,8 @@ from django.conf import settings
 from django.utils.module_loading import import_string
 
 from studies.chat.routing import websocket_urlpatterns
-from studies.participation import flow
+from studies.participation.arrive import arrive
+from studies.participation.consent import give_consent
 from tests.support.processes import need_service
 from tests.support.studies import make_study, prolific
 
@@ -52,8 +53,8 @@ async def sockets_named(layer, name) -> dict[str, int]:
 def chatting_participant():
     tag = uuid.uuid4().hex[:8]
     study = make_study(slug=f"idle-{tag}")
-    participant, _ = flow.arrive(study, prolific(pid=f"idle-{tag}", session_id=f"s-{tag}"))
-    return flow.give_consent(participant, True)
+    participant, _ = arrive(study, prolific(pid=f"idle-{tag}", session_id=f"s-{tag}"))
+    return give_consent(participant, True)
 
 
 async def test_idle_participant_on_redis_layer_without_reconnect(redis_layer, sockets):

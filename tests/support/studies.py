@@ -21,7 +21,10 @@ from studies.models import (
     Study,
     ToolChoice,
 )
-from studies.participation import flow
+from studies.participation.arrive import arrive
+from studies.participation.chat_turn import end_chat, store_user_message
+from studies.participation.consent import give_consent
+from studies.participation.questionnaire import submit_questionnaire
 from studies.setup.scenario_pools import import_pool
 
 
@@ -124,16 +127,15 @@ def finish(study, pid, answers=GOOD_ANSWERS, arm=None, text="hi"):
     """A participant through the whole flow (arrival, consent, one message, questionnaire),
     in `arm` when named (else where assignment puts them); returned as stored."""
     from studies.models import Participant
-    from studies.participation import flow
 
-    p, _ = flow.arrive(study, prolific(pid=pid))
+    p, _ = arrive(study, prolific(pid=pid))
     if arm is not None:
         Participant.objects.filter(pk=p.pk).update(arm=study.arms.get(name=arm))
         p.refresh_from_db()
-    flow.give_consent(p, True)
-    flow.store_user_message(p, f"m-{pid}", text)
-    flow.end_chat(p)
-    assert flow.submit_questionnaire(p, answers) == {}
+    give_consent(p, True)
+    store_user_message(p, f"m-{pid}", text)
+    end_chat(p)
+    assert submit_questionnaire(p, answers) == {}
     p.refresh_from_db()
     return p
 
@@ -197,8 +199,8 @@ def fill(study, answers_by_arm, attention="2"):
 @database_sync_to_async
 def chatting_participant(engine_url, pid="p1", **study_fields):
     study = make_study(slug=f"s-{pid}", engine=engine_url, **study_fields)
-    participant, _ = flow.arrive(study, prolific(pid=pid))
-    return flow.give_consent(participant, True)
+    participant, _ = arrive(study, prolific(pid=pid))
+    return give_consent(participant, True)
 
 
 async def connect(sockets, participant):
@@ -226,8 +228,8 @@ def participant_in(engine_url, domain="retail", **arm_fields):
     import_pool(study, domain)
     if domain == "retail":  # one known task: its user's email and order are in the messages
         Scenario.objects.filter(study=study).exclude(key="retail-0").update(active=False)
-    participant, _ = flow.arrive(study, prolific(pid=f"tools-{domain}"))
-    return flow.give_consent(participant, True)
+    participant, _ = arrive(study, prolific(pid=f"tools-{domain}"))
+    return give_consent(participant, True)
 
 
 def forced(request) -> bool:
@@ -299,12 +301,12 @@ def join(study, pid, session, status=Participant.Status.COMPLETED, arm=None, **f
 
 
 def at_questionnaire(study, pid, arm):
-    participant, _ = flow.arrive(study, prolific(pid=pid, session_id=f"sess-{pid}"))
+    participant, _ = arrive(study, prolific(pid=pid, session_id=f"sess-{pid}"))
     Participant.objects.filter(pk=participant.pk).update(arm=study.arms.get(name=arm))
     participant.refresh_from_db()
-    flow.give_consent(participant, True)
-    flow.store_user_message(participant, f"m-{pid}", "hi")
-    return flow.end_chat(participant)
+    give_consent(participant, True)
+    store_user_message(participant, f"m-{pid}", "hi")
+    return end_chat(participant)
 
 
 async def talk(participant, text, client_id):

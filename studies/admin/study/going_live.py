@@ -11,7 +11,7 @@ from studies.models import (
     Study,
     arm_model_check,
 )
-from studies.participation import flow
+from studies.participation.start import start_preview
 from studies.research import analysis_runs
 from studies.setup import go_live
 
@@ -170,7 +170,7 @@ class GoingLive:
             except (TypeError, ValueError, Arm.DoesNotExist):
                 raise Http404("No such arm in this study.") from None
             if request.method == "POST":
-                participant = flow.start_preview(arm)
+                participant = start_preview(arm)
                 url = reverse("studies:participant", args=[participant.token])
                 return HttpResponseRedirect(url)
             arms = [arm]

@@ -8,7 +8,10 @@ from django.urls import reverse
 
 from studies.chat.agent_turn import store_turn_message
 from studies.models import Message, Participant
-from studies.participation import flow
+from studies.participation.arrive import arrive
+from studies.participation.chat_turn import end_chat, store_user_message
+from studies.participation.consent import give_consent
+from studies.participation.questionnaire import submit_questionnaire
 from tests.support.studies import GOOD_ANSWERS, make_study, prolific
 
 pytestmark = pytest.mark.django_db
@@ -18,9 +21,9 @@ pytestmark = pytest.mark.django_db
 def finished(db):
     """Two participants: one completed with a short chat, one who declined."""
     study = make_study()
-    done, _ = flow.arrive(study, prolific(pid="done1"))
-    flow.give_consent(done, True)
-    said = flow.store_user_message(done, "c1", "Hello, agent").message
+    done, _ = arrive(study, prolific(pid="done1"))
+    give_consent(done, True)
+    said = store_user_message(done, "c1", "Hello, agent").message
     store_turn_message(  # the agent's reply, stored as a chat turn stores it
         said,
         [],
@@ -30,10 +33,10 @@ def finished(db):
         latency_ms=120,
         ttft_ms=30,
     )
-    flow.end_chat(done)
-    assert flow.submit_questionnaire(done, GOOD_ANSWERS) == {}
-    declined, _ = flow.arrive(study, prolific(pid="nope2"))
-    flow.give_consent(declined, False)
+    end_chat(done)
+    assert submit_questionnaire(done, GOOD_ANSWERS) == {}
+    declined, _ = arrive(study, prolific(pid="nope2"))
+    give_consent(declined, False)
     return study
 
 

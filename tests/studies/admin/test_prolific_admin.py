@@ -190,7 +190,7 @@ def test_the_prolific_panel_names_participants_only_with_the_permission(
 @pytest.mark.parametrize("model", ["prolificevent", "bonuspayment"])
 def test_prolifics_events_and_bonuses_need_the_participants_permission(client, linked, model):
     """An event's payload holds the participant's id and submission id (together they resume
-    their study, studies/participation/flow.py resume); a bonus names who is paid."""
+    their study, studies/participation/arrive.py resume); a bonus names who is paid."""
     url = reverse(f"admin:studies_{model}_changelist")
     client.force_login(editor(f"view_{model}"))
     assert client.get(url).status_code == 403

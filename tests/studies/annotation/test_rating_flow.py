@@ -108,10 +108,11 @@ def test_a_rater_with_nothing_left_is_told_and_holds_no_place(client):
 
 
 def test_staff_preview_the_rating_pages_without_taking_a_place(client):
-    from studies.participation import flow
+    from studies.participation.consent import give_consent
+    from studies.participation.start import start_preview
 
     study = annotation_study(n=2)
-    preview = flow.give_consent(flow.start_preview(study.arms.get()), True)
+    preview = give_consent(start_preview(study.arms.get()), True)
     assert preview.status == Participant.Status.RATING
     html = client.get(reverse("studies:participant", args=[preview.token])).content.decode()
     assert "Conversation 1 of 2" in html and "Preview of arm raters" in html

@@ -129,13 +129,14 @@ def test_the_rating_page_names_p4g_speakers_and_passes_axe(web_server, browser, 
 def test_a_previews_banner_is_styled_and_leaves_the_chat_on_screen(
     web_server, browser, monkeypatch, viewport
 ):
-    from studies.participation import flow
+    from studies.participation.consent import give_consent
+    from studies.participation.start import start_preview
 
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     with ScriptedServer([]) as engine:
         study = make_study(slug="peek", domain="p4g", engine=engine.url, arms=("a",))
         import_pool(study, "p4g", 1)
-        preview = flow.give_consent(flow.start_preview(study.arms.get()), True)
+        preview = give_consent(start_preview(study.arms.get()), True)
         page = browser.new_context(bypass_csp=True, viewport=viewport).new_page()
         page.goto(f"{web_server}/p/{preview.token}/")
         page.wait_for_selector("#text:not([disabled])")

@@ -5,7 +5,8 @@ message with a NUL or a lone surrogate is stored cleaned."""
 import pytest
 
 from studies.models import Message
-from studies.participation import flow
+from studies.participation.arrive import arrive
+from studies.participation.consent import give_consent
 from tests.support.faulty_engine import FaultyEngine
 from tests.support.studies import make_study, prolific
 
@@ -16,8 +17,8 @@ def test_unstorable_and_refused_messages_do_not_lock_the_chat(web_server, browse
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API keeps a loop
     with FaultyEngine() as engine:
         study = make_study(slug="odd", engine=engine.url)
-        participant, _ = flow.arrive(study, prolific(pid="oddone"))
-        flow.give_consent(participant, True)
+        participant, _ = arrive(study, prolific(pid="oddone"))
+        give_consent(participant, True)
         page = browser.new_page()
         page.goto(f"{web_server}/p/{participant.token}/")
         page.wait_for_selector("#text:not([disabled])")
@@ -64,8 +65,8 @@ def test_an_over_long_message_is_kept_whole_and_the_limit_said_before_sending(
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API keeps a loop
     with FaultyEngine() as engine:
         study = make_study(slug="long", engine=engine.url, max_message_chars=120)
-        participant, _ = flow.arrive(study, prolific(pid="longone"))
-        flow.give_consent(participant, True)
+        participant, _ = arrive(study, prolific(pid="longone"))
+        give_consent(participant, True)
         page = browser.new_page()
         page.goto(f"{web_server}/p/{participant.token}/")
         page.wait_for_selector("#text:not([disabled])")
@@ -105,8 +106,8 @@ def test_the_slow_notice_reads_as_news_and_a_failure_as_an_error(
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API keeps a loop
     with FaultyEngine(["late", "die"], pace=3) as engine:
         study = make_study(slug="slow", engine=engine.url)
-        participant, _ = flow.arrive(study, prolific(pid="slowone"))
-        flow.give_consent(participant, True)
+        participant, _ = arrive(study, prolific(pid="slowone"))
+        give_consent(participant, True)
         page = browser.new_page()
         page.goto(f"{web_server}/p/{participant.token}/")
         page.wait_for_selector("#text:not([disabled])")

@@ -9,15 +9,16 @@ import pytest
 from django.utils import timezone
 
 from studies.models import Participant
-from studies.participation import flow
+from studies.participation.arrive import arrive
+from studies.participation.consent import give_consent
 from tests.support.studies import make_study, prolific
 
 pytestmark = pytest.mark.browser
 
 
 def chatting(study, pid, seconds_ago):
-    participant, _ = flow.arrive(study, prolific(pid=pid, session_id=f"s-{pid}"))
-    flow.give_consent(participant, True)
+    participant, _ = arrive(study, prolific(pid=pid, session_id=f"s-{pid}"))
+    give_consent(participant, True)
     Participant.objects.filter(pk=participant.pk).update(
         created_at=timezone.now() - timedelta(seconds=seconds_ago)
     )

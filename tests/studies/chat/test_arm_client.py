@@ -5,7 +5,8 @@ from channels.db import database_sync_to_async
 
 from studies.chat import agent_turn
 from studies.chat.consumers import load_participant
-from studies.participation import flow
+from studies.participation.arrive import arrive
+from studies.participation.consent import give_consent
 from tests.support.scripted_server import ScriptedServer
 from tests.support.studies import connect, make_study, prolific, receive_until
 
@@ -18,8 +19,8 @@ def two_participants(engine_url):
     study = make_study(slug="reuse", engine=engine_url, max_exchanges=10)
     participants = []
     for pid in ("p1", "p2"):
-        participant, _ = flow.arrive(study, prolific(pid=pid))
-        flow.give_consent(participant, True)
+        participant, _ = arrive(study, prolific(pid=pid))
+        give_consent(participant, True)
         participants.append(load_participant(participant.token))  # as the consumer reads it
     return participants
 

@@ -6,7 +6,7 @@ from channels.db import database_sync_to_async
 from agents.models import ModelEndpoint
 from agents.serving.process import free_port
 from studies.models import Arm, Message, Participant, StudyError
-from studies.participation import flow
+from studies.participation.chat_turn import store_user_message
 from tests.support.studies import (
     app,
     chatting_participant,
@@ -94,7 +94,7 @@ async def test_reopening_resumes_with_history(engine_url, sockets):
 
 async def test_unanswered_message_is_answered_on_reconnect(engine_url, sockets):
     participant = await chatting_participant(engine_url, pid="p4")
-    await database_sync_to_async(flow.store_user_message)(participant, "lost", "Are you there?")
+    await database_sync_to_async(store_user_message)(participant, "lost", "Are you there?")
     chat = await connect(sockets, participant)
     history = await chat.receive_json_from()
     assert [m["client_id"] for m in history["messages"]] == ["lost"]

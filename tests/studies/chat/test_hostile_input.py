@@ -17,7 +17,10 @@ from hypothesis import strategies as st
 
 from studies.chat.routing import websocket_urlpatterns
 from studies.models import Message, Participant, Response, StudyError
-from studies.participation import flow, ratelimit
+from studies.participation import arrive as arrival
+from studies.participation import ratelimit
+from studies.participation.chat_turn import storable_text
+from studies.participation.consent import give_consent
 from tests.support.faulty_engine import FaultyEngine
 from tests.support.processes import need_service
 from tests.support.studies import GOOD_ANSWERS, make_study, prolific
@@ -88,8 +91,8 @@ def engine():
 
 def chatting(engine_url, pid, **fields):
     study = make_study(slug=f"h-{pid}", engine=engine_url, **fields)
-    participant, _ = flow.arrive(study, prolific(pid=pid))
-    return flow.give_consent(participant, True)
+    participant, _ = arrival.arrive(study, prolific(pid=pid))
+    return give_consent(participant, True)
 
 
 async def open_window(participant, client=None):
@@ -164,7 +167,7 @@ def test_fuzzed_frames_never_crash_the_socket_or_lock_the_participant_out(engine
 
     check()
     texts = async_to_sync(stored_texts)(participant)
-    assert all(text == flow.storable_text(text) for text in texts)
+    assert all(text == storable_text(text) for text in texts)
     async_to_sync(still_chats)(participant)
 
 
@@ -354,8 +357,8 @@ def post_raw(client, url, data: dict):
 
 
 def at_questionnaire(study, pid):
-    participant, _ = flow.arrive(study, prolific(pid=pid))
-    flow.give_consent(participant, True)
+    participant, _ = arrival.arrive(study, prolific(pid=pid))
+    give_consent(participant, True)
     Participant.objects.filter(pk=participant.pk).update(status=Participant.Status.QUESTIONNAIRE)
     return participant
 
@@ -378,7 +381,7 @@ def test_fuzzed_questionnaire_answers_are_form_errors_or_stored_never_a_500(clie
         for text in Response.objects.filter(participant=participant).values_list(
             "value_text", flat=True
         ):
-            assert text is None or text == flow.storable_text(text)
+            assert text is None or text == storable_text(text)
 
     check()
 
@@ -403,7 +406,7 @@ def test_fuzzed_consent_decisions_never_fail(client, study):
     @fuzzed
     @given(decision=form_values, extra=st.dictionaries(hostile_text, form_values, max_size=3))
     def check(decision, extra):
-        participant, _ = flow.arrive(study, prolific(pid=f"c{uuid.uuid4().hex[:20]}"))
+        participant, _ = arrival.arrive(study, prolific(pid=f"c{uuid.uuid4().hex[:20]}"))
         url = f"/p/{participant.token}/consent/"
         response = post_raw(client, url, {**extra, "decision": decision})
         # the two buttons decide; anything else is a clear 400 that changes nothing

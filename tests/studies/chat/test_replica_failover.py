@@ -7,7 +7,8 @@ from channels.db import database_sync_to_async
 
 from agents.llm import replicas
 from studies.models import Message
-from studies.participation import flow
+from studies.participation.arrive import arrive
+from studies.participation.consent import give_consent
 from studies.setup.arm_endpoints import point_arms, register_endpoint
 from tests.support.scripted_server import ScriptedServer
 from tests.support.studies import connect, make_study, prolific, receive_until
@@ -19,8 +20,8 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 def participant_on(urls: list[str]):
     study = make_study(slug="replicas", engine=urls[0], max_exchanges=10)
     point_arms(study, register_endpoint("pair", "vllm", urls), {"a": "m", "b": "m"})
-    participant, _ = flow.arrive(study, prolific(pid="p1"))
-    return flow.give_consent(participant, True)
+    participant, _ = arrive(study, prolific(pid="p1"))
+    return give_consent(participant, True)
 
 
 @database_sync_to_async

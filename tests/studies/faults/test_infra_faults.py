@@ -22,7 +22,11 @@ from parley.celery import app as celery_app
 from agents.serving.process import free_port
 from studies import tasks
 from studies.models import AnalysisRun, Participant
-from studies.participation import flow
+from studies.participation.arrive import arrive
+from studies.participation.chat_turn import end_chat, store_user_message
+from studies.participation.complete import completion_url
+from studies.participation.consent import give_consent
+from studies.participation.questionnaire import submit_questionnaire
 from tests.support.processes import need_service
 from tests.support.studies import (
     GOOD_ANSWERS,
@@ -35,7 +39,7 @@ from tests.support.studies import (
 def study_one_short_of_target(slug="faults"):
     """Target 1 per arm; arm a is full, so the next completion in arm b reaches the target."""
     study = make_study(slug=slug, target_per_arm=1)
-    assert flow.submit_questionnaire(at_questionnaire(study, f"{slug}-a", "a"), GOOD_ANSWERS) == {}
+    assert submit_questionnaire(at_questionnaire(study, f"{slug}-a", "a"), GOOD_ANSWERS) == {}
     return study
 
 
@@ -138,7 +142,7 @@ def test_the_last_completion_returns_at_once_with_the_broker_out_and_is_sent_lat
 @pytest.mark.django_db
 def test_one_automatic_analysis_per_study_is_kept_by_the_database():
     study = study_one_short_of_target()
-    flow.submit_questionnaire(at_questionnaire(study, "last", "b"), GOOD_ANSWERS)
+    submit_questionnaire(at_questionnaire(study, "last", "b"), GOOD_ANSWERS)
     first = tasks.analyse_if_target_reached(study.pk)
     assert first is not None and first.trigger == AnalysisRun.Trigger.TARGET
     # Every later completion asks again; the database answers with the one run already there.
@@ -171,7 +175,7 @@ def test_the_last_two_finishing_together_start_one_analysis(
                 with transaction.atomic():
                     # Registered first, so it runs after the commit and before the trigger.
                     transaction.on_commit(lambda: barrier.wait(timeout=10))
-                    assert flow.submit_questionnaire(participant, GOOD_ANSWERS) == {}
+                    assert submit_questionnaire(participant, GOOD_ANSWERS) == {}
             except Exception as error:  # noqa: BLE001 - reported by the main thread
                 errors.append(error)
             finally:
@@ -270,15 +274,15 @@ def test_a_participant_completes_over_http_with_the_channel_layer_down(client, s
     page = client.get(f"/s/{study.slug}/", prolific(pid="nolayer"))
     participant = Participant.objects.get(prolific_pid="nolayer")
     client.post(reverse("studies:consent", args=[participant.token]), {"decision": "accept"})
-    flow.store_user_message(participant, "m1", "hello")
-    flow.end_chat(participant)
+    store_user_message(participant, "m1", "hello")
+    end_chat(participant)
     started = time.monotonic()
     done = client.post(reverse("studies:questionnaire", args=[participant.token]), GOOD_ANSWERS)
     assert page.status_code == 302 and done.status_code == 302
     assert time.monotonic() - started < 2
     participant.refresh_from_db()
     assert participant.status == Participant.Status.COMPLETED
-    assert flow.completion_url(participant).endswith("cc=DONE123")
+    assert completion_url(participant).endswith("cc=DONE123")
 
 
 @pytest.mark.django_db(transaction=True)
@@ -304,8 +308,8 @@ async def test_the_chat_socket_rides_out_redis_away_and_rejoins_when_it_returns(
     @database_sync_to_async
     def chatting():
         study = make_study(slug="redis-away")
-        participant, _ = flow.arrive(study, prolific(pid="redis-away"))
-        return flow.give_consent(participant, True)
+        participant, _ = arrive(study, prolific(pid="redis-away"))
+        return give_consent(participant, True)
 
     participant = await chatting()
     app = URLRouter(websocket_urlpatterns)

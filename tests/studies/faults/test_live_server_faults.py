@@ -15,7 +15,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
 from studies.models import Message, StudyError
-from studies.participation import flow
+from studies.participation.arrive import arrive
+from studies.participation.consent import give_consent
 from tests.support.faulty_engine import REPLY, FaultyEngine
 from tests.support.live_server import LoggedServer, Relay, postgres_address, relayed_database_url
 from tests.support.studies import make_study, prolific
@@ -25,8 +26,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def chatting(engine_url, pid):
     study = make_study(slug=f"live-{pid}", engine=engine_url)
-    participant, _ = flow.arrive(study, prolific(pid=pid))
-    return flow.give_consent(participant, True)
+    participant, _ = arrive(study, prolific(pid=pid))
+    return give_consent(participant, True)
 
 
 def open_socket(server, participant, **kwargs):
@@ -165,7 +166,7 @@ def post_form(page, url, body: bytes) -> int:
 )
 def test_oversized_forms_are_refused_in_one_log_line(server, body, status):
     study = make_study(slug="forms")
-    participant, _ = flow.arrive(study, prolific(pid="forms"))
+    participant, _ = arrive(study, prolific(pid="forms"))
     before = server.text().count("\n")
     page = f"{server.url}/p/{participant.token}/"
     assert post_form(page, page + "consent/", body) == status

@@ -14,7 +14,8 @@ from websockets.asyncio.client import connect
 
 from agents.serving.process import free_port
 from studies.models import Message
-from studies.participation import flow
+from studies.participation.arrive import arrive
+from studies.participation.consent import give_consent
 from tests.support.faulty_engine import REPLY, FaultyEngine
 from tests.support.processes import REPO, child_env
 from tests.support.studies import make_study, prolific
@@ -51,8 +52,8 @@ def test_a_server_restart_mid_reply_loses_nothing():
     address = f"ws://127.0.0.1:{port}"
     with FaultyEngine(["slow", "ok"], pace=0.5) as engine:
         study = make_study(slug="restart", engine=engine.url)
-        participant, _ = flow.arrive(study, prolific(pid="restart"))
-        participant = flow.give_consent(participant, True)
+        participant, _ = arrive(study, prolific(pid="restart"))
+        participant = give_consent(participant, True)
         path = f"{address}/ws/p/{participant.token}/"
         server = start_server(port)
         try:

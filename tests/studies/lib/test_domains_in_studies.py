@@ -9,7 +9,10 @@ from django.urls import reverse
 from agents.paths import reference_dir
 from studies.lib import domain_bridge
 from studies.models import Item, Message, Participant, Scenario
-from studies.participation import flow
+from studies.participation.arrive import arrive
+from studies.participation.chat_turn import end_chat, store_user_message
+from studies.participation.consent import give_consent
+from studies.participation.questionnaire import submit_questionnaire
 from studies.setup.scenario_pools import PoolError, import_pool
 from tests.support.processes import need
 from tests.support.scripted_server import ScriptedServer
@@ -91,8 +94,8 @@ def retail_participants(engine_url, n=2):
     Scenario.objects.filter(study=study).exclude(key="retail-0").update(active=False)
     people = []
     for i in range(n):
-        participant, _ = flow.arrive(study, prolific(pid=f"buyer{i}"))
-        people.append(flow.give_consent(participant, True))
+        participant, _ = arrive(study, prolific(pid=f"buyer{i}"))
+        people.append(give_consent(participant, True))
     return people
 
 
@@ -153,13 +156,13 @@ async def test_tool_calls_run_on_the_server_on_this_conversations_own_state():
     assert '"cancelled"' in await order_status(first)
     assert '"pending"' in await order_status(second)  # nobody sees another participant's changes
 
-    ended = await database_sync_to_async(flow.end_chat)(first)
+    ended = await database_sync_to_async(end_chat)(first)
     assert ended.outcome["reward"] == 1.0 and ended.outcome["success"] is True
     # its gold action changes the DB, so the score checked what the chat did: it may be told
     assert ended.outcome["details"]["checked"] is True
     assert ended.outcome["details"]["db"]["gold_changes_db"] is True
     # The other conversation cancelled nothing: its DB differs from the gold one, so it scores 0.
-    ended_second = await database_sync_to_async(flow.end_chat)(second, "time_limit")
+    ended_second = await database_sync_to_async(end_chat)(second, "time_limit")
     assert ended_second.outcome["reward"] == 0.0 and ended_second.outcome["success"] is False
 
 
@@ -190,15 +193,15 @@ def test_p4g_outcome_is_the_intended_donation_with_the_chat_amount_beside_it(cli
         min_value=0,
         max_value=2,
     )
-    participant, _ = flow.arrive(study, prolific(pid="giver"))
-    participant = flow.give_consent(participant, True)
+    participant, _ = arrive(study, prolific(pid="giver"))
+    participant = give_consent(participant, True)
     assert participant.conversation.messages.first().content  # the persuader opens
-    flow.store_user_message(participant, "g1", "Fine, I'll donate $0.50 to the children.")
+    store_user_message(participant, "g1", "Fine, I'll donate $0.50 to the children.")
     participant = Participant.objects.get(pk=participant.pk)
     assert (
         domain_bridge.end_reason(participant) is None
     )  # the persuader's closing reply comes first
-    participant = flow.end_chat(participant, "donation")
+    participant = end_chat(participant, "donation")
     assert participant.outcome["components"]["donation"] == 0.5
     answers = {
         "helpful": "5",
@@ -207,7 +210,7 @@ def test_p4g_outcome_is_the_intended_donation_with_the_chat_amount_beside_it(cli
         "donation": "1",
         "intended_donation": "1.5",
     }
-    assert flow.submit_questionnaire(participant, answers) == {}
+    assert submit_questionnaire(participant, answers) == {}
     participant.refresh_from_db()
     assert participant.outcome["reward"] == pytest.approx(0.75)
     assert participant.outcome["details"]["chat_donation"] == 0.5

@@ -22,7 +22,8 @@ from studies.models import (
     Study,
     Withdrawal,
 )
-from studies.participation import flow
+from studies.participation.arrive import arrive
+from studies.participation.consent import give_consent
 from tests.support.studies import make_study, prolific
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -96,8 +97,8 @@ def held(model, pk) -> bool:
 @pytest.fixture
 def rows(postgres):
     study = make_study()
-    participant, _ = flow.arrive(study, prolific())
-    participant = flow.give_consent(participant, True)
+    participant, _ = arrive(study, prolific())
+    participant = give_consent(participant, True)
     rated = RatedConversation.objects.create(
         study=study, transcript=[], source=RatedConversation.Source.PERSON
     )
@@ -237,9 +238,9 @@ def test_a_raters_consent_locks_the_study_before_the_consent_version(postgres):
     RatedConversation.objects.create(
         study=study, transcript=[{"speaker": "user", "text": "hi"}], source="person"
     )
-    participant, _ = flow.arrive(study, prolific(pid="rater-1"))
+    participant, _ = arrive(study, prolific(pid="rater-1"))
     with CaptureQueriesContext(connection) as queries:
-        flow.give_consent(participant, True)
+        give_consent(participant, True)
     locked = [re.search(r'FROM "(\w+)"', q["sql"])[1] for q in queries if "FOR UPDATE" in q["sql"]]
     order = [t for t in locked if t in ("studies_study", "studies_consentversion")]
     assert order and order[0] == "studies_study", locked

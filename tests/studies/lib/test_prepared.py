@@ -10,8 +10,9 @@ from studies.chat.agent_turn import LATER_MESSAGES
 from studies.lib.lock_objects import LOCK_CHAT, LOCK_CONVERSATION, lock_participant_with_page
 from studies.lib.prepared_queries import Prepared, fields_of, instances
 from studies.models import Message, Participant
-from studies.participation import flow
-from studies.participation.flow import MESSAGES
+from studies.participation.arrive import PARTICIPANT, STUDY, arrive
+from studies.participation.chat_turn import MESSAGES
+from studies.participation.consent import give_consent, is_annotation
 from tests.support.studies import prolific
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -19,8 +20,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def conversation(study):
-    participant, _ = flow.arrive(study, prolific())
-    flow.give_consent(participant, True)
+    participant, _ = arrive(study, prolific())
+    give_consent(participant, True)
     conversation = participant.conversation
     rows = [
         dict(role=Message.Role.USER, content="Hi", client_id="c1"),
@@ -81,7 +82,7 @@ def test_bad_preparations_are_refused(db):
 
 def test_objects_are_the_querysets_with_their_relations(conversation):
     participant = conversation.participant
-    prepared = flow.PARTICIPANT.objects(participant.token)
+    prepared = PARTICIPANT.objects(participant.token)
     expected = list(
         Participant.objects.select_related("study", "study__annotation", "arm", "scenario").filter(
             token=participant.token
@@ -93,15 +94,15 @@ def test_objects_are_the_querysets_with_their_relations(conversation):
         assert getattr(mine, name) == getattr(theirs, name), name
     with CaptureQueriesContext(connection) as read:  # the relations came with it
         assert (mine.study, mine.arm, mine.scenario) == (theirs.study, theirs.arm, None)
-        assert not flow.is_annotation(mine.study)
+        assert not is_annotation(mine.study)
         assert mine.study.title == theirs.study.title and mine.arm.name == theirs.arm.name
     assert len(read) == 0
-    assert flow.PARTICIPANT.objects(uuid.uuid4()) == []
+    assert PARTICIPANT.objects(uuid.uuid4()) == []
 
 
 def test_objects_by_text_and_under_a_lock(conversation, study):
-    assert flow.STUDY.objects(study.slug) == [study]
-    assert flow.STUDY.objects(study.slug + "x") == []
+    assert STUDY.objects(study.slug) == [study]
+    assert STUDY.objects(study.slug + "x") == []
     participant = conversation.participant
     with transaction.atomic():
         locked = lock_participant_with_page(participant.pk)

@@ -8,7 +8,10 @@ from django.core.exceptions import ValidationError
 from django.urls import reverse
 
 from studies.models import Item, Participant, Study, StudyError
-from studies.participation import flow
+from studies.participation.arrive import arrive
+from studies.participation.chat_turn import end_chat, store_user_message
+from studies.participation.consent import give_consent
+from studies.participation.questionnaire import submit_questionnaire
 from studies.setup import go_live
 from studies.setup.scenario_pools import import_pool
 from tests.support.scripted_server import ScriptedServer
@@ -40,10 +43,10 @@ def p4g_study(engine_url="http://127.0.0.1:9/v1", **fields) -> Study:
 
 
 def chatted(study: Study, pid: str) -> Participant:
-    participant, _ = flow.arrive(study, prolific(pid=pid))
-    participant = flow.give_consent(participant, True)
-    flow.store_user_message(participant, "m1", "Tell me more about the charity.")  # no amount
-    return flow.end_chat(Participant.objects.get(pk=participant.pk), "participant")
+    participant, _ = arrive(study, prolific(pid=pid))
+    participant = give_consent(participant, True)
+    store_user_message(participant, "m1", "Tell me more about the charity.")  # no amount
+    return end_chat(Participant.objects.get(pk=participant.pk), "participant")
 
 
 def debrief(client, participant) -> str:
@@ -77,7 +80,7 @@ def test_a_donation_item_mapped_in_the_admin_is_the_outcome(admin_client, client
 
     go_live.set_live(study)
     participant = chatted(study, "giver")
-    assert flow.submit_questionnaire(participant, ANSWERS) == {}
+    assert submit_questionnaire(participant, ANSWERS) == {}
     participant.refresh_from_db()
     assert participant.outcome["components"]["donation"] == 1.0
     assert participant.outcome["reward"] == pytest.approx(0.5)
@@ -131,7 +134,7 @@ def test_going_live_refuses_an_item_that_cannot_hold_the_donation(admin_client):
 def test_a_missing_mapping_is_a_problem_for_the_researcher_never_no_donation(client):
     study = p4g_study()  # live, as a study set live before the checks
     participant = chatted(study, "giver")
-    assert flow.submit_questionnaire(participant, ANSWERS) == {}
+    assert submit_questionnaire(participant, ANSWERS) == {}
     participant.refresh_from_db()
     assert participant.status == Participant.Status.COMPLETED  # their answers are kept
     assert participant.responses.get(item__key="bonus_given").value == 1.0
@@ -148,9 +151,9 @@ def test_a_mapped_answer_outside_the_domain_bounds_is_asked_again():
         domain_input="donation", max_value=10, required=False
     )
     participant = chatted(study, "giver")
-    errors = flow.submit_questionnaire(participant, {**ANSWERS, "bonus_given": "5"})
+    errors = submit_questionnaire(participant, {**ANSWERS, "bonus_given": "5"})
     assert errors == {"bonus_given": "Please enter a number from 0 to 2."}
-    errors = flow.submit_questionnaire(participant, {**ANSWERS, "bonus_given": ""})
+    errors = submit_questionnaire(participant, {**ANSWERS, "bonus_given": ""})
     assert errors == {"bonus_given": "Please answer this question."}
     assert Participant.objects.get(pk=participant.pk).status == Participant.Status.QUESTIONNAIRE
 

@@ -3,8 +3,10 @@
 import pytest
 from django.urls import reverse
 
+from studies.lib.flow_errors import FlowError
 from studies.models import Message, Participant, Response, Study
-from studies.participation import flow
+from studies.participation.chat_turn import end_chat, store_user_message
+from studies.participation.consent import give_consent
 from tests.support.studies import GOOD_ANSWERS, make_study, prolific
 
 pytestmark = pytest.mark.django_db
@@ -61,9 +63,9 @@ def test_full_flow_to_prolific(client, study):
     page = client.get(response.url).content.decode()
     assert f"/ws/p/{participant.token}/" in page
 
-    # A message, then end the chat (the consumer does this over the socket; the rules are in flow).
-    flow.store_user_message(participant, "m1", "hello")
-    flow.end_chat(participant)
+    # A message, then end the chat (the consumer does this over the socket; the rules are in chat_turn).
+    store_user_message(participant, "m1", "hello")
+    end_chat(participant)
     participant.refresh_from_db()
     assert participant.status == "questionnaire"
     page = client.get(response.url).content.decode()
@@ -113,7 +115,7 @@ def test_reopening_the_link_resumes_the_same_participant(client, study):
     first = arrive(client, **prolific())
     participant = Participant.objects.get()
     client.post(reverse("studies:consent", args=[participant.token]), {"decision": "accept"})
-    flow.store_user_message(participant, "m1", "hello there")
+    store_user_message(participant, "m1", "hello there")
     again = arrive(client, **prolific(session_id="another-session"))
     assert again.url == first.url
     assert Participant.objects.count() == 1
@@ -173,30 +175,30 @@ def test_end_chat_requires_min_exchanges(client, db):
     study = make_study(slug="s2", min_exchanges=2)
     arrive(client, slug="s2", **prolific())
     participant = Participant.objects.get(study=study)
-    flow.give_consent(participant, True)
-    flow.store_user_message(participant, "m1", "one")
-    with pytest.raises(flow.FlowError, match="at least 2"):
-        flow.end_chat(participant)
+    give_consent(participant, True)
+    store_user_message(participant, "m1", "one")
+    with pytest.raises(FlowError, match="at least 2"):
+        end_chat(participant)
 
 
 def test_an_over_long_message_is_refused_whole_saying_by_how_much(client, db):
     study = make_study(slug="s2", max_message_chars=2000)
     arrive(client, slug="s2", **prolific())
     participant = Participant.objects.get(study=study)
-    flow.give_consent(participant, True)
-    with pytest.raises(flow.FlowError) as refused:
-        flow.store_user_message(participant, "m1", "word " * 420)  # 2,100 characters
+    give_consent(participant, True)
+    with pytest.raises(FlowError) as refused:
+        store_user_message(participant, "m1", "word " * 420)  # 2,100 characters
     assert refused.value.detail == (
         "This message was not sent: it is 2,100 characters long and the limit is 2,000. "
         "Please shorten it and send it again."
     )
     assert not Message.objects.filter(conversation__participant=participant).exists()
-    flow.store_user_message(participant, "m2", "x" * 2000)  # the limit itself is allowed
+    store_user_message(participant, "m2", "x" * 2000)  # the limit itself is allowed
 
 
 def questionnaire_participant(client):
     arrive(client, **prolific())
     participant = Participant.objects.get()
-    flow.give_consent(participant, True)
-    flow.store_user_message(participant, "m1", "hello")
-    return flow.end_chat(participant)
+    give_consent(participant, True)
+    store_user_message(participant, "m1", "hello")
+    return end_chat(participant)

@@ -8,7 +8,10 @@ from django.urls import reverse
 
 from studies.lib import domain_bridge
 from studies.models import Message, Participant, Study
-from studies.participation import flow
+from studies.participation.arrive import arrive
+from studies.participation.chat_turn import end_chat, store_user_message
+from studies.participation.consent import give_consent
+from studies.participation.questionnaire import submit_questionnaire
 from studies.setup.scenario_pools import import_pool
 from tests.support.scripted_server import ScriptedServer
 from tests.support.studies import GOOD_ANSWERS, make_study, prolific, talk
@@ -18,10 +21,10 @@ def finished(study, pid, scenario_key=None):
     """A participant through the chat (no message) and the questionnaire of `study`."""
     if scenario_key:
         study.scenarios.exclude(key=scenario_key).update(active=False)
-    participant, _ = flow.arrive(study, prolific(pid=pid, session_id=f"s-{pid}"))
-    participant = flow.give_consent(participant, True)
-    participant = flow.end_chat(participant, "participant_test")
-    assert flow.submit_questionnaire(participant, GOOD_ANSWERS) == {}
+    participant, _ = arrive(study, prolific(pid=pid, session_id=f"s-{pid}"))
+    participant = give_consent(participant, True)
+    participant = end_chat(participant, "participant_test")
+    assert submit_questionnaire(participant, GOOD_ANSWERS) == {}
     return Participant.objects.get(pk=participant.pk)
 
 
@@ -86,8 +89,8 @@ def test_open_chat_has_no_outcome_to_tell(client):
 def p4g_participant(engine_url):
     study = make_study(slug="give", domain="p4g", engine=engine_url)
     import_pool(study, "p4g", count=2)
-    participant, _ = flow.arrive(study, prolific(pid="giver"))
-    return flow.give_consent(participant, True)
+    participant, _ = arrive(study, prolific(pid="giver"))
+    return give_consent(participant, True)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -120,12 +123,12 @@ def test_the_debrief_confirms_the_donation_stated_in_the_chat(client):
     study = make_study(slug="give", domain="p4g")
     import_pool(study, "p4g", count=2)
     study.questionnaire.items.filter(key="donation").delete()  # no intended-donation item here
-    participant, _ = flow.arrive(study, prolific(pid="giver"))
-    participant = flow.give_consent(participant, True)
-    flow.store_user_message(participant, "g1", "I will give $0.80 to the charity.")
-    participant = flow.end_chat(Participant.objects.get(pk=participant.pk), "donation")
+    participant, _ = arrive(study, prolific(pid="giver"))
+    participant = give_consent(participant, True)
+    store_user_message(participant, "g1", "I will give $0.80 to the charity.")
+    participant = end_chat(Participant.objects.get(pk=participant.pk), "donation")
     answers = {k: v for k, v in GOOD_ANSWERS.items() if k != "donation"}
-    assert flow.submit_questionnaire(participant, answers) == {}
+    assert submit_questionnaire(participant, answers) == {}
     page = debrief(client, Participant.objects.get(pk=participant.pk))
     assert "You chose to donate $0.80" in page and "Score" not in page
 

@@ -8,8 +8,12 @@ from django.http import HttpResponse
 from django.test import Client
 from django.urls import reverse
 
+from studies.lib.flow_errors import FlowError
 from studies.models import Message, Participant
-from studies.participation import flow, views
+from studies.participation import arrive as arrival
+from studies.participation import views
+from studies.participation.chat_turn import store_user_message
+from studies.participation.consent import give_consent
 from tests.support.studies import make_study, prolific
 
 pytestmark = pytest.mark.django_db
@@ -26,8 +30,8 @@ def chatting_victim(study) -> Participant:
     response = arrive(Client(), **prolific(pid=VICTIM, session_id="victim-session"))
     assert response.status_code == 302
     victim = Participant.objects.get(prolific_pid=VICTIM)
-    flow.give_consent(victim, True)
-    flow.store_user_message(victim, "m1", "my private words")
+    give_consent(victim, True)
+    store_user_message(victim, "m1", "my private words")
     return victim
 
 
@@ -110,7 +114,7 @@ def test_a_forged_cookie_or_one_from_another_study_opens_nothing(study):
 def test_the_same_rule_when_the_victim_wins_a_race(study, monkeypatch):
     """The victim's request creates the participant between the attacker's lookup and its
     assignment: the unique constraint stops the second insert, whether _assign runs or fails."""
-    real_assign = flow._assign
+    real_assign = arrival._assign
 
     def victim_first_then(attacker_assign):
         def assign(study, values):
@@ -125,16 +129,16 @@ def test_the_same_rule_when_the_victim_wins_a_race(study, monkeypatch):
     attacker = prolific(pid=VICTIM, session_id="attacker-session")
     for attacker_assign in (real_assign, integrity_error):
         Participant.objects.all().delete()
-        monkeypatch.setattr(flow, "_assign", victim_first_then(attacker_assign))
-        with pytest.raises(flow.FlowError) as refused:
-            flow.arrive(study, attacker)
+        monkeypatch.setattr(arrival, "_assign", victim_first_then(attacker_assign))
+        with pytest.raises(FlowError) as refused:
+            arrival.arrive(study, attacker)
         assert refused.value.status == 403 and "already started" in refused.value.title
         victim = Participant.objects.get()
         assert victim.prolific_session_id == "victim-session"
         # The victim's own second tab in that race is let in.
-        monkeypatch.setattr(flow, "_assign", victim_first_then(attacker_assign))
+        monkeypatch.setattr(arrival, "_assign", victim_first_then(attacker_assign))
         Participant.objects.all().delete()
-        mine, _ = flow.arrive(study, prolific(pid=VICTIM, session_id="victim-session"))
+        mine, _ = arrival.arrive(study, prolific(pid=VICTIM, session_id="victim-session"))
         assert mine == Participant.objects.get()
 
 
@@ -149,9 +153,9 @@ def test_racing_arrivals_with_one_pid(transactional_db):
     def arrive_as(session_id):
         try:
             start.wait()
-            participant, _ = flow.arrive(study, prolific(pid=VICTIM, session_id=session_id))
+            participant, _ = arrival.arrive(study, prolific(pid=VICTIM, session_id=session_id))
             outcomes.append((session_id, participant.pk))
-        except flow.FlowError as error:
+        except FlowError as error:
             outcomes.append((session_id, error.status))
         finally:
             connection.close()

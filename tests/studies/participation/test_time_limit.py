@@ -12,8 +12,17 @@ from django.utils import timezone
 from parley.celery import app
 
 from studies import tasks
+from studies.lib.flow_errors import FlowError
 from studies.models import TIME_LIMIT, Participant, time_out_overdue
-from studies.participation import flow
+from studies.participation.arrive import arrive
+from studies.participation.assign import arms_with_fill
+from studies.participation.chat_turn import (
+    chat_closed,
+    chat_status,
+    expire_if_overdue,
+    store_user_message,
+)
+from studies.participation.consent import give_consent
 from tests.support.studies import make_study, prolific
 
 
@@ -26,8 +35,8 @@ def arrived_minutes_ago(participant: Participant, minutes: float) -> Participant
 
 
 def chatting(study, pid: str, minutes_ago: float) -> Participant:
-    participant, _ = flow.arrive(study, prolific(pid=pid, session_id=f"s-{pid}"))
-    participant = flow.give_consent(participant, accepted=True)
+    participant, _ = arrive(study, prolific(pid=pid, session_id=f"s-{pid}"))
+    participant = give_consent(participant, accepted=True)
     return arrived_minutes_ago(participant, minutes_ago)
 
 
@@ -38,7 +47,7 @@ def test_the_sweep_times_out_each_study_by_its_own_limit_and_frees_places():
     late_short = chatting(short, "p1", 32)  # past 20
     within_long = chatting(long, "p2", 25)  # within 30
     late_long = chatting(long, "p3", 34)  # past 30
-    reading = arrived_minutes_ago(flow.arrive(long, prolific(pid="p4"))[0], 31)  # at consent
+    reading = arrived_minutes_ago(arrive(long, prolific(pid="p4"))[0], 31)  # at consent
     done = chatting(short, "p5", 60)
     Participant.objects.filter(pk=done.pk).update(status=Participant.Status.COMPLETED)
 
@@ -59,7 +68,7 @@ def test_the_sweep_times_out_each_study_by_its_own_limit_and_frees_places():
     assert late_short.conversation.ended_at is not None
     within_long.conversation.refresh_from_db()
     assert within_long.conversation.ended_at is None
-    fill = {arm.pk: arm.filled for arm in flow.arms_with_fill(long)}
+    fill = {arm.pk: arm.filled for arm in arms_with_fill(long)}
     assert fill == {late_long.arm_id: 1}  # p2 only: p3 and p4 gave theirs back
     assert reading.pk in set(
         Participant.objects.filter(status="timed_out").values_list("pk", flat=True)
@@ -111,24 +120,24 @@ def test_the_demo_and_deploy_run_beat_and_a_training_worker_of_its_own():
 def test_a_message_after_the_limit_is_refused_with_a_notice_and_not_stored():
     study = make_study(time_limit_minutes=15)
     participant = chatting(study, "p1", 16)  # past the limit; no sweep has run yet
-    with pytest.raises(flow.FlowError) as refused:
-        flow.store_user_message(participant, "m1", "hello?")
+    with pytest.raises(FlowError) as refused:
+        store_user_message(participant, "m1", "hello?")
     assert refused.value.title == "Time is up"
     assert "15 minutes" in refused.value.detail and "not sent" in refused.value.detail
     assert not participant.conversation.messages.filter(role="user").exists()
     # once timed out, the same notice (not "the chat has ended") for the consumer to send
-    participant = flow.expire_if_overdue(participant)
+    participant = expire_if_overdue(participant)
     assert participant.status == "timed_out"
-    assert flow.chat_closed(participant).title == "Time is up"
-    with pytest.raises(flow.FlowError, match="time limit"):
-        flow.store_user_message(participant, "m2", "anyone?")
+    assert chat_closed(participant).title == "Time is up"
+    with pytest.raises(FlowError, match="time limit"):
+        store_user_message(participant, "m2", "anyone?")
 
 
 @pytest.mark.django_db
 def test_the_chat_counts_down_from_the_servers_clock(client):
     study = make_study(time_limit_minutes=30)
     participant = chatting(study, "p1", 10)
-    status = flow.chat_status(participant)
+    status = chat_status(participant)
     assert 19 * 60 - 5 <= status["seconds_left"] <= 20 * 60
     assert status["can_send"] is True and status["time_limit_minutes"] == 30
     page = client.get(reverse("studies:participant", args=[participant.token])).content.decode()
@@ -136,8 +145,8 @@ def test_the_chat_counts_down_from_the_servers_clock(client):
     shown = int(re.search(r'data-seconds-left="(\d+)"', page).group(1))
     assert 19 * 60 - 5 <= shown <= 20 * 60
     late = chatting(study, "p2", 31)
-    assert flow.chat_status(late)["can_send"] is False
-    assert flow.chat_status(late)["seconds_left"] == 0
+    assert chat_status(late)["can_send"] is False
+    assert chat_status(late)["seconds_left"] == 0
 
 
 def test_the_page_warns_two_minutes_before_and_says_when_a_message_was_not_sent():
@@ -182,13 +191,13 @@ def test_celery_beat_times_out_abandoned_participants_on_a_real_worker(celery_wo
         beat.terminate()
         beat.wait(timeout=20)
     assert "studies.tasks.time_out_overdue" in log.read_text()
-    assert flow.arms_with_fill(study)[0].filled == 0
+    assert arms_with_fill(study)[0].filled == 0
 
 
 @pytest.mark.django_db
 def test_the_time_up_page_says_when_a_message_came_too_late(client):
     study = make_study(time_limit_minutes=5)
-    participant = flow.expire_if_overdue(chatting(study, "p1", 6))
+    participant = expire_if_overdue(chatting(study, "p1", 6))
     url = reverse("studies:participant", args=[participant.token])
     assert "came after the time limit" in client.get(url + "?unsent=1").content.decode()
     assert "came after the time limit" not in client.get(url).content.decode()

@@ -21,7 +21,10 @@ from studies.models import (
     StudyError,
     Withdrawal,
 )
-from studies.participation import flow, withdraw
+from studies.participation import withdraw
+from studies.participation.arrive import arrive
+from studies.participation.chat_turn import ChatOver, end_chat, store_user_message
+from studies.participation.consent import give_consent
 from studies.research import analysis_runs, monitor, preregistration
 from studies.research.exports import response_rows
 from tests.support.studies import GOOD_ANSWERS, finish, make_study, prolific
@@ -42,7 +45,7 @@ def sha(text: str) -> str:
 
 
 def arrived(study, pid):
-    participant, _ = flow.arrive(study, prolific(pid=pid, session_id=f"sess-{pid}"))
+    participant, _ = arrive(study, prolific(pid=pid, session_id=f"sess-{pid}"))
     return participant
 
 
@@ -53,14 +56,14 @@ def test_each_participant_names_the_consent_text_they_agreed_to(study):
     study.consent_text = "First text: we keep your answers."
     study.save()
     before = arrived(study, "early")
-    flow.give_consent(before, True)
+    give_consent(before, True)
     # Edited before anyone agreed: the same version, its text and hash follow the edit.
     assert ConsentVersion.objects.filter(study=study).count() == 1
 
     study.consent_text = "Second text: we keep your answers for ten years."
     study.save()
     later = arrived(study, "late")
-    flow.give_consent(later, True)
+    give_consent(later, True)
 
     before.refresh_from_db()
     later.refresh_from_db()
@@ -83,7 +86,7 @@ def test_a_version_nobody_agreed_to_is_edited_in_place(study):
         (1, "Draft three.", sha("Draft three."))
     ]
     # Saving an unchanged text makes nothing new once someone agreed either.
-    flow.give_consent(arrived(study, "p"), True)
+    give_consent(arrived(study, "p"), True)
     study.title = "Renamed"
     study.save()
     assert ConsentVersion.objects.filter(study=study).count() == 1
@@ -96,7 +99,7 @@ def test_agreeing_to_a_text_that_changed_meanwhile_shows_the_new_one(client, stu
     shown = ConsentVersion.objects.get(study=study)
     assert f'value="{shown.pk}"' in page
     # Someone else agrees to that text, then the researcher edits it: a new version.
-    flow.give_consent(arrived(study, "other"), True)
+    give_consent(arrived(study, "other"), True)
     study.consent_text = "We now also record your typing speed."
     study.save()
     response = client.post(
@@ -165,18 +168,18 @@ def stop_url(p):
 @pytest.mark.parametrize("stage", ["chat", "questionnaire"])
 def test_every_participant_page_offers_to_stop(client, study, stage):
     participant = arrived(study, "p")
-    flow.give_consent(participant, True)
+    give_consent(participant, True)
     if stage == "questionnaire":
-        flow.store_user_message(participant, "m1", "hello")
-        flow.end_chat(participant)
+        store_user_message(participant, "m1", "hello")
+        end_chat(participant)
     page = client.get(reverse("studies:participant", args=[participant.token])).content.decode()
     assert stop_url(participant) in page and "Stop taking part" in page
 
 
 def test_stopping_ends_the_chat_asks_about_the_data_and_keeps_it_when_allowed(client, study):
     participant = arrived(study, "p")
-    flow.give_consent(participant, True)
-    flow.store_user_message(participant, "m1", "my first words")
+    give_consent(participant, True)
+    store_user_message(participant, "m1", "my first words")
     confirm = client.get(stop_url(participant)).content.decode()
     assert "conversation ends now" in confirm and "return your submission" in confirm
 
@@ -185,8 +188,8 @@ def test_stopping_ends_the_chat_asks_about_the_data_and_keeps_it_when_allowed(cl
     assert participant.status == Participant.Status.WITHDRAWN
     conversation = Conversation.objects.get(participant=participant)
     assert conversation.ended_at and conversation.end_reason == withdraw.WITHDRAWN
-    with pytest.raises(flow.ChatOver):  # the chat takes nothing more
-        flow.store_user_message(participant, "m2", "more")
+    with pytest.raises(ChatOver):  # the chat takes nothing more
+        store_user_message(participant, "m2", "more")
     page = client.get(reverse("studies:participant", args=[participant.token])).content.decode()
     assert 'id="withdrawn-ask"' in page and 'id="withdrawn-return"' in page
 
@@ -208,9 +211,9 @@ def test_a_study_that_pays_partial_participation_gives_its_completion_code(clien
     study.pays_partial = True
     study.save()
     participant = arrived(study, "p")
-    flow.give_consent(participant, True)
-    flow.store_user_message(participant, "m1", "hello")
-    flow.end_chat(participant)
+    give_consent(participant, True)
+    store_user_message(participant, "m1", "hello")
+    end_chat(participant)
     client.post(stop_url(participant))  # from the questionnaire
     client.post(reverse("studies:withdrawn-data", args=[participant.token]), {"data": "keep"})
     page = client.get(reverse("studies:participant", args=[participant.token])).content.decode()
@@ -235,11 +238,11 @@ def test_withdrawals_are_counted_on_the_monitor_and_in_the_analysis(study):
     for pid in ("b1", "b2", "b3"):
         finish(study, pid, answers={**GOOD_ANSWERS, "helpful": "2"}, arm="b")
     kept = arrived(study, "kept")
-    flow.give_consent(kept, True)
+    give_consent(kept, True)
     withdraw.withdraw(kept)
     withdraw.decide(kept, keep=True)
     unanswered = arrived(study, "silent")
-    flow.give_consent(unanswered, True)
+    give_consent(unanswered, True)
     withdraw.withdraw(unanswered)
 
     counts = monitor.snapshot(study)["withdrawals"]
@@ -256,7 +259,7 @@ def test_withdrawals_are_counted_on_the_monitor_and_in_the_analysis(study):
 
 def test_an_erasure_that_fails_is_never_dropped_quietly(study, monkeypatch):
     participant = arrived(study, "p")
-    flow.give_consent(participant, True)
+    give_consent(participant, True)
     withdraw.withdraw(participant)
 
     def broken(*args, **kwargs):
@@ -279,8 +282,8 @@ def test_asking_not_to_keep_the_data_erases_it(client, study):
     """Needs studies/privacy/erasure.py (issue 39 point 3, merged from the erasure branch):
     on a branch without it this fails (the recorded problem names the ImportError)."""
     participant = arrived(study, "5f0c0ffee0ddba11c0ffe999")
-    flow.give_consent(participant, True)
-    flow.store_user_message(participant, "m1", "a sentence only this person wrote")
+    give_consent(participant, True)
+    store_user_message(participant, "m1", "a sentence only this person wrote")
     client.post(stop_url(participant))
     response = client.post(
         reverse("studies:withdrawn-data", args=[participant.token]), {"data": "erase"}

@@ -37,7 +37,10 @@ from studies.models import (
     Review,
     Withdrawal,
 )
-from studies.participation import flow, problems
+from studies.participation import arrive as arrival
+from studies.participation import problems
+from studies.participation.chat_turn import end_chat, store_user_message
+from studies.participation.consent import give_consent
 from studies.privacy import places
 from studies.privacy.erasure import ErasureRefused, erase_by_prolific_id, erase_participant
 from studies.privacy.export import export_participant
@@ -67,8 +70,8 @@ def arrive(client, study, pid, session):
 
 
 def chat_and_answer(client, participant, said):
-    flow.store_user_message(participant, "m-1", said)
-    flow.end_chat(participant)
+    store_user_message(participant, "m-1", said)
+    end_chat(participant)
     answers = {**GOOD_ANSWERS, "comment": said}
     response = client.post(reverse("studies:questionnaire", args=[participant.token]), answers)
     assert response.status_code == 302, response.content.decode()[:500]
@@ -186,7 +189,7 @@ def planted(data_dir, admin_client):
     # They stopped taking part in a third study from inside it, letting what was said be kept.
     left = make_study(slug="left", arms=("a",), prolific_study_id="STUDYP")
     stopped = arrive(client, left, PID, "SUBMISSIONerase03")
-    flow.store_user_message(stopped, "m-1", SAID)
+    store_user_message(stopped, "m-1", SAID)
     assert client.post(reverse("studies:stop", args=[stopped.token])).status_code == 302
     client.post(reverse("studies:withdrawn-data", args=[stopped.token]), {"data": "keep"})
     assert Withdrawal.objects.filter(participant=stopped, data_kept=True).exists()
@@ -386,7 +389,7 @@ def test_every_model_about_a_person_has_a_place():
 
 def test_a_paid_bonus_is_no_obstacle_but_an_unpaid_one_is(data_dir):
     study = make_study(slug="pay", arms=("a",), prolific_study_id="STUDYP")
-    person, _ = flow.arrive(study, prolific(pid=PID, study_id="STUDYP", session_id=SUBMISSION))
+    person, _ = arrival.arrive(study, prolific(pid=PID, study_id="STUDYP", session_id=SUBMISSION))
     payment, _ = create_payment(study, [(person, Decimal("2.00"))], "rule")
     with pytest.raises(ErasureRefused, match="still being set up or sent"):
         erase_participant(person, reason=REASON)
@@ -403,7 +406,7 @@ def test_a_paid_bonus_is_no_obstacle_but_an_unpaid_one_is(data_dir):
 
 def test_erasure_and_export_have_their_own_permissions(data_dir):
     study = make_study(slug="perm", arms=("a",))
-    person, _ = flow.arrive(study, prolific(pid=PID))
+    person, _ = arrival.arrive(study, prolific(pid=PID))
     staff = User.objects.create_user("staff", password="pw", is_staff=True)
     staff.user_permissions.add(
         *Permission.objects.filter(codename__in=["view_participant", "change_participant"])
@@ -443,7 +446,7 @@ def test_the_admin_deletes_no_participant_but_through_erasure(data_dir, admin_cl
     """Django's delete (the page and the bulk action) would drop the row and keep their files,
     with no audit record: even a superuser finds neither; erasure is the way."""
     study = make_study(slug="nodelete", arms=("a",))
-    person, _ = flow.arrive(study, prolific(pid=PID))
+    person, _ = arrival.arrive(study, prolific(pid=PID))
     page = reverse("admin:studies_participant_delete", args=[person.pk])
     assert admin_client.post(page, {"post": "yes"}).status_code == 403
     changelist = reverse("admin:studies_participant_changelist")
@@ -461,8 +464,8 @@ def test_the_admin_deletes_no_participant_but_through_erasure(data_dir, admin_cl
 def test_a_short_prolific_id_takes_nothing_of_another_whose_id_holds_it(data_dir):
     """Text is matched by whole ids: erasing "p1" leaves "p10"'s problem, log line and events."""
     study = make_study(slug="short", arms=("a",))
-    short, _ = flow.arrive(study, prolific(pid="p1", session_id="s1"))
-    longer, _ = flow.arrive(study, prolific(pid="p10", session_id="s10"))
+    short, _ = arrival.arrive(study, prolific(pid="p1", session_id="s1"))
+    longer, _ = arrival.arrive(study, prolific(pid="p10", session_id="s10"))
     from studies.models import StudyError
 
     StudyError.objects.create(study=study, title="x", detail="p10 saw a problem")
@@ -479,7 +482,7 @@ def test_model_files_in_the_data_folder_are_never_edited(data_dir):
     line that is a short Prolific id as a word stays as it is; only logs, saved exports and
     Celery's folders are participants' files."""
     study = make_study(slug="vocab", arms=("a",))
-    person, _ = flow.arrive(study, prolific(pid="p", session_id="s1"))
+    person, _ = arrival.arrive(study, prolific(pid="p", session_id="s1"))
     vocabulary = '{\n  "p": 96,\n  "q": 97\n}\n'
     for folder in ("models/SmolLM2-135M-Instruct", "checkpoints/run-1", "runs/run-1"):
         (data_dir / folder).mkdir(parents=True)
@@ -503,9 +506,9 @@ def test_sqlite_keeps_no_erased_words_in_its_free_pages(data_dir):
         assert "PRAGMA secure_delete=ON" in settings.SQLITE_OPTIONS["init_command"]
         return
     study = make_study(slug="file", arms=("a",))
-    person, _ = flow.arrive(study, prolific(pid=PID))
-    flow.give_consent(person, True)
-    flow.store_user_message(person, "m-1", SAID * 20)
+    person, _ = arrival.arrive(study, prolific(pid=PID))
+    give_consent(person, True)
+    store_user_message(person, "m-1", SAID * 20)
     erase_participant(person, reason=REASON)
     connection.close()
     name = Path(connection.settings_dict["NAME"])

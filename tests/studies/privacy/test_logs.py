@@ -142,13 +142,13 @@ async def test_a_whole_study_flow_logs_no_token_and_no_prolific_id(engine_url, s
 
 def test_the_rate_limiter_counts_by_a_keyed_hash_of_the_token(db):
     study = make_study(slug="limited")
-    from studies.participation import flow
+    from studies.participation import arrive as arrival
 
-    participant, _ = flow.arrive(study, prolific(pid=PID))
+    participant, _ = arrival.arrive(study, prolific(pid=PID))
     [(scope, key, _)] = ratelimit.message_limits(participant.token, None)
     assert scope == "message" and str(participant.token) not in key and len(key) == 16
     assert key == ratelimit.message_limits(participant.token, None)[0][1]  # stable
-    other, _ = flow.arrive(study, prolific(pid="anotherPID", session_id="s2"))
+    other, _ = arrival.arrive(study, prolific(pid="anotherPID", session_id="s2"))
     assert ratelimit.message_limits(other.token, None)[0][1] != key
 
 

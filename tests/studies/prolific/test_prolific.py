@@ -30,7 +30,8 @@ from studies.models import (
     Response,
     Review,
 )
-from studies.participation import flow
+from studies.participation.assign import least_filled_arm
+from studies.participation.complete import completion_url
 from studies.prolific import api as prolific_api
 from studies.prolific import sync as prolific_sync
 from tests.support.studies import LONG_MESSAGE, SECRET, TOKEN, join  # noqa: F401
@@ -281,7 +282,7 @@ def test_returned_and_timed_out_free_the_place_and_keep_the_data(client, linked,
     assert p.status == ours and p.status not in Participant.ACTIVE
     assert p.partial_data
     assert p.conversation.messages.get().content == "hello"  # kept
-    assert flow.least_filled_arm(linked) == arm_a  # the place is free again
+    assert least_filled_arm(linked) == arm_a  # the place is free again
     page = client.get(f"/p/{p.token}/").content.decode()
     assert ("You returned this study" in page) == (ours == "returned")
 
@@ -377,7 +378,7 @@ def test_attention_rejections_only_as_prolific_allows(linked, minutes, failures,
     )
     p.refresh_from_db()
     expected = "FAILAC" if allowed else "DONE123"
-    assert flow.completion_url(p).endswith(f"cc={expected}")
+    assert completion_url(p).endswith(f"cc={expected}")
 
 
 # --- bonuses, exactly once -------------------------------------------------------------------
@@ -558,7 +559,7 @@ def test_every_code_type_redirects_with_its_code(client, linked):
         assert response.status_code == 302
         assert response["Location"] == f"https://app.prolific.com/submissions/complete?cc={code}"
     returned = join(linked, "PIDR", "SR", status=Participant.Status.RETURNED)
-    assert flow.completion_url(returned) is None
+    assert completion_url(returned) is None
     # the old fields still set and read the rows; an ending without a code falls back to OTHER
     linked.timeout_code = "LATE2"
     linked.no_consent_code = ""
@@ -566,7 +567,7 @@ def test_every_code_type_redirects_with_its_code(client, linked):
     assert linked.code(Ending.TIMED_OUT) == "LATE2" and linked.timeout_code == "LATE2"
     assert not linked.completion_codes.filter(ending="no_consent").exists()
     declined = linked.participants.get(prolific_pid="PID-no_consent")
-    assert flow.completion_url(declined).endswith("cc=PROB1")
+    assert completion_url(declined).endswith("cc=PROB1")
 
 
 def test_one_code_per_ending_in_the_admin(admin_client, linked):

@@ -9,7 +9,8 @@ from django.core.management import CommandError, call_command
 from django.urls import reverse
 
 from studies.models import Message, Participant
-from studies.participation import flow
+from studies.participation.arrive import arrive
+from studies.participation.consent import give_consent
 from studies.rehearsal import bots
 from studies.research import analysis_runs, exports
 from tests.support.processes import child_env, python
@@ -40,7 +41,7 @@ def rows(stream) -> list[list]:
 
 def test_bots_complete_balanced_coded_and_absent_from_exports(server, engine, capsys):
     study = make_study(slug="rehearse", engine=engine.url, min_exchanges=2)
-    person, _ = flow.arrive(study, prolific(pid="areal0person"))  # a real participant, arm a
+    person, _ = arrive(study, prolific(pid="areal0person"))  # a real participant, arm a
 
     call_command("run_bots", study="rehearse", n=4, concurrency=2, url=server, json=True)
     report = json.loads(capsys.readouterr().out)
@@ -94,10 +95,10 @@ def test_bots_run_from_another_process_are_bots_to_the_web_server(server, engine
 @pytest.mark.django_db
 def test_only_the_site_can_mark_a_bot(settings):
     study = make_study(slug="marks")
-    forged = flow.arrive(study, prolific(pid="BOTabc-0123456789abcdef0123"))[0]
-    signed = flow.arrive(study, prolific(pid=bots.bot_pid(study)))[0]
+    forged = arrive(study, prolific(pid="BOTabc-0123456789abcdef0123"))[0]
+    signed = arrive(study, prolific(pid=bots.bot_pid(study)))[0]
     other = make_study(slug="other")
-    elsewhere = flow.arrive(other, prolific(pid=bots.bot_pid(study)))[0]
+    elsewhere = arrive(other, prolific(pid=bots.bot_pid(study)))[0]
     assert (forged.is_bot, signed.is_bot, elsewhere.is_bot) == (False, True, False)
     # The mark is the study's stored key, not the process's: another SECRET_KEY still knows it,
     # another study key (another installation's) does not, and a study without one marks none.
@@ -214,8 +215,8 @@ def test_bots_rehearse_an_annotation_study_without_taking_peoples_places(server,
     report = json.loads(capsys.readouterr().out)
     assert report["completed"] == 3 and report["failed"] == 0, report["errors"]
     assert RatingAssignment.objects.filter(status="rated").count() == 6  # 3 bots x 2, k aside
-    person, _ = flow.arrive(study, prolific(pid="areal0rater"))
-    assert len(flow.give_consent(person, True).rating_assignments.all()) == 2
+    person, _ = arrive(study, prolific(pid="areal0rater"))
+    assert len(give_consent(person, True).rating_assignments.all()) == 2
 
 
 def test_a_page_that_fails_is_reported_with_its_status_not_as_a_missing_form():

@@ -7,7 +7,8 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from studies.models import Participant, Study
-from studies.participation import flow
+from studies.participation.arrive import arrive
+from studies.participation.consent import give_consent
 from studies.rehearsal.demo_studies import PAPER_ITEMS, seed_demo_study, seed_domain_studies
 from tests.support.studies import prolific
 
@@ -36,7 +37,7 @@ def test_demo_study_is_seeded_and_reseeding_keeps_participants(monkeypatch, tmp_
     study = Study.objects.get(slug="demo")
     assert list(study.arms.values_list("name", flat=True)) == ["friendly", "concise"]
     assert study.questionnaire.items.filter(kind="attention").count() == 1
-    participant, _ = flow.arrive(study, prolific())
+    participant, _ = arrive(study, prolific())
     call_command("seed_demo", admin_password="pw-for-test")
     assert Participant.objects.filter(pk=participant.pk).exists()
     assert Study.objects.filter(slug="demo").count() == 1
@@ -67,8 +68,8 @@ def test_a_fresh_clone_gets_a_retail_and_a_p4g_study_on_base_arms(monkeypatch, t
         keys = list(study.questionnaire.items.values_list("key", flat=True))
         assert keys == [item["key"] for item in PAPER_ITEMS[domain]]
         # the real flow runs: a participant is assigned an arm and a scenario, the agent opens
-        participant, _ = flow.arrive(study, prolific(pid=f"p-{domain}", session_id=domain))
-        participant = flow.give_consent(participant, True)
+        participant, _ = arrive(study, prolific(pid=f"p-{domain}", session_id=domain))
+        participant = give_consent(participant, True)
         assert participant.scenario is not None
         assert participant.conversation.messages.first().content
     retail = Study.objects.get(slug="demo-retail").questionnaire.items

@@ -7,7 +7,10 @@ from django.test import Client
 from django.urls import reverse
 
 from studies.models import Participant, Study
-from studies.participation import flow
+from studies.participation import start
+from studies.participation.arrive import arrive
+from studies.participation.chat_turn import end_chat, store_user_message
+from studies.participation.complete import completion_url
 from studies.research import analysis_runs, exports
 from tests.support.studies import GOOD_ANSWERS, make_study, prolific
 
@@ -107,19 +110,19 @@ def test_a_preview_runs_the_real_flow_and_counts_nowhere(admin_client, client):
     client.post(reverse("studies:consent", args=[preview.token]), {"decision": "accept"})
     preview.refresh_from_db()
     assert preview.status == Participant.Status.CHAT
-    flow.store_user_message(preview, "m1", "hello")
-    flow.end_chat(preview)
+    store_user_message(preview, "m1", "hello")
+    end_chat(preview)
     client.post(reverse("studies:questionnaire", args=[preview.token]), GOOD_ANSWERS)
     preview.refresh_from_db()
     assert preview.status == Participant.Status.COMPLETED
-    assert flow.completion_url(preview) is None  # nothing to return to Prolific
+    assert completion_url(preview) is None  # nothing to return to Prolific
 
     # Not in assignment: the next person still goes to the first arm by the tie-break ...
     Study.objects.filter(pk=study.pk).update(status=Study.Status.LIVE, target_per_arm=1)
     study.refresh_from_db()
-    person, _ = flow.arrive(study, prolific(pid="person"))
+    person, _ = arrive(study, prolific(pid="person"))
     assert person.arm.name == "a"
-    second, _ = flow.arrive(study, prolific(pid="second"))
+    second, _ = arrive(study, prolific(pid="second"))
     assert second.arm.name == "b"  # ... and the preview holds no place under the cap
     # Not in exports (not even with bots) nor in the analysis.
     for include_bots in (False, True):
@@ -134,8 +137,8 @@ def test_a_preview_runs_the_real_flow_and_counts_nowhere(admin_client, client):
 
 def test_previews_are_marked_in_the_admin(admin_client):
     study = make_study()
-    flow.start_preview(study.arms.first())
-    flow.arrive(study, prolific(pid="person"))
+    start.start_preview(study.arms.first())
+    arrive(study, prolific(pid="person"))
     page = admin_client.get(reverse("admin:studies_participant_changelist")).content.decode()
     assert "preview" in page and "person" in page
     filtered = admin_client.get(

@@ -8,7 +8,7 @@ from django.urls import reverse
 
 from studies.analysis import build_report
 from studies.models import AnalysisRun, Study
-from studies.participation import flow
+from studies.participation.arrive import arrive
 from studies.research import analysis_runs
 from tests.support.studies import (
     fill,
@@ -22,7 +22,7 @@ from tests.support.studies import (
 def test_participant_table_and_settings_follow_the_study():
     study = make_study(comparisons="all")
     fill(study, {"a": [5, 6, 7], "b": [2, 3, 3]})
-    p, _ = flow.arrive(study, prolific(pid="unfinished"))
+    p, _ = arrive(study, prolific(pid="unfinished"))
     table = analysis_runs.participant_table(study)
     assert len(table) == 7 and table["finished"].sum() == 6
     settings = analysis_runs.analysis_settings(study, table)

@@ -16,7 +16,10 @@ from hypothesis import strategies as st
 from studies.analysis import csvfile
 from studies.chat.agent_turn import store_turn_message
 from studies.models import AnalysisRun, Message, Participant
-from studies.participation import flow
+from studies.participation.arrive import arrive
+from studies.participation.chat_turn import end_chat, store_user_message
+from studies.participation.consent import give_consent
+from studies.participation.questionnaire import submit_questionnaire
 from studies.research import analysis_runs
 from tests.support.processes import REPO
 from tests.support.studies import GOOD_ANSWERS, make_study, prolific
@@ -90,15 +93,15 @@ def read_streamed(response) -> list[dict]:
 def hostile(db):
     """A completed participant whose free text, message and outcome would each be a formula."""
     study = make_study(arms=("=arm", "b"))
-    p, _ = flow.arrive(study, prolific(pid="hostile1"))
+    p, _ = arrive(study, prolific(pid="hostile1"))
     Participant.objects.filter(pk=p.pk).update(arm=study.arms.get(name="=arm"))
     p.refresh_from_db()
-    flow.give_consent(p, True)
-    said = flow.store_user_message(p, "c1", "@SUM(A1:A9)").message
+    give_consent(p, True)
+    said = store_user_message(p, "c1", "@SUM(A1:A9)").message
     store_turn_message(said, [], role="assistant", content="-2+3", model="m")
-    flow.end_chat(p)
+    end_chat(p)
     answers = {**GOOD_ANSWERS, "helpful": "6", "comment": '=HYPERLINK("http://evil","x")'}
-    assert flow.submit_questionnaire(p, answers) == {}
+    assert submit_questionnaire(p, answers) == {}
     Participant.objects.filter(pk=p.pk).update(outcome={"reward": -0.5, "success": False})
     return study
 

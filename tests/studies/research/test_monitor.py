@@ -13,7 +13,11 @@ from django.utils import timezone
 
 from agents.models import ModelEndpoint
 from studies.models import Arm, Participant, Study, StudyError
-from studies.participation import flow
+from studies.participation.arrive import arrive
+from studies.participation.chat_turn import end_chat, store_user_message
+from studies.participation.consent import give_consent
+from studies.participation.questionnaire import submit_questionnaire
+from studies.participation.start import start_preview
 from studies.research import monitor
 from tests.support.scripted_server import ScriptedServer
 from tests.support.studies import GOOD_ANSWERS, make_study, prolific
@@ -42,14 +46,14 @@ def running(engine):
     )
     people = {}
     for pid in ("done", "chatting", "reading"):
-        p, _ = flow.arrive(study, prolific(pid=pid, session_id=pid))
+        p, _ = arrive(study, prolific(pid=pid, session_id=pid))
         Participant.objects.filter(pk=p.pk).update(arm=study.arms.get(name="a"))
         people[pid] = Participant.objects.get(pk=p.pk)
     done = people["done"]
-    flow.give_consent(done, True)
-    flow.store_user_message(done, "d1", "hi")
-    flow.end_chat(done)
-    flow.submit_questionnaire(done, GOOD_ANSWERS)
+    give_consent(done, True)
+    store_user_message(done, "d1", "hi")
+    end_chat(done)
+    submit_questionnaire(done, GOOD_ANSWERS)
     start = timezone.now() - timedelta(minutes=10)
     Participant.objects.filter(pk=done.pk).update(
         created_at=start,
@@ -57,12 +61,12 @@ def running(engine):
         chat_ended_at=start + timedelta(seconds=330),
         completed_at=start + timedelta(seconds=390),
     )
-    flow.give_consent(people["chatting"], True)
-    flow.store_user_message(people["chatting"], "c1", "hello there")
+    give_consent(people["chatting"], True)
+    store_user_message(people["chatting"], "c1", "hello there")
     Participant.objects.filter(pk=people["chatting"].pk).update(
         created_at=start, consented_at=start + timedelta(seconds=90)
     )
-    flow.start_preview(study.arms.get(name="b"))
+    start_preview(study.arms.get(name="b"))
     StudyError.objects.create(
         study=study, participant=people["reading"], title="Boom", detail="it broke", path="/p/x/"
     )

@@ -8,7 +8,7 @@ from django.urls import reverse
 
 from studies.analysis import pay
 from studies.models import AnalysisRun, Participant
-from studies.participation import flow
+from studies.participation.arrive import arrive
 from studies.research import analysis_runs
 from tests.support.studies import finish as finish_participant
 from tests.support.studies import make_study, prolific
@@ -72,7 +72,7 @@ def test_study_page_warns_below_minimum(admin_client):
     for pid, minutes in [("p1", 10), ("p2", 20), ("p3", 30)]:
         finish(study, pid, minutes)
     finish(study, "bot1", 1, bot=True)  # rehearsal data: not a completion time
-    abandoned, _ = flow.arrive(study, prolific(pid="p4"))
+    abandoned, _ = arrive(study, prolific(pid="p4"))
     check = analysis_runs.pay_check(study)
     assert check.completions == 3 and check.median_seconds == pytest.approx(1200, abs=1)
     page = admin_client.get(url).content.decode()

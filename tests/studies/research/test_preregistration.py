@@ -16,7 +16,8 @@ from studies.analysis.cli import run as cli_run
 from studies.analysis.plan import canonical, digest
 from studies.analysis.plots import figures
 from studies.models import AnalysisRun, Arm, Item, Preregistration, Study, frozen_changes
-from studies.participation import flow
+from studies.participation.arrive import arrive
+from studies.participation.start import start_preview
 from studies.rehearsal.bots import bot_pid
 from studies.research import analysis_runs, preregistration
 from tests.support.studies import change_form_data, fill, make_study, prolific
@@ -63,15 +64,15 @@ def test_freeze_stores_the_plan_with_a_verifiable_sha256():
 
 def test_freeze_is_refused_once_a_participant_exists_but_not_for_previews_or_bots():
     study = make_study(status=Study.Status.LIVE)
-    flow.start_preview(study.arms.first())
-    flow.arrive(study, prolific(pid=bot_pid(study)))
+    start_preview(study.arms.first())
+    arrive(study, prolific(pid=bot_pid(study)))
     frozen = preregistration.freeze(study)  # previews and bots are not participants
     assert frozen.pk
     with pytest.raises(preregistration.FreezeRefused, match="already pre-registered"):
         preregistration.freeze(study)
 
     later = make_study(slug="s2", status=Study.Status.LIVE)
-    flow.arrive(later, prolific(pid="first-person"))
+    arrive(later, prolific(pid="first-person"))
     with pytest.raises(preregistration.FreezeRefused, match="already has participants"):
         preregistration.freeze(later)
     assert not Preregistration.objects.filter(study=later).exists()

@@ -24,7 +24,8 @@ from studies.models import (
     Study,
     StudyError,
 )
-from studies.participation import flow
+from studies.participation.arrive import arrive
+from studies.participation.consent import give_consent
 from studies.research import analysis_runs, retention
 from studies.setup import go_live
 from tests.support.studies import GOOD_ANSWERS, finish, make_study, prolific
@@ -112,8 +113,8 @@ def test_the_purge_keeps_the_analysis_and_removes_what_identifies():
         action_flag=CHANGE,
     )
     # One still chatting: on their way, never purged under them.
-    chatting, _ = flow.arrive(study, prolific(pid="still-here", session_id="s-here"))
-    flow.give_consent(chatting, True)
+    chatting, _ = arrive(study, prolific(pid="still-here", session_id="s-here"))
+    give_consent(chatting, True)
     run = AnalysisRun.objects.create(study=study)
     analysis_runs.compute(run)
     run.refresh_from_db()

@@ -8,7 +8,9 @@ from django.urls import reverse
 
 from agents.models import ModelEndpoint
 from studies.models import Arm, Item, Participant, Questionnaire, Study, StudyError
-from studies.participation import flow
+from studies.participation import views
+from studies.participation.arrive import arrive
+from studies.participation.assign import arms_with_fill
 from studies.setup import go_live
 from studies.setup.scenario_pools import import_pool
 from tests.support.scripted_server import ScriptedServer
@@ -188,7 +190,7 @@ def test_a_participant_who_could_not_start_gives_the_place_back_and_starts_later
     assert b"app.prolific.com/submissions/complete?cc=OTHERCODE" in response.content
     stuck.refresh_from_db()
     assert stuck.status == Participant.Status.UNSTARTED
-    assert all(a.filled == 0 for a in flow.arms_with_fill(study))  # the place is free
+    assert all(a.filled == 0 for a in arms_with_fill(study))  # the place is free
     error = StudyError.objects.get(study=study)
     assert error.participant == stuck and "not ready" in error.title
 
@@ -221,12 +223,12 @@ def test_a_place_held_before_the_import_starts_with_a_scenario(client):
 
 
 def test_any_unexpected_exception_is_a_friendly_page_and_recorded(client, study, monkeypatch):
-    participant, _ = flow.arrive(study, prolific())
+    participant, _ = arrive(study, prolific())
 
     def broken(*args, **kwargs):
         raise RuntimeError("the secret internals")
 
-    monkeypatch.setattr(flow, "give_consent", broken)
+    monkeypatch.setattr(views, "give_consent", broken)  # where the consent page looks it up
     response = client.post(
         reverse("studies:consent", args=[participant.token]), {"decision": "accept"}
     )

@@ -5,7 +5,8 @@ import pytest
 
 from studies.lib.domain_bridge import system_prompt
 from studies.models import Scenario
-from studies.participation import flow
+from studies.participation.arrive import arrive
+from studies.participation.consent import give_consent
 from studies.setup.scenario_pools import import_pool
 from tests.support.studies import make_study, prolific
 
@@ -28,7 +29,7 @@ def test_the_briefing_and_the_persuaders_prompt_say_the_studys_length():
     import_pool(study, "p4g", 1)
     briefing = study.scenarios.get().instructions
     assert "up to 8 messages from each side" in briefing and "five" not in briefing
-    participant, _ = flow.arrive(study, prolific(pid="giver"))
-    participant = flow.give_consent(participant, True)
+    participant, _ = arrive(study, prolific(pid="giver"))
+    participant = give_consent(participant, True)
     prompt = system_prompt(participant)
     assert "up to 8 messages from each side" in prompt and "five" not in prompt

@@ -26,7 +26,8 @@ from agents.models import Checkpoint, ModelEndpoint
 from agents.serving.process import free_port, group_alive
 from studies.chat.routing import websocket_urlpatterns
 from studies.models import Arm, Message
-from studies.participation import flow
+from studies.participation.arrive import arrive
+from studies.participation.consent import give_consent
 from studies.setup.arm_endpoints import point_arms, register_endpoint
 from tests.support.processes import ServeAgents, child_env
 from tests.support.studies import make_study, prolific
@@ -150,8 +151,8 @@ def chatting_participant(served, model_name):
     study = make_study(slug="vllm-chat", arms=("trained",))
     endpoint = register_endpoint(SLUG, "vllm", list(served.replicas))
     point_arms(study, endpoint, {"trained": model_name})
-    participant, _ = flow.arrive(study, prolific(pid="vllm-participant"))
-    return flow.give_consent(participant, True)
+    participant, _ = arrive(study, prolific(pid="vllm-participant"))
+    return give_consent(participant, True)
 
 
 @database_sync_to_async
