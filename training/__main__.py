@@ -29,6 +29,7 @@ import os
 import sys
 
 from agents.domains import DOMAINS
+from agents.simulators.spec import SimulatorKind
 from agents.simulators.verbalized import MODES
 from training.config import (
     SIMULATOR_REWARDS,
@@ -36,7 +37,7 @@ from training.config import (
     load_config,
     parse_assignment,
 )
-from training.vocabulary import Regime, SimulatorKind
+from training.vocabulary import Regime
 
 
 def vocabularies() -> str:

@@ -107,7 +107,7 @@ def make_user(spec: dict[str, Any], rng: random.Random) -> User:
             raise HeldOutUnavailable(
                 f"held-out simulator {name!r}: environment variable {spec['api_key_env']} is not set"
             )
-    # shaped for its provider as in training (training/config.py SimulatorSpec.request_params)
+    # shaped for its provider as in training (agents/simulators/spec.py SimulatorSpec.request_params)
     client = LLMClient(spec["endpoint"], api_key=key, provider=spec.get("provider", "auto"))
     params = sampling_params(
         spec.get("temperature", 0.7),

@@ -23,13 +23,13 @@ from agents.simulators import (
     VerbalizedSimulator,
 )
 from agents.simulators.scripted import ScriptedPersuadee
-from training.config import SimulatorSpec
+from agents.simulators.spec import SimulatorKind, SimulatorSpec, spec_prompt
+from training.config import simulator_api_key
 from training.rl.policy import LocalModel
 from training.rollouts.rollout import USER, Decision, Rollout
 from training.rollouts.served import Endpoint, ServedAdapter
 from training.rollouts.turns import speak
 from training.rollouts.weight_sync import ServedWeights
-from training.vocabulary import SimulatorKind
 
 
 def user_messages(domain: Domain, system_prompt: str, rollout: Rollout) -> list[Message]:
@@ -41,19 +41,6 @@ def user_messages(domain: Domain, system_prompt: str, rollout: Rollout) -> list[
             new = [{"role": "user", "content": ""}]  # the agent said nothing visible
         return new
     return [{"role": "system", "content": system_prompt}, *new]
-
-
-def with_persona(prompt: str, persona: str) -> str:
-    """A simulator's system prompt with the extra persona text of its SimulatorSpec."""
-    return f"{prompt}\n\n{persona}" if persona else prompt
-
-
-def spec_prompt(prompt: str, spec: SimulatorSpec) -> str:
-    """A simulator's system prompt as its SimulatorSpec shapes it: the Persona-Guided guidelines
-    first, a blank line, then the prompt (the release's order: CHATS-lab/scope_usim
-    usim/core/environment/tau2/environment.py, _ConfiguredAgentGymEnv), the persona after."""
-    prompt = with_persona(prompt, spec.persona)
-    return f"{spec.guidelines.strip()}\n\n{prompt}" if spec.guidelines else prompt
 
 
 class LocalUser:
@@ -191,10 +178,10 @@ class ServedUser(LocalUser):
         args = (spec.endpoint, lm, spec.temperature, spec.max_new_tokens)
         if getattr(lm, "finetune", "lora") == "full":  # its weights pushed after each update
             self.server = ServedWeights(
-                *args, api_key=spec.api_key(), backend=backend, nccl_host=nccl_host
+                *args, api_key=simulator_api_key(spec), backend=backend, nccl_host=nccl_host
             )
         else:  # its adapter hot-loaded after each update
-            self.server = ServedAdapter(*args, api_key=spec.api_key())
+            self.server = ServedAdapter(*args, api_key=simulator_api_key(spec))
 
     def _speak(
         self, rollouts: list[Rollout], prompts: list[list[int]], allowed: list[list[str] | None]
@@ -247,7 +234,7 @@ class EndpointUser:
         self.rng = rng or random.Random(0)
         # read now, as the run starts: a missing key fails it before any step, naming the
         # variable (not at the first held-out evaluation, steps later)
-        api_key = spec.api_key()
+        api_key = simulator_api_key(spec)
         self.endpoint = Endpoint(
             lambda: LLMClient(spec.endpoint, api_key=api_key, provider=spec.provider)
         )

@@ -14,7 +14,8 @@ import torch
 from agents.domains import get_domain
 from agents.domains.p4g.decision import ASKS
 from agents.simulators.scripted import ScriptedPersuadee
-from training.config import RunConfig, SimulatorSpec
+from agents.simulators.spec import SimulatorSpec
+from training.config import RunConfig
 from training.measures.collapse import variance_split
 from training.measures.held_out import HeldOutPanel
 from training.regimes.choose import make_regime
