@@ -9,10 +9,11 @@ training/config.py reads its errors into ConfigError, naming the key.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterable
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -34,8 +35,15 @@ from agents.llm.providers import (
     provider_for,
     sampling_params,
 )
+from agents.simulators.base import Simulator
+from agents.simulators.plain import PlainSimulator
 from agents.simulators.scripted import TYPES as SCRIPTED_TYPES
+from agents.simulators.scripted import ScriptedPersuadee
 from agents.simulators.verbalized import MODES as DRAW_MODES
+from agents.simulators.verbalized import VerbalizedSimulator
+
+if TYPE_CHECKING:
+    from agents.llm import LLMClient
 
 
 class SimulatorKind(StrEnum):
@@ -286,3 +294,28 @@ def spec_prompt(prompt: str, spec: SimulatorSpec) -> str:
     usim/core/environment/tau2/environment.py, _ConfiguredAgentGymEnv), the persona after."""
     prompt = with_persona(prompt, spec.persona)
     return f"{spec.guidelines.strip()}\n\n{prompt}" if spec.guidelines else prompt
+
+
+def build(
+    spec: SimulatorSpec, client: LLMClient | None = None, rng: random.Random | None = None
+) -> Simulator | ScriptedPersuadee:
+    """The simulator `spec` declares, for a process that asks it turn by turn: a scripted
+    persuadee type (no client), or a plain or Verbalized Sampling simulator asking on `client`
+    (the spec's endpoint with its key and provider; the caller opens and closes it) with the
+    spec's request_params, its system prompt shaped by spec_prompt. An in-process simulator
+    samples from training's own model instead (training/rollouts/simulator.py LocalUser)."""
+    rng = rng or random.Random(0)
+    if spec.kind == SimulatorKind.SCRIPTED:
+        return ScriptedPersuadee(spec.script, rng)
+    if client is None:
+        raise ValueError(f"simulator {spec.name!r} asks an endpoint: build it with its client")
+    params = spec.request_params()  # shaped for its provider by the client
+    if spec.kind == SimulatorKind.VERBALIZED:
+        simulator: Simulator = VerbalizedSimulator(
+            client, spec.model, k=spec.k, mode=spec.draw, retries=spec.retries, rng=rng, **params
+        )
+    else:
+        simulator = PlainSimulator(client, spec.model, retries=spec.retries, **params)
+    base = simulator.system_prompt
+    simulator.system_prompt = lambda d, s: spec_prompt(base(d, s), spec)
+    return simulator

@@ -16,14 +16,11 @@ from agents.domains.p4g.donation import marker
 from agents.llm import LLMClient
 from agents.simulators import (
     OPENING,
-    PlainSimulator,
     Simulator,
     UserTurn,
     VerbalizedSampling,
-    VerbalizedSimulator,
 )
-from agents.simulators.scripted import ScriptedPersuadee
-from agents.simulators.spec import SimulatorKind, SimulatorSpec, spec_prompt
+from agents.simulators.spec import SimulatorKind, SimulatorSpec, build, spec_prompt
 from training.config import simulator_api_key
 from training.rl.policy import LocalModel
 from training.rollouts.rollout import USER, Decision, Rollout
@@ -203,7 +200,7 @@ class ScriptedUser:
     def __init__(self, spec: SimulatorSpec, rng: random.Random | None = None):
         self.spec = spec
         self.rng = rng or random.Random(0)
-        self.persuadee = ScriptedPersuadee(spec.script, self.rng)
+        self.persuadee = build(spec, rng=self.rng)
 
     def respond(self, domain: Domain, rollouts: list[Rollout]) -> None:
         for r in rollouts:
@@ -244,19 +241,7 @@ class EndpointUser:
         """The agents.simulators simulator on the endpoint's client, with the same system prompt
         as in this process, guidelines and persona included."""
         if self._simulator is None:
-            params = self.spec.request_params()  # shaped for its provider by the client
-            if self.spec.kind == SimulatorKind.VERBALIZED:
-                simulator = VerbalizedSimulator(
-                    client, self.spec.model, k=self.spec.k, mode=self.spec.draw,
-                    retries=self.spec.retries, rng=self.rng, **params,
-                )  # fmt: skip
-            else:
-                simulator = PlainSimulator(
-                    client, self.spec.model, retries=self.spec.retries, **params
-                )
-            base, spec = simulator.system_prompt, self.spec
-            simulator.system_prompt = lambda d, s: spec_prompt(base(d, s), spec)
-            self._simulator = simulator
+            self._simulator = build(self.spec, client, self.rng)
         return self._simulator
 
     def respond(self, domain: Domain, rollouts: list[Rollout]) -> None:
