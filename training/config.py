@@ -50,6 +50,7 @@ from pydantic.dataclasses import dataclass
 from pydantic_core import PydanticCustomError
 
 from agents.domains import DOMAINS, Domain, domain_class, get_domain
+from agents.domains.episode import MAX_TOOL_ROUNDS, MAX_TURNS
 from agents.domains.tau2.versions import NL_JUDGED, task_version
 from agents.llm.native_tools import TRAINED_TOOL_FORMATS
 from agents.paths import secret
@@ -875,10 +876,14 @@ class RunConfig:
     temperature: StrictFloat = Field(0.7, gt=0, description="the agent's sampling temperature")
     max_new_tokens: StrictInt = Field(48, ge=1, description="tokens per agent turn")
     max_turns: StrictInt = Field(
-        10, ge=1, description="user + agent messages; also capped by the Domain's own max_turns"
+        MAX_TURNS,
+        ge=1,
+        description="user + agent messages; also capped by the Domain's own max_turns",
     )
     max_tool_rounds: StrictInt = Field(
-        4, ge=1, description="consecutive tool-call turns of the agent before the turn is cut"
+        MAX_TOOL_ROUNDS,
+        ge=1,
+        description="consecutive tool-call turns of the agent before the turn is cut",
     )
     rollouts_at_once: StrictInt = Field(
         0,

@@ -12,6 +12,7 @@ import random
 from typing import Any
 
 from agents.domains.base import Domain, Message, Scenario
+from agents.domains.episode import USER
 from agents.domains.p4g.donation import marker
 from agents.llm import LLMClient
 from agents.simulators import (
@@ -23,7 +24,7 @@ from agents.simulators import (
 from agents.simulators.spec import SimulatorKind, SimulatorSpec, build, spec_prompt
 from training.config import simulator_api_key
 from training.rl.policy import LocalModel
-from training.rollouts.rollout import USER, Decision, Rollout
+from training.rollouts.rollout import Decision, Rollout
 from training.rollouts.served import Endpoint, ServedAdapter
 from training.rollouts.turns import speak
 from training.rollouts.weight_sync import ServedWeights

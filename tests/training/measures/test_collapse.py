@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from agents.domains import get_domain
+from agents.domains.episode import USER
 from agents.domains.p4g.decision import ASKS
 from agents.simulators.scripted import ScriptedPersuadee
 from agents.simulators.spec import SimulatorSpec
@@ -23,7 +24,7 @@ from training.regimes.regime import ModelCache
 from training.rl.grpo import TokenBatch, token_logprobs
 from training.rl.policy import LocalModel, Policy
 from training.rollouts.agent import LocalAgent
-from training.rollouts.rollout import USER, Rollout, play
+from training.rollouts.rollout import Rollout, play
 from training.rollouts.simulator import LocalUser, user_messages
 from training.trainer.loop import train
 
