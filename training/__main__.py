@@ -30,6 +30,7 @@ import sys
 
 from agents.domains import DOMAINS
 from agents.environment import setting
+from agents.simulators.spec import SimulatorKind
 from agents.simulators.verbalized import MODES
 from training.config import (
     SIMULATOR_REWARDS,
@@ -37,7 +38,7 @@ from training.config import (
     load_config,
     parse_assignment,
 )
-from training.vocabulary import Regime, SimulatorKind
+from training.vocabulary import Regime
 
 RANK = setting(
     "RANK",

@@ -7,7 +7,7 @@
     group_size = 4               # G rollouts per task
     batch_tasks = 1              # tasks per step
     [tasks]    train_split / eval_split / train_ids / eval_ids / max_train / max_eval
-    [simulator] the training simulator (see SimulatorSpec)
+    [simulator] the training simulator (see agents/simulators/spec.py SimulatorSpec)
     [[ensemble]] regime "ensemble": its K frozen simulators, one table each
     [[heldout]] the held-out panel, one table per simulator
     [lora]     r / alpha / dropout / targets  (finetune = "full" trains every weight instead)
@@ -31,13 +31,12 @@ import json
 import re
 import tomllib
 import typing
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
-    ConfigDict,
     Field,
     StrictBool,
     StrictFloat,
@@ -51,19 +50,20 @@ from pydantic.dataclasses import dataclass
 from pydantic_core import PydanticCustomError
 
 from agents.domains import DOMAINS, Domain, domain_class, get_domain
+from agents.domains.episode import MAX_TOOL_ROUNDS, MAX_TURNS
 from agents.domains.tau2.versions import NL_JUDGED, task_version
 from agents.llm.native_tools import TRAINED_TOOL_FORMATS
-from agents.llm.providers import (
-    PROVIDER_CHOICES,
-    REASONING_EFFORTS,
-    Provider,
-    provider_for,
-    sampling_params,
-)
 from agents.paths import secret
-from agents.simulators.scripted import TYPES as SCRIPTED_TYPES
-from agents.simulators.verbalized import MODES as DRAW_MODES
-from training.vocabulary import Regime, SimulatorKind
+from agents.simulators.spec import (
+    TABLE,
+    Name,
+    ProviderName,
+    SimulatorKind,
+    SimulatorSpec,
+    one_of,
+    refuse,
+)
+from training.vocabulary import Regime
 
 # -- the vocabularies: validation below, the admin's choices and filters and the CLI's help -----
 
@@ -104,12 +104,6 @@ SIMULATOR_UPDATES = {
     " ask played, baseline the ask's own expected reward, plus simulator_beta x the exact"
     " reverse KL(pi || base) over the texts (kl_estimator and kl_clamp do not apply)",
 }
-# which sampling settings an endpoint simulator sends (agents/llm/providers.py sampling_params)
-SIMULATOR_SAMPLINGS = {
-    "sent": "temperature is sent, and top_p unless it is 1.0",
-    "provider": "neither temperature nor top_p is sent: the provider's defaults apply (1.0 on"
-    " OpenAI, Anthropic, Gemini and OpenRouter), as the release's hosted tau2 users sample",
-}
 # a co-trained simulator's reward, r the agent's (formulas and sources: training/regimes/sim_rewards.py)
 SIMULATOR_REWARDS = {
     "auto": "the Domain's own (its simulator_reward attribute)",
@@ -135,249 +129,41 @@ class ConfigError(ValueError):
         self.key = key
 
 
-def _not_blank(text: str) -> str:
-    if not text.strip():
-        raise PydanticCustomError("blank", "must not be empty")
-    return text
+def simulator_api_key(spec: SimulatorSpec) -> str | None:
+    """An endpoint simulator's API key, read from the variable its spec names; a run reads it as
+    it starts, so a missing one fails the run before any step, naming the variable."""
+    if not spec.api_key_env:
+        return None
+    key = secret(spec.api_key_env)
+    if not key:
+        raise ConfigError(
+            f"simulator {spec.name!r}: environment variable {spec.api_key_env} is not set",
+            "api_key_env",
+        )
+    return key
 
 
 def _known_domain(name: str) -> str:
     # the registry is read at validation time: a Domain registered later (a test's) counts too
     if name not in DOMAINS:
         raise PydanticCustomError(
-            "domain", "must be one of {allowed}", {"allowed": _one_of(DOMAINS)}
+            "domain", "must be one of {allowed}", {"allowed": one_of(DOMAINS)}
         )
     return name
 
 
-Name = Annotated[StrictStr, AfterValidator(_not_blank)]
 DomainName = Annotated[StrictStr, AfterValidator(_known_domain)]
 RegimeName = Literal[tuple(r.value for r in Regime)]
 EnsembleDraw = Literal[tuple(ENSEMBLE_DRAWS)]
 TaskDraw = Literal[tuple(TASK_DRAWS)]
 LossReduction = Literal[tuple(LOSS_REDUCTIONS)]
 SimulatorUpdate = Literal[tuple(SIMULATOR_UPDATES)]
-SimulatorSampling = Literal[tuple(SIMULATOR_SAMPLINGS)]
-SimulatorKindName = Literal[tuple(k.value for k in SimulatorKind)]
-DrawMode = Literal[DRAW_MODES]
-Script = Literal[(*SCRIPTED_TYPES, "")]
-ProviderName = Literal[PROVIDER_CHOICES]
 TAU2_DOMAINS = ("retail", "airline")
-ReasoningEffort = Literal[REASONING_EFFORTS]
 SimulatorReward = Literal[tuple(SIMULATOR_REWARDS)]
 Finetune = Literal[FINETUNE]
 Dtype = Literal[DTYPES]
 ToolFormat = Literal[tuple(TRAINED_TOOL_FORMATS)]
 Strings = Annotated[list[StrictStr], Field(strict=True)]
-
-TABLE = ConfigDict(extra="forbid")
-
-
-def _refuse(key: str, value: Any, why: str) -> PydanticCustomError:
-    """A cross-field rule's error: `key` relative to the table that checks it."""
-    return PydanticCustomError("rule", "{key} {why}", {"key": key, "value": value, "why": why})
-
-
-@dataclass(config=TABLE)
-class SimulatorSpec:
-    """A user simulator. In-process (the base model or `model`, a local HF folder) unless `endpoint`
-    names an OpenAI-compatible server, in which case `model` is the served model name. A
-    co-trained simulator (regimes cotrain, population) learns in this process; with `endpoint`
-    its turns are sampled by that vLLM server from the adapter it loads after each update, and
-    `model` is the local folder of its base model, the one the server serves under that path.
-    A `scripted` simulator is one of the P4G persuadee types of agents/simulators/scripted.py."""
-
-    name: Name = Field("base", description="how metrics and the held-out panel name it")
-    kind: SimulatorKindName = Field(
-        SimulatorKind.PLAIN.value,
-        description="plain: one reply | verbalized: k candidates with probabilities, one drawn"
-        " | scripted: a persuadee type (`script`)",
-    )
-    model: StrictStr = Field(
-        "", description='a local model folder, or the served model name; "" = the run\'s base model'
-    )
-    endpoint: StrictStr = Field(
-        "",
-        description='base URL of an OpenAI-compatible server; "" = in-process. A co-trained'
-        " simulator's: a vLLM server of `model` with runtime LoRA loading",
-    )
-    api_key_env: StrictStr = Field(
-        "", description="endpoint: the environment variable holding its API key (never the key)"
-    )
-    script: Script = Field("", description='kind = "scripted": the persuadee type')
-    adapter: StrictStr = Field(
-        "",
-        description="a LoRA adapter put on the in-process model: its folder, or the name of a"
-        " registered checkpoint (<data dir>/checkpoints/<name>, e.g. a human-like simulator)",
-    )
-    persona: StrictStr = Field(
-        "", description="extra text appended to the simulator's system prompt"
-    )
-    guidelines: StrictStr = Field(
-        "",
-        description='regime "persona": behavioural guidelines put before the simulator\'s system'
-        " prompt; \"\" = the Domain's default (tau2: the release's text)",
-    )
-    seen: StrictBool = Field(
-        False,
-        description="[[heldout]] only: this panel member IS a simulator the agent trains against"
-        " (the release's 6-model panel keeps each run's training simulators): allowed on its"
-        " weights, reported beside the others and left out of the heldout/unseen_* means",
-    )
-    temperature: StrictFloat = Field(0.7, gt=0, description="sampling temperature")
-    sampling: SimulatorSampling = Field(
-        "sent",
-        description="endpoint: which sampling settings its requests carry: "
-        + " | ".join(f"{k}: {v}" for k, v in SIMULATOR_SAMPLINGS.items()),
-    )
-    max_new_tokens: StrictInt = Field(64, ge=1, description="tokens per reply")
-    k: StrictInt = Field(5, ge=2, description="verbalized: candidates per reply")
-    draw: DrawMode = Field(
-        "probability",
-        description="verbalized: how one candidate is drawn (probability | uniform, the paper's"
-        ' "random" variant)',
-    )
-    retries: StrictInt = Field(
-        2,
-        ge=0,
-        description="re-asks after a malformed verbalized reply, or an endpoint simulator's"
-        " choice-turn answer that is none of the choices, before using the raw text",
-    )
-    provider: ProviderName = Field(
-        "auto",
-        description="endpoint: how requests are shaped for its API (agents/llm/providers.py);"
-        " auto = recognised from the endpoint URL and model id, generic = sent as given",
-    )
-    top_p: StrictFloat = Field(
-        1.0,
-        gt=0,
-        le=1,
-        description="endpoint: nucleus sampling (1.0 = not sent; the paper's panel uses 0.95)."
-        " GPT-5-family models sample with their own fixed settings and are sent neither this"
-        " nor temperature",
-    )
-    reasoning_effort: ReasoningEffort = Field(
-        "",
-        description="endpoint: a reasoning model's effort (\"\" = not sent, the provider's"
-        " default); refused for providers that ignore or refuse it",
-    )
-
-    @model_validator(mode="after")
-    def _rules(self) -> SimulatorSpec:
-        if self.endpoint and not self.model:
-            raise _refuse(
-                "model",
-                self.model,
-                "must name the served model: an endpoint simulator needs `model`",
-            )
-        if self.kind == SimulatorKind.SCRIPTED:
-            if self.script not in SCRIPTED_TYPES:
-                raise _refuse(
-                    "script",
-                    self.script,
-                    f'must be one of {_one_of(SCRIPTED_TYPES)} for kind = "scripted"',
-                )
-            for key in ("endpoint", "model", "adapter"):
-                if getattr(self, key):
-                    raise _refuse(
-                        key,
-                        getattr(self, key),
-                        "must be empty: a scripted simulator has no model, adapter or endpoint",
-                    )
-        if self.api_key_env and not self.endpoint:
-            raise _refuse(
-                "api_key_env", self.api_key_env, "is for an endpoint simulator (set `endpoint`)"
-            )
-        if self.sampling == "provider":
-            # not sent, so not settable: a value here would read as sent (the defaults are
-            # what to_dict writes, so a saved config loads again)
-            for key, unset in (("temperature", 0.7), ("top_p", 1.0)):
-                if getattr(self, key) != unset:
-                    raise _refuse(
-                        key,
-                        getattr(self, key),
-                        'is not sent with sampling = "provider" (the provider\'s default'
-                        ' applies): remove it, or set sampling = "sent"',
-                    )
-        if not self.endpoint:
-            for key, unset in (
-                ("provider", "auto"), ("top_p", 1.0), ("reasoning_effort", ""), ("sampling", "sent")
-            ):  # fmt: skip
-                if getattr(self, key) != unset:
-                    raise _refuse(
-                        key,
-                        getattr(self, key),
-                        "is for an endpoint simulator (set `endpoint`; in-process sampling uses"
-                        " temperature alone)",
-                    )
-        else:
-            provider = self.provider_spec()
-            if provider.serves(self.endpoint) and provider.key_env and not self.api_key_env:
-                raise _refuse(
-                    "api_key_env",
-                    self.api_key_env,
-                    f"must name the variable holding the key of {provider.label} (conventionally"
-                    f" {provider.key_env})",
-                )
-            refused = provider.refusal(self.sent_temperature(), self.reasoning_effort)
-            if refused:
-                key, why = refused
-                raise _refuse(key, getattr(self, key), f"cannot be sent as asked: {why}")
-        return self
-
-    def provider_spec(self) -> Provider:
-        """The provider an endpoint simulator's requests are shaped for."""
-        return provider_for(self.provider, self.endpoint, self.model)
-
-    def request_params(self) -> dict[str, Any]:
-        """An endpoint simulator's generation settings in agents.llm's common vocabulary (the
-        client shapes them for the provider): what every turn sends, and the dry run too."""
-        return sampling_params(
-            self.sent_temperature(),
-            self.max_new_tokens,
-            None if self.sampling == "provider" else self.top_p,
-            self.reasoning_effort,
-        )
-
-    def sent_temperature(self) -> float | None:
-        """The temperature its requests carry; None: not sent (sampling = "provider")."""
-        return None if self.sampling == "provider" else self.temperature
-
-    def api_key(self) -> str | None:
-        if not self.api_key_env:
-            return None
-        key = secret(self.api_key_env)
-        if not key:
-            raise ConfigError(
-                f"simulator {self.name!r}: environment variable {self.api_key_env} is not set",
-                "api_key_env",
-            )
-        return key
-
-    def adapter_path(self) -> Path | None:
-        """The adapter's folder: `adapter` as a path when it is one, else the registered
-        checkpoint of that name (its link under <data dir>/checkpoints)."""
-        if not self.adapter:
-            return None
-        path = Path(self.adapter).expanduser()
-        if path.is_dir() or "/" in self.adapter:
-            return path
-        from agents.paths import adapters_dir
-
-        return adapters_dir() / self.adapter
-
-    def weights(self, base_model: Path) -> tuple[str, ...] | None:
-        """What identifies this simulator's weights: the same tuple means the same model. An
-        adapter makes other weights (a fine-tuned simulator on the training simulator's base
-        is another user, as another model is)."""
-        if self.kind == SimulatorKind.SCRIPTED:
-            return None
-        if self.endpoint:
-            return ("endpoint", self.endpoint.rstrip("/"), self.model)
-        model = Path(self.model).expanduser().resolve() if self.model else base_model.resolve()
-        adapter = self.adapter_path()
-        return ("local", str(model)) + ((str(adapter.resolve()),) if adapter else ())
-
 
 # How the held-out panel's tasks are drawn at each evaluation (training/measures/held_out.py).
 EVAL_DRAWS = {
@@ -431,9 +217,9 @@ class NLJudgeSpec:
     @model_validator(mode="after")
     def _rules(self) -> NLJudgeSpec:
         if self.endpoint and not self.model:
-            raise _refuse("model", self.model, "must name the judge's served model")
+            raise refuse("model", self.model, "must name the judge's served model")
         if self.model and not self.endpoint:
-            raise _refuse("endpoint", self.endpoint, "must name the judge's server")
+            raise refuse("endpoint", self.endpoint, "must name the judge's server")
         return self
 
     def build(self):
@@ -743,9 +529,9 @@ class CurationSpec:
     @model_validator(mode="after")
     def _rules(self) -> CurationSpec:
         if len(set(self.gate)) != len(self.gate):
-            raise _refuse("gate", self.gate, "names a reason twice")
+            raise refuse("gate", self.gate, "names a reason twice")
         if self.enabled and not (self.gate or self.diversity or self.mode_balance):
-            raise _refuse(
+            raise refuse(
                 "enabled",
                 True,
                 "with no gate, diversity = false and mode_balance = false"
@@ -832,7 +618,7 @@ class BreakerSpec:
     @model_validator(mode="after")
     def _order(self) -> BreakerSpec:
         if self.red_quantile < self.yellow_quantile:
-            raise _refuse(
+            raise refuse(
                 "red_quantile", self.red_quantile,
                 f"must be at least yellow_quantile ({self.yellow_quantile}): red is past yellow",
             )  # fmt: skip
@@ -1090,10 +876,14 @@ class RunConfig:
     temperature: StrictFloat = Field(0.7, gt=0, description="the agent's sampling temperature")
     max_new_tokens: StrictInt = Field(48, ge=1, description="tokens per agent turn")
     max_turns: StrictInt = Field(
-        10, ge=1, description="user + agent messages; also capped by the Domain's own max_turns"
+        MAX_TURNS,
+        ge=1,
+        description="user + agent messages; also capped by the Domain's own max_turns",
     )
     max_tool_rounds: StrictInt = Field(
-        4, ge=1, description="consecutive tool-call turns of the agent before the turn is cut"
+        MAX_TOOL_ROUNDS,
+        ge=1,
+        description="consecutive tool-call turns of the agent before the turn is cut",
     )
     rollouts_at_once: StrictInt = Field(
         0,
@@ -1226,7 +1016,7 @@ class RunConfig:
     @model_validator(mode="after")
     def _rules(self) -> RunConfig:
         if not self.eval_at_end and self.eval_every == 0 and self.steps > 0 and self.heldout:
-            raise _refuse(
+            raise refuse(
                 "eval_at_end",
                 False,
                 "with eval_every = 0 leaves the held-out panel never evaluated: set eval_every",
@@ -1234,7 +1024,7 @@ class RunConfig:
         self._supply_rules()
         self._task_rules()
         if self.curation.weighs and not self.behaviour.reference:
-            raise _refuse(
+            raise refuse(
                 "curation.diversity" if self.curation.diversity else "curation.mode_balance",
                 True,
                 "weighs rollouts in the run's behaviour space: set behaviour.reference (or"
@@ -1251,12 +1041,12 @@ class RunConfig:
             (f"ensemble[{i}]", s) for i, s in enumerate(self.ensemble)
         ]:
             if spec.seen:
-                raise _refuse(f"{key}.seen", True, "is for [[heldout]] members only")
+                raise refuse(f"{key}.seen", True, "is for [[heldout]] members only")
         for i, spec in enumerate(self.heldout):
             weights = spec.weights(base)
             if spec.seen:
                 if weights is None or weights not in training:
-                    raise _refuse(
+                    raise refuse(
                         f"heldout[{i}].seen",
                         True,
                         "marks a panel member that is a training simulator (the same model on"
@@ -1264,7 +1054,7 @@ class RunConfig:
                     )
                 continue
             if weights is not None and weights in training:
-                raise _refuse(
+                raise refuse(
                     f"heldout[{i}]",
                     spec.name,
                     f"runs on the training simulator's weights ({weights[-1]}): a held-out user"
@@ -1273,11 +1063,11 @@ class RunConfig:
                 )
         names = [s.name for s in self.heldout]
         if len(set(names)) != len(names):
-            raise _refuse("heldout", names, "need distinct names")
+            raise refuse("heldout", names, "need distinct names")
         served_simulator = self.trains_simulator and self.simulator.endpoint
         if served_simulator and self.finetune == "full":
             if self.regime == Regime.POPULATION:
-                raise _refuse(
+                raise refuse(
                     "simulator.endpoint",
                     self.simulator.endpoint,
                     'must be empty with regime = "population" and finetune = "full": each pool'
@@ -1285,7 +1075,7 @@ class RunConfig:
                     " the current ones pushed back (LoRA loads a snapshot's adapter beside them)",
                 )
             if self.simulator.endpoint.rstrip("/") == self.rollout_endpoint.rstrip("/"):
-                raise _refuse(
+                raise refuse(
                     "simulator.endpoint",
                     self.simulator.endpoint,
                     "is rollout_endpoint too: under full fine-tuning the agent and the simulator"
@@ -1293,14 +1083,14 @@ class RunConfig:
                     " its own server",
                 )
         if self.task_draw == "release" and self.domain in ("p4g", "cooperbench"):
-            raise _refuse(
+            raise refuse(
                 "task_draw",
                 self.task_draw,
                 "reproduces the release's tau2 data source: its P4G and CooperBench sources read"
                 ' their files in order (use "split")',
             )
         if self.trains_simulator and self.simulator.sampling != "sent":
-            raise _refuse(
+            raise refuse(
                 "simulator.sampling",
                 self.simulator.sampling,
                 'must be "sent": a co-trained simulator samples at its own temperature',
@@ -1308,7 +1098,7 @@ class RunConfig:
         if self.simulator_update == "exact":
             self._check_exact_update()
         if not self.center_rewards and self.scale_std:
-            raise _refuse(
+            raise refuse(
                 "scale_std",
                 self.scale_std,
                 "must be false with center_rewards = false (raw rewards are not std-scaled)",
@@ -1316,18 +1106,18 @@ class RunConfig:
         kind = self.simulator.kind
         required = Regime(self.regime).simulator_kind  # the registry decides, not each caller
         if required and kind != required:
-            raise _refuse(
+            raise refuse(
                 "simulator.kind", kind, f'must be "{required}" for regime = "{self.regime}"'
             )
         if self.trains_simulator and kind != SimulatorKind.PLAIN:
-            raise _refuse(
+            raise refuse(
                 "simulator.kind",
                 kind,
                 f'must be "plain": regime "{self.regime}" trains the simulator in-process',
             )
         if self.trains_simulator and self.simulator.endpoint:
             if self.simulator.adapter:
-                raise _refuse(
+                raise refuse(
                     "simulator.adapter",
                     self.simulator.adapter,
                     f'must be empty: regime "{self.regime}" trains its own adapter on'
@@ -1335,7 +1125,7 @@ class RunConfig:
                 )
             for i, spec in enumerate(self.heldout):
                 if spec.endpoint.rstrip("/") == self.simulator.endpoint.rstrip("/"):
-                    raise _refuse(
+                    raise refuse(
                         f"heldout[{i}].endpoint",
                         spec.endpoint,
                         "is the co-trained simulator's server, which serves its base model: a"
@@ -1350,18 +1140,18 @@ class RunConfig:
         if not b.enabled:
             return
         if not self.behaviour.enabled:
-            raise _refuse(
+            raise refuse(
                 "breaker.enabled", True,
                 "needs [behaviour] (reference or decisions_only): the breaker judges the"
                 " behaviour measures it writes",
             )  # fmt: skip
         if b.judges_psod() and not self.heldout:
-            raise _refuse(
+            raise refuse(
                 "breaker.measures", b.measures,
                 "judge PSOD, which needs a held-out panel ([[heldout]]): add one or leave psod out",
             )  # fmt: skip
         if b.judges_psod() and not 0 < self.eval_every <= b.warmup:
-            raise _refuse(
+            raise refuse(
                 "breaker.warmup", b.warmup,
                 f"holds no evaluation step (eval_every = {self.eval_every}), so PSOD would have"
                 " no warmup values to fit its thresholds on: set eval_every <= warmup",
@@ -1373,33 +1163,31 @@ class RunConfig:
         if self.domain_protocol:
             cls = domain_class(self.domain)
             if self.domain_protocol not in cls.protocols:
-                raise _refuse(
+                raise refuse(
                     "domain_protocol",
                     self.domain_protocol,
-                    f"must be one of {_one_of(cls.protocols)} for domain {self.domain}"
+                    f"must be one of {one_of(cls.protocols)} for domain {self.domain}"
                     if cls.protocols
                     else f"must be empty: domain {self.domain} has one protocol",
                 )
             try:  # a Domain refuses a protocol without the data it needs (P4G's release)
                 cls(data_dir=self.domain_data or None, protocol=self.domain_protocol)
             except ValueError as error:
-                raise _refuse(
-                    "domain_protocol", self.domain_protocol, f"refused: {error}"
-                ) from None
+                raise refuse("domain_protocol", self.domain_protocol, f"refused: {error}") from None
         if self.domain not in TAU2_DOMAINS and (self.tau2_version or self.nl_judge.endpoint):
             key = "tau2_version" if self.tau2_version else "nl_judge.endpoint"
-            raise _refuse(
+            raise refuse(
                 key, getattr(self, key.split(".")[0]), f"is for tau2 domains, not {self.domain}"
             )
         if self.domain in TAU2_DOMAINS:
             try:
                 version = task_version(self.tau2_version)
             except ValueError as error:
-                raise _refuse("tau2_version", self.tau2_version, f"refused: {error}") from None
+                raise refuse("tau2_version", self.tau2_version, f"refused: {error}") from None
             # known without reading the files (the offline dry run): v1.0.0's retail tasks
             # score NL assertions; files that do are checked again where the run starts
             if self.domain in NL_JUDGED.get(version.name, ()) and not self.nl_judge.endpoint:
-                raise _refuse(
+                raise refuse(
                     "nl_judge.endpoint",
                     "",
                     f"must name a judge: tau2 {version.name} {self.domain} tasks score NL"
@@ -1410,7 +1198,7 @@ class RunConfig:
         if tasks.eval_draw == "training_cursor" and (
             tasks.eval_split != tasks.train_split or tasks.eval_ids
         ):
-            raise _refuse(
+            raise refuse(
                 "tasks.eval_draw",
                 tasks.eval_draw,
                 "draws from the training tasks: set eval_split = train_split and no eval_ids",
@@ -1434,23 +1222,23 @@ class RunConfig:
         only, so a table another regime would ignore is refused rather than trained without."""
         if self.regime == Regime.ENSEMBLE:
             if len(self.ensemble) < 2:
-                raise _refuse(
+                raise refuse(
                     "ensemble",
                     [s.name for s in self.ensemble],
                     'needs K >= 2 [[ensemble]] simulators for regime = "ensemble"',
                 )
             names = [s.name for s in self.ensemble]
             if len(set(names)) != len(names):
-                raise _refuse("ensemble", names, "need distinct names")
+                raise refuse("ensemble", names, "need distinct names")
             if self.simulator != SimulatorSpec():
-                raise _refuse(
+                raise refuse(
                     "simulator",
                     self.simulator.name,
                     'must be left unset with regime = "ensemble": the agent trains against the'
                     " [[ensemble]] members (simulator = {} clears a preset's)",
                 )
         elif self.ensemble:
-            raise _refuse(
+            raise refuse(
                 "ensemble",
                 [s.name for s in self.ensemble],
                 f'is read only with regime = "ensemble" (regime is "{self.regime}")',
@@ -1461,21 +1249,21 @@ class RunConfig:
             others.append(("simulator", self.simulator))
         for key, spec in others:
             if spec.guidelines:
-                raise _refuse(
+                raise refuse(
                     f"{key}.guidelines",
                     spec.guidelines[:40],
                     'is read only for the training simulator with regime = "persona"',
                 )
         if self.regime == Regime.PERSONA:
             if self.simulator.kind == SimulatorKind.SCRIPTED:
-                raise _refuse(
+                raise refuse(
                     "simulator.kind",
                     self.simulator.kind,
                     'must be "plain" or "verbalized" for regime = "persona" (guidelines go in'
                     " a system prompt)",
                 )
             if not self.persona_guidelines():
-                raise _refuse(
+                raise refuse(
                     "simulator.guidelines",
                     "",
                     f'must be set for regime = "persona" on domain {self.domain}: it has no'
@@ -1488,24 +1276,24 @@ class RunConfig:
         syn = self.synthesis
         if not syn.enabled:
             if syn.share > 0:
-                raise _refuse(
+                raise refuse(
                     "synthesis.share", syn.share, "needs a supply on (interpolate,"
                     " verbalized_missing or adversarial)",
                 )  # fmt: skip
             return
         if self.distributed.processes > 1:
-            raise _refuse(
+            raise refuse(
                 "synthesis", syn.supplies(), "runs in one process: a synthesis task's group is"
                 " played and learnt on one rank (set distributed.processes = 1)",
             )  # fmt: skip
         base = self.synthesis_base()
         if (syn.interpolate or syn.verbalized_missing) and base.kind == SimulatorKind.SCRIPTED:
-            raise _refuse(
+            raise refuse(
                 "synthesis", syn.supplies(), "interpolate and verbalized_missing vary a model"
                 f" simulator's settings; the training simulator {base.name!r} is scripted",
             )  # fmt: skip
         if syn.verbalized_missing and not self.behaviour.reference:
-            raise _refuse(
+            raise refuse(
                 "synthesis.verbalized_missing", True, "needs [behaviour] reference: the"
                 " clusters it is told are missing are the run's behaviour space's",
             )  # fmt: skip
@@ -1513,14 +1301,14 @@ class RunConfig:
             if not base.endpoint:
                 for key in ("from_top_p", "to_top_p"):
                     if getattr(syn, key) != 1.0:
-                        raise _refuse(
+                        raise refuse(
                             f"synthesis.{key}", getattr(syn, key), "is for an endpoint"
                             " simulator (in-process sampling uses temperature alone)",
                         )  # fmt: skip
             ends = [(syn.from_temperature, syn.from_top_p, syn.from_persona),
                     (syn.to_temperature, syn.to_top_p, syn.to_persona)]  # fmt: skip
             if ends[0] == ends[1]:
-                raise _refuse(
+                raise refuse(
                     "synthesis.interpolate", True, "needs two sources that differ (from_/to_"
                     " temperature, top_p or persona): every variant would be the same",
                 )  # fmt: skip
@@ -1618,7 +1406,7 @@ class RunConfig:
         elif self.distributed.strategy == "fsdp" and self.distributed.processes > 1:
             why = 'is not implemented under FSDP: use distributed.strategy = "ddp"'
         if why:
-            raise _refuse("simulator_update", self.simulator_update, why)
+            raise refuse("simulator_update", self.simulator_update, why)
 
     @property
     def simulator_reward_mode(self) -> str:
@@ -1631,7 +1419,7 @@ class RunConfig:
         if mode not in SIMULATOR_REWARDS or mode == "auto":
             raise ConfigError(
                 f"simulator_reward auto: domain {self.domain!r} declares {mode!r}, not one of"
-                f" {_one_of(n for n in SIMULATOR_REWARDS if n != 'auto')}",
+                f" {one_of(n for n in SIMULATOR_REWARDS if n != 'auto')}",
                 "simulator_reward",
             )
         return mode
@@ -1765,10 +1553,6 @@ def _dotted(loc: Sequence[str | int]) -> str:
     return out
 
 
-def _one_of(values: Iterable[Any]) -> str:
-    return ", ".join('""' if v == "" else str(v) for v in values)
-
-
 def _table(annotation: Any) -> type | None:
     """The config dataclass a field holds (itself, or the items of a list of them)."""
     if dataclasses.is_dataclass(annotation):
@@ -1818,7 +1602,7 @@ def _why(error: dict[str, Any], info: Any) -> str:
         options = typing.get_args(info.annotation)
         if len(options) == 1 and typing.get_origin(options[0]) is typing.Literal:  # list[Literal]
             options = typing.get_args(options[0])
-        return f"must be one of {_one_of(options)}"
+        return f"must be one of {one_of(options)}"
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         return f"must be {_bounds(info)}" if info is not None else error["msg"]
     if kind in _TYPES:

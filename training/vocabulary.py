@@ -9,14 +9,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-
-class SimulatorKind(StrEnum):
-    """What plays the user: a model writing one reply, a model writing Verbalized Sampling's k
-    replies with probabilities (one is drawn), or a scripted held-out type."""
-
-    PLAIN = "plain"
-    VERBALIZED = "verbalized"
-    SCRIPTED = "scripted"
+# declared with the simulator spec, below training (a regime names the kind it is made of)
+from agents.simulators.spec import SimulatorKind
 
 
 class Regime(StrEnum):

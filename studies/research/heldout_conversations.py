@@ -4,9 +4,11 @@ agents/llm, scored by the Domain: the simulated half of the sim-to-real gap (stu
 The agent is the arm as people meet it: its endpoint, model, system prompt, greeting, generation
 settings and tool format, the Domain's tools run on the conversation's own state. The user is the
 held-out simulator as the run's config declares it (`[[heldout]]`): a scripted persuadee type, or
-a plain or Verbalized Sampling simulator on its endpoint. The turn rules are the training
-rollouts' (training/rollouts/rollout.py): the Domain ends the conversation, else the run's max_turns
-(capped by the Domain's) or max_tool_rounds consecutive tool-calling agent turns.
+a plain or Verbalized Sampling simulator on its endpoint, made from its table as training makes
+it (agents/simulators/spec.py SimulatorSpec and build). The turn rules are the training rollouts'
+(agents/domains/episode.py): the Domain says who speaks next and how turns count, and ends the
+conversation, else the run's max_turns (capped by the Domain's) or, where the Domain lets them,
+max_tool_rounds consecutive tool-calling agent turns.
 """
 
 from __future__ import annotations
@@ -16,16 +18,12 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.domains.base import Domain, Message, Outcome, Scenario, count_turns
+from agents.domains import episode
+from agents.domains.base import Domain, Message, Outcome, Scenario
 from agents.llm import LLMClient
-from agents.llm.providers import sampling_params
 from agents.paths import secret
-from agents.simulators import PlainSimulator, VerbalizedSimulator
 from agents.simulators.scripted import ScriptedPersuadee
-
-# The run config's defaults (training/config.py RunConfig) when a manifest does not say.
-MAX_TURNS = 10
-MAX_TOOL_ROUNDS = 4
+from agents.simulators.spec import SimulatorKind, SimulatorSpec, build
 
 
 class HeldOutUnavailable(ValueError):
@@ -84,56 +82,45 @@ def heldout_panel(manifest: dict[str, Any]) -> list[dict[str, Any]]:
 def run_limits(manifest: dict[str, Any]) -> tuple[int, int]:
     """(max_turns, max_tool_rounds) of the checkpoint's run, as its held-out panel used them."""
     config = manifest.get("config") or {}
-    return int(config.get("max_turns", MAX_TURNS)), int(
-        config.get("max_tool_rounds", MAX_TOOL_ROUNDS)
+    # a run's defaults when its manifest does not say
+    return int(config.get("max_turns", episode.MAX_TURNS)), int(
+        config.get("max_tool_rounds", episode.MAX_TOOL_ROUNDS)
     )
 
 
-def make_user(spec: dict[str, Any], rng: random.Random) -> User:
+def heldout_spec(table: dict[str, Any]) -> SimulatorSpec:
+    """A `[[heldout]]` table as the SimulatorSpec training played, validated as training
+    validates it (pydantic's ValidationError, a ValueError, for a table it would refuse). What
+    studies adds to a table (a human-like simulator's `humanlike`, `imitates`) is not the
+    simulator's, and an engine's replicas, a list of URLs, are named in the spec by the first."""
+    known = {k: v for k, v in table.items() if k in SimulatorSpec.__dataclass_fields__}
+    if isinstance(known.get("endpoint"), list):
+        known["endpoint"] = known["endpoint"][0] if known["endpoint"] else ""
+    return SimulatorSpec(**known)
+
+
+def make_user(table: dict[str, Any], rng: random.Random) -> User:
     """The simulator a `[[heldout]]` table declares; HeldOutUnavailable when it runs only inside
     the training process (a local model folder, no endpoint)."""
-    name, kind = spec.get("name", "?"), spec.get("kind", "plain")
-    if kind == "scripted":
-        return User(spec, rng, persuadee=ScriptedPersuadee(spec.get("script", ""), rng))
-    if not spec.get("endpoint"):
+    spec = heldout_spec(table)
+    if spec.kind == SimulatorKind.SCRIPTED:
+        return User(table, rng, persuadee=build(spec, rng=rng))
+    if not spec.endpoint:
         raise HeldOutUnavailable(
-            f"held-out simulator {name!r} runs inside the training process (no endpoint): serve "
-            "its model and name the endpoint in the run's config to evaluate against it here"
+            f"held-out simulator {spec.name!r} runs inside the training process (no endpoint): "
+            "serve its model and name the endpoint in the run's config to evaluate against it here"
         )
     key = None
-    if spec.get("api_key_env"):
-        key = secret(spec["api_key_env"])
+    if spec.api_key_env:
+        key = secret(spec.api_key_env)
         if not key:
             raise HeldOutUnavailable(
-                f"held-out simulator {name!r}: environment variable {spec['api_key_env']} is not set"
+                f"held-out simulator {spec.name!r}: environment variable {spec.api_key_env} is "
+                "not set"
             )
-    # shaped for its provider as in training (training/config.py SimulatorSpec.request_params)
-    client = LLMClient(spec["endpoint"], api_key=key, provider=spec.get("provider", "auto"))
-    params = sampling_params(
-        spec.get("temperature", 0.7),
-        spec.get("max_new_tokens", 64),
-        spec.get("top_p", 1.0),
-        spec.get("reasoning_effort", ""),
-    )
-    if kind == "verbalized":
-        simulator = VerbalizedSimulator(
-            client, spec["model"], k=spec.get("k", 5), mode=spec.get("draw", "probability"),
-            retries=spec.get("retries", 2), rng=rng, **params,
-        )  # fmt: skip
-    else:
-        simulator = PlainSimulator(client, spec["model"], retries=spec.get("retries", 2), **params)
-    persona = spec.get("persona", "")
-    if persona:  # the same prompt as the training process gives it (training/rollouts/simulator.py)
-        base = simulator.system_prompt
-        simulator.system_prompt = lambda d, s: f"{base(d, s)}\n\n{persona}"
-    return User(spec, rng, simulator=simulator, clients=[client])
-
-
-def _next_is_agent(conversation: list[Message], agent_first: bool) -> bool:
-    if not conversation:
-        return agent_first
-    last = conversation[-1]
-    return not (last["role"] == "assistant" and not last.get("tool_calls"))
+    # every replica the table names (the spec keeps the first, for its provider's shaping)
+    client = LLMClient(table["endpoint"], api_key=key, provider=spec.provider)
+    return User(table, rng, simulator=build(spec, client, rng), clients=[client])
 
 
 async def agent_turn(
@@ -177,28 +164,24 @@ async def play(
     scenario: Scenario,
     agent: Agent,
     user: User,
-    max_turns: int = MAX_TURNS,
-    max_tool_rounds: int = MAX_TOOL_ROUNDS,
+    max_turns: int = episode.MAX_TURNS,
+    max_tool_rounds: int = episode.MAX_TOOL_ROUNDS,
 ) -> Played:
     """One conversation to its end, scored by the Domain."""
-    max_turns = min(max_turns, domain.max_turns)
+    max_turns = episode.turn_limit(domain, max_turns)
     state = domain.new_state(scenario)
     conversation: list[Message] = []
     greeting = agent.greeting or domain.greeting(scenario)
     if greeting:
         conversation.append({"role": "assistant", "content": greeting})
-    agent_first, tool_rounds, end = domain.first_speaker == "agent", 0, None
+    agent_first, tool_rounds, end = episode.agent_first(domain), 0, None
     while end is None:
-        if _next_is_agent(conversation, agent_first):
+        if domain.next_speaker(conversation, agent_first) == episode.AGENT:
             called = await agent_turn(agent, domain, scenario, state, conversation)
-            tool_rounds = tool_rounds + 1 if called else 0
+            tool_rounds = episode.tool_rounds_after(tool_rounds, called)
         else:
-            final = count_turns(conversation) + 1 >= max_turns
+            final = episode.user_final(conversation, max_turns)
             text = await user.reply(domain, scenario, conversation, final)
             conversation.append({"role": "user", "content": text})
-        end = (
-            domain.is_done(conversation)
-            or ("max_turns" if count_turns(conversation) >= max_turns else None)
-            or ("max_tool_rounds" if tool_rounds >= max_tool_rounds else None)
-        )
+        end = episode.end_reason(domain, conversation, max_turns, tool_rounds, max_tool_rounds)
     return Played(conversation, domain.score(conversation, state, end), end)

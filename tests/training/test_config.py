@@ -208,7 +208,7 @@ def test_every_role_on_its_endpoint(tmp_path):
 
 def test_a_missing_key_fails_when_the_simulator_is_made(monkeypatch):
     """A held-out user's key is read as the run starts, not at its first evaluation."""
-    from training.config import SimulatorSpec
+    from agents.simulators.spec import SimulatorSpec
     from training.rollouts.simulator import EndpointUser
 
     monkeypatch.delenv("PARLEY_TEST_NO_KEY", raising=False)

@@ -6,15 +6,9 @@ import dataclasses
 import pydantic
 import pytest
 
+from agents.simulators.spec import SimulatorSpec
 from training.__main__ import main
-from training.config import (
-    ConfigError,
-    RunConfig,
-    SimulatorSpec,
-    load_config,
-    parse_assignment,
-    parse_config,
-)
+from training.config import ConfigError, RunConfig, load_config, parse_assignment, parse_config
 
 BASE = {"name": "r", "domain": "p4g"}
 SCRIPTED = {"name": "steady", "kind": "scripted", "script": "steady"}

@@ -23,9 +23,10 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from agents.simulators.spec import SimulatorKind
 from training.collapse2 import analysis
 from training.config import RunConfig, load_config
-from training.vocabulary import Regime, SimulatorKind
+from training.vocabulary import Regime
 
 HERE = Path(__file__).resolve().parent
 DESIGN = HERE / "design.toml"
@@ -101,7 +102,7 @@ def heldout_expected(
     domain: Any, tasks: list[Any], panel: list[str]
 ) -> dict[str, dict[str, float]]:
     """E_t(a): each scripted type's exact expected reward per ask (training tasks' personas)."""
-    from training.config import SimulatorSpec
+    from agents.simulators.spec import SimulatorSpec
     from training.measures.collapse import simulator_exploit
     from training.rollouts.simulator import ScriptedUser
 

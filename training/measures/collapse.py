@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from agents.domains.base import Domain, Scenario
-from training.rollouts.rollout import AGENT, USER, Rollout
+from agents.domains.episode import AGENT, USER
+from training.rollouts.rollout import Rollout
 
 EXPLOIT_TOLERANCE = 0.02  # reward units: asks this close to the best count as the exploit
 EXPLOIT_FILE = "exploit.json"

@@ -55,8 +55,9 @@ import numpy as np
 import torch
 
 from agents.behaviour import measures as m
+from agents.domains.episode import USER
 from agents.llm.tool_format import OPEN
-from training.rollouts.rollout import USER, Rollout
+from training.rollouts.rollout import Rollout
 
 # the gate's reasons, in the order they are checked (config: curation.gate, CURATION_GATES)
 GATES = ("fallback", "empty", "cut", "parse")

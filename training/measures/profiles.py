@@ -33,7 +33,8 @@ import torch
 
 from agents.behaviour import measures as m
 from agents.domains.base import Domain, Message, Scenario, count_turns
-from training.rollouts.rollout import AGENT, USER, Decision, Rollout
+from agents.domains.episode import AGENT, USER
+from training.rollouts.rollout import Decision, Rollout
 
 DEFAULT_OPENING = "Hello! How are you today?"
 

@@ -38,9 +38,10 @@ from typing import Any
 
 import torch
 
+from agents.domains.episode import USER
 from training.regimes.sim_rewards import simulator_rewards
 from training.rl.grpo import STD_EPS, TokenBatch, token_logprobs
-from training.rollouts.rollout import USER, Rollout
+from training.rollouts.rollout import Rollout
 
 
 def exact_choice_loss(

@@ -41,7 +41,8 @@ from typing import Any
 
 import torch
 
-from training.config import RunConfig, SimulatorSpec
+from agents.simulators.spec import SimulatorKind, SimulatorSpec
+from training.config import RunConfig
 from training.regimes.exact_update import learn_exact
 from training.regimes.pool import SimulatorPool
 from training.regimes.sim_rewards import group_variance, simulator_advantages
@@ -49,7 +50,7 @@ from training.rl.distributed import Ranks
 from training.rl.policy import LocalModel, Policy
 from training.rollouts.rollout import Rollout
 from training.rollouts.simulator import EndpointUser, LocalUser, ScriptedUser, ServedUser
-from training.vocabulary import Regime, SimulatorKind
+from training.vocabulary import Regime
 
 
 class ModelCache:
@@ -176,7 +177,7 @@ class Single(RegimeRun):
 
 class Persona(Single):
     """Single, on the simulator with its guidelines filled in (RunConfig.training_simulators):
-    the prefix reaches the prompt in this process and on an endpoint (simulator.spec_prompt)."""
+    the prefix reaches the prompt in this process and on an endpoint (agents/simulators/spec.py spec_prompt)."""
 
     name = Regime.PERSONA
 

@@ -44,11 +44,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from training.config import RunConfig, SimulatorSpec
+from agents.domains.episode import USER
+from agents.simulators.spec import SimulatorKind, SimulatorSpec
+from training.config import RunConfig
 from training.regimes.regime import CoTrain, ModelCache, frozen_simulator
 from training.rl.distributed import Ranks
-from training.rollouts.rollout import USER, Rollout
-from training.vocabulary import SimulatorKind
+from training.rollouts.rollout import Rollout
 
 PREFIX = "synthesis/"
 INTERPOLATE, MISSING, ADVERSARIAL = (f"{PREFIX}{n}" for n in

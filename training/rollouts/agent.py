@@ -12,7 +12,9 @@ served by vLLM.
 
 from __future__ import annotations
 
+from agents.domains import episode
 from agents.domains.base import Domain, Message
+from agents.domains.episode import AGENT
 from agents.llm.native_tools import (
     parse_hermes_tool_calls,
     resolve_tool_format,
@@ -23,7 +25,7 @@ from agents.llm.tool_format import messages_for_json_tools, parse_tool_calls
 from training.config import ConfigError
 from training.rl.policy import LocalModel
 from training.rl.tokens import ChatFormat
-from training.rollouts.rollout import AGENT, Rollout
+from training.rollouts.rollout import Rollout
 from training.rollouts.served import ServedAdapter
 from training.rollouts.turns import speak
 from training.rollouts.weight_sync import ServedWeights
@@ -64,7 +66,7 @@ def add_agent_reply(domain: Domain, rollout: Rollout, text: str, tool_format: st
     content, calls = parse(text) if rollout.tools else (text.strip(), [])
     calls = calls[: domain.max_tool_calls_per_turn]
     rollout.add_message(AGENT, content, calls, domain)
-    rollout.tool_rounds = rollout.tool_rounds + 1 if calls else 0
+    rollout.tool_rounds = episode.tool_rounds_after(rollout.tool_rounds, bool(calls))
 
 
 class LocalAgent:

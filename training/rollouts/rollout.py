@@ -2,7 +2,7 @@
 
 `play` runs a batch of conversations in lockstep: every conversation waiting for the agent gets
 its next turn from one batched call, then every one waiting for the user likewise. The Domain
-decides when a conversation is over and scores it. Who speaks is a Speaker: the agent
+decides when a conversation is over (by the turn rules of agents/domains/episode.py) and scores it. Who speaks is a Speaker: the agent
 (training/rollouts/agent.py: in this process or on a vLLM server, its tool calls run by the Domain) and
 the user (training/rollouts/simulator.py: a simulator in this process, scripted, or on an endpoint).
 
@@ -20,12 +20,12 @@ from typing import Any, Protocol
 
 import torch
 
-from agents.domains.base import Domain, Message, Outcome, Scenario, count_turns
+from agents.domains import episode
+from agents.domains.base import Domain, Message, Outcome, Scenario
+from agents.domains.episode import AGENT, USER
 from agents.llm.tool_format import parse_tool_calls
 from training.rl.choices import entropy
 from training.rl.tokens import Transcript
-
-AGENT, USER = "agent", "user"
 
 
 @dataclass
@@ -86,7 +86,7 @@ class Rollout:
             domain.tools(scenario),
             domain.user_tools(scenario),
         )
-        rollout.agent_first = domain.first_speaker == AGENT
+        rollout.agent_first = episode.agent_first(domain)
         greeting = domain.greeting(scenario)
         if greeting:
             rollout.conversation.append({"role": "assistant", "content": greeting})
@@ -99,7 +99,7 @@ class Rollout:
     @property
     def user_final(self) -> bool:
         """The user's next message is its last before the turn limit."""
-        return count_turns(self.conversation) + 1 >= self.max_turns
+        return episode.user_final(self.conversation, self.max_turns)
 
     @property
     def reward(self) -> float:
@@ -133,14 +133,8 @@ class Rollout:
             self.conversation.append(result)
 
     def check_end(self, domain: Domain, max_turns: int, max_tool_rounds: int) -> None:
-        self.end_reason = (
-            domain.is_done(self.conversation)
-            or ("max_turns" if domain.turn_count(self.conversation) >= max_turns else None)
-            or (
-                "max_tool_rounds"
-                if domain.limits_tool_rounds and self.tool_rounds >= max_tool_rounds
-                else None
-            )
+        self.end_reason = episode.end_reason(
+            domain, self.conversation, max_turns, self.tool_rounds, max_tool_rounds
         )
 
 
@@ -158,7 +152,7 @@ def play(
     user: Speaker,
     *,
     max_turns: int,
-    max_tool_rounds: int = 4,
+    max_tool_rounds: int = episode.MAX_TOOL_ROUNDS,
     redraw: random.Random | None = None,
     on_finished: Callable[[int, int], None] | None = None,
     first: int = 0,
@@ -173,7 +167,7 @@ def play(
     progress within a step: the G conversations of a task move together and end together, so
     the ended count alone stood at 0 for minutes). `first`: the group position of the first
     scenario (a group played in parts, rollouts_at_once: an Ensemble's member is drawn from it)."""
-    max_turns = min(max_turns, domain.max_turns)
+    max_turns = episode.turn_limit(domain, max_turns)
     rollouts = [Rollout.begin(domain, s) for s in scenarios]
     for i, r in enumerate(rollouts):
         r.max_turns, r.index = max_turns, first + i

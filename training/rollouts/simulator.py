@@ -12,24 +12,22 @@ import random
 from typing import Any
 
 from agents.domains.base import Domain, Message, Scenario
+from agents.domains.episode import USER
 from agents.domains.p4g.donation import marker
 from agents.llm import LLMClient
 from agents.simulators import (
     OPENING,
-    PlainSimulator,
     Simulator,
     UserTurn,
     VerbalizedSampling,
-    VerbalizedSimulator,
 )
-from agents.simulators.scripted import ScriptedPersuadee
-from training.config import SimulatorSpec
+from agents.simulators.spec import SimulatorKind, SimulatorSpec, build, spec_prompt
+from training.config import simulator_api_key
 from training.rl.policy import LocalModel
-from training.rollouts.rollout import USER, Decision, Rollout
+from training.rollouts.rollout import Decision, Rollout
 from training.rollouts.served import Endpoint, ServedAdapter
 from training.rollouts.turns import speak
 from training.rollouts.weight_sync import ServedWeights
-from training.vocabulary import SimulatorKind
 
 
 def user_messages(domain: Domain, system_prompt: str, rollout: Rollout) -> list[Message]:
@@ -41,19 +39,6 @@ def user_messages(domain: Domain, system_prompt: str, rollout: Rollout) -> list[
             new = [{"role": "user", "content": ""}]  # the agent said nothing visible
         return new
     return [{"role": "system", "content": system_prompt}, *new]
-
-
-def with_persona(prompt: str, persona: str) -> str:
-    """A simulator's system prompt with the extra persona text of its SimulatorSpec."""
-    return f"{prompt}\n\n{persona}" if persona else prompt
-
-
-def spec_prompt(prompt: str, spec: SimulatorSpec) -> str:
-    """A simulator's system prompt as its SimulatorSpec shapes it: the Persona-Guided guidelines
-    first, a blank line, then the prompt (the release's order: CHATS-lab/scope_usim
-    usim/core/environment/tau2/environment.py, _ConfiguredAgentGymEnv), the persona after."""
-    prompt = with_persona(prompt, spec.persona)
-    return f"{spec.guidelines.strip()}\n\n{prompt}" if spec.guidelines else prompt
 
 
 class LocalUser:
@@ -191,10 +176,10 @@ class ServedUser(LocalUser):
         args = (spec.endpoint, lm, spec.temperature, spec.max_new_tokens)
         if getattr(lm, "finetune", "lora") == "full":  # its weights pushed after each update
             self.server = ServedWeights(
-                *args, api_key=spec.api_key(), backend=backend, nccl_host=nccl_host
+                *args, api_key=simulator_api_key(spec), backend=backend, nccl_host=nccl_host
             )
         else:  # its adapter hot-loaded after each update
-            self.server = ServedAdapter(*args, api_key=spec.api_key())
+            self.server = ServedAdapter(*args, api_key=simulator_api_key(spec))
 
     def _speak(
         self, rollouts: list[Rollout], prompts: list[list[int]], allowed: list[list[str] | None]
@@ -216,7 +201,7 @@ class ScriptedUser:
     def __init__(self, spec: SimulatorSpec, rng: random.Random | None = None):
         self.spec = spec
         self.rng = rng or random.Random(0)
-        self.persuadee = ScriptedPersuadee(spec.script, self.rng)
+        self.persuadee = build(spec, rng=self.rng)
 
     def respond(self, domain: Domain, rollouts: list[Rollout]) -> None:
         for r in rollouts:
@@ -247,7 +232,7 @@ class EndpointUser:
         self.rng = rng or random.Random(0)
         # read now, as the run starts: a missing key fails it before any step, naming the
         # variable (not at the first held-out evaluation, steps later)
-        api_key = spec.api_key()
+        api_key = simulator_api_key(spec)
         self.endpoint = Endpoint(
             lambda: LLMClient(spec.endpoint, api_key=api_key, provider=spec.provider)
         )
@@ -257,19 +242,7 @@ class EndpointUser:
         """The agents.simulators simulator on the endpoint's client, with the same system prompt
         as in this process, guidelines and persona included."""
         if self._simulator is None:
-            params = self.spec.request_params()  # shaped for its provider by the client
-            if self.spec.kind == SimulatorKind.VERBALIZED:
-                simulator = VerbalizedSimulator(
-                    client, self.spec.model, k=self.spec.k, mode=self.spec.draw,
-                    retries=self.spec.retries, rng=self.rng, **params,
-                )  # fmt: skip
-            else:
-                simulator = PlainSimulator(
-                    client, self.spec.model, retries=self.spec.retries, **params
-                )
-            base, spec = simulator.system_prompt, self.spec
-            simulator.system_prompt = lambda d, s: spec_prompt(base(d, s), spec)
-            self._simulator = simulator
+            self._simulator = build(self.spec, client, self.rng)
         return self._simulator
 
     def respond(self, domain: Domain, rollouts: list[Rollout]) -> None:

@@ -72,8 +72,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from training.config import ConfigError, RunConfig, SimulatorSpec, load_config
-from training.vocabulary import Regime, SimulatorKind
+from agents.simulators.spec import SimulatorKind, SimulatorSpec
+from training.config import ConfigError, RunConfig, load_config, simulator_api_key
+from training.vocabulary import Regime
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 GIB = 1024**3
@@ -721,7 +722,7 @@ def check_request(role: str, spec: SimulatorSpec, timeout: float) -> Check:
     async def ask():
         client = LLMClient(
             spec.endpoint,
-            api_key=spec.api_key(),
+            api_key=simulator_api_key(spec),
             provider=spec.provider,
             timeout=timeout,
             max_retries=1,

@@ -27,8 +27,9 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from agents.simulators.spec import SimulatorKind
 from training.config import RunConfig, load_config
-from training.vocabulary import Regime, SimulatorKind
+from training.vocabulary import Regime
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "experiments"
 EXPERIMENTS = {"collapse": CONFIGS / "collapse.toml"}

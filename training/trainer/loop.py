@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from agents.domains.base import Domain, Scenario
+from agents.simulators.spec import SimulatorKind
 from training.config import RunConfig, ScenarioSpec
 from training.measures.breaker import Breaker, BreakerStopped, Verdict
 from training.measures.breaker import load as breaker_state
@@ -62,7 +63,6 @@ from training.rollouts.rollout import Rollout, play
 from training.trainer import checkpoint
 from training.trainer.memory import PhaseMemory
 from training.trainer.writer import Phase, Progress, RunWriter, due, evaluation_due
-from training.vocabulary import SimulatorKind
 
 
 def train(

@@ -185,7 +185,7 @@ async def test_auto_shapes_gpt5_behind_another_host_and_its_first_request_is_tak
 
 
 def test_the_dry_run_refusal_of_an_unrecognised_reasoning_model_names_the_provider_setting():
-    from training.config import SimulatorSpec
+    from agents.simulators.spec import SimulatorSpec
     from training.tools.dryrun import check_request
 
     with GPT5Server([]) as server:  # a deployment name that says nothing of GPT-5

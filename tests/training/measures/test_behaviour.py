@@ -9,9 +9,10 @@ import pytest
 
 from agents.behaviour import measures as m
 from agents.behaviour.space import BehaviourSpace
+from agents.domains.episode import USER
 from training.measures.behaviour_space import load_or_fit
 from training.measures.profiles import Profiles, Reply
-from training.rollouts.rollout import USER, Decision
+from training.rollouts.rollout import Decision
 
 
 def test_one_cluster_is_one_mode():

@@ -12,9 +12,11 @@ import pytest
 import torch
 
 from agents.domains import get_domain
+from agents.domains.episode import USER
 from agents.domains.p4g.decision import ASKS
 from agents.simulators.scripted import ScriptedPersuadee
-from training.config import RunConfig, SimulatorSpec
+from agents.simulators.spec import SimulatorSpec
+from training.config import RunConfig
 from training.measures.collapse import variance_split
 from training.measures.held_out import HeldOutPanel
 from training.regimes.choose import make_regime
@@ -22,7 +24,7 @@ from training.regimes.regime import ModelCache
 from training.rl.grpo import TokenBatch, token_logprobs
 from training.rl.policy import LocalModel, Policy
 from training.rollouts.agent import LocalAgent
-from training.rollouts.rollout import USER, Rollout, play
+from training.rollouts.rollout import Rollout, play
 from training.rollouts.simulator import LocalUser, user_messages
 from training.trainer.loop import train
 

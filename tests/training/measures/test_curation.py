@@ -8,6 +8,7 @@ import pytest
 
 from agents.behaviour.space import BehaviourSpace
 from agents.domains.base import Scenario
+from agents.domains.episode import USER
 from training.config import CURATION_GATES, ConfigError, CurationSpec, RunConfig
 from training.measures.curation import (
     GATES,
@@ -20,7 +21,7 @@ from training.measures.curation import (
 )
 from training.measures.profiles import Reply
 from training.rl.distributed import Ranks
-from training.rollouts.rollout import USER, Decision, Rollout
+from training.rollouts.rollout import Decision, Rollout
 from training.rollouts.turns import speak
 
 E = math.exp

@@ -5,7 +5,8 @@ import json
 import pytest
 import torch
 
-from training.config import RunConfig, SimulatorSpec
+from agents.simulators.spec import SimulatorSpec
+from training.config import RunConfig
 from training.regimes.choose import make_regime
 from training.regimes.pool import SimulatorPool
 from training.regimes.regime import ModelCache

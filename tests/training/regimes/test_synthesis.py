@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from agents.behaviour.space import BehaviourSpace
+from agents.domains.episode import USER
 from agents.domains.p4g.decision import ASKS
 from agents.domains.p4g.donation import DECISION_AMOUNTS, MAX_DONATION
 from tests.support.scripted_server import ScriptedServer
@@ -20,7 +21,7 @@ from training.measures.profiles import Profiles, Reply, ask, probe_set
 from training.regimes import synthesis as syn
 from training.regimes.choose import make_regime
 from training.regimes.regime import ModelCache, frozen_simulator
-from training.rollouts.rollout import USER, Rollout
+from training.rollouts.rollout import Rollout
 from training.trainer.loop import _play_task
 
 ASK = ASKS[("evidence", 1.0)]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from agents.domains import get_domain
-from training.config import SimulatorSpec
+from agents.simulators.spec import SimulatorSpec
 from training.rl.policy import LocalModel, Policy
 from training.rl.sampling import KVCache
 from training.rollouts.agent import LocalAgent

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from agents.llm.tool_format import CLOSE, OPEN
-from training.config import SimulatorSpec
+from agents.simulators.spec import SimulatorSpec
 from training.rl.policy import LocalModel
 from training.rl.tokens import ChatFormat, Transcript
 from training.rollouts.agent import LocalAgent, add_agent_reply, agent_messages

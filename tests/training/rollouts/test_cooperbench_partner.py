@@ -13,9 +13,9 @@ import json
 import pytest
 
 from agents.domains.cooperbench import CooperBenchDomain
+from agents.simulators.spec import SimulatorSpec
 from tests.support.cooperbench import LIMITS, Scripted, apply_gold, call, needs_bwrap, scenario
 from tests.support.scripted_server import ScriptedServer
-from training.config import SimulatorSpec
 from training.rl.policy import LocalModel
 from training.rollouts.rollout import play
 from training.rollouts.simulator import EndpointUser, LocalUser

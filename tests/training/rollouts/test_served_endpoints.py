@@ -14,8 +14,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
+from agents.simulators.spec import SimulatorSpec
 from tests.support.scripted_server import ScriptedServer
-from training.config import SimulatorSpec
 from training.rl.policy import LocalModel
 from training.rollouts.agent import EndpointAgent
 from training.rollouts.rollout import play

@@ -10,10 +10,11 @@ import re
 import pytest
 
 from agents.domains import domain_class
+from agents.simulators.spec import SimulatorSpec
 from tests.support.provider_servers import AnthropicServer, GPT5Server
 from tests.support.scripted_server import ScriptedServer
 from training.__main__ import main
-from training.config import ConfigError, SimulatorSpec, parse_config
+from training.config import ConfigError, parse_config
 from training.rollouts.rollout import Rollout
 from training.rollouts.simulator import EndpointUser
 from training.tools.dryrun import dry_run

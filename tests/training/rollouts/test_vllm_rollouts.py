@@ -22,7 +22,8 @@ import torch
 
 from agents.llm import LLMClient
 from agents.llm.client import CompletionResult
-from training.config import RunConfig, SimulatorSpec
+from agents.simulators.spec import SimulatorSpec
+from training.config import RunConfig
 from training.regimes import regime
 from training.rl.policy import LocalModel
 from training.rollouts.agent import EndpointAgent
