@@ -37,9 +37,12 @@ class Embedder:
         with torch.no_grad():
             for i in range(0, len(texts), self.batch):
                 enc = self.tokenizer(
-                    texts[i : i + self.batch], padding=True, truncation=True,
-                    max_length=256, return_tensors="pt",
-                )  # fmt: skip
+                    texts[i : i + self.batch],
+                    padding=True,
+                    truncation=True,
+                    max_length=256,
+                    return_tensors="pt",
+                )
                 hidden = self.model(**enc).last_hidden_state
                 mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
                 out += ((hidden * mask).sum(1) / mask.sum(1).clamp(min=1)).tolist()

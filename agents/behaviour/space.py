@@ -109,9 +109,16 @@ class BehaviourSpace:
     """The run's behaviour space: `assign` puts turns in clusters, `acts` (P4G) labels their
     sentences with dialogue acts; `reference_shares` / `act_shares` are the reference's."""
 
-    def __init__(self, settings: dict[str, Any], mean: np.ndarray, centroids: np.ndarray,
-                 reference_shares: list[float], reference_count: int,
-                 acts: dict[str, Any] | None = None, embed: Embed | None = None):  # fmt: skip
+    def __init__(
+        self,
+        settings: dict[str, Any],
+        mean: np.ndarray,
+        centroids: np.ndarray,
+        reference_shares: list[float],
+        reference_count: int,
+        acts: dict[str, Any] | None = None,
+        embed: Embed | None = None,
+    ):
         self.settings = settings
         self.mean, self.centroids = mean, centroids
         self.reference_shares, self.reference_count = reference_shares, reference_count
@@ -155,9 +162,14 @@ class BehaviourSpace:
         return _members_nearest_first(unique, _distances(self.vectors(unique), self.centroids), per)
 
     @classmethod
-    def fit(cls, settings: dict[str, Any], turns: list[str], embed: Embed,
-            labelled: list[tuple[str, str]] | None = None,
-            exemplars: int = EXEMPLARS) -> BehaviourSpace:  # fmt: skip
+    def fit(
+        cls,
+        settings: dict[str, Any],
+        turns: list[str],
+        embed: Embed,
+        labelled: list[tuple[str, str]] | None = None,
+        exemplars: int = EXEMPLARS,
+    ) -> BehaviourSpace:
         """Fit the clustering on the reference `turns` (and the act classifier on `labelled`);
         keep `exemplars` reference turns per cluster (0: none, where the reference is people
         whose words must not be copied beside the space, as a study's participants)."""
@@ -176,8 +188,13 @@ class BehaviourSpace:
             names = sorted({label for _, label in labelled})
             y = np.array([names.index(label) for _, label in labelled])
             w, b = fit_classifier(space.vectors([s for s, _ in labelled]), y, len(names))
-            space.acts = {"labels": names, "weights": w, "bias": b, "count": len(labelled),
-                          "reference_shares": shares(y.tolist(), len(names))}  # fmt: skip
+            space.acts = {
+                "labels": names,
+                "weights": w,
+                "bias": b,
+                "count": len(labelled),
+                "reference_shares": shares(y.tolist(), len(names)),
+            }
         return space
 
     def save(self, folder: Path) -> None:
@@ -202,10 +219,19 @@ class BehaviourSpace:
         about = json.loads((folder / "space.json").read_text())
         acts = None
         if "acts" in about:
-            acts = dict(about["acts"], weights=np.load(folder / "acts_weights.npy"),
-                        bias=np.load(folder / "acts_bias.npy"))  # fmt: skip
-        space = cls(about["settings"], np.load(folder / "mean.npy"),
-                    np.load(folder / "centroids.npy"), about["reference_shares"],
-                    about["reference_count"], acts, embed)  # fmt: skip
+            acts = dict(
+                about["acts"],
+                weights=np.load(folder / "acts_weights.npy"),
+                bias=np.load(folder / "acts_bias.npy"),
+            )
+        space = cls(
+            about["settings"],
+            np.load(folder / "mean.npy"),
+            np.load(folder / "centroids.npy"),
+            about["reference_shares"],
+            about["reference_count"],
+            acts,
+            embed,
+        )
         space.exemplars = about.get("exemplars")  # a space saved before they were kept: None
         return space

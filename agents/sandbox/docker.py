@@ -67,7 +67,7 @@ class DockerSandbox(Sandbox):
             ],
             capture_output=True,
             timeout=120,
-        )  # fmt: skip
+        )  # fmt: skip  # docker's flags beside their values, one concern a line
         if started.returncode != 0:
             raise RuntimeError(
                 f"docker run {image} failed: {started.stderr.decode(errors='replace')[-2000:]}"

@@ -70,7 +70,7 @@ class LocalSandbox(Sandbox):
             "--chdir", copy,
             "--",
             *inner,
-        ]  # fmt: skip
+        ]  # fmt: skip  # bwrap's options beside their paths, one mount a line
 
     def _env(self) -> dict[str, str]:
         path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"

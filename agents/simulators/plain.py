@@ -72,5 +72,11 @@ class PlainSimulator(Simulator):
                 return UserTurn(text, raw, attempts=len(usage), errors=errors, usage=usage)
             errors.append(f"not one of the allowed texts: {raw[:80]!r}")
             if len(usage) > self.retries:
-                return UserTurn(raw.strip(), raw, attempts=len(usage), fell_back=True,
-                                errors=errors, usage=usage)  # fmt: skip
+                return UserTurn(
+                    raw.strip(),
+                    raw,
+                    attempts=len(usage),
+                    fell_back=True,
+                    errors=errors,
+                    usage=usage,
+                )

@@ -216,8 +216,11 @@ class SimulatorSpec:
                     )
         if not self.endpoint:
             for key, unset in (
-                ("provider", "auto"), ("top_p", 1.0), ("reasoning_effort", ""), ("sampling", "sent")
-            ):  # fmt: skip
+                ("provider", "auto"),
+                ("top_p", 1.0),
+                ("reasoning_effort", ""),
+                ("sampling", "sent"),
+            ):
                 if getattr(self, key) != unset:
                     raise refuse(
                         key,

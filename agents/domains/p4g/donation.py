@@ -41,10 +41,22 @@ _MARKER = re.compile(
 
 _WORD_DOLLARS = {"zero": 0.0, "a": 1.0, "one": 1.0, "two": 2.0}
 _WORD_CENTS = {
-    "five": 5, "ten": 10, "fifteen": 15, "twenty": 20, "twenty-five": 25, "twenty five": 25,
-    "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70,
-    "seventy-five": 75, "seventy five": 75, "eighty": 80, "ninety": 90,
-}  # fmt: skip
+    "five": 5,
+    "ten": 10,
+    "fifteen": 15,
+    "twenty": 20,
+    "twenty-five": 25,
+    "twenty five": 25,
+    "thirty": 30,
+    "forty": 40,
+    "fifty": 50,
+    "sixty": 60,
+    "seventy": 70,
+    "seventy-five": 75,
+    "seventy five": 75,
+    "eighty": 80,
+    "ninety": 90,
+}
 _WHOLE = r"all of it|(?:the|my) (?:whole|full|entire) (?:thing|amount|bonus|payment)"
 
 # One amount; named groups say how to read it. Alternatives run longest-first so

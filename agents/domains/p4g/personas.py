@@ -39,7 +39,7 @@ TRAIT_GROUPS: dict[str, tuple[tuple[str, ...], int]] = {
             "security",
         ),
         6,
-    ),  # fmt: skip
+    ),
     "decision_style": (("rational", "intuitive"), 5),
 }
 DEMOGRAPHICS = (

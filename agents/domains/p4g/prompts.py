@@ -46,11 +46,17 @@ them. Respect their decision; never pressure, guilt-trip or insult them.
 # (low, high) phrases per trait; the middle of a scale says nothing.
 _BIG_FIVE = {
     "extrovert": ("reserved and quiet with strangers", "outgoing and talkative"),
-    "agreeable": ("skeptical and blunt; you question what people tell you", "warm, trusting and cooperative"),
-    "conscientious": ("easygoing and spontaneous", "careful, organised and deliberate with your money and promises"),
+    "agreeable": (
+        "skeptical and blunt; you question what people tell you",
+        "warm, trusting and cooperative",
+    ),
+    "conscientious": (
+        "easygoing and spontaneous",
+        "careful, organised and deliberate with your money and promises",
+    ),
     "neurotic": ("calm and emotionally steady", "prone to worry and easily stressed"),
     "open": ("practical and fond of the familiar", "curious and open to new ideas"),
-}  # fmt: skip
+}
 _FOUNDATIONS = {
     "care": "protecting people from harm and suffering",
     "fairness": "fairness and justice",

@@ -36,35 +36,64 @@ WORD_LIMIT = 50  # --p4g-word-limit 50 (cmd/slime/p4g/*.sh @ 1470e27a)
 # The release's persona text: its five lines and, in each, the survey fields with their labels
 # (usim/p4g/persona.py @ e348b9f). Freedom is listed with the moral foundations there.
 _PERSONA_LINES: tuple[tuple[str, tuple[tuple[str, str, str], ...]], ...] = (
-    ("Demographics", (
-        ("Age", "demographics", "age"), ("Sex", "demographics", "sex"),
-        ("Race", "demographics", "race"), ("Education", "demographics", "edu"),
-        ("Marital Status", "demographics", "marital"),
-        ("Employment", "demographics", "employment"), ("Income", "demographics", "income"),
-        ("Religion", "demographics", "religion"), ("Ideology", "demographics", "ideology"),
-    )),
-    ("Big-Five Personality Traits [1-5]", (
-        ("Extroversion", "big_five", "extrovert"), ("Agreeableness", "big_five", "agreeable"),
-        ("Conscientiousness", "big_five", "conscientious"),
-        ("Neuroticism", "big_five", "neurotic"), ("Openness", "big_five", "open"),
-    )),
-    ("Moral Foundations [1-6]", (
-        ("Care", "moral_foundations", "care"), ("Fairness", "moral_foundations", "fairness"),
-        ("Loyalty", "moral_foundations", "loyalty"),
-        ("Authority", "moral_foundations", "authority"),
-        ("Purity", "moral_foundations", "purity"), ("Freedom", "values", "freedom"),
-    )),
-    ("Schwartz Values [1-6]", (
-        ("Conformity", "values", "conform"), ("Tradition", "values", "tradition"),
-        ("Benevolence", "values", "benevolence"), ("Universalism", "values", "universalism"),
-        ("Self Direction", "values", "self_direction"), ("Stimulation", "values", "stimulation"),
-        ("Hedonism", "values", "hedonism"), ("Achievement", "values", "achievement"),
-        ("Power", "values", "power"), ("Security", "values", "security"),
-    )),
-    ("Decision Making Style [1-5]", (
-        ("Rational", "decision_style", "rational"), ("Intuitive", "decision_style", "intuitive"),
-    )),
-)  # fmt: skip
+    (
+        "Demographics",
+        (
+            ("Age", "demographics", "age"),
+            ("Sex", "demographics", "sex"),
+            ("Race", "demographics", "race"),
+            ("Education", "demographics", "edu"),
+            ("Marital Status", "demographics", "marital"),
+            ("Employment", "demographics", "employment"),
+            ("Income", "demographics", "income"),
+            ("Religion", "demographics", "religion"),
+            ("Ideology", "demographics", "ideology"),
+        ),
+    ),
+    (
+        "Big-Five Personality Traits [1-5]",
+        (
+            ("Extroversion", "big_five", "extrovert"),
+            ("Agreeableness", "big_five", "agreeable"),
+            ("Conscientiousness", "big_five", "conscientious"),
+            ("Neuroticism", "big_five", "neurotic"),
+            ("Openness", "big_five", "open"),
+        ),
+    ),
+    (
+        "Moral Foundations [1-6]",
+        (
+            ("Care", "moral_foundations", "care"),
+            ("Fairness", "moral_foundations", "fairness"),
+            ("Loyalty", "moral_foundations", "loyalty"),
+            ("Authority", "moral_foundations", "authority"),
+            ("Purity", "moral_foundations", "purity"),
+            ("Freedom", "values", "freedom"),
+        ),
+    ),
+    (
+        "Schwartz Values [1-6]",
+        (
+            ("Conformity", "values", "conform"),
+            ("Tradition", "values", "tradition"),
+            ("Benevolence", "values", "benevolence"),
+            ("Universalism", "values", "universalism"),
+            ("Self Direction", "values", "self_direction"),
+            ("Stimulation", "values", "stimulation"),
+            ("Hedonism", "values", "hedonism"),
+            ("Achievement", "values", "achievement"),
+            ("Power", "values", "power"),
+            ("Security", "values", "security"),
+        ),
+    ),
+    (
+        "Decision Making Style [1-5]",
+        (
+            ("Rational", "decision_style", "rational"),
+            ("Intuitive", "decision_style", "intuitive"),
+        ),
+    ),
+)
 
 
 def _shown(value: Any) -> str:

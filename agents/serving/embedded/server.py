@@ -444,8 +444,9 @@ def batch_threads(asked: int | None, cores: int) -> int:
     if asked is None:
         return max(1, min(8, cores))
     if asked > cores:
-        log.warning("--batch-threads %d is more than this machine's %d cores: using %d",
-                    asked, cores, cores)  # fmt: skip
+        log.warning(
+            "--batch-threads %d is more than this machine's %d cores: using %d", asked, cores, cores
+        )
         return cores
     return asked
 
