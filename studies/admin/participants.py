@@ -117,10 +117,15 @@ class ParticipantAdmin(DataRights, admin.ModelAdmin):
             report_decisions(self, request, "rejection", queued, skipped)
             return None
         return action_page(
-            self, request, queryset, form, "reject_on_prolific", "Reject",
+            self,
+            request,
+            queryset,
+            form,
+            "reject_on_prolific",
+            "Reject",
             "Only submissions AWAITING REVIEW are rejected; a failed-attention-check rejection "
             "only where Prolific's rules allow it (one failure under 5 minutes, else two).",
-        )  # fmt: skip
+        )
 
     @admin.action(permissions=["change"], description="Bonus: the P4G donation match")
     def donation_match_bonus(self, request, queryset):
@@ -145,10 +150,15 @@ class ParticipantAdmin(DataRights, admin.ModelAdmin):
                 report_bonuses(self, request, payment, skipped)
             return None
         return action_page(
-            self, request, queryset, form, "donation_match_bonus", "Set up and pay",
+            self,
+            request,
+            queryset,
+            form,
+            "donation_match_bonus",
+            "Set up and pay",
             "Each completed participant with a P4G donation gets it (times the factor) as a bonus, "
             "once per study.",
-        )  # fmt: skip
+        )
 
     @admin.display(description="Kind")
     def kind(self, participant):

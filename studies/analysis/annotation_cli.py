@@ -15,8 +15,18 @@ from .cli import _names, _scales
 from .csvfile import restore
 from .text import format_report, to_json
 
-FIXED = ("conversation", "rater", "source", "arm", "simulator", "gold", "attention_passed",
-         "completed", "position", "rated_at")  # fmt: skip
+FIXED = (
+    "conversation",
+    "rater",
+    "source",
+    "arm",
+    "simulator",
+    "gold",
+    "attention_passed",
+    "completed",
+    "position",
+    "rated_at",
+)
 
 
 def read_ratings(path: str) -> list[dict]:
@@ -68,11 +78,18 @@ def format_annotation(report: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m studies.analysis.annotation_cli")
     parser.add_argument("--ratings", required=True, help="the ratings CSV, one row per rating")
-    parser.add_argument("--scales", type=_scales, required=True,
-                        help="the rated items with their Likert points (item=7,...); 0 for a number")  # fmt: skip
+    parser.add_argument(
+        "--scales",
+        type=_scales,
+        required=True,
+        help="the rated items with their Likert points (item=7,...); 0 for a number",
+    )
     parser.add_argument("--reverse", type=_names, default=(), help="reverse-coded items")
-    parser.add_argument("--keep-failed-attention", action="store_true",
-                        help="keep raters who missed an attention check or gold conversation")  # fmt: skip
+    parser.add_argument(
+        "--keep-failed-attention",
+        action="store_true",
+        help="keep raters who missed an attention check or gold conversation",
+    )
     parser.add_argument("--json", action="store_true", help="the report as JSON")
     options = parser.parse_args(argv)
     try:

@@ -359,8 +359,9 @@ def sim2real_figure(report: dict[str, Any]) -> Figure | None:
                 continue
             low, high = d["ci"]
             error = None if low is None else [[d["mean"] - low], [high - d["mean"]]]
-            ax.errorbar(i + shift, d["mean"], yerr=error, fmt="o", color=color, capsize=4,
-                        label=label)  # fmt: skip
+            ax.errorbar(
+                i + shift, d["mean"], yerr=error, fmt="o", color=color, capsize=4, label=label
+            )
             label = None  # one legend entry per side
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8, frameon=False, loc="best")
@@ -392,13 +393,23 @@ def sim2real_behaviour_figure(section: dict[str, Any] | None) -> Figure | None:
     ax = figure.subplots()
     width = 0.8 / (len(sims) + 1)
     x = np.arange(k)
-    ax.bar(x - 0.4 + width / 2, people, width, color=PEOPLE_COLOR,
-           label=f"people ({section['people']['turns']} turns)")  # fmt: skip
+    ax.bar(
+        x - 0.4 + width / 2,
+        people,
+        width,
+        color=PEOPLE_COLOR,
+        label=f"people ({section['people']['turns']} turns)",
+    )
     colors = (SIMULATOR_COLOR, *HUMANLIKE_COLORS, NEUTRAL_COLOR, CONTROL_COLOR)
     for i, s in enumerate(sims, 1):
         label = f"{s['label']}: BDI {s['bdi']:.2f}, JSD {s['jsd']:.2f}"
-        ax.bar(x - 0.4 + width * (i + 0.5), s["shares"], width, color=colors[(i - 1) % len(colors)],
-               label=label)  # fmt: skip
+        ax.bar(
+            x - 0.4 + width * (i + 0.5),
+            s["shares"],
+            width,
+            color=colors[(i - 1) % len(colors)],
+            label=label,
+        )
     ax.set_xticks(x, [str(c + 1) for c in range(k)])
     ax.set_xlabel("behaviour cluster (fit on the participants' turns)")
     ax.set_ylabel("share of turns")

@@ -74,9 +74,13 @@ class SpaceSettings:
     seed: int = 0
 
     def as_dict(self) -> dict[str, Any]:
-        return {"reference": "participants", "embedder": self.embedder,
-                "clusters": self.clusters, "seed": self.seed,
-                "reference_max": REFERENCE_MAX}  # fmt: skip
+        return {
+            "reference": "participants",
+            "embedder": self.embedder,
+            "clusters": self.clusters,
+            "seed": self.seed,
+            "reference_max": REFERENCE_MAX,
+        }
 
 
 def space_key(settings: SpaceSettings, turns: Sequence[str]) -> str:
@@ -85,8 +89,9 @@ def space_key(settings: SpaceSettings, turns: Sequence[str]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def fit_or_load(folder: Path, settings: SpaceSettings, turns: list[str],
-                embed: Embed) -> tuple[BehaviourSpace, bool]:  # fmt: skip
+def fit_or_load(
+    folder: Path, settings: SpaceSettings, turns: list[str], embed: Embed
+) -> tuple[BehaviourSpace, bool]:
     """The space of these turns under these settings: loaded from folder/<key> when it was fit
     before, else fit and saved there. Returns (space, fitted now)."""
     where = folder / space_key(settings, turns)
@@ -98,9 +103,15 @@ def fit_or_load(folder: Path, settings: SpaceSettings, turns: list[str],
 
 
 def failed(error: str, people: int = 0, turns: int = 0) -> dict[str, Any]:
-    return {"error": error, "notes": [], "space": None,
-            "people": {"participants": people, "turns": turns, "shares": []},
-            "simulators": [], "most_like": None, "rule": RULE}  # fmt: skip
+    return {
+        "error": error,
+        "notes": [],
+        "space": None,
+        "people": {"participants": people, "turns": turns, "shares": []},
+        "simulators": [],
+        "most_like": None,
+        "rule": RULE,
+    }
 
 
 def behaviour_section(
@@ -121,13 +132,15 @@ def behaviour_section(
             f"too few participant turns to fit a behaviour space: {len(people)} from "
             f"{participants} participant(s); {settings.clusters} clusters need at least {least} "
             f"({LEAST_TURNS_PER_CLUSTER} a cluster; PARLEY_SIM2REAL_CLUSTERS sets the clusters)",
-            participants, len(people),
-        )  # fmt: skip
+            participants,
+            len(people),
+        )
     if not any(s.turns for s in simulators):
         return failed(
             "no simulator turns stored yet: nothing to set beside the participants'",
-            participants, len(people),
-        )  # fmt: skip
+            participants,
+            len(people),
+        )
     try:
         embed = embedder(settings.embedder)
     except (OSError, ValueError) as error:  # a missing or unreadable local model folder
@@ -137,18 +150,32 @@ def behaviour_section(
     r = space.reference_shares
     notes = []
     if len(reference) < len(people):
-        notes.append(f"the space is fit on {len(reference)} of the {len(people)} participant "
-                     "turns (a seeded draw)")  # fmt: skip
+        notes.append(
+            f"the space is fit on {len(reference)} of the {len(people)} participant "
+            "turns (a seeded draw)"
+        )
     rows = []
     for s in simulators:
         turns = [t.strip() for t in s.turns if t and t.strip()]
-        row = {"name": s.name, "label": s.label, "humanlike": s.humanlike,
-               "conversations": s.conversations, "turns": len(turns), "shares": [],
-               "bdi": None, "jsd": None, "mci": None}  # fmt: skip
+        row = {
+            "name": s.name,
+            "label": s.label,
+            "humanlike": s.humanlike,
+            "conversations": s.conversations,
+            "turns": len(turns),
+            "shares": [],
+            "bdi": None,
+            "jsd": None,
+            "mci": None,
+        }
         if turns:
             p = m.shares(space.assign(turns), space.k)
-            row |= {"shares": p, "mci": m.mci(p), "jsd": m.jensen_shannon(p, r),
-                    "bdi": m.bdi(m.covered(p, COVER_SHARE), r, SUPPORT_SHARE)}  # fmt: skip
+            row |= {
+                "shares": p,
+                "mci": m.mci(p),
+                "jsd": m.jensen_shannon(p, r),
+                "bdi": m.bdi(m.covered(p, COVER_SHARE), r, SUPPORT_SHARE),
+            }
         else:
             notes.append(f"simulator {s.label!r}: no turns stored")
         rows.append(row)
@@ -165,7 +192,7 @@ def behaviour_section(
             "support_share": SUPPORT_SHARE,
             "cover_share": COVER_SHARE,
             "reference_turns": len(reference),
-        },  # fmt: skip
+        },
         "people": {"participants": participants, "turns": len(people), "shares": r},
         "simulators": rows,
         "most_like": measured[0]["name"] if measured else None,
@@ -190,11 +217,20 @@ def shares_rows(section: dict[str, Any]) -> list[list[Any]]:
     rows: list[list[Any]] = [["cluster", "people", *(s["name"] for s in sims)]]
     for k, share in enumerate(people):
         rows.append([k + 1, share, *(s["shares"][k] for s in sims)])
-    rows += [[], ["simulator", "label", "turns", "conversations", "bdi", "jsd", "mci",
-                  "most_like"]]  # fmt: skip
+    rows += [[], ["simulator", "label", "turns", "conversations", "bdi", "jsd", "mci", "most_like"]]
     for s in section["simulators"]:
-        rows.append([s["name"], s["label"], s["turns"], s["conversations"], s["bdi"], s["jsd"],
-                     s["mci"], s["name"] == section.get("most_like")])  # fmt: skip
+        rows.append(
+            [
+                s["name"],
+                s["label"],
+                s["turns"],
+                s["conversations"],
+                s["bdi"],
+                s["jsd"],
+                s["mci"],
+                s["name"] == section.get("most_like"),
+            ]
+        )
     return rows
 
 
@@ -215,8 +251,10 @@ def format_behaviour(section: dict[str, Any] | None) -> list[str]:
         if s["bdi"] is None:
             lines.append(f"  {s['label']}: no turns")
             continue
-        lines.append(f"  {s['label']}: BDI {s['bdi']:.3f}, Jensen-Shannon distance "
-                     f"{s['jsd']:.3f}, MCI {s['mci']:.3f} ({s['turns']} turns)")  # fmt: skip
+        lines.append(
+            f"  {s['label']}: BDI {s['bdi']:.3f}, Jensen-Shannon distance "
+            f"{s['jsd']:.3f}, MCI {s['mci']:.3f} ({s['turns']} turns)"
+        )
     sims = [s for s in section["simulators"] if s["shares"]]
     lines.append("  shares by cluster: people | " + " | ".join(s["label"] for s in sims))
     for k, share in enumerate(people["shares"]):

@@ -72,9 +72,13 @@ def groups_of(study: Study) -> tuple[str, ...]:
 def planned_settings(study: Study, alphas: tuple[float, ...]) -> Settings:
     reverse = tuple(i.key for i in study.questionnaire_items() if i.reverse_coded)
     return settings_for(
-        scales_of(study), groups_of(study) or None, reverse, family=study.holm_family,
-        alphas=alphas, lower_better=study.lower_better_measures(),
-    )  # fmt: skip
+        scales_of(study),
+        groups_of(study) or None,
+        reverse,
+        family=study.holm_family,
+        alphas=alphas,
+        lower_better=study.lower_better_measures(),
+    )
 
 
 def report_of(study: Study, settings: Settings, preregistration: dict | None = None) -> dict:
@@ -99,8 +103,18 @@ def ratings_csv(study: Study) -> str:
     """One row per rating; cells a spreadsheet would run as formulas are escaped."""
     ratings = ratings_of(study)
     keys = answer_keys(study, ratings)
-    fixed = ["conversation", "rater", "source", "arm", "simulator", "gold", "attention_passed",
-             "completed", "position", "rated_at"]  # fmt: skip
+    fixed = [
+        "conversation",
+        "rater",
+        "source",
+        "arm",
+        "simulator",
+        "gold",
+        "attention_passed",
+        "completed",
+        "position",
+        "rated_at",
+    ]
     rows = ([r[k] for k in fixed] + [r["answers"].get(k) for k in keys] for r in ratings)
     return to_text([fixed + keys, *rows])
 

@@ -80,8 +80,10 @@ def submit(participant: Participant, position, data) -> dict[str, str]:
     if errors:
         return errors
     checks = [i for i in items if i.kind == Item.Kind.ATTENTION]
-    gold = {**(assignment.conversation.gold or {}),
-            **{i.key: float(i.expected_answer) for i in checks}}  # fmt: skip
+    gold = {
+        **(assignment.conversation.gold or {}),
+        **{i.key: float(i.expected_answer) for i in checks},
+    }
     if gold:
         missed = any(not same_answer(answers.get(k), v) for k, v in gold.items())
         if missed:

@@ -229,7 +229,7 @@ def pool_held(person: Person) -> list:
                 "status",
                 "answers",
                 "rated_at",
-            ),  # fmt: skip
+            ),
         }
         for copy in rows(copies, "id", "study_id", "transcript", "arm", "created_at")
     ]
@@ -346,8 +346,12 @@ def refused_erase(person: Person) -> int:
 def bonuses_held(person: Person) -> list:
     return rows(
         Bonus.objects.filter(participant=person.participant),
-        "id", "amount", "payment_id", "payment__state", "payment__paid_at",
-    )  # fmt: skip
+        "id",
+        "amount",
+        "payment_id",
+        "payment__state",
+        "payment__paid_at",
+    )
 
 
 def bonuses_erase(person: Person) -> int:
@@ -467,7 +471,7 @@ PLACES: tuple[Place, ...] = (
             "status",
             "answers",
             "rated_at",
-        ),  # fmt: skip
+        ),
         lambda person: delete(RatingAssignment.objects.filter(participant=person.participant)),
     ),
     Place(
@@ -489,7 +493,7 @@ PLACES: tuple[Place, ...] = (
             "payload",
             "result",
             "received_at",
-        ),  # fmt: skip
+        ),
         events_erase,
     ),
     Place(
@@ -530,7 +534,7 @@ PLACES: tuple[Place, ...] = (
             "state",
             "created_at",
             "sent_at",
-        ),  # fmt: skip
+        ),
         lambda person: delete(Review.objects.filter(participant=person.participant)),
     ),
     Place(
@@ -543,7 +547,7 @@ PLACES: tuple[Place, ...] = (
             "value_number",
             "value_text",
             "created_at",
-        ),  # fmt: skip
+        ),
         lambda person: delete(Response.objects.filter(participant=person.participant)),
     ),
     Place(
@@ -567,7 +571,7 @@ PLACES: tuple[Place, ...] = (
             "data_kept",
             "decided_at",
             "paid",
-        ),  # fmt: skip
+        ),
         # the row names no one and keeps the monitor's and the analysis's counts true: only its
         # link to the person goes
         lambda person: Withdrawal.objects.filter(participant=person.participant).update(
@@ -584,7 +588,7 @@ PLACES: tuple[Place, ...] = (
             "started_at",
             "ended_at",
             "end_reason",
-        ),  # fmt: skip
+        ),
         lambda person: delete(Conversation.objects.filter(participant=person.participant)),
     ),
     Place(
@@ -618,7 +622,7 @@ PLACES: tuple[Place, ...] = (
             "consented_at",
             "chat_ended_at",
             "completed_at",
-        ),  # fmt: skip
+        ),
         lambda person: delete(Participant.objects.filter(pk=person.participant.pk)),
     ),
 )

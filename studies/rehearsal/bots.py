@@ -267,8 +267,10 @@ async def rate(plan: Plan, http, page: str, rng: random.Random) -> None:
             return
         answers = {a.key: a.value(rng) for a in plan.answers}
         if plan.realism:
-            answers |= {"real_person": rng.choice(["real", "simulated"]),
-                        "realism_confidence": str(rng.randint(1, 5))}  # fmt: skip
+            answers |= {
+                "real_person": rng.choice(["real", "simulated"]),
+                "realism_confidence": str(rng.randint(1, 5)),
+            }
         answers |= {"position": position[1], "csrfmiddlewaretoken": csrf_of(form)}
         rated = await http.post(f"{page}rate/", data=answers)
         if rated.status_code != 302:

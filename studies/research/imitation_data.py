@@ -67,7 +67,7 @@ def finished_conversations(study: Study) -> list[dict]:
                     "domain": s.domain,
                     "payload": s.payload,
                     "title": s.title,
-                },  # fmt: skip
+                },
                 "messages": turns,
                 "redacted": dict(counts),
             }

@@ -127,8 +127,9 @@ def humanlike_columns(study: Study, names: list[str] | None = None) -> list[Chec
     found = {c.name: c for c in imitation_data.registered_humanlike().filter(name__in=names)}
     unknown = [n for n in names if n not in found]
     if unknown:
-        known = ", ".join(imitation_data.registered_humanlike().order_by("name").values_list(
-            "name", flat=True))  # fmt: skip
+        known = ", ".join(
+            imitation_data.registered_humanlike().order_by("name").values_list("name", flat=True)
+        )
         raise UnknownSimulator(
             f"no human-like simulator {', '.join(map(repr, unknown))} (registered by "
             f"`imitate_users`: {known or 'none'})"
@@ -221,9 +222,13 @@ async def _play_arm(
                 failed.append(f"{arm.name}: scenario {p.scenario.key} has no Domain (open chat)")
                 return False
             agent = heldout_conversations.Agent(
-                client, arm.model_name, system_prompt_of(domain, scenario, arm), arm.greeting,
-                arm.generation_params(), arm.tool_format,
-            )  # fmt: skip
+                client,
+                arm.model_name,
+                system_prompt_of(domain, scenario, arm),
+                arm.greeting,
+                arm.generation_params(),
+                arm.tool_format,
+            )
             # Seeded by what the conversation is, so a replay draws the same simulator choices.
             rng = random.Random(f"{arm.name}-{p.spec['name']}-{p.scenario.key}-{p.sample}")
             try:
@@ -370,15 +375,20 @@ def behaviour_report(
         for name, conversation in rows:
             simulators[name].conversations += 1
             simulators[name].turns += [
-                m["content"] for m in conversation or []
+                m["content"]
+                for m in conversation or []
                 if m.get("role") == "user" and isinstance(m.get("content"), str)
-            ]  # fmt: skip
+            ]
     people, participants = participant_turns(study)
     folder = space_dir or data_dir() / "sim2real" / study.slug / "behaviour_space"
     return behaviour_section(
-        people, participants, list(simulators.values()), space_settings(), Path(folder),
+        people,
+        participants,
+        list(simulators.values()),
+        space_settings(),
+        Path(folder),
         behaviour_embedder,
-    )  # fmt: skip
+    )
 
 
 def study_report(
@@ -451,8 +461,10 @@ def stored(arm: Arm, checkpoint: Checkpoint | None, simulators: set[str], scenar
 
 def figures_svg(report: dict[str, Any]) -> dict[str, str]:
     """The report's figures by name: the gap, and the behaviour shares when there are any."""
-    found = {"sim2real": sim2real_figure(report),
-             "sim2real_behaviour": sim2real_behaviour_figure(report.get("behaviour"))}  # fmt: skip
+    found = {
+        "sim2real": sim2real_figure(report),
+        "sim2real_behaviour": sim2real_behaviour_figure(report.get("behaviour")),
+    }
     return {name: render_svg(f) for name, f in found.items() if f is not None}
 
 

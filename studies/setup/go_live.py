@@ -144,8 +144,10 @@ def annotation_problems(study: Study) -> list[str]:
     for gold in study.rated_conversations.filter(gold__isnull=False):
         unknown = sorted(set(gold.gold) - keys)
         if unknown:
-            found.append(f"Gold conversation {gold.pk} answers items the study does not ask: "
-                         f"{', '.join(unknown)}.")  # fmt: skip
+            found.append(
+                f"Gold conversation {gold.pk} answers items the study does not ask: "
+                f"{', '.join(unknown)}."
+            )
     return found
 
 

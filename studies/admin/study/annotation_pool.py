@@ -48,9 +48,13 @@ class AnnotationPool:
     def annotation_pages(self):
         return pages(
             self,
-            ("<int:pk>/add-conversations/", self.add_conversations,
-             "studies_study_add_conversations", "change"),
-        )  # fmt: skip
+            (
+                "<int:pk>/add-conversations/",
+                self.add_conversations,
+                "studies_study_add_conversations",
+                "change",
+            ),
+        )
 
     def add_conversations(self, request, pk):
         study = get_object_or_404(Study, pk=pk, annotation__isnull=False)
@@ -106,9 +110,17 @@ class RatedConversationAdmin(admin.ModelAdmin):
     list_display = ["pk", "study", "source", "arm", "simulator", "is_gold", "ratings"]
     list_filter = ["study", "source"]
     fields = [
-        "study", "source", "arm", "simulator", "origin_study", "origin_conversation",
-        "origin_evaluation", "origin_sample", "gold", "transcript",
-    ]  # fmt: skip
+        "study",
+        "source",
+        "arm",
+        "simulator",
+        "origin_study",
+        "origin_conversation",
+        "origin_evaluation",
+        "origin_sample",
+        "gold",
+        "transcript",
+    ]
     readonly_fields = ["transcript", "origin_study", "origin_conversation", "origin_evaluation"]
     PSEUDONYMS = {"origin_conversation": "origin_conversation_number"}
 

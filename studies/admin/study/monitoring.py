@@ -38,7 +38,7 @@ def readable_times(data: dict) -> dict:
                 "last_activity": readable_time(c["last_activity"]),
             }
             for c in data["active"]
-        ],  # fmt: skip
+        ],
         "errors": [{**e, "at": readable_time(e["at"])} for e in data["errors"]],
     }
 

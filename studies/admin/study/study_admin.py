@@ -269,12 +269,18 @@ class StudyAdmin(
             return fieldsets
         withheld = {"downloads": "downloads_withheld", "prolific": "prolific_without_ids"}
         return [
-            (name, {**options, "fields": [
-                withheld.get(field, field) if isinstance(field, str) else field
-                for field in options["fields"]
-            ]})
+            (
+                name,
+                {
+                    **options,
+                    "fields": [
+                        withheld.get(field, field) if isinstance(field, str) else field
+                        for field in options["fields"]
+                    ],
+                },
+            )
             for name, options in fieldsets
-        ]  # fmt: skip
+        ]
 
     def get_readonly_fields(self, request, obj=None):
         return [
