@@ -92,13 +92,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     run.add_argument("--json", action="store_true", help="--dry-run: print the result as JSON")
     run.add_argument(
-        "--accelerate-config", default="", metavar="FILE",
+        "--accelerate-config",
+        default="",
+        metavar="FILE",
         help="--dry-run: the accelerate settings file the run is launched with",
-    )  # fmt: skip
+    )
     run.add_argument(
-        "--device-memory", type=float, metavar="GIB",
+        "--device-memory",
+        type=float,
+        metavar="GIB",
         help="--dry-run: one device's memory (default: the GPU seen, else 80 GiB; CPU: RAM)",
-    )  # fmt: skip
+    )
     experiment = commands.add_parser(
         "experiment", help="reproduce simulator collapse: every regime x seeds (see README)"
     )
@@ -153,8 +157,11 @@ def main(argv: list[str] | None = None) -> int:
         if RANK.read() == 0:
             print(f"stopped by the breaker: {stop.reason}", file=sys.stderr)
             print(f"checkpoint: {stop.checkpoint}", file=sys.stderr)
-            print("resume: run the same command again (the simulators are re-diversified"
-                  " before the next step)", file=sys.stderr)  # fmt: skip
+            print(
+                "resume: run the same command again (the simulators are re-diversified"
+                " before the next step)",
+                file=sys.stderr,
+            )
         return STOPPED_EXIT
     if RANK.read() != 0:
         return 0  # rank 0 reports the run
@@ -186,9 +193,12 @@ def _dry_run(args: argparse.Namespace, overrides: dict) -> int:
     from training.tools.dryrun import dry_run, render
 
     result = dry_run(
-        args.config, overrides, offline=args.offline,
-        accelerate_config=args.accelerate_config, device_gib=args.device_memory,
-    )  # fmt: skip
+        args.config,
+        overrides,
+        offline=args.offline,
+        accelerate_config=args.accelerate_config,
+        device_gib=args.device_memory,
+    )
     print(json.dumps(result, indent=2) if args.json else render(result))
     return 0 if result["ok"] else 1
 
@@ -217,9 +227,14 @@ def _experiment(args: argparse.Namespace, argv: list[str]) -> int:
         return _collapse2(args, argv, out)
     try:
         results = run(
-            args.name, out, seeds=args.seeds, steps=args.steps, jobs=args.jobs,
-            config=Path(args.config) if args.config else None, command=command_line(argv),
-        )  # fmt: skip
+            args.name,
+            out,
+            seeds=args.seeds,
+            steps=args.steps,
+            jobs=args.jobs,
+            config=Path(args.config) if args.config else None,
+            command=command_line(argv),
+        )
     except (ConfigError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -237,11 +252,16 @@ def _collapse2(args: argparse.Namespace, argv: list[str], out) -> int:
 
     run = importlib.import_module(f"training.{args.name}.runner").run
 
-    fixed = [f"--{k}" for k in ("seeds", "steps", "config")
-             if f"--{k}" in argv or any(a.startswith(f"--{k}=") for a in argv)]  # fmt: skip
+    fixed = [
+        f"--{k}"
+        for k in ("seeds", "steps", "config")
+        if f"--{k}" in argv or any(a.startswith(f"--{k}=") for a in argv)
+    ]
     if fixed:
-        print(f"error: {args.name}'s design is fixed: {', '.join(fixed)} does not apply",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"error: {args.name}'s design is fixed: {', '.join(fixed)} does not apply",
+            file=sys.stderr,
+        )
         return 2
     try:
         results = run(out, jobs=args.jobs, command=command_line(argv))

@@ -178,8 +178,9 @@ def launch(run: TrainingRun, config, poll: float = 1.0) -> list[Path]:
         raise BreakerStopped(red["reason"], red["step"], str(found[-1]) if found else "")
     if process.returncode:
         why = read_failures(run_dir) or _tail(run_dir / "launch.log")
-        raise LaunchFailed(f"{config.distributed.processes} processes, exit {process.returncode}"
-                           f"\n{why}")  # fmt: skip
+        raise LaunchFailed(
+            f"{config.distributed.processes} processes, exit {process.returncode}\n{why}"
+        )
     return list_checkpoints(run_dir)
 
 

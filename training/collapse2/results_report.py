@@ -112,10 +112,15 @@ def plot(r: dict[str, Any], out: Path) -> None:
         ("reward_mean", "train reward"),
     ]
     by_key = [
-        (title, {g: [x["series"][key] for x in rs if x["series"].get(key)]
-                 for g, rs in r["records"].items()})
+        (
+            title,
+            {
+                g: [x["series"][key] for x in rs if x["series"].get(key)]
+                for g, rs in r["records"].items()
+            },
+        )
         for key, title in panels
-    ]  # fmt: skip
+    ]
     seed_panels(out / "collapse2.png", by_key, spread="seeds")
 
 

@@ -50,12 +50,17 @@ def load_design(path: Path = DESIGN) -> dict[str, Any]:
             f"{design['analysis']['sha256']}): the analysis is fixed before any run"
         )
     numbers = {
-        "c1_start_max": analysis.C1_START_MAX, "c1_end_min": analysis.C1_END_MIN,
-        "c2_punish": analysis.C2_PUNISH, "c2_spread": analysis.C2_SPREAD,
-        "c3_tv": analysis.C3_TV, "shown_p": analysis.SHOWN_P, "shown_h": analysis.SHOWN_H,
-        "alpha": analysis.SIGN_ALPHA, "refuted_p": analysis.REFUTED_P,
+        "c1_start_max": analysis.C1_START_MAX,
+        "c1_end_min": analysis.C1_END_MIN,
+        "c2_punish": analysis.C2_PUNISH,
+        "c2_spread": analysis.C2_SPREAD,
+        "c3_tv": analysis.C3_TV,
+        "shown_p": analysis.SHOWN_P,
+        "shown_h": analysis.SHOWN_H,
+        "alpha": analysis.SIGN_ALPHA,
+        "refuted_p": analysis.REFUTED_P,
         "refuted_seeds": analysis.REFUTED_SEEDS,
-    }  # fmt: skip
+    }
     written = design["checks"] | design["verdict"]
     differ = {k: (written.get(k), v) for k, v in numbers.items() if written.get(k) != v}
     if differ:
@@ -107,12 +112,13 @@ def heldout_expected(
     from training.rollouts.simulator import ScriptedUser
 
     return {
-        t: simulator_exploit(domain, tasks, ScriptedUser(SimulatorSpec(name=t, kind=SimulatorKind.SCRIPTED,
-                                                                       script=t)))[
-            "expected_reward"
-        ]
+        t: simulator_exploit(
+            domain,
+            tasks,
+            ScriptedUser(SimulatorSpec(name=t, kind=SimulatorKind.SCRIPTED, script=t)),
+        )["expected_reward"]
         for t in panel
-    }  # fmt: skip
+    }
 
 
 def c3_total_variations(config: RunConfig, tasks: list[Any], domain: Any) -> list[float]:
@@ -126,8 +132,11 @@ def c3_total_variations(config: RunConfig, tasks: list[Any], domain: Any) -> lis
 
     lm = LocalModel.load(config.simulator_model_path())
     plain = LocalUser(lm, dataclasses.replace(config.simulator, kind=SimulatorKind.PLAIN))
-    written = LocalUser(lm, dataclasses.replace(config.simulator, kind=SimulatorKind.VERBALIZED),
-                        rng=random.Random(config.seed))  # fmt: skip
+    written = LocalUser(
+        lm,
+        dataclasses.replace(config.simulator, kind=SimulatorKind.VERBALIZED),
+        rng=random.Random(config.seed),
+    )
     a, b = user_decisions(domain, tasks, plain), user_decisions(domain, tasks, written)
     return [
         0.5 * sum(abs(p - q) for p, q in zip(x[0].probs, y[0].probs, strict=True))
@@ -170,7 +179,7 @@ def record(config: RunConfig) -> dict[str, Any]:
                 "sim/decision_entropy",
                 "reward_mean",
             )
-        },  # fmt: skip
+        },
     }
     path.write_text(json.dumps(out, indent=1))
     return out
@@ -201,8 +210,15 @@ def run(
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     fp = design["flat_prior"]
-    prior = flat_prior.make(base_model_dir(), out / "flat-prior", low=fp["low"], high=fp["high"],
-                            lr=fp["lr"], max_steps=fp["max_steps"], seed=fp["seed"])  # fmt: skip
+    prior = flat_prior.make(
+        base_model_dir(),
+        out / "flat-prior",
+        low=fp["low"],
+        high=fp["high"],
+        lr=fp["lr"],
+        max_steps=fp["max_steps"],
+        seed=fp["seed"],
+    )
     base = base_config(out / "flat-prior")
     domain = get_domain(base.domain)
     tasks = select_scenarios(domain, base.tasks, "train")
@@ -237,8 +253,10 @@ def run(
     runtime = _add_runtime(out, time.monotonic() - started)
     result = analysis.analyse(records, expected, deciding, checks["C3"]["tv"])
     if Regime.VERBALIZED not in regimes:
-        result["regimes"][Regime.VERBALIZED.value] = {"verdict": "not run",
-                                           "uninformative_because": ["C3 failed: not run"]}  # fmt: skip
+        result["regimes"][Regime.VERBALIZED.value] = {
+            "verdict": "not run",
+            "uninformative_because": ["C3 failed: not run"],
+        }
     # the configuration hashed without this machine's folders (flat prior, SmolLM2)
     portable = base.to_dict() | {
         "base_model": "",
@@ -258,7 +276,7 @@ def run(
         "deciding_panel": deciding,
         **result,
         "records": records,
-    }  # fmt: skip
+    }
     (out / "results.json").write_text(json.dumps(results, indent=1))
     from training.collapse2.results_report import write
 
@@ -298,10 +316,13 @@ def _pilot(out: Path, design: dict[str, Any], runs: list[RunConfig]) -> dict[str
     for config in runs:
         by_beta.setdefault(config.simulator_beta, []).append(analysis.c2_seed(record(config)))
     scores = {
-        beta: (sum(s["holds"] for s in seeds),
-               statistics.fmean(s.get("punish", float("-inf")) for s in seeds), -beta)
+        beta: (
+            sum(s["holds"] for s in seeds),
+            statistics.fmean(s.get("punish", float("-inf")) for s in seeds),
+            -beta,
+        )
         for beta, seeds in by_beta.items()
-    }  # fmt: skip
+    }
     beta = max(scores, key=lambda b: scores[b])
     chosen = {
         "simulator_beta": beta,

@@ -155,8 +155,9 @@ def reference_turns(reference: str, corpus: str = "", domain_data: str = "") -> 
 # -- the run's space ---------------------------------------------------------------------------
 
 
-def load_or_fit(run_dir: Path, settings: dict[str, Any], embed: Embed,
-                corpus: str = "", domain_data: str = "") -> BehaviourSpace:  # fmt: skip
+def load_or_fit(
+    run_dir: Path, settings: dict[str, Any], embed: Embed, corpus: str = "", domain_data: str = ""
+) -> BehaviourSpace:
     """The run's space: fit and saved the first time, loaded after (a resumed run measures in
     the space its first steps were measured in; settings that would give another space are
     refused rather than silently refitting)."""
@@ -169,16 +170,25 @@ def load_or_fit(run_dir: Path, settings: dict[str, Any], embed: Embed,
                 " every step of a run is measured in one space (delete the folder to refit)"
             )
         if space.exemplars is None:  # saved before they were kept: read its reference again
-            turns = capped(reference_turns(settings["reference"], corpus, domain_data),
-                           settings["reference_max"], settings["seed"])  # fmt: skip
+            turns = capped(
+                reference_turns(settings["reference"], corpus, domain_data),
+                settings["reference_max"],
+                settings["seed"],
+            )
             space.exemplars = space.nearest_turns(turns, EXEMPLARS)
         return space
-    turns = capped(reference_turns(settings["reference"], corpus, domain_data),
-                   settings["reference_max"], settings["seed"])  # fmt: skip
+    turns = capped(
+        reference_turns(settings["reference"], corpus, domain_data),
+        settings["reference_max"],
+        settings["seed"],
+    )
     labelled = None
     if settings["dialogue_acts"]:
-        labelled = capped(p4g_labelled_sentences(p4g_folder(corpus, domain_data)),
-                          settings["reference_max"], settings["seed"])  # fmt: skip
+        labelled = capped(
+            p4g_labelled_sentences(p4g_folder(corpus, domain_data)),
+            settings["reference_max"],
+            settings["seed"],
+        )
     space = BehaviourSpace.fit(settings, turns, embed, labelled)
     space.save(folder)
     return space

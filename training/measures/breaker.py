@@ -95,8 +95,10 @@ class Verdict:
     rediversify: bool = False  # red without red_stops: re-diversify now
 
     def row(self) -> dict[str, float]:
-        return {"breaker/level": float(LEVELS.index(self.level)),
-                "breaker/synthesis_share": self.share}  # fmt: skip
+        return {
+            "breaker/level": float(LEVELS.index(self.level)),
+            "breaker/synthesis_share": self.share,
+        }
 
 
 class Breaker:
@@ -118,10 +120,18 @@ class Breaker:
         self.stopped: dict[str, Any] | None = state.get("stopped")  # a red stop not resumed yet
 
     def state(self) -> dict[str, Any]:
-        return {"base_share": self.base_share, "level": self.level, "share": self.share,
-                "raised": self.raised, "warmup": self.warmup, "thresholds": self.thresholds,
-                "last": self.last, "calm": self.calm, "yellow_run": self.yellow_run,
-                "stopped": self.stopped}  # fmt: skip
+        return {
+            "base_share": self.base_share,
+            "level": self.level,
+            "share": self.share,
+            "raised": self.raised,
+            "warmup": self.warmup,
+            "thresholds": self.thresholds,
+            "last": self.last,
+            "calm": self.calm,
+            "yellow_run": self.yellow_run,
+            "stopped": self.stopped,
+        }
 
     def observe(self, step: int, row: dict[str, Any]) -> Verdict:
         """Judge the step's row: collect it while warming up, fit the thresholds at the end of
@@ -161,10 +171,15 @@ class Breaker:
         """The run stopped red is going on: the event saying the simulators were re-diversified
         (`what`, the regime's account) before step `step` + 1."""
         stop, self.stopped = self.stopped, None
-        return {"event": "resume", "step": step, "level": self.level, "stopped": stop,
-                "rediversified": what,
-                "message": f"breaker: resumed after the red stop at step {stop['step']};"
-                           f" re-diversified before step {step + 1}: {what}"}  # fmt: skip
+        return {
+            "event": "resume",
+            "step": step,
+            "level": self.level,
+            "stopped": stop,
+            "rediversified": what,
+            "message": f"breaker: resumed after the red stop at step {stop['step']};"
+            f" re-diversified before step {step + 1}: {what}",
+        }
 
     def _severity(self, key: str, value: float) -> int:
         t = self.thresholds[key]
@@ -174,19 +189,33 @@ class Breaker:
         spec, found = self.spec, {}
         for key, xs in self.warmup.items():
             spread = max(xs) - min(xs)
-            found[key] = {"yellow": quantile(xs, spec.yellow_quantile),
-                          "red": quantile(xs, spec.red_quantile) + spec.red_margin * spread,
-                          "values": len(xs)}  # fmt: skip
+            found[key] = {
+                "yellow": quantile(xs, spec.yellow_quantile),
+                "red": quantile(xs, spec.red_quantile) + spec.red_margin * spread,
+                "values": len(xs),
+            }
         self.thresholds = found
         missing = [m for m in spec.measures if m not in ("scd", "psod")]
-        missing = [m for m in missing + (["psod/training"] if "psod" in spec.measures else [])
-                   if m not in found]  # fmt: skip
-        said = ", ".join(f"{k} yellow > {t['yellow']:.4g}, red > {t['red']:.4g}"
-                         for k, t in found.items()) or "nothing to judge"  # fmt: skip
+        missing = [
+            m
+            for m in missing + (["psod/training"] if "psod" in spec.measures else [])
+            if m not in found
+        ]
+        said = (
+            ", ".join(
+                f"{k} yellow > {t['yellow']:.4g}, red > {t['red']:.4g}" for k, t in found.items()
+            )
+            or "nothing to judge"
+        )
         if missing:
             said += f"; no warmup value, not judged: {', '.join(missing)}"
-        return {"event": "fit", "step": step, "thresholds": found, "unjudged": missing,
-                "message": f"breaker: thresholds from steps 1-{step}: {said}"}  # fmt: skip
+        return {
+            "event": "fit",
+            "step": step,
+            "thresholds": found,
+            "unjudged": missing,
+            "message": f"breaker: thresholds from steps 1-{step}: {said}",
+        }
 
     def _move(self, step: int, to: str, why: str, severity: dict[str, int], verdict: Verdict):
         before, self.level = self.level, to
@@ -203,12 +232,16 @@ class Breaker:
             for k, s in severity.items()
             if (s >= level if level > LEVELS.index(before) else True)
         }
-        listed = ", ".join(f"{k} = {c['value']:.4g} (yellow > {c['yellow']:.4g},"
-                           f" red > {c['red']:.4g})" for k, c in causes.items())  # fmt: skip
+        listed = ", ".join(
+            f"{k} = {c['value']:.4g} (yellow > {c['yellow']:.4g}, red > {c['red']:.4g})"
+            for k, c in causes.items()
+        )
         message = f"breaker: {before} -> {to} at step {step}: {why}: {listed}"
         if to == RED and self.spec.red_stops:
-            verdict.stop = (f"the breaker went red at step {step} ({why}: {listed}); resume to"
-                            " continue from its checkpoint with re-diversified simulators")  # fmt: skip
+            verdict.stop = (
+                f"the breaker went red at step {step} ({why}: {listed}); resume to"
+                " continue from its checkpoint with re-diversified simulators"
+            )
             self.stopped = {"step": step, "reason": verdict.stop}
             message += "; training stops"
         elif to == RED:
@@ -217,10 +250,20 @@ class Breaker:
         if before == GREEN or to == GREEN:
             message += f"; synthesis share {self.share:.3g}"
         verdict.level, verdict.share = to, self.share
-        verdict.events.append({"event": "transition", "step": step, "from": before, "to": to,
-                               "why": why, "measures": causes, "synthesis_share": self.share,
-                               "stops": bool(verdict.stop), "reason": verdict.stop,
-                               "message": message})  # fmt: skip
+        verdict.events.append(
+            {
+                "event": "transition",
+                "step": step,
+                "from": before,
+                "to": to,
+                "why": why,
+                "measures": causes,
+                "synthesis_share": self.share,
+                "stops": bool(verdict.stop),
+                "reason": verdict.stop,
+                "message": message,
+            }
+        )
 
 
 def load(checkpoint: Path) -> dict[str, Any] | None:

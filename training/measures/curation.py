@@ -70,7 +70,7 @@ def gate_reasons(rollout: Rollout, gates: Sequence[str] = GATES) -> list[str]:
         "fallback": rollout.fallbacks > 0,
         "empty": any(
             not str(x.get("content") or "").strip() and not x.get("tool_calls") for x in users
-        ),  # fmt: skip
+        ),
         "cut": rollout.cut_turns.get(USER, 0) > 0,
         # parse_tool_calls leaves a block it cannot read in the content as text
         "parse": bool(rollout.user_tools)
@@ -91,10 +91,10 @@ class Summary:
 def summarise(rollout: Rollout, simulator: str, gates: Sequence[str]) -> Summary:
     decision = rollout.decision(USER)
     chosen = decision.texts[decision.index] if decision else None
-    texts = [str(x.get("content") or "").strip() for x in rollout.conversation
-             if x.get("role") == "user"]  # fmt: skip
-    return Summary(simulator, [t for t in texts if t and t != chosen],
-                   gate_reasons(rollout, gates))  # fmt: skip
+    texts = [
+        str(x.get("content") or "").strip() for x in rollout.conversation if x.get("role") == "user"
+    ]
+    return Summary(simulator, [t for t in texts if t and t != chosen], gate_reasons(rollout, gates))
 
 
 def kernel_density(z: np.ndarray, bandwidth: float = 0.0) -> np.ndarray:
@@ -124,8 +124,12 @@ def mode_balance(modes: Sequence[int]) -> np.ndarray:
     return np.array([n / (present * counts[k]) for k in modes], dtype=np.float64)
 
 
-def normalise(raw: Sequence[float], kept: Sequence[bool], min_weight: float = 0.0,
-              max_weight: float = math.inf) -> list[float]:  # fmt: skip
+def normalise(
+    raw: Sequence[float],
+    kept: Sequence[bool],
+    min_weight: float = 0.0,
+    max_weight: float = math.inf,
+) -> list[float]:
     """Mean 1 over the kept rollouts, clipped to [min_weight, max_weight], then mean 1 once
     more; a dropped rollout's weight is 0. No kept rollout: all 0."""
     w = np.where(np.asarray(kept, dtype=bool), np.asarray(raw, dtype=np.float64), 0.0)
@@ -151,8 +155,13 @@ class Curation:
     def __init__(self, spec: Any, space: Any = None):
         self.spec, self.space = spec, space  # space: on rank 0 alone, which weighs
 
-    def step(self, mine: list[Rollout], probed: dict[str, list[Any]], ranks: Any,
-             name: Callable[[str], str]) -> tuple[torch.Tensor, dict[str, float]]:  # fmt: skip
+    def step(
+        self,
+        mine: list[Rollout],
+        probed: dict[str, list[Any]],
+        ranks: Any,
+        name: Callable[[str], str],
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         """This rank's rollouts' weights and the step's curation row. Weighed over the whole
         step on rank 0 (which holds the space), then shared: every rank gets the same row and
         its own rows' weights. `probed`: each simulator's probe replies (profiles.Reply)."""
@@ -163,13 +172,16 @@ class Curation:
         start = sum(ranks.gather([len(mine)])[: ranks.rank])
         return torch.tensor(weights[start : start + len(mine)], dtype=torch.float32), row
 
-    def weigh(self, rollouts: list[Summary], probed: dict[str, list[Any]] | None = None
-              ) -> tuple[list[float], dict[str, float]]:  # fmt: skip
+    def weigh(
+        self, rollouts: list[Summary], probed: dict[str, list[Any]] | None = None
+    ) -> tuple[list[float], dict[str, float]]:
         """Every rollout's weight (the module's formula) and the step's curation row."""
         spec, probed = self.spec, probed or {}
         kept = [not r.reasons for r in rollouts]
-        row: dict[str, float] = {"curation/kept": float(sum(kept)),
-                                 "curation/gated": float(len(kept) - sum(kept))}  # fmt: skip
+        row: dict[str, float] = {
+            "curation/kept": float(sum(kept)),
+            "curation/gated": float(len(kept) - sum(kept)),
+        }
         for reason in spec.gate:
             row[f"curation/gated/{reason}"] = float(sum(reason in r.reasons for r in rollouts))
         raw = np.ones(len(rollouts))
@@ -183,8 +195,13 @@ class Curation:
         row["curation/weight_max"] = max(live, default=0.0)
         return weights, row
 
-    def _diversity(self, rollouts: list[Summary], kept: list[bool],
-                   probed: dict[str, list[Any]], row: dict[str, float]) -> np.ndarray:  # fmt: skip
+    def _diversity(
+        self,
+        rollouts: list[Summary],
+        kept: list[bool],
+        probed: dict[str, list[Any]],
+        row: dict[str, float],
+    ) -> np.ndarray:
         """The raw weights (1/MCI) * exp(-alpha * density) * balance of the kept rollouts."""
         spec, space = self.spec, self.space
         if space is None:

@@ -127,7 +127,7 @@ THRESHOLDS = (
         "max_sim_top_opening_share",
         False,
         "share of the most frequent opening user reply",
-    ),  # fmt: skip
+    ),
     Threshold(
         "sim/embedding_dispersion", "min_sim_dispersion", True, "simulator embedding dispersion"
     ),

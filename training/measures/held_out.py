@@ -95,8 +95,9 @@ class HeldOutPanel:
         every: list[Rollout] = []
         for prefix, simulators in self.readouts.items():
             for name in simulators:
-                rollouts = [r for (p, n, _), rs in played.items() if (p, n) == (prefix, name)
-                            for r in rs]  # fmt: skip
+                rollouts = [
+                    r for (p, n, _), rs in played.items() if (p, n) == (prefix, name) for r in rs
+                ]
                 row[f"{prefix}/{name}/success"] = statistics.fmean(
                     bool(r.outcome.success) for r in rollouts
                 )
@@ -109,9 +110,15 @@ class HeldOutPanel:
         return row
 
     def _play(
-        self, speaker: LocalAgent, prefix: str, name: str, index: int, task: Scenario,
-        times: int, step: int,
-    ) -> list[Rollout]:  # fmt: skip
+        self,
+        speaker: LocalAgent,
+        prefix: str,
+        name: str,
+        index: int,
+        task: Scenario,
+        times: int,
+        step: int,
+    ) -> list[Rollout]:
         """Member `name`'s (of read-out `prefix`) `times` conversations on its task number
         `index`, seeded from the unit alone (torch's generator for both speakers' sampling, the
         member's own for its draws), so they do not depend on which rank plays them or what it
@@ -127,9 +134,14 @@ class HeldOutPanel:
         played: list[Rollout] = []
         for first in range(0, times, at_once):
             played += play(
-                self.domain, [task] * min(at_once, times - first), speaker, user,
-                max_turns=cfg.max_turns, max_tool_rounds=cfg.max_tool_rounds, first=first,
-            )  # fmt: skip
+                self.domain,
+                [task] * min(at_once, times - first),
+                speaker,
+                user,
+                max_turns=cfg.max_turns,
+                max_tool_rounds=cfg.max_tool_rounds,
+                first=first,
+            )
         return played
 
 

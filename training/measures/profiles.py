@@ -109,8 +109,9 @@ def ask(domain: Domain, probes: Sequence[Probe], user: Any, samples: int, seed: 
 
 
 def _last_user_text(conversation: list[Message]) -> str:
-    return next((str(x.get("content") or "") for x in reversed(conversation)
-                 if x.get("role") == "user"), "")  # fmt: skip
+    return next(
+        (str(x.get("content") or "") for x in reversed(conversation) if x.get("role") == "user"), ""
+    )
 
 
 @dataclass
@@ -130,8 +131,13 @@ class Profiles:
     # the synthesis supplies steer by: training/regimes/synthesis.py)
     population_shares: dict[str, list[float]] = field(default_factory=dict)
 
-    def row(self, step: int, probed: dict[str, list[Reply]], pooled: dict[str, list[Reply]],
-            population: Iterable[str]) -> dict[str, float]:  # fmt: skip
+    def row(
+        self,
+        step: int,
+        probed: dict[str, list[Reply]],
+        pooled: dict[str, list[Reply]],
+        population: Iterable[str],
+    ) -> dict[str, float]:
         """The step's behaviour measures. `probed` / `pooled`: replies per simulator name;
         `population`: the names that make the training population (its SCD and BDI)."""
         population = [n for n in population if n in probed or n in pooled]
@@ -143,23 +149,43 @@ class Profiles:
                 continue
             row.update(self._decisions(form, replies, every, names))
             if self.space is not None:
-                texts = {n: [r.text for r in replies[n] if r.decision is None and r.text]
-                         for n in every}  # fmt: skip
+                texts = {
+                    n: [r.text for r in replies[n] if r.decision is None and r.text] for n in every
+                }
                 labels = {n: self.space.assign(t) for n, t in texts.items()}
-                row.update(self._estimated("clusters", form, labels, names, self.space.k,
-                                           self.space.reference_shares))  # fmt: skip
+                row.update(
+                    self._estimated(
+                        "clusters", form, labels, names, self.space.k, self.space.reference_shares
+                    )
+                )
                 if self.space.acts is not None:
                     acts = {n: self.space.label_acts(t) for n, t in texts.items()}
-                    row.update(self._estimated("acts", form, acts, names,
-                                               len(self.space.acts["labels"]),
-                                               self.space.acts["reference_shares"], acts=True))  # fmt: skip
+                    row.update(
+                        self._estimated(
+                            "acts",
+                            form,
+                            acts,
+                            names,
+                            len(self.space.acts["labels"]),
+                            self.space.acts["reference_shares"],
+                            acts=True,
+                        )
+                    )
         decisions = [r.decision for n in population for r in probed.get(n, []) if r.decision]
         if decisions:
             row["sim/decision_entropy_probe"] = statistics.fmean(d.entropy for d in decisions)
         return row
 
-    def _estimated(self, space: str, form: str, labels: dict[str, list[int]], names: list[str],
-                   k: int, reference: list[float], acts: bool = False) -> dict[str, float]:  # fmt: skip
+    def _estimated(
+        self,
+        space: str,
+        form: str,
+        labels: dict[str, list[int]],
+        names: list[str],
+        k: int,
+        reference: list[float],
+        acts: bool = False,
+    ) -> dict[str, float]:
         """Measures from cluster labels: estimates, each with a bootstrap interval."""
         key = f"behaviour/{space}/{form}"
         out: dict[str, float] = {}
@@ -192,8 +218,9 @@ class Profiles:
             self.before[key] = now
         return out
 
-    def _decisions(self, form: str, replies: dict[str, list[Reply]], every: list[str],
-                   names: list[str]) -> dict[str, float]:  # fmt: skip
+    def _decisions(
+        self, form: str, replies: dict[str, list[Reply]], every: list[str], names: list[str]
+    ) -> dict[str, float]:
         """Measures of the choice turns: exact, from each decision's probabilities."""
         texts: list[str] = []
         for n in every:
@@ -251,5 +278,6 @@ def rollout_replies(
 
 def psod_row(heldout_reward: float, rewards: dict[str, list[float]]) -> dict[str, float]:
     """psod/<name> for each named training simulator's rewards."""
-    return {f"psod/{n}": m.psod(statistics.fmean(r), heldout_reward)
-            for n, r in rewards.items() if r}  # fmt: skip
+    return {
+        f"psod/{n}": m.psod(statistics.fmean(r), heldout_reward) for n, r in rewards.items() if r
+    }

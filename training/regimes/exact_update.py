@@ -154,9 +154,13 @@ def learn_exact(
                 logp = token_logprobs(policy.model, batch, temperature=temperature)[0]
             logp = _sum_rows(logp, batch, width)
             loss, stats = exact_choice_loss(
-                logp, ref.get(start), rewards[start : start + chunk], beta,
-                config.scale_std, config.center_rewards,
-            )  # fmt: skip
+                logp,
+                ref.get(start),
+                rewards[start : start + chunk],
+                beta,
+                config.scale_std,
+                config.center_rewards,
+            )
             (loss / total).backward()
             totals["loss"] += loss.item() / total / epochs
             for key in ("kl", "entropy", "value"):

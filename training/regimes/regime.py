@@ -339,8 +339,9 @@ class CoTrain(RegimeRun):
         )
         rng = random.Random(config.seed)
         if self.spec.endpoint:  # sampled by vLLM from the weights published each step
-            self.user = ServedUser(self.policy, self.spec, rng, config.weight_sync_host,
-                                   config.weight_sync_backend)  # fmt: skip
+            self.user = ServedUser(
+                self.policy, self.spec, rng, config.weight_sync_host, config.weight_sync_backend
+            )
         else:
             self.user = LocalUser(self.policy, self.spec, tracked=True, rng=rng)
         self.live = run_dir / "live" / saved_as
@@ -407,10 +408,13 @@ class CoTrain(RegimeRun):
             stats = learn_exact(self.policy, own, self.domain, self.config, mode, self.ranks)
         else:
             stats = self.policy.learn(
-                [r.user for r in own], adv, self.config,
-                temperature=self.spec.temperature, beta=self.config.simulator_beta,
+                [r.user for r in own],
+                adv,
+                self.config,
+                temperature=self.spec.temperature,
+                beta=self.config.simulator_beta,
                 ranks=self.ranks,
-            )  # fmt: skip
+            )
         out = {f"sim/{k}": v for k, v in stats.items()}
         count = self.ranks.total(sim_rewards.numel())
         out["sim/reward_mean"] = self.ranks.total(float(sim_rewards.sum())) / count

@@ -52,8 +52,9 @@ from training.rl.distributed import Ranks
 from training.rollouts.rollout import Rollout
 
 PREFIX = "synthesis/"
-INTERPOLATE, MISSING, ADVERSARIAL = (f"{PREFIX}{n}" for n in
-                                     ("interpolate", "verbalized_missing", "adversarial"))  # fmt: skip
+INTERPOLATE, MISSING, ADVERSARIAL = (
+    f"{PREFIX}{n}" for n in ("interpolate", "verbalized_missing", "adversarial")
+)
 
 
 def is_synthesis(member: str) -> bool:
@@ -91,10 +92,16 @@ def interpolated_specs(config: RunConfig) -> list[tuple[float, SimulatorSpec, Si
     out = []
     for i in range(1, syn.variants + 1):
         lam = i / (syn.variants + 1)
-        common = {"temperature": lerp(syn.from_temperature, syn.to_temperature, lam),
-                  "top_p": lerp(syn.from_top_p, syn.to_top_p, lam)}  # fmt: skip
-        a, b = (dataclasses.replace(base, name=f"interpolate-{i}", persona=_persona(base.persona, p),
-                                    **common) for p in (syn.from_persona, syn.to_persona))  # fmt: skip
+        common = {
+            "temperature": lerp(syn.from_temperature, syn.to_temperature, lam),
+            "top_p": lerp(syn.from_top_p, syn.to_top_p, lam),
+        }
+        a, b = (
+            dataclasses.replace(
+                base, name=f"interpolate-{i}", persona=_persona(base.persona, p), **common
+            )
+            for p in (syn.from_persona, syn.to_persona)
+        )
         out.append((lam, a, b))
     return out
 
@@ -114,8 +121,9 @@ class Interpolated:
             second = frozen_simulator(b, models, config.seed) if b != a else first
             self.variants.append((lam, first, second))
         self.variant = 0
-        self.rng = _Cascade({f"{i}-{j}": u for i, v in enumerate(self.variants)
-                             for j, u in enumerate(v[1:])})  # fmt: skip
+        self.rng = _Cascade(
+            {f"{i}-{j}": u for i, v in enumerate(self.variants) for j, u in enumerate(v[1:])}
+        )
 
     def choose(self, ordinal: int) -> None:
         self.variant = ordinal % len(self.variants)
@@ -140,8 +148,9 @@ class Interpolated:
 # -- verbalized_missing --------------------------------------------------------------------------
 
 
-def missing_clusters(reference: Sequence[float], population: Sequence[float] | None,
-                     n: int) -> list[int]:  # fmt: skip
+def missing_clusters(
+    reference: Sequence[float], population: Sequence[float] | None, n: int
+) -> list[int]:
     """The n clusters the people (the reference) occupy and the population covers least:
     largest deficit r_k - q_k first, only deficits above 0 (q unknown before the first
     measured step: all 0, so the reference's largest clusters first)."""
@@ -199,10 +208,22 @@ def adversary(config: RunConfig, run_dir: Path, models: ModelCache, ranks: Ranks
     plain and in this process, rewarded 1 - r."""
     base = config.synthesis_base()
     model = base.model if (not base.endpoint or config.trains_simulator) else ""
-    spec = SimulatorSpec(name="adversarial", model=model, temperature=base.temperature,
-                         max_new_tokens=base.max_new_tokens)  # fmt: skip
-    return CoTrain(config, run_dir, models, ranks, spec=spec, reward_mode="adversarial",
-                   member=ADVERSARIAL, saved_as="synthesis_adversary")  # fmt: skip
+    spec = SimulatorSpec(
+        name="adversarial",
+        model=model,
+        temperature=base.temperature,
+        max_new_tokens=base.max_new_tokens,
+    )
+    return CoTrain(
+        config,
+        run_dir,
+        models,
+        ranks,
+        spec=spec,
+        reward_mode="adversarial",
+        member=ADVERSARIAL,
+        saved_as="synthesis_adversary",
+    )
 
 
 class _Adversarial:
@@ -244,8 +265,9 @@ class _Cascade(random.Random):
 class Synthesis:
     """The run's supplies (those [synthesis] turns on), by member name."""
 
-    def __init__(self, config: RunConfig, run_dir: Path, models: ModelCache,
-                 ranks: Ranks | None = None):  # fmt: skip
+    def __init__(
+        self, config: RunConfig, run_dir: Path, models: ModelCache, ranks: Ranks | None = None
+    ):
         self.config = config
         syn = config.synthesis
         self.supplies: dict[str, Any] = {}
@@ -321,8 +343,12 @@ class Synthesis:
         return out
 
     def state(self, regime: Any) -> dict[str, Any]:
-        return {"synthesis_share": regime.synthesis_share, "rediversifying": self.rediversifying,
-                "share_before": self.share_before, "measured": self.measured}  # fmt: skip
+        return {
+            "synthesis_share": regime.synthesis_share,
+            "rediversifying": self.rediversifying,
+            "share_before": self.share_before,
+            "measured": self.measured,
+        }
 
     def load(self, regime: Any, state: dict[str, Any]) -> None:
         if not state:  # a checkpoint from before [synthesis] was on: the config's share

@@ -84,8 +84,9 @@ class LocalAgent:
         fmt, tool_format = self.lm.fmt, self.tool_format
         prompts = [agent_prompt(fmt, domain, r, tool_format) for r in rollouts]
         allowed = [domain.agent_choices(r.scenario, r.conversation) for r in rollouts]
-        turns = speak(self.lm, AGENT, rollouts, prompts, allowed, self.temperature,
-                      self.max_new_tokens, None)  # fmt: skip
+        turns = speak(
+            self.lm, AGENT, rollouts, prompts, allowed, self.temperature, self.max_new_tokens, None
+        )
         for r, (ids, positions, text) in zip(rollouts, turns, strict=True):
             r.agent.record(self.lm.fmt, ids, positions)
             # its own message is now in its ids; the tool results that follow it are not

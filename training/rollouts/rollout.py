@@ -126,8 +126,12 @@ class Rollout:
         run = domain.execute_tool if role == AGENT else domain.execute_user_tool
         for call in calls:
             name, arguments = call["function"]["name"], call["function"]["arguments"]
-            result: Message = {"role": "tool", "tool_call_id": call["id"], "name": name,
-                               "content": str(run(self.state, name, arguments))}  # fmt: skip
+            result: Message = {
+                "role": "tool",
+                "tool_call_id": call["id"],
+                "name": name,
+                "content": str(run(self.state, name, arguments)),
+            }
             if role == USER:
                 result["requestor"] = "user"
             self.conversation.append(result)

@@ -92,8 +92,16 @@ class LocalUser:
     def _speak(
         self, rollouts: list[Rollout], prompts: list[list[int]], allowed: list[list[str] | None]
     ) -> list[tuple[list[int], list[list[int]] | None, str]]:
-        return speak(self.lm, USER, rollouts, prompts, allowed, self.spec.temperature,
-                     self.spec.max_new_tokens, self.rng)  # fmt: skip
+        return speak(
+            self.lm,
+            USER,
+            rollouts,
+            prompts,
+            allowed,
+            self.spec.temperature,
+            self.spec.max_new_tokens,
+            self.rng,
+        )
 
     def _verbalized(
         self, rollouts: list[Rollout], prompts: list[list[int]], allowed: list[list[str] | None]
@@ -184,8 +192,17 @@ class ServedUser(LocalUser):
     def _speak(
         self, rollouts: list[Rollout], prompts: list[list[int]], allowed: list[list[str] | None]
     ) -> list[tuple[list[int], list[list[int]] | None, str]]:
-        return speak(self.lm, USER, rollouts, prompts, allowed, self.spec.temperature,
-                     self.spec.max_new_tokens, self.rng, sample=self.server.sample)  # fmt: skip
+        return speak(
+            self.lm,
+            USER,
+            rollouts,
+            prompts,
+            allowed,
+            self.spec.temperature,
+            self.spec.max_new_tokens,
+            self.rng,
+            sample=self.server.sample,
+        )
 
     def close(self) -> None:
         self.server.close()

@@ -291,8 +291,11 @@ def memory(config: RunConfig, sequence: int | None = None) -> dict[str, Any]:
     p_agent = agent.parameters()
     # a co-trained simulator is its trainable Policy (counted below), not a frozen copy too
     frozen = [] if config.trains_simulator else config.training_simulators()
-    copies = {(str(s.model or config.base_model_path()), s.adapter) for s in
-              [*frozen, *config.heldout] if _in_process(s)}  # fmt: skip
+    copies = {
+        (str(s.model or config.base_model_path()), s.adapter)
+        for s in [*frozen, *config.heldout]
+        if _in_process(s)
+    }
     p_frozen = 0
     for model, _adapter in sorted(copies):
         p_frozen += architecture(model)[0].parameters()
@@ -369,8 +372,9 @@ def memory(config: RunConfig, sequence: int | None = None) -> dict[str, Any]:
         user = architecture(spec.model or config.base_model_path())[0]
     rows = open_conversations(config)
     out["open_conversations"] = rows
-    out["rollout_kv"] = _kv(None if config.rollout_endpoint else agent, user, rows, s,
-                            config.max_new_tokens, b)  # fmt: skip
+    out["rollout_kv"] = _kv(
+        None if config.rollout_endpoint else agent, user, rows, s, config.max_new_tokens, b
+    )
     out["rollout_gathered"] = (
         sum(gather(a.parameters()) for a in samplers)
         + max((staging(a) + cast(a) for a in samplers), default=0)
@@ -380,8 +384,14 @@ def memory(config: RunConfig, sequence: int | None = None) -> dict[str, Any]:
     rollout = resident + out["rollout_gathered"] + out["rollout_kv"] + out["rollout_logits"]
 
     # update: one model's passes at a time; the reference copy gathered for its own pass
-    reference = max((gather(a.parameters()) * b / w for a, beta in trainable if beta > 0
-                     and config.finetune == "full"), default=0)  # fmt: skip
+    reference = max(
+        (
+            gather(a.parameters()) * b / w
+            for a, beta in trainable
+            if beta > 0 and config.finetune == "full"
+        ),
+        default=0,
+    )
     # checkpoint: a model's whole weights gathered to write them, and its AdamW m and v
     # gathered one FSDP unit at a time to rank 0's host memory (optimizer_state)
     largest = max(a.parameters() for a, _ in trainable)
@@ -403,9 +413,13 @@ def memory(config: RunConfig, sequence: int | None = None) -> dict[str, Any]:
     # evaluation: every rank plays its share of the panel on the agent's gathered weights; its
     # open conversations' KV caches, a frozen panel member's own
     heldout_user = next(
-        (architecture(spec.model or config.base_model_path())[0] for spec in config.heldout
-         if _in_process(spec)), None,
-    )  # fmt: skip
+        (
+            architecture(spec.model or config.base_model_path())[0]
+            for spec in config.heldout
+            if _in_process(spec)
+        ),
+        None,
+    )
     eval_rows = evaluation_conversations(config) if config.heldout else 0
     out["evaluation_conversations"] = eval_rows
     out["evaluation_kv"] = _kv(agent, heldout_user, eval_rows, s, config.max_new_tokens, b)
@@ -442,8 +456,9 @@ def memory(config: RunConfig, sequence: int | None = None) -> dict[str, Any]:
     return out
 
 
-def _kv(agent: Architecture | None, user: Architecture | None, rows: int, s: int, room: int,
-        b: int) -> float:  # fmt: skip
+def _kv(
+    agent: Architecture | None, user: Architecture | None, rows: int, s: int, room: int, b: int
+) -> float:
     """The KV caches of `rows` open conversations of up to s tokens: each in-process speaker's
     carried cache per conversation, plus, while one speaker takes its turn, its batch's
     prefilled keys and values (up to s) and the decoding buffers (s + room tokens) before
@@ -461,8 +476,10 @@ def _sampling_logits(arch: Architecture, rows: int) -> float:
 
 def _unit(arch: Architecture) -> int:
     """The parameters of FSDP's largest unit (the root: embeddings, output head, final norm)."""
-    return max(arch.vocab * arch.hidden * (1 if arch.tied else 2) + arch.hidden,
-               (arch.parameters() - arch.vocab * arch.hidden) // arch.layers)  # fmt: skip
+    return max(
+        arch.vocab * arch.hidden * (1 if arch.tied else 2) + arch.hidden,
+        (arch.parameters() - arch.vocab * arch.hidden) // arch.layers,
+    )
 
 
 def _root_and_layer(arch: Architecture) -> int:

@@ -131,8 +131,9 @@ def provenance(config: dict[str, Any]) -> dict[str, Any]:
 
     def git(*args: str) -> str:
         try:
-            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
-                                  check=True).stdout.strip()  # fmt: skip
+            return subprocess.run(
+                ["git", *args], cwd=root, capture_output=True, text=True, check=True
+            ).stdout.strip()
         except (OSError, subprocess.CalledProcessError):
             return ""
 
@@ -211,8 +212,9 @@ def final_simulator(config: RunConfig) -> dict[str, float] | None:
     saved = list_checkpoints(run_dir)
     if not saved or not (saved[-1] / "simulator").is_dir():
         return None
-    lm = LocalModel.load(config.simulator_model_path(), config.dtype, config.device,
-                         str(saved[-1] / "simulator"))  # fmt: skip
+    lm = LocalModel.load(
+        config.simulator_model_path(), config.dtype, config.device, str(saved[-1] / "simulator")
+    )
     domain = config.build_domain()
     user = LocalUser(lm, dataclasses.replace(config.simulator, kind="plain"))
     found = simulator_exploit(domain, select_scenarios(domain, config.tasks, "train"), user)

@@ -210,12 +210,19 @@ def imitate(
         order = rows[:]
         rng.shuffle(order)
         for i in range(0, len(order), batch_conversations):
-            losses.append(supervised_step(policy, order[i : i + batch_conversations],
-                                          settings.micro_batch))  # fmt: skip
+            losses.append(
+                supervised_step(policy, order[i : i + batch_conversations], settings.micro_batch)
+            )
             steps += 1
             if progress:
-                progress({"epoch": epoch + 1, "step": steps,
-                          "total_steps": per_epoch * settings.epochs, "loss": losses[-1]})  # fmt: skip
+                progress(
+                    {
+                        "epoch": epoch + 1,
+                        "step": steps,
+                        "total_steps": per_epoch * settings.epochs,
+                        "loss": losses[-1],
+                    }
+                )
     after = mean_logprob(policy, rows, settings.micro_batch)
     metrics = {
         "user_logprob_base": before,  # mean per token of the people's turns, base model

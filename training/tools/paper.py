@@ -337,8 +337,24 @@ _P4G = (
 # source fell back to index-only samples (usim/slime/data_source.py@1c268eb0), so each step
 # played the same 16 groups. Checked against the official retail data by tests/training/tools/
 # test_paper.py. The held-out tasks are the release's `max_tasks: 8` of the test split.
-RELEASE_TRAIN_TASKS = ("0", "1", "2", "3", "4", "6", "7", "8", "10", "11", "13", "14", "15", "16",
-                       "19", "20")  # fmt: skip
+RELEASE_TRAIN_TASKS = (
+    "0",
+    "1",
+    "2",
+    "3",
+    "4",
+    "6",
+    "7",
+    "8",
+    "10",
+    "11",
+    "13",
+    "14",
+    "15",
+    "16",
+    "19",
+    "20",
+)
 RELEASE_COTRAIN_TASKS = tuple(str(i) for i in range(16))
 RELEASE_HELD_OUT = ("5", "9", "12", "17", "18", "26", "27", "32")
 _FROZEN_DRAW = (
@@ -389,26 +405,42 @@ NOT_COVERED = (
         "all",
         "adversarial simulator reward on tau2",
         "none in the release: its tau2 rollout has no adversarial mode",
-    ),  # fmt: skip
+    ),
     (
         "all",
         "Verbalized Sampling with Haiku 4.5 / GPT-4o",
         "ablations/vs_haiku_tau2.sh and"
         " vs_gpt4o_tau2.sh: not in this registry (their 3-model panel)",
-    ),  # fmt: skip
+    ),
     ("all", "Qwen3-8B rows, pool size K in {1,3,5,10}", "none in the release"),
 )
 
 _RESULTS = {
     "p4g": (
-        "base", "single-gpt5mini", "single-haiku", "single-gemini", "ensemble", "verbalized",
-        "verbalized-prob", "selfplay", "population",
+        "base",
+        "single-gpt5mini",
+        "single-haiku",
+        "single-gemini",
+        "ensemble",
+        "verbalized",
+        "verbalized-prob",
+        "selfplay",
+        "population",
     ),
     "retail": (
-        "base", "single-gpt5mini", "single-haiku", "single-gemini", "persona", "ensemble",
-        "verbalized", "verbalized-prob", "selfplay", "population", "cooperative",
+        "base",
+        "single-gpt5mini",
+        "single-haiku",
+        "single-gemini",
+        "persona",
+        "ensemble",
+        "verbalized",
+        "verbalized-prob",
+        "selfplay",
+        "population",
+        "cooperative",
     ),
-}  # fmt: skip
+}
 _RESULTS["airline"] = _RESULTS["retail"]
 _RESULTS["cooperbench"] = ("coop",)
 

@@ -150,15 +150,38 @@ def _train(
         saved = breaker_state(checkpoint.checkpoint_dir(run_dir, start)) if start else None
         breaker = Breaker(config.breaker, regime.synthesis_share, saved)
         regime.synthesis_share = breaker.share  # a resume keeps what yellow raised
-    writer = RunWriter(config, run_dir, start, ranks, agent, regime, progress_callback,
-                       within_step, show_progress, breaker)  # fmt: skip
+    writer = RunWriter(
+        config,
+        run_dir,
+        start,
+        ranks,
+        agent,
+        regime,
+        progress_callback,
+        within_step,
+        show_progress,
+        breaker,
+    )
     exploit = _exploit(config, domain, train_scenarios, models) if ranks.main else None
     speaker = _speaker(config, agent)
     embed = None  # rank 0 alone measures the step's diversity (every rank has the rollouts)
     if ranks.main and config.collapse.embedding_model:
         embed = Embedder(config.collapse.embedding_model)
-    run = Run(config, run_dir, domain, train_scenarios, agent, speaker, regime, panel,
-              ranks, exploit, embed, memory, optimizer_steps=writer.optimizer_steps)  # fmt: skip
+    run = Run(
+        config,
+        run_dir,
+        domain,
+        train_scenarios,
+        agent,
+        speaker,
+        regime,
+        panel,
+        ranks,
+        exploit,
+        embed,
+        memory,
+        optimizer_steps=writer.optimizer_steps,
+    )
     if config.behaviour.enabled:
         b = config.behaviour
         run.probes = probe_set(domain, train_scenarios, b.probe_tasks, b.probe_opening)
@@ -194,8 +217,14 @@ def _judge(run: Run, breaker: Breaker | None, step: int, row: dict[str, Any]) ->
     run.regime.synthesis_share = verdict.share
     if verdict.rediversify:
         what = run.regime.rediversify()
-        verdict.events.append({"event": "rediversify", "step": step, "rediversified": what,
-                               "message": f"breaker: re-diversified at step {step}: {what}"})  # fmt: skip
+        verdict.events.append(
+            {
+                "event": "rediversify",
+                "step": step,
+                "rediversified": what,
+                "message": f"breaker: re-diversified at step {step}: {what}",
+            }
+        )
     return verdict
 
 
@@ -241,8 +270,15 @@ def train_step(run: Run, step: int, phase: Phase) -> tuple[dict[str, Any], list[
     if run.curation:  # the gate, then diversity weights: per-sequence loss weights, adv untouched
         weights, curated = run.curation.step(mine, probed, ranks, regime.pooled_name)
     with run.memory.phase("update"):
-        stats = agent.learn([r.agent for r in mine], adv, config, temperature=config.temperature,
-                            beta=config.beta, ranks=ranks, weights=weights)  # fmt: skip
+        stats = agent.learn(
+            [r.agent for r in mine],
+            adv,
+            config,
+            temperature=config.temperature,
+            beta=config.beta,
+            ranks=ranks,
+            weights=weights,
+        )
     # 3. the regime's own step (co-training: the simulator learns on this rank's rollouts,
     # data-parallel like the agent; population: rank 0 adds to the pool)
     with run.memory.phase("simulator_update") if config.trains_simulator else nullcontext():
@@ -340,11 +376,21 @@ def _psod(run: Run, step: int, rollouts: list[Rollout], heldout: float) -> dict[
         torch.manual_seed(_task_seed(run.config.seed, step, -1))
         base.rng.seed(f"{run.config.seed}-{step}-psod-base")
         cfg = run.config
-        speaker = LocalAgent(run.agent, cfg.temperature, cfg.max_new_tokens,
-                             agent_tool_format(cfg.tool_format, run.agent))  # fmt: skip
+        speaker = LocalAgent(
+            run.agent,
+            cfg.temperature,
+            cfg.max_new_tokens,
+            agent_tool_format(cfg.tool_format, run.agent),
+        )
         tasks = [t for t in run.panel.tasks[:n] for _ in range(cfg.group_size)]
-        played = play(run.domain, tasks, speaker, base,
-                      max_turns=cfg.max_turns, max_tool_rounds=cfg.max_tool_rounds)  # fmt: skip
+        played = play(
+            run.domain,
+            tasks,
+            speaker,
+            base,
+            max_turns=cfg.max_turns,
+            max_tool_rounds=cfg.max_tool_rounds,
+        )
         torch.set_rng_state(torch_state)
         rewards[run.regime.BASE] = [r.reward for r in played]
     return psod_row(heldout, rewards)
@@ -381,12 +427,18 @@ def _speaker(config: RunConfig, agent: Policy) -> LocalAgent | EndpointAgent | W
     if not config.rollout_endpoint:
         return LocalAgent(agent, config.temperature, config.max_new_tokens, tool_format)
     if config.finetune == "full":
-        speaker = WeightSyncedAgent(config.rollout_endpoint, agent, config.temperature,
-                                    config.max_new_tokens, backend=config.weight_sync_backend,
-                                    nccl_host=config.weight_sync_host)  # fmt: skip
+        speaker = WeightSyncedAgent(
+            config.rollout_endpoint,
+            agent,
+            config.temperature,
+            config.max_new_tokens,
+            backend=config.weight_sync_backend,
+            nccl_host=config.weight_sync_host,
+        )
     else:
-        speaker = EndpointAgent(config.rollout_endpoint, agent, config.temperature,
-                                config.max_new_tokens)  # fmt: skip
+        speaker = EndpointAgent(
+            config.rollout_endpoint, agent, config.temperature, config.max_new_tokens
+        )
     speaker.tool_format = tool_format
     return speaker
 
@@ -434,10 +486,16 @@ def _play_task(config, domain, task, index, step, speaker, user, on_finished=Non
         size = min(at_once, config.group_size - first)
         taken[0], taken[1] = taken[0] + taken[1], 0
         played += play(
-            domain, [task] * size, speaker, user,
-            max_turns=config.max_turns, max_tool_rounds=config.max_tool_rounds,
-            redraw=redraw, on_finished=report, first=first,
-        )  # fmt: skip
+            domain,
+            [task] * size,
+            speaker,
+            user,
+            max_turns=config.max_turns,
+            max_tool_rounds=config.max_tool_rounds,
+            redraw=redraw,
+            on_finished=report,
+            first=first,
+        )
     return played
 
 

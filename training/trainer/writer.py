@@ -65,8 +65,12 @@ class RunWriter:
     def begin(self) -> None:
         """The clock the ETA is measured from starts here, just before the first step."""
         self.started, self.saved = time.monotonic(), checkpoint.list_checkpoints(self.run_dir)
-        self.bar = tqdm(total=self.config.steps, initial=self.start, desc=self.config.name,
-                        disable=not self.show_progress)  # fmt: skip
+        self.bar = tqdm(
+            total=self.config.steps,
+            initial=self.start,
+            desc=self.config.name,
+            disable=not self.show_progress,
+        )
 
     def phase(
         self, step: int, phase: str, rollouts_done: int, rollouts_total: int, turns_done: int = 0
@@ -74,8 +78,13 @@ class RunWriter:
         """Sends the last step's progress with where this step is (`current`). The last step's
         checkpoint stays in it: a reader of the progress file may not have seen it."""
         if self.within_step is not None:
-            current = {"step": step, "phase": phase, "rollouts_done": rollouts_done,
-                       "rollouts_total": rollouts_total, "turns_done": turns_done}  # fmt: skip
+            current = {
+                "step": step,
+                "phase": phase,
+                "rollouts_done": rollouts_done,
+                "rollouts_total": rollouts_total,
+                "turns_done": turns_done,
+            }
             self.within_step({**self.last, "current": current})
 
     def record(
@@ -92,8 +101,16 @@ class RunWriter:
         files = {STATE: self.breaker.state()} if self.breaker is not None else None
         if not self.main:
             if save:  # its part of the gathering
-                checkpoint.save(self.run_dir, step, config, self.agent, self.regime, row,
-                                ranks=self.ranks, files=files)  # fmt: skip
+                checkpoint.save(
+                    self.run_dir,
+                    step,
+                    config,
+                    self.agent,
+                    self.regime,
+                    row,
+                    ranks=self.ranks,
+                    files=files,
+                )
             return None
         self.log.write(row)
         for event in verdict.events if verdict else []:  # each with the measures that caused it
@@ -101,17 +118,30 @@ class RunWriter:
         for warning in self.warnings.check(row):  # once per threshold, when first crossed
             tqdm.write(f"collapse warning: {warning['message']}", file=sys.stderr)
         self.samples.write_many(
-            {"step": step, "task": r.scenario.id, "reward": r.reward, "end_reason": r.end_reason,
-             "conversation": r.conversation}
+            {
+                "step": step,
+                "task": r.scenario.id,
+                "reward": r.reward,
+                "end_reason": r.end_reason,
+                "conversation": r.conversation,
+            }
             for r in rollouts[:: config.group_size]
-        )  # fmt: skip
+        )
         self.heldout = _last_heldout([row]) or self.heldout
 
         # 5. checkpoint every save_every steps and at the end, with the plots beside it
         folder = None
         if save:
-            folder = checkpoint.save(self.run_dir, step, config, self.agent, self.regime, row,
-                                     ranks=self.ranks, files=files)  # fmt: skip
+            folder = checkpoint.save(
+                self.run_dir,
+                step,
+                config,
+                self.agent,
+                self.regime,
+                row,
+                ranks=self.ranks,
+                files=files,
+            )
             # retention (keep_checkpoints): the last N and the best; the one a resume loads
             # (the newest, just written) is always among the last N
             self.saved = checkpoint.prune(
@@ -134,8 +164,11 @@ class RunWriter:
                 "warnings": list(self.warnings.seen),
             }
             if self.breaker is not None:  # the run page's breaker line
-                self.last["breaker"] = {"level": self.breaker.level, "share": self.breaker.share,
-                                        "stop": verdict.stop if verdict else ""}  # fmt: skip
+                self.last["breaker"] = {
+                    "level": self.breaker.level,
+                    "share": self.breaker.share,
+                    "stop": verdict.stop if verdict else "",
+                }
             self.progress_callback(self.last)
         return folder
 
