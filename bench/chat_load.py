@@ -646,8 +646,9 @@ def commit() -> str:
     head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     if head.returncode:
         return "unknown"
-    dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True).stdout.strip()  # fmt: skip
+    dirty = subprocess.run(
+        [*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+    ).stdout.strip()
     return head.stdout.strip() + (" +changes" if dirty else "")
 
 

@@ -56,8 +56,11 @@ def main():
     ).stdout.strip()
     engine = Engine(ensure_base_model())
     try:
-        print(f"commit {commit}, {os.cpu_count()} cores, {args.columns} columns, WIDE_STEP "
-              f"{WIDE_STEP}", flush=True)  # fmt: skip
+        print(
+            f"commit {commit}, {os.cpu_count()} cores, {args.columns} columns, WIDE_STEP "
+            f"{WIDE_STEP}",
+            flush=True,
+        )
         print("rows  " + "  ".join(f"{t} thread(s)" for t in args.threads) + "  load")
         for rows in args.rows:
             figures = []

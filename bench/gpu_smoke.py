@@ -52,8 +52,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "platform")]
 
 BITS, GROUP = 3, 256
-KEEP = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-        "chat_template.jinja")  # fmt: skip
+KEEP = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+)
 from training.vocabulary import Regime  # noqa: E402 - after the path above
 
 REGIMES = tuple(r.value for r in Regime)
@@ -236,9 +241,15 @@ def run_all(args: argparse.Namespace) -> int:
             step_s = sum(r["time_step"] for r in rows) / len(rows)
             wall = time.monotonic() - started
             memory, how = peak_memory(args.device)
-            row = {"regime": regime, "ok": True, "seconds_per_step": round(step_s, 2),
-                   "wall_seconds": round(wall, 1), "peak_gib": round(memory, 3), "memory": how,
-                   "reward": rows[-1]["reward_mean"]}  # fmt: skip
+            row = {
+                "regime": regime,
+                "ok": True,
+                "seconds_per_step": round(step_s, 2),
+                "wall_seconds": round(wall, 1),
+                "peak_gib": round(memory, 3),
+                "memory": how,
+                "reward": rows[-1]["reward_mean"],
+            }
             print(
                 f"{regime:11} ok    {step_s:7.2f} s/step  wall {wall:6.1f} s  peak {memory:6.3f} GiB"
             )
@@ -258,13 +269,21 @@ def run_all(args: argparse.Namespace) -> int:
 # -- the paper path ------------------------------------------------------------------------------
 
 QWEN3 = {  # a small Qwen3 (Qwen3-0.6B's shape, fewer layers), random weights: nothing downloaded
-    "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 8,
-    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
-}  # fmt: skip
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+}
 QWEN3_CPU = {  # the same architecture at a size the CPU check of the script can step
-    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-}  # fmt: skip
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+}
 
 
 def build_qwen3(out: Path, tokenizer_dir: Path, small: bool) -> Path:
@@ -275,8 +294,15 @@ def build_qwen3(out: Path, tokenizer_dir: Path, small: bool) -> Path:
 
     torch.manual_seed(0)
     shape = QWEN3_CPU if small else QWEN3
-    config = Qwen3Config(vocab_size=49152, max_position_embeddings=4096, tie_word_embeddings=True,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=2, **shape)  # fmt: skip
+    config = Qwen3Config(
+        vocab_size=49152,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        **shape,
+    )
     Qwen3ForCausalLM(config).save_pretrained(out)
     for name in KEEP[1:]:  # not config.json
         if (tokenizer_dir / name).exists():
@@ -314,11 +340,14 @@ def paper_config(name: str, model: str, device: str, out: Path) -> dict:
         "seed": 0,
         "output_dir": str(out / name),
         "tasks": {"max_eval": 1},
-        "simulator": {"name": "persuadee", "temperature": 0.7,
-                      "max_new_tokens": 12 if small else 24},
+        "simulator": {
+            "name": "persuadee",
+            "temperature": 0.7,
+            "max_new_tokens": 12 if small else 24,
+        },
         "heldout": [{"name": "anchored", "kind": "scripted", "script": "anchored"}],
         "distributed": {"strategy": "fsdp", "processes": 1, "timeout": 600},
-    }  # fmt: skip
+    }
 
 
 def estimate(config) -> dict:
@@ -340,8 +369,9 @@ def launched(command: list[str], timeout: float) -> tuple[int, str]:
 
     import psutil
 
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True) as process:  # fmt: skip
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as process:
         try:
             _, stderr = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -404,8 +434,10 @@ def run_paper(args: argparse.Namespace) -> int:
             f"{name:8} ok  steps {row['steps']} (the last resumed from a checkpoint)"
             f"  wall {row['wall_seconds']} s"
         )
-        print(f"         {step_s:.2f} s/step  {row['trained_tokens_per_second']} trained tokens/s"
-              f" (agent + simulator)  held-out success {row['heldout_success']}")  # fmt: skip
+        print(
+            f"         {step_s:.2f} s/step  {row['trained_tokens_per_second']} trained tokens/s"
+            f" (agent + simulator)  held-out success {row['heldout_success']}"
+        )
         print(
             f"         peak memory per phase, GiB ({memory['measure']}; start {_gib(memory['start'])}):"
         )
@@ -438,8 +470,14 @@ def vllm_part(model: str, out: Path) -> dict:
     import subprocess
 
     print("vLLM rollouts with weight sync (bench/gpu_smoke_vllm.py):", flush=True)
-    command = [sys.executable, str(REPO / "bench" / "gpu_smoke_vllm.py"), "--model", model,
-               "--out", str(out)]  # fmt: skip
+    command = [
+        sys.executable,
+        str(REPO / "bench" / "gpu_smoke_vllm.py"),
+        "--model",
+        model,
+        "--out",
+        str(out),
+    ]
     code = subprocess.run(command, timeout=900).returncode
     found = out / "results.json"
     result = json.loads(found.read_text()) if found.is_file() else {}
@@ -459,8 +497,12 @@ def main(argv: list[str] | None = None) -> int:
     pp = commands.add_parser("paper", help="the paper path: FSDP, full, mixed, Self-Play, resume")
     pp.add_argument("--device", default=os.environ.get("DEVICE", "cuda"))
     pp.add_argument("--out", default=os.environ.get("SMOKE_OUT", "/tmp/gpu-smoke"))
-    pp.add_argument("--timeout", type=float, default=float(os.environ.get("SMOKE_TIMEOUT", 0)),
-                    help="seconds a launch may take (default 300 on a GPU, 1200 on CPU)")  # fmt: skip
+    pp.add_argument(
+        "--timeout",
+        type=float,
+        default=float(os.environ.get("SMOKE_TIMEOUT", 0)),
+        help="seconds a launch may take (default 300 on a GPU, 1200 on CPU)",
+    )
     r = commands.add_parser("run", help="one step of every regime")
     r.add_argument("--device", default=os.environ.get("DEVICE", "cuda"))
     r.add_argument("--dtype", default=os.environ.get("DTYPE", "bfloat16"))

@@ -116,8 +116,9 @@ def main() -> int:
             },
         )
         torch.cuda.reset_peak_memory_stats()
-        loop.train(config, progress_callback=lambda p: rows.append(p["metrics"]),
-                   show_progress=False)  # fmt: skip
+        loop.train(
+            config, progress_callback=lambda p: rows.append(p["metrics"]), show_progress=False
+        )
         served = weight_sync.WeightSyncClient(url).weight_version()
         last = f"smoke-vllm-live-{args.steps - 1}"
         if served != last:
@@ -138,12 +139,20 @@ def main() -> int:
     for i, row in enumerate(rows):
         rate = row.get("tokens", 0.0) / row["time_rollout"] if row["time_rollout"] else 0.0
         push_s = pushes[i] if i < len(pushes) else float("nan")
-        print(f"{row['step']:>4} {row['time_rollout']:>9.2f} {push_s:>7.2f}"
-              f" {row['time_step']:>7.2f} {rate:>11.1f}")  # fmt: skip
+        print(
+            f"{row['step']:>4} {row['time_rollout']:>9.2f} {push_s:>7.2f}"
+            f" {row['time_step']:>7.2f} {rate:>11.1f}"
+        )
     peak = torch.cuda.max_memory_allocated() / 2**30
     print(f"trainer's peak GPU memory: {peak:.2f} GiB (vLLM's share apart: {args.gpu_share})")
-    results = {"rows": rows, "pushes": pushes, "vllm_start": started, "peak_gib": peak,
-               "failures": failures, "backend": args.backend}  # fmt: skip
+    results = {
+        "rows": rows,
+        "pushes": pushes,
+        "vllm_start": started,
+        "peak_gib": peak,
+        "failures": failures,
+        "backend": args.backend,
+    }
     (args.out / "results.json").write_text(json.dumps(results, indent=2, default=str))
     for failure in failures:
         print("FAILED:", failure)

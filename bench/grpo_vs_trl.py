@@ -132,9 +132,11 @@ def compare(
     )
     data = Dataset.from_dict({"prompt": ["hi"] * b})
     trainer = GRPOTrainer(
-        model=trl_model, reward_funcs=lambda completions, **kw: [0.0] * len(completions),
-        args=config, train_dataset=data,
-    )  # fmt: skip
+        model=trl_model,
+        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+        args=config,
+        train_dataset=data,
+    )
     trainer.create_optimizer()
     trainer.current_gradient_accumulation_steps = 1  # set by its training loop otherwise
     inputs = {
@@ -148,9 +150,15 @@ def compare(
 
     def ours_step() -> float:
         stats = update(
-            ours_model, ours_opt, batch, advantages,
-            eps=0.2, eps_high=0.2, beta=0.0, micro_batch=b,
-        )  # fmt: skip
+            ours_model,
+            ours_opt,
+            batch,
+            advantages,
+            eps=0.2,
+            eps_high=0.2,
+            beta=0.0,
+            micro_batch=b,
+        )
         return stats["loss"]
 
     def trl_step() -> float:

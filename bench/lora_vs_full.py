@@ -158,8 +158,10 @@ def main() -> None:
     print(f"\nuptime before: {results['uptime_before']}")
     print(f"uptime after:  {results['uptime_after']}")
     print(f"{args.steps} steps x {args.group} rollouts, x = lr {args.lr:g}, seed {args.seed}")
-    print("| arm | finetune | optimizer lr | optimizer steps | KL train | KL held-out |"
-          " p(exploit) | p(exploit) at start | seconds |")  # fmt: skip
+    print(
+        "| arm | finetune | optimizer lr | optimizer steps | KL train | KL held-out |"
+        " p(exploit) | p(exploit) at start | seconds |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for arm, r in results["arms"].items():
         print(

@@ -177,8 +177,20 @@ def worker(config_path: str, out: str) -> None:
     regime = make_regime(config, run_dir, models, ranks)
     # the trainer's own PhaseMemory (training/trainer/memory.py) resets the resident peak at its
     # phases' starts, simulator_update's inside this meter's update: it stands aside here
-    run = Run(config, run_dir, domain, train, agent, _speaker(config, agent), regime, panel,
-              ranks, None, None, Unmeasured())  # fmt: skip
+    run = Run(
+        config,
+        run_dir,
+        domain,
+        train,
+        agent,
+        _speaker(config, agent),
+        regime,
+        panel,
+        ranks,
+        None,
+        None,
+        Unmeasured(),
+    )
     train_step(run, 1, lambda *a: None)
     meter = PhaseMeter()
     _, rollouts = train_step(run, 2, meter)
@@ -221,10 +233,12 @@ def main() -> None:
 
     base = os.environ.get("PARLEY_BASE_MODEL", str(REPO / "data/models/SmolLM2-135M-Instruct"))
     with tempfile.TemporaryDirectory() as tmp:
-        model = build_tiny_model(Path(tmp) / "tiny", Path(base), layers=4, hidden=256,
-                                 init_range=0.02)  # fmt: skip
-        other = build_tiny_model(Path(tmp) / "other", Path(base), layers=4, hidden=256,
-                                 init_range=0.02, seed=1)  # fmt: skip
+        model = build_tiny_model(
+            Path(tmp) / "tiny", Path(base), layers=4, hidden=256, init_range=0.02
+        )
+        other = build_tiny_model(
+            Path(tmp) / "other", Path(base), layers=4, hidden=256, init_range=0.02, seed=1
+        )
         config = Path(tmp) / "run.toml"
         config.write_text(f'output_dir = "{tmp}/run"\n' + CONFIG.format(model=model, other=other))
         with socket.socket() as probe:
@@ -232,17 +246,30 @@ def main() -> None:
             port = probe.getsockname()[1]
         out = Path(tmp) / "figures"
         subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-             "--master_port", str(port), __file__, "--worker", str(config), str(out)],
-            check=True, env={**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "65536"},
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc_per_node",
+                "2",
+                "--master_port",
+                str(port),
+                __file__,
+                "--worker",
+                str(config),
+                str(out),
+            ],
+            check=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "65536"},
+        )
         ranks = [json.loads(out.with_suffix(f".rank{r}.json").read_text()) for r in (0, 1)]
     print(f"{'phase':<12}{'rank':>5}{'measured MiB':>14}{'formula MiB':>13}{'ratio':>7}")
     for phase in PHASES:
         for figures in ranks:
             m, f = (figures["phases"][phase][k] for k in ("measured", "formula"))
-            print(f"{phase:<12}{figures['rank']:>5}{m / 2**20:>14.1f}{f / 2**20:>13.1f}"
-                  f"{m / f:>7.2f}")  # fmt: skip
+            print(
+                f"{phase:<12}{figures['rank']:>5}{m / 2**20:>14.1f}{f / 2**20:>13.1f}{m / f:>7.2f}"
+            )
     if os.environ.get("PHASE_MEMORY_DEBUG"):
         print(json.dumps(ranks, indent=1))
     if args.out:

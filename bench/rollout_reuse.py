@@ -59,8 +59,9 @@ def main() -> None:
     regime = make_regime(config, out, models, ranks)
     tasks = select_scenarios(domain, config.tasks, "train")
     # no held-out panel, exploit or embedder: the step's rollouts and update only
-    run = Run(config, out, domain, tasks, agent, _speaker(config, agent), regime, None,
-              ranks, None, None)  # fmt: skip
+    run = Run(
+        config, out, domain, tasks, agent, _speaker(config, agent), regime, None, ranks, None, None
+    )
     lms = {id(m): m for m in [agent, *models._models.values()]}.values()
     weights, optimizer = agent.adapter_state(), agent.optimizer.state_dict()
     runs: dict[str, list[dict]] = {}
@@ -90,8 +91,10 @@ def main() -> None:
         print(path, json.dumps(figure), flush=True)
     figures: dict = {"runs": runs}
     if "old" in runs and "new" in runs:
-        mean = {p: {k: sum(f[k] for f in runs[p]) / len(runs[p]) for k in ("step_s", "rollout_s")}
-                for p in ("old", "new")}  # fmt: skip
+        mean = {
+            p: {k: sum(f[k] for f in runs[p]) / len(runs[p]) for k in ("step_s", "rollout_s")}
+            for p in ("old", "new")
+        }
         old, new = mean["old"], mean["new"]
         figures["ratio_step"] = round(old["step_s"] / new["step_s"], 2)
         figures["ratio_rollout"] = round(old["rollout_s"] / new["rollout_s"], 2)

@@ -129,9 +129,13 @@ async def episode(client, model, domain, scenario, tool_format, args) -> list[st
             user_turns += 1
         try:
             result = await client.chat(
-                model, [system, *conversation], tools=tools, tool_format=tool_format,
-                temperature=args.temperature, max_tokens=args.max_tokens,
-            )  # fmt: skip
+                model,
+                [system, *conversation],
+                tools=tools,
+                tool_format=tool_format,
+                temperature=args.temperature,
+                max_tokens=args.max_tokens,
+            )
         except LLMError as error:  # the context is full: the conversation ends here
             print(f"    {scenario.id}: {error}", file=sys.stderr)
             break
@@ -233,11 +237,19 @@ def main(argv=None) -> int:
 
             url, process = start_engine(base)
             stack.callback(stop_engine, process)
-        print(f"{args.scenarios} tau2 retail scenarios on {url} ({model}), "
-              f"{args.agent_turns} agent turns each at most", flush=True)  # fmt: skip
+        print(
+            f"{args.scenarios} tau2 retail scenarios on {url} ({model}), "
+            f"{args.agent_turns} agent turns each at most",
+            flush=True,
+        )
         figures = asyncio.run(measure(url, model, args))
     engine = args.engine + (f" at {args.url}" if args.url else "")
-    record = {"engine": engine, "model": model, "settings": vars(args) | {"out": str(args.out)}, "figures": figures}  # fmt: skip
+    record = {
+        "engine": engine,
+        "model": model,
+        "settings": vars(args) | {"out": str(args.out)},
+        "figures": figures,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
     lines = [
