@@ -66,7 +66,7 @@ def test_unset_or_blank_is_the_default_but_a_blank_list_is_empty(monkeypatch, bl
         ("WORLD_SIZE", "two", "WORLD_SIZE must be a whole number of 1 or more (got 'two')."),
         ("RANK", "-1", "RANK must be a whole number of 0 or more (got '-1')."),
     ],
-)  # fmt: skip
+)  # fmt: skip  # a table: one variable, bad value and message a line
 def test_a_bad_value_names_the_variable_the_rule_and_the_value(monkeypatch, name, raw, message):
     monkeypatch.setenv(name, raw)
     with pytest.raises(InvalidSetting) as refused:

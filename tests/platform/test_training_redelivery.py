@@ -15,9 +15,16 @@ from training.tasks import run_training
 def test_a_run_already_started_is_not_started_again(status):
     started = timezone.now() - timedelta(minutes=5)
     run = TrainingRun.objects.create(
-        name=f"once-{status}", preset="p4g-single-cpu", domain="p4g", regime="single", steps=1,
-        status=status, started_at=started, output_dir="/runs/first", progress={"step": 3},
-    )  # fmt: skip
+        name=f"once-{status}",
+        preset="p4g-single-cpu",
+        domain="p4g",
+        regime="single",
+        steps=1,
+        status=status,
+        started_at=started,
+        output_dir="/runs/first",
+        progress={"step": 3},
+    )
     assert run_training.apply((run.pk,)).get() == status
     run.refresh_from_db()
     assert (run.status, run.started_at, run.output_dir) == (status, started, "/runs/first")

@@ -49,8 +49,13 @@ def evaluate(ranks: Ranks, out: Path) -> dict:
 
 
 def rank_main(rank: int, scenario: str, port: int, out: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE="2",
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     timeout = 3 if scenario == "timeout" else 60
     spec = DistributedSpec(backend="cuda:gloo", timeout=timeout)
     ranks = Ranks.start(SimpleNamespace(batch_tasks=2, device="cpu", distributed=spec))
@@ -92,6 +97,5 @@ def run_ranks(scenario: str, out: Path) -> list[dict]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    mp.start_processes(rank_main, args=(scenario, port, str(out)), nprocs=2,
-                       start_method="spawn")  # fmt: skip
+    mp.start_processes(rank_main, args=(scenario, port, str(out)), nprocs=2, start_method="spawn")
     return [json.loads((Path(out) / f"rank-{r}.json").read_text()) for r in (0, 1)]

@@ -25,11 +25,21 @@ class LoggedServer:
         if database_url:
             env["DATABASE_URL"] = database_url
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "parley.asgi:application", "--port", str(self.port),
-             "--timeout-graceful-shutdown", "2"],
-            cwd=REPO, env=env, stdout=log.open("wb"),
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "parley.asgi:application",
+                "--port",
+                str(self.port),
+                "--timeout-graceful-shutdown",
+                "2",
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=log.open("wb"),
             stderr=subprocess.STDOUT,
-        )  # fmt: skip
+        )
         deadline = time.monotonic() + 60
         while True:
             try:

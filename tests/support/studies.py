@@ -191,8 +191,12 @@ def fill(study, answers_by_arm, attention="2"):
                 continue
             i += 1
             value = answers_by_arm[arm][k]
-            answers = {"helpful": str(value), "frustration": str(8 - value), "attn": attention,
-                       "donation": "1"}  # fmt: skip
+            answers = {
+                "helpful": str(value),
+                "frustration": str(8 - value),
+                "attn": attention,
+                "donation": "1",
+            }
             finish(study, f"p{i}", answers, arm=arm)
 
 

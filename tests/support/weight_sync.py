@@ -43,8 +43,9 @@ def run_scenario(scenario: str, url: str, base_model: Path | str, out: Path, tim
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'platform'}"}
     command = [sys.executable, "-m", __name__, scenario, url, str(base_model), str(out)]
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
+    done = subprocess.run(
+        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
     assert done.returncode == 0, f"{scenario} failed in its process:\n{done.stderr[-4000:]}"
     return json.loads((out / "result.json").read_text())
 
@@ -56,8 +57,14 @@ def build_synced_model(folder: Path, base_model: Path | str) -> Path:
         " build_tiny_model(Path(sys.argv[1]), Path(sys.argv[2]), hidden=256, init_range=0.02)"
     )
     env = {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'platform'}"}
-    done = subprocess.run([sys.executable, "-c", code, str(folder), str(base_model)], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(folder), str(base_model)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return folder
 

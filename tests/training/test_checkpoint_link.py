@@ -63,13 +63,15 @@ def test_no_agents_migration_depends_on_training():
 
 
 def test_agents_installs_and_migrates_without_training(tmp_path):
-    (tmp_path / "alone_settings.py").write_text(textwrap.dedent(f"""
+    (tmp_path / "alone_settings.py").write_text(
+        textwrap.dedent(f"""
         SECRET_KEY = "alone"
         USE_TZ = True
         INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth", "agents"]
         DATABASES = {{"default": {{"ENGINE": "django.db.backends.sqlite3",
                                    "NAME": {str(tmp_path / "alone.sqlite3")!r}}}}}
-    """))  # fmt: skip
+    """)
+    )
     script = (
         "import django; django.setup()\n"
         "from django.core.management import call_command\n"
@@ -79,8 +81,12 @@ def test_agents_installs_and_migrates_without_training(tmp_path):
         "print([x.name for x in connection.introspection.get_table_description(c, "
         "'agents_checkpoint')])\n"
     )
-    env = {"PATH": "/usr/bin:/bin", "DJANGO_SETTINGS_MODULE": "alone_settings",
-           "PYTHONPATH": f"{tmp_path}:{REPO}", "PARLEY_DATA_DIR": str(tmp_path)}  # fmt: skip
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "DJANGO_SETTINGS_MODULE": "alone_settings",
+        "PYTHONPATH": f"{tmp_path}:{REPO}",
+        "PARLEY_DATA_DIR": str(tmp_path),
+    }
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "'name'" in done.stdout and "training_run" not in done.stdout

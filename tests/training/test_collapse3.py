@@ -47,12 +47,19 @@ def run(regime, seed, end, start=0.25, sim=None, stds=None) -> dict:
     probs = dist(end)
     at = {str(k): sim() for k in analysis.C2_CHECKPOINTS} if sim else {}
     return {
-        "regime": regime, "seed": seed, "asks": ASK_TEXTS, "agent_final": probs,
+        "regime": regime,
+        "seed": seed,
+        "asks": ASK_TEXTS,
+        "agent_final": probs,
         "p_exploit": analysis.p_exploit(probs, ASK_TEXTS, EXPLOIT),
-        "entropy": analysis.entropy(probs), "p_exploit_start": start, "exploit": EXPLOIT,
-        "simulator_at": at, "exploit_earns": 0.5, "secondary": {"psod/training": 0.1, "exact/R_train": 0.6},
+        "entropy": analysis.entropy(probs),
+        "p_exploit_start": start,
+        "exploit": EXPLOIT,
+        "simulator_at": at,
+        "exploit_earns": 0.5,
+        "secondary": {"psod/training": 0.1, "exact/R_train": 0.6},
         "series": {"reward_std": stds if stds is not None else [0.2] * 16},
-    }  # fmt: skip
+    }
 
 
 EXPECTED = {
@@ -139,8 +146,9 @@ def test_the_lr_pilot_rule():
     def runs(*ends):
         return [run("single", 400 + k, e) for k, e in enumerate(ends)]
 
-    picked = analysis.choose_lr({1e-3: runs(0.7, 0.85), 1.5e-3: runs(0.9, 0.85),
-                                 2e-3: runs(0.99, 0.97)})  # fmt: skip
+    picked = analysis.choose_lr(
+        {1e-3: runs(0.7, 0.85), 1.5e-3: runs(0.9, 0.85), 2e-3: runs(0.99, 0.97)}
+    )
     assert picked["lr"] == 1.5e-3 and picked["c1_in_every_pilot_seed"]
     fallback = analysis.choose_lr({1e-3: runs(0.5, 0.6), 2e-3: runs(0.7, 0.75)})
     assert fallback["lr"] == 2e-3 and not fallback["c1_in_every_pilot_seed"]
@@ -170,11 +178,15 @@ def test_the_equilibrium_is_the_maximiser_found_by_brute_force(weight):
     base, s = [0.2, 0.3, 0.5], equilibrium.adversarial([0.0, 0.5, 1.0])
     pi = equilibrium.tilt(base, s, weight)
     steps = 200
-    best = max((tuple(k / steps for k in p) for p in _simplex(3, steps)),
-               key=lambda p: equilibrium.objective(list(p), base, s, weight))  # fmt: skip
+    best = max(
+        (tuple(k / steps for k in p) for p in _simplex(3, steps)),
+        key=lambda p: equilibrium.objective(list(p), base, s, weight),
+    )
     assert max(abs(a - b) for a, b in zip(best, pi, strict=True)) <= 1.5 / steps
-    assert equilibrium.objective(pi, base, s, weight) >= equilibrium.objective(
-        list(best), base, s, weight) - 1e-12  # fmt: skip
+    assert (
+        equilibrium.objective(pi, base, s, weight)
+        >= equilibrium.objective(list(best), base, s, weight) - 1e-12
+    )
     assert pi[0] > base[0]  # the adversarial simulator moves mass to $0
 
 
@@ -221,8 +233,9 @@ def test_the_committed_table_recomputes_from_its_own_decisions():
     """equilibrium.json's rows follow from the base decisions it stores (the model run is the
     only thing not redone here), and the design registers its window and weight."""
     table = json.loads((ROOT / "training/collapse3/equilibrium.json").read_text())
-    again = equilibrium.table(table["decisions"], table["exploit"], analysis.C2_MARGIN,
-                              analysis.C2_SPREAD)  # fmt: skip
+    again = equilibrium.table(
+        table["decisions"], table["exploit"], analysis.C2_MARGIN, analysis.C2_SPREAD
+    )
     assert again["window"] == table["window"]
     assert again["registered_weight"] == table["registered_weight"]
     for a, b in zip(again["rows"], table["rows"], strict=True):
@@ -241,8 +254,9 @@ def _copy_registered(root: Path) -> None:
         shutil.copy(ROOT / name, root / name)
 
 
-@pytest.mark.parametrize("name", ["design.toml", "analysis.py", "runner.py", "run.toml",
-                                  "equilibrium.json"])  # fmt: skip
+@pytest.mark.parametrize(
+    "name", ["design.toml", "analysis.py", "runner.py", "run.toml", "equilibrium.json"]
+)
 def test_the_registration_refuses_a_changed_file(tmp_path, name):
     root = tmp_path / "repo"
     _copy_registered(root)
@@ -258,10 +272,13 @@ def test_the_committed_design_is_registered_and_its_numbers_are_the_analysiss(tm
     seeds = {*design["arms"]["seeds"], *design["arms"]["no_go_extra_seeds"]}
     assert not seeds & {*design["lr_pilot"]["seeds"], *design["gate"]["seeds"]}
     # the main seeds no earlier committed run used (collapse, collapse2 and its pilot)
-    used = {json.loads(p.read_text())["seed"]
-            for p in (ROOT / "docs/results").glob("collapse*/runs/*/config.json")}  # fmt: skip
-    used |= set(tomllib.loads((ROOT / "training/collapse2/design.toml").read_text())["pilot"][
-        "seeds"])  # collapse2's pilot  # fmt: skip
+    used = {
+        json.loads(p.read_text())["seed"]
+        for p in (ROOT / "docs/results").glob("collapse*/runs/*/config.json")
+    }
+    used |= set(
+        tomllib.loads((ROOT / "training/collapse2/design.toml").read_text())["pilot"]["seeds"]
+    )  # collapse2's pilot
     assert used >= {0, 1, 2, 3, 4, 100, 101}
     assert not seeds & used and not {*design["lr_pilot"]["seeds"]} & used
     # the design's numbers are the analysis's: a copy with one changed is refused
@@ -270,9 +287,12 @@ def test_the_committed_design_is_registered_and_its_numbers_are_the_analysiss(tm
     text = DESIGN.read_text().replace("c2_margin = 0.02", "c2_margin = 0.01")
     (root / "training/collapse3/design.toml").write_text(text)
     registration = tmp_path / "registration.toml"
-    registration.write_text(REGISTRATION.read_text().replace(
-        check_registration()["training/collapse3/design.toml"],
-        __import__("hashlib").sha256(text.encode()).hexdigest()))  # fmt: skip
+    registration.write_text(
+        REGISTRATION.read_text().replace(
+            check_registration()["training/collapse3/design.toml"],
+            __import__("hashlib").sha256(text.encode()).hexdigest(),
+        )
+    )
     check_registration(registration, root)
     with pytest.raises(DesignError, match="disagree"):
         load_design(root / "training/collapse3/design.toml", registration, root)

@@ -57,8 +57,10 @@ def test_an_int_is_a_float_where_a_float_is_declared():
 
 def test_overrides_reach_into_tables_and_arrays_and_are_checked_with_the_file(tmp_path):
     path = tmp_path / "run.toml"
-    path.write_text('name = "r"\ndomain = "p4g"\n[[heldout]]\nname = "a"\nkind = "scripted"\n'
-                    'script = "steady"\n')  # fmt: skip
+    path.write_text(
+        'name = "r"\ndomain = "p4g"\n[[heldout]]\nname = "a"\nkind = "scripted"\n'
+        'script = "steady"\n'
+    )
     config = load_config(path, {"lora.r": 4, "heldout[0].script": "reactant", "steps": 3})
     assert (config.lora.r, config.heldout[0].script, config.steps) == (4, "reactant", 3)
     with pytest.raises(ConfigError, match=r"^heldout\[0\].script must be one of anchored"):
@@ -79,8 +81,10 @@ def test_a_command_line_value_is_toml_or_a_bare_string():
 def test_cli_set_goes_through_the_loader(tmp_path, capsys):
     path = tmp_path / "run.toml"
     # were an override let through, training would stop at once on the missing model
-    path.write_text(f'name = "r"\ndomain = "p4g"\nbase_model = "{tmp_path / "none"}"\n'
-                    f'output_dir = "{tmp_path / "out"}"\n')  # fmt: skip
+    path.write_text(
+        f'name = "r"\ndomain = "p4g"\nbase_model = "{tmp_path / "none"}"\n'
+        f'output_dir = "{tmp_path / "out"}"\n'
+    )
     assert main(["run", str(path), "--set", "simulator.draw=random"]) == 2
     assert "simulator.draw must be one of probability, uniform (got 'random')" in (
         capsys.readouterr().err
@@ -113,7 +117,10 @@ def test_replace_checks_again():
 
 
 def test_every_field_has_its_help():
-    for table in (RunConfig, SimulatorSpec, *(type(v) for v in vars(parse_config(BASE)).values()
-                                             if dataclasses.is_dataclass(v))):  # fmt: skip
+    for table in (
+        RunConfig,
+        SimulatorSpec,
+        *(type(v) for v in vars(parse_config(BASE)).values() if dataclasses.is_dataclass(v)),
+    ):
         for name, info in table.__pydantic_fields__.items():
             assert info.description, f"{table.__name__}.{name}"

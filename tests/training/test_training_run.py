@@ -29,8 +29,14 @@ def test_admin_filters_offer_every_name(admin_client):
 
 
 def test_a_run_reads_its_preset_through_the_loader():
-    run = TrainingRun(name="vs-run", preset="p4g-single-cpu", domain="p4g", regime="verbalized",
-                      steps=3, settings={"simulator.draw": "uniform", "seed": 7})  # fmt: skip
+    run = TrainingRun(
+        name="vs-run",
+        preset="p4g-single-cpu",
+        domain="p4g",
+        regime="verbalized",
+        steps=3,
+        settings={"simulator.draw": "uniform", "seed": 7},
+    )
     config = run.config()
     preset = load_config(CONFIGS_DIR / "p4g-single-cpu.toml")
     assert (config.name, config.regime, config.steps, config.seed) == ("vs-run", "verbalized", 3, 7)

@@ -128,10 +128,15 @@ def run_folder(tmp_path, optimizer_steps):
         "".join(json.dumps(r) + "\n" for r in rows) + '{"step": 3, "rew'
     )
     samples = [
-        {"step": s, "task": "t1", "reward": 0.0, "end_reason": "max_turns",
-         "conversation": [{"role": "assistant", "content": f"hello from step {s}"}]}
+        {
+            "step": s,
+            "task": "t1",
+            "reward": 0.0,
+            "end_reason": "max_turns",
+            "conversation": [{"role": "assistant", "content": f"hello from step {s}"}],
+        }
         for s in range(1, 6)
-    ]  # fmt: skip
+    ]
     (folder / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in samples))
     for name in ("train_reward.png", "entropy.png"):
         (folder / name).write_bytes(PNG)
@@ -142,9 +147,12 @@ def run_folder(tmp_path, optimizer_steps):
 def test_the_run_page_shows_plots_samples_and_warns_of_no_optimizer_step(admin_client, tmp_path):
     folder = run_folder(tmp_path, optimizer_steps=0)
     run = TrainingRun.objects.create(
-        name="flat", preset="retail-single-cpu", domain="retail", status="done",
+        name="flat",
+        preset="retail-single-cpu",
+        domain="retail",
+        status="done",
         output_dir=str(folder),
-    )  # fmt: skip
+    )
     page = admin_client.get(reverse("admin:training_trainingrun_change", args=[run.pk]))
     page = page.content.decode()
     assert 'id="no-optimizer-step"' in page and "took no optimizer step in 2" in page
@@ -168,9 +176,11 @@ def test_the_run_page_shows_plots_samples_and_warns_of_no_optimizer_step(admin_c
 @pytest.mark.django_db
 def test_a_run_that_stepped_has_no_warning(admin_client, tmp_path):
     run = TrainingRun.objects.create(
-        name="stepped", preset="p4g-single-cpu", status="done",
+        name="stepped",
+        preset="p4g-single-cpu",
+        status="done",
         output_dir=str(run_folder(tmp_path, optimizer_steps=2)),
-    )  # fmt: skip
+    )
     page = admin_client.get(reverse("admin:training_trainingrun_change", args=[run.pk]))
     page = page.content.decode()
     assert "no-optimizer-step" not in page and "2 of 2 logged step(s)" in page

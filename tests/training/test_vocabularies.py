@@ -32,8 +32,15 @@ SPECS = [
 
 def spec(kind: str, draw: str, script: str, **extra) -> dict:
     # k = 2 short candidates: a random model under the schema constraint finishes the JSON
-    data = {"name": f"{kind}-{draw}-{script}", "kind": kind, "draw": draw, "k": 2, "retries": 0,
-            "max_new_tokens": 120 if kind == "verbalized" else 6, **extra}  # fmt: skip
+    data = {
+        "name": f"{kind}-{draw}-{script}",
+        "kind": kind,
+        "draw": draw,
+        "k": 2,
+        "retries": 0,
+        "max_new_tokens": 120 if kind == "verbalized" else 6,
+        **extra,
+    }
     return data | ({"script": script} if script else {})
 
 
@@ -98,10 +105,15 @@ def test_the_trainer_builds_every_simulator_and_regime_the_config_accepts(
             if regime == "ensemble":  # K = 2 members of this kind
                 simulator = {"ensemble": [spec(kind, draw, script) | {"name": n} for n in "ab"]}
             try:
-                config = RunConfig.from_dict({
-                    "name": "vocab", "domain": "letters", "regime": regime,
-                    "base_model": str(tiny_model), **simulator,
-                })  # fmt: skip
+                config = RunConfig.from_dict(
+                    {
+                        "name": "vocab",
+                        "domain": "letters",
+                        "regime": regime,
+                        "base_model": str(tiny_model),
+                        **simulator,
+                    }
+                )
             except ConfigError:
                 continue  # a combination the config refuses (e.g. a scripted co-trainee)
             models = models or ModelCache(config)  # one copy of the tiny model for all
@@ -118,8 +130,10 @@ def test_every_held_out_simulator_the_config_accepts_is_built(
     tiny_model, other_tiny_model, letters, samples
 ):
     torch.manual_seed(0)
-    panel = [spec(k, d, s) | ({} if k == "scripted" else {"model": str(other_tiny_model)})
-             for k, d, s in SPECS]  # fmt: skip
+    panel = [
+        spec(k, d, s) | ({} if k == "scripted" else {"model": str(other_tiny_model)})
+        for k, d, s in SPECS
+    ]
     config = RunConfig.from_dict(
         {"name": "vocab", "domain": "letters", "base_model": str(tiny_model), "heldout": panel}
     )

@@ -51,10 +51,12 @@ def test_every_pair_of_the_bundled_task_is_a_scenario_and_it_is_training_only(do
 @needs_bwrap
 def test_gold_patches_submitted_by_both_score_both_passed_and_the_partner_is_recorded(domain):
     r = episode(
-        domain, 1, 2,
+        domain,
+        1,
+        2,
         [call("send_message", content="I add subtract to ops.py."), apply_gold(1), call("submit")],
         [call("bash", command="ls tinycalc"), apply_gold(2), call("submit")],
-    )  # fmt: skip
+    )
     assert r.end_reason == "submitted"
     assert r.outcome.success and r.reward == 1.0
     assert r.outcome.components["merge_status"] == "clean"
@@ -62,8 +64,10 @@ def test_gold_patches_submitted_by_both_score_both_passed_and_the_partner_is_rec
     # the partner's steps are user messages with tool calls, its results tool messages for "user"
     partner_steps = [m for m in r.conversation if m["role"] == "user"]
     assert [m["tool_calls"][0]["function"]["name"] for m in partner_steps] == [
-        "bash", "bash", "submit"
-    ]  # fmt: skip
+        "bash",
+        "bash",
+        "submit",
+    ]
     results = [m for m in r.conversation if m.get("requestor") == "user"]
     assert len(results) == 3 and "ops.py" in results[0]["content"]
     # they took steps in turn, the agent first
@@ -74,12 +78,20 @@ def test_gold_patches_submitted_by_both_score_both_passed_and_the_partner_is_rec
 @needs_bwrap
 def test_each_side_sees_the_others_messages_and_nothing_else_of_its_work(domain):
     r = episode(
-        domain, 1, 2,
-        [call("send_message", content="I take subtract."), call("bash", command="echo SECRET-A"),
-         call("submit")],
-        [call("bash", command="echo SECRET-B"), call("send_message", content="I take shout."),
-         call("submit")],
-    )  # fmt: skip
+        domain,
+        1,
+        2,
+        [
+            call("send_message", content="I take subtract."),
+            call("bash", command="echo SECRET-A"),
+            call("submit"),
+        ],
+        [
+            call("bash", command="echo SECRET-B"),
+            call("send_message", content="I take shout."),
+            call("submit"),
+        ],
+    )
     agent_side = json.dumps(domain.agent_view(r.conversation))
     partner_side = json.dumps(domain.user_view(r.conversation))
     assert "[Message from agent2]: I take shout." in agent_side
@@ -125,10 +137,12 @@ def test_without_submitting_the_episode_ends_at_the_step_limit_and_the_copies_ar
 @needs_bwrap
 def test_a_speaker_who_submitted_is_skipped(domain):
     r = episode(
-        domain, 1, 2,
+        domain,
+        1,
+        2,
         [call("submit")],
         [call("bash", command="true"), call("bash", command="true"), apply_gold(2), call("submit")],
-    )  # fmt: skip
+    )
     roles = [m["role"] for m in r.conversation if m["role"] != "tool"]
     assert roles == ["assistant", "user", "user", "user", "user"]
     assert r.end_reason == "submitted" and r.reward == 0.0  # the agent submitted nothing
@@ -167,9 +181,10 @@ def test_a_runaway_command_is_ended_at_its_limit_and_reported(tmp_path):
     flood = domain.execute_tool(state, "bash", {"command": "yes"})
     assert "output limit" in flood and len(flood) <= 4100
     offline = domain.execute_tool(
-        state, "bash",
+        state,
+        "bash",
         {"command": "python -c \"import socket; socket.create_connection(('1.1.1.1', 53), 3)\""},
-    )  # fmt: skip
+    )
     assert "exit code: 1" in offline and "OSError" in offline  # no network inside
     escaped = Path.home() / "parley-sandbox-escape"
     outside = domain.execute_tool(state, "bash", {"command": f"touch {escaped}"})

@@ -143,7 +143,7 @@ NEGATED = st.builds(
             "do not plan to",
             "wouldn't",
         ]
-    ),  # fmt: skip
+    ),
     st.sampled_from(["donate", "give", "contribute", "pledge", "chip in", "spare"]),
     st.sampled_from(["$1", "$0.50", "2 dollars", "50 cents", "a dollar", "1.5", "half"]),
 )

@@ -183,11 +183,13 @@ def test_without_a_judge_nl_is_left_out_and_labelled_never_counted():
 
 def test_read_verdicts_matches_by_outcome_and_refuses_gaps():
     reply = json.dumps(
-        {"results": [
-            {"expectedOutcome": "B  is done", "metExpectation": False},
-            {"expectedOutcome": "A is done", "metExpectation": True},
-        ]}
-    )  # fmt: skip
+        {
+            "results": [
+                {"expectedOutcome": "B  is done", "metExpectation": False},
+                {"expectedOutcome": "A is done", "metExpectation": True},
+            ]
+        }
+    )
     assert read_verdicts(reply, ["A is done", "B is done"]) == [True, False]
     with pytest.raises(ValueError, match="not a true/false verdict on each"):
         read_verdicts(json.dumps({"results": [{"expectedOutcome": "A is done"}]}), ["A is done"])

@@ -38,8 +38,15 @@ def hermes_engine(base_model, tmp_path_factory):
 
 def ask(url: str, model: str, **body) -> httpx.Response:
     forced = {"type": "structural_tag", "format": {"type": "const_string", "value": CALL}}
-    request = {"model": model, "messages": MESSAGES, "tools": [TOOL], "temperature": 0,
-               "max_tokens": 120, "response_format": forced, **body}  # fmt: skip
+    request = {
+        "model": model,
+        "messages": MESSAGES,
+        "tools": [TOOL],
+        "temperature": 0,
+        "max_tokens": 120,
+        "response_format": forced,
+        **body,
+    }
     return httpx.post(f"{url}/chat/completions", json=request, timeout=120)
 
 
@@ -60,8 +67,9 @@ def test_streamed_the_call_is_a_tool_call_delta_and_no_content(hermes_engine):
     url, model = hermes_engine[0], hermes_engine[1].name
     reply = ask(url, model, stream=True)
     assert reply.status_code == 200, reply.text
-    events = [json.loads(line[6:]) for line in reply.text.splitlines()
-              if line.startswith("data: {")]  # fmt: skip
+    events = [
+        json.loads(line[6:]) for line in reply.text.splitlines() if line.startswith("data: {")
+    ]
     deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
     assert "".join(d.get("content") or "" for d in deltas) == ""
     (call,) = [c for d in deltas for c in d.get("tool_calls") or []]
@@ -80,9 +88,17 @@ def test_a_conversation_with_structured_calls_renders_natively(hermes_engine):
     """The call and its result in the history go to the template as they are (it renders them
     as <tool_call> and <tool_response> blocks); the next reply is another native call."""
     url, model = hermes_engine[0], hermes_engine[1].name
-    earlier = {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function",
-         "function": {"name": "find_user_id_by_email", "arguments": '{"email": "x@y.z"}'}}]}  # fmt: skip
+    earlier = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "find_user_id_by_email", "arguments": '{"email": "x@y.z"}'},
+            }
+        ],
+    }
     result = {"role": "tool", "tool_call_id": "call_1", "content": "Error: user not found"}
     conversation = [*MESSAGES, earlier, result]
     reply = ask(url, model, messages=conversation)
@@ -105,8 +121,14 @@ def test_a_conversation_with_structured_calls_renders_natively(hermes_engine):
 # Forced calls: with a Hermes-style template the engine has its parser (vLLM is served with
 # `--tool-call-parser hermes` for one), so tool_choice "required" or a named function is kept.
 def forced(url: str, model: str, **body) -> httpx.Response:
-    request = {"model": model, "messages": ASK, "tools": [WEATHER, CLOCK], "max_tokens": 48,
-               "temperature": 0, **body}  # fmt: skip
+    request = {
+        "model": model,
+        "messages": ASK,
+        "tools": [WEATHER, CLOCK],
+        "max_tokens": 48,
+        "temperature": 0,
+        **body,
+    }
     return httpx.post(f"{url}/chat/completions", json=request, timeout=120)
 
 
@@ -130,8 +152,9 @@ def test_named_tool_choice_streams_that_call(hermes_engine):
     named = {"type": "function", "function": {"name": "get_weather"}}
     reply = forced(url, model, tool_choice=named, stream=True)
     assert reply.status_code == 200, reply.text
-    events = [json.loads(line[6:]) for line in reply.text.splitlines()
-              if line.startswith("data: {")]  # fmt: skip
+    events = [
+        json.loads(line[6:]) for line in reply.text.splitlines() if line.startswith("data: {")
+    ]
     deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
     calls = [c for d in deltas for c in d.get("tool_calls") or []]
     assert [c["function"]["name"] for c in calls] == ["get_weather"]

@@ -38,10 +38,15 @@ def test_tools_are_refused_as_vllm_refuses_them_for_smollm2(served):
 
 def test_json_schema_answer_parses_and_validates(client, served):
     reply = client.chat.completions.create(
-        model=served.base, max_tokens=40, temperature=0,
+        model=served.base,
+        max_tokens=40,
+        temperature=0,
         messages=[{"role": "user", "content": "Describe a person."}],
-        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}},
-    )  # fmt: skip
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "person", "schema": PERSON},
+        },
+    )
     person = json.loads(reply.choices[0].message.content)  # no markdown fence around it
     assert set(person) == {"name", "age"}
     assert isinstance(person["name"], str) and type(person["age"]) is int
@@ -49,9 +54,12 @@ def test_json_schema_answer_parses_and_validates(client, served):
 
 def test_json_object_answer_is_a_json_object(client, served):
     reply = client.chat.completions.create(
-        model=served.base, max_tokens=40, temperature=0, response_format={"type": "json_object"},
+        model=served.base,
+        max_tokens=40,
+        temperature=0,
+        response_format={"type": "json_object"},
         messages=[{"role": "user", "content": "Describe a person in JSON."}],
-    )  # fmt: skip
+    )
     if reply.choices[0].finish_reason == "stop":
         assert isinstance(json.loads(reply.choices[0].message.content), dict)
     else:  # cut off by max_tokens: still the start of an object
@@ -66,12 +74,14 @@ def test_json_object_answer_is_a_json_object(client, served):
         ({"extra_body": {"top_k": 5}}, "top_k"),
         ({"extra_body": {"structured_outputs": {"json": PERSON}}}, "structured_outputs"),
         ({"tool_choice": "required"}, "tool_choice"),  # without tools
-        ({"tools": [CLOCK], "tool_choice": {"type": "function", "function": {"name": "x"}}},
-         "tool_choice"),
+        (
+            {"tools": [CLOCK], "tool_choice": {"type": "function", "function": {"name": "x"}}},
+            "tool_choice",
+        ),
         ({"response_format": {"type": "json_schema"}}, "response_format"),
     ],
     ids=lambda value: value if isinstance(value, str) else None,
-)  # fmt: skip
+)
 def test_unsupported_or_contradictory_fields_are_400(client, served, params, param):
     with pytest.raises(openai.BadRequestError) as raised:
         client.chat.completions.create(model=served.base, messages=ASK, max_tokens=1, **params)
@@ -82,9 +92,16 @@ def test_unsupported_or_contradictory_fields_are_400(client, served, params, par
 
 def test_neutral_values_and_harmless_fields_are_accepted(client, served):
     reply = client.chat.completions.create(
-        model=served.base, messages=ASK, max_tokens=1, logprobs=False, presence_penalty=0,
-        user="participant-7", metadata={"study": "s"}, tools=[CLOCK], tool_choice="none",
-    )  # fmt: skip
+        model=served.base,
+        messages=ASK,
+        max_tokens=1,
+        logprobs=False,
+        presence_penalty=0,
+        user="participant-7",
+        metadata={"study": "s"},
+        tools=[CLOCK],
+        tool_choice="none",
+    )
     assert reply.choices[0].finish_reason == "length"
 
 
@@ -100,9 +117,13 @@ async def test_structured_tool_format_forces_a_tau2_call_through_agents_llm(serv
     ]
     async with LLMClient(served.url, tool_format="structured", timeout=300) as llm:
         stream = llm.stream_chat(
-            served.base, messages, tools=tools, tool_choice="required", max_tokens=120,
+            served.base,
+            messages,
+            tools=tools,
+            tool_choice="required",
+            max_tokens=120,
             temperature=0,
-        )  # fmt: skip
+        )
         assert not [piece async for piece in stream]  # only a call: no text
     (call,) = stream.result.tool_calls
     assert stream.result.finish_reason == "tool_calls"

@@ -134,8 +134,10 @@ def passes(engine: Engine, free: float) -> list[tuple[int, int]]:
     engine._forward = recording
     try:
         prompt = engine.tokenizer("Tell me about the sea.").input_ids
-        jobs = [Generation(prompt_ids=prompt, max_new_tokens=6, temperature=0.7, seed=i)
-                for i in range(3)]  # fmt: skip
+        jobs = [
+            Generation(prompt_ids=prompt, max_new_tokens=6, temperature=0.7, seed=i)
+            for i in range(3)
+        ]
         runs = [threading.Thread(target=engine.generate, args=(job,)) for job in jobs]
         for run in runs:
             run.start()

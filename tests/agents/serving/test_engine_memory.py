@@ -36,8 +36,10 @@ def wait_for(condition, timeout=10.0) -> bool:
 
 def burst(engine: Engine, requests: int):
     prompt = engine.tokenizer("You are a patient guide. " * 40 + "Tell me about tides.").input_ids
-    jobs = [Generation(prompt_ids=[*prompt, i], max_new_tokens=8, temperature=0.7, seed=i)
-            for i in range(requests)]  # fmt: skip
+    jobs = [
+        Generation(prompt_ids=[*prompt, i], max_new_tokens=8, temperature=0.7, seed=i)
+        for i in range(requests)
+    ]
     runs = [threading.Thread(target=engine.generate, args=(job,)) for job in jobs]
     for run in runs:
         run.start()

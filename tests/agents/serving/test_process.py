@@ -36,8 +36,16 @@ def gone(pid: int, seconds: float = 10) -> bool:
 
 def file_server(folder, port):
     """A real HTTP server whose /health is a file in `folder`."""
-    return [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
-            "--directory", str(folder)]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "http.server",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--directory",
+        str(folder),
+    ]
 
 
 def test_a_server_is_waited_for_and_stopped_with_its_temporary_log(tmp_path):

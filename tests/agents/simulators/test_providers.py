@@ -39,7 +39,7 @@ PANEL = [
     ("o4-mini", "https://gateway.example.com/v1", "", "generic"),
     ("openai/gpt-5-mini", "https://openrouter.ai/api/v1", "OPENROUTER_API_KEY", "openrouter"),
     ("Qwen/Qwen3-8B", "http://127.0.0.1:8001/v1", "", "generic"),
-]  # fmt: skip
+]  # fmt: skip  # a table: one model, host, key and provider a line
 
 
 @pytest.mark.parametrize(("model", "url", "key_env", "name"), PANEL)
@@ -63,9 +63,13 @@ async def test_the_gpt5_standin_refuses_the_unshaped_request_once_and_takes_the_
         assert "Use 'max_completion_tokens' instead" in str(refused.value)
         async with LLMClient(server.url, provider="openai-reasoning") as client:
             result = await client.chat(
-                "gpt-5-mini", CHAT, temperature=0.7, top_p=0.95, max_tokens=64,
+                "gpt-5-mini",
+                CHAT,
+                temperature=0.7,
+                top_p=0.95,
+                max_tokens=64,
                 reasoning_effort="minimal",
-            )  # fmt: skip
+            )
         assert result.content == "Hi there."
     sent = server.requests[-1]
     assert sent["max_completion_tokens"] == 64 and sent["reasoning_effort"] == "minimal"
@@ -94,8 +98,9 @@ async def test_the_gpt5_standin_refuses_a_temperature_other_than_1():
 async def test_generic_sends_what_it_is_given_and_openrouter_its_reasoning_form():
     with ScriptedServer([{"content": "a"}, {"content": "b"}, {"content": "c"}]) as server:
         async with LLMClient(server.url) as client:  # auto: 127.0.0.1 is generic
-            await client.chat("m", CHAT, temperature=0.7, top_p=0.95, max_tokens=16,
-                              reasoning_effort="low")  # fmt: skip
+            await client.chat(
+                "m", CHAT, temperature=0.7, top_p=0.95, max_tokens=16, reasoning_effort="low"
+            )
             await client.chat("m", CHAT, temperature=0.7, max_tokens=16)
         async with LLMClient(server.url, provider="openrouter") as client:
             await client.chat("m", CHAT, temperature=0.7, max_tokens=16, reasoning_effort="low")
@@ -165,8 +170,15 @@ async def test_the_sim_to_real_held_out_user_is_shaped_as_in_training():
     scenario = domain.scenarios("test")[0]
     ask = [{"role": "assistant", "content": "Would you donate $1?"}]
     with GPT5Server([{"content": '{"reply": "[DONATE $1]"}'}]) as server:
-        spec = {"name": "gpt5", "endpoint": server.url, "model": "gpt-5-mini", "top_p": 0.95,
-                "provider": "openai-reasoning", "temperature": 0.7, "max_new_tokens": 32}  # fmt: skip
+        spec = {
+            "name": "gpt5",
+            "endpoint": server.url,
+            "model": "gpt-5-mini",
+            "top_p": 0.95,
+            "provider": "openai-reasoning",
+            "temperature": 0.7,
+            "max_new_tokens": 32,
+        }
         user = make_user(spec, random.Random(0))
         text = await user.reply(domain, scenario, ask, final=True)
         await user.aclose()

@@ -30,8 +30,15 @@ ASK = [{"role": "assistant", "content": "Would you donate to Save the Children?"
 
 
 async def test_a_plain_spec_asks_with_its_settings_and_its_guidelines_and_persona():
-    spec = SimulatorSpec(name="s", endpoint="http://x/v1", model="m", temperature=0.5,
-                         max_new_tokens=20, guidelines="Be brief.", persona="You are busy.")  # fmt: skip
+    spec = SimulatorSpec(
+        name="s",
+        endpoint="http://x/v1",
+        model="m",
+        temperature=0.5,
+        max_new_tokens=20,
+        guidelines="Be brief.",
+        persona="You are busy.",
+    )
     client = ScriptedClient("Maybe.")
     simulator = build(spec, client)
     assert isinstance(simulator, PlainSimulator)

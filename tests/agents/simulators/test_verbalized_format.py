@@ -102,12 +102,21 @@ def test_donation_markers_survive_parsing():
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.one_of(st.text(max_size=300), st.recursive(
-    st.none() | st.booleans() | st.floats() | st.text(max_size=10),
-    lambda inner: st.lists(inner, max_size=6) | st.dictionaries(
-        st.sampled_from(["responses", "text", "probability", "x"]), inner, max_size=4),
-    max_leaves=30,
-).map(json.dumps)))  # fmt: skip
+@given(
+    st.one_of(
+        st.text(max_size=300),
+        st.recursive(
+            st.none() | st.booleans() | st.floats() | st.text(max_size=10),
+            lambda inner: (
+                st.lists(inner, max_size=6)
+                | st.dictionaries(
+                    st.sampled_from(["responses", "text", "probability", "x"]), inner, max_size=4
+                )
+            ),
+            max_leaves=30,
+        ).map(json.dumps),
+    )
+)
 def test_any_output_parses_or_raises_value_error(text):
     try:
         candidates = parse_verbalized(text)

@@ -10,9 +10,14 @@ from studies.analysis.annotation import annotation_report, conversation_table, r
 
 def rating(conversation, rater, source, arm, simulator="", attention=True, **answers):
     return {
-        "conversation": conversation, "rater": rater, "source": source, "arm": arm,
-        "simulator": simulator, "attention_passed": attention, "answers": answers,
-    }  # fmt: skip
+        "conversation": conversation,
+        "rater": rater,
+        "source": source,
+        "arm": arm,
+        "simulator": simulator,
+        "attention_passed": attention,
+        "answers": answers,
+    }
 
 
 def study_ratings(seed=0):
@@ -29,8 +34,17 @@ def study_ratings(seed=0):
             for r in range(3):
                 quality = min(7, max(1, centre + rng.choice([-1, 0, 0, 1])))
                 real = "real" if (source == "person") == (rng.random() < 0.8) else "simulated"
-                out.append(rating(f"{g}-{c}", f"r{r + 3 * c}", source, arm, simulator,
-                                  quality=quality, real_person=real))  # fmt: skip
+                out.append(
+                    rating(
+                        f"{g}-{c}",
+                        f"r{r + 3 * c}",
+                        source,
+                        arm,
+                        simulator,
+                        quality=quality,
+                        real_person=real,
+                    )
+                )
     return out
 
 
@@ -50,8 +64,11 @@ def test_the_report_compares_every_pair_of_groups_with_holm_and_measures_agreeme
     assert not report["errors"]
     pairs = {(c["arm"], c["reference"]) for c in report["comparisons"]}
     assert len(pairs) == 3 and all(c["p_holm"] >= c["p"] for c in report["comparisons"])
-    sim = next(c for c in report["comparisons"] if "vs" in (c["arm"] + c["reference"]) and
-               "trained" in (c["arm"] + c["reference"]))  # fmt: skip
+    sim = next(
+        c
+        for c in report["comparisons"]
+        if "vs" in (c["arm"] + c["reference"]) and "trained" in (c["arm"] + c["reference"])
+    )
     assert sim["p_holm"] < 0.05  # 6 against 3 on 8 conversations each: a clear difference
     annotation = report["annotation"]
     assert annotation["conversations"] == 24 and annotation["ratings"] == 72
@@ -96,10 +113,14 @@ def test_sim2real_columns_rank_arms_by_raters_against_participants_and_simulator
     ratings = []
     for arm, quality in [("a", 6), ("b", 4), ("c", 2)]:
         for c in range(3):
-            ratings.append(rating(f"{arm}{c}", "x", "person", arm, quality=quality + c % 2,
-                                  real_person="real"))  # fmt: skip
-            ratings.append(rating(f"{arm}s{c}", "y", "simulator", arm, "vs", quality=3,
-                                  real_person="simulated"))  # fmt: skip
+            ratings.append(
+                rating(f"{arm}{c}", "x", "person", arm, quality=quality + c % 2, real_person="real")
+            )
+            ratings.append(
+                rating(
+                    f"{arm}s{c}", "y", "simulator", arm, "vs", quality=3, real_person="simulated"
+                )
+            )
     arms = [
         {
             "name": name,

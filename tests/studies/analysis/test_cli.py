@@ -33,8 +33,21 @@ def analyze(*args):
 
 
 def test_manage_py_analyze_json(sleep_csv):
-    out = analyze("--csv", sleep_csv, "--arm-column", "group", "--measures", "extra,calm",
-                  "--control", "g2", "--reverse", "calm", "--scales", "calm=9", "--json")  # fmt: skip
+    out = analyze(
+        "--csv",
+        sleep_csv,
+        "--arm-column",
+        "group",
+        "--measures",
+        "extra,calm",
+        "--control",
+        "g2",
+        "--reverse",
+        "calm",
+        "--scales",
+        "calm=9",
+        "--json",
+    )
     report = json.loads(out)
     extra = next(c for c in report["comparisons"] if c["measure"] == "extra")
     assert (extra["arm"], extra["reference"]) == ("g1", "g2")
@@ -51,9 +64,22 @@ def test_manage_py_analyze_json(sleep_csv):
 
 
 def test_manage_py_analyze_table_and_options(sleep_csv):
-    out = analyze("--csv", sleep_csv, "--arm-column", "group", "--measures", "extra",
-                  "--pairs", "all", "--family", "study", "--alpha", "0.1",
-                  "--keep-unfinished", "--keep-failed-attention")  # fmt: skip
+    out = analyze(
+        "--csv",
+        sleep_csv,
+        "--arm-column",
+        "group",
+        "--measures",
+        "extra",
+        "--pairs",
+        "all",
+        "--family",
+        "study",
+        "--alpha",
+        "0.1",
+        "--keep-unfinished",
+        "--keep-failed-attention",
+    )
     assert "Participants: 22 total, 22 included, 0 excluded" in out
     assert "g2 - g1" in out and "* p_holm < 0.1" in out
 
@@ -62,8 +88,17 @@ def test_manage_py_analyze_unknown_control_lists_the_arms(sleep_csv):
     with pytest.raises(
         CommandError, match="control arm 'placebo' is not among the arms: 'g1', 'g2'"
     ):
-        analyze("--csv", sleep_csv, "--arm-column", "group", "--measures", "extra",
-                "--control", "placebo", "--json")  # fmt: skip
+        analyze(
+            "--csv",
+            sleep_csv,
+            "--arm-column",
+            "group",
+            "--measures",
+            "extra",
+            "--control",
+            "placebo",
+            "--json",
+        )
 
 
 def test_manage_py_analyze_unreadable_files(tmp_path):
@@ -81,8 +116,9 @@ def test_manage_py_analyze_unreadable_files(tmp_path):
 
 def test_figures_are_written(sleep_csv, tmp_path):
     folder = tmp_path / "figures"
-    analyze("--csv", sleep_csv, "--arm-column", "group", "--measures", "extra,calm",
-            "--figures", folder)  # fmt: skip
+    analyze(
+        "--csv", sleep_csv, "--arm-column", "group", "--measures", "extra,calm", "--figures", folder
+    )
     names = sorted(p.name for p in folder.iterdir())
     assert names == ["likert-calm.png", "likert-calm.svg", "means.png", "means.svg"]
 

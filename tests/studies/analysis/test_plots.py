@@ -48,8 +48,10 @@ def test_likert_bars_cover_each_arm_and_centre_the_neutral_answer(report):
     bars = figure.axes[0].patches
     distribution = report["measures"][0]["distribution"]
     for y, arm in enumerate(["base", "vs"]):
-        row = sorted((b for b in bars if abs(b.get_y() + b.get_height() / 2 - y) < 1e-9),
-                     key=lambda b: b.get_x())  # fmt: skip
+        row = sorted(
+            (b for b in bars if abs(b.get_y() + b.get_height() / 2 - y) < 1e-9),
+            key=lambda b: b.get_x(),
+        )
         widths = [b.get_width() for b in row]
         counts = np.array([distribution[arm][str(k)] for k in range(1, 8)], float)
         assert widths == pytest.approx(counts / counts.sum())

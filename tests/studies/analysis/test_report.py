@@ -304,8 +304,14 @@ def test_likert_detection_and_distribution():
     odd = pd.DataFrame({"arm": ["a"] * 4 + ["b"] * 2, "x": [1, 2.5, -3, 9, 7, 7]})
     report = build_report(odd, Settings("arm", ("x",), likert=("x",)))
     assert report["measures"][0]["distribution"]["a"] == {
-        "1": 1, "2": 0, "3": 0, "4": 0, "5": 0, "6": 0, "7": 0,
-    }  # fmt: skip
+        "1": 1,
+        "2": 0,
+        "3": 0,
+        "4": 0,
+        "5": 0,
+        "6": 0,
+        "7": 0,
+    }
     assert any("3 answers not on the 1..7 scale" in n for n in report["notes"])
 
 
@@ -328,11 +334,28 @@ def test_report_is_strict_json_with_the_documented_keys():
     report = build_report(table_of(LIKERT), settings)
     decoded = json.loads(to_json(report))
     assert set(decoded) == {
-        "format", "settings", "software", "errors", "notes",
-        "participants", "arms", "measures", "comparisons", "preregistration",
-    }  # fmt: skip
+        "format",
+        "settings",
+        "software",
+        "errors",
+        "notes",
+        "participants",
+        "arms",
+        "measures",
+        "comparisons",
+        "preregistration",
+    }
     assert decoded["preregistration"] is None  # no plan given
     assert set(decoded["comparisons"][0]) >= {
-        "t", "df", "p", "p_holm", "diff", "diff_ci", "hedges_g", "flags", "favours", "note",
-    }  # fmt: skip
+        "t",
+        "df",
+        "p",
+        "p_holm",
+        "diff",
+        "diff_ci",
+        "hedges_g",
+        "flags",
+        "favours",
+        "note",
+    }
     assert Settings(**decoded["settings"]) == settings  # a stored run can be redone

@@ -41,9 +41,12 @@ def turns(kind, n):
 
 # the people: 40% ask, 20% each of the others
 PEOPLE = turns("ask", 16) + turns("refuse", 8) + turns("question", 8) + turns("agree", 8)
-LIKE = SimulatorTurns("like", "talks like the people", conversations=5,
-                      turns=turns("ask", 8) + turns("refuse", 4) + turns("question", 4)
-                      + turns("agree", 4))  # fmt: skip
+LIKE = SimulatorTurns(
+    "like",
+    "talks like the people",
+    conversations=5,
+    turns=turns("ask", 8) + turns("refuse", 4) + turns("question", 4) + turns("agree", 4),
+)
 UNLIKE = SimulatorTurns("unlike", "refuses only", conversations=5, turns=turns("refuse", 20))
 SETTINGS = SpaceSettings(embedder="constructed", clusters=4)
 

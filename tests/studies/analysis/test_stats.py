@@ -45,8 +45,13 @@ def r_welch(x, y, level=0.95):
     df = (sx + sy) ** 2 / (sx**2 / (len(x) - 1) + sy**2 / (len(y) - 1))
     t = (mx - my) / se
     half = r_qt((1 + mp.mpf(level)) / 2, df) * se
-    return {"t": t, "df": df, "p": 2 * r_pt(-abs(t), df), "diff": mx - my,
-            "diff_ci": (mx - my - half, mx - my + half)}  # fmt: skip
+    return {
+        "t": t,
+        "df": df,
+        "p": 2 * r_pt(-abs(t), df),
+        "diff": mx - my,
+        "diff_ci": (mx - my - half, mx - my + half),
+    }
 
 
 def r_mean_ci(x, level=0.95):

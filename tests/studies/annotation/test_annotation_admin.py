@@ -82,13 +82,16 @@ def test_go_live_asks_for_a_pool_places_for_the_target_and_gold_that_fits(annota
         RatedConversation.objects.create(study=annotation, source="person", transcript=[])
     found = " ".join(go_live.problems(annotation))  # 4 x 3 places / 6 per rater = 2 raters
     assert "places for 2 raters" in found and "the pool has none" in found
-    RatedConversation.objects.create(study=annotation, source="person", transcript=[],
-                                     gold={"nonsense": 1})  # fmt: skip
+    RatedConversation.objects.create(
+        study=annotation, source="person", transcript=[], gold={"nonsense": 1}
+    )
     annotation.annotation.raters_per_conversation = 6
     annotation.annotation.save()
     found = go_live.problems(annotation)
-    assert found == [f"Gold conversation {annotation.rated_conversations.last().pk} answers "
-                     "items the study does not ask: nonsense."]  # fmt: skip
+    assert found == [
+        f"Gold conversation {annotation.rated_conversations.last().pk} answers "
+        "items the study does not ask: nonsense."
+    ]
 
 
 def test_a_training_runs_samples_are_added_from_the_data_folder_only(

@@ -24,18 +24,30 @@ def rated_study(raters=4, attention="2"):
     for source, arm, simulator in [("person", "base", ""), ("simulator", "base", "vs")]:
         for i in range(2):
             RatedConversation.objects.create(
-                study=study, source=source, arm=arm, simulator=simulator,
+                study=study,
+                source=source,
+                arm=arm,
+                simulator=simulator,
                 transcript=[{"speaker": "user", "text": f"{source} {i}"}],
-            )  # fmt: skip
+            )
     for r in range(raters):
         p = Participant.objects.create(
-            study=study, arm=study.arms.get(), prolific_pid=f"PID{r}SECRET",
-            prolific_study_id="S", prolific_session_id=f"s{r}", status=Participant.Status.RATING,
-        )  # fmt: skip
+            study=study,
+            arm=study.arms.get(),
+            prolific_pid=f"PID{r}SECRET",
+            prolific_study_id="S",
+            prolific_session_id=f"s{r}",
+            status=Participant.Status.RATING,
+        )
         for a in assign(p):
             person = a.conversation.source == "person"
-            answers = {**GOOD_ANSWERS, "attn": attention, "helpful": str(5 + person + r % 2),
-                       "real_person": "real" if person else "simulated", "realism_confidence": "3"}  # fmt: skip
+            answers = {
+                **GOOD_ANSWERS,
+                "attn": attention,
+                "helpful": str(5 + person + r % 2),
+                "real_person": "real" if person else "simulated",
+                "realism_confidence": "3",
+            }
             assert rating.submit(p, a.position, answers) == {}
     return study
 
@@ -127,8 +139,20 @@ def test_the_command_line_reads_the_ratings_csv_and_gives_the_runs_numbers(tmp_p
     study = rated_study()
     path = tmp_path / "ratings.csv"
     path.write_text(ratings_csv(study))
-    assert main(["--ratings", str(path), "--scales", "helpful=7,frustration=7,donation=0",
-                 "--reverse", "frustration", "--json"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "--ratings",
+                str(path),
+                "--scales",
+                "helpful=7,frustration=7,donation=0",
+                "--reverse",
+                "frustration",
+                "--json",
+            ]
+        )
+        == 0
+    )
     printed = json.loads(capsys.readouterr().out)
     run = compute(AnalysisRun.objects.create(study=study))
     assert printed["comparisons"] == run.results["comparisons"]
@@ -142,8 +166,9 @@ def test_the_command_line_reads_the_ratings_csv_and_gives_the_runs_numbers(tmp_p
     assert "not a ratings CSV" in capsys.readouterr().err
 
 
-def test_one_conversation_rated_twice_says_alpha_is_undefined_and_why(admin_client, tmp_path,
-                                                                      capsys):  # fmt: skip
+def test_one_conversation_rated_twice_says_alpha_is_undefined_and_why(
+    admin_client, tmp_path, capsys
+):
     from django.urls import reverse
 
     from studies.analysis.annotation_cli import main
@@ -155,12 +180,20 @@ def test_one_conversation_rated_twice_says_alpha_is_undefined_and_why(admin_clie
     RatedConversation.objects.create(study=study, source="person", transcript=[])
     for r, helpful in enumerate(["6", "3"]):
         p = Participant.objects.create(
-            study=study, arm=study.arms.get(), prolific_pid=f"ONCE{r}", prolific_study_id="S",
-            prolific_session_id=f"o{r}", status=Participant.Status.RATING,
-        )  # fmt: skip
+            study=study,
+            arm=study.arms.get(),
+            prolific_pid=f"ONCE{r}",
+            prolific_study_id="S",
+            prolific_session_id=f"o{r}",
+            status=Participant.Status.RATING,
+        )
         (a,) = assign(p)
-        answers = {**GOOD_ANSWERS, "helpful": helpful, "real_person": "real",
-                   "realism_confidence": "3"}  # fmt: skip
+        answers = {
+            **GOOD_ANSWERS,
+            "helpful": helpful,
+            "real_person": "real",
+            "realism_confidence": "3",
+        }
         assert rating.submit(p, a.position, answers) == {}
     run = compute(AnalysisRun.objects.create(study=study))
     helpful = run.results["annotation"]["agreement"]["helpful"]
@@ -192,12 +225,20 @@ def test_an_annotation_plan_is_frozen_before_rating_and_its_run_is_confirmatory(
     assert plan.plan["analysis"]["pairs"] == "all"
     for r in range(4):  # raters come after the freeze
         p = Participant.objects.create(
-            study=study, arm=study.arms.get(), prolific_pid=f"P{r}", prolific_study_id="S",
-            prolific_session_id=f"s{r}", status=Participant.Status.RATING,
-        )  # fmt: skip
+            study=study,
+            arm=study.arms.get(),
+            prolific_pid=f"P{r}",
+            prolific_study_id="S",
+            prolific_session_id=f"s{r}",
+            status=Participant.Status.RATING,
+        )
         for a in assign(p):
-            answers = {**GOOD_ANSWERS, "helpful": str(3 + r % 3),
-                       "real_person": "real", "realism_confidence": "3"}  # fmt: skip
+            answers = {
+                **GOOD_ANSWERS,
+                "helpful": str(3 + r % 3),
+                "real_person": "real",
+                "realism_confidence": "3",
+            }
             assert rating.submit(p, a.position, answers) == {}
     run = compute(AnalysisRun.objects.create(study=study))
     assert run.status == AnalysisRun.Status.DONE, run.error

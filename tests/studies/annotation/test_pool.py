@@ -64,10 +64,15 @@ def test_simulated_conversations_keep_their_simulator_out_of_the_transcript():
     ]
     for i, simulator in enumerate(["vs-user", "vs-user", "plain-user"]):
         SimulatorEvaluation.objects.create(
-            arm=origin.arms.get(), checkpoint=checkpoint, simulator=simulator,
-            scenario=scenario, sample=i, success=i == 0, reward=1.0 if i == 0 else 0.0,
+            arm=origin.arms.get(),
+            checkpoint=checkpoint,
+            simulator=simulator,
+            scenario=scenario,
+            sample=i,
+            success=i == 0,
+            reward=1.0 if i == 0 else 0.0,
             conversation=conversation,
-        )  # fmt: skip
+        )
     pool = pool_study()
     assert add_simulated(pool, origin, Draw(success=True), simulators=("vs-user",)) == 1
     assert add_simulated(pool, origin) == 2  # the rest, and nothing twice
@@ -83,12 +88,22 @@ def test_simulated_conversations_keep_their_simulator_out_of_the_transcript():
 def test_a_training_runs_samples_join_the_pool_as_its_simulators_once(tmp_path):
     samples = tmp_path / "samples.jsonl"
     rows = [
-        {"step": 1, "task": "t1", "reward": 1.0, "conversation": [
-            {"role": "assistant", "content": "How can I help?"},
-            {"role": "user", "content": "My e-mail is kim@example.com"}]},
-        {"step": 2, "task": "t1", "reward": 0.0, "conversation": [
-            {"role": "user", "content": "Hello"}]},
-    ]  # fmt: skip
+        {
+            "step": 1,
+            "task": "t1",
+            "reward": 1.0,
+            "conversation": [
+                {"role": "assistant", "content": "How can I help?"},
+                {"role": "user", "content": "My e-mail is kim@example.com"},
+            ],
+        },
+        {
+            "step": 2,
+            "task": "t1",
+            "reward": 0.0,
+            "conversation": [{"role": "user", "content": "Hello"}],
+        },
+    ]
     samples.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     pool = pool_study()
     assert add_training_samples(pool, samples, "cotrain-sim", Draw(success=True)) == 1

@@ -22,13 +22,16 @@ def annotation_study(n=2, gold=0):
     origin = make_study(slug="origin", arms=(SECRETS[0],))
     for source, simulator in [("person", ""), ("simulator", SECRETS[1])]:
         RatedConversation.objects.create(
-            study=study, source=source, arm=SECRETS[0], simulator=simulator,
+            study=study,
+            source=source,
+            arm=SECRETS[0],
+            simulator=simulator,
             origin_study=origin,
             transcript=[
                 {"speaker": "agent", "text": f"Hello from the agent ({source})"},
                 {"speaker": "user", "text": "I would like a refund"},
             ],
-        )  # fmt: skip
+        )
     return study
 
 
@@ -43,8 +46,13 @@ def arrive(client, study, pid):
 
 
 def rating(position, **extra):
-    return {"position": position, **GOOD_ANSWERS, "real_person": "real",
-            "realism_confidence": "4", **extra}  # fmt: skip
+    return {
+        "position": position,
+        **GOOD_ANSWERS,
+        "real_person": "real",
+        "realism_confidence": "4",
+        **extra,
+    }
 
 
 def test_a_rater_rates_each_conversation_blind_and_gets_the_completion_code(client):
@@ -85,9 +93,11 @@ def test_missing_answers_are_asked_again_and_nothing_is_stored(client):
 def test_a_missed_gold_conversation_fails_the_attention_check(client):
     study = annotation_study(n=1, gold=1)
     RatedConversation.objects.create(
-        study=study, source="person", gold={"helpful": 1},
+        study=study,
+        source="person",
+        gold={"helpful": 1},
         transcript=[{"speaker": "agent", "text": "Please answer 1 for helpful here."}],
-    )  # fmt: skip
+    )
     participant, page, _ = arrive(client, study, "rater3")
     for position in (1, 2):
         client.post(reverse("studies:rate", args=[participant.token]), rating(position))

@@ -105,10 +105,13 @@ def test_the_rating_page_names_p4g_speakers_and_passes_axe(web_server, browser, 
         study=study, raters_per_conversation=1, conversations_per_rater=1
     )
     RatedConversation.objects.create(
-        study=study, source="person",
-        transcript=[{"speaker": "agent", "text": "Would you donate to Save the Children?"},
-                    {"speaker": "user", "text": "Maybe a little."}],
-    )  # fmt: skip
+        study=study,
+        source="person",
+        transcript=[
+            {"speaker": "agent", "text": "Would you donate to Save the Children?"},
+            {"speaker": "user", "text": "Maybe a little."},
+        ],
+    )
     for viewport in ({"width": 1280, "height": 800}, PHONE):
         page = browser.new_context(bypass_csp=True, viewport=viewport).new_page()
         page.goto(f"{web_server}/s/rate-p4g/?PROLIFIC_PID=rater&STUDY_ID=st&SESSION_ID=se")

@@ -25,14 +25,23 @@ def annotation_study():
         [("person", ""), ("person", ""), ("simulator", SECRETS[1]), ("simulator", SECRETS[1])]
     ):
         RatedConversation.objects.create(
-            study=study, source=source, arm=SECRETS[0], simulator=simulator,
-            transcript=[{"speaker": "agent", "text": f"Conversation number {i}: how can I help?"},
-                        {"speaker": "user", "text": "Where is my parcel?"}],
-        )  # fmt: skip
+            study=study,
+            source=source,
+            arm=SECRETS[0],
+            simulator=simulator,
+            transcript=[
+                {"speaker": "agent", "text": f"Conversation number {i}: how can I help?"},
+                {"speaker": "user", "text": "Where is my parcel?"},
+            ],
+        )
     RatedConversation.objects.create(
-        study=study, source="person", gold={"helpful": 1},
-        transcript=[{"speaker": "agent", "text": "This is a check: choose 1 for the first question."}],
-    )  # fmt: skip
+        study=study,
+        source="person",
+        gold={"helpful": 1},
+        transcript=[
+            {"speaker": "agent", "text": "This is a check: choose 1 for the first question."}
+        ],
+    )
     return study
 
 

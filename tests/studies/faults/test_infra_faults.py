@@ -361,10 +361,29 @@ def test_an_analysis_whose_worker_is_killed_mid_task_is_finished_once(redis_url,
     queue = f"analysis-kill-{os.getpid()}"  # this worker alone, whatever else is running
     log = tmp_path / "worker.log"
     worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "parley", "worker", "-Q", queue,
-         "--pool", "prefork", "-c", "1", "--loglevel", "INFO", "-n", f"kill-{os.getpid()}@%h"],
-        cwd=REPO, env=child_env(), stdout=log.open("wb"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "parley",
+            "worker",
+            "-Q",
+            queue,
+            "--pool",
+            "prefork",
+            "-c",
+            "1",
+            "--loglevel",
+            "INFO",
+            "-n",
+            f"kill-{os.getpid()}@%h",
+        ],
+        cwd=REPO,
+        env=child_env(),
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + 60
         while b"ready." not in log.read_bytes():

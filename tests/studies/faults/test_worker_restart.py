@@ -23,10 +23,21 @@ from tests.support.studies import make_study, prolific
 
 def start_server(port: int) -> subprocess.Popen:
     process = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "parley.asgi:application", "--port", str(port),
-         "--timeout-graceful-shutdown", "1"],
-        cwd=REPO, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "parley.asgi:application",
+            "--port",
+            str(port),
+            "--timeout-graceful-shutdown",
+            "1",
+        ],
+        cwd=REPO,
+        env=child_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 60
     while True:
         try:

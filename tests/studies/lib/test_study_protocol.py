@@ -39,9 +39,11 @@ def test_a_study_runs_the_protocol_it_names():
 
 @pytest.mark.django_db
 def test_a_protocol_the_task_lacks_is_refused():
-    for fields in ({"domain": "p4g", "domain_protocol": "honest"},
-                   {"domain": "retail", "domain_protocol": "release"},
-                   {"domain": "chat", "domain_protocol": "release"}):  # fmt: skip
+    for fields in (
+        {"domain": "p4g", "domain_protocol": "honest"},
+        {"domain": "retail", "domain_protocol": "release"},
+        {"domain": "chat", "domain_protocol": "release"},
+    ):
         study = make_study(slug=f"s-{fields['domain']}", **fields)
         with pytest.raises(ValidationError) as refused:
             study.full_clean()

@@ -317,9 +317,13 @@ def test_a_rater_stops_and_their_unrated_conversations_go_back_to_the_pool(clien
     first = rater.rating_assignments.get(position=1)
     client.post(
         reverse("studies:rate", args=[rater.token]),
-        {"position": first.position, **GOOD_ANSWERS, "real_person": "real",
-         "realism_confidence": "4"},
-    )  # fmt: skip
+        {
+            "position": first.position,
+            **GOOD_ANSWERS,
+            "real_person": "real",
+            "realism_confidence": "4",
+        },
+    )
     client.post(stop_url(rater))
     rater.refresh_from_db()
     assert rater.status == Participant.Status.WITHDRAWN
@@ -347,10 +351,15 @@ def annotation_study():
     origin = make_study(slug="origin", arms=("agent",))
     for source in ("person", "simulator", "simulator"):
         RatedConversation.objects.create(
-            study=study, source=source, arm="agent", origin_study=origin,
-            transcript=[{"speaker": "agent", "text": "Hello"},
-                        {"speaker": "user", "text": "I would like a refund"}],
-        )  # fmt: skip
+            study=study,
+            source=source,
+            arm="agent",
+            origin_study=origin,
+            transcript=[
+                {"speaker": "agent", "text": "Hello"},
+                {"speaker": "user", "text": "I would like a refund"},
+            ],
+        )
     return study
 
 

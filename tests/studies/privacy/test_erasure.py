@@ -85,8 +85,13 @@ def rate_all(client, rater, comment):
         assigned = rater.rating_assignments.filter(status="assigned").order_by("position").first()
         if assigned is None:
             return
-        data = {"position": assigned.position, **GOOD_ANSWERS, "comment": comment,
-                "real_person": "real", "realism_confidence": "4"}  # fmt: skip
+        data = {
+            "position": assigned.position,
+            **GOOD_ANSWERS,
+            "comment": comment,
+            "real_person": "real",
+            "realism_confidence": "4",
+        }
         response = client.post(reverse("studies:rate", args=[rater.token]), data)
         assert response.status_code == 302, response.content.decode()[:500]
 
@@ -138,9 +143,11 @@ def planted(data_dir, admin_client):
         state=BonusPayment.State.PAID, setup_id="SETUP1", paid_at=timezone.now()
     )
     BonusPayment.objects.create(
-        study=origin, source="bonus.csv", state=BonusPayment.State.FAILED,
+        study=origin,
+        source="bonus.csv",
+        state=BonusPayment.State.FAILED,
         refused_lines=[[PID, "0.50"], [OTHER_PID, "0.50"]],
-    )  # fmt: skip
+    )
 
     # A problem (as recorded now: path masked) and an old one whose path still holds the token.
     problems.record(
@@ -152,8 +159,15 @@ def planted(data_dir, admin_client):
     StudyError.objects.create(study=origin, path=f"/p/{person.token}/", title="unmasked")
 
     # A Prolific webhook about their submission.
-    webhook(client, {"event_type": "submission.status.change", "resource_id": SUBMISSION,
-                     "status": "AWAITING REVIEW", "participant_id": PID})  # fmt: skip
+    webhook(
+        client,
+        {
+            "event_type": "submission.status.change",
+            "resource_id": SUBMISSION,
+            "status": "AWAITING REVIEW",
+            "participant_id": PID,
+        },
+    )
 
     # The researcher's decision on their submission (the webhook said it awaits review).
     queued, skipped = prolific_sync.decide(
@@ -206,8 +220,12 @@ def planted(data_dir, admin_client):
     # Files a researcher or an older version left in the data folder: a saved export, a log.
     saved = data_dir / "exports" / "origin-responses.csv"
     saved.parent.mkdir()
-    saved.write_text("\n".join(",".join(map(str, row)) for row in exports.response_rows(
-        origin.participants.all())) + "\n")  # fmt: skip
+    saved.write_text(
+        "\n".join(
+            ",".join(map(str, row)) for row in exports.response_rows(origin.participants.all())
+        )
+        + "\n"
+    )
     log = data_dir / "logs" / "web.log"
     log.parent.mkdir()
     log.write_text(f"GET /p/{person.token}/ 200\nnothing here\npid={PID}\n")
@@ -223,7 +241,7 @@ def planted(data_dir, admin_client):
             as_rater.token.hex,
             str(stopped.token),
             stopped.token.hex,
-        ],  # fmt: skip
+        ],
         "person": person,
         "as_rater": as_rater,
         "stopped": stopped,
@@ -240,11 +258,13 @@ def database_text() -> dict[str, str]:
             cursor.execute(f"SELECT * FROM {connection.ops.quote_name(table)}")
             found[table] = "\n".join(
                 " | ".join(
-                    v.decode("utf-8", "replace") if isinstance(v, bytes | memoryview) and not
-                    isinstance(v, memoryview) else str(v) for v in row
+                    v.decode("utf-8", "replace")
+                    if isinstance(v, bytes | memoryview) and not isinstance(v, memoryview)
+                    else str(v)
+                    for v in row
                 )
                 for row in cursor.fetchall()
-            )  # fmt: skip
+            )
     return found
 
 
@@ -280,10 +300,18 @@ def where(needles, texts: dict[str, str]) -> list[tuple[str, str]]:
 def test_planting_reaches_every_place(planted):
     """The fixture is only worth its search if the ids and words were everywhere first."""
     tables = database_text()
-    for table in ["studies_participant", "studies_message", "studies_response",
-                  "studies_ratingassignment", "studies_ratedconversation", "studies_analysisrun",
-                  "studies_prolificevent", "studies_bonuspayment", "studies_studyerror",
-                  "django_admin_log"]:  # fmt: skip
+    for table in [
+        "studies_participant",
+        "studies_message",
+        "studies_response",
+        "studies_ratingassignment",
+        "studies_ratedconversation",
+        "studies_analysisrun",
+        "studies_prolificevent",
+        "studies_bonuspayment",
+        "studies_studyerror",
+        "django_admin_log",
+    ]:
         assert any(n in tables[table] for n in planted["needles"]), table
     exports_ = [export_participant(planted[who]) for who in ("person", "as_rater", "stopped")]
     empty = [
@@ -341,7 +369,7 @@ def test_erasure_from_the_admin_leaves_nothing_behind(planted, admin_client, dat
     assert total["analysis_runs"] == 3 and total["files"] == 3
     assert first.kept == [
         {"bonus": bonus.pk, "amount": "1.50", "paid_at": bonus.payment.paid_at.isoformat()}
-    ]  # fmt: skip
+    ]
     # Each run says that it was computed before the erasure.
     assert sorted(AnalysisRun.objects.values_list("erased_participants", flat=True)) == [1, 1, 1]
     run = AnalysisRun.objects.filter(study=planted["origin"]).get()
@@ -433,8 +461,13 @@ def test_erasure_and_export_have_their_own_permissions(data_dir):
     # The erase action asks for a reason first; a blank one is refused by the form.
     asked = client.post(changelist, {"action": "erase_on_request", "_selected_action": [person.pk]})
     assert asked.status_code == 200 and "reason" in asked.content.decode()
-    blank = {"action": "erase_on_request", "_selected_action": [person.pk], "apply": "1",
-             "reason": "", "confirm": "on"}  # fmt: skip
+    blank = {
+        "action": "erase_on_request",
+        "_selected_action": [person.pk],
+        "apply": "1",
+        "reason": "",
+        "confirm": "on",
+    }
     client.post(changelist, blank)
     assert Participant.objects.filter(pk=person.pk).exists()
     client.post(changelist, {**blank, "reason": REASON})

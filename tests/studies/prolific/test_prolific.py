@@ -350,9 +350,13 @@ def fail_checks(study, participant, failures: int):
     q = study.questionnaire
     for n in range(2):
         item = Item.objects.create(
-            questionnaire=q, order=10 + n, key=f"check{n}", kind="attention", expected_answer="3",
+            questionnaire=q,
+            order=10 + n,
+            key=f"check{n}",
+            kind="attention",
+            expected_answer="3",
             prompt="Choose 3",
-        )  # fmt: skip
+        )
         Response.objects.create(
             participant=participant, item=item, value_number=1 if n < failures else 3
         )
@@ -362,9 +366,17 @@ def fail_checks(study, participant, failures: int):
     participant.save()
 
 
-@pytest.mark.parametrize("minutes, failures, allowed", [
-    (4, 1, True), (10, 1, False), (10, 2, True), (None, 1, False), (None, 2, True), (4, 0, False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "minutes, failures, allowed",
+    [
+        (4, 1, True),
+        (10, 1, False),
+        (10, 2, True),
+        (None, 1, False),
+        (None, 2, True),
+        (4, 0, False),
+    ],
+)
 def test_attention_rejections_only_as_prolific_allows(linked, minutes, failures, allowed):
     linked.estimated_minutes = minutes
     linked.save()
@@ -396,8 +408,15 @@ def p4g_participants(study, fake, donations, numbers=None):
 
 def test_donation_match_rule(fake, linked):
     people = p4g_participants(linked, fake, [1.5, 0.0, None, 0.25])
-    people.append(join(linked, "PIDX", "SUBX", status=Participant.Status.CHAT,
-                       outcome={"components": {"donation": 2.0}}))  # fmt: skip
+    people.append(
+        join(
+            linked,
+            "PIDX",
+            "SUBX",
+            status=Participant.Status.CHAT,
+            outcome={"components": {"donation": 2.0}},
+        )
+    )
     lines = prolific_sync.donation_match(linked.participants.all())
     assert sorted((p.prolific_pid, a) for p, a in lines) == [
         ("PID0", Decimal("1.50")),

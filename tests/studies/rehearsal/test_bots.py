@@ -74,9 +74,20 @@ def test_bots_run_from_another_process_are_bots_to_the_web_server(server, engine
     monitor counts them, and they take no real participant's place."""
     study = make_study(slug="elsewhere", engine=engine.url, target_per_arm=1)
     ran = python(
-        "manage.py", "run_bots", "--study", "elsewhere", "--n", "2", "--concurrency", "2",
-        "--url", server, "--json", env=child_env(), timeout=300,
-    )  # fmt: skip
+        "manage.py",
+        "run_bots",
+        "--study",
+        "elsewhere",
+        "--n",
+        "2",
+        "--concurrency",
+        "2",
+        "--url",
+        server,
+        "--json",
+        env=child_env(),
+        timeout=300,
+    )
     assert ran.returncode == 0, ran.stdout + ran.stderr[-3000:]
     assert json.loads(ran.stdout)["completed"] == 2
 

@@ -124,8 +124,14 @@ async def test_tool_rounds_end_it_only_where_the_domain_lets_them():
 def test_a_heldout_table_is_validated_as_training_validates_it():
     """A human-like simulator's table (its replicas a list, studies' own keys beside) plays;
     a table training would refuse is refused here too."""
-    table = {"name": "h", "kind": "plain", "model": "m", "endpoint": ["http://a/v1", "http://b/v1"],
-             "humanlike": True, "imitates": "s"}  # fmt: skip
+    table = {
+        "name": "h",
+        "kind": "plain",
+        "model": "m",
+        "endpoint": ["http://a/v1", "http://b/v1"],
+        "humanlike": True,
+        "imitates": "s",
+    }
     assert make_user(table, random.Random(0)).simulator.model == "m"
     try:
         make_user({"name": "h", "endpoint": "http://a/v1", "model": "m", "k": 1}, random.Random(0))

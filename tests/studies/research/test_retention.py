@@ -42,9 +42,13 @@ def identifying_study(**fields):
     study = make_study(retention_days=30, **fields)
     Item.objects.filter(questionnaire__study=study, key="comment").update(identifying=True)
     Item.objects.create(
-        questionnaire=study.questionnaire, order=5, key="remarks", prompt="More?", kind="text",
+        questionnaire=study.questionnaire,
+        order=5,
+        key="remarks",
+        prompt="More?",
+        kind="text",
         required=False,
-    )  # fmt: skip
+    )
     return study
 
 
@@ -53,9 +57,13 @@ def filled(study):
     people = []
     for i, (arm, helpful) in enumerate([("a", 6), ("a", 5), ("a", 7), ("b", 2), ("b", 3)]):
         people.append(
-            finish(study, f"5f0c0ffee0ddba11c0ffe{i:03d}", {**answers, "helpful": str(helpful)},
-                   arm=arm)
-        )  # fmt: skip
+            finish(
+                study,
+                f"5f0c0ffee0ddba11c0ffe{i:03d}",
+                {**answers, "helpful": str(helpful)},
+                arm=arm,
+            )
+        )
     for i, person in enumerate(people):  # each their own Prolific submission
         Participant.objects.filter(pk=person.pk).update(prolific_session_id=f"sess-{i}")
         person.prolific_session_id = f"sess-{i}"
@@ -93,16 +101,21 @@ def test_the_purge_keeps_the_analysis_and_removes_what_identifies():
     pids = [p.prolific_pid for p in people]
     tokens = [str(p.token) for p in people]
     ProlificEvent.objects.create(
-        event_id="ev1", event_type="submission.status.change", resource_id="sess-0",
-        payload={"participant_id": pids[0], "resource_id": "sess-0"}, result=f"{pids[0]}: APPROVED",
-    )  # fmt: skip
+        event_id="ev1",
+        event_type="submission.status.change",
+        resource_id="sess-0",
+        payload={"participant_id": pids[0], "resource_id": "sess-0"},
+        result=f"{pids[0]}: APPROVED",
+    )
     StudyError.objects.create(
         study=study, participant=people[0], title="Trouble", detail=f"for {pids[0]}"
     )
     BonusPayment.objects.create(
-        study=study, source="bonus.csv", state=BonusPayment.State.FAILED,
+        study=study,
+        source="bonus.csv",
+        state=BonusPayment.State.FAILED,
         refused_lines=[[pids[1], "0.50"], ["someone-else", "0.50"]],
-    )  # fmt: skip
+    )
     kind = ContentType.objects.get_for_model(Participant)
     staff = User.objects.create(username="staff", is_staff=True)
     LogEntry.objects.create(

@@ -52,9 +52,13 @@ class ArmEngine(ScriptedServer):
         if body["model"] == HUMANLIKE and not body.get("stream"):
             message = {"role": "assistant", "content": PERSON_SAYS}
             return JSONResponse(
-                {"id": "x", "object": "chat.completion", "model": body["model"],
-                 "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
-            )  # fmt: skip
+                {
+                    "id": "x",
+                    "object": "chat.completion",
+                    "model": body["model"],
+                    "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                }
+            )
         reply = {"content": SAYS.get(body["model"], "Hello.")}
         return StreamingResponse(
             self.chunks(body["model"], reply, True), media_type="text/event-stream"
@@ -88,8 +92,13 @@ def study_with_checkpoints(engine_url):
 
 def humanlike(name, study):
     """A simulator as `imitate_users` registers it (training/tools/imitate.py's manifest)."""
-    manifest = {"name": name, "kind": "simulator", "regime": "imitation",
-                "base_model": "SmolLM2-135M-Instruct", "source": {"study": study}}  # fmt: skip
+    manifest = {
+        "name": name,
+        "kind": "simulator",
+        "regime": "imitation",
+        "base_model": "SmolLM2-135M-Instruct",
+        "source": {"study": study},
+    }
     return Checkpoint.objects.create(
         name=name, path=f"/nowhere/{name}", regime="imitation", manifest=manifest
     )
@@ -142,8 +151,16 @@ def test_gap_report_from_a_real_worker_on_the_page_in_json_and_on_the_command_li
         # Named explicitly, a simulator the arm's endpoint does not serve is not played, and
         # the command says why.
         err = io.StringIO()
-        call_command("sim2real", "--study", "gap", "--evaluate", "--humanlike", "pilot-humanlike",
-                     stdout=io.StringIO(), stderr=err)  # fmt: skip
+        call_command(
+            "sim2real",
+            "--study",
+            "gap",
+            "--evaluate",
+            "--humanlike",
+            "pilot-humanlike",
+            stdout=io.StringIO(),
+            stderr=err,
+        )
         assert "human-like simulator 'pilot-humanlike': endpoint" in err.getvalue()
         assert "does not serve pilot-humanlike" in err.getvalue()
     asked = [r for r in engine.requests if r["model"] == HUMANLIKE]
@@ -228,8 +245,9 @@ def test_gap_report_from_a_real_worker_on_the_page_in_json_and_on_the_command_li
 
     # Other columns on request: another study's simulator (not played here yet), or none.
     out = io.StringIO()
-    call_command("sim2real", "--study", "gap", "--json", "--humanlike", "pilot-humanlike",
-                 stdout=out)  # fmt: skip
+    call_command(
+        "sim2real", "--study", "gap", "--json", "--humanlike", "pilot-humanlike", stdout=out
+    )
     named = json.loads(out.getvalue())
     assert [(h["name"], h["label"]) for h in named["humanlike"]] == [
         ("pilot-humanlike", "human-like (imitation of study pilot)")
@@ -302,9 +320,17 @@ def played_against(url, checkpoint, name, tmp_path):
     # One finished person, and the simulator `imitate_users` learns from them.
     answers = {"helpful": "5", "frustration": "3", "attn": "2", "donation": "1"}
     finish(study, "person", answers, text="Who runs this charity? I might give a little.")
-    call_command("imitate_users", "--study", "real", "--epochs", "1",
-                 "--out", str(tmp_path / "real-humanlike"), stdout=io.StringIO(),
-                 stderr=io.StringIO())  # fmt: skip
+    call_command(
+        "imitate_users",
+        "--study",
+        "real",
+        "--epochs",
+        "1",
+        "--out",
+        str(tmp_path / "real-humanlike"),
+        stdout=io.StringIO(),
+        stderr=io.StringIO(),
+    )
 
     out = io.StringIO()
     call_command("sim2real", "--study", "real", "--json", "--evaluate", stdout=out)

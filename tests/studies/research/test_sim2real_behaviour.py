@@ -53,8 +53,9 @@ def study_with_people_and_simulators():
     study = make_study(slug="alike", domain="p4g")
     import_pool(study, "p4g", count=2, seed=1)
     scenarios = list(study.scenarios.order_by("id"))
-    Checkpoint.objects.create(name="run-step8", path="/nowhere", domain="p4g",
-                              manifest={"config": {"heldout": PANEL}})  # fmt: skip
+    Checkpoint.objects.create(
+        name="run-step8", path="/nowhere", domain="p4g", manifest={"config": {"heldout": PANEL}}
+    )
     arm = study.arms.get(name="a")
     study.arms.update(model_name="run-step8")
     answers = {"helpful": "5", "frustration": "3", "attn": "2", "donation": "1"}
@@ -71,10 +72,16 @@ def study_with_people_and_simulators():
             conversation = [{"role": "assistant", "content": "Hello, would you donate?"}]
             conversation += [{"role": "user", "content": t} for t in said]
             SimulatorEvaluation.objects.create(
-                arm=arm, checkpoint=Checkpoint.objects.get(name="run-step8"), simulator=name,
-                scenario=scenario, sample=0, spec={"name": name}, success=False, reward=0.0,
+                arm=arm,
+                checkpoint=Checkpoint.objects.get(name="run-step8"),
+                simulator=name,
+                scenario=scenario,
+                sample=0,
+                spec={"name": name},
+                success=False,
+                reward=0.0,
                 conversation=conversation,
-            )  # fmt: skip
+            )
     return study
 
 
@@ -92,8 +99,10 @@ def test_the_report_says_which_simulator_behaves_like_the_people(
     assert constructed_embedder == [str(base_model_dir())]  # the default: the base model
     assert section["error"] is None and section["most_like"] == "like-people"
     assert section["people"] == {
-        "participants": 8, "turns": 40, "shares": section["people"]["shares"]
-    }  # fmt: skip
+        "participants": 8,
+        "turns": 40,
+        "shares": section["people"]["shares"],
+    }
     people = by_kind(section, section["people"]["shares"])
     assert people == pytest.approx({"ask": 0.4, "refuse": 0.2, "question": 0.2, "agree": 0.2})
     like, refuser = section["simulators"]
@@ -166,10 +175,13 @@ def test_the_default_embedder_is_the_base_model_folder(base_model, settings, tmp
     assert simulator_evaluations.space_settings().embedder == str(base_model_dir())
     study = study_with_people_and_simulators()
     Message.objects.filter(conversation__participant__study=study).delete()
-    people = ["Who runs this charity? How much goes to the children?",
-              "Is Save the Children trustworthy? What do they spend it on?",
-              "I might give a little, but how do I know it helps?",
-              "Where does the money go exactly?", "Can I see their reports first?"]  # fmt: skip
+    people = [
+        "Who runs this charity? How much goes to the children?",
+        "Is Save the Children trustworthy? What do they spend it on?",
+        "I might give a little, but how do I know it helps?",
+        "Where does the money go exactly?",
+        "Can I see their reports first?",
+    ]
     for p, text in zip(study.participants.all(), people * 2, strict=False):
         Message.objects.create(conversation=p.conversation, seq=1, role="user", content=text)
         Message.objects.create(conversation=p.conversation, seq=2, role="user", content=text[::-1])

@@ -99,8 +99,14 @@ def embed(texts):
 
 
 def settings(**kw):
-    return {"reference": "test", "embedder": "constructed", "clusters": 4, "reference_max": 100,
-            "seed": 0, "dialogue_acts": False} | kw  # fmt: skip
+    return {
+        "reference": "test",
+        "embedder": "constructed",
+        "clusters": 4,
+        "reference_max": 100,
+        "seed": 0,
+        "dialogue_acts": False,
+    } | kw
 
 
 def test_the_space_finds_the_constructed_clusters_and_loads_the_same(tmp_path):
@@ -142,13 +148,20 @@ def test_each_cluster_keeps_its_nearest_reference_turns_a_space_saved_without_th
     saved.write_text(json.dumps(about))
     assert load_or_fit(tmp_path, fitted, embed).exemplars == space.exemplars
     # a study's people: no words kept beside the space
-    assert BehaviourSpace.fit(fitted, [f"{w} {i}" for w in WORDS for i in range(3)], embed,
-                              exemplars=0).exemplars is None  # fmt: skip
+    assert (
+        BehaviourSpace.fit(
+            fitted, [f"{w} {i}" for w in WORDS for i in range(3)], embed, exemplars=0
+        ).exemplars
+        is None
+    )
 
 
 def test_the_act_classifier_learns_constructed_acts():
-    labelled = [(f"{w} {'y' * i}.", "agree" if w in ("yes", "ok") else "object")
-                for w in WORDS for i in range(6)]  # fmt: skip
+    labelled = [
+        (f"{w} {'y' * i}.", "agree" if w in ("yes", "ok") else "object")
+        for w in WORDS
+        for i in range(6)
+    ]
     space = BehaviourSpace.fit(settings(), [s for s, _ in labelled], embed, labelled)
     names = space.acts["labels"]
     assert names == ["agree", "object"] and space.acts["reference_shares"] == [0.5, 0.5]
@@ -265,9 +278,16 @@ def test_an_ensemble_is_probed_member_by_member_on_the_same_fixed_probes(tmp_pat
     from training.regimes.regime import ModelCache
 
     members = [{"name": n, "kind": "scripted", "script": n} for n in ("anchored", "reactant")]
-    config = RunConfig.from_dict({"name": "e", "domain": "p4g-decision", "regime": "ensemble",
-                                  "ensemble": members, "heldout": [],
-                                  "output_dir": str(tmp_path)})  # fmt: skip
+    config = RunConfig.from_dict(
+        {
+            "name": "e",
+            "domain": "p4g-decision",
+            "regime": "ensemble",
+            "ensemble": members,
+            "heldout": [],
+            "output_dir": str(tmp_path),
+        }
+    )
     domain = config.build_domain()
     regime = make_regime(config, tmp_path, ModelCache(config))
     probed = list(regime.behaviour_simulators())

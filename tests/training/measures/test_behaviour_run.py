@@ -14,12 +14,23 @@ from training.config import RunConfig
 from training.models import TrainingRun
 from training.trainer.loop import train
 
-SAID = ["I am not sure about donating.", "What does Save the Children do?", "Sure, I can give.",
-        "I need the money myself.", "How much have you given?", "Hello, how are you?",
-        "That sounds like a good cause.", "No thanks.", "Maybe a little.", "Tell me more."]  # fmt: skip
-ACTS = {"ask-org-info": ["What does the charity do?", "Where does the money go?"],
-        "agree-donation": ["Yes I will donate.", "Okay, I'll give some."],
-        "disagree-donation": ["No, I won't.", "I don't want to donate."]}  # fmt: skip
+SAID = [
+    "I am not sure about donating.",
+    "What does Save the Children do?",
+    "Sure, I can give.",
+    "I need the money myself.",
+    "How much have you given?",
+    "Hello, how are you?",
+    "That sounds like a good cause.",
+    "No thanks.",
+    "Maybe a little.",
+    "Tell me more.",
+]
+ACTS = {
+    "ask-org-info": ["What does the charity do?", "Where does the money go?"],
+    "agree-donation": ["Yes I will donate.", "Okay, I'll give some."],
+    "disagree-donation": ["No, I won't.", "I don't want to donate."],
+}
 
 
 @pytest.fixture
@@ -50,16 +61,33 @@ def corpus(tmp_path):
 
 def settings(tiny_model, corpus, out, regime="single", behaviour=True, steps=2):
     config = {
-        "name": f"behaviour-{regime}", "domain": "p4g", "regime": regime,
-        "base_model": str(tiny_model), "steps": steps, "group_size": 2, "batch_tasks": 1,
-        "max_new_tokens": 6, "max_turns": 4, "micro_batch": 8, "threads": 1,
+        "name": f"behaviour-{regime}",
+        "domain": "p4g",
+        "regime": regime,
+        "base_model": str(tiny_model),
+        "steps": steps,
+        "group_size": 2,
+        "batch_tasks": 1,
+        "max_new_tokens": 6,
+        "max_turns": 4,
+        "micro_batch": 8,
+        "threads": 1,
         "simulator": {"name": "tiny", "max_new_tokens": 6},
         "heldout": [{"name": "steady", "kind": "scripted", "script": "steady"}],
-        "eval_every": 2, "eval_samples": 1, "tasks": {"max_eval": 1}, "output_dir": str(out),
-    }  # fmt: skip
+        "eval_every": 2,
+        "eval_samples": 1,
+        "tasks": {"max_eval": 1},
+        "output_dir": str(out),
+    }
     if behaviour:
-        config["behaviour"] = {"reference": "p4g_corpus", "corpus": str(corpus), "clusters": 3,
-                               "probe_tasks": 1, "bootstrap": 20, "psod_base_tasks": 1}  # fmt: skip
+        config["behaviour"] = {
+            "reference": "p4g_corpus",
+            "corpus": str(corpus),
+            "clusters": 3,
+            "probe_tasks": 1,
+            "bootstrap": 20,
+            "psod_base_tasks": 1,
+        }
     return RunConfig.from_dict(config)
 
 

@@ -22,9 +22,16 @@ SCD = "behaviour/decision/probe/scd"
 
 
 def spec(**more) -> BreakerSpec:
-    settings = {"enabled": True, "measures": ["scd"], "warmup": 4, "yellow_quantile": 0.5,
-                "red_quantile": 1.0, "red_margin": 1.0, "yellow_step": 0.25,
-                "recover_steps": 2} | more  # fmt: skip
+    settings = {
+        "enabled": True,
+        "measures": ["scd"],
+        "warmup": 4,
+        "yellow_quantile": 0.5,
+        "red_quantile": 1.0,
+        "red_margin": 1.0,
+        "yellow_step": 0.25,
+        "recover_steps": 2,
+    } | more
     return BreakerSpec(**settings)
 
 
@@ -77,16 +84,19 @@ def test_green_yellow_green_raises_the_synthesis_share_and_takes_it_back():
         levels.append(verdict.level)
         shares.append(verdict.share)
         events += verdict.events
-        assert verdict.row() == {"breaker/level": float([GREEN, YELLOW, RED].index(verdict.level)),
-                                 "breaker/synthesis_share": verdict.share}  # fmt: skip
+        assert verdict.row() == {
+            "breaker/level": float([GREEN, YELLOW, RED].index(verdict.level)),
+            "breaker/synthesis_share": verdict.share,
+        }
     # up at once; down only after recover_steps = 2 calm steps in a row (the 0.5 at step 8
     # starts the count again)
     assert levels == [YELLOW, YELLOW, YELLOW, YELLOW, YELLOW, GREEN, GREEN]
     assert shares == pytest.approx([0.35, 0.35, 0.35, 0.35, 0.35, 0.1, 0.1])
     up, down = events
     assert (up["from"], up["to"], up["step"]) == (GREEN, YELLOW, 5)
-    assert up["measures"] == {SCD: {"value": 0.5, "yellow": pytest.approx(0.25),
-                                    "red": pytest.approx(0.7)}}  # fmt: skip
+    assert up["measures"] == {
+        SCD: {"value": 0.5, "yellow": pytest.approx(0.25), "red": pytest.approx(0.7)}
+    }
     assert "0.5" in up["message"] and "synthesis share 0.35" in up["message"]
     assert (down["from"], down["to"], down["step"]) == (YELLOW, GREEN, 10)
     assert down["measures"][SCD]["value"] == 0.1 and not up["stops"] and not down["stops"]
@@ -106,8 +116,9 @@ def test_green_yellow_red_stops_and_names_the_measures():
     assert levels[4:] == [YELLOW, RED]
     red = events[-1]
     assert (red["from"], red["to"], red["step"], red["stops"]) == (YELLOW, RED, 6, True)
-    assert red["measures"] == {SCD: {"value": 0.9, "yellow": pytest.approx(0.25),
-                                     "red": pytest.approx(0.7)}}  # fmt: skip
+    assert red["measures"] == {
+        SCD: {"value": 0.9, "yellow": pytest.approx(0.25), "red": pytest.approx(0.7)}
+    }
     assert SCD in red["reason"] and "0.9" in red["reason"]
     assert breaker.stopped == {"step": 6, "reason": red["reason"]}
     # straight from green to red also stops (and raises the share, as leaving green does)
@@ -125,7 +136,10 @@ def test_red_comes_back_one_level_at_a_time_and_stops_once_per_entry():
     # still red: no second stop; two steps below red: yellow; two below yellow: green; up again
     assert levels == [RED, RED, YELLOW, YELLOW, GREEN, RED]
     assert [(e["from"], e["to"], e["stops"]) for e in events] == [
-        (RED, YELLOW, False), (YELLOW, GREEN, False), (GREEN, RED, True)]  # fmt: skip
+        (RED, YELLOW, False),
+        (YELLOW, GREEN, False),
+        (GREEN, RED, True),
+    ]
 
 
 def test_yellow_lasting_red_after_steps_turns_red():
@@ -145,8 +159,12 @@ def test_red_without_a_stop_rediversifies_at_once():
 
 def test_psod_is_judged_at_evaluation_steps_and_keeps_its_reading_between():
     breaker = Breaker(spec(measures=["scd", "psod"], recover_steps=1), 0.0)
-    rows = [{SCD: 0.1, "psod/training": 0.0}, {SCD: 0.1}, {SCD: 0.1, "psod/training": 0.2},
-            {SCD: 0.1}]  # fmt: skip
+    rows = [
+        {SCD: 0.1, "psod/training": 0.0},
+        {SCD: 0.1},
+        {SCD: 0.1, "psod/training": 0.2},
+        {SCD: 0.1},
+    ]
     for step, row in enumerate(rows, start=1):
         breaker.observe(step, row)
     assert breaker.thresholds["psod/training"]["values"] == 2
@@ -158,12 +176,20 @@ def test_psod_is_judged_at_evaluation_steps_and_keeps_its_reading_between():
 
 
 def test_scd_names_every_probe_space_and_psod_the_training_simulators():
-    row = {"behaviour/clusters/probe/scd": 0.4, "behaviour/clusters/pooled/scd": 0.9,
-           "behaviour/decision/probe/scd": 0.2, "behaviour/clusters/probe/scd/lo": 0.3,
-           "psod/training": 0.1, "psod/base": 0.5, "psod/current": float("nan")}  # fmt: skip
-    assert judged(["scd", "psod"], row) == {"behaviour/clusters/probe/scd": 0.4,
-                                            "behaviour/decision/probe/scd": 0.2,
-                                            "psod/training": 0.1}  # fmt: skip
+    row = {
+        "behaviour/clusters/probe/scd": 0.4,
+        "behaviour/clusters/pooled/scd": 0.9,
+        "behaviour/decision/probe/scd": 0.2,
+        "behaviour/clusters/probe/scd/lo": 0.3,
+        "psod/training": 0.1,
+        "psod/base": 0.5,
+        "psod/current": float("nan"),
+    }
+    assert judged(["scd", "psod"], row) == {
+        "behaviour/clusters/probe/scd": 0.4,
+        "behaviour/decision/probe/scd": 0.2,
+        "psod/training": 0.1,
+    }
     assert judged(["psod/current", "psod/base"], row) == {"psod/base": 0.5}
 
 
@@ -201,19 +227,42 @@ def test_last_stop_is_the_red_stop_not_yet_resumed(tmp_path):
     "breaker, more, key, message",
     [
         ({"enabled": True}, {}, "breaker.enabled", "needs [behaviour]"),
-        ({"enabled": True, "red_quantile": 0.5}, {"behaviour": {"decisions_only": True}},
-         "breaker.red_quantile", "at least yellow_quantile"),
-        ({"enabled": True, "measures": ["bdi"]}, {"behaviour": {"decisions_only": True}},
-         "breaker.measures", "'bdi'"),
-        ({"enabled": True}, {"behaviour": {"decisions_only": True}}, "breaker.measures",
-         "needs a held-out panel"),
-        ({"enabled": True, "warmup": 4}, {"behaviour": {"decisions_only": True}, "eval_every": 8,
-         "heldout": [{"name": "s", "kind": "scripted", "script": "steady"}]},
-         "breaker.warmup", "eval_every <= warmup"),
-        ({"enabled": True, "warmup": 1}, {"behaviour": {"decisions_only": True}},
-         "breaker.warmup", "must be >= 2 and <= 100000"),
+        (
+            {"enabled": True, "red_quantile": 0.5},
+            {"behaviour": {"decisions_only": True}},
+            "breaker.red_quantile",
+            "at least yellow_quantile",
+        ),
+        (
+            {"enabled": True, "measures": ["bdi"]},
+            {"behaviour": {"decisions_only": True}},
+            "breaker.measures",
+            "'bdi'",
+        ),
+        (
+            {"enabled": True},
+            {"behaviour": {"decisions_only": True}},
+            "breaker.measures",
+            "needs a held-out panel",
+        ),
+        (
+            {"enabled": True, "warmup": 4},
+            {
+                "behaviour": {"decisions_only": True},
+                "eval_every": 8,
+                "heldout": [{"name": "s", "kind": "scripted", "script": "steady"}],
+            },
+            "breaker.warmup",
+            "eval_every <= warmup",
+        ),
+        (
+            {"enabled": True, "warmup": 1},
+            {"behaviour": {"decisions_only": True}},
+            "breaker.warmup",
+            "must be >= 2 and <= 100000",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_breaker_settings_are_clear_errors(breaker, more, key, message):
     with pytest.raises(ConfigError) as error:
         parse_config({"name": "b", "domain": "p4g", "breaker": breaker, **more})

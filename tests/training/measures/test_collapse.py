@@ -124,8 +124,10 @@ def test_training_log_probs_of_a_choice_are_the_sampled_ones(tiny_model, decisio
     params = [p for p in policy.model.parameters() if p.requires_grad]
     together = token_logprobs(policy.model, batch, temperature=0.7)[0].sum()
     grads = torch.autograd.grad(together, params)
-    alone = sum(token_logprobs(policy.model, batch.rows(i, i + 1), temperature=0.7)[0].sum()
-                for i in range(len(batch)))  # fmt: skip
+    alone = sum(
+        token_logprobs(policy.model, batch.rows(i, i + 1), temperature=0.7)[0].sum()
+        for i in range(len(batch))
+    )
     grads_alone = torch.autograd.grad(alone, params)
     assert float(together) == pytest.approx(float(alone), abs=1e-4)
     for g, h in zip(grads, grads_alone, strict=True):
@@ -145,8 +147,14 @@ def test_cotrained_simulator_learns_in_its_own_direction(
     """P4G's persuadee keeps its money: with reward 1 - r it learns to give less to the asks it
     met; a cooperative simulator (reward r) would learn to give more."""
     torch.manual_seed(0)
-    cfg = decision_config(tiny_model, tmp_path, regime="cotrain", simulator_reward=reward,
-                          simulator_beta=0.0, group_size=8)  # fmt: skip
+    cfg = decision_config(
+        tiny_model,
+        tmp_path,
+        regime="cotrain",
+        simulator_reward=reward,
+        simulator_beta=0.0,
+        group_size=8,
+    )
     regime = make_regime(cfg, cfg.run_dir(), ModelCache(cfg))
     agent = LocalAgent(LocalModel.load(tiny_model), 1.0, 8)
     task = decision.scenarios("train")[0]
@@ -198,8 +206,11 @@ def test_heldout_panel_is_the_scripted_types_not_the_training_simulator(
 def test_a_panel_on_the_training_simulators_weights_is_refused(tiny_model, tmp_path):
     from training.config import ConfigError
 
-    for spec in ({"name": "same"}, {"name": "persona", "persona": "You are busy."},
-                 {"name": "path", "model": str(tiny_model)}):  # fmt: skip
+    for spec in (
+        {"name": "same"},
+        {"name": "persona", "persona": "You are busy."},
+        {"name": "path", "model": str(tiny_model)},
+    ):
         with pytest.raises(ConfigError, match="training simulator's weights"):
             decision_config(tiny_model, tmp_path, heldout=[spec])
 
@@ -238,9 +249,11 @@ def test_a_seen_panel_member_runs_on_the_training_simulator_and_stays_out_of_uns
         decision_config(tiny_model, tmp_path, heldout=[{**PANEL[0], "seen": True}])
     with pytest.raises(ConfigError, match=r"simulator\.seen is for \[\[heldout\]\] members"):
         decision_config(
-            tiny_model, tmp_path, heldout=PANEL,
+            tiny_model,
+            tmp_path,
+            heldout=PANEL,
             simulator={"temperature": 1.0, "max_new_tokens": 150, "seen": True},
-        )  # fmt: skip
+        )
 
 
 def test_an_endpoint_simulator_decides_with_its_key_from_the_environment(decision, monkeypatch):
@@ -306,8 +319,16 @@ def test_population_half_meets_the_current_simulator_which_learns_every_step(
     tiny_model, tmp_path, decision
 ):
     torch.manual_seed(0)
-    cfg = decision_config(tiny_model, tmp_path, regime="population", pool_size=2, pool_every=1,
-                          group_size=4, batch_tasks=2, simulator_beta=0.0)  # fmt: skip
+    cfg = decision_config(
+        tiny_model,
+        tmp_path,
+        regime="population",
+        pool_size=2,
+        pool_every=1,
+        group_size=4,
+        batch_tasks=2,
+        simulator_beta=0.0,
+    )
     regime = make_regime(cfg, cfg.run_dir(), ModelCache(cfg))
     agent = LocalAgent(LocalModel.load(tiny_model), 1.0, 8)
     tasks = decision.scenarios("train")[:2]
@@ -358,9 +379,13 @@ def test_the_simulator_decides_what_the_agent_learns(base_model, tmp_path):
     frozen = decision_config(base_model, tmp_path / "frozen", **common)
     train(frozen, show_progress=False)
     analytical = decision_config(
-        base_model, tmp_path / "analytical",
-        **{**common, "simulator": {"name": "analytical", "kind": "scripted", "script": "analytical"}},
-    )  # fmt: skip
+        base_model,
+        tmp_path / "analytical",
+        **{
+            **common,
+            "simulator": {"name": "analytical", "kind": "scripted", "script": "analytical"},
+        },
+    )
     train(analytical, show_progress=False)
 
     exploits = {}
@@ -383,9 +408,17 @@ def test_the_experiment_writes_its_results(tiny_model, other_tiny_model, tmp_pat
     from training.__main__ import main
 
     cfg = decision_config(
-        tiny_model, tmp_path, steps=2, group_size=2, eval_every=2, save_every=1, pool_every=1,
-        heldout=PANEL, eval_samples=2, simulator={"temperature": 1.0, "max_new_tokens": 150},
-    )  # fmt: skip
+        tiny_model,
+        tmp_path,
+        steps=2,
+        group_size=2,
+        eval_every=2,
+        save_every=1,
+        pool_every=1,
+        heldout=PANEL,
+        eval_samples=2,
+        simulator={"temperature": 1.0, "max_new_tokens": 150},
+    )
     path = tmp_path / "base.toml"
     path.write_text(_toml(cfg))
     out = tmp_path / "exp"
@@ -409,8 +442,10 @@ def test_the_experiment_writes_its_results(tiny_model, other_tiny_model, tmp_pat
     assert (out / "results.md").is_file() and (out / "collapse.png").is_file()
     # run again: every run is finished, so it only reads them
     assert main(args) == 0
-    assert json.loads((out / "results.json").read_text())["regimes"]["single"]["train_reward"] == \
-        results["regimes"]["single"]["train_reward"]  # fmt: skip
+    assert (
+        json.loads((out / "results.json").read_text())["regimes"]["single"]["train_reward"]
+        == results["regimes"]["single"]["train_reward"]
+    )
 
 
 def _toml(cfg: RunConfig) -> str:

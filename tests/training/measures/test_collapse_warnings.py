@@ -43,8 +43,11 @@ def test_a_simulator_saying_the_same_thing_warns_once_on_the_command_line(
     tiny_model, tmp_path, capsys
 ):
     out = tmp_path / "out"
-    config = {"name": "same", "domain": "letters",
-              **settings(tiny_model, out, SAME_WORDS, min_agent_entropy=1000.0)}  # fmt: skip
+    config = {
+        "name": "same",
+        "domain": "letters",
+        **settings(tiny_model, out, SAME_WORDS, min_agent_entropy=1000.0),
+    }
     path = tmp_path / "run.json"
     path.write_text(json.dumps(config))
     assert main(["run", str(path)]) == 0
@@ -72,9 +75,13 @@ def test_a_diverse_simulator_gives_no_warning(tiny_model, tmp_path, letters, cap
     out = tmp_path / "out"
     diverse = {"name": "hot", "temperature": 1.5, "max_new_tokens": 8}
     # the tiny Llama stands in for a local embedding model (mean-pooled hidden states)
-    config = RunConfig.from_dict({"name": "diverse", "domain": "letters",
-                                  **settings(tiny_model, out, diverse,
-                                             embedding_model=str(tiny_model))})  # fmt: skip
+    config = RunConfig.from_dict(
+        {
+            "name": "diverse",
+            "domain": "letters",
+            **settings(tiny_model, out, diverse, embedding_model=str(tiny_model)),
+        }
+    )
     progress = []
     train(config, progress.append, domain=letters, show_progress=False)
     assert [p["warnings"] for p in progress] == [[], []]
@@ -88,9 +95,11 @@ def test_a_diverse_simulator_gives_no_warning(tiny_model, tmp_path, letters, cap
 @pytest.mark.django_db
 def test_the_run_page_shows_the_warnings_the_task_stored(tiny_model, tmp_path, admin_client):
     run = TrainingRun.objects.create(
-        name="same-words", domain="letters", regime="single",
+        name="same-words",
+        domain="letters",
+        regime="single",
         settings=settings(tiny_model, tmp_path / "out", SAME_WORDS, min_agent_entropy=0.0),
-    )  # fmt: skip
+    )
     assert run_training.apply((run.pk,)).get() == TrainingRun.Status.DONE
     run.refresh_from_db()
     assert [(w["step"], w["key"]) for w in run.progress["warnings"]] == [

@@ -32,8 +32,10 @@ E = math.exp
 def rollout(*user_turns, **fields):
     r = Rollout(Scenario("t", "letters", {}), None, [], **fields)
     for text in user_turns:
-        r.conversation += [{"role": "assistant", "content": "Hello"},
-                           {"role": "user", "content": text}]  # fmt: skip
+        r.conversation += [
+            {"role": "assistant", "content": "Hello"},
+            {"role": "user", "content": text},
+        ]
     return r
 
 
@@ -123,8 +125,14 @@ POINTS = {"a": [1.0, 0.0], "b": [0.0, 1.0], "c": [-1.0, 0.0]}
 
 def space():
     """Two clusters at a and b; a text embeds at its POINTS entry (centred on 0: unchanged)."""
-    return BehaviourSpace({}, np.zeros(2), np.array(list(POINTS.values())[:2]), [0.5, 0.5], 2,
-                          embed=lambda texts: [POINTS[t] for t in texts])  # fmt: skip
+    return BehaviourSpace(
+        {},
+        np.zeros(2),
+        np.array(list(POINTS.values())[:2]),
+        [0.5, 0.5],
+        2,
+        embed=lambda texts: [POINTS[t] for t in texts],
+    )
 
 
 def spec(**fields):
@@ -132,8 +140,11 @@ def spec(**fields):
 
 
 def test_crowded_rollouts_weigh_less_by_the_formula():
-    rollouts = [Summary("training", ["a"], []), Summary("training", ["a"], []),
-                Summary("training", ["b"], [])]  # fmt: skip
+    rollouts = [
+        Summary("training", ["a"], []),
+        Summary("training", ["a"], []),
+        Summary("training", ["b"], []),
+    ]
     weights, row = Curation(spec(), space()).weigh(rollouts)
     raw = [E(-(1 + E(-1)) / 2)] * 2 + [E(-E(-1))]  # exp(-alpha density); 1/MCI alike (one sim)
     assert weights == pytest.approx([3 * r / sum(raw) for r in raw])
@@ -148,9 +159,14 @@ def test_crowded_rollouts_weigh_less_by_the_formula():
 def test_a_high_mci_simulator_weighs_less():
     """alpha = 0: w = 1/MCI, from the probe replies where the simulator was probed."""
     rollouts = [Summary("x", ["a"], []), Summary("y", ["b"], [])]
-    probed = {"x": [Reply("a", None), Reply("a", None)],  # one mode: MCI 1
-              "y": [Reply("a", None), Reply("b", None),  # two even: MCI 1/2
-                    Reply("$2", Decision(USER, ["$0", "$2"], [0.5, 0.5], 1))]}  # fmt: skip
+    probed = {
+        "x": [Reply("a", None), Reply("a", None)],  # one mode: MCI 1
+        "y": [  # two even: MCI 1/2
+            Reply("a", None),
+            Reply("b", None),
+            Reply("$2", Decision(USER, ["$0", "$2"], [0.5, 0.5], 1)),
+        ],
+    }
     weights, row = Curation(spec(alpha=0.0), space()).weigh(rollouts, probed)
     assert weights == pytest.approx([2 / 3, 4 / 3])  # 1 and 2, mean 1
     assert row["curation/mci/x"] == 1.0 and row["curation/mci/y"] == 0.5
@@ -169,16 +185,20 @@ def test_mode_balance_gives_each_cluster_present_an_equal_share():
     assert weights == [1.0, 1.0, 1.0] and row["curation/modes"] == 1
     # a lone rollout of a rare mode is held to max_weight (then the mean is 1 again)
     rare = [Summary("training", ["a"], [])] * 9 + [Summary("training", ["b"], [])]
-    weights, _ = Curation(spec(diversity=False, mode_balance=True, max_weight=2.0),
-                          space()).weigh(rare)  # fmt: skip
+    weights, _ = Curation(spec(diversity=False, mode_balance=True, max_weight=2.0), space()).weigh(
+        rare
+    )
     assert weights[-1] == pytest.approx(2 * 10 / (9 * 5 / 9 + 2))
     assert sum(weights) == pytest.approx(10)
 
 
 def test_the_gate_comes_before_any_weighting():
     """A gated rollout gets 0 and is no one's neighbour: the kept two, a and b, are alike."""
-    rollouts = [Summary("training", ["a"], ["cut"]), Summary("training", ["a"], []),
-                Summary("training", ["b"], [])]  # fmt: skip
+    rollouts = [
+        Summary("training", ["a"], ["cut"]),
+        Summary("training", ["a"], []),
+        Summary("training", ["b"], []),
+    ]
     weights, row = Curation(spec(), space()).weigh(rollouts)
     assert weights == pytest.approx([0.0, 1.0, 1.0])
     assert row["curation/gated"] == 1 and row["curation/gated/cut"] == 1
@@ -188,8 +208,12 @@ def test_the_gate_comes_before_any_weighting():
 
 
 def test_a_rollout_without_free_text_gets_the_measured_ones_mean():
-    rollouts = [Summary("training", ["a"], []), Summary("training", ["a"], []),
-                Summary("training", ["b"], []), Summary("training", [], [])]  # fmt: skip
+    rollouts = [
+        Summary("training", ["a"], []),
+        Summary("training", ["a"], []),
+        Summary("training", ["b"], []),
+        Summary("training", [], []),
+    ]
     weights, _ = Curation(spec(), space()).weigh(rollouts)
     raw = [E(-(1 + E(-1)) / 2)] * 2 + [E(-E(-1))]
     raw.append(sum(raw) / 3)
@@ -219,8 +243,9 @@ def test_a_step_gives_each_rank_its_own_rows_weights():
 
 
 def config(curation, behaviour=None):
-    return RunConfig.from_dict({"name": "c", "domain": "letters", "curation": curation,
-                                "behaviour": behaviour or {}})  # fmt: skip
+    return RunConfig.from_dict(
+        {"name": "c", "domain": "letters", "curation": curation, "behaviour": behaviour or {}}
+    )
 
 
 def test_curation_is_off_by_default_and_its_gates_are_the_modules():
@@ -233,12 +258,24 @@ def test_curation_is_off_by_default_and_its_gates_are_the_modules():
     "curation, behaviour, key, message",
     [
         ({"enabled": True}, None, "curation.diversity", "set behaviour.reference"),
-        ({"enabled": True, "diversity": False, "mode_balance": True}, None,
-         "curation.mode_balance", "set behaviour.reference"),
-        ({"enabled": True, "gate": [], "diversity": False}, None, "curation.enabled",
-         "curates nothing"),
-        ({"gate": ["cut", "late"]}, None, "curation.gate[1]",
-         "must be one of fallback, empty, cut, parse"),
+        (
+            {"enabled": True, "diversity": False, "mode_balance": True},
+            None,
+            "curation.mode_balance",
+            "set behaviour.reference",
+        ),
+        (
+            {"enabled": True, "gate": [], "diversity": False},
+            None,
+            "curation.enabled",
+            "curates nothing",
+        ),
+        (
+            {"gate": ["cut", "late"]},
+            None,
+            "curation.gate[1]",
+            "must be one of fallback, empty, cut, parse",
+        ),
         ({"gate": ["cut", "cut"]}, None, "curation.gate", "names a reason twice"),
         ({"alpha": -0.5}, None, "curation.alpha", "must be >= 0 and <= 50"),
         ({"max_weight": 0.5}, None, "curation.max_weight", "must be >= 1"),
@@ -246,7 +283,7 @@ def test_curation_is_off_by_default_and_its_gates_are_the_modules():
         ({"bandwidth": 9.0}, None, "curation.bandwidth", "must be >= 0 and <= 4"),
         ({"alhpa": 1.0}, None, "curation.alhpa", "did you mean 'alpha'"),
     ],
-)  # fmt: skip
+)
 def test_bad_curation_settings_are_refused_by_name(curation, behaviour, key, message):
     with pytest.raises(ConfigError, match=message) as refused:
         config(curation, behaviour)

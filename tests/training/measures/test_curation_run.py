@@ -14,15 +14,33 @@ ROLLOUTS = 4  # one task, a group of 4
 
 
 def settings(tiny_model, corpus, out, curation):  # noqa: F811
-    return RunConfig.from_dict({
-        "name": "curated", "domain": "p4g", "base_model": str(tiny_model), "steps": 2,
-        "group_size": ROLLOUTS, "batch_tasks": 1, "max_new_tokens": 6, "max_turns": 4,
-        "micro_batch": 8, "threads": 1, "simulator": {"name": "tiny", "max_new_tokens": 6},
-        "eval_at_end": False, "tasks": {"max_eval": 1}, "output_dir": str(out),
-        "behaviour": {"reference": "p4g_corpus", "corpus": str(corpus), "clusters": 3,
-                      "probe_tasks": 1, "bootstrap": 0, "dialogue_acts": False},
-        "curation": {"enabled": True} | curation,
-    })  # fmt: skip
+    return RunConfig.from_dict(
+        {
+            "name": "curated",
+            "domain": "p4g",
+            "base_model": str(tiny_model),
+            "steps": 2,
+            "group_size": ROLLOUTS,
+            "batch_tasks": 1,
+            "max_new_tokens": 6,
+            "max_turns": 4,
+            "micro_batch": 8,
+            "threads": 1,
+            "simulator": {"name": "tiny", "max_new_tokens": 6},
+            "eval_at_end": False,
+            "tasks": {"max_eval": 1},
+            "output_dir": str(out),
+            "behaviour": {
+                "reference": "p4g_corpus",
+                "corpus": str(corpus),
+                "clusters": 3,
+                "probe_tasks": 1,
+                "bootstrap": 0,
+                "dialogue_acts": False,
+            },
+            "curation": {"enabled": True} | curation,
+        }
+    )
 
 
 def rows(out):
@@ -49,8 +67,10 @@ def test_a_curated_run_logs_the_gate_the_weights_and_their_ess(tiny_model, corpu
 
 def test_a_step_whose_every_rollout_is_gated_trains_nothing(tiny_model, corpus, tmp_path):  # noqa: F811
     out = tmp_path / "gated"
-    train(settings(tiny_model, corpus, out, {"gate": ["cut"], "diversity": False}),
-          show_progress=False)  # fmt: skip
+    train(
+        settings(tiny_model, corpus, out, {"gate": ["cut"], "diversity": False}),
+        show_progress=False,
+    )
     for row in rows(out):
         # every simulator turn of six tokens ran out of them (no stop sampled)
         assert row["curation/gated/cut"] == ROLLOUTS == row["curation/gated"]

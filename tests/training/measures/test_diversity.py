@@ -50,11 +50,16 @@ def test_dispersion_is_the_mean_pairwise_cosine_distance():
 def test_step_diversity_over_the_users_and_the_agents_turns():
     conversations = [
         [{"role": "user", "content": "Yes please"}, {"role": "assistant", "content": "ok then"}],
-        [{"role": "user", "content": "yes, please!"}, {"role": "assistant", "content": "no"},
-         {"role": "user", "content": "why not"}],
-        [{"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]},
-         {"role": "user", "content": "maybe"}],
-    ]  # fmt: skip
+        [
+            {"role": "user", "content": "yes, please!"},
+            {"role": "assistant", "content": "no"},
+            {"role": "user", "content": "why not"},
+        ],
+        [
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]},
+            {"role": "user", "content": "maybe"},
+        ],
+    ]
     row = step_diversity(conversations)
     # user words: yes please | yes please | why not | maybe -> 5 distinct of 7
     assert row["sim/distinct_1"] == pytest.approx(5 / 7)
@@ -71,8 +76,9 @@ def test_step_diversity_over_the_users_and_the_agents_turns():
 
 
 def test_a_threshold_warns_below_a_minimum_and_above_a_maximum():
-    limits = CollapseSpec(min_sim_distinct_2=0.3, max_sim_top_opening_share=0.5,
-                          min_agent_entropy=0.05)  # fmt: skip
+    limits = CollapseSpec(
+        min_sim_distinct_2=0.3, max_sim_top_opening_share=0.5, min_agent_entropy=0.05
+    )
     calm = {"step": 1, "sim/distinct_2": 0.3, "sim/top_opening_share": 0.5, "entropy": 0.05}
     assert crossed(calm, limits) == []  # at the bound is not past it
     bad = {"step": 2, "sim/distinct_2": 0.25, "sim/top_opening_share": 1.0, "entropy": 0.01}
@@ -82,8 +88,7 @@ def test_a_threshold_warns_below_a_minimum_and_above_a_maximum():
         "step 2: simulator reply diversity (distinct-2) 0.25 < collapse.min_sim_distinct_2 = 0.3"
     )
     # bounds of 0 (a max of 1) never warn
-    off = CollapseSpec(min_sim_distinct_2=0.0, max_sim_top_opening_share=1.0,
-                       min_agent_entropy=0.0)  # fmt: skip
+    off = CollapseSpec(min_sim_distinct_2=0.0, max_sim_top_opening_share=1.0, min_agent_entropy=0.0)
     assert crossed(bad, off) == []
 
 

@@ -20,11 +20,21 @@ PANEL = [{"name": t, "kind": "scripted", "script": t} for t in ("anchored", "rea
 
 def test_two_ranks_share_the_panel_and_give_one_rank_figures(tiny_model, tmp_path):
     settings = {
-        "name": "evaluate", "domain": "p4g-decision", "base_model": str(tiny_model),
-        "steps": 1, "group_size": 2, "batch_tasks": 2, "temperature": 1.0, "max_turns": 2,
-        "micro_batch": 4, "eval_samples": 4, "heldout": PANEL, "threads": 1,
-        "tasks": {"max_train": 2, "max_eval": 2}, "output_dir": str(tmp_path / "run"),
-    }  # fmt: skip
+        "name": "evaluate",
+        "domain": "p4g-decision",
+        "base_model": str(tiny_model),
+        "steps": 1,
+        "group_size": 2,
+        "batch_tasks": 2,
+        "temperature": 1.0,
+        "max_turns": 2,
+        "micro_batch": 4,
+        "eval_samples": 4,
+        "heldout": PANEL,
+        "threads": 1,
+        "tasks": {"max_train": 2, "max_eval": 2},
+        "output_dir": str(tmp_path / "run"),
+    }
     (tmp_path / "config.json").write_text(json.dumps(settings))
     config = RunConfig.from_dict(settings)
     domain = get_domain("p4g-decision")

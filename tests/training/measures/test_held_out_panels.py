@@ -53,8 +53,10 @@ def test_persona_and_vs_panels_carry_the_runs_setting_and_keep_the_plain_read_ou
     assert like[1] == plain[1]  # a scripted member has no prompt to prefix
     vs = config(tiny_model, other_tiny_model, tmp_path, "verbalized").panel_readouts()
     assert (vs["heldout"][0].kind, vs["heldout"][0].k, vs["heldout"][0].draw) == (
-        "verbalized", 3, "uniform",
-    )  # fmt: skip
+        "verbalized",
+        3,
+        "uniform",
+    )
     assert vs["heldout_plain"][0].kind == "plain" and vs["heldout"][1].kind == "scripted"
     # other regimes, and a run that asks for the plain panel, have one read-out: the tables
     assert set(config(tiny_model, other_tiny_model, tmp_path, "single").panel_readouts()) == {
@@ -85,10 +87,17 @@ def test_the_release_p4g_draw_moves_one_cursor_over_the_training_tasks(
 ):
     tasks = [Scenario(f"d{i:03d}", "letters", {"split": "train"}) for i in range(700)]
     cfg = config(
-        tiny_model, other_tiny_model, tmp_path, "single", steps=100, eval_every=16,
-        batch_tasks=16, group_size=8, eval_samples=4,
+        tiny_model,
+        other_tiny_model,
+        tmp_path,
+        "single",
+        steps=100,
+        eval_every=16,
+        batch_tasks=16,
+        group_size=8,
+        eval_samples=4,
         tasks={"eval_split": "train", "eval_draw": "training_cursor"},
-    )  # fmt: skip
+    )
     # the first evaluation follows 16 steps of 16 tasks: member 0 takes tasks 256..271, member
     # 1 the next 16; each task 8 x 4 times (a group of n_samples_per_prompt, 4 samples each)
     first = cursor_tasks(tasks, cfg, 16, 0, 6)
@@ -100,8 +109,9 @@ def test_the_release_p4g_draw_moves_one_cursor_over_the_training_tasks(
     assert cursor_tasks(tasks, cfg, 48, 5, 6)[0][0].id == f"d{(48 * 16 + 12 * 16 + 80) % 700:03d}"
     assert cursor_tasks(tasks, cfg, 0, 0, 6)[0][0].id == "d000"  # a base evaluation
     with pytest.raises(ConfigError, match="eval_split = train_split"):
-        config(tiny_model, other_tiny_model, tmp_path, "single",
-               tasks={"eval_draw": "training_cursor"})  # fmt: skip
+        config(
+            tiny_model, other_tiny_model, tmp_path, "single", tasks={"eval_draw": "training_cursor"}
+        )
 
 
 def test_the_online_dry_run_asks_the_panel_as_the_run_builds_it():

@@ -48,8 +48,16 @@ def one_step(cfg, regime, agent, domain, step=1):
     batch = TokenBatch.from_lists(
         [r.agent.ids for r in rollouts], [r.agent.mask for r in rollouts], 2
     )
-    update(agent.model, agent.optimizer, batch, group_advantages(rewards).flatten(),
-           eps=0.2, eps_high=0.2, beta=0.0, micro_batch=4)  # fmt: skip
+    update(
+        agent.model,
+        agent.optimizer,
+        batch,
+        group_advantages(rewards).flatten(),
+        eps=0.2,
+        eps_high=0.2,
+        beta=0.0,
+        micro_batch=4,
+    )
     return regime.learn(step, rollouts), rollouts
 
 
@@ -127,9 +135,12 @@ def test_verbalized_malformed_output_is_retried_then_falls_back(tiny_model, lett
     spec = SimulatorSpec(kind="verbalized", max_new_tokens=8, retries=2)
     user = LocalUser(lm, spec)
     rollouts = play(
-        letters, letters.scenarios("train")[:2], LocalAgent(LocalModel.load(tiny_model), 1.0, 4),
-        user, max_turns=2,
-    )  # fmt: skip
+        letters,
+        letters.scenarios("train")[:2],
+        LocalAgent(LocalModel.load(tiny_model), 1.0, 4),
+        user,
+        max_turns=2,
+    )
     assert calls[0::2] == [2, 2, 2]  # first try and two retries, for both conversations
     for r, raw in zip(rollouts, calls[-1], strict=True):
         assert r.fallbacks == 1
@@ -147,8 +158,13 @@ def test_heldout_simulator_on_an_endpoint(tiny_model, engine_url):
     from training.rollouts.simulator import EndpointUser
 
     served = httpx.get(f"{engine_url}/models", timeout=30).json()["data"][0]["id"]
-    spec = SimulatorSpec(name="engine", endpoint=engine_url, model=served, max_new_tokens=12,
-                         persona="You are in a hurry.")  # fmt: skip
+    spec = SimulatorSpec(
+        name="engine",
+        endpoint=engine_url,
+        model=served,
+        max_new_tokens=12,
+        persona="You are in a hurry.",
+    )
     p4g = get_domain("p4g")
     agent = LocalAgent(LocalModel.load(tiny_model), 1.0, 4)
     (rollout,) = play(p4g, p4g.scenarios("test")[:1], agent, EndpointUser(spec), max_turns=3)

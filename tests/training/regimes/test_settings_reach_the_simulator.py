@@ -24,11 +24,19 @@ SIM_TEMPERATURE = 2.0  # not 1, so a loss computed at temperature 1 differs
 
 def run_config(tiny_model, tmp_path, **extra):
     settings = {
-        "name": "guarded", "domain": "p4g-decision", "regime": "cotrain",
-        "base_model": str(tiny_model), "group_size": 4, "simulator_lr": 1e-2,
-        "max_turns": 2, "max_new_tokens": 8, "output_dir": str(tmp_path), "threads": 1,
-        "simulator": {"max_new_tokens": 8, "temperature": SIM_TEMPERATURE}, **extra,
-    }  # fmt: skip
+        "name": "guarded",
+        "domain": "p4g-decision",
+        "regime": "cotrain",
+        "base_model": str(tiny_model),
+        "group_size": 4,
+        "simulator_lr": 1e-2,
+        "max_turns": 2,
+        "max_new_tokens": 8,
+        "output_dir": str(tmp_path),
+        "threads": 1,
+        "simulator": {"max_new_tokens": 8, "temperature": SIM_TEMPERATURE},
+        **extra,
+    }
     return parse_config(settings)
 
 
@@ -49,9 +57,11 @@ def cotrain_rollouts(tiny_model, tmp_path, **extra):
 def simulator_batch(regime, rollouts) -> TokenBatch:
     users = [r.user for r in rollouts]
     return TokenBatch.from_lists(
-        [t.ids for t in users], [t.mask for t in users], regime.policy.pad_id,
+        [t.ids for t in users],
+        [t.mask for t in users],
+        regime.policy.pad_id,
         [t.allowed for t in users],
-    )  # fmt: skip
+    )
 
 
 def token_mean(values, batch) -> float:
@@ -114,10 +124,12 @@ def test_a_verbalized_runs_exploit_is_its_plain_models(tiny_model, tmp_path):
     """p(exploit) of a Verbalized run is measured against what its underlying model decides
     plainly (exact), not against the distributions its Verbalized Sampling writes down."""
     cfg = run_config(
-        tiny_model, tmp_path, regime="verbalized",
+        tiny_model,
+        tmp_path,
+        regime="verbalized",
         simulator={"kind": "verbalized", "k": 2, "max_new_tokens": 16, "retries": 0},
         tasks={"max_train": 2},
-    )  # fmt: skip
+    )
     domain = cfg.build_domain()
     tasks = domain.scenarios("train")[:2]
     models = ModelCache(cfg)

@@ -69,9 +69,14 @@ def minimal(domain: str, **extra) -> RunConfig:
 
 @pytest.mark.parametrize(
     ("domain", "mode"),
-    [("p4g", "adversarial"), ("p4g-decision", "adversarial"), ("retail", "curriculum"),
-     ("airline", "curriculum"), ("letters", "cooperative")],
-)  # fmt: skip
+    [
+        ("p4g", "adversarial"),
+        ("p4g-decision", "adversarial"),
+        ("retail", "curriculum"),
+        ("airline", "curriculum"),
+        ("letters", "cooperative"),
+    ],
+)
 def test_auto_is_the_domains_own(domain, mode):
     assert minimal(domain).simulator_reward_mode == mode
     for explicit in ("curriculum", "cooperative", "adversarial"):  # a named mode wins
@@ -116,11 +121,21 @@ def cotrain_step(tiny_model, tmp_path, letters, **extra):
     simulator's update."""
     torch.manual_seed(0)
     cfg = RunConfig.from_dict(
-        {"name": "t-curriculum", "domain": "letters", "regime": "cotrain", "base_model":
-         str(tiny_model), "group_size": 4, "simulator_lr": 1e-2, "max_new_tokens": 6,
-         "max_turns": 4, "simulator": {"max_new_tokens": 6}, "output_dir": str(tmp_path),
-         "simulator_reward": "curriculum", **extra}
-    )  # fmt: skip
+        {
+            "name": "t-curriculum",
+            "domain": "letters",
+            "regime": "cotrain",
+            "base_model": str(tiny_model),
+            "group_size": 4,
+            "simulator_lr": 1e-2,
+            "max_new_tokens": 6,
+            "max_turns": 4,
+            "simulator": {"max_new_tokens": 6},
+            "output_dir": str(tmp_path),
+            "simulator_reward": "curriculum",
+            **extra,
+        }
+    )
     regime = make_regime(cfg, cfg.run_dir(), ModelCache(cfg))
     agent = LocalAgent(Policy(tiny_model, lr=cfg.lr), 1.0, cfg.max_new_tokens)
     rollouts = []
@@ -162,11 +177,24 @@ def test_a_retail_cotrain_run_rewards_its_simulator_by_the_curriculum(tiny_model
     group's rewards are equal and the simulator's reward is exp(-0.25^2 / 0.02) on every
     rollout; still positive, it is the simulator's advantage, so it moves the simulator."""
     cfg = RunConfig.from_dict(
-        {"name": "retail-curriculum", "domain": "retail", "regime": "cotrain", "base_model":
-         str(tiny_model), "steps": 1, "group_size": 2, "batch_tasks": 2, "max_new_tokens": 6,
-         "max_turns": 4, "max_tool_rounds": 1, "threads": 1, "heldout": [],
-         "output_dir": str(tmp_path), "tasks": {"max_train": 2}, "simulator": {"max_new_tokens": 6}}
-    )  # fmt: skip
+        {
+            "name": "retail-curriculum",
+            "domain": "retail",
+            "regime": "cotrain",
+            "base_model": str(tiny_model),
+            "steps": 1,
+            "group_size": 2,
+            "batch_tasks": 2,
+            "max_new_tokens": 6,
+            "max_turns": 4,
+            "max_tool_rounds": 1,
+            "threads": 1,
+            "heldout": [],
+            "output_dir": str(tmp_path),
+            "tasks": {"max_train": 2},
+            "simulator": {"max_new_tokens": 6},
+        }
+    )
     train(cfg, show_progress=False)
     [row] = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert row["reward_mean"] == row["reward_std"] == 0.0  # all equal: variance 0

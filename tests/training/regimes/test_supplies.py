@@ -84,8 +84,14 @@ def test_ensemble_draws_per_rollout_round_robin_over_the_run_as_the_releases_p4g
 
 
 def test_ensemble_draws_per_task_give_a_whole_group_one_member(tmp_path, letters):
-    cfg = config(regime="ensemble", ensemble=ENSEMBLE, ensemble_draw="task", group_size=3,
-                 batch_tasks=2, max_turns=2)  # fmt: skip
+    cfg = config(
+        regime="ensemble",
+        ensemble=ENSEMBLE,
+        ensemble_draw="task",
+        group_size=3,
+        batch_tasks=2,
+        max_turns=2,
+    )
     regime = make_regime(cfg, tmp_path, ModelCache(cfg))
     step1 = play_step(cfg, regime, 1, [0, 1], letters)
     step2 = play_step(cfg, regime, 2, [0, 1], letters)
@@ -106,8 +112,9 @@ def test_ensemble_metrics_are_per_member(tmp_path, letters):
         assert row[f"ensemble/{name}/reward"] == pytest.approx(REWARD[name])
         assert row[f"ensemble/{name}/success"] == (REWARD[name] > 0.2)
     # with more members than a step's rollouts, one that played none has a share and no reward
-    small = config(regime="ensemble", ensemble=ENSEMBLE, ensemble_draw="task", group_size=2,
-                   max_turns=2)  # fmt: skip
+    small = config(
+        regime="ensemble", ensemble=ENSEMBLE, ensemble_draw="task", group_size=2, max_turns=2
+    )
     regime = make_regime(small, tmp_path, ModelCache(small))
     row = regime.metrics(1, play_step(small, regime, 1, [0], letters)[0])
     assert row["ensemble/a/share"] == 1.0 and row["ensemble/b/share"] == 0.0
@@ -117,10 +124,18 @@ def test_ensemble_metrics_are_per_member(tmp_path, letters):
 def test_in_process_members_reseed_per_task_so_a_task_plays_the_same_on_any_rank(
     tiny_model, tmp_path, letters
 ):
-    members = [{"name": "cold", "temperature": 0.7, "max_new_tokens": 4},
-               {"name": "hot", "temperature": 1.5, "max_new_tokens": 4}]  # fmt: skip
-    cfg = config(regime="ensemble", ensemble=members, base_model=str(tiny_model), group_size=2,
-                 batch_tasks=2, max_turns=1)  # fmt: skip
+    members = [
+        {"name": "cold", "temperature": 0.7, "max_new_tokens": 4},
+        {"name": "hot", "temperature": 1.5, "max_new_tokens": 4},
+    ]
+    cfg = config(
+        regime="ensemble",
+        ensemble=members,
+        base_model=str(tiny_model),
+        group_size=2,
+        batch_tasks=2,
+        max_turns=1,
+    )
     regime = make_regime(cfg, tmp_path, ModelCache(cfg))
 
     def user_turns(indices):
@@ -198,7 +213,7 @@ def test_an_ensembles_exploit_is_that_of_the_even_mixture():
             {
                 "regime": "persona",
                 "simulator": {"kind": "scripted", "script": "steady", "guidelines": "x"},
-            },  # fmt: skip
+            },
             "simulator.kind",
             'must be "plain" or "verbalized"',
         ),
@@ -250,9 +265,15 @@ def prompts(monkeypatch):
 def test_persona_guidelines_open_the_in_process_simulators_system_prompt(
     tiny_model, tmp_path, letters, prompts
 ):
-    cfg = config(regime="persona", base_model=str(tiny_model),
-                 simulator={"guidelines": "Be curt. Change your mind.", "persona": "You are 70.",
-                            "max_new_tokens": 4})  # fmt: skip
+    cfg = config(
+        regime="persona",
+        base_model=str(tiny_model),
+        simulator={
+            "guidelines": "Be curt. Change your mind.",
+            "persona": "You are 70.",
+            "max_new_tokens": 4,
+        },
+    )
     regime = make_regime(cfg, tmp_path, ModelCache(cfg))
     scenario = letters.scenarios("train")[0]
     with regime.simulator(1) as user:
@@ -266,8 +287,14 @@ def test_persona_guidelines_open_the_endpoint_simulators_system_prompt(tmp_path)
     retail = get_domain("retail")
     scenario = retail.scenarios("train")[0]
     with ScriptedServer([{"content": "I need to return a lamp."}]) as chat:
-        cfg = RunConfig.from_dict({"name": "p", "domain": "retail", "regime": "persona",
-                                   "simulator": {"endpoint": chat.url, "model": "gpt-5-mini"}})  # fmt: skip
+        cfg = RunConfig.from_dict(
+            {
+                "name": "p",
+                "domain": "retail",
+                "regime": "persona",
+                "simulator": {"endpoint": chat.url, "model": "gpt-5-mini"},
+            }
+        )
         regime = make_regime(cfg, tmp_path, ModelCache(cfg))
         rollout = Rollout.begin(retail, scenario)
         with regime.simulator(1) as user:
@@ -289,12 +316,24 @@ def rows(cfg):
 
 
 def short_run(tiny_model, tmp_path, **extra):
-    return RunConfig.from_dict({
-        "name": "supply-run", "domain": "letters", "base_model": str(tiny_model), "steps": 2,
-        "group_size": 4, "lr": 1e-2, "max_new_tokens": 6, "max_turns": 2, "micro_batch": 8,
-        "tasks": {"max_eval": 1}, "output_dir": str(tmp_path / "run"), "threads": 1,
-        "heldout": [{"name": "steady", "kind": "scripted", "script": "steady"}], **extra,
-    })  # fmt: skip
+    return RunConfig.from_dict(
+        {
+            "name": "supply-run",
+            "domain": "letters",
+            "base_model": str(tiny_model),
+            "steps": 2,
+            "group_size": 4,
+            "lr": 1e-2,
+            "max_new_tokens": 6,
+            "max_turns": 2,
+            "micro_batch": 8,
+            "tasks": {"max_eval": 1},
+            "output_dir": str(tmp_path / "run"),
+            "threads": 1,
+            "heldout": [{"name": "steady", "kind": "scripted", "script": "steady"}],
+            **extra,
+        }
+    )
 
 
 def test_an_ensemble_run_trains_end_to_end(tiny_model, tmp_path, letters):
@@ -319,8 +358,12 @@ def test_an_ensemble_run_trains_end_to_end(tiny_model, tmp_path, letters):
 
 def test_a_persona_guided_run_trains_end_to_end(tiny_model, tmp_path, letters, prompts):
     torch.manual_seed(0)
-    cfg = short_run(tiny_model, tmp_path, regime="persona",
-                    simulator={"guidelines": "Be curt.", "max_new_tokens": 4})  # fmt: skip
+    cfg = short_run(
+        tiny_model,
+        tmp_path,
+        regime="persona",
+        simulator={"guidelines": "Be curt.", "max_new_tokens": 4},
+    )
     train(cfg, domain=letters, show_progress=False)
     assert [r["step"] for r in rows(cfg)] == [1, 2]
     assert rows(cfg)[-1]["optimizer_steps"] >= 1
@@ -379,8 +422,12 @@ def test_the_admin_offers_every_regime_with_the_papers_label(admin_client):
 def test_an_admin_ensemble_run_from_a_preset_clears_the_presets_simulator():
     from training.models import TrainingRun
 
-    run = TrainingRun(name="ens", preset="p4g-single-cpu", regime="ensemble",
-                      settings={"ensemble": ENSEMBLE, "ensemble_draw": "task"})  # fmt: skip
+    run = TrainingRun(
+        name="ens",
+        preset="p4g-single-cpu",
+        regime="ensemble",
+        settings={"ensemble": ENSEMBLE, "ensemble_draw": "task"},
+    )
     cfg = run.config()
     assert [s.name for s in cfg.training_simulators()] == ["a", "b", "c"]
     assert cfg.ensemble_draw == "task"
@@ -400,12 +447,22 @@ def test_an_ensembles_exploit_file_is_the_mixture_of_its_members(tiny_model, tmp
 
     decision = get_domain("p4g-decision")
     members = [{"name": s, "kind": "scripted", "script": s} for s in ("anchored", "reactant")]
-    cfg = RunConfig.from_dict({
-        "name": "decide", "domain": "p4g-decision", "regime": "ensemble", "ensemble": members,
-        "base_model": str(tiny_model), "steps": 1, "group_size": 2, "max_turns": 2,
-        "micro_batch": 4, "tasks": {"max_train": 2, "max_eval": 1},
-        "output_dir": str(tmp_path / "run"), "threads": 1,
-    })  # fmt: skip
+    cfg = RunConfig.from_dict(
+        {
+            "name": "decide",
+            "domain": "p4g-decision",
+            "regime": "ensemble",
+            "ensemble": members,
+            "base_model": str(tiny_model),
+            "steps": 1,
+            "group_size": 2,
+            "max_turns": 2,
+            "micro_batch": 4,
+            "tasks": {"max_train": 2, "max_eval": 1},
+            "output_dir": str(tmp_path / "run"),
+            "threads": 1,
+        }
+    )
     train(cfg, show_progress=False)
     found = json.loads((cfg.run_dir() / "exploit.json").read_text())
     tasks = decision.scenarios("train")[:2]
@@ -425,9 +482,14 @@ def test_the_dry_run_checks_every_ensemble_member():
 
     hosted = [
         {"name": "gpt", "endpoint": "http://a/v1", "model": "gpt-5-mini", "max_new_tokens": 64},
-        {"name": "haiku", "endpoint": "http://b/v1", "model": "claude", "api_key_env": "KEY",
-         "max_new_tokens": 200},
-    ]  # fmt: skip
+        {
+            "name": "haiku",
+            "endpoint": "http://b/v1",
+            "model": "claude",
+            "api_key_env": "KEY",
+            "max_new_tokens": 200,
+        },
+    ]
     cfg = config(regime="ensemble", ensemble=hosted)
     assert endpoints(cfg) == [
         ("ensemble gpt", "http://a/v1", "gpt-5-mini", ""),

@@ -38,13 +38,20 @@ class AskingAgent:
 
 
 def decision_config(tiny_model, tmp_path, synthesis=None, **extra):
-    return RunConfig.from_dict({
-        "name": "synth", "domain": "p4g-decision", "base_model": str(tiny_model),
-        "group_size": 4, "batch_tasks": 2, "max_new_tokens": 6,
-        "simulator": {"name": "tiny", "max_new_tokens": 6, "temperature": 1.0},
-        "output_dir": str(tmp_path / "run"), **({"synthesis": synthesis} if synthesis else {}),
-        **extra,
-    })  # fmt: skip
+    return RunConfig.from_dict(
+        {
+            "name": "synth",
+            "domain": "p4g-decision",
+            "base_model": str(tiny_model),
+            "group_size": 4,
+            "batch_tasks": 2,
+            "max_new_tokens": 6,
+            "simulator": {"name": "tiny", "max_new_tokens": 6, "temperature": 1.0},
+            "output_dir": str(tmp_path / "run"),
+            **({"synthesis": synthesis} if synthesis else {}),
+            **extra,
+        }
+    )
 
 
 def play_step(cfg, regime, step, domain):
@@ -57,8 +64,10 @@ def play_step(cfg, regime, step, domain):
 
 
 def seen(groups):
-    return [[(r.member, r.conversation[-1]["content"], r.decision(USER).probs) for r in g]
-            for g in groups]  # fmt: skip
+    return [
+        [(r.member, r.conversation[-1]["content"], r.decision(USER).probs) for r in g]
+        for g in groups
+    ]
 
 
 def expected_reward(probs):
@@ -83,17 +92,24 @@ def test_synthesis_is_off_by_default_and_bad_settings_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="two sources that differ"):
         RunConfig.from_dict(base | {"synthesis": {"interpolate": True, "to_temperature": 0.3}})
     with pytest.raises(ConfigError, match="scripted"):
-        RunConfig.from_dict(base | {"simulator": {"kind": "scripted", "script": "steady"},
-                                    "synthesis": {"interpolate": True}})  # fmt: skip
+        RunConfig.from_dict(
+            base
+            | {
+                "simulator": {"kind": "scripted", "script": "steady"},
+                "synthesis": {"interpolate": True},
+            }
+        )
     with pytest.raises(ConfigError, match="one process"):
-        RunConfig.from_dict(base | {"distributed": {"processes": 2},
-                                    "synthesis": {"adversarial": True}})  # fmt: skip
+        RunConfig.from_dict(
+            base | {"distributed": {"processes": 2}, "synthesis": {"adversarial": True}}
+        )
 
 
 def test_the_synthesis_tasks_are_the_share_evenly_spaced_and_cycle_the_supplies():
     for share in (0.1, 0.25, 0.5, 1 / 3, 1.0):
-        picked = [syn.synthesis_ordinal(share, step, 3, i) for step in range(1, 101)
-                  for i in range(3)]  # fmt: skip
+        picked = [
+            syn.synthesis_ordinal(share, step, 3, i) for step in range(1, 101) for i in range(3)
+        ]
         ordinals = [o for o in picked if o is not None]
         assert len(ordinals) == round(300 * share)  # exactly the share over the run
         assert ordinals == list(range(len(ordinals)))  # each counted once, in order
@@ -171,16 +187,21 @@ def decision_mci(domain, probes, speakers):
 def test_interpolating_a_collapsed_and_a_spread_simulator_lowers_the_collapsed_ones_mci(
     tiny_model, tmp_path
 ):
-    cfg = decision_config(tiny_model, tmp_path, {"interpolate": True, "from_temperature": 0.05,
-                                                  "to_temperature": 4.0, "variants": 1})  # fmt: skip
+    cfg = decision_config(
+        tiny_model,
+        tmp_path,
+        {"interpolate": True, "from_temperature": 0.05, "to_temperature": 4.0, "variants": 1},
+    )
     domain = cfg.build_domain()
     models = ModelCache(cfg)
     ((lam, a, b),) = syn.interpolated_specs(cfg)
     assert lam == 0.5 and a.temperature == pytest.approx(2.025) and a == b  # no prompt variant
     supply = syn.Interpolated(cfg, models)
     base = cfg.synthesis_base()
-    ends = {end: frozen_simulator(base.__class__(**{**base.__dict__, "temperature": t}), models, 0)
-            for end, t in (("collapsed", 0.05), ("spread", 4.0))}  # fmt: skip
+    ends = {
+        end: frozen_simulator(base.__class__(**{**base.__dict__, "temperature": t}), models, 0)
+        for end, t in (("collapsed", 0.05), ("spread", 4.0))
+    }
     # one prompt: over several, a mixture of peaked decisions on different amounts is spread
     probes = probe_set(domain, domain.scenarios("train"), 1)[:1]
     mci = decision_mci(domain, probes, ends | {"variant": next(supply.speakers())})
@@ -189,9 +210,16 @@ def test_interpolating_a_collapsed_and_a_spread_simulator_lowers_the_collapsed_o
 
 
 def test_a_prompt_variant_is_mixed_into_its_share_of_the_group(tiny_model, tmp_path):
-    cfg = decision_config(tiny_model, tmp_path, {"interpolate": True, "variants": 3,
-                                                  "from_persona": "You are careful.",
-                                                  "to_persona": "You are generous."})  # fmt: skip
+    cfg = decision_config(
+        tiny_model,
+        tmp_path,
+        {
+            "interpolate": True,
+            "variants": 3,
+            "from_persona": "You are careful.",
+            "to_persona": "You are generous.",
+        },
+    )
     domain = cfg.build_domain()
     supply = syn.Interpolated(cfg, ModelCache(cfg))
     cuts = []
@@ -222,8 +250,10 @@ WORDS = {"yes": [1, 0, 0, 0], "no": [0, 1, 0, 0], "why": [0, 0, 1, 0], "ok": [0,
 
 def embed(texts):
     """A constructed embedder: a text's first word picks its direction (its cluster)."""
-    return [(np.array(WORDS[t.split()[0].lower().strip('?.!"')], float) * 10 + 0.01 * len(t))
-            .tolist() for t in texts]  # fmt: skip
+    return [
+        (np.array(WORDS[t.split()[0].lower().strip('?.!"')], float) * 10 + 0.01 * len(t)).tolist()
+        for t in texts
+    ]
 
 
 class InstructedServer(ScriptedServer):
@@ -255,13 +285,21 @@ def test_verbalized_sampling_told_the_missing_clusters_raises_the_populations_bd
     reference = [f"{w} {i}" for w in WORDS for i in range(4)]
     (tmp_path / "people.jsonl").write_text("\n".join(json.dumps(t) for t in reference))
     with InstructedServer(k=4) as server:
-        cfg = RunConfig.from_dict({
-            "name": "vs", "domain": "p4g", "output_dir": str(tmp_path / "run"),
-            "simulator": {"endpoint": server.url, "model": "m", "k": 4},
-            "behaviour": {"reference": f"texts:{tmp_path / 'people.jsonl'}", "clusters": 4},
-            "synthesis": {"verbalized_missing": True, "share": 1.0, "missing_clusters": 3,
-                          "exemplars": 1},
-        })  # fmt: skip
+        cfg = RunConfig.from_dict(
+            {
+                "name": "vs",
+                "domain": "p4g",
+                "output_dir": str(tmp_path / "run"),
+                "simulator": {"endpoint": server.url, "model": "m", "k": 4},
+                "behaviour": {"reference": f"texts:{tmp_path / 'people.jsonl'}", "clusters": 4},
+                "synthesis": {
+                    "verbalized_missing": True,
+                    "share": 1.0,
+                    "missing_clusters": 3,
+                    "exemplars": 1,
+                },
+            }
+        )
         domain = cfg.build_domain()
         settings = cfg.behaviour.space_settings(0, "constructed")
         space = BehaviourSpace.fit(settings, reference, embed)
@@ -295,9 +333,15 @@ def test_verbalized_sampling_told_the_missing_clusters_raises_the_populations_bd
 def test_the_adversary_is_rewarded_one_minus_r_and_its_update_lowers_the_agents_reward(
     tiny_model, tmp_path
 ):
-    cfg = decision_config(tiny_model, tmp_path, {"adversarial": True, "share": 1.0},
-                          group_size=8, batch_tasks=1, simulator_lr=3e-2,
-                          simulator_beta=0.0)  # fmt: skip
+    cfg = decision_config(
+        tiny_model,
+        tmp_path,
+        {"adversarial": True, "share": 1.0},
+        group_size=8,
+        batch_tasks=1,
+        simulator_lr=3e-2,
+        simulator_beta=0.0,
+    )
     domain = cfg.build_domain()
     regime = make_regime(cfg, tmp_path / "r", ModelCache(cfg))
     adversary = regime.synthesis.adversary
@@ -327,19 +371,36 @@ def test_the_adversary_is_rewarded_one_minus_r_and_its_update_lowers_the_agents_
 
 
 def test_every_supplys_free_text_turns_land_in_the_behaviour_space(tiny_model, tmp_path):
-    said = ["I am not sure about donating.", "What does Save the Children do?", "Sure, I can give.",
-            "I need the money myself.", "Hello, how are you?", "No thanks.", "Tell me more."]  # fmt: skip
+    said = [
+        "I am not sure about donating.",
+        "What does Save the Children do?",
+        "Sure, I can give.",
+        "I need the money myself.",
+        "Hello, how are you?",
+        "No thanks.",
+        "Tell me more.",
+    ]
     (tmp_path / "people.jsonl").write_text("\n".join(json.dumps(t) for t in said))
-    cfg = RunConfig.from_dict({
-        "name": "space", "domain": "p4g", "base_model": str(tiny_model),
-        "simulator": {"max_new_tokens": 6}, "output_dir": str(tmp_path / "run"),
-        "behaviour": {"reference": f"texts:{tmp_path / 'people.jsonl'}", "clusters": 3},
-        "synthesis": {"interpolate": True, "verbalized_missing": True, "adversarial": True,
-                      "variants": 1},
-    })  # fmt: skip
+    cfg = RunConfig.from_dict(
+        {
+            "name": "space",
+            "domain": "p4g",
+            "base_model": str(tiny_model),
+            "simulator": {"max_new_tokens": 6},
+            "output_dir": str(tmp_path / "run"),
+            "behaviour": {"reference": f"texts:{tmp_path / 'people.jsonl'}", "clusters": 3},
+            "synthesis": {
+                "interpolate": True,
+                "verbalized_missing": True,
+                "adversarial": True,
+                "variants": 1,
+            },
+        }
+    )
     domain = cfg.build_domain()
-    space = BehaviourSpace.fit(cfg.behaviour.space_settings(0, str(tiny_model)), said,
-                               Embedder(tiny_model))  # fmt: skip
+    space = BehaviourSpace.fit(
+        cfg.behaviour.space_settings(0, str(tiny_model)), said, Embedder(tiny_model)
+    )
     synthesis = syn.Synthesis(cfg, tmp_path, ModelCache(cfg))
     synthesis.observe(Profiles(space, 0.01, 0.01, 0, 0, True))
     assert synthesis.supplies[syn.MISSING].told  # told before any step: the reference's largest
@@ -363,9 +424,15 @@ def test_a_run_with_synthesis_trains_checkpoints_and_resumes_with_the_share_it_h
     from training.trainer.loop import train
 
     def run(steps):
-        cfg = decision_config(tiny_model, tmp_path, {"adversarial": True, "interpolate": True,
-                                                      "share": 0.5},
-                              steps=steps, save_every=1, threads=1, micro_batch=8)  # fmt: skip
+        cfg = decision_config(
+            tiny_model,
+            tmp_path,
+            {"adversarial": True, "interpolate": True, "share": 0.5},
+            steps=steps,
+            save_every=1,
+            threads=1,
+            micro_batch=8,
+        )
         train(cfg, show_progress=False)
         return [json.loads(x) for x in (cfg.run_dir() / "metrics.jsonl").read_text().splitlines()]
 
@@ -390,15 +457,29 @@ def test_a_measured_run_tells_verbalized_sampling_the_missing_clusters_and_probe
 ):
     from training.trainer.loop import train
 
-    said = ["I am not sure about donating.", "What does Save the Children do?", "Sure.",
-            "I need the money myself.", "Hello, how are you?", "No thanks."]  # fmt: skip
+    said = [
+        "I am not sure about donating.",
+        "What does Save the Children do?",
+        "Sure.",
+        "I need the money myself.",
+        "Hello, how are you?",
+        "No thanks.",
+    ]
     (tmp_path / "people.jsonl").write_text("\n".join(json.dumps(t) for t in said))
     cfg = decision_config(
-        tiny_model, tmp_path, {"verbalized_missing": True, "share": 1.0, "missing_clusters": 2},
-        steps=1, threads=1, micro_batch=8,
-        behaviour={"reference": f"texts:{tmp_path / 'people.jsonl'}", "clusters": 3,
-                   "probe_tasks": 1, "bootstrap": 0},
-    )  # fmt: skip
+        tiny_model,
+        tmp_path,
+        {"verbalized_missing": True, "share": 1.0, "missing_clusters": 2},
+        steps=1,
+        threads=1,
+        micro_batch=8,
+        behaviour={
+            "reference": f"texts:{tmp_path / 'people.jsonl'}",
+            "clusters": 3,
+            "probe_tasks": 1,
+            "bootstrap": 0,
+        },
+    )
     train(cfg, show_progress=False)
     (row,) = [json.loads(x) for x in (cfg.run_dir() / "metrics.jsonl").read_text().splitlines()]
     assert row["synthesis/share"] == 1.0 and "synthesis/verbalized_missing/reward" in row
@@ -422,8 +503,13 @@ def test_under_co_training_each_simulator_learns_from_its_own_groups_alone(
 
     advantages = regimes.simulator_advantages
     monkeypatch.setattr(regimes, "simulator_advantages", recorded)
-    cfg = decision_config(tiny_model, tmp_path, {"adversarial": True, "share": 0.5},
-                          regime="cotrain", simulator_lr=1e-2)  # fmt: skip
+    cfg = decision_config(
+        tiny_model,
+        tmp_path,
+        {"adversarial": True, "share": 0.5},
+        regime="cotrain",
+        simulator_lr=1e-2,
+    )
     domain = cfg.build_domain()
     regime = make_regime(cfg, tmp_path / "r", ModelCache(cfg))
     assert type(regime).__name__ == "SynthesizedCoTrain"

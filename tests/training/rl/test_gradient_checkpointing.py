@@ -13,9 +13,16 @@ def one_step(policy):
     ids = [[1, 5, 6, 7, 8, 9, 10, 11], [1, 5, 6, 7, 12, 13, 14, 15]]
     batch = TokenBatch.from_lists(ids, [[0, 0, 0, 0, 1, 1, 1, 1]] * 2, policy.pad_id)
     stats = update(
-        policy.model, policy.optimizer, batch, torch.tensor([1.0, -0.5]), eps=0.2,
-        eps_high=0.2, beta=0.05, micro_batch=2, reference=policy.reference_logprobs,
-    )  # fmt: skip
+        policy.model,
+        policy.optimizer,
+        batch,
+        torch.tensor([1.0, -0.5]),
+        eps=0.2,
+        eps_high=0.2,
+        beta=0.05,
+        micro_batch=2,
+        reference=policy.reference_logprobs,
+    )
     trained = {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
     return stats["loss"], trained
 

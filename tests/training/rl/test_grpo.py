@@ -143,8 +143,9 @@ def test_rows_without_policy_tokens_take_no_step(tiny_model):
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     batch = TokenBatch.from_lists([[5, 17, 300], [7, 8, 1000]], [[0, 0, 0], [0, 0, 0]], pad_id=2)
     sgd = torch.optim.SGD(model.parameters(), lr=1.0)
-    stats = update(model, sgd, batch, torch.tensor([1.0, -1.0]), eps=0.2, eps_high=0.2, beta=0.0,
-                   micro_batch=2)  # fmt: skip
+    stats = update(
+        model, sgd, batch, torch.tensor([1.0, -1.0]), eps=0.2, eps_high=0.2, beta=0.0, micro_batch=2
+    )
     assert stats["trained_sequences"] == 0 and stats["grad_norm"] == 0
 
 
@@ -254,8 +255,17 @@ def test_the_sample_mean_is_over_the_whole_batch_whatever_the_micro_batches(tiny
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_pretrained(tiny_model)
         sgd = torch.optim.SGD(model.parameters(), lr=1.0)
-        stats = update(model, sgd, batch, torch.tensor([1.0, -0.5, 0.0]), eps=0.2, eps_high=0.2,
-                       beta=0.0, micro_batch=micro_batch, loss_reduction=reduction)  # fmt: skip
+        stats = update(
+            model,
+            sgd,
+            batch,
+            torch.tensor([1.0, -0.5, 0.0]),
+            eps=0.2,
+            eps_high=0.2,
+            beta=0.0,
+            micro_batch=micro_batch,
+            loss_reduction=reduction,
+        )
         return stats, dict(model.named_parameters())
 
     # one epoch: every ratio is 1, so a token's loss is -A. Sequence means -1, 0.5 and 0 (the

@@ -46,8 +46,9 @@ def test_weights_of_one_give_exactly_the_unweighted_loss_and_gradient():
         grads = []
         for weights in (None, torch.ones(2)):
             x = logp.clone().requires_grad_(True)
-            loss, stats = grpo_loss(x, old, ref, adv, mask, eps=0.2, beta=0.1,
-                                    reduction=reduction, weights=weights)  # fmt: skip
+            loss, stats = grpo_loss(
+                x, old, ref, adv, mask, eps=0.2, beta=0.1, reduction=reduction, weights=weights
+            )
             loss.backward()
             grads.append((loss.detach(), x.grad, stats))
         (a, ga, sa), (b, gb, sb) = grads
@@ -66,9 +67,20 @@ def step(tiny_model, weights, reduction="token", micro_batch=1, epochs=1, grad_c
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     sgd = torch.optim.SGD(model.parameters(), lr=0.5)
     batch = TokenBatch.from_lists(IDS, MASKS, pad_id=2)
-    stats = update(model, sgd, batch, torch.tensor(ADV), eps=0.2, eps_high=0.2, beta=0.0,
-                   micro_batch=micro_batch, epochs=epochs, grad_clip=grad_clip,
-                   loss_reduction=reduction, weights=weights)  # fmt: skip
+    stats = update(
+        model,
+        sgd,
+        batch,
+        torch.tensor(ADV),
+        eps=0.2,
+        eps_high=0.2,
+        beta=0.0,
+        micro_batch=micro_batch,
+        epochs=epochs,
+        grad_clip=grad_clip,
+        loss_reduction=reduction,
+        weights=weights,
+    )
     return stats, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 

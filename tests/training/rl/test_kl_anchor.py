@@ -29,9 +29,12 @@ def moved(policy: Policy, config: RunConfig, beta: float) -> TokenBatch:
     with torch.no_grad():
         before = token_logprobs(policy.model, batch, temperature=TEMPERATURE)[0]
     stats = policy.learn(
-        [Transcript(ids=list(ids), mask=list(MASK)) for ids in ROWS], torch.tensor([1.0, -1.0]),
-        config, temperature=TEMPERATURE, beta=beta,
-    )  # fmt: skip
+        [Transcript(ids=list(ids), mask=list(MASK)) for ids in ROWS],
+        torch.tensor([1.0, -1.0]),
+        config,
+        temperature=TEMPERATURE,
+        beta=beta,
+    )
     assert stats["trained_sequences"] == 2
     with torch.no_grad():
         after = token_logprobs(policy.model, batch, temperature=TEMPERATURE)[0]
@@ -88,10 +91,15 @@ def test_the_cotrained_simulators_reference_is_its_own_base_model(
     beta has none to anchor it."""
     torch.manual_seed(0)
     cfg = run_config(
-        tiny_model, tmp_path, regime="cotrain", finetune=finetune, beta=0.0, simulator_beta=0.1,
+        tiny_model,
+        tmp_path,
+        regime="cotrain",
+        finetune=finetune,
+        beta=0.0,
+        simulator_beta=0.1,
         simulator={"model": str(other_tiny_model), "max_new_tokens": 4},
         simulator_reward="adversarial",
-    )  # fmt: skip
+    )
     regime = make_regime(cfg, cfg.run_dir(), ModelCache(cfg))
     batch = moved(regime.policy, cfg, cfg.simulator_beta)
     assert_is_fresh_base(regime.policy, batch, str(other_tiny_model))
@@ -110,9 +118,16 @@ def test_each_role_learns_with_its_own_kl_weight(
     adapter disabled) is there whatever the weight, so only the weight its update is given
     decides."""
     cfg = run_config(
-        tiny_model, tmp_path, regime="cotrain", steps=1, ppo_epochs=2, beta=beta,
-        simulator_beta=simulator_beta, simulator_reward="adversarial", save_every=0,
-    )  # fmt: skip
+        tiny_model,
+        tmp_path,
+        regime="cotrain",
+        steps=1,
+        ppo_epochs=2,
+        beta=beta,
+        simulator_beta=simulator_beta,
+        simulator_reward="adversarial",
+        save_every=0,
+    )
     train(cfg, domain=letters, show_progress=False)
     (row,) = [json.loads(line) for line in (cfg.run_dir() / "metrics.jsonl").open()]
     assert row["optimizer_step"] == 1.0 and row["sim/learned"] == 1.0

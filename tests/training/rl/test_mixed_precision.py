@@ -24,10 +24,17 @@ def batch(policy):
 def one_update(policy):
     """One GRPO update (KL to the reference copy included) on two rows of different rewards."""
     return update(
-        policy.model, policy.optimizer, batch(policy), torch.tensor([1.0, 0.5]), eps=0.2,
-        eps_high=0.2, beta=0.05, micro_batch=2, reference=policy.reference_logprobs,
+        policy.model,
+        policy.optimizer,
+        batch(policy),
+        torch.tensor([1.0, 0.5]),
+        eps=0.2,
+        eps_high=0.2,
+        beta=0.05,
+        micro_batch=2,
+        reference=policy.reference_logprobs,
         autocast=policy.compute,
-    )  # fmt: skip
+    )
 
 
 def passes_dtypes(policy):
@@ -44,9 +51,13 @@ def test_trained_weights_and_adam_are_float32_while_the_passes_run_in_bfloat16(
     smooth_tiny_model,
 ):
     policy = Policy(
-        smooth_tiny_model, finetune="full", lr=1e-6, beta=0.05, dtype="bfloat16",
+        smooth_tiny_model,
+        finetune="full",
+        lr=1e-6,
+        beta=0.05,
+        dtype="bfloat16",
         mixed_precision=True,
-    )  # fmt: skip
+    )
     seen = passes_dtypes(policy)
     assert {p.dtype for p in policy.model.parameters()} == {torch.float32}
     assert {p.dtype for p in policy.reference_model.parameters()} == {torch.bfloat16}  # frozen
@@ -77,16 +88,23 @@ def test_a_step_at_lr_1e_6_moves_bfloat16_weights_only_with_master_weights(smoot
     for mixed in (False, True):
         torch.manual_seed(0)
         policy = Policy(
-            smooth_tiny_model, finetune="full", lr=1e-6, beta=0.05, dtype="bfloat16",
+            smooth_tiny_model,
+            finetune="full",
+            lr=1e-6,
+            beta=0.05,
+            dtype="bfloat16",
             mixed_precision=mixed,
-        )  # fmt: skip
+        )
         before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
         one_update(policy)
         after = dict(policy.model.named_parameters())
         changed = sum(int((before[n] != after[n]).sum()) for n in before)
         norms = [n for n in before if "norm" in n]  # weights of 1.0: bf16's spacing there is 8e-3
-        moved[mixed] = (changed / sum(t.numel() for t in before.values()),
-                        sum(int(torch.equal(before[n], after[n])) for n in norms), len(norms))  # fmt: skip
+        moved[mixed] = (
+            changed / sum(t.numel() for t in before.values()),
+            sum(int(torch.equal(before[n], after[n])) for n in norms),
+            len(norms),
+        )
     share, still, norms = moved[False]
     assert share < 0.1 and still == norms  # bfloat16 alone: most steps round away
     share, still, norms = moved[True]

@@ -100,9 +100,15 @@ def test_the_optimizer_settings_reach_the_agent_and_the_co_trained_simulator(
     """adam_betas, weight_decay and the learning rates (LoRA: lr x lora.lr_scale; full: lr) in
     both roles' AdamW, as the trainer builds them."""
     cfg = config(
-        tiny_model, regime="cotrain", finetune=finetune, lr=1e-6, simulator_lr=2e-6,
-        adam_betas=[0.8, 0.95], weight_decay=0.1, lora={"lr_scale": 10.0},
-    )  # fmt: skip
+        tiny_model,
+        regime="cotrain",
+        finetune=finetune,
+        lr=1e-6,
+        simulator_lr=2e-6,
+        adam_betas=[0.8, 0.95],
+        weight_decay=0.1,
+        lora={"lr_scale": 10.0},
+    )
     agent = Policy.for_run(cfg, lr=cfg.agent_lr)
     simulator = CoTrain(cfg, tmp_path, ModelCache(cfg)).policy
     scale = 10.0 if finetune == "lora" else 1.0
@@ -144,8 +150,9 @@ def test_weight_decay_skips_biases_and_norms_as_megatron_does(tiny_model):
         if skip:
             state = policy.optimizer_state()
             assert [len(g["params"]) for g in state["param_groups"]] == [
-                len(weights) - len(norms), len(norms)
-            ]  # fmt: skip
+                len(weights) - len(norms),
+                len(norms),
+            ]
             fresh = Policy.for_run(cfg, lr=0.5)
             fresh.load_optimizer_state(state)
             assert fresh.optimizer_state()["state"].keys() == state["state"].keys()

@@ -17,8 +17,10 @@ def test_each_phase_peak_is_within_20_percent_of_the_dry_runs_formula(tmp_path):
     out = tmp_path / "figures.json"
     done = subprocess.run(
         [sys.executable, str(REPO / "bench" / "phase_memory.py"), "--out", str(out)],
-        capture_output=True, text=True, timeout=400,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = json.loads(out.read_text())
     assert [r["rank"] for r in ranks] == [0, 1]
@@ -27,7 +29,8 @@ def test_each_phase_peak_is_within_20_percent_of_the_dry_runs_formula(tmp_path):
         for r in ranks
         for phase, figures in r["phases"].items()
     }
-    assert set(ratios) == {(p, k) for p in ("rollout", "update", "checkpoint", "evaluation")
-                           for k in (0, 1)}  # fmt: skip
+    assert set(ratios) == {
+        (p, k) for p in ("rollout", "update", "checkpoint", "evaluation") for k in (0, 1)
+    }
     off = {key: round(ratio, 2) for key, ratio in ratios.items() if not 0.8 <= ratio <= 1.2}
     assert not off, f"measured / formula outside 0.8..1.2: {off}\n{done.stdout}"

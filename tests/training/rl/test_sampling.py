@@ -114,8 +114,13 @@ def play_p4g(agent, user_lm, reuse):
     torch.manual_seed(3)
     user = LocalUser(user_lm, SimulatorSpec(max_new_tokens=10), rng=random.Random(0))
     try:
-        rollouts = play(domain, [domain.scenarios("train")[0]] * 3, LocalAgent(agent, 0.7, 10),
-                        user, max_turns=6)  # fmt: skip
+        rollouts = play(
+            domain,
+            [domain.scenarios("train")[0]] * 3,
+            LocalAgent(agent, 0.7, 10),
+            user,
+            max_turns=6,
+        )
     finally:
         del agent.reuse_kv, user_lm.reuse_kv
     return rollouts, agent.counts["prefilled"] + user_lm.counts["prefilled"]
@@ -146,8 +151,10 @@ def test_smollm2_turns_are_generates(base_model):
     """The real model (float32), three turns of four rows, each extending its conversation."""
     lm = LocalModel.load(base_model)
     fmt = lm.fmt
-    opening = [{"role": "system", "content": "You ask for donations. Be brief."},
-               {"role": "user", "content": "Hi, who are you?"}]  # fmt: skip
+    opening = [
+        {"role": "system", "content": "You ask for donations. Be brief."},
+        {"role": "user", "content": "Hi, who are you?"},
+    ]
     more = fmt.continuation([{"role": "user", "content": "Tell me more."}]) + fmt.generation_prompt
     outs, counts = {}, {}
     for reuse in (False, True):
@@ -155,8 +162,9 @@ def test_smollm2_turns_are_generates(base_model):
         caches = [KVCache() for _ in prompts]
         outs[reuse], counts[reuse] = [], 0
         for turn in range(3):
-            samples, prefilled = sampled(lm, reuse, prompts, seed=turn, temperature=0.7,
-                                         max_new_tokens=12, caches=caches)  # fmt: skip
+            samples, prefilled = sampled(
+                lm, reuse, prompts, seed=turn, temperature=0.7, max_new_tokens=12, caches=caches
+            )
             outs[reuse].append(samples)
             counts[reuse] += prefilled
             prompts = [

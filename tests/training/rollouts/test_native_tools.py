@@ -77,8 +77,10 @@ def test_a_native_call_trains_the_templates_own_tokens_and_runs_a_retail_tool(he
     agent_prompt(fmt, retail, r, "native")
 
     # the agent's turn, as if it had sampled the call exactly as the template writes it
-    call = {"type": "function", "function": {"name": "find_user_id_by_email",
-            "arguments": json.dumps({"email": EMAIL})}}  # fmt: skip
+    call = {
+        "type": "function",
+        "function": {"name": "find_user_id_by_email", "arguments": json.dumps({"email": EMAIL})},
+    }
     system = retail.agent_system_prompt(scenario)
     text = template_call(lm, system, r.conversation[-1]["content"], call, r.tools)
     assert text.startswith('<tool_call>\n{"name": "find_user_id_by_email", "arguments": {"email"')
@@ -150,16 +152,26 @@ def test_the_json_format_is_unchanged_for_smollm2(tiny_model, retail):
         ("Just text.", "Just text.", []),
         ('<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>', "", [("f", {"a": 1})]),
         # text before the first block is the content; after the last one it is dropped (vLLM's)
-        ('Let me look.\n<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>\nDone.',
-         "Let me look.", [("f", {})]),  # fmt: skip
-        ('<tool_call>{"name": "f", "arguments": {}}</tool_call>\n'
-         '<tool_call>{"name": "g", "arguments": {"b": "x"}}', "", [("f", {}), ("g", {"b": "x"})]),
+        (
+            'Let me look.\n<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>\nDone.',
+            "Let me look.",
+            [("f", {})],
+        ),
+        (
+            '<tool_call>{"name": "f", "arguments": {}}</tool_call>\n'
+            '<tool_call>{"name": "g", "arguments": {"b": "x"}}',
+            "",
+            [("f", {}), ("g", {"b": "x"})],
+        ),
         # any block that fails leaves no calls: the whole reply is content
-        ('Hi <tool_call>{"name": "f", "arguments": {}}</tool_call><tool_call>{"name": "g"}',
-         'Hi <tool_call>{"name": "f", "arguments": {}}</tool_call><tool_call>{"name": "g"}', []),
+        (
+            'Hi <tool_call>{"name": "f", "arguments": {}}</tool_call><tool_call>{"name": "g"}',
+            'Hi <tool_call>{"name": "f", "arguments": {}}</tool_call><tool_call>{"name": "g"}',
+            [],
+        ),
         ("<tool_call>not json</tool_call>", "<tool_call>not json</tool_call>", []),
     ],
-)  # fmt: skip
+)
 def test_replies_are_read_by_the_hermes_rule(reply, content, calls):
     got, parsed = parse_hermes_tool_calls(reply)
     assert got == content
@@ -185,11 +197,20 @@ def test_a_run_trains_and_records_its_tool_format(
     from training.trainer.loop import train
 
     model = hermes_model if native else tiny_model
-    config = RunConfig.from_dict({
-        "name": "tools", "domain": "letters", "base_model": str(model), "steps": 1,
-        "group_size": 2, "max_new_tokens": 6, "max_turns": 2, "threads": 1,
-        "simulator": {"max_new_tokens": 4}, "output_dir": str(tmp_path / "run"),
-    })  # fmt: skip
+    config = RunConfig.from_dict(
+        {
+            "name": "tools",
+            "domain": "letters",
+            "base_model": str(model),
+            "steps": 1,
+            "group_size": 2,
+            "max_new_tokens": 6,
+            "max_turns": 2,
+            "threads": 1,
+            "simulator": {"max_new_tokens": 4},
+            "output_dir": str(tmp_path / "run"),
+        }
+    )
     (saved,) = train(config, lambda progress: None, domain=tool_letters, show_progress=False)
     manifest = json.loads((saved / "manifest.json").read_text())
     assert manifest["tool_format"] == ("native" if native else "json")
@@ -211,8 +232,9 @@ def test_the_online_dry_run_says_which_tool_format_the_run_trains(
     path = tmp_path / "run.toml"
     checks = {}
     for name, model, chosen in (("hermes", hermes_model, "auto"), ("smol", tiny_model, "native")):
-        path.write_text(f'name = "t"\ndomain = "retail"\nbase_model = "{model}"\n'
-                        f'tool_format = "{chosen}"\n')  # fmt: skip
+        path.write_text(
+            f'name = "t"\ndomain = "retail"\nbase_model = "{model}"\ntool_format = "{chosen}"\n'
+        )
         checks[name] = next(c for c in dry_run(str(path))["checks"] if c["name"] == "tool format")
     assert checks["hermes"]["ok"] and "auto -> native" in checks["hermes"]["detail"]
     assert "--tool-call-parser hermes" in checks["hermes"]["detail"]

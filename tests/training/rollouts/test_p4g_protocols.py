@@ -102,8 +102,13 @@ def test_parley_protocol_keeps_its_honest_persuader():
     (rollout,) = play(domain, [scenario], ScriptedPersuader(), persuadee, max_turns=10)
     assert rollout.conversation[0]["content"] == domain.greeting(scenario)  # the fixed greeting
     assert persuadee.offered[:4] == [None] * 4
-    assert persuadee.offered[4] == ["[DONATE $0]", "[DONATE $0.50]", "[DONATE $1]",
-                                    "[DONATE $1.50]", "[DONATE $2]"]  # fmt: skip
+    assert persuadee.offered[4] == [
+        "[DONATE $0]",
+        "[DONATE $0.50]",
+        "[DONATE $1]",
+        "[DONATE $1.50]",
+        "[DONATE $2]",
+    ]
     assert rollout.conversation[-1]["content"] == "[DONATE $0]"
     # a stated $0 ends parley's chat, and parley's reader does not count a refusal
     persuadee = ScriptedPersuadee(["I won't donate $1.", "[DONATE $0]", "unused"])

@@ -44,8 +44,14 @@ class CompletionServer(ScriptedServer):
         body = await request.json()
         self.calls.append((request.url.path, request.client.port))
         self.bodies.append((request.url.path, body))
-        choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": "length",
-                  "token_ids": self.token_ids, "stop_reason": None}  # fmt: skip
+        choice = {
+            "index": 0,
+            "text": "",
+            "logprobs": None,
+            "finish_reason": "length",
+            "token_ids": self.token_ids,
+            "stop_reason": None,
+        }
         return JSONResponse(
             {
                 "id": "c",
@@ -53,7 +59,7 @@ class CompletionServer(ScriptedServer):
                 "created": 0,
                 "model": body["model"],
                 "choices": [choice],
-            }  # fmt: skip
+            }
         )
 
     async def adapter(self, request: Request):
@@ -150,13 +156,21 @@ def test_a_served_population_samples_each_member_from_its_own_adapter(
     with CompletionServer(words) as server:
         cfg = RunConfig.from_dict(
             {
-                "name": "pop", "domain": "letters", "regime": "population",
-                "base_model": str(tiny_model), "steps": 2, "group_size": 2, "pool_every": 1,
-                "max_new_tokens": 4, "max_turns": 2, "heldout": [], "threads": 1,
+                "name": "pop",
+                "domain": "letters",
+                "regime": "population",
+                "base_model": str(tiny_model),
+                "steps": 2,
+                "group_size": 2,
+                "pool_every": 1,
+                "max_new_tokens": 4,
+                "max_turns": 2,
+                "heldout": [],
+                "threads": 1,
                 "simulator": {"endpoint": server.url, "model": str(tiny_model)},
                 "output_dir": str(tmp_path / "pop"),
             }
-        )  # fmt: skip
+        )
         loop.train(cfg, domain=letters, show_progress=False)
     live, pool = cfg.run_dir() / "live" / "simulator", cfg.run_dir() / "pool"
     # (path, the adapter loaded or unloaded, or the model a completion asked for)
@@ -174,9 +188,14 @@ def test_a_served_population_samples_each_member_from_its_own_adapter(
     ]
     loads = [body for path, body in server.bodies if path == "/v1/load_lora_adapter"]
     assert [body["lora_path"] for body in loads] == [
-        str(live / "step-000000"), str(live / "step-000001"), str(pool / "sim-step-000001")
-    ]  # fmt: skip
-    assert all(body["prompt"] and isinstance(body["prompt"][0], int) for _, body in server.bodies
-               if "prompt" in body)  # fmt: skip
+        str(live / "step-000000"),
+        str(live / "step-000001"),
+        str(pool / "sim-step-000001"),
+    ]
+    assert all(
+        body["prompt"] and isinstance(body["prompt"][0], int)
+        for _, body in server.bodies
+        if "prompt" in body
+    )
     assert [p.name for p in live.iterdir()] == ["step-000001"]  # the unloaded one is deleted
     assert trained == [words] * 4

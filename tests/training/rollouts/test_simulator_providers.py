@@ -35,14 +35,22 @@ def run_table(**simulator) -> dict:
             "the key of OpenRouter-style gateway (conventionally OPENROUTER_API_KEY)",
         ),
         (
-            {"endpoint": "https://api.anthropic.com/v1", "model": "claude-haiku-4-5",
-             "api_key_env": "ANTHROPIC_API_KEY", "reasoning_effort": "low"},
+            {
+                "endpoint": "https://api.anthropic.com/v1",
+                "model": "claude-haiku-4-5",
+                "api_key_env": "ANTHROPIC_API_KEY",
+                "reasoning_effort": "low",
+            },
             "heldout[0].reasoning_effort",
             "Anthropic (OpenAI-compatible endpoint) does not take reasoning_effort",
         ),
         (
-            {"endpoint": "https://api.anthropic.com/v1", "model": "claude-haiku-4-5",
-             "api_key_env": "ANTHROPIC_API_KEY", "temperature": 1.5},
+            {
+                "endpoint": "https://api.anthropic.com/v1",
+                "model": "claude-haiku-4-5",
+                "api_key_env": "ANTHROPIC_API_KEY",
+                "temperature": 1.5,
+            },
             "heldout[0].temperature",
             "caps temperature at 1",
         ),
@@ -52,7 +60,7 @@ def run_table(**simulator) -> dict:
             "must be one of auto, openai-reasoning, openai, anthropic, gemini, openrouter",
         ),
     ],
-)  # fmt: skip
+)
 def test_a_provider_setting_that_cannot_be_sent_is_refused_at_load(simulator, key, says):
     with pytest.raises(ConfigError, match=re.escape(says)) as refused:
         parse_config(run_table(**simulator))
@@ -63,9 +71,14 @@ def test_the_papers_panel_settings_load_for_gpt5_mini():
     """temperature 0.7 and top_p 0.95 load for GPT-5-mini: they are not sent to it (its
     sampling is fixed), as the release's adapter does not send them either."""
     config = parse_config(
-        run_table(endpoint="https://api.openai.com/v1", model="gpt-5-mini",
-                  api_key_env="OPENAI_API_KEY", top_p=0.95, reasoning_effort="minimal")
-    )  # fmt: skip
+        run_table(
+            endpoint="https://api.openai.com/v1",
+            model="gpt-5-mini",
+            api_key_env="OPENAI_API_KEY",
+            top_p=0.95,
+            reasoning_effort="minimal",
+        )
+    )
     spec = config.heldout[0]
     assert spec.provider_spec().name == "openai-reasoning"
     shaped, notes = spec.provider_spec().shape(spec.request_params())
@@ -151,8 +164,9 @@ def test_a_reply_cut_before_any_text_fails_the_dry_run(tmp_path, base_model):
 
             message = {"role": "assistant", "content": ""}
             choice = {"index": 0, "message": message, "finish_reason": "length"}
-            return JSONResponse({"id": "x", "object": "chat.completion", "model": "gpt-5-mini",
-                                 "choices": [choice]})  # fmt: skip
+            return JSONResponse(
+                {"id": "x", "object": "chat.completion", "model": "gpt-5-mini", "choices": [choice]}
+            )
 
     with Thinking([]) as server:
         result = dry_run(gpt5_config(tmp_path, base_model, server.url, "openai-reasoning"))

@@ -17,10 +17,13 @@ from training.rollouts.rollout import Rollout
 def one_user_turn(tmp_path, **spec):
     retail = get_domain("retail")
     with ScriptedServer([{"content": "I need to return a lamp."}]) as chat:
-        cfg = RunConfig.from_dict({
-            "name": "s", "domain": "retail",
-            "simulator": {"endpoint": chat.url, "model": "claude-haiku-4.5", **spec},
-        })  # fmt: skip
+        cfg = RunConfig.from_dict(
+            {
+                "name": "s",
+                "domain": "retail",
+                "simulator": {"endpoint": chat.url, "model": "claude-haiku-4.5", **spec},
+            }
+        )
         user = frozen_simulator(cfg.simulator, ModelCache(cfg), 0)
         rollout = Rollout.begin(retail, retail.scenarios("train")[0])
         user.respond(retail, [rollout])
@@ -46,21 +49,26 @@ def test_provider_sampling_is_shaped_for_every_provider_without_them():
     ]:
         spec = SimulatorSpec(endpoint=endpoint, model=model, api_key_env="K", sampling="provider")
         client = LLMClient(endpoint, api_key="x", provider=spec.provider)
-        body = client.request_body(model, [{"role": "user", "content": "hi"}],
-                                   **spec.request_params())  # fmt: skip
+        body = client.request_body(
+            model, [{"role": "user", "content": "hi"}], **spec.request_params()
+        )
         assert "temperature" not in body and "top_p" not in body, endpoint
 
 
 @pytest.mark.parametrize(
     "spec, key",
     [
-        ({"endpoint": "http://x/v1", "model": "m", "sampling": "provider", "temperature": 1.0},
-         "simulator.temperature"),
-        ({"endpoint": "http://x/v1", "model": "m", "sampling": "provider", "top_p": 0.95},
-         "simulator.top_p"),
+        (
+            {"endpoint": "http://x/v1", "model": "m", "sampling": "provider", "temperature": 1.0},
+            "simulator.temperature",
+        ),
+        (
+            {"endpoint": "http://x/v1", "model": "m", "sampling": "provider", "top_p": 0.95},
+            "simulator.top_p",
+        ),
         ({"sampling": "provider"}, "simulator.sampling"),  # in-process: nothing to leave unsent
     ],
-)  # fmt: skip
+)
 def test_provider_sampling_refuses_a_value_that_would_read_as_sent(spec, key):
     with pytest.raises(ConfigError) as error:
         RunConfig.from_dict({"name": "s", "domain": "retail", "simulator": spec})
@@ -70,10 +78,20 @@ def test_provider_sampling_refuses_a_value_that_would_read_as_sent(spec, key):
 def test_a_provider_sampling_config_loads_again_from_what_it_saves():
     """A run saves its whole config (config.json, manifests) with every field, temperature and
     top_p at their defaults included; loading that must not read them as sent."""
-    cfg = RunConfig.from_dict({
-        "name": "s", "domain": "retail",
-        "heldout": [{"name": "h", "endpoint": "https://openrouter.ai/api/v1", "model": "z-ai/glm-5",
-                     "api_key_env": "OPENROUTER_API_KEY", "sampling": "provider"}],
-    })  # fmt: skip
+    cfg = RunConfig.from_dict(
+        {
+            "name": "s",
+            "domain": "retail",
+            "heldout": [
+                {
+                    "name": "h",
+                    "endpoint": "https://openrouter.ai/api/v1",
+                    "model": "z-ai/glm-5",
+                    "api_key_env": "OPENROUTER_API_KEY",
+                    "sampling": "provider",
+                }
+            ],
+        }
+    )
     again = RunConfig.from_dict(cfg.to_dict())
     assert again == cfg and again.heldout[0].request_params() == {"max_tokens": 64}

@@ -237,7 +237,7 @@ def test_cotrained_simulator_on_vllm_trains_on_its_sampled_ids_and_reloads(
                 "model": str(base_model),
                 "max_new_tokens": 6,
                 "temperature": 1.0,
-            },  # fmt: skip
+            },
             "heldout": [],
             "save_every": 1,
             "output_dir": str(tmp_path / "run"),
@@ -299,8 +299,14 @@ def test_verbalized_simulator_on_vllm_answers_the_k5_schema(vllm_url, base_model
         rollout.conversation.append({"role": "assistant", "content": "Could you give $2?"})
         rollout.max_turns = decision.max_turns
         rollouts.append(rollout)
-    spec = SimulatorSpec(name="vs", kind="verbalized", endpoint=vllm_url,
-                         model=Path(base_model).name, max_new_tokens=160, retries=3)  # fmt: skip
+    spec = SimulatorSpec(
+        name="vs",
+        kind="verbalized",
+        endpoint=vllm_url,
+        model=Path(base_model).name,
+        max_new_tokens=160,
+        retries=3,
+    )
     user = EndpointUser(spec)
     try:
         user.respond(decision, rollouts)
@@ -364,7 +370,7 @@ def test_two_processes_share_one_served_simulator(vllm_url, base_model, tmp_path
                 "max_new_tokens = 6",
                 "temperature = 1.0",
             ]
-        )  # fmt: skip
+        )
     )
     done = launch(path, tmp_path / "run")
     assert done.returncode == 0, done.stderr[-3000:]

@@ -68,8 +68,13 @@ def synced_url(vllm_ready, synced_model):
     from agents.serving.launch import stop_engine
     from agents.serving.vllm import start_vllm
 
-    url, process = start_vllm(synced_model, weight_transfer="parley_shm", python=vllm_ready,
-                              max_model_len=MAX_MODEL_LEN, env={"VLLM_CPU_KVCACHE_SPACE": "1"})  # fmt: skip
+    url, process = start_vllm(
+        synced_model,
+        weight_transfer="parley_shm",
+        python=vllm_ready,
+        max_model_len=MAX_MODEL_LEN,
+        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+    )
     yield url
     stop_engine(process, timeout=20)
 

@@ -64,18 +64,28 @@ def test_every_shipped_config_passes_offline(config, capsys):
 
 @pytest.mark.parametrize(
     ("config", "settings"),
-    [(c, "one_node_8gpu_fsdp.yaml" if 'strategy = "fsdp"' in c.read_text() else "one_node_8gpu.yaml")
-     for c in CONFIGS if c.parent.name == "paper"],
+    [
+        (
+            c,
+            "one_node_8gpu_fsdp.yaml"
+            if 'strategy = "fsdp"' in c.read_text()
+            else "one_node_8gpu.yaml",
+        )
+        for c in CONFIGS
+        if c.parent.name == "paper"
+    ],
     ids=lambda v: getattr(v, "name", v),
-)  # fmt: skip
+)
 def test_paper_configs_agree_with_their_accelerate_settings(config, settings):
     result = dry_run(str(config), offline=True, accelerate_config=str(ACCELERATE / settings))
     assert_ready(result, config)
     two = "two_nodes_fsdp.yaml" if "fsdp" in settings else "two_nodes.yaml"
     result = dry_run(
-        str(config), {"distributed.processes": 16}, offline=True,
+        str(config),
+        {"distributed.processes": 16},
+        offline=True,
         accelerate_config=str(ACCELERATE / two),
-    )  # fmt: skip
+    )
     if "batch_tasks = 8 " in config.read_text():  # CooperBench's 8 prompts: 16 ranks idle some
         split = next(c for c in result["checks"] if c["name"] == "tasks split across ranks")
         assert not split["ok"] and "some ranks would have no task" in split["detail"]
@@ -212,8 +222,10 @@ def test_mixed_precision_counts_float32_master_state_and_a_16_bit_compute_copy(
     assert one["compute_copy"] == p * 2 and one["trainable_state"] == 3 * p * 4 + p * 2
     # float32 has nothing to mix
     same = memory(load_config(path, {**fsdp, "dtype": "float32", "mixed_precision": True}))
-    assert same == {**memory(load_config(path, {**fsdp, "dtype": "float32"})),
-                    "mixed_precision": False}  # fmt: skip
+    assert same == {
+        **memory(load_config(path, {**fsdp, "dtype": "float32"})),
+        "mixed_precision": False,
+    }
 
 
 def test_a_cotrained_simulator_is_counted_once_and_a_population_its_swap(tmp_path, base_model):
@@ -278,8 +290,11 @@ def test_missing_key_variable_fails_without_asking(tmp_path, base_model, monkeyp
         tmp_path, base_model, endpoint_heldout("http://127.0.0.1:9/v1", "m", "PANEL_KEY")
     )
     result = dry_run(str(config))
-    assert {"name": "held-out remote endpoint", "ok": False,
-            "detail": "environment variable PANEL_KEY is not set"} in result["checks"]  # fmt: skip
+    assert {
+        "name": "held-out remote endpoint",
+        "ok": False,
+        "detail": "environment variable PANEL_KEY is not set",
+    } in result["checks"]
 
 
 def test_unreachable_endpoint_fails_with_its_url(tmp_path, base_model):
@@ -302,8 +317,11 @@ def test_agent_sampler_serves_the_base_model(tmp_path, base_model):
     with ScriptedServer([], models=["Qwen3-8B"]) as server:
         config = write_config(tmp_path, base_model, extra=f'rollout_endpoint = "{server.url}"')
         result = dry_run(str(config))
-    assert {"name": "agent sampler model", "ok": False,
-            "detail": f"{base_model} is not served (served: Qwen3-8B)"} in result["checks"]  # fmt: skip
+    assert {
+        "name": "agent sampler model",
+        "ok": False,
+        "detail": f"{base_model} is not served (served: Qwen3-8B)",
+    } in result["checks"]
 
 
 def test_cotrained_simulator_sampler_serves_its_base_model(tmp_path, base_model):
@@ -330,8 +348,11 @@ def test_a_missing_embedding_model_fails_online_only(tmp_path, base_model):
     absent = tmp_path / "absent"
     config = write_config(tmp_path, base_model, heldout=f'[collapse]\nembedding_model = "{absent}"')
     result = dry_run(str(config))
-    assert {"name": "embedding model", "ok": False,
-            "detail": f"{absent}: no config.json there"} in result["checks"]  # fmt: skip
+    assert {
+        "name": "embedding model",
+        "ok": False,
+        "detail": f"{absent}: no config.json there",
+    } in result["checks"]
     assert dry_run(str(config), offline=True)["ok"]
 
 
@@ -378,8 +399,9 @@ def test_rollout_kv_is_the_open_transcripts_in_the_compute_dtype(tmp_path, base_
     assert mixed["rollout_kv"] == 8 * (s * 2 * token * 2 + (2 * s + 64) * token * 2)
     plain = memory(load_config(path))
     assert plain["rollout_kv"] == 2 * mixed["rollout_kv"]  # float32
-    four = memory(load_config(path, {"dtype": "bfloat16", "mixed_precision": True,
-                                     "rollouts_at_once": 2}))  # fmt: skip
+    four = memory(
+        load_config(path, {"dtype": "bfloat16", "mixed_precision": True, "rollouts_at_once": 2})
+    )
     assert four["open_conversations"] == 2 and four["rollout_kv"] == mixed["rollout_kv"] / 4
 
 

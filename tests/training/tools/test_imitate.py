@@ -36,8 +36,14 @@ def conversation(i: int, turns: int = 2) -> RealConversation:
 
 
 def settings(tiny_model, **extra):
-    values = dict(name="letters-humanlike", base_model=str(tiny_model), epochs=8, lr=5e-3,
-                  micro_batch=4, source={"study": "toy"})  # fmt: skip
+    values = dict(
+        name="letters-humanlike",
+        base_model=str(tiny_model),
+        epochs=8,
+        lr=5e-3,
+        micro_batch=4,
+        source={"study": "toy"},
+    )
     return ImitationSettings(**{**values, **extra})
 
 
@@ -60,7 +66,7 @@ def test_only_the_people_s_turns_are_targets(tiny_model, letters):
                     "content": letters.simulator_system_prompt(conversation(0).scenario),
                 },
                 {"role": "user", "content": OPENING},
-            ]  # fmt: skip
+            ]
         )
         + lm.fmt.generation_prompt
     )
@@ -84,8 +90,12 @@ def test_fine_tuning_raises_the_people_s_turns_and_only_them(tiny_model, tmp_pat
 
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["kind"] == "simulator" and manifest["name"] == "letters-humanlike"
-    assert manifest["source"] == {"study": "toy", "conversations": 4, "user_turns": 8,
-                                  "user_tokens": sum(sum(t.mask) for t in rows)}  # fmt: skip
+    assert manifest["source"] == {
+        "study": "toy",
+        "conversations": 4,
+        "user_turns": 8,
+        "user_tokens": sum(sum(t.mask) for t in rows),
+    }
     assert manifest["base_model"] == str(tiny_model) and manifest["regime"] == "imitation"
     assert manifest["metrics"]["user_logprob"] > manifest["metrics"]["user_logprob_base"]
     assert (folder / "adapter_config.json").is_file()
@@ -94,8 +104,9 @@ def test_fine_tuning_raises_the_people_s_turns_and_only_them(tiny_model, tmp_pat
 def test_bad_input_is_refused_and_nothing_is_overwritten(tiny_model, tmp_path):
     with pytest.raises(ImitationError, match="no conversations"):
         imitate([], settings(tiny_model), tmp_path / "a")
-    silent = RealConversation("letters", conversation(0).scenario,
-                              [{"role": "assistant", "content": AGENT}])  # fmt: skip
+    silent = RealConversation(
+        "letters", conversation(0).scenario, [{"role": "assistant", "content": AGENT}]
+    )
     with pytest.raises(ImitationError, match="no message written by a person"):
         imitate([silent], settings(tiny_model), tmp_path / "b")
     (tmp_path / "c").mkdir()

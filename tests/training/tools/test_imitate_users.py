@@ -45,10 +45,14 @@ def seeded_study():
     ]
     for pid, fields, turns in people:
         p = Participant.objects.create(
-            study=study, arm=arm, scenario=scenario, prolific_pid=pid, prolific_study_id="S",
+            study=study,
+            arm=arm,
+            scenario=scenario,
+            prolific_pid=pid,
+            prolific_study_id="S",
             prolific_session_id=f"SESSION-{pid}",
             **{"status": Participant.Status.COMPLETED, "attention_passed": True, **fields},
-        )  # fmt: skip
+        )
         conv = Conversation.objects.create(participant=p)
         seq = 0
         for text in turns:
@@ -64,8 +68,16 @@ def test_the_study_s_finished_user_turns_become_a_registered_simulator(
     tiny_model, data_dir, capsys
 ):
     study = seeded_study()
-    call_command("imitate_users", "--study", study.slug, "--base-model", str(tiny_model),
-                 "--epochs", "1", "--json")  # fmt: skip
+    call_command(
+        "imitate_users",
+        "--study",
+        study.slug,
+        "--base-model",
+        str(tiny_model),
+        "--epochs",
+        "1",
+        "--json",
+    )
     manifest = json.loads(capsys.readouterr().out)
     assert manifest["name"] == "p4g-real-humanlike" and manifest["kind"] == "simulator"
     assert manifest["source"]["study"] == "p4g-real"
@@ -94,7 +106,7 @@ def test_the_study_s_finished_user_turns_become_a_registered_simulator(
             "domain": "p4g",
             "base_model": str(tiny_model),
             "heldout": [{"name": "human-like", "adapter": checkpoint.name}],
-        }  # fmt: skip
+        }
     )
     assert config.heldout[0].adapter_path().resolve() == folder.resolve()
     # what the sim-to-real report picks up as one more column

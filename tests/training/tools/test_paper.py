@@ -34,8 +34,17 @@ def test_every_result_has_its_config_and_every_config_its_result():
         assert result.differences or result.domain == "retail", result.key
     # the results the issue names, for each chat domain the release covers
     for domain in ("p4g", "retail", "airline"):
-        for name in ("base", "single-gpt5mini", "single-haiku", "single-gemini", "ensemble",
-                     "verbalized", "verbalized-prob", "selfplay", "population"):  # fmt: skip
+        for name in (
+            "base",
+            "single-gpt5mini",
+            "single-haiku",
+            "single-gemini",
+            "ensemble",
+            "verbalized",
+            "verbalized-prob",
+            "selfplay",
+            "population",
+        ):
             assert f"{domain}-{name}" in by_key()
     assert {"retail-persona", "retail-cooperative", "airline-persona"} <= set(by_key())
 

@@ -76,9 +76,14 @@ def rediversified(monkeypatch):
         trained = any(torch.any(p != 0) for p in lora_b)  # as the checkpoint held it
         what = real(self)
         logged = rows(self.config.run_dir())
-        calls.append({"rows_before": len(logged), "share": self.synthesis_share,
-                      "trained": trained,
-                      "at_base": bool(lora_b) and all(torch.all(p == 0) for p in lora_b)})  # fmt: skip
+        calls.append(
+            {
+                "rows_before": len(logged),
+                "share": self.synthesis_share,
+                "trained": trained,
+                "at_base": bool(lora_b) and all(torch.all(p == 0) for p in lora_b),
+            }
+        )
         return what
 
     monkeypatch.setattr(CoTrain, "rediversify", spy)
@@ -108,8 +113,9 @@ def test_red_stops_with_a_checkpoint_and_the_resumed_run_rediversifies(
     assert state["level"] == "red" and state["stopped"]["step"] == 4
     assert (folder / "simulator" / "adapter_model.safetensors").is_file()
     stop = last_stop(out)
-    assert stop["measures"] == {SCD: {"value": 0.7, "yellow": pytest.approx(0.39),
-                                      "red": pytest.approx(0.5)}}  # fmt: skip
+    assert stop["measures"] == {
+        SCD: {"value": 0.7, "yellow": pytest.approx(0.39), "red": pytest.approx(0.5)}
+    }
     assert not rediversified  # not while stopping: when the run goes on
 
     assert main(["run", str(path)]) == 0  # the same command resumes it
@@ -124,9 +130,13 @@ def test_red_stops_with_a_checkpoint_and_the_resumed_run_rediversifies(
     assert [r["breaker/synthesis_share"] for r in logged[4:]] == [0.25, 0]
     events = read_events(out)
     assert [(e["event"], e.get("from"), e.get("to")) for e in events] == [
-        ("fit", None, None), ("transition", "green", "yellow"), ("transition", "yellow", "red"),
-        ("resume", None, None), ("transition", "red", "yellow"), ("transition", "yellow", "green"),
-    ]  # fmt: skip
+        ("fit", None, None),
+        ("transition", "green", "yellow"),
+        ("transition", "yellow", "red"),
+        ("resume", None, None),
+        ("transition", "red", "yellow"),
+        ("transition", "yellow", "green"),
+    ]
     assert last_stop(out) is None
     assert (
         json.loads((out / "checkpoints/step-000006/breaker.json").read_text())["level"] == "green"
@@ -150,8 +160,12 @@ def test_the_run_page_and_the_admin_say_why_it_stopped_and_resume_it(
     from training.models import TrainingRun
     from training.tasks import run_training
 
-    run = TrainingRun.objects.create(name="breaker-page", domain="letters", regime="cotrain",
-                                     settings=settings(tiny_model, tmp_path / "out"))  # fmt: skip
+    run = TrainingRun.objects.create(
+        name="breaker-page",
+        domain="letters",
+        regime="cotrain",
+        settings=settings(tiny_model, tmp_path / "out"),
+    )
     assert run_training.apply((run.pk,)).get() == TrainingRun.Status.STOPPED
     run.refresh_from_db()
     assert run.stop_reason.startswith("the breaker went red at step 4") and not run.error
@@ -193,8 +207,14 @@ def test_red_without_a_stop_rediversifies_at_once_and_trains_on(
     assert rediversified == [{"rows_before": 3, "share": 0.25, "trained": True, "at_base": True}]
     assert [r["breaker/level"] for r in rows(out)] == [0, 0, 1, 2, 1, 0]
     events = read_events(out)
-    assert [e["event"] for e in events] == ["fit", "transition", "transition", "rediversify",
-                                            "transition", "transition"]  # fmt: skip
+    assert [e["event"] for e in events] == [
+        "fit",
+        "transition",
+        "transition",
+        "rediversify",
+        "transition",
+        "transition",
+    ]
     assert events[3]["step"] == 4 and "reset to its base" in events[3]["rediversified"]
     assert not events[2]["stops"] and "re-diversified at step 4" in capsys.readouterr().err
 
@@ -214,8 +234,14 @@ def test_a_launched_run_stopped_red_is_a_stop_not_a_failure(tmp_path, monkeypatc
     from training.models import TrainingRun
 
     out = tmp_path / "out"
-    config = RunConfig.from_dict({"name": "launched", "domain": "letters", "output_dir": str(out),
-                                  "distributed": {"processes": 2}})  # fmt: skip
+    config = RunConfig.from_dict(
+        {
+            "name": "launched",
+            "domain": "letters",
+            "output_dir": str(out),
+            "distributed": {"processes": 2},
+        }
+    )
     folder = out / "checkpoints" / "step-000004"
     folder.mkdir(parents=True)
     (folder / "manifest.json").write_text(json.dumps({"step": 4}))

@@ -54,19 +54,36 @@ def tiny_settings(tiny_model, out, **more):
 
 def test_progress_within_a_step_counts_rollouts(tiny_model, tmp_path, letters):
     sent = []
-    config = RunConfig.from_dict({"name": "inside", "domain": "letters",
-                                  **tiny_settings(tiny_model, tmp_path / "out", steps=2)})  # fmt: skip
+    config = RunConfig.from_dict(
+        {
+            "name": "inside",
+            "domain": "letters",
+            **tiny_settings(tiny_model, tmp_path / "out", steps=2),
+        }
+    )
     ends = []
     train(config, ends.append, domain=letters, show_progress=False, within_step=sent.append)
     assert [p["step"] for p in ends] == [1, 2] and not any("current" in p for p in ends)
-    inside = [(p["current"]["step"], p["current"]["phase"], p["current"]["rollouts_done"],
-               p["current"]["turns_done"]) for p in sent if "current" in p]  # fmt: skip
+    inside = [
+        (
+            p["current"]["step"],
+            p["current"]["phase"],
+            p["current"]["rollouts_done"],
+            p["current"]["turns_done"],
+        )
+        for p in sent
+        if "current" in p
+    ]
     # every turn moves it (2 rollouts a task, 2 turns each, the pair in step): the turn before
     # either conversation ends is said too, where the count of ended ones alone stood still
     per_step = [
-        ("rollouts", 0, 0), ("rollouts", 0, 2), ("rollouts", 2, 4), ("rollouts", 2, 6),
-        ("rollouts", 4, 8), ("update", 4, 8),
-    ]  # fmt: skip
+        ("rollouts", 0, 0),
+        ("rollouts", 0, 2),
+        ("rollouts", 2, 4),
+        ("rollouts", 2, 6),
+        ("rollouts", 4, 8),
+        ("update", 4, 8),
+    ]
     assert inside == [(step, *row) for step in (1, 2) for row in per_step]
     assert {p["current"]["rollouts_total"] for p in sent if "current" in p} == {4}
     # within step 2, the figures of step 1 stay; a step's end sends them without `current`
@@ -77,11 +94,15 @@ def test_progress_within_a_step_counts_rollouts(tiny_model, tmp_path, letters):
 def start_worker(log) -> subprocess.Popen:
     """A real Celery worker on this test's own queue, beating every LOST_AFTER / 4 seconds."""
     process = subprocess.Popen(
-        [sys.executable, *worker_args("--pool", "solo", "-n", f"lost-{os.getpid()}@%h",
-                                      queues=(OWN_QUEUE,))],
-        cwd=REPO, env=child_env(PARLEY_TRAINING_LOST_AFTER=str(LOST_AFTER)),
-        stdout=log.open("wb"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            *worker_args("--pool", "solo", "-n", f"lost-{os.getpid()}@%h", queues=(OWN_QUEUE,)),
+        ],
+        cwd=REPO,
+        env=child_env(PARLEY_TRAINING_LOST_AFTER=str(LOST_AFTER)),
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
     return process
 
 
@@ -101,9 +122,11 @@ def test_a_run_whose_worker_is_killed_is_shown_lost_and_resumed(
     settings.PARLEY_TRAINING_LOST_AFTER = LOST_AFTER
     monkeypatch.setattr(tasks, "run_training", OnOwnQueue())
     run = TrainingRun.objects.create(
-        name="killed", domain="p4g", regime="single",
+        name="killed",
+        domain="p4g",
+        regime="single",
         settings=tiny_settings(tiny_model, tmp_path / "out", steps=500),
-    )  # fmt: skip
+    )
     log = tmp_path / "worker.log"
     worker = start_worker(log)
     try:
@@ -153,16 +176,27 @@ def test_a_fresh_heartbeat_is_alive_and_a_stale_one_lost(admin_client, settings)
     settings.PARLEY_TRAINING_LOST_AFTER = 120
     now = timezone.now()
     alive = TrainingRun.objects.create(
-        name="alive", status=TrainingRun.Status.RUNNING, started_at=now - timedelta(hours=1),
+        name="alive",
+        status=TrainingRun.Status.RUNNING,
+        started_at=now - timedelta(hours=1),
         heartbeat_at=now - timedelta(seconds=60),
-        progress={"total_steps": 10, "current": {"step": 1, "phase": "rollouts",
-                                                 "rollouts_done": 3, "rollouts_total": 8,
-                                                 "turns_done": 17}},
-    )  # fmt: skip
+        progress={
+            "total_steps": 10,
+            "current": {
+                "step": 1,
+                "phase": "rollouts",
+                "rollouts_done": 3,
+                "rollouts_total": 8,
+                "turns_done": 17,
+            },
+        },
+    )
     lost = TrainingRun.objects.create(
-        name="lost", status=TrainingRun.Status.RUNNING, started_at=now - timedelta(hours=1),
+        name="lost",
+        status=TrainingRun.Status.RUNNING,
+        started_at=now - timedelta(hours=1),
         heartbeat_at=now - timedelta(minutes=5),
-    )  # fmt: skip
+    )
     done = TrainingRun.objects.create(
         name="done", status=TrainingRun.Status.DONE, heartbeat_at=now - timedelta(days=1)
     )

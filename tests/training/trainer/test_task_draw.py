@@ -16,10 +16,16 @@ from training.trainer.loop import released_tasks, select_scenarios, step_tasks, 
 
 
 def retail_config(folder, **extra) -> RunConfig:
-    return RunConfig.from_dict({
-        "name": "draw", "domain": "retail", "domain_data": str(folder), "batch_tasks": 16,
-        "tasks": {"max_eval": 8}, **extra,
-    })  # fmt: skip
+    return RunConfig.from_dict(
+        {
+            "name": "draw",
+            "domain": "retail",
+            "domain_data": str(folder),
+            "batch_tasks": 16,
+            "tasks": {"max_eval": 8},
+            **extra,
+        }
+    )
 
 
 def test_the_release_draw_plays_what_the_releases_tau2_runs_played():
@@ -75,8 +81,16 @@ def test_a_release_draw_ensemble_run_gives_task_i_member_i_mod_k_every_step(
 ):
     """The run's tasks are the first batch_tasks train tasks each step, and a task's whole group
     meets member (position mod K), as the release's tau2 ensemble did (sample.index % 3)."""
-    cfg = short_run(tiny_model, tmp_path, regime="ensemble", ensemble=ENSEMBLE,
-                    task_draw="release", batch_tasks=4, group_size=2, heldout=[])  # fmt: skip
+    cfg = short_run(
+        tiny_model,
+        tmp_path,
+        regime="ensemble",
+        ensemble=ENSEMBLE,
+        task_draw="release",
+        batch_tasks=4,
+        group_size=2,
+        heldout=[],
+    )
     train(cfg, domain=letters, show_progress=False)
     samples = [json.loads(x) for x in (cfg.run_dir() / "samples.jsonl").read_text().splitlines()]
     by_remark = {REMARKS[s]: n for n, s in MEMBERS.items()}

@@ -52,9 +52,16 @@ def stop_at(step):
 
 def test_short_run_raises_the_reward(tiny_model, tmp_path, letters):
     cfg = run_config(
-        tiny_model, tmp_path, steps=8, group_size=8, lr=5e-2, finetune="full", max_new_tokens=8,
-        heldout=[], save_every=0,
-    )  # fmt: skip
+        tiny_model,
+        tmp_path,
+        steps=8,
+        group_size=8,
+        lr=5e-2,
+        finetune="full",
+        max_new_tokens=8,
+        heldout=[],
+        save_every=0,
+    )
     train(cfg, domain=letters, show_progress=False)
     rows = [json.loads(line) for line in (cfg.run_dir() / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 9))
@@ -142,9 +149,17 @@ def test_resume_refuses_a_different_run(tiny_model, tmp_path, letters):
 
 def test_population_pool_resumes_with_the_run(tiny_model, tmp_path, letters):
     cfg = run_config(
-        tiny_model, tmp_path, regime="population", steps=4, save_every=2, pool_size=3,
-        pool_every=1, heldout=[], max_turns=3, simulator_lr=1e-2,
-    )  # fmt: skip
+        tiny_model,
+        tmp_path,
+        regime="population",
+        steps=4,
+        save_every=2,
+        pool_size=3,
+        pool_every=1,
+        heldout=[],
+        max_turns=3,
+        simulator_lr=1e-2,
+    )
     with pytest.raises(Interrupt):
         train(cfg, stop_at(3), domain=letters, show_progress=False)
     pool = json.loads((cfg.run_dir() / "pool/manifest.json").read_text())
@@ -180,9 +195,15 @@ def test_rollouts_at_once_bounds_the_conversations_a_rank_holds_open(
     play = loop.play
     monkeypatch.setattr(loop, "play", counted)
     cfg = run_config(
-        tiny_model, tmp_path, steps=1, group_size=6, batch_tasks=2, rollouts_at_once=4,
-        heldout=[], save_every=0,
-    )  # fmt: skip
+        tiny_model,
+        tmp_path,
+        steps=1,
+        group_size=6,
+        batch_tasks=2,
+        rollouts_at_once=4,
+        heldout=[],
+        save_every=0,
+    )
     train(cfg, domain=letters, show_progress=False)
     assert sizes == [4, 2, 4, 2]
     assert positions == [[0, 1, 2, 3], [4, 5]] * 2

@@ -123,9 +123,19 @@ def test_cli_scans_adapters_like_the_embedded_engine(tmp_path, model_dir):
     plain = adapter(root / "plain")
     explicit = adapter(tmp_path / "elsewhere", 32)
     result = run_cli(
-        "--model", str(model_dir), "--adapters", str(root), "--lora", f"extra={explicit}",
-        "--port", "8001", "--dry-run", "--", "--max-num-seqs", "8",
-    )  # fmt: skip
+        "--model",
+        str(model_dir),
+        "--adapters",
+        str(root),
+        "--lora",
+        f"extra={explicit}",
+        "--port",
+        "8001",
+        "--dry-run",
+        "--",
+        "--max-num-seqs",
+        "8",
+    )
     assert result.returncode == 0, result.stderr
     command = result.stdout.split()
     assert sorted(option_values(command, "--lora-modules")) == sorted(
@@ -164,8 +174,9 @@ def test_a_template_with_hermes_tools_is_served_with_the_hermes_parser(tokenizer
         build_command(tokenizer_dir, 8123, None, python="/opt/py")
     )
     # the template given to vLLM (--chat-template) is the one that counts
-    given = build_command(tokenizer_dir, 8123, python="/opt/py",
-                          extra_args=["--chat-template", str(HERMES_TEMPLATE)])  # fmt: skip
+    given = build_command(
+        tokenizer_dir, 8123, python="/opt/py", extra_args=["--chat-template", str(HERMES_TEMPLATE)]
+    )
     assert "--enable-auto-tool-choice" in given
     assert option_values(given, "--tool-call-parser") == ["hermes"]
     shutil.copy(HERMES_TEMPLATE, tokenizer_dir / "chat_template.jinja")  # the folder's own

@@ -20,8 +20,12 @@ pytestmark = pytest.mark.model
 
 @pytest.fixture(scope="module")
 def hermes_vllm(vllm_ready, base_model):
-    url, process = start_vllm(base_model, python=vllm_ready, max_model_len=2048,
-                              extra_args=["--chat-template", str(HERMES_TEMPLATE)])  # fmt: skip
+    url, process = start_vllm(
+        base_model,
+        python=vllm_ready,
+        max_model_len=2048,
+        extra_args=["--chat-template", str(HERMES_TEMPLATE)],
+    )
     yield url
     stop_engine(process, timeout=20)
 
@@ -33,7 +37,7 @@ def test_vllm_parses_a_hermes_call_into_tool_calls(hermes_vllm, base_model):
         "messages": [
             {"role": "system", "content": "You help shoppers."},
             {"role": "user", "content": "My email is a@b.c."},
-        ],  # fmt: skip
+        ],
         "tools": [TOOL],
         "tool_choice": "auto",
         "temperature": 0,

@@ -136,10 +136,14 @@ def test_the_arms_point_at_the_new_endpoint_and_a_new_checkpoint_loads_live(
         assert group_alive(served.replicas[url])
         reply = httpx.post(
             f"{url}/chat/completions",
-            json={"model": step2.name, "messages": [{"role": "user", "content": "Hi"}],
-                  "max_tokens": 4, "temperature": 0},
+            json={
+                "model": step2.name,
+                "messages": [{"role": "user", "content": "Hi"}],
+                "max_tokens": 4,
+                "temperature": 0,
+            },
             timeout=120,
-        )  # fmt: skip
+        )
         assert reply.status_code == 200 and reply.json()["model"] == step2.name
 
 

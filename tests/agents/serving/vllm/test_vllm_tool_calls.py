@@ -34,9 +34,13 @@ async def test_vllm_forces_a_well_formed_tau2_call(vllm_url, base_model):
     tools = domain.tools(scenario)
     async with LLMClient(vllm_url, tool_format="structured", timeout=300) as client:
         result = await client.chat(
-            Path(base_model).name, conversation(domain, scenario, "Cancel my order #W2378156."),
-            tools=tools, tool_choice="required", max_tokens=120, temperature=0,
-        )  # fmt: skip
+            Path(base_model).name,
+            conversation(domain, scenario, "Cancel my order #W2378156."),
+            tools=tools,
+            tool_choice="required",
+            max_tokens=120,
+            temperature=0,
+        )
     assert result.finish_reason == "tool_calls" and not result.content
     (call,) = result.tool_calls
     check_call(call, tools)
