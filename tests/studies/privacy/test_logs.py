@@ -172,6 +172,6 @@ def test_the_access_line_keeps_the_clients_network_alone(client, kept):
         '%s - "%s %s HTTP/%s" %d',
         (client, "GET", "/p/1/", "1.1", 200),
         None,
-    )
+    )  # uvicorn's own call, argument for argument
     server_log.RedactParticipants().filter(record)
     assert record.getMessage() == f'{kept} - "GET /p/[token]/ HTTP/1.1" 200'
