@@ -32,13 +32,8 @@ from agents.domains import DOMAINS
 from agents.environment import setting
 from agents.simulators.spec import SimulatorKind
 from agents.simulators.verbalized import MODES
-from training.config import (
-    SIMULATOR_REWARDS,
-    ConfigError,
-    load_config,
-    parse_assignment,
-)
-from training.vocabulary import Regime
+from training.config import ConfigError, load_config, parse_assignment
+from training.vocabulary import SIMULATOR_REWARDS, Regime
 
 RANK = setting(
     "RANK",

@@ -333,7 +333,7 @@ _P4G = (
     " trained on before.",
 )
 
-# What the release's tau2 runs trained on (training/config.py TASK_DRAWS "release"): its data
+# What the release's tau2 runs trained on (training/vocabulary.py TASK_DRAWS "release"): its data
 # source fell back to index-only samples (usim/slime/data_source.py@1c268eb0), so each step
 # played the same 16 groups. Checked against the official retail data by tests/training/tools/
 # test_paper.py. The held-out tasks are the release's `max_tasks: 8` of the test split.
