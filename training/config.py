@@ -71,11 +71,12 @@ from training.vocabulary import (
     EVAL_DRAWS,
     FINETUNE,
     HELDOUT_USERS,
-    KL_ESTIMATORS,
+    KL_ESTIMATOR_NAMES,
     LOSS_REDUCTIONS,
     SIMULATOR_REWARDS,
     SIMULATOR_UPDATES,
     TASK_DRAWS,
+    WEIGHT_SYNC_BACKENDS,
     Regime,
 )
 
@@ -644,7 +645,7 @@ class SynthesisSpec:
 
 
 # the GRPO block's own types (the estimators' formulas: grpo.KL_ESTIMATORS)
-KlEstimator = Literal[KL_ESTIMATORS]
+KlEstimator = Literal[KL_ESTIMATOR_NAMES]
 
 
 def _betas(betas: list[float]) -> list[float]:
@@ -840,7 +841,7 @@ class RunConfig:
         " the trainer pushes its weights into the served model through vLLM's weight-transfer"
         ' API (start it with weight_transfer = "nccl" on GPUs, "parley_shm" on CPU)',
     )
-    weight_sync_backend: Literal["auto", "nccl", "ipc", "parley_shm"] = Field(
+    weight_sync_backend: Literal[WEIGHT_SYNC_BACKENDS] = Field(
         "auto",
         description="full fine-tuning with a served role: how the trainer's weights reach the"
         ' vLLM server after each step (its --weight-transfer-config). "auto": "nccl" from a'

@@ -5,7 +5,7 @@ Regime (and SimulatorKind) are str-valued enums: a member equals its string, so 
 stored TrainingRun rows and manifests keep the plain names ("single", "plain") they always had.
 The run config's other closed sets are a dict of name -> help (the config's field help is
 written from it) or a tuple of names; a table keyed by one elsewhere (grpo.REDUCERS,
-grpo.KL_ESTIMATORS, policy.DTYPES) is held to it by tests/training/test_vocabularies.py.
+grpo.KL_ESTIMATORS, policy.TORCH_DTYPES, dryrun.BYTES) is held to it by tests/training/test_vocabularies.py.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 from enum import StrEnum
 
 # declared with the simulator spec, below training (a regime names the kind it is made of)
+from agents.serving.vllm import IPC, NCCL, PARLEY_SHM
 from agents.simulators.spec import SimulatorKind
 
 
@@ -138,4 +139,8 @@ CURATION_GATES = {
 }
 
 # per-token estimators of KL(pi || pi_ref) (their formulas: training/rl/grpo.py KL_ESTIMATORS)
-KL_ESTIMATORS = ("k1", "k2", "k3")
+KL_ESTIMATOR_NAMES = ("k1", "k2", "k3")
+
+# how a full fine-tuning run's weights reach its vLLM server: "auto" (by the trainer's device,
+# training/rollouts/weight_sync.py) or one of vLLM's backends, named in agents/serving/vllm.py
+WEIGHT_SYNC_BACKENDS = ("auto", NCCL, IPC, PARLEY_SHM)
