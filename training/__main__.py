@@ -33,6 +33,7 @@ from agents.environment import setting
 from agents.simulators.spec import SimulatorKind
 from agents.simulators.verbalized import MODES
 from training.config import ConfigError, load_config, parse_assignment
+from training.layout import METRICS_FILE
 from training.vocabulary import SIMULATOR_REWARDS, Regime
 
 RANK = setting(
@@ -155,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0  # rank 0 reports the run
     run_dir = config.run_dir()
     print(f"run folder: {run_dir}")
-    print(f"metrics:    {run_dir / 'metrics.jsonl'}")
+    print(f"metrics:    {run_dir / METRICS_FILE}")
     for folder in checkpoints:
         print(f"checkpoint: {folder}")
     return 0

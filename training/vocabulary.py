@@ -5,7 +5,8 @@ Regime (and SimulatorKind) are str-valued enums: a member equals its string, so 
 stored TrainingRun rows and manifests keep the plain names ("single", "plain") they always had.
 The run config's other closed sets are a dict of name -> help (the config's field help is
 written from it) or a tuple of names; a table keyed by one elsewhere (grpo.REDUCERS,
-grpo.KL_ESTIMATORS, policy.TORCH_DTYPES, dryrun.BYTES) is held to it by tests/training/test_vocabularies.py.
+grpo.KL_ESTIMATORS, policy.TORCH_DTYPES, dryrun.BYTES) is held to it by
+tests/training/test_vocabularies.py.
 """
 
 from __future__ import annotations
