@@ -51,6 +51,7 @@ from pydantic_core import PydanticCustomError
 
 from agents.domains import DOMAINS, Domain, domain_class, get_domain
 from agents.domains.episode import MAX_TOOL_ROUNDS, MAX_TURNS
+from agents.domains.tau2.taskset import TAU2_DOMAINS
 from agents.domains.tau2.versions import NL_JUDGED, task_version
 from agents.llm.native_tools import TRAINED_TOOL_FORMATS
 from agents.paths import secret
@@ -123,7 +124,6 @@ EnsembleDraw = Literal[tuple(ENSEMBLE_DRAWS)]
 TaskDraw = Literal[tuple(TASK_DRAWS)]
 LossReduction = Literal[tuple(LOSS_REDUCTIONS)]
 SimulatorUpdate = Literal[tuple(SIMULATOR_UPDATES)]
-TAU2_DOMAINS = ("retail", "airline")
 SimulatorReward = Literal[tuple(SIMULATOR_REWARDS)]
 Finetune = Literal[FINETUNE]
 Dtype = Literal[DTYPES]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from agents.domains.tau2.taskset import TAU2_DOMAINS
 from agents.serving.vllm import WEIGHT_TRANSFER_BACKENDS
 from agents.simulators import parse_verbalized
 from agents.simulators.scripted import REMARKS
@@ -148,9 +149,9 @@ ROOT = Path(__file__).resolve().parents[2]
 HASHED = ("training/collapse3/", "training/collapse2/flat_prior.py")
 
 
-def vocabularies_declared() -> dict[str, tuple[str, str, frozenset[str]]]:
+def vocabularies_declared() -> dict[str, tuple[str, frozenset[str]]]:
     """name -> (where it is declared, the names it holds): training/vocabulary.py's and the
-    agents vocabularies training validates with."""
+    agents vocabularies training validates with or reads."""
     found = {
         name: ("training/vocabulary.py", frozenset(map(str, value)))
         for name, value in vars(vocabulary).items()
@@ -158,6 +159,7 @@ def vocabularies_declared() -> dict[str, tuple[str, str, frozenset[str]]]:
     }
     found["Regime"] = ("training/vocabulary.py", frozenset(Regime))
     found["SimulatorKind"] = ("agents/simulators/spec.py", frozenset(SimulatorKind))
+    found["TAU2_DOMAINS"] = ("agents/domains/tau2/taskset.py", frozenset(TAU2_DOMAINS))
     found["WEIGHT_TRANSFER_BACKENDS"] = (
         "agents/serving/vllm.py",
         frozenset(WEIGHT_TRANSFER_BACKENDS),
@@ -199,7 +201,8 @@ def test_no_vocabulary_is_declared_twice_in_training():
             continue
         for names, line in names_listed(tree):
             if names in by_names:
-                again.append(f"{path}:{line} lists {by_names[names]} ({sorted(names)})")
+                name = by_names[names]
+                again.append(f"{path}:{line} lists {name}, declared in {declared[name][0]}")
         for node in tree.body:
             targets = (
                 node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
@@ -211,7 +214,7 @@ def test_no_vocabulary_is_declared_twice_in_training():
                 ):
                     again.append(f"{path}:{node.lineno} assigns {t.id} again")
     again = sorted(set(again))  # a Literal's names are its tuple's too
-    assert not again, "declare each vocabulary once (training/vocabulary.py):\n" + "\n".join(again)
+    assert not again, "declare each vocabulary once:\n" + "\n".join(again)
 
 
 def test_the_finder_sees_a_second_declaration():

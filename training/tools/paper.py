@@ -355,9 +355,10 @@ _COTRAIN_DRAW = (
 
 def task_draws(result: Result) -> dict[str, str] | None:
     """For a tau2 result: what the release trained on, and what this config does; None else."""
+    from agents.domains.tau2.taskset import TAU2_DOMAINS
     from training.config import load_config
 
-    if result.domain not in ("retail", "airline"):
+    if result.domain not in TAU2_DOMAINS:
         return None
     config = load_config(result.config)
     if config.steps == 0:
