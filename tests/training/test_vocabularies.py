@@ -12,10 +12,13 @@ import pytest
 import torch
 
 from agents.domains.tau2.taskset import TAU2_DOMAINS
+from agents.llm.native_tools import TRAINED_TOOL_FORMATS
 from agents.serving.vllm import WEIGHT_TRANSFER_BACKENDS
 from agents.simulators import parse_verbalized
 from agents.simulators.scripted import REMARKS
-from agents.simulators.spec import SimulatorKind, SimulatorSpec
+from agents.simulators.scripted import TYPES as SCRIPTED_TYPES
+from agents.simulators.spec import SIMULATOR_SAMPLINGS, SimulatorKind, SimulatorSpec
+from agents.simulators.verbalized import MODES as DRAW_MODES
 from training import vocabulary
 from training.config import ConfigError, DistributedSpec, RunConfig, ScenarioSpec
 from training.measures import curation
@@ -160,6 +163,10 @@ def vocabularies_declared() -> dict[str, tuple[str, frozenset[str]]]:
     found["Regime"] = ("training/vocabulary.py", frozenset(Regime))
     found["SimulatorKind"] = ("agents/simulators/spec.py", frozenset(SimulatorKind))
     found["TAU2_DOMAINS"] = ("agents/domains/tau2/taskset.py", frozenset(TAU2_DOMAINS))
+    found["DRAW_MODES"] = ("agents/simulators/verbalized.py", frozenset(DRAW_MODES))
+    found["SCRIPTED_TYPES"] = ("agents/simulators/scripted.py", frozenset(SCRIPTED_TYPES))
+    found["SIMULATOR_SAMPLINGS"] = ("agents/simulators/spec.py", frozenset(SIMULATOR_SAMPLINGS))
+    found["TRAINED_TOOL_FORMATS"] = ("agents/llm/native_tools.py", frozenset(TRAINED_TOOL_FORMATS))
     found["WEIGHT_TRANSFER_BACKENDS"] = (
         "agents/serving/vllm.py",
         frozenset(WEIGHT_TRANSFER_BACKENDS),
