@@ -27,8 +27,11 @@ OTHERS = {
 
 
 def spelled(tree: ast.Module, names) -> list[tuple[str, int]]:
-    return [(node.value, node.lineno) for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and node.value in names]  # fmt: skip
+    return [
+        (node.value, node.lineno)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and node.value in names
+    ]
 
 
 def test_each_file_name_is_spelled_only_where_it_is_declared():

@@ -177,8 +177,11 @@ def vocabularies_declared() -> dict[str, tuple[str, frozenset[str]]]:
 def training_sources() -> list[tuple[str, ast.Module]]:
     files = sorted((ROOT / "training").rglob("*.py"))
     paths = [f.relative_to(ROOT).as_posix() for f in files]
-    return [(p, ast.parse(f.read_text())) for p, f in zip(paths, files, strict=True)
-            if not p.startswith(HASHED) and "/migrations/" not in p]  # fmt: skip
+    return [
+        (p, ast.parse(f.read_text()))
+        for p, f in zip(paths, files, strict=True)
+        if not p.startswith(HASHED) and "/migrations/" not in p
+    ]
 
 
 def names_listed(tree: ast.Module):
@@ -253,13 +256,18 @@ def test_the_tables_over_a_vocabulary_have_its_names():
 def test_the_config_accepts_each_vocabulary_as_declared():
     """RunConfig's fields take their names from the vocabularies, in their order."""
     fields = {
-        "regime": tuple(Regime), "ensemble_draw": vocabulary.ENSEMBLE_DRAWS,
-        "task_draw": vocabulary.TASK_DRAWS, "heldout_users": vocabulary.HELDOUT_USERS,
+        "regime": tuple(Regime),
+        "ensemble_draw": vocabulary.ENSEMBLE_DRAWS,
+        "task_draw": vocabulary.TASK_DRAWS,
+        "heldout_users": vocabulary.HELDOUT_USERS,
         "simulator_update": vocabulary.SIMULATOR_UPDATES,
-        "loss_reduction": vocabulary.LOSS_REDUCTIONS, "kl_estimator": vocabulary.KL_ESTIMATOR_NAMES,
-        "simulator_reward": vocabulary.SIMULATOR_REWARDS, "finetune": vocabulary.FINETUNE,
-        "dtype": vocabulary.DTYPES, "weight_sync_backend": vocabulary.WEIGHT_SYNC_BACKENDS,
-    }  # fmt: skip
+        "loss_reduction": vocabulary.LOSS_REDUCTIONS,
+        "kl_estimator": vocabulary.KL_ESTIMATOR_NAMES,
+        "simulator_reward": vocabulary.SIMULATOR_REWARDS,
+        "finetune": vocabulary.FINETUNE,
+        "dtype": vocabulary.DTYPES,
+        "weight_sync_backend": vocabulary.WEIGHT_SYNC_BACKENDS,
+    }
     for field, names in fields.items():
         assert accepted(RunConfig, field) == tuple(names), field
     assert accepted(DistributedSpec, "strategy") == vocabulary.DISTRIBUTED_STRATEGIES
