@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from agents.llm.health import Probe, probe_all
 from agents.paths import adapters_dir, secret
+from agents.serving.adapters import MANIFEST
 
 __all__ = ["Checkpoint", "ModelEndpoint", "Replica", "adapters_dir"]
 
@@ -43,7 +44,7 @@ class Checkpoint(models.Model):
         """Record a checkpoint folder and link it where the embedded engine looks for adapters.
         (The run that wrote it is training's to record: agents installs without training.)"""
         folder = Path(folder).resolve()
-        manifest = json.loads((folder / "manifest.json").read_text())
+        manifest = json.loads((folder / MANIFEST).read_text())
         name = manifest.get("name") or folder.name
         link = adapters_dir() / name
         link.parent.mkdir(parents=True, exist_ok=True)

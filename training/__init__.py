@@ -1,6 +1,7 @@
 """Multi-turn GRPO against user simulators, in packages named by their job, from the bottom up:
 
-    vocabulary  regimes and simulator kinds, each declared once (str-valued enums)
+    vocabulary  regimes and the run config's other closed sets, each declared once
+    layout      a run folder's file names (config.json, metrics.jsonl, samples.jsonl, exploit.json)
     config      the run's one declared config (RunConfig from TOML)
     rl/         the learning itself: tokens, choice turns, the GRPO loss, the policy, ranks
     rollouts/   conversations: the agent's and the simulator's turns, served models

@@ -32,13 +32,9 @@ from agents.domains import DOMAINS
 from agents.environment import setting
 from agents.simulators.spec import SimulatorKind
 from agents.simulators.verbalized import MODES
-from training.config import (
-    SIMULATOR_REWARDS,
-    ConfigError,
-    load_config,
-    parse_assignment,
-)
-from training.vocabulary import Regime
+from training.config import ConfigError, load_config, parse_assignment
+from training.layout import METRICS_FILE
+from training.vocabulary import SIMULATOR_REWARDS, Regime
 
 RANK = setting(
     "RANK",
@@ -167,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0  # rank 0 reports the run
     run_dir = config.run_dir()
     print(f"run folder: {run_dir}")
-    print(f"metrics:    {run_dir / 'metrics.jsonl'}")
+    print(f"metrics:    {run_dir / METRICS_FILE}")
     for folder in checkpoints:
         print(f"checkpoint: {folder}")
     return 0

@@ -51,6 +51,7 @@ from pydantic_core import PydanticCustomError
 
 from agents.domains import DOMAINS, Domain, domain_class, get_domain
 from agents.domains.episode import MAX_TOOL_ROUNDS, MAX_TURNS
+from agents.domains.tau2.taskset import TAU2_DOMAINS
 from agents.domains.tau2.versions import NL_JUDGED, task_version
 from agents.llm.native_tools import TRAINED_TOOL_FORMATS
 from agents.paths import secret
@@ -63,57 +64,22 @@ from agents.simulators.spec import (
     one_of,
     refuse,
 )
-from training.vocabulary import Regime
-
-# -- the vocabularies: validation below, the admin's choices and filters and the CLI's help -----
-
-# how an Ensemble run picks the member that plays a rollout's user (training/regimes/regime.py Ensemble)
-ENSEMBLE_DRAWS = {
-    "rollout": "round-robin over the run's rollouts, as the release's P4G (each group meets"
-    ' every member; its tau2 ran per task: task_draw = "release")',
-    "task": "round-robin over the run's tasks (a task's whole group meets one member)",
-}
-# which tasks a step plays (training/trainer/loop.py step_tasks). The release's tau2 data source
-# (CHATS-lab/scope_usim usim/slime/data_source.py; read at 16f3ec27, a plain loader without
-# Slime's get_samples, at b6bab9af and at 1c268eb0, the newest the index holds) imports
-# tau2.data_model.tasks.get_tasks, which no tau2 version defines; both Slime versions then fall
-# back to index-only samples Sample(group_index=i, index=i), i = 0..15 every step:
-# usim/slime/rollout.py@9d3a41e2 plays train task number sample.index and picks the user
-# sample.index % K; tau2_cotrain_rollout.py@6218b975 plays task id str(sample.index)
-TASK_DRAWS = {
-    "split": "each step draws batch_tasks distinct tasks of the train split at random (seeded by"
-    " seed and step); an Ensemble's member per ensemble_draw: what the release intended",
-    "release": "the release's tau2 draws as they ran: frozen-user regimes play the first"
-    " batch_tasks train tasks, in the data's order, every step, and an Ensemble's member is the"
-    " task's position mod K (each task always meets the same member); cotrain and population"
-    ' play the tasks with ids "0" .. batch_tasks - 1 of the whole task set, test tasks included',
-}
-# how a step's per-token losses become one number (training/rl/grpo.py REDUCERS)
-LOSS_REDUCTIONS = {
-    "token": "one token mean over the global batch: a long conversation weighs more",
-    "sample": "each sequence's token mean, then the mean over the global batch's sequences:"
-    " Slime's default sum_of_sample_mean (no --calculate-per-token-loss), the release's",
-}
-# how a co-trained simulator learns from a step (training/regimes/exact_update.py for "exact")
-SIMULATOR_UPDATES = {
-    "sampled": "GRPO on its own sampled tokens, advantages relative to the task's group (which"
-    " mixes the agent's different asks), the KL to its base estimated on those tokens"
-    " (kl_estimator)",
-    "exact": "on an exact decision (a Domain whose simulator answers one opening ask with one of"
-    " fixed texts: P4G's five markers), the exact expected advantage over every text for each"
-    " ask played, baseline the ask's own expected reward, plus simulator_beta x the exact"
-    " reverse KL(pi || base) over the texts (kl_estimator and kl_clamp do not apply)",
-}
-# a co-trained simulator's reward, r the agent's (formulas and sources: training/regimes/sim_rewards.py)
-SIMULATOR_REWARDS = {
-    "auto": "the Domain's own (its simulator_reward attribute)",
-    "curriculum": "exp(-(var - 0.25)^2 / 0.02), var the variance of the agent's rewards over"
-    " the task's group: highest when they split evenly (the release's tau2 default)",
-    "cooperative": "r (the release's tau2 ablation)",
-    "adversarial": "1 - r (the release's p4g; it has no adversarial mode for tau2)",
-}
-FINETUNE = ("lora", "full")
-DTYPES = ("float32", "bfloat16", "float16")
+from training.vocabulary import (
+    CURATION_GATES,
+    DISTRIBUTED_STRATEGIES,
+    DTYPES,
+    ENSEMBLE_DRAWS,
+    EVAL_DRAWS,
+    FINETUNE,
+    HELDOUT_USERS,
+    KL_ESTIMATOR_NAMES,
+    LOSS_REDUCTIONS,
+    SIMULATOR_REWARDS,
+    SIMULATOR_UPDATES,
+    TASK_DRAWS,
+    WEIGHT_SYNC_BACKENDS,
+    Regime,
+)
 
 
 def regime_choices() -> list[tuple[str, str]]:
@@ -158,35 +124,14 @@ EnsembleDraw = Literal[tuple(ENSEMBLE_DRAWS)]
 TaskDraw = Literal[tuple(TASK_DRAWS)]
 LossReduction = Literal[tuple(LOSS_REDUCTIONS)]
 SimulatorUpdate = Literal[tuple(SIMULATOR_UPDATES)]
-TAU2_DOMAINS = ("retail", "airline")
 SimulatorReward = Literal[tuple(SIMULATOR_REWARDS)]
 Finetune = Literal[FINETUNE]
 Dtype = Literal[DTYPES]
 ToolFormat = Literal[tuple(TRAINED_TOOL_FORMATS)]
 Strings = Annotated[list[StrictStr], Field(strict=True)]
 
-# How the held-out panel's tasks are drawn at each evaluation (training/measures/held_out.py).
-EVAL_DRAWS = {
-    "split": "every panel member plays each eval-side task eval_samples times, the same tasks"
-    " at every evaluation",
-    "training_cursor": "the release's P4G draw (CHATS-lab/scope_usim usim/p4g/rollout.py @"
-    " 9d3a41e, _p4g_eval_single_dataset: get_samples(16) on the training data source): each"
-    " member in turn takes the next 16 tasks of the training order (sorted ids, cycling) after"
-    " those the steps (batch_tasks each) and earlier members and evaluations took, each task"
-    " played group_size x eval_samples times; needs eval_split = train_split",
-}
-EVAL_DRAW_WINDOW = 16  # the release's get_samples(16)
+EVAL_DRAW_WINDOW = 16  # eval_draw "training_cursor": the release's get_samples(16)
 EvalDraw = Literal[tuple(EVAL_DRAWS)]
-
-# Which users make up the held-out panel of a Persona-Guided or Verbalized Sampling run.
-HELDOUT_USERS = {
-    "like_training": "as the release's tau2 evaluation (usim/slime/rollout.py @ e2110a1 copies"
-    " the run's args, --usim-user-prompt-prefix and --usim-verbalized-sampling included, into"
-    " every panel user): each member gets the training simulator's guidelines (regime"
-    " persona) or Verbalized Sampling k and draw (regime verbalized), written heldout/...;"
-    " the plain panel is evaluated too, written heldout_plain/...",
-    "plain": "the members as their [[heldout]] tables give them, written heldout/...",
-}
 HeldoutUsers = Literal[tuple(HELDOUT_USERS)]
 
 
@@ -262,7 +207,6 @@ class ScenarioSpec:
     )
 
 
-DISTRIBUTED_STRATEGIES = ("ddp", "fsdp")
 Strategy = Literal[DISTRIBUTED_STRATEGIES]
 
 
@@ -466,14 +410,6 @@ class BehaviourSpec:
                 "dialogue_acts": self.dialogue_acts and self.reference == "p4g_corpus"}  # fmt: skip
 
 
-# what the curation's quality gate drops a rollout for (training/measures/curation.py GATES)
-CURATION_GATES = {
-    "fallback": "a Verbalized simulator's reply (or an endpoint's choice turn) fell back to raw"
-    " text",
-    "empty": "a simulator turn with no text and no tool call",
-    "cut": "a simulator turn cut off at its max_new_tokens (sampled in this process or by vLLM)",
-    "parse": "a simulator turn holding a tool-call block that did not parse (left as text)",
-}
 CurationGate = Literal[tuple(CURATION_GATES)]
 
 
@@ -709,7 +645,7 @@ class SynthesisSpec:
 
 
 # the GRPO block's own types (the estimators' formulas: grpo.KL_ESTIMATORS)
-KlEstimator = Literal["k1", "k2", "k3"]
+KlEstimator = Literal[KL_ESTIMATOR_NAMES]
 
 
 def _betas(betas: list[float]) -> list[float]:
@@ -905,7 +841,7 @@ class RunConfig:
         " the trainer pushes its weights into the served model through vLLM's weight-transfer"
         ' API (start it with weight_transfer = "nccl" on GPUs, "parley_shm" on CPU)',
     )
-    weight_sync_backend: Literal["auto", "nccl", "ipc", "parley_shm"] = Field(
+    weight_sync_backend: Literal[WEIGHT_SYNC_BACKENDS] = Field(
         "auto",
         description="full fine-tuning with a served role: how the trainer's weights reach the"
         ' vLLM server after each step (its --weight-transfer-config). "auto": "nccl" from a'

@@ -16,6 +16,8 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 ADAPTER_CONFIG = "adapter_config.json"
+# a checkpoint's manifest (its name, kind, step ...): training writes it, serving and the
+# Checkpoint registry read it
 MANIFEST = "manifest.json"
 
 

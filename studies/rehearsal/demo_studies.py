@@ -168,8 +168,9 @@ def trained_checkpoints() -> dict:
     from agents.domains import STUDY_DOMAINS
     from agents.models import Checkpoint
     from agents.paths import data_dir
+    from agents.serving.adapters import MANIFEST
 
-    for manifest in sorted((data_dir() / "runs").glob("*/checkpoints/*/manifest.json")):
+    for manifest in sorted((data_dir() / "runs").glob(f"*/checkpoints/*/{MANIFEST}")):
         Checkpoint.register(manifest.parent)
     latest: dict[str, dict[str, Checkpoint]] = {}
     for checkpoint in Checkpoint.objects.filter(manifest__kind="agent").order_by(

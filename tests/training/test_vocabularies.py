@@ -1,20 +1,34 @@
 """Every value the run config accepts for regime, simulator kind, draw mode and scripted type
 builds the simulator the trainer would build, and that simulator plays a turn as its kind says.
-A value the config accepts but the simulator code does not know fails here, not at start-up."""
+A value the config accepts but the simulator code does not know fails here, not at start-up.
+And each vocabulary is declared once: training's in training/vocabulary.py, the config's fields
+take theirs from there, and a table keyed by one has exactly its names."""
 
+import ast
 import typing
+from pathlib import Path
 
 import pytest
 import torch
 
+from agents.domains.tau2.taskset import TAU2_DOMAINS
+from agents.llm.native_tools import TRAINED_TOOL_FORMATS
+from agents.serving.vllm import WEIGHT_TRANSFER_BACKENDS
 from agents.simulators import parse_verbalized
 from agents.simulators.scripted import REMARKS
-from agents.simulators.spec import SimulatorSpec
-from training.config import ConfigError, RunConfig
+from agents.simulators.scripted import TYPES as SCRIPTED_TYPES
+from agents.simulators.spec import SIMULATOR_SAMPLINGS, SimulatorKind, SimulatorSpec
+from agents.simulators.verbalized import MODES as DRAW_MODES
+from training import vocabulary
+from training.config import ConfigError, DistributedSpec, RunConfig, ScenarioSpec
+from training.measures import curation
 from training.regimes.choose import make_regime
 from training.regimes.regime import ModelCache, frozen_simulator
+from training.rl import grpo, policy
 from training.rl.policy import LocalModel
 from training.rollouts.rollout import Rollout
+from training.tools import dryrun
+from training.vocabulary import Regime
 
 
 def accepted(table: type, field: str) -> tuple[str, ...]:
@@ -142,3 +156,134 @@ def test_every_held_out_simulator_the_config_accepts_is_built(
         user = frozen_simulator(held_out, models, config.seed)
         rollouts = play_one_turn(user, letters, samples)
         check_turn(rollouts, kind, script, samples, f"held-out {kind} x {draw} {script}")
+
+
+# -- each vocabulary declared once (cheap: the source is read, no model is built) -----------------
+
+ROOT = Path(__file__).resolve().parents[2]
+# hashed by a pre-registration (training/collapse3/, collapse2/flat_prior.py): never edited, so
+# not held to this
+HASHED = ("training/collapse3/", "training/collapse2/flat_prior.py")
+
+
+def vocabularies_declared() -> dict[str, tuple[str, frozenset[str]]]:
+    """name -> (where it is declared, the names it holds): training/vocabulary.py's and the
+    agents vocabularies training validates with or reads."""
+    found = {
+        name: ("training/vocabulary.py", frozenset(map(str, value)))
+        for name, value in vars(vocabulary).items()
+        if name.isupper() and isinstance(value, tuple | dict)
+    }
+    found["Regime"] = ("training/vocabulary.py", frozenset(Regime))
+    found["SimulatorKind"] = ("agents/simulators/spec.py", frozenset(SimulatorKind))
+    found["TAU2_DOMAINS"] = ("agents/domains/tau2/taskset.py", frozenset(TAU2_DOMAINS))
+    found["DRAW_MODES"] = ("agents/simulators/verbalized.py", frozenset(DRAW_MODES))
+    found["SCRIPTED_TYPES"] = ("agents/simulators/scripted.py", frozenset(SCRIPTED_TYPES))
+    found["SIMULATOR_SAMPLINGS"] = ("agents/simulators/spec.py", frozenset(SIMULATOR_SAMPLINGS))
+    found["TRAINED_TOOL_FORMATS"] = ("agents/llm/native_tools.py", frozenset(TRAINED_TOOL_FORMATS))
+    found["WEIGHT_TRANSFER_BACKENDS"] = (
+        "agents/serving/vllm.py",
+        frozenset(WEIGHT_TRANSFER_BACKENDS),
+    )
+    return found
+
+
+def training_sources() -> list[tuple[str, ast.Module]]:
+    files = sorted((ROOT / "training").rglob("*.py"))
+    paths = [f.relative_to(ROOT).as_posix() for f in files]
+    return [
+        (p, ast.parse(f.read_text()))
+        for p, f in zip(paths, files, strict=True)
+        if not p.startswith(HASHED) and "/migrations/" not in p
+    ]
+
+
+def names_listed(tree: ast.Module):
+    """Every tuple, list or set of two or more string constants, and every Literal[...] of them
+    (its names, its line): the shapes a vocabulary is declared in. A dict's keys are not: a dict
+    keyed by names is a table over a vocabulary (grpo.REDUCERS), held to it below."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and getattr(node.value, "id", "") == "Literal":
+            items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        elif isinstance(node, ast.Tuple | ast.List | ast.Set):
+            items = node.elts
+        else:
+            continue
+        names = [i.value for i in items if isinstance(i, ast.Constant) and isinstance(i.value, str)]
+        if len(names) >= 2 and len(names) == len(items):
+            yield frozenset(names), node.lineno
+
+
+def test_no_vocabulary_is_declared_twice_in_training():
+    """A vocabulary's names listed again elsewhere in training (a tuple, a Literal), or one of
+    training/vocabulary.py's names assigned again, is a second declaration that can drift."""
+    declared = vocabularies_declared()
+    by_names = {names: name for name, (_, names) in declared.items()}
+    again = []
+    for path, tree in training_sources():
+        if path == "training/vocabulary.py":
+            continue
+        for names, line in names_listed(tree):
+            if names in by_names:
+                name = by_names[names]
+                again.append(f"{path}:{line} lists {name}, declared in {declared[name][0]}")
+        for node in tree.body:
+            targets = (
+                node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            )
+            for t in targets:
+                if (
+                    isinstance(t, ast.Name)
+                    and declared.get(t.id, ("",))[0] == "training/vocabulary.py"
+                ):
+                    again.append(f"{path}:{node.lineno} assigns {t.id} again")
+    again = sorted(set(again))  # a Literal's names are its tuple's too
+    assert not again, "declare each vocabulary once:\n" + "\n".join(again)
+
+
+def test_the_finder_sees_a_second_declaration():
+    """The check above finds the shapes a copy takes (so a pass means none is there)."""
+    copy = ast.parse(
+        'GATES = ("fallback", "empty", "cut", "parse")\nK = Literal["k1", "k2", "k3"]\n'
+    )
+    assert {n for n, _ in names_listed(copy)} == {
+        frozenset(vocabulary.CURATION_GATES),
+        frozenset(vocabulary.KL_ESTIMATOR_NAMES),
+    }
+
+
+def test_the_tables_over_a_vocabulary_have_its_names():
+    """A table keyed by a vocabulary's names (the formulas, the torch dtypes, the dry run's bytes)
+    has a row for each name and no other."""
+    tables = {
+        "grpo.KL_ESTIMATORS": (grpo.KL_ESTIMATORS, vocabulary.KL_ESTIMATOR_NAMES),
+        "grpo.REDUCERS": (grpo.REDUCERS, vocabulary.LOSS_REDUCTIONS),
+        "policy.TORCH_DTYPES": (policy.TORCH_DTYPES, vocabulary.DTYPES),
+        "dryrun.BYTES": (dryrun.BYTES, vocabulary.DTYPES),
+        "dryrun.EPSILON": (dryrun.EPSILON, vocabulary.DTYPES),
+        "curation.GATES": (curation.GATES, vocabulary.CURATION_GATES),
+    }
+    for where, (table, names) in tables.items():
+        assert tuple(table) == tuple(names), where
+
+
+def test_the_config_accepts_each_vocabulary_as_declared():
+    """RunConfig's fields take their names from the vocabularies, in their order."""
+    fields = {
+        "regime": tuple(Regime),
+        "ensemble_draw": vocabulary.ENSEMBLE_DRAWS,
+        "task_draw": vocabulary.TASK_DRAWS,
+        "heldout_users": vocabulary.HELDOUT_USERS,
+        "simulator_update": vocabulary.SIMULATOR_UPDATES,
+        "loss_reduction": vocabulary.LOSS_REDUCTIONS,
+        "kl_estimator": vocabulary.KL_ESTIMATOR_NAMES,
+        "simulator_reward": vocabulary.SIMULATOR_REWARDS,
+        "finetune": vocabulary.FINETUNE,
+        "dtype": vocabulary.DTYPES,
+        "weight_sync_backend": vocabulary.WEIGHT_SYNC_BACKENDS,
+    }
+    for field, names in fields.items():
+        assert accepted(RunConfig, field) == tuple(names), field
+    assert accepted(DistributedSpec, "strategy") == vocabulary.DISTRIBUTED_STRATEGIES
+    assert accepted(ScenarioSpec, "eval_draw") == tuple(vocabulary.EVAL_DRAWS)
+    assert set(vocabulary.WEIGHT_SYNC_BACKENDS) == {"auto", *WEIGHT_TRANSFER_BACKENDS}

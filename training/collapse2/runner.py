@@ -26,6 +26,7 @@ from typing import Any
 from agents.simulators.spec import SimulatorKind
 from training.collapse2 import analysis
 from training.config import RunConfig, load_config
+from training.layout import EXPLOIT_FILE
 from training.vocabulary import Regime
 
 HERE = Path(__file__).resolve().parent
@@ -159,7 +160,7 @@ def record(config: RunConfig) -> dict[str, Any]:
     last = list_checkpoints(config.run_dir())[-1]
     lm = LocalModel.load(config.base_model_path(), adapter=str(last))
     asks, probs = agent_distribution(lm, domain, config.temperature)
-    exploit = json.loads((config.run_dir() / "exploit.json").read_text())["exploit"]
+    exploit = json.loads((config.run_dir() / EXPLOIT_FILE).read_text())["exploit"]
     rows = _rows(config.run_dir())
     out = {
         "regime": config.regime,

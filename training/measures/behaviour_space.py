@@ -24,6 +24,7 @@ from typing import Any
 from agents.behaviour.embedder import Embedder
 from agents.behaviour.space import EXEMPLARS, BehaviourSpace, Embed, capped
 from agents.paths import reference_dir
+from training.layout import SAMPLES_FILE
 
 SPACE_DIR = "behaviour_space"
 
@@ -108,9 +109,9 @@ def p4g_decision_shares(folder: Path) -> dict[str, float]:
 
 def run_user_turns(folder: Path) -> list[str]:
     """The pooled simulator turns of a run's samples.jsonl."""
-    path = Path(folder).expanduser() / "samples.jsonl"
+    path = Path(folder).expanduser() / SAMPLES_FILE
     if not path.is_file():
-        raise ValueError(f"behaviour.reference = 'run:{folder}': no samples.jsonl there")
+        raise ValueError(f"behaviour.reference = 'run:{folder}': no {SAMPLES_FILE} there")
     from training.measures.diversity import turns
 
     found = []

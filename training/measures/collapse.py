@@ -28,10 +28,10 @@ from typing import Any
 
 from agents.domains.base import Domain, Scenario
 from agents.domains.episode import AGENT, USER
+from training.layout import EXPLOIT_FILE
 from training.rollouts.rollout import Rollout
 
 EXPLOIT_TOLERANCE = 0.02  # reward units: asks this close to the best count as the exploit
-EXPLOIT_FILE = "exploit.json"
 
 
 def user_decisions(

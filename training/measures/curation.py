@@ -58,9 +58,10 @@ from agents.behaviour import measures as m
 from agents.domains.episode import USER
 from agents.llm.tool_format import OPEN
 from training.rollouts.rollout import Rollout
+from training.vocabulary import CURATION_GATES
 
-# the gate's reasons, in the order they are checked (config: curation.gate, CURATION_GATES)
-GATES = ("fallback", "empty", "cut", "parse")
+# the gate's reasons, in the order they are checked (config: curation.gate)
+GATES = tuple(CURATION_GATES)
 
 
 def gate_reasons(rollout: Rollout, gates: Sequence[str] = GATES) -> list[str]:

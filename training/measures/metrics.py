@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from training.layout import METRICS_FILE, SAMPLES_FILE
+
 PLOTS = (
     "train_reward.png",
     "heldout_success.png",
@@ -192,12 +194,12 @@ def run_summary(run_dir: Path | str, samples: int = 3) -> dict[str, Any]:
     last `samples` sampled conversations, the steps logged and the optimizer steps taken (0
     after a logged step: the adapter is still the base model)."""
     folder = Path(run_dir)
-    rows = read_rows(folder / "metrics.jsonl")
+    rows = read_rows(folder / METRICS_FILE)
     return {
         "plots": sorted(p.name for p in folder.glob("*.png") if p.is_file())
         if folder.is_dir()
         else [],
-        "samples": read_rows(folder / "samples.jsonl")[-samples:] if samples else [],
+        "samples": read_rows(folder / SAMPLES_FILE)[-samples:] if samples else [],
         "steps_logged": len(rows),
         "behaviour": behaviour_now(rows),
         "optimizer_steps": int(sum(_number(r.get("optimizer_step")) for r in rows)),

@@ -18,6 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+# the pool's own manifest (its entries), not a checkpoint's
+POOL_MANIFEST = "manifest.json"
+
 
 @dataclass
 class PoolEntry:
@@ -40,7 +43,7 @@ class SimulatorPool:
 
     def reload(self) -> None:
         """Read the manifest (none: an empty pool)."""
-        manifest = self.folder / "manifest.json"
+        manifest = self.folder / POOL_MANIFEST
         self.entries = []
         if manifest.is_file():
             data = json.loads(manifest.read_text())
@@ -88,6 +91,6 @@ class SimulatorPool:
             raise RuntimeError("only rank 0 writes the pool")
         self.folder.mkdir(parents=True, exist_ok=True)
         data = {"size": self.size, "entries": [e.__dict__ for e in self.entries]}
-        tmp = self.folder / "manifest.json.tmp"
+        tmp = self.folder / f"{POOL_MANIFEST}.tmp"
         tmp.write_text(json.dumps(data, indent=2))
-        os.replace(tmp, self.folder / "manifest.json")
+        os.replace(tmp, self.folder / POOL_MANIFEST)

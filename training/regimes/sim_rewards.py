@@ -1,5 +1,5 @@
 """A co-trained simulator's rewards and advantages (RunConfig.simulator_reward; the names and their
-help are declared once in training/config.py SIMULATOR_REWARDS, each Domain's default is its
+help are declared once in training/vocabulary.py SIMULATOR_REWARDS, each Domain's default is its
 `simulator_reward` attribute). r_i is the agent's reward in rollout i of one task's group of n
 rollouts (the ones the current simulator played), s_i the simulator's:
 

@@ -44,9 +44,11 @@ from training.rl.sampling import (
     sample_reusing,
 )
 from training.rl.tokens import ChatFormat, Transcript, one_weight_version
+from training.vocabulary import DTYPES
 
 FSDP_PREFIX = "_fsdp_wrapped_module."  # in parameter names under FSDP's per-layer units
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# the vocabulary names each dtype as torch does
+TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES}
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
@@ -57,7 +59,7 @@ def load_base(path: str | Path, dtype: str = "float32", device: str = "cpu") -> 
             f"no Hugging Face model folder at {path} (for SmolLM2 run `python -m agents.serving.prepare`)"
         )
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype]).to(device)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=TORCH_DTYPES[dtype]).to(device)
     model.eval()
     return model, tokenizer
 
@@ -300,7 +302,7 @@ class Policy(LocalModel):
             }
         super().__init__(model, tokenizer)
         self.dtype = dtype
-        self.compute_dtype = DTYPES[dtype] if mixed else None
+        self.compute_dtype = TORCH_DTYPES[dtype] if mixed else None
         self.sharded = ranks.shard(self.model, self.compute_dtype) if ranks is not None else None
         # FSDP: the frozen reference copy is sharded like the policy (never a whole copy per rank)
         self.reference_sharded = None

@@ -42,12 +42,9 @@ from typing import Any
 import httpx
 import torch
 
+from agents.serving.vllm import IPC, NCCL, PARLEY_SHM, WEIGHT_TRANSFER_BACKENDS
 from training.rollouts.served import Endpoint, SampledIds
 
-SHM = "parley_shm"
-NCCL = "nccl"
-IPC = "ipc"
-BACKENDS = (SHM, NCCL, IPC)
 SHM_DIR = "/dev/shm"  # memory, not disk, where the host has it
 
 
@@ -60,7 +57,7 @@ def transfer_backend(device: str, setting: str = "auto") -> str:
     "auto" is NCCL from a GPU, shared memory from the CPU."""
     if setting != "auto":
         return setting
-    return NCCL if torch.device(device).type == "cuda" else SHM
+    return NCCL if torch.device(device).type == "cuda" else PARLEY_SHM
 
 
 class WeightSyncClient:
@@ -143,7 +140,7 @@ class SharedMemoryTransfer:
     """CPU: the weights written once into a safetensors file under /dev/shm, each worker
     loading it by path (the parley_shm backend); the file is gone when the round ends."""
 
-    backend = SHM
+    backend = PARLEY_SHM
 
     def __init__(self, client: WeightSyncClient):
         self.client = client
@@ -297,14 +294,16 @@ class ServedWeights:
         self.version = version
 
     def _open(self, weights: dict[str, torch.Tensor]) -> SharedMemoryTransfer | VllmEngineTransfer:
-        if self.backend == SHM:
+        if self.backend == PARLEY_SHM:
             return SharedMemoryTransfer(self.client)
         if self.backend in (NCCL, IPC):
             # the engine's source reads the weights each round: the ones `push` is given
             return VllmEngineTransfer(
                 self.backend, self.client, lambda: self._pushing, self.nccl_host
             )
-        raise ValueError(f"weight transfer backend {self.backend!r}: one of {BACKENDS}")
+        raise ValueError(
+            f"weight transfer backend {self.backend!r}: one of {WEIGHT_TRANSFER_BACKENDS}"
+        )
 
     def sample(self, prompts: list[list[int]]) -> list[SampledIds]:
         """Each prompt's turn as the server sampled it (ids ending with the stop token that

@@ -72,6 +72,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from agents.domains.tau2.taskset import TAU2_DOMAINS
 from agents.simulators.spec import SimulatorKind, SimulatorSpec
 from training.config import ConfigError, RunConfig, load_config, simulator_api_key
 from training.vocabulary import Regime
@@ -800,7 +801,7 @@ def check_domain_data(config: RunConfig, offline: bool) -> Check:
     bundled data); offline that is a note, since the data lives on the training machine."""
     data = Path(config.domain_data).expanduser()
     protocol = config.domain_protocol or "default"
-    if config.domain in ("retail", "airline"):
+    if config.domain in TAU2_DOMAINS:
         protocol += f", tau2 {config.tau2_version or 'v0.2.0 (default)'}"
     if not data.exists():
         where = "the online dry run and the run fail on it" if offline else "the run fails here"

@@ -29,6 +29,7 @@ from typing import Any
 
 from agents.simulators.spec import SimulatorKind
 from training.config import RunConfig, load_config
+from training.layout import EXPLOIT_FILE, METRICS_FILE
 from training.vocabulary import Regime
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "experiments"
@@ -176,7 +177,7 @@ def summarize(runs: list[RunConfig], base: RunConfig, runtime: float, command: s
             "optimizer_steps": [int(sum(x.get("optimizer_step", 0) for x in r)) for r in rows],
             "run_time_s": [round(sum(x.get("time_step", 0) for x in r), 1) for r in rows],
         }
-    exploit_file = runs[0].run_dir() / "exploit.json"
+    exploit_file = runs[0].run_dir() / EXPLOIT_FILE
     return {
         "experiment": "collapse",
         "command": command,
@@ -207,7 +208,7 @@ def final_simulator(config: RunConfig) -> dict[str, float] | None:
     if config.simulator.kind == SimulatorKind.VERBALIZED:
         return None  # what a Verbalized Sampling simulator writes is sampled: nothing exact
     if not config.trains_simulator:
-        path = run_dir / "exploit.json"
+        path = run_dir / EXPLOIT_FILE
         return json.loads(path.read_text())["expected_reward"] if path.is_file() else None
     saved = list_checkpoints(run_dir)
     if not saved or not (saved[-1] / "simulator").is_dir():
@@ -343,7 +344,7 @@ def _finished(config: RunConfig) -> bool:
 
 
 def _rows(run_dir: Path) -> list[dict[str, Any]]:
-    path = Path(run_dir) / "metrics.jsonl"
+    path = Path(run_dir) / METRICS_FILE
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

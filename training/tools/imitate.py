@@ -34,6 +34,7 @@ import torch
 
 from agents.domains import get_domain
 from agents.domains.base import Domain, Message, Scenario
+from agents.serving.adapters import MANIFEST
 from agents.simulators.spec import with_persona
 from training.config import LoraSpec
 from training.rl.grpo import TokenBatch, token_logprobs
@@ -41,7 +42,7 @@ from training.rl.policy import LocalModel, Policy
 from training.rl.tokens import Transcript
 from training.rollouts.rollout import Rollout
 from training.rollouts.simulator import user_messages
-from training.trainer.checkpoint import MANIFEST, PARTIAL
+from training.trainer.checkpoint import PARTIAL
 
 KIND = "simulator"
 REGIME = "imitation"  # what the manifest's regime says: learnt from people, not by RL

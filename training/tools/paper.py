@@ -333,7 +333,7 @@ _P4G = (
     " trained on before.",
 )
 
-# What the release's tau2 runs trained on (training/config.py TASK_DRAWS "release"): its data
+# What the release's tau2 runs trained on (training/vocabulary.py TASK_DRAWS "release"): its data
 # source fell back to index-only samples (usim/slime/data_source.py@1c268eb0), so each step
 # played the same 16 groups. Checked against the official retail data by tests/training/tools/
 # test_paper.py. The held-out tasks are the release's `max_tasks: 8` of the test split.
@@ -371,9 +371,10 @@ _COTRAIN_DRAW = (
 
 def task_draws(result: Result) -> dict[str, str] | None:
     """For a tau2 result: what the release trained on, and what this config does; None else."""
+    from agents.domains.tau2.taskset import TAU2_DOMAINS
     from training.config import load_config
 
-    if result.domain not in ("retail", "airline"):
+    if result.domain not in TAU2_DOMAINS:
         return None
     config = load_config(result.config)
     if config.steps == 0:

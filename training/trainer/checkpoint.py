@@ -32,10 +32,10 @@ from typing import Any
 
 import torch
 
+from agents.serving.adapters import MANIFEST
 from training.rollouts.agent import agent_tool_format
 
 CHECKPOINTS = "checkpoints"
-MANIFEST = "manifest.json"
 STATE = "trainer_state.pt"
 PARTIAL = ".partial"
 # a resumed run must train the same thing; steps, intervals and eval settings may change

@@ -35,6 +35,7 @@ import torch
 from agents.domains.base import Domain, Scenario
 from agents.simulators.spec import SimulatorKind
 from training.config import RunConfig, ScenarioSpec
+from training.layout import METRICS_FILE, RUN_CONFIG_FILE
 from training.measures.breaker import Breaker, BreakerStopped, Verdict
 from training.measures.breaker import load as breaker_state
 from training.measures.collapse import (
@@ -454,8 +455,8 @@ def _evaluate_start(
     with agent.gathered():  # FSDP: every rank plays its share on the full weights
         row = {"step": 0, "optimizer_steps": 0, **panel.evaluate(agent, 0, ranks)}
         if ranks.main:
-            (run_dir / "config.json").write_text(_json(config.to_dict()))
-            metrics = run_dir / "metrics.jsonl"
+            (run_dir / RUN_CONFIG_FILE).write_text(_json(config.to_dict()))
+            metrics = run_dir / METRICS_FILE
             metrics.unlink(missing_ok=True)  # evaluated again: the new figures replace the old
             MetricsLog(metrics).write(row)
     return []

@@ -16,6 +16,7 @@ from typing import Any
 from tqdm import tqdm
 
 from training.config import RunConfig
+from training.layout import METRICS_FILE, RUN_CONFIG_FILE, SAMPLES_FILE
 from training.measures.breaker import EVENTS, STATE, Breaker, Verdict
 from training.measures.diversity import Warnings
 from training.measures.metrics import MetricsLog, plot
@@ -50,12 +51,10 @@ class RunWriter:
         self.progress_callback = progress_callback
         self.within_step = within_step if self.main else None
         self.show_progress = show_progress and self.main
-        self.log = MetricsLog(run_dir / "metrics.jsonl", resume_step=start) if self.main else None
-        self.samples = (
-            MetricsLog(run_dir / "samples.jsonl", resume_step=start) if self.main else None
-        )
+        self.log = MetricsLog(run_dir / METRICS_FILE, resume_step=start) if self.main else None
+        self.samples = MetricsLog(run_dir / SAMPLES_FILE, resume_step=start) if self.main else None
         if self.main:
-            (run_dir / "config.json").write_text(_json(config.to_dict()))
+            (run_dir / RUN_CONFIG_FILE).write_text(_json(config.to_dict()))
         rows = self.log.rows() if self.main else []
         self.warnings = Warnings(config.collapse, rows)  # a resumed run keeps the warnings it gave
         self.heldout: dict[str, float] | None = _last_heldout(rows)

@@ -19,6 +19,7 @@ from .retail import RETAIL_DB
 
 BUNDLED_DIR = Path(__file__).resolve().parent / "data"
 DB_SHAPES = {"retail": RETAIL_DB, "airline": AIRLINE_DB}
+TAU2_DOMAINS = tuple(DB_SHAPES)  # the tau2 Domains, one per database shape
 V1_TABLES = ("flights", "users", "reservations")
 
 

@@ -9,7 +9,7 @@ import pytest
 from agents.behaviour.space import BehaviourSpace
 from agents.domains.base import Scenario
 from agents.domains.episode import USER
-from training.config import CURATION_GATES, ConfigError, CurationSpec, RunConfig
+from training.config import ConfigError, CurationSpec, RunConfig
 from training.measures.curation import (
     GATES,
     Curation,
@@ -23,6 +23,7 @@ from training.measures.profiles import Reply
 from training.rl.distributed import Ranks
 from training.rollouts.rollout import Decision, Rollout
 from training.rollouts.turns import speak
+from training.vocabulary import CURATION_GATES
 
 E = math.exp
 

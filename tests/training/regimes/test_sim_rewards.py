@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from agents.domains import DOMAINS, domain_class
 from training.__main__ import vocabularies
-from training.config import SIMULATOR_REWARDS, ConfigError, RunConfig
+from training.config import ConfigError, RunConfig
 from training.regimes.choose import make_regime
 from training.regimes.regime import ModelCache
 from training.regimes.sim_rewards import curriculum_reward, simulator_advantages, simulator_rewards
@@ -22,6 +22,7 @@ from training.rollouts.agent import LocalAgent
 from training.rollouts.rollout import play
 from training.trainer import checkpoint
 from training.trainer.loop import train
+from training.vocabulary import SIMULATOR_REWARDS
 
 # exp(-(var - 0.25)^2 / 0.02), worked by hand for each group
 ALL_EQUAL = math.exp(-(0.25**2) / 0.02)  # var 0: exp(-3.125) = 0.0439

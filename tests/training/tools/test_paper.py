@@ -142,7 +142,7 @@ def test_steps_zero_needs_a_panel(tiny_model, tmp_path, letters):
 
 
 def test_paper_states_what_each_tau2_result_trained_on_in_the_release_and_here(capsys):
-    """The release's tau2 runs played fixed tasks (training/config.py TASK_DRAWS); each tau2
+    """The release's tau2 runs played fixed tasks (training/vocabulary.py TASK_DRAWS); each tau2
     result says which, what its config plays, and whether released held-out numbers were
     measured on trained tasks. The ids are those of the official retail data."""
     from agents.domains import get_domain

@@ -1,6 +1,6 @@
 """task_draw: the tasks a step plays. "split" draws from the train split each step (what the
 release intended); "release" plays what the release's tau2 runs played, its data source having
-fallen back to index-only samples (training/config.py TASK_DRAWS): the first 16 train tasks every
+fallen back to index-only samples (training/vocabulary.py TASK_DRAWS): the first 16 train tasks every
 step, and under co-training the task ids 0-15 of the whole set, three of them held-out tasks."""
 
 import json

@@ -6,6 +6,7 @@ import statistics
 import pytest
 import torch
 
+from agents.serving.adapters import MANIFEST
 from training.config import RunConfig
 from training.trainer import checkpoint
 from training.trainer.loop import train
@@ -243,7 +244,7 @@ def test_checkpoint_retention_keeps_the_last_n_and_the_best(tmp_path):
         folder = checkpoint.checkpoint_dir(tmp_path, step)
         folder.mkdir(parents=True)
         metrics = {"reward_mean": 0.5} | ({"heldout/success": figure} if figure is not None else {})
-        (folder / checkpoint.MANIFEST).write_text(json.dumps({"step": step, "metrics": metrics}))
+        (folder / MANIFEST).write_text(json.dumps({"step": step, "metrics": metrics}))
         (folder / checkpoint.STATE).write_bytes(b"")
     partial = checkpoint.checkpoint_dir(tmp_path, 48).with_suffix(checkpoint.PARTIAL)
     partial.mkdir()
