@@ -323,7 +323,7 @@ def memory(config: RunConfig, sequence: int | None = None) -> dict[str, Any]:
         out["trainable_state"] = (3 * p_trained * w + p_ref * b) / shard
     resident = out["weights"] + out["trainable_state"]
     s, m = out["sequence_length"], config.micro_batch
-    # logits only where a row of the micro-batch has a token it trains on (grpo.token_logprobs):
+    # logits only where a row of the micro-batch has a token it trains on (logprobs.token_logprobs):
     # the union of the rows' trained positions, for each row; the fp32 log-softmax kept for the
     # backward pass, its incoming and its outgoing gradient (12 B a logit); one process's plain
     # head runs the trained positions in chunks (8 B, an upper bound there)

@@ -21,7 +21,7 @@ from training.measures.collapse import variance_split
 from training.measures.held_out import HeldOutPanel
 from training.regimes.choose import make_regime
 from training.regimes.regime import ModelCache
-from training.rl.grpo import TokenBatch, token_logprobs
+from training.rl.logprobs import TokenBatch, token_logprobs
 from training.rl.policy import LocalModel, Policy
 from training.rollouts.agent import LocalAgent
 from training.rollouts.rollout import Rollout, play
