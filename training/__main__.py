@@ -32,12 +32,8 @@ from agents.domains import DOMAINS
 from agents.environment import setting
 from agents.simulators.spec import SimulatorKind
 from agents.simulators.verbalized import MODES
-from training.config import (
-    SIMULATOR_REWARDS,
-    ConfigError,
-    load_config,
-    parse_assignment,
-)
+from training.config import SIMULATOR_REWARDS, load_config
+from training.config_keys import ConfigError, parse_assignment
 from training.vocabulary import Regime
 
 RANK = setting(

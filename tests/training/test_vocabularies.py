@@ -10,7 +10,8 @@ import torch
 from agents.simulators import parse_verbalized
 from agents.simulators.scripted import REMARKS
 from agents.simulators.spec import SimulatorSpec
-from training.config import ConfigError, RunConfig
+from training.config import RunConfig
+from training.config_keys import ConfigError
 from training.regimes.choose import make_regime
 from training.regimes.regime import ModelCache, frozen_simulator
 from training.rl.policy import LocalModel

@@ -73,7 +73,8 @@ from pathlib import Path
 from typing import Any
 
 from agents.simulators.spec import SimulatorKind, SimulatorSpec
-from training.config import ConfigError, RunConfig, load_config, simulator_api_key
+from training.config import RunConfig, load_config, simulator_api_key
+from training.config_keys import ConfigError
 from training.vocabulary import Regime
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}

@@ -196,7 +196,7 @@ def test_heldout_panel_is_the_scripted_types_not_the_training_simulator(
 
 
 def test_a_panel_on_the_training_simulators_weights_is_refused(tiny_model, tmp_path):
-    from training.config import ConfigError
+    from training.config_keys import ConfigError
 
     for spec in ({"name": "same"}, {"name": "persona", "persona": "You are busy."},
                  {"name": "path", "model": str(tiny_model)}):  # fmt: skip
@@ -209,7 +209,7 @@ def test_a_seen_panel_member_runs_on_the_training_simulator_and_stays_out_of_uns
 ):
     """The release's panel keeps each run's training simulator: `seen = true` allows it, the
     panel-wide means include it as the release's do, the unseen means leave it out."""
-    from training.config import ConfigError
+    from training.config_keys import ConfigError
 
     seen = {"name": "trained-on", "seen": True}
     cfg = decision_config(tiny_model, tmp_path, heldout=[seen, *PANEL], eval_samples=8)
@@ -247,7 +247,7 @@ def test_an_endpoint_simulator_decides_with_its_key_from_the_environment(decisio
     """A hosted held-out user: the key comes from the variable the config names, the choice turn
     asks for one of the markers by JSON schema, and a missing key is a clear error."""
     from tests.support.scripted_server import ScriptedServer
-    from training.config import ConfigError
+    from training.config_keys import ConfigError
     from training.rollouts.simulator import EndpointUser
 
     def hosted(url: str) -> SimulatorSpec:
