@@ -100,7 +100,8 @@ def compare(
     from transformers import AutoModelForCausalLM
     from trl import GRPOConfig, GRPOTrainer
 
-    from training.rl.grpo import TokenBatch, update
+    from training.rl.grpo import update
+    from training.rl.logprobs import TokenBatch
     from training.rl.policy import adamw
 
     b, p = prompt_ids.shape

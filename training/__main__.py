@@ -32,7 +32,8 @@ from agents.domains import DOMAINS
 from agents.environment import setting
 from agents.simulators.spec import SimulatorKind
 from agents.simulators.verbalized import MODES
-from training.config import ConfigError, load_config, parse_assignment
+from training.config import load_config
+from training.config_keys import ConfigError, parse_assignment
 from training.layout import METRICS_FILE
 from training.vocabulary import SIMULATOR_REWARDS, Regime
 

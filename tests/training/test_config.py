@@ -3,7 +3,8 @@ from pathlib import Path
 import pytest
 
 from training.__main__ import main
-from training.config import ConfigError, RunConfig, load_config
+from training.config import RunConfig, load_config
+from training.config_keys import ConfigError
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "training" / "configs").glob("**/*.toml"))
 MINIMAL = 'name = "r"\ndomain = "p4g"\n'

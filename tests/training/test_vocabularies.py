@@ -20,7 +20,8 @@ from agents.simulators.scripted import TYPES as SCRIPTED_TYPES
 from agents.simulators.spec import SIMULATOR_SAMPLINGS, SimulatorKind, SimulatorSpec
 from agents.simulators.verbalized import MODES as DRAW_MODES
 from training import vocabulary
-from training.config import ConfigError, DistributedSpec, RunConfig, ScenarioSpec
+from training.config import DistributedSpec, RunConfig, ScenarioSpec
+from training.config_keys import ConfigError
 from training.measures import curation
 from training.regimes.choose import make_regime
 from training.regimes.regime import ModelCache, frozen_simulator

@@ -28,7 +28,7 @@ from agents.domains.base import Domain, Scenario
 from training.config import EVAL_DRAW_WINDOW, RunConfig
 from training.regimes.regime import ModelCache, frozen_simulator
 from training.rl.distributed import Ranks
-from training.rl.grpo import TokenBatch, token_logprobs
+from training.rl.logprobs import TokenBatch, token_logprobs
 from training.rl.policy import LocalModel
 from training.rollouts.agent import LocalAgent, agent_tool_format
 from training.rollouts.rollout import Rollout, play

@@ -40,7 +40,8 @@ import torch
 
 from agents.domains.episode import USER
 from training.regimes.sim_rewards import simulator_rewards
-from training.rl.grpo import STD_EPS, TokenBatch, token_logprobs
+from training.rl.grpo import STD_EPS
+from training.rl.logprobs import TokenBatch, token_logprobs
 from training.rollouts.rollout import Rollout
 
 

@@ -9,7 +9,7 @@ distribution as this exact one, computed in one pass:
 where A_j are the tokens that continue some allowed text at position j (the trie of the texts'
 token ids, each ending with the stop token). Positions where A_j has one token are forced: the
 model chose nothing there, so they are not trained on (mask 0) and carry no log-prob. The same
-restriction is applied when the loss recomputes log-probs (training/rl/grpo.py), so the ratio and
+restriction is applied when the loss recomputes log-probs (training/rl/logprobs.py), so the ratio and
 the gradient are those of the distribution that was sampled.
 """
 

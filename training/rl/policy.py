@@ -36,7 +36,8 @@ from transformers import (
 from training.config import LoraSpec, RunConfig
 from training.rl.choices import Choices, choice_logprobs
 from training.rl.distributed import full_weights
-from training.rl.grpo import TokenBatch, token_logprobs, update
+from training.rl.grpo import update
+from training.rl.logprobs import TokenBatch, token_logprobs
 from training.rl.sampling import (
     KVCache,
     choice_logprobs_reusing,

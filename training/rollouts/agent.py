@@ -22,7 +22,7 @@ from agents.llm.native_tools import (
     template_tool_style,
 )
 from agents.llm.tool_format import messages_for_json_tools, parse_tool_calls
-from training.config import ConfigError
+from training.config_keys import ConfigError
 from training.rl.policy import LocalModel
 from training.rl.tokens import ChatFormat
 from training.rollouts.rollout import Rollout

@@ -74,7 +74,8 @@ from typing import Any
 
 from agents.domains.tau2.taskset import TAU2_DOMAINS
 from agents.simulators.spec import SimulatorKind, SimulatorSpec
-from training.config import ConfigError, RunConfig, load_config, simulator_api_key
+from training.config import RunConfig, load_config, simulator_api_key
+from training.config_keys import ConfigError
 from training.vocabulary import Regime
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -327,7 +328,7 @@ def memory(config: RunConfig, sequence: int | None = None) -> dict[str, Any]:
         out["trainable_state"] = (3 * p_trained * w + p_ref * b) / shard
     resident = out["weights"] + out["trainable_state"]
     s, m = out["sequence_length"], config.micro_batch
-    # logits only where a row of the micro-batch has a token it trains on (grpo.token_logprobs):
+    # logits only where a row of the micro-batch has a token it trains on (logprobs.token_logprobs):
     # the union of the rows' trained positions, for each row; the fp32 log-softmax kept for the
     # backward pass, its incoming and its outgoing gradient (12 B a logit); one process's plain
     # head runs the trained positions in chunks (8 B, an upper bound there)

@@ -37,7 +37,7 @@ from agents.domains.base import Domain, Message, Scenario
 from agents.serving.adapters import MANIFEST
 from agents.simulators.spec import with_persona
 from training.config import LoraSpec
-from training.rl.grpo import TokenBatch, token_logprobs
+from training.rl.logprobs import TokenBatch, token_logprobs
 from training.rl.policy import LocalModel, Policy
 from training.rl.tokens import Transcript
 from training.rollouts.rollout import Rollout

@@ -16,7 +16,8 @@ from agents.domains.tau2.taskset import BUNDLED_DIR
 from agents.domains.tau2.versions import DEFAULT_VERSION, judged_tasks
 from tests.support.processes import official_tau2_dir
 from tests.support.scripted_server import ScriptedServer
-from training.config import ConfigError, load_config
+from training.config import load_config
+from training.config_keys import ConfigError
 
 MODEL = "judge-model"
 

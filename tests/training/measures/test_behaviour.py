@@ -229,7 +229,8 @@ def test_without_people_the_relative_form_is_written_instead_of_bdi():
 
 
 def test_a_bad_reference_is_refused_where_the_config_enters():
-    from training.config import ConfigError, RunConfig
+    from training.config import RunConfig
+    from training.config_keys import ConfigError
 
     base = {"name": "x", "domain": "p4g"}
     with pytest.raises(ConfigError, match="behaviour.reference"):

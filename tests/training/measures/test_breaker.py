@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from training.config import BreakerSpec, ConfigError, parse_config
+from training.config import BreakerSpec, parse_config
+from training.config_keys import ConfigError
 from training.measures.breaker import (
     GREEN,
     RED,

@@ -21,7 +21,7 @@ from training.measures.collapse import variance_split
 from training.measures.held_out import HeldOutPanel
 from training.regimes.choose import make_regime
 from training.regimes.regime import ModelCache
-from training.rl.grpo import TokenBatch, token_logprobs
+from training.rl.logprobs import TokenBatch, token_logprobs
 from training.rl.policy import LocalModel, Policy
 from training.rollouts.agent import LocalAgent
 from training.rollouts.rollout import Rollout, play
@@ -204,7 +204,7 @@ def test_heldout_panel_is_the_scripted_types_not_the_training_simulator(
 
 
 def test_a_panel_on_the_training_simulators_weights_is_refused(tiny_model, tmp_path):
-    from training.config import ConfigError
+    from training.config_keys import ConfigError
 
     for spec in (
         {"name": "same"},
@@ -220,7 +220,7 @@ def test_a_seen_panel_member_runs_on_the_training_simulator_and_stays_out_of_uns
 ):
     """The release's panel keeps each run's training simulator: `seen = true` allows it, the
     panel-wide means include it as the release's do, the unseen means leave it out."""
-    from training.config import ConfigError
+    from training.config_keys import ConfigError
 
     seen = {"name": "trained-on", "seen": True}
     cfg = decision_config(tiny_model, tmp_path, heldout=[seen, *PANEL], eval_samples=8)
@@ -260,7 +260,7 @@ def test_an_endpoint_simulator_decides_with_its_key_from_the_environment(decisio
     """A hosted held-out user: the key comes from the variable the config names, the choice turn
     asks for one of the markers by JSON schema, and a missing key is a clear error."""
     from tests.support.scripted_server import ScriptedServer
-    from training.config import ConfigError
+    from training.config_keys import ConfigError
     from training.rollouts.simulator import EndpointUser
 
     def hosted(url: str) -> SimulatorSpec:

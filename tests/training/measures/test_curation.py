@@ -9,7 +9,8 @@ import pytest
 from agents.behaviour.space import BehaviourSpace
 from agents.domains.base import Scenario
 from agents.domains.episode import USER
-from training.config import ConfigError, CurationSpec, RunConfig
+from training.config import CurationSpec, RunConfig
+from training.config_keys import ConfigError
 from training.measures.curation import (
     GATES,
     Curation,

@@ -3,7 +3,8 @@ and the embedding dispersion on a real local model folder (the tiny Llama)."""
 
 import pytest
 
-from training.config import CollapseSpec, ConfigError, parse_config
+from training.config import CollapseSpec, parse_config
+from training.config_keys import ConfigError
 from training.measures.diversity import (
     Embedder,
     Warnings,

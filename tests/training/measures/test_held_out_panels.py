@@ -9,7 +9,8 @@ import pytest
 
 from agents.domains.base import Scenario
 from tests.support.training import LetterDomain
-from training.config import ConfigError, RunConfig
+from training.config import RunConfig
+from training.config_keys import ConfigError
 from training.measures.held_out import HeldOutPanel, cursor_tasks
 from training.regimes.regime import ModelCache
 from training.rl.policy import LocalModel

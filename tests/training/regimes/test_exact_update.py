@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from training.config import ConfigError, parse_config
+from training.config import parse_config
+from training.config_keys import ConfigError
 from training.regimes.exact_update import exact_choice_loss, text_rewards
 from training.rl.choices import choice_logprobs
 

@@ -10,7 +10,8 @@ from training.config import RunConfig
 from training.regimes.choose import make_regime
 from training.regimes.pool import SimulatorPool
 from training.regimes.regime import ModelCache
-from training.rl.grpo import TokenBatch, group_advantages, update
+from training.rl.grpo import group_advantages, update
+from training.rl.logprobs import TokenBatch
 from training.rl.policy import LocalModel, Policy
 from training.rollouts.agent import LocalAgent
 from training.rollouts.rollout import Rollout, play

@@ -13,7 +13,8 @@ from training.config import parse_config
 from training.measures.collapse import simulator_exploit
 from training.regimes.choose import make_regime
 from training.regimes.regime import ModelCache, frozen_simulator
-from training.rl.grpo import KL_ESTIMATORS, TokenBatch, group_advantages, token_logprobs
+from training.rl.grpo import KL_ESTIMATORS, group_advantages
+from training.rl.logprobs import TokenBatch, token_logprobs
 from training.rl.policy import Policy
 from training.rollouts.agent import LocalAgent
 from training.rollouts.rollout import play

@@ -13,7 +13,8 @@ from safetensors.torch import load_file
 
 from agents.domains import DOMAINS, domain_class
 from training.__main__ import vocabularies
-from training.config import ConfigError, RunConfig
+from training.config import RunConfig
+from training.config_keys import ConfigError
 from training.regimes.choose import make_regime
 from training.regimes.regime import ModelCache
 from training.regimes.sim_rewards import curriculum_reward, simulator_advantages, simulator_rewards

@@ -12,7 +12,8 @@ from agents.domains.tau2.prompts import PERSONA_GUIDELINES
 from agents.simulators.scripted import REMARKS
 from tests.support.scripted_server import ScriptedServer
 from tests.support.training import adapter, assert_same, metrics, one_and_two
-from training.config import ConfigError, RunConfig
+from training.config import RunConfig
+from training.config_keys import ConfigError
 from training.measures.collapse import mixture_exploit
 from training.regimes.choose import make_regime
 from training.regimes.regime import ModelCache

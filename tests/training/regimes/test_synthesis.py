@@ -15,7 +15,8 @@ from agents.domains.episode import USER
 from agents.domains.p4g.decision import ASKS
 from agents.domains.p4g.donation import DECISION_AMOUNTS, MAX_DONATION
 from tests.support.scripted_server import ScriptedServer
-from training.config import ConfigError, RunConfig
+from training.config import RunConfig
+from training.config_keys import ConfigError
 from training.measures.diversity import Embedder
 from training.measures.profiles import Profiles, Reply, ask, probe_set
 from training.regimes import synthesis as syn

@@ -5,7 +5,8 @@ the dry run then checks the memory figure with checkpointing on."""
 import pytest
 import torch
 
-from training.rl.grpo import TokenBatch, update
+from training.rl.grpo import update
+from training.rl.logprobs import TokenBatch
 from training.rl.policy import Policy
 
 

@@ -4,7 +4,8 @@ import types
 import pytest
 import torch
 
-from training.rl.grpo import TokenBatch, group_advantages, grpo_loss, token_logprobs
+from training.rl.grpo import group_advantages, grpo_loss
+from training.rl.logprobs import TokenBatch, token_logprobs
 
 LN = math.log
 
@@ -183,7 +184,7 @@ def test_shared_prefix_passes_the_kv_cache_as_cache(tiny_model):
     from transformers import AutoModelForCausalLM
 
     from training.rl.choices import Choices, choice_logprobs
-    from training.rl.grpo import SHARED_PREFIX_MIN
+    from training.rl.logprobs import SHARED_PREFIX_MIN
 
     lm = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
     model = CacheOnly(lm)

@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from training.rl.grpo import TokenBatch, grpo_loss, token_logprobs, update
+from training.rl.grpo import grpo_loss, update
+from training.rl.logprobs import TokenBatch, token_logprobs
 
 LN = math.log
 

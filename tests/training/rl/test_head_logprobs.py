@@ -5,8 +5,9 @@ gather. The GRPO loss, the entropy and every gradient must agree."""
 import pytest
 import torch
 
-from training.rl import grpo
-from training.rl.grpo import SHARED_PREFIX_MIN, TokenBatch, grpo_loss, token_logprobs
+from training.rl import logprobs
+from training.rl.grpo import grpo_loss
+from training.rl.logprobs import SHARED_PREFIX_MIN, TokenBatch, token_logprobs
 
 TEMPERATURE = 0.7
 
@@ -78,9 +79,9 @@ def fast(model, batch):
 def test_fast_head_matches_full_logits(smooth_tiny_model, monkeypatch, prompt, head):
     from transformers import AutoModelForCausalLM
 
-    monkeypatch.setattr(grpo, "HEAD_CHUNK", 4)  # several chunks, the last one partial
+    monkeypatch.setattr(logprobs, "HEAD_CHUNK", 4)  # several chunks, the last one partial
     if head == "recomputed":  # the softmax is not kept: the backward recomputes it
-        monkeypatch.setattr(grpo, "HEAD_KEEP_BYTES", 0)
+        monkeypatch.setattr(logprobs, "HEAD_KEEP_BYTES", 0)
     model = AutoModelForCausalLM.from_pretrained(smooth_tiny_model)
     if head == "lora":  # a frozen head: the gradient w.r.t. the hidden states comes from forward
         from peft import LoraConfig, get_peft_model
@@ -89,7 +90,7 @@ def test_fast_head_matches_full_logits(smooth_tiny_model, monkeypatch, prompt, h
         for name, p in model.named_parameters():
             if "lora_B" in name:  # peft starts B at 0: give the adapter something to differ by
                 torch.nn.init.normal_(p, std=0.02)
-    assert grpo._plain_head(model) is not None  # the fast path is the one under test
+    assert logprobs._plain_head(model) is not None  # the fast path is the one under test
     batch = batches()[prompt]
 
     loss, logp, entropy, grads = loss_and_grads(model, batch, fast)

@@ -10,7 +10,7 @@ import torch
 from training.config import RunConfig
 from training.regimes.choose import make_regime
 from training.regimes.regime import ModelCache
-from training.rl.grpo import TokenBatch, token_logprobs
+from training.rl.logprobs import TokenBatch, token_logprobs
 from training.rl.policy import LocalModel, Policy
 from training.rl.tokens import Transcript
 from training.trainer.loop import train

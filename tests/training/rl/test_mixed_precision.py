@@ -10,7 +10,8 @@ import torch
 from safetensors.torch import load_file
 
 from training.config import RunConfig
-from training.rl.grpo import TokenBatch, update
+from training.rl.grpo import update
+from training.rl.logprobs import TokenBatch
 from training.rl.policy import Policy
 from training.trainer import checkpoint
 from training.trainer.loop import train

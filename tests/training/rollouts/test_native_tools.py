@@ -13,7 +13,8 @@ import pytest
 from agents.domains import get_domain
 from agents.llm.native_tools import HermesCallFilter, parse_hermes_tool_calls
 from tests.support.hermes import HERMES_TEMPLATE
-from training.config import ConfigError, parse_config
+from training.config import parse_config
+from training.config_keys import ConfigError
 from training.rl.policy import LocalModel
 from training.rollouts.agent import LocalAgent, add_agent_reply, agent_prompt, agent_tool_format
 from training.rollouts.rollout import Rollout

@@ -14,7 +14,8 @@ from agents.simulators.spec import SimulatorSpec
 from tests.support.provider_servers import AnthropicServer, GPT5Server
 from tests.support.scripted_server import ScriptedServer
 from training.__main__ import main
-from training.config import ConfigError, parse_config
+from training.config import parse_config
+from training.config_keys import ConfigError
 from training.rollouts.rollout import Rollout
 from training.rollouts.simulator import EndpointUser
 from training.tools.dryrun import dry_run

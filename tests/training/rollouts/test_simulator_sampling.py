@@ -9,7 +9,8 @@ from agents.domains import get_domain
 from agents.llm.client import LLMClient
 from agents.simulators.spec import SimulatorSpec
 from tests.support.scripted_server import ScriptedServer
-from training.config import ConfigError, RunConfig
+from training.config import RunConfig
+from training.config_keys import ConfigError
 from training.regimes.regime import ModelCache, frozen_simulator
 from training.rollouts.rollout import Rollout
 

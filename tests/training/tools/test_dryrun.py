@@ -167,7 +167,7 @@ def test_lora_and_shards_in_the_estimate(tmp_path, base_model):
     # the agent's weights are sharded; the in-process simulator's frozen copy is whole on each
     assert fsdp["weights"] == pytest.approx(ddp["weights"] / 2 / 4 + ddp["weights"] / 2)
     # the same passes; FSDP's logits keep 12 bytes a trained position's logit, the plain head's
-    # chunks 8 (grpo.token_logprobs)
+    # chunks 8 (logprobs.token_logprobs)
     s, t, v = fsdp["sequence_length"], fsdp["trained_tokens"], 49152
     logits = fsdp["micro_batch"] * min(s, fsdp["micro_batch"] * t) * v
     gap = fsdp["activations_checkpointing_off"] - ddp["activations_checkpointing_off"]

@@ -8,7 +8,8 @@ import torch
 
 from agents.domains.base import Scenario
 from agents.simulators import OPENING
-from training.config import ConfigError, RunConfig
+from training.config import RunConfig
+from training.config_keys import ConfigError
 from training.measures.held_out import HeldOutPanel
 from training.regimes.regime import ModelCache
 from training.rl.policy import LocalModel

@@ -11,7 +11,8 @@ from agents.domains import get_domain
 from agents.simulators.scripted import REMARKS
 from tests.support.processes import official_tau2_dir
 from tests.training.regimes.test_supplies import ENSEMBLE, MEMBERS, short_run
-from training.config import ConfigError, RunConfig
+from training.config import RunConfig
+from training.config_keys import ConfigError
 from training.trainer.loop import released_tasks, select_scenarios, step_tasks, train
 
 

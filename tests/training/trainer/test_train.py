@@ -218,7 +218,7 @@ def test_the_evaluation_schedule_can_be_the_releases():
     """eval_at_end = false: the panel runs after steps 16, 32, ... and not after the last, as
     Slime's --eval-interval 16 does over 40 rollouts; the default adds the last step. Without
     eval_every there would be no evaluation at all: refused."""
-    from training.config import ConfigError
+    from training.config_keys import ConfigError
     from training.trainer.writer import evaluation_due
 
     def schedule(**fields):
