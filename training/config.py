@@ -175,9 +175,14 @@ class NLJudgeSpec:
                     "nl_judge.api_key_env",
                 )
         return LLMJudge(
-            self.endpoint, self.model, api_key=key, provider=self.provider,
-            temperature=self.temperature, max_tokens=self.max_new_tokens, timeout=self.timeout,
-        )  # fmt: skip
+            self.endpoint,
+            self.model,
+            api_key=key,
+            provider=self.provider,
+            temperature=self.temperature,
+            max_tokens=self.max_new_tokens,
+            timeout=self.timeout,
+        )
 
 
 @dataclass(config=TABLE)
@@ -283,10 +288,12 @@ class CollapseSpec:
         0.3, ge=0, le=1, description="warn when the simulator's distinct-2 over a step falls below"
     )
     max_sim_top_opening_share: StrictFloat = Field(
-        0.5, ge=0, le=1,
+        0.5,
+        ge=0,
+        le=1,
         description="warn when more than this share of a step's conversations open with the same"
         " user reply",
-    )  # fmt: skip
+    )
     min_agent_entropy: StrictFloat = Field(
         0.05, ge=0, description="warn when the agent's token entropy (nats/token) falls below"
     )
@@ -296,10 +303,12 @@ class CollapseSpec:
         " = not measured (nothing is downloaded)",
     )
     min_sim_dispersion: StrictFloat = Field(
-        0.0, ge=0, le=2,
+        0.0,
+        ge=0,
+        le=2,
         description="with embedding_model: warn when the user turns' mean pairwise cosine"
         " distance falls below (0 = never; calibrate per embedding model)",
-    )  # fmt: skip
+    )
 
 
 def _behaviour_reference(value: str) -> str:
@@ -347,31 +356,39 @@ class BehaviourSpec:
     )
     clusters: StrictInt = Field(20, ge=2, le=1000, description="K, the k-means clusters")
     reference_max: StrictInt = Field(
-        2000, ge=10, le=200_000,
+        2000,
+        ge=10,
+        le=200_000,
         description="at most this many reference turns (and labelled sentences) are embedded,"
         " a seeded draw: the fit's cost at the run's start",
-    )  # fmt: skip
+    )
     dialogue_acts: StrictBool = Field(
         True,
         description="p4g_corpus: also train a dialogue-act classifier on the annotated persuadee"
         " sentences (300_dialog.xlsx) and measure in its human-defined categories",
     )
     support_share: StrictFloat = Field(
-        0.005, ge=0, lt=1,
+        0.005,
+        ge=0,
+        lt=1,
         description="a cluster is in the people's support when it holds at least this share of"
         " the reference (0.005 = the release's 5 samples of 1,000)",
-    )  # fmt: skip
+    )
     cover_share: StrictFloat = Field(
-        0.01, ge=0, lt=1,
+        0.01,
+        ge=0,
+        lt=1,
         description="a simulator covers a cluster when more than 0 and at least this share of"
         " its behaviour falls in it (on a choice turn, of its probability: the SmolLM2"
         " persuadee's 0.3% on $0 is not behaviour a run meets)",
-    )  # fmt: skip
+    )
     probe_tasks: StrictInt = Field(
-        2, ge=1, le=64,
+        2,
+        ge=1,
+        le=64,
         description="the fixed probe set's training tasks (each with every opening the Domain"
         " fixes): the per-step cost",
-    )  # fmt: skip
+    )
     probe_samples: StrictInt = Field(
         2, ge=1, le=32, description="replies per probe (the same seeds every step)"
     )
@@ -381,15 +398,19 @@ class BehaviourSpec:
         ' fixes no asks ("" = a plain greeting)',
     )
     bootstrap: StrictInt = Field(
-        200, ge=0, le=10_000,
+        200,
+        ge=0,
+        le=10_000,
         description="bootstrap draws for the estimates' 90% intervals (0 = none)",
-    )  # fmt: skip
+    )
     psod_base_tasks: StrictInt = Field(
-        2, ge=0, le=64,
+        2,
+        ge=0,
+        le=64,
         description="co-training: at evaluation steps the agent also plays the frozen base"
         " simulator on this many held-out tasks (group_size each) for psod/base (0 = not"
         " measured)",
-    )  # fmt: skip
+    )
 
     @property
     def enabled(self) -> bool:
@@ -397,9 +418,14 @@ class BehaviourSpec:
 
     def space_settings(self, seed: int, embedder: str) -> dict[str, Any]:
         """What defines the run's behaviour space (a resume must find the same)."""
-        return {"reference": self.reference, "embedder": embedder, "clusters": self.clusters,
-                "reference_max": self.reference_max, "seed": seed,
-                "dialogue_acts": self.dialogue_acts and self.reference == "p4g_corpus"}  # fmt: skip
+        return {
+            "reference": self.reference,
+            "embedder": embedder,
+            "clusters": self.clusters,
+            "reference_max": self.reference_max,
+            "seed": seed,
+            "dialogue_acts": self.dialogue_acts and self.reference == "p4g_corpus",
+        }
 
 
 CurationGate = Literal[tuple(CURATION_GATES)]
@@ -428,15 +454,19 @@ class CurationSpec:
         " behaviour.reference)",
     )
     alpha: StrictFloat = Field(
-        1.0, ge=0, le=50,
+        1.0,
+        ge=0,
+        le=50,
         description="how strongly a rollout in a crowded region of the behaviour space is"
         " down-weighted: exp(-alpha x density), density in [0, 1] (0 = the density is ignored)",
-    )  # fmt: skip
+    )
     bandwidth: StrictFloat = Field(
-        0.0, ge=0, le=4,
+        0.0,
+        ge=0,
+        le=4,
         description="the Gaussian kernel's width h on the unit-length behaviour vectors"
         " (distances lie in [0, 2]); 0 = the median distance between the step's rollouts",
-    )  # fmt: skip
+    )
     mode_balance: StrictBool = Field(
         False,
         description="give each behaviour cluster present among the step's kept rollouts an"
@@ -444,15 +474,19 @@ class CurationSpec:
         " parley trains on every rollout it plays, so balancing re-weights, never resamples)",
     )
     min_weight: StrictFloat = Field(
-        0.0, ge=0, le=1,
+        0.0,
+        ge=0,
+        le=1,
         description="a kept rollout's weight is clipped to at least this after the mean-1"
         " normalisation (then normalised once more)",
-    )  # fmt: skip
+    )
     max_weight: StrictFloat = Field(
-        5.0, ge=1, le=100,
+        5.0,
+        ge=1,
+        le=100,
         description="a kept rollout's weight is clipped to at most this after the mean-1"
         " normalisation (then normalised once more): bounds the variance one rollout adds",
-    )  # fmt: skip
+    )
 
     @model_validator(mode="after")
     def _rules(self) -> CurationSpec:
@@ -504,39 +538,53 @@ class BreakerSpec:
         ' has), "psod" (psod/training, at evaluation steps) or metrics.jsonl keys; higher is worse',
     )
     warmup: StrictInt = Field(
-        8, ge=2, le=100_000,
+        8,
+        ge=2,
+        le=100_000,
         description="N: each measure's values in the first N steps fit its thresholds; the"
         " breaker judges from step N + 1",
-    )  # fmt: skip
+    )
     yellow_quantile: StrictFloat = Field(
-        0.9, gt=0, le=1,
+        0.9,
+        gt=0,
+        le=1,
         description="yellow when a measure is above this quantile of its warmup values",
-    )  # fmt: skip
+    )
     red_quantile: StrictFloat = Field(
-        1.0, gt=0, le=1,
+        1.0,
+        gt=0,
+        le=1,
         description="red when a measure is above this quantile of its warmup values plus"
         " red_margin x their range (at least yellow_quantile)",
-    )  # fmt: skip
+    )
     red_margin: StrictFloat = Field(
-        1.0, ge=0, le=100,
+        1.0,
+        ge=0,
+        le=100,
         description="how far past red_quantile red starts, in warmup ranges (max - min): with"
         " the defaults red is a rise past the warmup's maximum by its whole spread again",
-    )  # fmt: skip
+    )
     red_after: StrictInt = Field(
-        0, ge=0, le=100_000,
+        0,
+        ge=0,
+        le=100_000,
         description="yellow this many steps in a row turns red (the raised synthesis did not"
         " help); 0 = only the red threshold does",
-    )  # fmt: skip
+    )
     yellow_step: StrictFloat = Field(
-        0.1, gt=0, le=1,
+        0.1,
+        gt=0,
+        le=1,
         description="entering yellow raises the synthesis share by this much (at most 1);"
         " back to green takes it away again",
-    )  # fmt: skip
+    )
     recover_steps: StrictInt = Field(
-        3, ge=1, le=100_000,
+        3,
+        ge=1,
+        le=100_000,
         description="M: a level is left downwards (red to yellow, yellow to green) after M"
         " steps in a row below its threshold",
-    )  # fmt: skip
+    )
     red_stops: StrictBool = Field(
         True,
         description="red stops training with a resumable checkpoint, and the resumed run"
@@ -547,9 +595,10 @@ class BreakerSpec:
     def _order(self) -> BreakerSpec:
         if self.red_quantile < self.yellow_quantile:
             raise refuse(
-                "red_quantile", self.red_quantile,
+                "red_quantile",
+                self.red_quantile,
                 f"must be at least yellow_quantile ({self.yellow_quantile}): red is past yellow",
-            )  # fmt: skip
+            )
         return self
 
     def judges_psod(self) -> bool:
@@ -567,11 +616,13 @@ class SynthesisSpec:
     today's, draw for draw."""
 
     share: StrictFloat = Field(
-        0.0, ge=0, le=1,
+        0.0,
+        ge=0,
+        le=1,
         description="the share of each step's tasks (a task's whole group) that synthesis"
         " supplies play; the breaker raises it at run time (regime.synthesis_share); 0 with a"
         " supply on: built, probed for nothing, and played only once the share is raised",
-    )  # fmt: skip
+    )
     interpolate: StrictBool = Field(
         False, description="supply: frozen variants between the two sources' settings"
     )
@@ -592,10 +643,12 @@ class SynthesisSpec:
         1.3, gt=0, le=5, description="interpolate: the second source's temperature"
     )
     from_top_p: StrictFloat = Field(
-        1.0, gt=0, le=1,
+        1.0,
+        gt=0,
+        le=1,
         description="interpolate: the first source's top_p (an endpoint simulator's: in-process"
         " sampling uses temperature alone)",
-    )  # fmt: skip
+    )
     to_top_p: StrictFloat = Field(
         1.0, gt=0, le=1, description="interpolate: the second source's top_p (endpoint only)"
     )
@@ -606,26 +659,34 @@ class SynthesisSpec:
         "", description="interpolate: the second source's prompt variant (persona text)"
     )
     variants: StrictInt = Field(
-        3, ge=1, le=16,
+        3,
+        ge=1,
+        le=16,
         description="interpolate: the variants strictly between the sources, at lambda ="
         " i / (variants + 1); variant i plays the second source's prompt in round(lambda x G)"
         " of its group's G rollouts",
-    )  # fmt: skip
+    )
     missing_clusters: StrictInt = Field(
-        3, ge=1, le=50,
+        3,
+        ge=1,
+        le=50,
         description="verbalized_missing: how many under-covered clusters the prompt shows"
         " (largest reference share minus population share first)",
-    )  # fmt: skip
+    )
     exemplars: StrictInt = Field(
-        2, ge=1, le=5,
+        2,
+        ge=1,
+        le=5,
         description="verbalized_missing: the reference's turns shown per missing cluster"
         " (those nearest its centroid)",
-    )  # fmt: skip
+    )
     rediversify_steps: StrictInt = Field(
-        4, ge=1, le=1000,
+        4,
+        ge=1,
+        le=1000,
         description="regime.rediversify() (the breaker, on resuming after a red stop): steps"
         " played at share 1.0 before the share returns to what it was",
-    )  # fmt: skip
+    )
 
     @property
     def enabled(self) -> bool:
@@ -1069,21 +1130,24 @@ class RunConfig:
             return
         if not self.behaviour.enabled:
             raise refuse(
-                "breaker.enabled", True,
+                "breaker.enabled",
+                True,
                 "needs [behaviour] (reference or decisions_only): the breaker judges the"
                 " behaviour measures it writes",
-            )  # fmt: skip
+            )
         if b.judges_psod() and not self.heldout:
             raise refuse(
-                "breaker.measures", b.measures,
+                "breaker.measures",
+                b.measures,
                 "judge PSOD, which needs a held-out panel ([[heldout]]): add one or leave psod out",
-            )  # fmt: skip
+            )
         if b.judges_psod() and not 0 < self.eval_every <= b.warmup:
             raise refuse(
-                "breaker.warmup", b.warmup,
+                "breaker.warmup",
+                b.warmup,
                 f"holds no evaluation step (eval_every = {self.eval_every}), so PSOD would have"
                 " no warmup values to fit its thresholds on: set eval_every <= warmup",
-            )  # fmt: skip
+            )
 
     def _task_rules(self) -> None:
         """The Domain's protocol exists (and has the data it needs); the release's evaluation
@@ -1205,41 +1269,54 @@ class RunConfig:
         if not syn.enabled:
             if syn.share > 0:
                 raise refuse(
-                    "synthesis.share", syn.share, "needs a supply on (interpolate,"
-                    " verbalized_missing or adversarial)",
-                )  # fmt: skip
+                    "synthesis.share",
+                    syn.share,
+                    "needs a supply on (interpolate, verbalized_missing or adversarial)",
+                )
             return
         if self.distributed.processes > 1:
             raise refuse(
-                "synthesis", syn.supplies(), "runs in one process: a synthesis task's group is"
+                "synthesis",
+                syn.supplies(),
+                "runs in one process: a synthesis task's group is"
                 " played and learnt on one rank (set distributed.processes = 1)",
-            )  # fmt: skip
+            )
         base = self.synthesis_base()
         if (syn.interpolate or syn.verbalized_missing) and base.kind == SimulatorKind.SCRIPTED:
             raise refuse(
-                "synthesis", syn.supplies(), "interpolate and verbalized_missing vary a model"
+                "synthesis",
+                syn.supplies(),
+                "interpolate and verbalized_missing vary a model"
                 f" simulator's settings; the training simulator {base.name!r} is scripted",
-            )  # fmt: skip
+            )
         if syn.verbalized_missing and not self.behaviour.reference:
             raise refuse(
-                "synthesis.verbalized_missing", True, "needs [behaviour] reference: the"
+                "synthesis.verbalized_missing",
+                True,
+                "needs [behaviour] reference: the"
                 " clusters it is told are missing are the run's behaviour space's",
-            )  # fmt: skip
+            )
         if syn.interpolate:
             if not base.endpoint:
                 for key in ("from_top_p", "to_top_p"):
                     if getattr(syn, key) != 1.0:
                         raise refuse(
-                            f"synthesis.{key}", getattr(syn, key), "is for an endpoint"
+                            f"synthesis.{key}",
+                            getattr(syn, key),
+                            "is for an endpoint"
                             " simulator (in-process sampling uses temperature alone)",
-                        )  # fmt: skip
-            ends = [(syn.from_temperature, syn.from_top_p, syn.from_persona),
-                    (syn.to_temperature, syn.to_top_p, syn.to_persona)]  # fmt: skip
+                        )
+            ends = [
+                (syn.from_temperature, syn.from_top_p, syn.from_persona),
+                (syn.to_temperature, syn.to_top_p, syn.to_persona),
+            ]
             if ends[0] == ends[1]:
                 raise refuse(
-                    "synthesis.interpolate", True, "needs two sources that differ (from_/to_"
+                    "synthesis.interpolate",
+                    True,
+                    "needs two sources that differ (from_/to_"
                     " temperature, top_p or persona): every variant would be the same",
-                )  # fmt: skip
+                )
 
     def synthesis_base(self) -> SimulatorSpec:
         """The simulator the synthesis supplies vary: the training simulator (an Ensemble's

@@ -176,8 +176,14 @@ class Ranks:
         if not serves(dist.get_backend(), device.type):
             group = dist.new_group(backend=group_backend("auto", device), timeout=timeout)
         fsdp = config.distributed.strategy == "fsdp"
-        return cls(dist.get_rank(), dist.get_world_size(), fsdp=fsdp, device=device,
-                   group=group, timeout=config.distributed.timeout)  # fmt: skip
+        return cls(
+            dist.get_rank(),
+            dist.get_world_size(),
+            fsdp=fsdp,
+            device=device,
+            group=group,
+            timeout=config.distributed.timeout,
+        )
 
     def _collective(self, name: str, call: Any, *args: Any, **kwargs: Any) -> None:
         """`call` on this rank's group, its failure said for what it is: this rank's own, a
@@ -282,8 +288,9 @@ class Ranks:
         if self.world == 1:
             return items
         parts: list[Any] = [None] * self.world
-        self._collective("gather (all_gather_object)", torch.distributed.all_gather_object,
-                         parts, items)  # fmt: skip
+        self._collective(
+            "gather (all_gather_object)", torch.distributed.all_gather_object, parts, items
+        )
         return [item for part in parts for item in part]
 
     def barrier(self) -> None:
@@ -364,11 +371,31 @@ def launch_command(config: str | Path, processes: int, args: list[str]) -> list[
     run = ["-m", "training", "run", str(config), *args]
     if processes == 1:
         return [
-            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1",
-            "--master_addr", "127.0.0.1", "--master_port", str(port), *run,
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "1",
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(port),
+            *run,
+        ]
     return [
-        sys.executable, "-m", "accelerate.commands.launch",
-        "--num_processes", str(processes), "--num_machines", "1", "--mixed_precision", "no",
-        "--dynamo_backend", "no", "--main_process_port", str(port), "--multi_gpu", *run,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--num_processes",
+        str(processes),
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(port),
+        "--multi_gpu",
+        *run,
+    ]

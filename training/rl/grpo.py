@@ -248,10 +248,19 @@ def update(
                 )
             old_logp = old[c] if epochs > 1 else logp.detach()
             loss, stats = grpo_loss(
-                logp, old_logp, ref.get(c), adv[c[0] : c[1]], rows.mask, eps, eps_high, beta,
-                kl_estimator, loss_reduction, kl_clamp,
+                logp,
+                old_logp,
+                ref.get(c),
+                adv[c[0] : c[1]],
+                rows.mask,
+                eps,
+                eps_high,
+                beta,
+                kl_estimator,
+                loss_reduction,
+                kl_clamp,
                 None if weights is None else weights[c[0] : c[1]],
-            )  # fmt: skip
+            )
             weight = stats[share] / denominator  # this chunk's part of the whole batch's mean
             (loss * weight * scale).backward()
             totals["loss"] += loss.item() * weight / epochs

@@ -250,8 +250,9 @@ class _Room(DynamicLayer):
     """A cache layer whose keys and values sit in buffers with room for a turn's decoding: a
     step writes its position in place, where DynamicLayer copies the whole cache (torch.cat)."""
 
-    def __init__(self, rows: list[tuple[tuple[torch.Tensor, torch.Tensor], int]], width, room,
-                 dtype=None):  # fmt: skip
+    def __init__(
+        self, rows: list[tuple[tuple[torch.Tensor, torch.Tensor], int]], width, room, dtype=None
+    ):
         super().__init__()
         (k, _), _ = rows[0]
         shape = (len(rows), k.shape[1], width + room, k.shape[3])
