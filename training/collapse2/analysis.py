@@ -42,9 +42,8 @@ def p_exploit(probs: list[float], asks: list[str], exploit: list[str]) -> float:
     return sum(p for ask, p in zip(asks, probs, strict=True) if ask in chosen)
 
 
-def heldout(
-    probs: list[float], asks: list[str], expected: dict[str, dict[str, float]], types: list[str]
-) -> float:
+def heldout(probs: list[float], asks: list[str], expected: dict[str, dict[str, float]],
+            types: list[str]) -> float:  # fmt: skip
     """The exact held-out read-out: mean over `types` of sum_a pi(a) E_t(a)."""
     return statistics.fmean(
         sum(p * expected[t][ask] for ask, p in zip(asks, probs, strict=True)) for t in types
@@ -94,11 +93,8 @@ def c2_seed(run: dict[str, Any]) -> dict[str, Any]:
     best, worst = max(expected.values()), min(expected.values())
     punish = best - sum(pi[a] * e for a, e in expected.items())
     spread = best - worst
-    return {
-        "holds": punish >= C2_PUNISH and spread >= C2_SPREAD,
-        "punish": punish,
-        "spread": spread,
-    }
+    return {"holds": punish >= C2_PUNISH and spread >= C2_SPREAD, "punish": punish,
+            "spread": spread}  # fmt: skip
 
 
 def c2(runs: list[dict[str, Any]]) -> dict[str, Any]:
