@@ -30,6 +30,21 @@ from studies.analysis.agreement import agreement, binomial_rate, kendall_tau_b
 from studies.analysis.report import Settings, build_report
 from studies.analysis.sim2real import descriptives, ranked
 
+# A ratings CSV's columns before the answers, in order: studies/annotation/analysis.py writes
+# them (the export) and annotation_cli.py reads the rest of a row as answers.
+RATING_COLUMNS = (
+    "conversation",
+    "rater",
+    "source",
+    "arm",
+    "simulator",
+    "gold",
+    "attention_passed",
+    "completed",
+    "position",
+    "rated_at",
+)
+
 GROUP = "group"
 PEOPLE = "people"
 REAL = "real"  # the realism item's answer that counts toward "judged human"

@@ -10,23 +10,10 @@ import sys
 
 import pandas as pd
 
-from .annotation import annotation_report
+from .annotation import RATING_COLUMNS, annotation_report
 from .cli import _names, _scales
 from .csvfile import restore
 from .text import format_report, to_json
-
-FIXED = (
-    "conversation",
-    "rater",
-    "source",
-    "arm",
-    "simulator",
-    "gold",
-    "attention_passed",
-    "completed",
-    "position",
-    "rated_at",
-)
 
 
 def read_ratings(path: str) -> list[dict]:
@@ -34,7 +21,7 @@ def read_ratings(path: str) -> list[dict]:
     missing = [c for c in ("conversation", "rater", "source") if c not in table.columns]
     if missing:
         raise ValueError(f"{path} is not a ratings CSV: no column {', '.join(missing)}")
-    answers = [c for c in table.columns if c not in FIXED]
+    answers = [c for c in table.columns if c not in RATING_COLUMNS]
     return [
         {
             "conversation": row["conversation"],

@@ -7,6 +7,7 @@ import json
 
 from studies.analysis import Settings
 from studies.analysis.annotation import (
+    RATING_COLUMNS,
     annotation_report,
     group_of,
     included,
@@ -103,20 +104,8 @@ def ratings_csv(study: Study) -> str:
     """One row per rating; cells a spreadsheet would run as formulas are escaped."""
     ratings = ratings_of(study)
     keys = answer_keys(study, ratings)
-    fixed = [
-        "conversation",
-        "rater",
-        "source",
-        "arm",
-        "simulator",
-        "gold",
-        "attention_passed",
-        "completed",
-        "position",
-        "rated_at",
-    ]
-    rows = ([r[k] for k in fixed] + [r["answers"].get(k) for k in keys] for r in ratings)
-    return to_text([fixed + keys, *rows])
+    rows = ([r[k] for k in RATING_COLUMNS] + [r["answers"].get(k) for k in keys] for r in ratings)
+    return to_text([list(RATING_COLUMNS) + keys, *rows])
 
 
 def ratings_json(study: Study) -> str:

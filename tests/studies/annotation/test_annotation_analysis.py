@@ -133,6 +133,21 @@ def test_the_sim_to_real_report_gains_what_raters_said_about_the_studys_conversa
     assert "rated in annotation study rate (helpful)" in text and "base, vs:" in text
 
 
+def test_the_command_line_reads_back_exactly_the_answers_the_export_wrote(tmp_path):
+    """The export's columns before the answers are the ones the command line sets aside
+    (RATING_COLUMNS, declared once): no fixed column is read as an answer, no answer is lost."""
+    from studies.analysis.annotation_cli import read_ratings
+
+    study = rated_study()
+    path = tmp_path / "ratings.csv"
+    path.write_text(ratings_csv(study))
+    exported = json.loads(ratings_json(study))["ratings"]
+    read = read_ratings(str(path))
+    assert len(read) == len(exported)
+    keys = set().union(*(r["answers"] for r in exported))
+    assert {k for r in read for k in r["answers"]} == keys
+
+
 def test_the_command_line_reads_the_ratings_csv_and_gives_the_runs_numbers(tmp_path, capsys):
     from studies.analysis.annotation_cli import main
 
