@@ -10,8 +10,9 @@ from django.utils import timezone
 
 from agents.domains import domain_choices
 from agents.models import Checkpoint
-from training.config import RunConfig, load_config, parse_config, regime_choices
+from training.config import load_config, parse_config
 from training.config_keys import ConfigError, key_overlaps
+from training.config_schema import RunConfig, regime_choices
 from training.vocabulary import Regime
 
 CONFIGS_DIR = Path(__file__).resolve().parent / "configs"

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import torch
 import torch.multiprocessing as mp
 
-from training.config import DistributedSpec
+from training.config_schema import DistributedSpec
 from training.rl.distributed import Ranks
 
 
@@ -26,13 +26,13 @@ def evaluate(ranks: Ranks, out: Path) -> dict:
     """The held-out panel of OUT/config.json at step 1 (tests/training/measures/test_evaluation.py),
     with the conversations this rank scored counted."""
     from agents.domains import get_domain
-    from training.config import RunConfig
+    from training.config import parse_config
     from training.measures.held_out import HeldOutPanel
     from training.regimes.regime import ModelCache
     from training.rl.policy import LocalModel
     from training.trainer.loop import select_scenarios
 
-    config = RunConfig.from_dict(json.loads((out / "config.json").read_text()))
+    config = parse_config(json.loads((out / "config.json").read_text()))
     domain = get_domain(config.domain)
     scored, score = [0], domain.score
 

@@ -132,7 +132,7 @@ def agent(url: str, base_model: str, out: Path) -> dict:
     """Full fine-tuning, 2 steps, the agent's turns sampled on vLLM: every rollout's weight
     versions, and, as each version is pushed, a fixed conversation's log-probs from the
     trainer's weights then and from the server's."""
-    from training.config import RunConfig
+    from training.config import parse_config
     from training.rollouts.agent import WeightSyncedAgent
     from training.trainer import loop
 
@@ -160,7 +160,7 @@ def agent(url: str, base_model: str, out: Path) -> dict:
 
     loop.WeightSyncedAgent = RecordingAgent
     letters = _letters()
-    cfg = RunConfig.from_dict(
+    cfg = parse_config(
         {
             "name": "toy-full",
             "domain": "letters",
@@ -196,7 +196,7 @@ def mixed(url: str, base_model: str, out: Path) -> dict:
     The server's log-probs of a fixed conversation after each push, beside the policy's."""
     import torch
 
-    from training.config import RunConfig
+    from training.config import parse_config
     from training.rl.policy import Policy
     from training.rl.tokens import Transcript
     from training.rollouts.weight_sync import ServedWeights
@@ -228,9 +228,7 @@ def mixed(url: str, base_model: str, out: Path) -> dict:
         transcript.prompt(policy.fmt, QUESTION)
         transcript.record(policy.fmt, sampled)
         transcripts.append(transcript)
-    cfg = RunConfig.from_dict(
-        {"name": "mixed", "domain": "p4g", "base_model": base_model, "heldout": []}
-    )
+    cfg = parse_config({"name": "mixed", "domain": "p4g", "base_model": base_model, "heldout": []})
     weights = {n: w.detach().clone() for n, w in policy._weights().items()}
     try:
         policy.learn(transcripts, torch.tensor([1.0, -1.0]), cfg, temperature=1.0, beta=0.0)
@@ -243,7 +241,7 @@ def mixed(url: str, base_model: str, out: Path) -> dict:
 def cotrain(url: str, base_model: str, out: Path) -> dict:
     """regime cotrain, finetune full, the simulator on its own endpoint (this server): the
     weight versions of every simulator turn."""
-    from training.config import RunConfig
+    from training.config import parse_config
     from training.regimes import regime
     from training.rollouts.simulator import ServedUser
     from training.trainer import loop
@@ -259,7 +257,7 @@ def cotrain(url: str, base_model: str, out: Path) -> dict:
 
     regime.ServedUser = RecordingUser
     letters = _letters()
-    cfg = RunConfig.from_dict(
+    cfg = parse_config(
         {
             "name": "toy-fullsim",
             "domain": "letters",

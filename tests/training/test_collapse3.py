@@ -309,7 +309,7 @@ def test_the_runs_configs(tmp_path):
     """Pilots without [behaviour], main runs with it on the P4G corpus; the co-trained arms on
     the exact update with the gate's weight and lr, no std scaling; every config valid."""
     from training.collapse3.runner import base_config, config_for
-    from training.config import RunConfig
+    from training.config import parse_config
 
     base = base_config(tmp_path / "flat-prior")
     pilot = config_for(base, "single", 400, tmp_path, lr=1.5e-3, behaviour=False)
@@ -318,6 +318,6 @@ def test_the_runs_configs(tmp_path):
     assert main.behaviour.reference == "p4g_corpus" and main.simulator_update == "exact"
     assert (main.simulator_beta, main.simulator_lr, main.scale_std) == (0.07, 2e-2, False)
     for config in (pilot, main, config_for(base, "verbalized", 300, tmp_path, lr=1e-3)):
-        RunConfig.from_dict(config.to_dict())  # validated as a file would be
+        parse_config(config.to_dict())  # validated as a file would be
     with pytest.raises(ValueError, match="needs the simulator"):
         config_for(base, "population", 300, tmp_path, lr=1e-3)

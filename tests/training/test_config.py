@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from training.__main__ import main
-from training.config import RunConfig, load_config
+from training.config import load_config, parse_config
 from training.config_keys import ConfigError
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "training" / "configs").glob("**/*.toml"))
@@ -161,7 +161,7 @@ def test_cli_reports_config_errors(tmp_path, capsys):
 
 def test_round_trip_through_dict():
     config = load_config(CONFIGS[0])
-    assert RunConfig.from_dict(config.to_dict()) == config
+    assert parse_config(config.to_dict()) == config
 
 
 def test_the_paper_configs_hold_out_a_hosted_panel():

@@ -8,8 +8,9 @@ import pytest
 
 from agents.simulators.spec import SimulatorSpec
 from training.__main__ import main
-from training.config import RunConfig, load_config, parse_config
+from training.config import load_config, parse_config
 from training.config_keys import ConfigError, parse_assignment
+from training.config_schema import RunConfig
 
 BASE = {"name": "r", "domain": "p4g"}
 SCRIPTED = {"name": "steady", "kind": "scripted", "script": "steady"}

@@ -5,13 +5,13 @@ updates, the run's files). What the tiny model writes is noise, so this is the w
 import json
 
 from tests.support.cooperbench import needs_bwrap
-from training.config import RunConfig
+from training.config import parse_config
 from training.trainer.loop import train
 
 
 @needs_bwrap
 def test_one_co_training_step_on_cooperbench_runs_through_the_trainer(tiny_model, tmp_path):
-    config = RunConfig.from_dict(
+    config = parse_config(
         {
             "name": "cooperbench-wiring",
             "domain": "cooperbench",

@@ -20,8 +20,9 @@ from agents.simulators.scripted import TYPES as SCRIPTED_TYPES
 from agents.simulators.spec import SIMULATOR_SAMPLINGS, SimulatorKind, SimulatorSpec
 from agents.simulators.verbalized import MODES as DRAW_MODES
 from training import vocabulary
-from training.config import DistributedSpec, RunConfig, ScenarioSpec
+from training.config import parse_config
 from training.config_keys import ConfigError
+from training.config_schema import DistributedSpec, RunConfig, ScenarioSpec
 from training.measures import curation
 from training.regimes.choose import make_regime
 from training.regimes.regime import ModelCache, frozen_simulator
@@ -120,7 +121,7 @@ def test_the_trainer_builds_every_simulator_and_regime_the_config_accepts(
             if regime == "ensemble":  # K = 2 members of this kind
                 simulator = {"ensemble": [spec(kind, draw, script) | {"name": n} for n in "ab"]}
             try:
-                config = RunConfig.from_dict(
+                config = parse_config(
                     {
                         "name": "vocab",
                         "domain": "letters",
@@ -149,7 +150,7 @@ def test_every_held_out_simulator_the_config_accepts_is_built(
         spec(k, d, s) | ({} if k == "scripted" else {"model": str(other_tiny_model)})
         for k, d, s in SPECS
     ]
-    config = RunConfig.from_dict(
+    config = parse_config(
         {"name": "vocab", "domain": "letters", "base_model": str(tiny_model), "heldout": panel}
     )
     models = ModelCache(config)

@@ -25,7 +25,8 @@ from typing import Any
 
 from agents.simulators.spec import SimulatorKind
 from training.collapse2 import analysis
-from training.config import RunConfig, load_config
+from training.config import load_config
+from training.config_schema import RunConfig
 from training.layout import EXPLOIT_FILE
 from training.vocabulary import Regime
 

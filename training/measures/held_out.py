@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from agents.domains.base import Domain, Scenario
-from training.config import EVAL_DRAW_WINDOW, RunConfig
+from training.config_schema import EVAL_DRAW_WINDOW, RunConfig
 from training.regimes.regime import ModelCache, frozen_simulator
 from training.rl.distributed import Ranks
 from training.rl.logprobs import TokenBatch, token_logprobs

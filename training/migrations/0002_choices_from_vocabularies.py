@@ -3,7 +3,7 @@
 from django.db import migrations, models
 
 import agents.domains
-import training.config
+import training.config_schema
 
 
 class Migration(migrations.Migration):
@@ -23,7 +23,7 @@ class Migration(migrations.Migration):
             model_name="trainingrun",
             name="regime",
             field=models.CharField(
-                choices=training.config.regime_choices, default="single", max_length=20
+                choices=training.config_schema.regime_choices, default="single", max_length=20
             ),
         ),
     ]

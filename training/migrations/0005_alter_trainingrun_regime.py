@@ -2,7 +2,7 @@
 
 from django.db import migrations, models
 
-import training.config
+import training.config_schema
 
 
 class Migration(migrations.Migration):
@@ -15,7 +15,7 @@ class Migration(migrations.Migration):
             model_name="trainingrun",
             name="regime",
             field=models.CharField(
-                choices=training.config.regime_choices,
+                choices=training.config_schema.regime_choices,
                 default="single",
                 help_text='Which simulator the agent meets (the paper\'s names). Ensemble: its members in settings as "ensemble" (a list of simulator tables, K >= 2) and "ensemble_draw" (rollout | task); the preset\'s simulator is cleared. Persona-Guided: "simulator.guidelines" in settings (blank: the Domain\'s, tau2 the paper\'s text).',
                 max_length=20,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from training.config import RunConfig
+from training.config_schema import RunConfig
 from training.regimes.regime import CLASSES, ModelCache, RegimeRun
 from training.regimes.synthesis import Synthesis, synthesized
 from training.rl.distributed import Ranks

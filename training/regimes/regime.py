@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from agents.simulators.spec import SimulatorKind, SimulatorSpec
-from training.config import RunConfig
+from training.config_schema import RunConfig
 from training.regimes.exact_update import learn_exact
 from training.regimes.pool import SimulatorPool
 from training.regimes.sim_rewards import group_variance, simulator_advantages

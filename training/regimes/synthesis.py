@@ -46,7 +46,7 @@ from typing import Any
 
 from agents.domains.episode import USER
 from agents.simulators.spec import SimulatorKind, SimulatorSpec
-from training.config import RunConfig
+from training.config_schema import RunConfig
 from training.regimes.regime import CoTrain, ModelCache, frozen_simulator
 from training.rl.distributed import Ranks
 from training.rollouts.rollout import Rollout

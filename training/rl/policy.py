@@ -33,7 +33,7 @@ from transformers import (
     LogitsProcessorList,
 )
 
-from training.config import LoraSpec, RunConfig
+from training.config_schema import LoraSpec, RunConfig
 from training.rl.choices import Choices, choice_logprobs
 from training.rl.distributed import full_weights
 from training.rl.grpo import update

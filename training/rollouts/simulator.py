@@ -22,7 +22,7 @@ from agents.simulators import (
     VerbalizedSampling,
 )
 from agents.simulators.spec import SimulatorKind, SimulatorSpec, build, spec_prompt
-from training.config import simulator_api_key
+from training.config_schema import simulator_api_key
 from training.rl.policy import LocalModel
 from training.rollouts.rollout import Decision, Rollout
 from training.rollouts.served import Endpoint, ServedAdapter

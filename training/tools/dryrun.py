@@ -74,8 +74,9 @@ from typing import Any
 
 from agents.domains.tau2.taskset import TAU2_DOMAINS
 from agents.simulators.spec import SimulatorKind, SimulatorSpec
-from training.config import RunConfig, load_config, simulator_api_key
+from training.config import load_config
 from training.config_keys import ConfigError
+from training.config_schema import RunConfig, simulator_api_key
 from training.vocabulary import Regime
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from agents.simulators.spec import SimulatorKind
-from training.config import RunConfig, load_config
+from training.config import load_config, parse_config
+from training.config_schema import RunConfig
 from training.layout import EXPLOIT_FILE, METRICS_FILE
 from training.vocabulary import Regime
 
@@ -63,7 +64,7 @@ def regime_config(
 def _train(config: dict[str, Any]) -> str:
     from training.trainer.loop import train
 
-    train(RunConfig.from_dict(config), show_progress=False)
+    train(parse_config(config), show_progress=False)
     return config["name"]
 
 

@@ -36,7 +36,7 @@ from agents.domains import get_domain
 from agents.domains.base import Domain, Message, Scenario
 from agents.serving.adapters import MANIFEST
 from agents.simulators.spec import with_persona
-from training.config import LoraSpec
+from training.config_schema import LoraSpec
 from training.rl.logprobs import TokenBatch, token_logprobs
 from training.rl.policy import LocalModel, Policy
 from training.rl.tokens import Transcript

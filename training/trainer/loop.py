@@ -34,7 +34,7 @@ import torch
 
 from agents.domains.base import Domain, Scenario
 from agents.simulators.spec import SimulatorKind
-from training.config import RunConfig, ScenarioSpec
+from training.config_schema import RunConfig, ScenarioSpec
 from training.layout import METRICS_FILE, RUN_CONFIG_FILE
 from training.measures.breaker import Breaker, BreakerStopped, Verdict
 from training.measures.breaker import load as breaker_state

@@ -15,7 +15,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from training.config import RunConfig
+from training.config_schema import RunConfig
 from training.layout import METRICS_FILE, RUN_CONFIG_FILE, SAMPLES_FILE
 from training.measures.breaker import EVENTS, STATE, Breaker, Verdict
 from training.measures.diversity import Warnings

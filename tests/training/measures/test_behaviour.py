@@ -229,15 +229,15 @@ def test_without_people_the_relative_form_is_written_instead_of_bdi():
 
 
 def test_a_bad_reference_is_refused_where_the_config_enters():
-    from training.config import RunConfig
+    from training.config import parse_config
     from training.config_keys import ConfigError
 
     base = {"name": "x", "domain": "p4g"}
     with pytest.raises(ConfigError, match="behaviour.reference"):
-        RunConfig.from_dict(base | {"behaviour": {"reference": "people"}})
+        parse_config(base | {"behaviour": {"reference": "people"}})
     with pytest.raises(ConfigError, match="behaviour.reference"):
-        RunConfig.from_dict(base | {"behaviour": {"reference": "run:"}})
-    assert RunConfig.from_dict(base | {"behaviour": {"reference": "run:/x"}}).behaviour.enabled
+        parse_config(base | {"behaviour": {"reference": "run:"}})
+    assert parse_config(base | {"behaviour": {"reference": "run:/x"}}).behaviour.enabled
 
 
 def test_the_references_are_read_and_a_missing_one_says_where_it_looked(tmp_path, monkeypatch):
@@ -273,13 +273,13 @@ def test_kmeans_keeps_every_cluster_in_use():
 
 
 def test_an_ensemble_is_probed_member_by_member_on_the_same_fixed_probes(tmp_path):
-    from training.config import RunConfig
+    from training.config import parse_config
     from training.measures.profiles import ask, probe_set
     from training.regimes.choose import make_regime
     from training.regimes.regime import ModelCache
 
     members = [{"name": n, "kind": "scripted", "script": n} for n in ("anchored", "reactant")]
-    config = RunConfig.from_dict(
+    config = parse_config(
         {
             "name": "e",
             "domain": "p4g-decision",

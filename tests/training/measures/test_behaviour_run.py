@@ -10,7 +10,7 @@ import openpyxl
 import pytest
 from django.urls import reverse
 
-from training.config import RunConfig
+from training.config import parse_config
 from training.models import TrainingRun
 from training.trainer.loop import train
 
@@ -88,7 +88,7 @@ def settings(tiny_model, corpus, out, regime="single", behaviour=True, steps=2):
             "bootstrap": 20,
             "psod_base_tasks": 1,
         }
-    return RunConfig.from_dict(config)
+    return parse_config(config)
 
 
 def rows(out):

@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from training.config import BreakerSpec, parse_config
+from training.config import parse_config
 from training.config_keys import ConfigError
+from training.config_schema import BreakerSpec
 from training.measures.breaker import (
     GREEN,
     RED,

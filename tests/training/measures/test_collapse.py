@@ -16,7 +16,8 @@ from agents.domains.episode import USER
 from agents.domains.p4g.decision import ASKS
 from agents.simulators.scripted import ScriptedPersuadee
 from agents.simulators.spec import SimulatorSpec
-from training.config import RunConfig
+from training.config import parse_config
+from training.config_schema import RunConfig
 from training.measures.collapse import variance_split
 from training.measures.held_out import HeldOutPanel
 from training.regimes.choose import make_regime
@@ -54,7 +55,7 @@ def decision_config(model, tmp_path, **extra):
         "threads": 1,
     }
     data.update(extra)
-    return RunConfig.from_dict(data)
+    return parse_config(data)
 
 
 def asked(decision, task, text):

@@ -8,7 +8,7 @@ import pytest
 from django.urls import reverse
 
 from training.__main__ import main
-from training.config import RunConfig
+from training.config import parse_config
 from training.models import TrainingRun
 from training.tasks import run_training
 from training.trainer.loop import train
@@ -75,7 +75,7 @@ def test_a_diverse_simulator_gives_no_warning(tiny_model, tmp_path, letters, cap
     out = tmp_path / "out"
     diverse = {"name": "hot", "temperature": 1.5, "max_new_tokens": 8}
     # the tiny Llama stands in for a local embedding model (mean-pooled hidden states)
-    config = RunConfig.from_dict(
+    config = parse_config(
         {
             "name": "diverse",
             "domain": "letters",

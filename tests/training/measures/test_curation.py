@@ -9,8 +9,9 @@ import pytest
 from agents.behaviour.space import BehaviourSpace
 from agents.domains.base import Scenario
 from agents.domains.episode import USER
-from training.config import CurationSpec, RunConfig
+from training.config import parse_config
 from training.config_keys import ConfigError
+from training.config_schema import CurationSpec
 from training.measures.curation import (
     GATES,
     Curation,
@@ -245,13 +246,13 @@ def test_a_step_gives_each_rank_its_own_rows_weights():
 
 
 def config(curation, behaviour=None):
-    return RunConfig.from_dict(
+    return parse_config(
         {"name": "c", "domain": "letters", "curation": curation, "behaviour": behaviour or {}}
     )
 
 
 def test_curation_is_off_by_default_and_its_gates_are_the_modules():
-    c = RunConfig.from_dict({"name": "c", "domain": "letters"}).curation
+    c = parse_config({"name": "c", "domain": "letters"}).curation
     assert not c.enabled and not c.weighs
     assert tuple(CURATION_GATES) == GATES and c.gate == list(GATES)
 

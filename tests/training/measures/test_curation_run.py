@@ -7,14 +7,14 @@ import json
 import pytest
 
 from tests.training.measures.test_behaviour_run import corpus  # noqa: F401 (a fixture)
-from training.config import RunConfig
+from training.config import parse_config
 from training.trainer.loop import train
 
 ROLLOUTS = 4  # one task, a group of 4
 
 
 def settings(tiny_model, corpus, out, curation):  # noqa: F811
-    return RunConfig.from_dict(
+    return parse_config(
         {
             "name": "curated",
             "domain": "p4g",

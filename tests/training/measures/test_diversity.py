@@ -3,8 +3,9 @@ and the embedding dispersion on a real local model folder (the tiny Llama)."""
 
 import pytest
 
-from training.config import CollapseSpec, parse_config
+from training.config import parse_config
 from training.config_keys import ConfigError
+from training.config_schema import CollapseSpec
 from training.measures.diversity import (
     Embedder,
     Warnings,

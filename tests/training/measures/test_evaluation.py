@@ -9,7 +9,7 @@ import pytest
 
 from agents.domains import get_domain
 from tests.support.collectives import run_ranks
-from training.config import RunConfig
+from training.config import parse_config
 from training.measures.held_out import HeldOutPanel
 from training.regimes.regime import ModelCache
 from training.rl.policy import LocalModel
@@ -36,7 +36,7 @@ def test_two_ranks_share_the_panel_and_give_one_rank_figures(tiny_model, tmp_pat
         "output_dir": str(tmp_path / "run"),
     }
     (tmp_path / "config.json").write_text(json.dumps(settings))
-    config = RunConfig.from_dict(settings)
+    config = parse_config(settings)
     domain = get_domain("p4g-decision")
     tasks = select_scenarios(domain, config.tasks, "eval")
     assert len(tasks) == 2

@@ -9,7 +9,7 @@ import pytest
 
 from agents.domains.base import Scenario
 from tests.support.training import LetterDomain
-from training.config import RunConfig
+from training.config import parse_config
 from training.config_keys import ConfigError
 from training.measures.held_out import HeldOutPanel, cursor_tasks
 from training.regimes.regime import ModelCache
@@ -24,7 +24,7 @@ def config(tiny_model, other_tiny_model, tmp_path, regime, **extra):
         simulator["guidelines"] = GUIDE
     if regime == "verbalized":
         simulator.update(kind="verbalized", k=3, draw="uniform")
-    return RunConfig.from_dict(
+    return parse_config(
         {
             "name": f"panel-{regime}",
             "domain": "letters",

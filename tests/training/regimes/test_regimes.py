@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from agents.simulators.spec import SimulatorSpec
-from training.config import RunConfig
+from training.config import parse_config
 from training.regimes.choose import make_regime
 from training.regimes.pool import SimulatorPool
 from training.regimes.regime import ModelCache
@@ -19,7 +19,7 @@ from training.rollouts.simulator import LocalUser
 
 
 def config(tiny_model, tmp_path, regime, **extra):
-    return RunConfig.from_dict(
+    return parse_config(
         {
             "name": f"t-{regime}",
             "domain": "letters",

@@ -13,8 +13,9 @@ from safetensors.torch import load_file
 
 from agents.domains import DOMAINS, domain_class
 from training.__main__ import vocabularies
-from training.config import RunConfig
+from training.config import parse_config
 from training.config_keys import ConfigError
+from training.config_schema import RunConfig
 from training.regimes.choose import make_regime
 from training.regimes.regime import ModelCache
 from training.regimes.sim_rewards import curriculum_reward, simulator_advantages, simulator_rewards
@@ -66,7 +67,7 @@ def test_curriculum_advantage_is_the_reward_others_are_group_relative():
 
 
 def minimal(domain: str, **extra) -> RunConfig:
-    return RunConfig.from_dict({"name": "r", "domain": domain, "regime": "cotrain", **extra})
+    return parse_config({"name": "r", "domain": domain, "regime": "cotrain", **extra})
 
 
 @pytest.mark.parametrize(
@@ -122,7 +123,7 @@ def cotrain_step(tiny_model, tmp_path, letters, **extra):
     """One co-training step as the trainer takes it: two tasks' groups of 4, then the
     simulator's update."""
     torch.manual_seed(0)
-    cfg = RunConfig.from_dict(
+    cfg = parse_config(
         {
             "name": "t-curriculum",
             "domain": "letters",
@@ -178,7 +179,7 @@ def test_a_retail_cotrain_run_rewards_its_simulator_by_the_curriculum(tiny_model
     """The trainer on tau2 retail with the default (auto): a tiny agent solves nothing, so every
     group's rewards are equal and the simulator's reward is exp(-0.25^2 / 0.02) on every
     rollout; still positive, it is the simulator's advantage, so it moves the simulator."""
-    cfg = RunConfig.from_dict(
+    cfg = parse_config(
         {
             "name": "retail-curriculum",
             "domain": "retail",

@@ -12,8 +12,9 @@ from agents.domains.tau2.prompts import PERSONA_GUIDELINES
 from agents.simulators.scripted import REMARKS
 from tests.support.scripted_server import ScriptedServer
 from tests.support.training import adapter, assert_same, metrics, one_and_two
-from training.config import RunConfig
+from training.config import parse_config
 from training.config_keys import ConfigError
+from training.config_schema import RunConfig
 from training.measures.collapse import mixture_exploit
 from training.regimes.choose import make_regime
 from training.regimes.regime import ModelCache
@@ -32,7 +33,7 @@ REWARD = {"a": 1.0, "b": 0.0, "c": 0.5}
 
 
 def config(**extra) -> RunConfig:
-    return RunConfig.from_dict({"name": "supply", "domain": "letters", **extra})
+    return parse_config({"name": "supply", "domain": "letters", **extra})
 
 
 class StubAgent:
@@ -236,14 +237,14 @@ def test_a_held_out_user_on_the_base_model_is_fine_when_no_member_runs_on_it():
 
 
 def test_the_release_guidelines_are_the_tau2_default():
-    cfg = RunConfig.from_dict({"name": "p", "domain": "retail", "regime": "persona"})
+    cfg = parse_config({"name": "p", "domain": "retail", "regime": "persona"})
     (spec,) = cfg.training_simulators()
     assert spec.guidelines == PERSONA_GUIDELINES
     assert PERSONA_GUIDELINES.startswith("IMPORTANT behavioral guidelines for this conversation:")
     assert "Sometimes refuse to follow the agent's instructions" in PERSONA_GUIDELINES
     # airline's customer simulator gets the same text; a run may give its own
-    assert RunConfig.from_dict({"name": "p", "domain": "airline", "regime": "persona"})
-    own = RunConfig.from_dict(
+    assert parse_config({"name": "p", "domain": "airline", "regime": "persona"})
+    own = parse_config(
         {"name": "p", "domain": "p4g", "regime": "persona", "simulator": {"guidelines": "Doubt."}}
     )
     assert own.training_simulators()[0].guidelines == "Doubt."
@@ -288,7 +289,7 @@ def test_persona_guidelines_open_the_endpoint_simulators_system_prompt(tmp_path)
     retail = get_domain("retail")
     scenario = retail.scenarios("train")[0]
     with ScriptedServer([{"content": "I need to return a lamp."}]) as chat:
-        cfg = RunConfig.from_dict(
+        cfg = parse_config(
             {
                 "name": "p",
                 "domain": "retail",
@@ -317,7 +318,7 @@ def rows(cfg):
 
 
 def short_run(tiny_model, tmp_path, **extra):
-    return RunConfig.from_dict(
+    return parse_config(
         {
             "name": "supply-run",
             "domain": "letters",
@@ -403,7 +404,7 @@ def test_the_registry_decides_a_regimes_simulator_kind_for_the_config_and_the_ad
     run = TrainingRun(name="vs", domain="p4g", regime="verbalized", settings={})
     assert run.overrides()["simulator.kind"] == "verbalized"
     with pytest.raises(ConfigError, match='must be "verbalized" for regime = "verbalized"'):
-        RunConfig.from_dict({"name": "vs", "domain": "p4g", "regime": "verbalized"})
+        parse_config({"name": "vs", "domain": "p4g", "regime": "verbalized"})
 
 
 @pytest.mark.django_db
@@ -448,7 +449,7 @@ def test_an_ensembles_exploit_file_is_the_mixture_of_its_members(tiny_model, tmp
 
     decision = get_domain("p4g-decision")
     members = [{"name": s, "kind": "scripted", "script": s} for s in ("anchored", "reactant")]
-    cfg = RunConfig.from_dict(
+    cfg = parse_config(
         {
             "name": "decide",
             "domain": "p4g-decision",

@@ -15,7 +15,7 @@ from agents.domains.episode import USER
 from agents.domains.p4g.decision import ASKS
 from agents.domains.p4g.donation import DECISION_AMOUNTS, MAX_DONATION
 from tests.support.scripted_server import ScriptedServer
-from training.config import RunConfig
+from training.config import parse_config
 from training.config_keys import ConfigError
 from training.measures.diversity import Embedder
 from training.measures.profiles import Profiles, Reply, ask, probe_set
@@ -39,7 +39,7 @@ class AskingAgent:
 
 
 def decision_config(tiny_model, tmp_path, synthesis=None, **extra):
-    return RunConfig.from_dict(
+    return parse_config(
         {
             "name": "synth",
             "domain": "p4g-decision",
@@ -80,20 +80,20 @@ def expected_reward(probs):
 
 def test_synthesis_is_off_by_default_and_bad_settings_are_refused(tmp_path):
     base = {"name": "x", "domain": "p4g"}
-    cfg = RunConfig.from_dict(base)
+    cfg = parse_config(base)
     assert not cfg.synthesis.enabled and cfg.synthesis.share == 0
     with pytest.raises(ConfigError, match="synthesis.share"):  # a share with nothing to play it
-        RunConfig.from_dict(base | {"synthesis": {"share": 0.3}})
+        parse_config(base | {"synthesis": {"share": 0.3}})
     with pytest.raises(ConfigError, match="synthesis.share"):
-        RunConfig.from_dict(base | {"synthesis": {"share": 1.5, "adversarial": True}})
+        parse_config(base | {"synthesis": {"share": 1.5, "adversarial": True}})
     with pytest.raises(ConfigError, match="needs \\[behaviour\\] reference"):
-        RunConfig.from_dict(base | {"synthesis": {"verbalized_missing": True}})
+        parse_config(base | {"synthesis": {"verbalized_missing": True}})
     with pytest.raises(ConfigError, match="synthesis.to_top_p.*endpoint"):
-        RunConfig.from_dict(base | {"synthesis": {"interpolate": True, "to_top_p": 0.9}})
+        parse_config(base | {"synthesis": {"interpolate": True, "to_top_p": 0.9}})
     with pytest.raises(ConfigError, match="two sources that differ"):
-        RunConfig.from_dict(base | {"synthesis": {"interpolate": True, "to_temperature": 0.3}})
+        parse_config(base | {"synthesis": {"interpolate": True, "to_temperature": 0.3}})
     with pytest.raises(ConfigError, match="scripted"):
-        RunConfig.from_dict(
+        parse_config(
             base
             | {
                 "simulator": {"kind": "scripted", "script": "steady"},
@@ -101,9 +101,7 @@ def test_synthesis_is_off_by_default_and_bad_settings_are_refused(tmp_path):
             }
         )
     with pytest.raises(ConfigError, match="one process"):
-        RunConfig.from_dict(
-            base | {"distributed": {"processes": 2}, "synthesis": {"adversarial": True}}
-        )
+        parse_config(base | {"distributed": {"processes": 2}, "synthesis": {"adversarial": True}})
 
 
 def test_the_synthesis_tasks_are_the_share_evenly_spaced_and_cycle_the_supplies():
@@ -286,7 +284,7 @@ def test_verbalized_sampling_told_the_missing_clusters_raises_the_populations_bd
     reference = [f"{w} {i}" for w in WORDS for i in range(4)]
     (tmp_path / "people.jsonl").write_text("\n".join(json.dumps(t) for t in reference))
     with InstructedServer(k=4) as server:
-        cfg = RunConfig.from_dict(
+        cfg = parse_config(
             {
                 "name": "vs",
                 "domain": "p4g",
@@ -382,7 +380,7 @@ def test_every_supplys_free_text_turns_land_in_the_behaviour_space(tiny_model, t
         "Tell me more.",
     ]
     (tmp_path / "people.jsonl").write_text("\n".join(json.dumps(t) for t in said))
-    cfg = RunConfig.from_dict(
+    cfg = parse_config(
         {
             "name": "space",
             "domain": "p4g",

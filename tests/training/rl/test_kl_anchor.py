@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from training.config import RunConfig
+from training.config import parse_config
+from training.config_schema import RunConfig
 from training.regimes.choose import make_regime
 from training.regimes.regime import ModelCache
 from training.rl.logprobs import TokenBatch, token_logprobs
@@ -69,7 +70,7 @@ def run_config(tiny_model, tmp_path, **extra) -> RunConfig:
         "output_dir": str(tmp_path / "run"),
         "threads": 1,
     }
-    return RunConfig.from_dict(data | extra)
+    return parse_config(data | extra)
 
 
 @pytest.mark.parametrize("finetune", ["lora", "full"])

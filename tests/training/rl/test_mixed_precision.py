@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from training.config import RunConfig
+from training.config import parse_config
 from training.rl.grpo import update
 from training.rl.logprobs import TokenBatch
 from training.rl.policy import Policy
@@ -135,7 +135,7 @@ def run_config(tiny_model, tmp_path, **extra):
         "threads": 1,
     }
     data.update(extra)
-    return RunConfig.from_dict(data)
+    return parse_config(data)
 
 
 def weights(folder):

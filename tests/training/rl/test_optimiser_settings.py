@@ -9,7 +9,8 @@ import typing
 import pytest
 import torch
 
-from training.config import RunConfig, load_config, parse_config
+from training.config import load_config, parse_config
+from training.config_schema import RunConfig
 from training.regimes.regime import CoTrain, ModelCache
 from training.rl.grpo import KL_ESTIMATORS, grpo_loss
 from training.rl.policy import Policy

@@ -193,12 +193,12 @@ def test_a_run_trains_and_records_its_tool_format(
 ):
     """One step on the toy Domain with a tool: the checkpoint's manifest says how its agent
     calls tools, so a study's arm serves it that way (studies' Arm.clean reads it)."""
-    from training.config import RunConfig
+    from training.config import parse_config
     from training.trainer.checkpoint import ResumeError
     from training.trainer.loop import train
 
     model = hermes_model if native else tiny_model
-    config = RunConfig.from_dict(
+    config = parse_config(
         {
             "name": "tools",
             "domain": "letters",
@@ -216,11 +216,11 @@ def test_a_run_trains_and_records_its_tool_format(
     manifest = json.loads((saved / "manifest.json").read_text())
     assert manifest["tool_format"] == ("native" if native else "json")
     if native:  # a resumed run trains the same format
-        other = RunConfig.from_dict({**config.to_dict(), "tool_format": "json", "steps": 2})
+        other = parse_config({**config.to_dict(), "tool_format": "json", "steps": 2})
         with pytest.raises(ResumeError, match="calls tools in the native format"):
             train(other, lambda progress: None, domain=tool_letters, show_progress=False)
     if not native:  # the stock SmolLM2 template cannot do native calls: refused at the start
-        config = RunConfig.from_dict({**config.to_dict(), "tool_format": "native"})
+        config = parse_config({**config.to_dict(), "tool_format": "native"})
         with pytest.raises(ConfigError, match="ignores tools"):
             train(config, lambda progress: None, domain=tool_letters, show_progress=False)
 

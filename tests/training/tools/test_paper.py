@@ -8,7 +8,7 @@ import json
 import pytest
 
 from training.__main__ import main
-from training.config import RunConfig, load_config
+from training.config import load_config, parse_config
 from training.tools.paper import (
     CONFIGS,
     DOMAINS,
@@ -117,7 +117,7 @@ def base_evaluation(tiny_model, tmp_path, **extra):
         "threads": 1,
     }
     data.update(extra)
-    return RunConfig.from_dict(data)
+    return parse_config(data)
 
 
 def test_steps_zero_evaluates_the_starting_policy_and_stops(

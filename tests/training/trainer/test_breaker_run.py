@@ -229,12 +229,12 @@ def test_a_launched_run_stopped_red_is_a_stop_not_a_failure(tmp_path, monkeypatc
 
     from agents.serving import process
     from training import tasks
-    from training.config import RunConfig
+    from training.config import parse_config
     from training.measures.breaker import BreakerStopped
     from training.models import TrainingRun
 
     out = tmp_path / "out"
-    config = RunConfig.from_dict(
+    config = parse_config(
         {
             "name": "launched",
             "domain": "letters",

@@ -16,7 +16,7 @@ from parley.celery import worker_args
 
 from tests.support.processes import REPO, child_env
 from training import tasks
-from training.config import RunConfig
+from training.config import parse_config
 from training.models import TrainingRun
 from training.tasks import run_training, start
 from training.trainer.loop import train
@@ -54,7 +54,7 @@ def tiny_settings(tiny_model, out, **more):
 
 def test_progress_within_a_step_counts_rollouts(tiny_model, tmp_path, letters):
     sent = []
-    config = RunConfig.from_dict(
+    config = parse_config(
         {
             "name": "inside",
             "domain": "letters",

@@ -11,13 +11,14 @@ from agents.domains import get_domain
 from agents.simulators.scripted import REMARKS
 from tests.support.processes import official_tau2_dir
 from tests.training.regimes.test_supplies import ENSEMBLE, MEMBERS, short_run
-from training.config import RunConfig
+from training.config import parse_config
 from training.config_keys import ConfigError
+from training.config_schema import RunConfig
 from training.trainer.loop import released_tasks, select_scenarios, step_tasks, train
 
 
 def retail_config(folder, **extra) -> RunConfig:
-    return RunConfig.from_dict(
+    return parse_config(
         {
             "name": "draw",
             "domain": "retail",
@@ -74,7 +75,7 @@ def test_the_release_draw_plays_what_the_releases_tau2_runs_played():
 
 def test_the_release_draw_is_refused_where_the_release_read_its_files_in_order():
     with pytest.raises(ConfigError, match="task_draw .*tau2 data source"):
-        RunConfig.from_dict({"name": "x", "domain": "p4g", "task_draw": "release"})
+        parse_config({"name": "x", "domain": "p4g", "task_draw": "release"})
 
 
 def test_a_release_draw_ensemble_run_gives_task_i_member_i_mod_k_every_step(

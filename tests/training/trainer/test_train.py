@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from agents.serving.adapters import MANIFEST
-from training.config import RunConfig
+from training.config import parse_config
 from training.trainer import checkpoint
 from training.trainer.loop import train
 
@@ -36,7 +36,7 @@ def run_config(tiny_model, tmp_path, **extra):
         "threads": 1,
     }
     data.update(extra)
-    return RunConfig.from_dict(data)
+    return parse_config(data)
 
 
 class Interrupt(Exception):
@@ -223,7 +223,7 @@ def test_the_evaluation_schedule_can_be_the_releases():
 
     def schedule(**fields):
         panel = [{"name": "other", "kind": "scripted", "script": "steady"}]
-        config = RunConfig.from_dict(
+        config = parse_config(
             {"name": "r", "domain": "p4g", "steps": 40, "heldout": panel, **fields}
         )
         return [step for step in range(1, 41) if evaluation_due(step, config)]

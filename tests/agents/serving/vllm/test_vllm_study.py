@@ -32,7 +32,7 @@ from studies.setup.arm_endpoints import point_arms, register_endpoint
 from tests.support.processes import ServeAgents, child_env
 from tests.support.studies import make_study, prolific
 from tests.support.training import LetterDomain
-from training.config import RunConfig
+from training.config import parse_config
 from training.trainer import loop
 
 pytestmark = [pytest.mark.model, pytest.mark.django_db(transaction=True)]
@@ -45,7 +45,7 @@ def trained(base_model, tmp_path_factory) -> list[Checkpoint]:
     letters Domain, as the trainer wrote them."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(DOMAINS, LetterDomain.name, f"{LetterDomain.__module__}:LetterDomain")
-        config = RunConfig.from_dict(
+        config = parse_config(
             {
                 "name": "study-vllm",
                 "domain": LetterDomain.name,
