@@ -2,7 +2,8 @@
 
     vocabulary  regimes and the run config's other closed sets, each declared once
     layout      a run folder's file names (config.json, metrics.jsonl, samples.jsonl, exploit.json)
-    config      the run's one declared config (RunConfig from TOML)
+    config      the run's one declared config: its fields in config_schema.py (RunConfig), its
+                loading from TOML in config.py (parse_config, load_config)
     rl/         the learning itself: tokens, choice turns, the GRPO loss, the policy, ranks
     rollouts/   conversations: the agent's and the simulator's turns, served models
     regimes/    where the simulator comes from and whether it learns (pool, its rewards)

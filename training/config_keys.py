@@ -3,8 +3,8 @@
 `--set KEY=VALUE` on the command line (parse_assignment), a dotted key such as "lora.r" or
 "heldout[0].draw" set into a TOML table (`_assign`), whether two keys overlap (key_overlaps), and
 ConfigError with the wording of what a field allows (`_why`). training/config.py's one loader
-(parse_config, load_config) applies them to its RunConfig; nothing here knows that schema, so the
-schema imports this module and never the reverse.
+(parse_config, load_config) applies them to RunConfig (training/config_schema.py); nothing here
+knows that schema, so the schema and its loader import this module and never the reverse.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ class Regime(StrEnum):
         return [(r.value, r.label) for r in cls]
 
 
-# -- the run config's closed sets (training/config.py validates with them) ---------------
+# -- the run config's closed sets (training/config_schema.py validates with them) --------
 
 # how an Ensemble run picks the member that plays a rollout's user (training/regimes/regime.py Ensemble)
 ENSEMBLE_DRAWS = {

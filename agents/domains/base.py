@@ -88,7 +88,7 @@ class Domain(abc.ABC):
     # the agent's role and the user's, in the task's own words
     agent_name: str = "agent"
     user_name: str = "user"
-    # a co-trained simulator's reward under simulator_reward = "auto": one of training/config.py
+    # a co-trained simulator's reward under simulator_reward = "auto": one of training/vocabulary.py
     # SIMULATOR_REWARDS ("cooperative": the agent's own; P4G "adversarial": a persuadee keeps its
     # money; tau2 "curriculum": the agent's successes over a task's group should split evenly)
     simulator_reward: str = "cooperative"

@@ -14,7 +14,8 @@ from agents.domains.base import Domain, Message, count_turns
 
 AGENT, USER = "agent", "user"  # the speakers, as Domain.next_speaker names them
 
-# a run's limits unless its config says otherwise (training/config.py RunConfig reads them here)
+# a run's limits unless its config says otherwise (training/config_schema.py RunConfig reads
+# them here)
 MAX_TURNS = 10
 MAX_TOOL_ROUNDS = 4
 

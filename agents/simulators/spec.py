@@ -62,7 +62,7 @@ SIMULATOR_SAMPLINGS = {
     " OpenAI, Anthropic, Gemini and OpenRouter), as the release's hosted tau2 users sample",
 }
 
-# -- what every declared table shares (training/config.py's tables too) --------------------------
+# -- what every declared table shares (training/config_schema.py's tables too) -------------------
 
 # unknown keys are errors: a typo never plays silently with a default
 TABLE = ConfigDict(extra="forbid")

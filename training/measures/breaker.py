@@ -1,5 +1,5 @@
 """COLLAPSE-AWARE's breaker: a two-level alarm on the behaviour measures, fed one metrics row a
-step ([breaker], training/config.py BreakerSpec; docs/training.md, "The breaker").
+step ([breaker], training/config_schema.py BreakerSpec; docs/training.md, "The breaker").
 
     green    nothing to do
     yellow   a measure is above its yellow threshold: the synthesis share (the part of the

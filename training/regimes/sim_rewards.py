@@ -70,7 +70,7 @@ def simulator_rewards(mode: str, rewards: Sequence[float]) -> list[float]:
         return [1.0 - r for r in rewards]
     if mode == "curriculum":
         return [curriculum_reward(rewards)] * len(rewards)
-    raise ValueError(f"unknown simulator reward {mode!r}")  # config.py validates the name
+    raise ValueError(f"unknown simulator reward {mode!r}")  # config_schema.py validates the name
 
 
 def simulator_advantages(

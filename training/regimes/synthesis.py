@@ -1,4 +1,4 @@
-"""COLLAPSE-AWARE's anti-collapse synthesis ([synthesis], training/config.py SynthesisSpec):
+"""COLLAPSE-AWARE's anti-collapse synthesis ([synthesis], training/config_schema.py SynthesisSpec):
 simulator supplies that play a share of each step's tasks beside the regime's own simulator.
 
     interpolate          frozen variants between two sources' settings, at
