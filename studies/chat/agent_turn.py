@@ -8,6 +8,8 @@ A turn that hears nothing from the engine for PARLEY_STALL_TIMEOUT seconds (well
 client's read timeout) ends with EngineStalled, so the page can offer Retry within seconds.
 Two windows may answer the same message at once (a second tab opened mid-reply): the first
 to store wins under the conversation's row lock, the other stores nothing and shows that reply.
+An answer with nothing in it (no text, no call) is asked for once more (EMPTY_REPLY_RETRIES);
+empty again, it is stored and the page told so (EMPTY_REPLY_NOTICE), never shown as a bubble.
 """
 
 import asyncio
@@ -45,6 +47,16 @@ FORCED_CALL_TOKENS = 384
 # per token costs the server a write and the page a render; ten updates a second still read as
 # a smooth stream, and the first piece always goes at once.
 DELTA_INTERVAL = 0.1
+
+# An answer with no text (or only whitespace) and no call is asked for again, once a turn, with
+# the same request: SmolLM2 out of tool budget on demo-retail answered nothing (the "json"
+# tool format strips a call written as text even when no tools are offered) and the page
+# showed an empty bubble. The empty attempt is not stored: it holds nothing to keep.
+EMPTY_REPLY_RETRIES = 1
+
+# Said on the page (the "reply" event's "notice") when the stored answer has no text: the
+# re-ask gave none either, and an empty bubble tells the participant nothing.
+EMPTY_REPLY_NOTICE = "The assistant gave no answer. You can write your message again."
 
 
 class EngineStalled(Exception):
@@ -102,25 +114,31 @@ async def agent_turn(
     conversation, (_, down) = str(participant.token), participant.arm.endpoint.routing()
     # Replies of an earlier, broken turn count as this turn's; any other is another window's.
     mine = [m.pk for m in messages if m.reply_to_id == user_message.pk]
+    reasks = EMPTY_REPLY_RETRIES
     for step in itertools.count():
         chat = [m.to_chat() for m in messages]
         if system:
             chat.insert(0, {"role": "system", "content": system})
         offer_tools = tools if budget > 0 else None  # out of budget: the agent must answer
+        # One "start" a step: a re-ask's deltas go to the bubble the empty attempt opened.
         await send({"type": "start", "reply_to": reply_to})
-        # `async with`: a turn cut short (the browser gone) frees its connection at once
-        async with client.stream_chat(
-            participant.arm.model_name,
-            chat,
-            tools=offer_tools,
-            tool_format=participant.arm.tool_format,
-            conversation=conversation,
-            avoid=down,
-            **step_params(participant.arm, params, offer_tools, step),
-        ) as stream:
-            await relay(stream, send, reply_to)
-        result = stream.result
-        calls = result.tool_calls[:budget] if offer_tools else []
+        while True:
+            # `async with`: a turn cut short (the browser gone) frees its connection at once
+            async with client.stream_chat(
+                participant.arm.model_name,
+                chat,
+                tools=offer_tools,
+                tool_format=participant.arm.tool_format,
+                conversation=conversation,
+                avoid=down,
+                **step_params(participant.arm, params, offer_tools, step),
+            ) as stream:
+                await relay(stream, send, reply_to)
+            result = stream.result
+            calls = result.tool_calls[:budget] if offer_tools else []
+            if calls or (result.content or "").strip() or reasks == 0:
+                break
+            reasks -= 1  # nothing said, nothing called: asked again, this attempt unstored
         stored = await db(store_turn_message)(
             user_message,
             mine,
@@ -135,7 +153,7 @@ async def agent_turn(
         mine.append(stored.pk)
         messages.append(stored)
         if not calls:
-            await send({"type": "reply", "reply_to": reply_to, "message": stored.to_client()})
+            await send(reply_event(reply_to, stored))
             return stored
         await send({"type": "tool_calls", "reply_to": reply_to, "message": stored.to_client()})
         for call in calls:
@@ -294,6 +312,15 @@ class Watchdog:
             await asyncio.gather(self.telling, return_exceptions=True)
 
 
+def reply_event(reply_to: str, reply: Message) -> dict:
+    """The page's "reply" event for a stored final answer; one without text carries
+    EMPTY_REPLY_NOTICE, which the page shows in place of an empty bubble."""
+    event = {"type": "reply", "reply_to": reply_to, "message": reply.to_client()}
+    if not (reply.content or "").strip():
+        event["notice"] = EMPTY_REPLY_NOTICE
+    return event
+
+
 def final_reply(user_message: Message) -> Message | None:
     return (
         user_message.replies.filter(role=Message.Role.ASSISTANT, tool_calls__isnull=True)
@@ -331,7 +358,7 @@ async def answered_elsewhere(user_message: Message, send: Send) -> Message | Non
     reply = await db(final_reply)(user_message)
     reply_to = user_message.client_id
     if reply is not None:
-        await send({"type": "reply", "reply_to": reply_to, "message": reply.to_client()})
+        await send(reply_event(reply_to, reply))
         return reply
     await send(
         {

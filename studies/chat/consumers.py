@@ -231,9 +231,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             }
         )
         if stored.reply is not None:
-            await self.send_json(
-                {"type": "reply", "reply_to": client_id, "message": stored.reply.to_client()}
-            )
+            await self.send_json(agent_turn.reply_event(client_id, stored.reply))
         elif await self.ended_by_domain(stored.messages):
             return
         else:

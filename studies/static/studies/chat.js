@@ -95,7 +95,7 @@
 
   function render(message) {
     if (message.role === "tool") return toolResult(message);
-    if (message.content) bubble(message.role, message.content).dataset.clientId = message.client_id || "";
+    if (message.content && message.content.trim()) bubble(message.role, message.content).dataset.clientId = message.client_id || "";
     (message.tool_calls || []).forEach(toolCard);
   }
 
@@ -189,9 +189,14 @@
         toolResult(event.message);
         break;
       case "reply":
-        if (!streaming) streaming = bubble("assistant", "");
-        streaming.textContent = event.message.content;
-        streaming.classList.remove("streaming");
+        if ((event.message.content || "").trim()) {
+          if (!streaming) streaming = bubble("assistant", "");
+          streaming.textContent = event.message.content;
+          streaming.classList.remove("streaming");
+        } else {  // the agent said nothing, asked twice: no empty bubble, the server's notice instead
+          if (streaming) streaming.remove();
+          if (event.notice) showNotice(event.notice, null, true);
+        }
         streaming = null;
         setBusy(false);
         break;

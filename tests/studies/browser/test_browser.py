@@ -113,6 +113,39 @@ def test_tool_calls_show_as_cards_beside_the_scenario(web_server, browser, monke
         )
 
 
+def test_an_empty_answer_shows_the_notice_and_no_empty_bubble(web_server, browser, monkeypatch):
+    """An answer empty twice (asked once more) leaves no empty assistant bubble: the page says
+    the assistant gave no answer; an answer empty once shows only the re-ask's text."""
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    from studies.chat.agent_turn import EMPTY_REPLY_NOTICE
+    from tests.support.scripted_server import ScriptedServer
+
+    script = [{"content": ""}, {"content": ""}, {"content": ""}, {"content": "Found it."}]
+    with ScriptedServer(script) as server:
+        page = shop_chat(browser, web_server, server.url, "mute1", tool_format="native")
+        page.fill("#text", "Is anyone there?")
+        page.press("#text", "Enter")
+        notice = page.locator("#notice")
+        notice.filter(has_text=EMPTY_REPLY_NOTICE).wait_for(timeout=30_000)
+        assert "info" in notice.get_attribute("class").split()  # news, not an error
+        page.wait_for_selector("#text:not([disabled])")  # the turn is over: write again
+        bubbles = page.locator(".msg.assistant")
+        assert bubbles.all_inner_texts() == ["Hi! How can I help you today?"]  # the greeting
+
+        page.fill("#text", "Hello?")
+        page.press("#text", "Enter")
+        page.wait_for_selector(".msg.assistant:not(.streaming) >> nth=1")
+        page.wait_for_selector("#text:not([disabled])")
+        assert [t.strip() for t in bubbles.all_inner_texts()][1:] == ["Found it."]
+        assert notice.is_hidden()
+
+        page.reload()  # the conversation read back: the stored empty answer shows no bubble
+        page.wait_for_selector(".msg.user >> nth=1")
+        texts = [t.strip() for t in page.locator(".msg.assistant").all_inner_texts()]
+        assert texts == ["Hi! How can I help you today?", "Found it."]
+    assert len(server.requests) == 4
+
+
 @pytest.fixture
 def patient_web_server(transactional_db, monkeypatch, request):
     """The ASGI server waiting longer for a first token: the prefill of a tau2 prompt of some
