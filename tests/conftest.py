@@ -53,13 +53,6 @@ def pytest_addoption(parser):
         "database or a service. .ci/run runs the whole suite on the README's defaults, then "
         "these on PostgreSQL and Redis.",
     )
-    parser.addoption(
-        "--setup-independent",
-        action="store_true",
-        help="only the tests --setup-dependent leaves out (training, engines, Domains: they reach "
-        "no database or service). .ci/run runs the README's defaults in these two halves at once, "
-        "so that together they are every test.",
-    )
 
 
 def depends_on_setup(item) -> bool:
@@ -73,18 +66,10 @@ def depends_on_setup(item) -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    dependent, independent = (
-        config.getoption("--setup-dependent"),
-        config.getoption("--setup-independent"),
-    )
-    if dependent and independent:
-        raise pytest.UsageError(
-            "--setup-dependent and --setup-independent are the two halves: give one"
-        )
-    if not (dependent or independent):
+    if not config.getoption("--setup-dependent"):
         return
-    kept = [item for item in items if depends_on_setup(item) == dependent]
-    config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+    kept = [item for item in items if depends_on_setup(item)]
+    config.hook.pytest_deselected(items=[item for item in items if not depends_on_setup(item)])
     items[:] = kept
 
 
