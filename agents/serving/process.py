@@ -174,14 +174,17 @@ def wait_healthy(
 
 
 def stop(*processes: subprocess.Popen, timeout: float = 10.0) -> None:
-    """Terminate every process (SIGTERM), then kill those still running after `timeout`; a
-    temporary log spawn() made goes with its process."""
+    """Terminate every process (SIGTERM), then kill those still running `timeout` seconds
+    later; a temporary log spawn() made goes with its process. One deadline for all: waited
+    for one after the other, n processes deaf to SIGTERM took n x timeout, and serve_agents'
+    Ctrl-C with two busy vLLM replicas outlasted the minute a user (and its test) gives it."""
     for process in processes:
         if process.poll() is None:
             process.terminate()
+    deadline = time.monotonic() + timeout
     for process in processes:
         try:
-            process.wait(timeout)
+            process.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()

@@ -101,6 +101,28 @@ def test_stopping_a_process_group_ends_its_children(tmp_path):
     assert gone(int(child_pid.read_text()))
 
 
+def test_processes_deaf_to_sigterm_are_killed_at_one_deadline(tmp_path):
+    """Two processes that ignore SIGTERM are both killed `timeout` seconds after stop() began,
+    not one timeout after the other (serve_agents' Ctrl-C stops every replica this way)."""
+    ready = [tmp_path / f"ready-{i}" for i in range(2)]
+    deaf = (
+        "import pathlib, signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "pathlib.Path(sys.argv[1]).touch()\n"
+        "time.sleep(600)\n"
+    )
+    processes = [spawn([sys.executable, "-c", deaf, str(r)]) for r in ready]
+    deadline = time.monotonic() + 30
+    while not all(r.exists() for r in ready):  # both ignore SIGTERM from here on
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    began = time.monotonic()
+    stop(*processes, timeout=3)
+    took = time.monotonic() - began
+    assert all(p.returncode == -signal.SIGKILL for p in processes)
+    assert took < 5, f"stop took {took:.1f} s for a 3 s timeout (one after the other: 6 s)"
+
+
 def test_a_child_dies_with_the_process_that_spawned_it(tmp_path):
     """A parent killed outright (SIGKILL: no cleanup runs) leaves no server behind."""
     child_pid = tmp_path / "child.pid"
