@@ -5,8 +5,10 @@ anything starts."""
 
 import os
 import signal
+import time
 
 import httpx
+import psutil
 import pytest
 from django.core.management import CommandError, call_command
 
@@ -97,6 +99,44 @@ def test_a_killed_replica_is_started_again_and_the_admins_replicas_are_kept(base
         code = command.interrupt(sig=signal.SIGTERM)
     assert code == 0, command.log()
     assert not group_alive(int(started.split("pid ")[1].rstrip(")")))
+
+
+@pytest.mark.model
+def test_ctrl_c_while_a_replica_starts_again_stops_it_too(base_model, tmp_path):
+    """Ctrl-C that comes while a killed replica is being started again (its engine still
+    loading) ends the command within the minute, exit 0, and leaves no engine on the port: the
+    interrupt is not taken for a failed start (fails when Supervised swallows it: -9). The
+    vLLM study's Ctrl-C test met this moment in CI."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/v1"
+    command = ServeAgents(
+        *("--engine", "embedded", "--adapters", str(tmp_path), "--port", str(port)),
+        env=child_env(),
+        timeout=300,
+    )
+    try:
+        (pid,) = command.replicas.values()
+        os.killpg(pid, signal.SIGKILL)
+        stopped = command.next_saying(f"replica {url} stopped")
+        assert stopped.startswith(f"replica {url} stopped (code -9); starting it again in 1 s")
+        deadline = time.monotonic() + 60
+        while not starting(port):  # the new engine is loading, not yet answering
+            assert time.monotonic() < deadline, command.log()
+            time.sleep(0.1)
+    finally:
+        code = command.interrupt(timeout=60)
+    assert code == 0, command.log()
+    assert not starting(port) and port_is_free("127.0.0.1", port), command.log()
+
+
+def starting(port: int) -> list[psutil.Process]:
+    """The embedded engines started on `port`."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        line = process.info["cmdline"] or []
+        if "agents.serving.embedded.server" in line and str(port) in line:
+            found.append(process)
+    return found
 
 
 def test_a_replica_started_again_is_probed_until_it_reads_up(monkeypatch):
