@@ -271,10 +271,12 @@ def test_the_committed_design_is_registered_and_its_numbers_are_the_analysiss(tm
     design = load_design()
     seeds = {*design["arms"]["seeds"], *design["arms"]["no_go_extra_seeds"]}
     assert not seeds & {*design["lr_pilot"]["seeds"], *design["gate"]["seeds"]}
-    # the main seeds no earlier committed run used (collapse, collapse2 and its pilot)
+    # the main seeds no earlier committed run used (collapse, collapse2 and its pilot; collapse3's
+    # own committed runs are the registered ones)
     used = {
         json.loads(p.read_text())["seed"]
-        for p in (ROOT / "docs/results").glob("collapse*/runs/*/config.json")
+        for earlier in ("collapse", "collapse2")
+        for p in (ROOT / "docs/results" / earlier).glob("runs/*/config.json")
     }
     used |= set(
         tomllib.loads((ROOT / "training/collapse2/design.toml").read_text())["pilot"]["seeds"]
@@ -321,3 +323,26 @@ def test_the_runs_configs(tmp_path):
         parse_config(config.to_dict())  # validated as a file would be
     with pytest.raises(ValueError, match="needs the simulator"):
         config_for(base, "population", 300, tmp_path, lr=1e-3)
+
+
+def test_the_committed_results_recompute_from_the_committed_records():
+    """docs/results/collapse3 is the registered run as it came out: analysis.py, given the
+    committed records, gives the committed results.json's checks, endpoints and verdicts
+    exactly (an edited record, or a verdict typed in by hand, fails here)."""
+    committed = ROOT / "docs/results/collapse3"
+    results = json.loads((committed / "results.json").read_text())
+    checks = json.loads((committed / "checks.json").read_text())
+    records: dict[str, list] = {}
+    for path in sorted((committed / "runs").glob("*/record.json")):
+        record = json.loads(path.read_text())
+        records.setdefault(record["regime"], []).append(record)
+    assert {r: len(v) for r, v in records.items()} == {"single": 8, "verbalized": 8}
+    again = analysis.analyse(
+        records, results["heldout_expected"], results["deciding_panel"], checks["C3"]["tv"]
+    )
+    assert again["checks"] == results["checks"]
+    for regime, block in again["regimes"].items():
+        assert block == results["regimes"][regime], regime
+    assert results["regimes"]["verbalized"]["verdict"] == "inconclusive"
+    assert {results["regimes"][r]["verdict"] for r in ("cotrain", "population")} == {"not run"}
+    assert results["gate"]["go"] is False

@@ -9,6 +9,9 @@ and state file); of a stage, its decision file. So:
     python -m training.collapse3.carry export DIR docs/results/collapse3/carried
     python -m training.collapse3.carry restore docs/results/collapse3/carried DIR
 
+(The committed run carried its folder this way from session 19 to session 21; once finished,
+docs/results/collapse3 holds the whole run instead, and the carried folder went.)
+
 `export` keeps, for every finished run, record.json, metrics.jsonl, config.json, exploit.json,
 samples.jsonl and its last checkpoint's manifest (no weights: 11 MB a checkpoint), and the stage
 files (checks.json, lr_pilot.json, gate.json), load.json, runtime.json and the invocation log.
