@@ -6,6 +6,7 @@ Under CI (PARLEY_CI=1) a test whose service is missing fails; on a laptop it is 
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +43,17 @@ SETUP_FIXTURES = {
     "web_server",
 }
 SETUP_FOLDERS = ("tests/studies/", "tests/platform/")  # the Django site's own tests, whole
+
+
+def pytest_configure(config):
+    """Ctrl-C as a terminal's foreground job has it. A suite started in the background by a
+    non-interactive shell (`pytest &`, `nohup make test &`, a script's `cmd &`) inherits SIGINT
+    ignored, Python keeps an ignored SIGINT ignored, and so does every server a test starts:
+    each test that stops one with Ctrl-C (serve_agents, `make demo`) then waits out its minute
+    and fails. Caught here, the signal is back to its default in every child (exec resets a
+    caught signal, never an ignored one)."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_addoption(parser):

@@ -209,8 +209,7 @@ async def test_turns_stream_from_vllm_and_fail_over_when_the_replica_dies(served
     assert 0 < second.ttft_ms <= second.latency_ms
     await chat.disconnect()
     # and starts the dead one again; the next test's Ctrl-C is about a serving command, so it
-    # waits for that start to end (a Ctrl-C during a vLLM replica's start is a known open hang:
-    # serve_agents did not exit within the minute in three CI runs; session 20's note)
+    # waits for that start to end (a Ctrl-C during a start: tests/studies/setup/test_serve_agents)
     assert "started again" in served.next_saying(f"replica {first.replica}", timeout=300)
 
 
